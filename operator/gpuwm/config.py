@@ -1,0 +1,159 @@
+"""One settings object for every component.
+
+Each option has one name, spelled three ways: the flag `--idle-threshold-percent`, the
+environment variable `GPUWM_IDLE_THRESHOLD_PERCENT`, and the Helm value
+`idleThresholdPercent`. Flags win over the environment, which wins over the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Iterable, Sequence
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, ValidationError
+from pydantic.alias_generators import to_camel
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+
+
+def parse_duration_seconds(value: object) -> float:
+    """Seconds from `15s`, `1m30s`, `7d`, `250ms` or a bare number of seconds."""
+    if isinstance(value, bool):
+        raise ValueError(f"expected a duration such as 15s, 5m or 7d, got {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    text = str(value).strip().lower()
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    position, total = 0, 0.0
+    for match in _DURATION_PART.finditer(text):
+        if match.start() != position:
+            break
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        position = match.end()
+    if position != len(text) or not text:
+        raise ValueError(f"expected a duration such as 15s, 5m or 7d, got {value!r}")
+    return total
+
+
+def _split_list(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+DurationSeconds = Annotated[float, BeforeValidator(parse_duration_seconds), Field(ge=0)]
+CommaList = Annotated[list[str], NoDecode, BeforeValidator(_split_list)]
+
+DEFAULT_RESOURCE_NAMES = ["nvidia.com/gpu", "nvidia.com/mig-*", "nvidia.com/gpu.shared"]
+
+
+class Settings(BaseSettings):
+    """Every gpuwm option; each verb reads the ones it needs."""
+
+    model_config = SettingsConfigDict(env_prefix="GPUWM_", extra="forbid", validate_default=True)
+
+    # logging
+    log_format: Literal["auto", "json", "text"] = Field(
+        default="auto", description="Log format: json in a cluster, text in a terminal, auto picks by TTY."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(default="info", description="Log level.")
+
+    # accounting (shared by replay, controller, demo)
+    interval: DurationSeconds = Field(
+        default=1.0, description="The agents' poll interval; a sample interval over 3x this is unmonitored."
+    )
+    idle_threshold_percent: float = Field(
+        default=1.0, ge=0, le=100, description="A workload is active on a GPU at or above this utilisation."
+    )
+    project_label: str = Field(default="gpuwm.io/project", description="Label on pod or namespace naming the project.")
+    late_event_window: DurationSeconds = Field(
+        default=120.0, description="How late a sample or pod event may arrive and still be placed exactly."
+    )
+
+    # agent
+    listen: str = Field(default="0.0.0.0:9400", description="HOST:PORT the HTTP server listens on.")
+    node_name: str | None = Field(
+        default=None, validation_alias="NODE_NAME", description="Node the agent runs on (env NODE_NAME)."
+    )
+    pod_resources_socket: str = Field(
+        default="/var/lib/kubelet/pod-resources/kubelet.sock", description="kubelet pod-resources unix socket."
+    )
+    kubelet_url: str | None = Field(default=None, description="kubelet URL for the stats summary (optional).")
+    proc_root: str = Field(default="/proc", description="Where the host's /proc is mounted (cgroup fallback).")
+    resource_names: CommaList = Field(
+        default_factory=lambda: list(DEFAULT_RESOURCE_NAMES), description="Extended resource names that are GPUs."
+    )
+    snapshot_buffer_samples: int = Field(
+        default=100_000, ge=100, description="Samples the agent keeps for /v1/snapshot pulls."
+    )
+
+    # controller
+    namespace: str | None = Field(default=None, description="Watch one namespace; cluster-wide when unset.")
+    status_interval: DurationSeconds = Field(default=15.0, description="How often CR status is refreshed.")
+    retention: DurationSeconds = Field(default=7 * 86400.0, description="How long a finished workload's CR is kept.")
+    agents: str = Field(
+        default="pods:gpuwm/app.kubernetes.io/component=agent",
+        description="Agent discovery: pods:NAMESPACE/LABELSELECTOR or static:NODE=URL,...",
+    )
+    store: str = Field(default="/var/lib/gpuwm/gpuwm.db", description="Embedded SQLite path or a Prometheus URL.")
+    idle_condition_after: DurationSeconds = Field(default=600.0, description="Idle this long sets condition Idle.")
+    underutilized_percent: float = Field(
+        default=20.0, ge=0, le=100, description="avg1h below this sets condition Underutilized."
+    )
+    status_writes_per_second: float = Field(default=20.0, gt=0, description="Token-bucket limit on status writes.")
+    time_sliced_replicas: int = Field(
+        default=4, ge=1, description="Replicas per GPU for shared resources when the device plugin config is unknown."
+    )
+    standalone: bool = Field(default=False, description="Run without kopf peering (one replica only).")
+
+    # API
+    auth: Literal["kubernetes", "none"] = Field(default="kubernetes", description="API authentication.")
+    api_listen: str = Field(default="0.0.0.0:8080", description="HOST:PORT of the metrics API.")
+    runai_compatible_metrics: bool = Field(default=False, description="Also export Run:ai-compatible metric names.")
+
+    @classmethod
+    def helm_value_name(cls, field_name: str) -> str:
+        """The Helm value for a field: `idle_threshold_percent` -> `idleThresholdPercent`."""
+        return to_camel(field_name)
+
+    @classmethod
+    def flag_name(cls, field_name: str) -> str:
+        return "--" + field_name.replace("_", "-")
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, field_names: Iterable[str]) -> None:
+    """Add one `--flag` per settings field; unset flags fall back to env and defaults."""
+    for name in field_names:
+        field = Settings.model_fields[name]
+        help_text = field.description or ""
+        if field.annotation is bool:
+            parser.add_argument(
+                Settings.flag_name(name), dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
+        else:
+            parser.add_argument(Settings.flag_name(name), dest=name, default=None, help=help_text)
+
+
+def settings_from_arguments(arguments: argparse.Namespace, field_names: Sequence[str]) -> Settings:
+    """Build Settings from parsed flags (only those given) over env and defaults.
+
+    Raises SystemExit(2) with the option's flag name when a value is invalid.
+    """
+    given: dict[str, Any] = {
+        name: getattr(arguments, name) for name in field_names if getattr(arguments, name, None) is not None
+    }
+    try:
+        return Settings(**given)
+    except ValidationError as error:
+        messages = []
+        for problem in error.errors():
+            field = str(problem["loc"][0]) if problem["loc"] else "?"
+            messages.append(f"{Settings.flag_name(field)} (env GPUWM_{field.upper()}): {problem['msg']}")
+        raise SystemExit("gpuwm: invalid option: " + "; ".join(messages)) from None

@@ -1,0 +1,73 @@
+"""One GPU sample: the record the agent takes, the controller pulls and `gpuwm replay` reads.
+
+The same model serves the replay trace's `sample` line and the agent's `/v1/snapshot`
+records (which add `seq`), so the two can never drift apart.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ProcessSample(BaseModel):
+    """A compute process on a GPU, attributed to a pod where the agent could tell."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    pid: int = Field(ge=0, description="Host PID of the process.")
+    pod_uid: str | None = Field(default=None, description="UID of the pod the process belongs to, if known.")
+    container: str | None = Field(default=None, description="Container name inside the pod, if known.")
+    sm_percent: float | None = Field(
+        default=None, ge=0, le=100, description="SM utilisation of this process on the device, percent of the device."
+    )
+    memory_used_bytes: float | None = Field(default=None, ge=0, description="Device memory held by the process.")
+
+
+class GpuSample(BaseModel):
+    """GPU `uuid` on `node` at time `t`, describing the interval since its previous sample.
+
+    Optional figures are `None` where the driver does not report them; a sample with
+    `sm_percent` of `None` (a lost GPU, an NVML error) makes its interval unmonitored.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    t: float = Field(description="Sample time, seconds (any origin; epoch seconds in the agent).")
+    node: str = Field(min_length=1, description="Node name.")
+    uuid: str = Field(min_length=1, description="GPU or MIG instance UUID (a time-sliced replica uses the GPU's UUID).")
+    seq: int | None = Field(default=None, ge=0, description="Agent's sequence number (snapshot feed only).")
+    index: int | None = Field(default=None, ge=0, description="NVML device index.")
+    model: str | None = Field(default=None, description="GPU product name.")
+    parent_uuid: str | None = Field(default=None, description="Parent GPU UUID for a MIG instance.")
+    mig_profile: str | None = Field(default=None, description="MIG profile such as 1g.10gb.")
+    device_units: float = Field(
+        default=1.0, gt=0, le=1, description="Size of this device in GPU units: 1 for a whole GPU, the slice fraction for MIG."
+    )
+    healthy: bool = Field(default=True, description="False when NVML reported an error for this device.")
+    error: str | None = Field(default=None, description="The NVML error for an unhealthy device.")
+    sm_percent: float | None = Field(default=None, ge=0, le=100, description="Device SM utilisation over the interval.")
+    memory_used_bytes: float | None = Field(default=None, ge=0, description="Device memory used.")
+    memory_total_bytes: float | None = Field(default=None, ge=0, description="Device memory total.")
+    memory_activity_percent: float | None = Field(
+        default=None, ge=0, le=100, description="Memory controller busy percent (NVML memory utilisation)."
+    )
+    power_watts: float | None = Field(default=None, ge=0, description="Power draw.")
+    power_limit_watts: float | None = Field(default=None, ge=0, description="Enforced power limit.")
+    energy_joules: float | None = Field(
+        default=None, ge=0, description="The GPU's cumulative energy counter (a MIG instance carries its parent's)."
+    )
+    temperature_celsius: float | None = Field(default=None, description="GPU temperature.")
+    sm_clock_mhz: float | None = Field(default=None, ge=0, description="SM clock.")
+    memory_clock_mhz: float | None = Field(default=None, ge=0, description="Memory clock.")
+    pcie_rx_bytes_per_second: float | None = Field(default=None, ge=0, description="PCIe receive throughput.")
+    pcie_tx_bytes_per_second: float | None = Field(default=None, ge=0, description="PCIe transmit throughput.")
+    processes: list[ProcessSample] | None = Field(
+        default=None, description="Compute processes with per-process utilisation; absent when the driver gives none."
+    )
+
+    @property
+    def memory_percent(self) -> float | None:
+        """Memory used as a percent of total, or None when either is unknown."""
+        if self.memory_used_bytes is None or not self.memory_total_bytes:
+            return None
+        return min(100.0, 100.0 * self.memory_used_bytes / self.memory_total_bytes)
