@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from gpuwm import __version__
+from gpuwm.config import ConfigError
 
 #: verb modules, in the order `gpuwm --help` lists them
 _COMMAND_MODULES = (
@@ -46,7 +47,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is None:
         parser.print_help(sys.stderr)
         return 2
-    return int(handler(arguments) or 0)
+    try:
+        return int(handler(arguments) or 0)
+    except ConfigError as error:
+        print(f"gpuwm: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

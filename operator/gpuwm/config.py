@@ -128,6 +128,10 @@ class Settings(BaseSettings):
         return "--" + field_name.replace("_", "-")
 
 
+class ConfigError(ValueError):
+    """An option with a bad value; `gpuwm` prints it and exits with status 2."""
+
+
 def add_settings_arguments(parser: argparse.ArgumentParser, field_names: Iterable[str]) -> None:
     """Add one `--flag` per settings field; unset flags fall back to env and defaults."""
     for name in field_names:
@@ -144,7 +148,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser, field_names: Iterabl
 def settings_from_arguments(arguments: argparse.Namespace, field_names: Sequence[str]) -> Settings:
     """Build Settings from parsed flags (only those given) over env and defaults.
 
-    Raises SystemExit(2) with the option's flag name when a value is invalid.
+    Raises ConfigError naming the option's flag and environment variable when a value is invalid.
     """
     given: dict[str, Any] = {
         name: getattr(arguments, name) for name in field_names if getattr(arguments, name, None) is not None
@@ -156,4 +160,4 @@ def settings_from_arguments(arguments: argparse.Namespace, field_names: Sequence
         for problem in error.errors():
             field = str(problem["loc"][0]) if problem["loc"] else "?"
             messages.append(f"{Settings.flag_name(field)} (env GPUWM_{field.upper()}): {problem['msg']}")
-        raise SystemExit("gpuwm: invalid option: " + "; ".join(messages)) from None
+        raise ConfigError("invalid option: " + "; ".join(messages)) from None
