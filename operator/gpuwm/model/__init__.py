@@ -11,6 +11,7 @@ from gpuwm.model.crd import (
     WorkloadMetricsStatus,
     WorkloadRef,
 )
+from gpuwm.model.podstats import PodStatsSample
 from gpuwm.model.sample import GpuSample, ProcessSample
 from gpuwm.model.trace import (
     DeviceAllocation,
@@ -31,6 +32,7 @@ __all__ = [
     "NamespaceEvent",
     "PodEvent",
     "PodPhase",
+    "PodStatsSample",
     "PodStatus",
     "ProcessSample",
     "ProjectMetricsSpec",
