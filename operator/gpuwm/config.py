@@ -87,6 +87,13 @@ class Settings(BaseSettings):
     )
     kubelet_url: str | None = Field(default=None, description="kubelet URL for the stats summary (optional).")
     proc_root: str = Field(default="/proc", description="Where the host's /proc is mounted (cgroup fallback).")
+    kubelet_token_file: str = Field(
+        default="/var/run/secrets/kubernetes.io/serviceaccount/token",
+        description="Bearer token for the kubelet stats summary (re-read on each call; tokens rotate).",
+    )
+    kubelet_insecure_tls: bool = Field(
+        default=False, description="Skip kubelet TLS verification (self-signed kubelet serving certificates)."
+    )
     resource_names: CommaList = Field(
         default_factory=lambda: list(DEFAULT_RESOURCE_NAMES), description="Extended resource names that are GPUs."
     )
