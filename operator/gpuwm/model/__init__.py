@@ -1,5 +1,6 @@
 """Pydantic models shared by every layer: samples, trace events, CR spec/status."""
 
+from gpuwm.model.agent import AgentDevice, AgentSnapshot, DeviceState
 from gpuwm.model.crd import (
     Condition,
     GpuStatus,
@@ -25,8 +26,11 @@ from gpuwm.model.trace import (
 )
 
 __all__ = [
+    "AgentDevice",
+    "AgentSnapshot",
     "Condition",
     "DeviceAllocation",
+    "DeviceState",
     "GpuSample",
     "GpuStatus",
     "NamespaceEvent",

@@ -1,0 +1,54 @@
+"""The agent's `/v1/snapshot` feed: what the controller pulls from each node."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpuwm.model.podstats import PodStatsSample
+from gpuwm.model.sample import GpuSample
+
+#: active: SM at or above the idle threshold; idle-held: a process holds the GPU but SM is below it;
+#: allocated-empty: a pod holds it and runs nothing on it; unallocated: nobody holds it;
+#: unknown: NVML gave no utilisation (an unhealthy GPU, or one that reports none)
+DeviceState = Literal["active", "idle-held", "allocated-empty", "unallocated", "unknown"]
+
+
+class AgentDevice(BaseModel):
+    """One GPU, MIG instance or time-sliced replica on the node and the pod that holds it."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    uuid: str = Field(min_length=1, description="GPU or MIG UUID (a replica's physical GPU).")
+    device_id: str = Field(min_length=1, description="The device plugin's ID: the UUID, or `GPU-uuid::N` for a replica.")
+    index: int | None = Field(default=None, ge=0)
+    model: str | None = None
+    parent_uuid: str | None = None
+    mig_profile: str | None = None
+    units: float = Field(gt=0, le=1, description="GPU units this entry stands for (1, a MIG fraction, 1/replicas).")
+    resource_name: str | None = Field(default=None, description="Extended resource, e.g. nvidia.com/gpu.")
+    namespace: str | None = None
+    pod: str | None = None
+    pod_uid: str | None = Field(default=None, description="Known from process cgroups or the kubelet stats summary.")
+    container: str | None = None
+    attributed_by: Literal["pod-resources", "cgroup"] | None = None
+    state: DeviceState
+    healthy: bool = True
+    error: str | None = None
+
+
+class AgentSnapshot(BaseModel):
+    """`GET /v1/snapshot?since=SEQ`: the records after SEQ and the current devices."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    node: str
+    seq: int = Field(ge=0, description="Latest sequence number; pass it as `since` on the next pull.")
+    agent_id: str = Field(description="Changes when the agent restarts (sequence numbers start over).")
+    truncated: bool = Field(
+        default=False, description="True when records after `since` had already left the bounded buffer."
+    )
+    samples: list[GpuSample] = Field(default_factory=list)
+    pod_stats: list[PodStatsSample] = Field(default_factory=list)
+    devices: list[AgentDevice] = Field(default_factory=list)
