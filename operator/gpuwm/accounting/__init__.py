@@ -1,1 +1,9 @@
-"""gpuwm accounting."""
+"""The pure accounting engine: allocation, utilisation, idle time and energy (DESIGN §3).
+
+Imports nothing from Kubernetes, NVML, HTTP or storage (an import-linter contract).
+"""
+
+from gpuwm.accounting.reports import Engine
+from gpuwm.accounting.state import EngineConfig
+
+__all__ = ["Engine", "EngineConfig"]

@@ -28,8 +28,11 @@ class WorkloadRef(_CamelModel):
     uid: str = Field(description="UID of the workload object.")
 
 
-class UtilizationWindows(_CamelModel):
+class UtilizationWindows(BaseModel):
     """Allocation-weighted mean percent over the monitored part of each window; null where nothing was monitored."""
+
+    # the field names are the JSON names already (a camelCase generator would write avg1M)
+    model_config = ConfigDict(extra="forbid")
 
     current: float | None = Field(default=None, description="Percent in the latest sample of each device.")
     avg1m: float | None = Field(default=None, description="Mean percent over the last minute.")

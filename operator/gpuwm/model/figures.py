@@ -15,8 +15,11 @@ class _Figures(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
 
 
-class Windows(_Figures):
+class Windows(BaseModel):
     """Allocation-weighted mean percent over the monitored part of each window; None where nothing was monitored."""
+
+    # the field names are the JSON names already (a camelCase generator would write avg1M)
+    model_config = ConfigDict(populate_by_name=True)
 
     current: float | None = None
     avg1m: float | None = None

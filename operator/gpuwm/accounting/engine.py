@@ -1,0 +1,414 @@
+"""The accounting engine: pod lifecycle events and GPU samples in, DESIGN §3 figures out.
+
+Pure and deterministic: no clock, no I/O. Every input carries its own time.
+
+How time is cut (DESIGN §3): GPU g's sample at t_k covers (t_{k-1}, t_k]; the stretch
+before g's first sample, and any interval longer than 3 x the poll interval, is
+unmonitored. A pod holding devices is a set of *stretches* (pod, device, units,
+start, end]. Accounting is the overlap of stretches with sample intervals.
+
+Late and out-of-order input: every sample and pod event is placed at its own time, as
+long as it is no older than `late_event_window_seconds` behind the newest input (the
+engine's clock). Affected intervals are taken back out (applied with a negative sign)
+and applied again, so the results do not depend on arrival order. A sample older than
+the window is dropped and counted; a pod event older than the window takes effect at the
+window's edge. A second sample of the same GPU with the same time replaces the first;
+a second pod event of the same pod with the same time replaces the first.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+from collections.abc import Iterable
+
+from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Point, Pod, Stretch, Workload
+from gpuwm.model.sample import GpuSample
+from gpuwm.model.trace import NamespaceEvent, PodEvent, SampleEvent
+
+logger = logging.getLogger(__name__)
+
+_MAINTENANCE_EVERY_SECONDS = 30.0
+
+
+def physical_uuid(uuid: str) -> str:
+    """`GPU-x::2` (a time-sliced replica id) is GPU-x: samples are per physical device."""
+    return uuid.split("::", 1)[0] if "::" in uuid else uuid
+
+
+class EngineCore:
+    """Ingestion and the accounting arithmetic; `Engine` adds the reports."""
+
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.clock = -INFINITY
+        self.gpu_records: dict[str, Gpu] = {}
+        self.workload_records: dict[str, Workload] = {}
+        self.pods: dict[str, Pod] = {}
+        self.namespaces: dict[str, NamespaceEvent] = {}
+        self.late_samples_dropped = 0
+        self._last_maintenance = -INFINITY
+        self._gap = self.config.gap_seconds
+        self._threshold = self.config.idle_threshold_percent
+
+    # ------------------------------------------------------------------ input
+
+    def observe(self, event: NamespaceEvent | PodEvent | SampleEvent | GpuSample) -> None:
+        if isinstance(event, PodEvent):
+            self.observe_pod(event)
+        elif isinstance(event, NamespaceEvent):
+            self.observe_namespace(event)
+        else:
+            self.observe_sample(event)
+
+    def observe_many(self, events: Iterable[NamespaceEvent | PodEvent | SampleEvent | GpuSample]) -> None:
+        for event in events:
+            self.observe(event)
+
+    def observe_namespace(self, event: NamespaceEvent) -> None:
+        known = self.namespaces.get(event.name)
+        if known is None or event.t >= known.t:
+            self.namespaces[event.name] = event
+        self._advance(event.t)
+
+    def _advance(self, t: float) -> None:
+        if t > self.clock:
+            self.clock = t
+            if t - self._last_maintenance >= _MAINTENANCE_EVERY_SECONDS:
+                self._last_maintenance = t
+                self._maintain()
+
+    @property
+    def boundary(self) -> float:
+        """Input older than this is no longer placed exactly (see the module docstring)."""
+        return self.clock - self.config.late_event_window_seconds
+
+    def _gpu(self, uuid: str, node: str | None) -> Gpu:
+        gpu = self.gpu_records.get(uuid)
+        if gpu is None:
+            gpu = self.gpu_records[uuid] = Gpu(uuid, node)
+        elif node is not None and gpu.node is None:
+            gpu.node = node
+        return gpu
+
+    def observe_sample(self, sample: GpuSample) -> None:
+        uuid = physical_uuid(sample.uuid)
+        gpu = self._gpu(uuid, sample.node)
+        gpu.node = sample.node
+        t = sample.t
+        times = gpu.times
+        if times and t <= times[-1]:
+            if t < self.boundary or t < times[0]:
+                self.late_samples_dropped += 1
+                return
+            self._insert_late_point(gpu, sample)
+        else:
+            point = Point.from_sample(sample)
+            times.append(t)
+            gpu.points.append(point)
+            gpu.latest = sample
+            if gpu.stretches:
+                self._apply_interval(gpu, len(times) - 1, -INFINITY, INFINITY, gpu.stretches, 1.0)
+        self._advance(t)
+
+    def _insert_late_point(self, gpu: Gpu, sample: GpuSample) -> None:
+        times = gpu.times
+        t = sample.t
+        index = bisect.bisect_left(times, t)
+        low = times[index - 1] if index > 0 else -INFINITY
+        replacing = times[index] == t
+        if replacing:  # the same GPU and time again: the new sample replaces the old
+            high = times[index + 1] if index + 1 < len(times) else t
+        else:
+            high = times[index]
+        stretches = list(gpu.stretches)
+        self._apply_range(gpu, low, high, stretches, -1.0)
+        self._settle_last_active(gpu, stretches, low)
+        point = Point.from_sample(sample)
+        if replacing:
+            gpu.points[index] = point
+            if index == len(times) - 1:
+                gpu.latest = sample
+        else:
+            times.insert(index, t)
+            gpu.points.insert(index, point)
+        self._apply_range(gpu, low, high, stretches, 1.0)
+
+    def observe_pod(self, event: PodEvent) -> None:
+        workload = self.workload_records.get(event.workload.uid)
+        if workload is None:
+            workload = self.workload_records[event.workload.uid] = Workload(event.workload.uid, event)
+        elif event.workload.created is not None and (workload.created is None or event.workload.created < workload.created):
+            workload.created = event.workload.created
+        pod = self.pods.get(event.uid)
+        if pod is None:
+            pod = self.pods[event.uid] = Pod(event.uid, workload, event)
+            workload.pods[event.uid] = pod
+            if event.t < workload.first_seen:
+                workload.first_seen = event.t
+        self._advance(event.t)
+        t = max(event.t, self.boundary)
+        timeline = pod.timeline
+        index = bisect.bisect_left([entry[0] for entry in timeline], t)
+        if index < len(timeline) and timeline[index][0] == t:
+            timeline[index] = (t, event)
+        else:
+            timeline.insert(index, (t, event))
+        if index == len(timeline) - 1:
+            pod.name, pod.namespace, pod.labels = event.name, event.namespace, dict(event.labels)
+            workload.labels = dict(event.labels)
+        self._reconcile_pod(pod, t)
+
+    # ------------------------------------------------------- pod -> stretches
+
+    @staticmethod
+    def _desired_stretches(pod: Pod) -> list[tuple[str, str | None, float, str | None, float, float]]:
+        """(uuid, node, units, container, start, end) the pod's timeline implies, merged where unchanged."""
+        desired: list[tuple[str, str | None, float, str | None, float, float]] = []
+        open_by_key: dict[tuple[str, str | None, float, str | None], int] = {}
+        timeline = pod.timeline
+        for position, (t, event) in enumerate(timeline):
+            end = timeline[position + 1][0] if position + 1 < len(timeline) else INFINITY
+            running = event.phase == "Running" and event.node is not None
+            current: dict[tuple[str, str | None, float, str | None], int] = {}
+            if running:
+                units_by_device: dict[tuple[str, str | None], float] = {}
+                for device in event.devices:
+                    device_key = (physical_uuid(device.uuid), device.container)
+                    units_by_device[device_key] = units_by_device.get(device_key, 0.0) + device.units
+                for (uuid, container), units in units_by_device.items():
+                    key = (uuid, event.node, units, container)
+                    previous = open_by_key.get(key)
+                    if previous is not None and desired[previous][5] == t:
+                        item = desired[previous]
+                        desired[previous] = (item[0], item[1], item[2], item[3], item[4], end)
+                        current[key] = previous
+                    else:
+                        current[key] = len(desired)
+                        desired.append((uuid, event.node, units, container, t, end))
+            open_by_key = current
+        return desired
+
+    def _reconcile_pod(self, pod: Pod, low: float) -> None:
+        """Make the pod's stretches match its timeline from `low` on, re-accounting what changed."""
+        workload = pod.workload
+        desired = [item for item in self._desired_stretches(pod) if item[5] > low]
+        devices = {stretch.uuid for stretch in pod.stretches if stretch.end > low} | {item[0] for item in desired}
+        for uuid in sorted(devices):
+            gpu = self._gpu(uuid, None)
+            group = [stretch for stretch in gpu.stretches if stretch.workload is workload]
+            self._apply_range(gpu, low, INFINITY, group, -1.0)
+            self._settle_last_active(gpu, group, low)
+            for stretch in [s for s in pod.stretches if s.uuid == uuid and s.end > low]:
+                if stretch.start >= low:
+                    self._drop_stretch(gpu, stretch)
+                else:
+                    stretch.end = low
+            for item_uuid, node, units, container, start, end in desired:
+                if item_uuid != uuid:
+                    continue
+                continued = None
+                if start < low:
+                    for stretch in pod.stretches:
+                        if (
+                            stretch.uuid == uuid
+                            and stretch.end == low
+                            and stretch.units == units
+                            and stretch.container == container
+                            and stretch.node == node
+                        ):
+                            continued = stretch
+                            break
+                if continued is not None:
+                    continued.end = end
+                else:
+                    stretch = Stretch(workload, pod.uid, uuid, node, units, container, max(start, low), end)
+                    pod.stretches.append(stretch)
+                    workload.stretches.append(stretch)
+                    gpu.stretches.append(stretch)
+                    if workload.first_run_start is None or stretch.start < workload.first_run_start:
+                        workload.first_run_start = stretch.start
+            group = [stretch for stretch in gpu.stretches if stretch.workload is workload]
+            self._apply_range(gpu, low, INFINITY, group, 1.0)
+
+    @staticmethod
+    def _drop_stretch(gpu: Gpu, stretch: Stretch) -> None:
+        gpu.stretches.remove(stretch)
+        stretch.workload.stretches.remove(stretch)
+        pod_stretches = stretch.workload.pods[stretch.pod_uid].stretches
+        pod_stretches.remove(stretch)
+
+    # ------------------------------------------------------------ arithmetic
+
+    def _apply_range(self, gpu: Gpu, low: float, high: float, stretches: list[Stretch], sign: float) -> None:
+        """Apply (sign=1) or take back (sign=-1) the intervals of `gpu` within (low, high]."""
+        if not stretches:
+            return
+        times = gpu.times
+        index = bisect.bisect_right(times, low)
+        while index < len(times):
+            start = times[index - 1] if index > 0 else -INFINITY
+            if start >= high:
+                break
+            self._apply_interval(gpu, index, low, high, stretches, sign)
+            index += 1
+
+    def _workload_utilization(self, gpu: Gpu, index: int, workload: Workload, start: float, end: float) -> float:
+        """W's utilisation on g over (start, end] within interval `index` (DESIGN §3).
+
+        With per-process data: the SM % of W's pods' processes over W's share of g, where the
+        share counts W's stretches covering this piece (so taking a piece back after a change
+        uses exactly the share it was applied with); without: the device's SM %.
+        """
+        point = gpu.points[index]
+        sm = point.sm or 0.0
+        pod_sm = point.pod_sm
+        if pod_sm is None:
+            return sm
+        units = 0.0
+        used = 0.0
+        seen: set[str] = set()
+        for stretch in gpu.stretches:
+            if stretch.workload is workload and stretch.start < end and stretch.end > start:
+                units += stretch.units
+                if stretch.pod_uid not in seen:
+                    seen.add(stretch.pod_uid)
+                    used += pod_sm.get(stretch.pod_uid, 0.0)
+        if units <= 0:
+            return 0.0
+        share = units / point.device_units
+        return min(100.0, used / share)
+
+    def _apply_interval(
+        self, gpu: Gpu, index: int, low: float, high: float, stretches: list[Stretch], sign: float
+    ) -> None:
+        points = gpu.points
+        point = points[index]
+        end = point.t
+        if index == 0:
+            start = -INFINITY
+            monitored = False
+            energy = None
+        else:
+            previous = points[index - 1]
+            start = previous.t
+            monitored = point.sm is not None and end - start <= self._gap
+            energy = None
+            if point.energy is not None and previous.energy is not None:
+                energy = max(0.0, point.energy - previous.energy) / (end - start)  # joules per second
+        cut_start = start if start > low else low
+        cut_end = end if end < high else high
+        cached_key: tuple[Workload, float, float] | None = None
+        utilization = 0.0
+        for stretch in stretches:
+            piece_start = cut_start if cut_start > stretch.start else stretch.start
+            piece_end = cut_end if cut_end < stretch.end else stretch.end
+            if piece_end <= piece_start:
+                continue
+            workload = stretch.workload
+            seconds = piece_end - piece_start
+            units = stretch.units * sign
+            unit_seconds = units * seconds
+            if energy is not None:
+                workload.energy_joules += energy * unit_seconds
+            if not monitored:
+                workload.unmonitored_seconds += unit_seconds
+                continue
+            key = (workload, piece_start, piece_end)
+            if key != cached_key:
+                cached_key = key
+                utilization = self._workload_utilization(gpu, index, workload, piece_start, piece_end)
+            if utilization >= self._threshold:
+                workload.active_seconds += unit_seconds
+                if sign > 0 and piece_end > stretch.last_active:
+                    stretch.last_active = piece_end
+            else:
+                workload.idle_seconds += unit_seconds
+            memory = point.mem_percent
+            workload.life_units += unit_seconds
+            workload.life_util += unit_seconds * utilization
+            if memory is None:
+                workload.windows.add(piece_start, piece_end, units, units * utilization, 0.0, 0.0)
+            else:
+                workload.life_mem_units += unit_seconds
+                workload.life_mem += unit_seconds * memory
+                workload.windows.add(piece_start, piece_end, units, units * utilization, units, units * memory)
+
+    def _settle_last_active(self, gpu: Gpu, stretches: list[Stretch], low: float) -> None:
+        """After taking back (low, inf): recompute last_active of stretches that were active after `low`."""
+        for stretch in stretches:
+            if stretch.last_active <= low:
+                continue
+            found = -INFINITY
+            times = gpu.times
+            index = bisect.bisect_left(times, min(low, stretch.end))
+            index = min(index, len(times) - 1)
+            while index >= 1:
+                end = times[index]
+                start = times[index - 1]
+                if end <= stretch.start:
+                    break
+                point = gpu.points[index]
+                if point.sm is not None and end - start <= self._gap and start < low:
+                    piece_start, piece_end = max(start, stretch.start), min(end, low, stretch.end)
+                    utilization = self._workload_utilization(gpu, index, stretch.workload, piece_start, piece_end)
+                    if piece_end > piece_start and utilization >= self._threshold:
+                        found = min(end, low, stretch.end)
+                        break
+                index -= 1
+            if found == -INFINITY and times and times[0] > stretch.start:
+                found = min(stretch.last_active, times[0])  # beyond the kept history: best known bound
+            stretch.last_active = found
+
+    # ------------------------------------------------------------ maintenance
+
+    def _maintain(self) -> None:
+        """Forget what no late input can change any more; bound memory."""
+        boundary = self.boundary
+        for gpu in self.gpu_records.values():
+            keep_from = bisect.bisect_left(gpu.times, boundary) - 1
+            if keep_from > 0:
+                del gpu.times[:keep_from]
+                del gpu.points[:keep_from]
+            if gpu.stretches:
+                for stretch in [s for s in gpu.stretches if s.end < boundary]:
+                    self._retire(gpu, stretch)
+        for workload in self.workload_records.values():
+            workload.windows.maintain(self.clock)
+        for pod in self.pods.values():
+            timeline = pod.timeline
+            if len(timeline) > 1 and timeline[1][0] < boundary:
+                keep = bisect.bisect_left([entry[0] for entry in timeline], boundary) - 1
+                if keep > 0:
+                    del timeline[:keep]
+
+    def _retire(self, gpu: Gpu, stretch: Stretch) -> None:
+        """Fold a stretch that ended before the late window into its workload's totals."""
+        workload = stretch.workload
+        tail_start = stretch.start if gpu.last_time is None else max(stretch.start, gpu.last_time)
+        if stretch.end > tail_start:  # never covered by a sample: unmonitored for good
+            workload.unmonitored_seconds += stretch.units * (stretch.end - tail_start)
+        workload.retired_last_active = max(workload.retired_last_active, stretch.last_active)
+        runs = workload.retired_runs
+        runs.append((stretch.start, stretch.end))
+        runs.sort()
+        merged: list[tuple[float, float]] = []
+        for run_start, run_end in runs:
+            if merged and run_start <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], run_end))
+            else:
+                merged.append((run_start, run_end))
+        workload.retired_runs = merged
+        self._drop_stretch(gpu, stretch)
+
+    def forget_workload(self, uid: str) -> None:
+        """Drop a workload and its pods (after its retention), keeping GPU history."""
+        workload = self.workload_records.pop(uid, None)
+        if workload is None:
+            return
+        for stretch in list(workload.stretches):
+            gpu = self.gpu_records.get(stretch.uuid)
+            if gpu is not None and stretch in gpu.stretches:
+                gpu.stretches.remove(stretch)
+        for pod_uid in workload.pods:
+            self.pods.pop(pod_uid, None)

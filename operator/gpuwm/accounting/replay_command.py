@@ -1,0 +1,113 @@
+"""`gpuwm replay TRACE.jsonl`: run a trace through the engine and print the figures at `--at`.
+
+The black-box interface to the engine, and how users check a trace by hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpuwm.accounting.reports import Engine
+from gpuwm.accounting.state import EngineConfig
+from gpuwm.config import ConfigError, Settings, parse_duration_seconds
+from gpuwm.model.trace import NamespaceEvent, PodEvent, SampleEvent, TraceLineError, parse_trace_line
+
+TraceEvents = list[NamespaceEvent | PodEvent | SampleEvent]
+
+
+def read_trace(path: Path) -> TraceEvents:
+    """All events of a trace file, in file order; raises TraceLineError on the first bad line."""
+    events: TraceEvents = []
+    with path.open(encoding="utf-8") as trace:
+        for line_number, line in enumerate(trace, start=1):
+            if not line.strip():
+                continue
+            events.append(parse_trace_line(line, line_number))
+    return events
+
+
+def replay(events: TraceEvents, config: EngineConfig, at: float | None = None) -> dict[str, Any]:
+    """The report `gpuwm replay` prints: events up to `at` in time order (file order within a time)."""
+    ordered = sorted(events, key=lambda event: event.t)  # stable: file order breaks ties
+    if at is None:
+        at = ordered[-1].t if ordered else 0.0
+    engine = Engine(config)
+    for event in ordered:
+        if event.t > at:
+            break
+        engine.observe(event)
+    workloads, projects, _cluster = engine.report(at)
+    return {
+        "at": at,
+        "workloads": [figures.model_dump(by_alias=True, exclude={"uid"}) for figures in workloads],
+        "projects": [figures.model_dump(by_alias=True) for figures in projects],
+    }
+
+
+def _float_option(name: str, value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"{name}: expected a number, got {value!r}") from None
+
+
+def run(arguments: argparse.Namespace) -> int:
+    defaults = Settings()
+    try:
+        interval = parse_duration_seconds(arguments.interval) if arguments.interval is not None else defaults.interval
+    except ValueError as error:
+        raise ConfigError(f"--interval: {error}") from None
+    if interval <= 0:
+        raise ConfigError(f"--interval: must be more than 0 seconds, got {arguments.interval!r}")
+    threshold = (
+        _float_option("--idle-threshold", arguments.idle_threshold)
+        if arguments.idle_threshold is not None
+        else defaults.idle_threshold_percent
+    )
+    if not 0 <= threshold <= 100:
+        raise ConfigError(f"--idle-threshold: must be between 0 and 100 percent, got {threshold}")
+    at = _float_option("--at", arguments.at) if arguments.at is not None else None
+    config = EngineConfig(
+        interval_seconds=interval,
+        idle_threshold_percent=threshold,
+        project_label=arguments.project_label or defaults.project_label,
+        late_event_window_seconds=defaults.late_event_window,
+    )
+    path = Path(arguments.trace)
+    try:
+        events = read_trace(path)
+    except TraceLineError as error:
+        print(f"gpuwm replay: {path}: {error}", file=sys.stderr)
+        return 2
+    except OSError as error:
+        print(f"gpuwm replay: cannot read {path}: {error.strerror or error}", file=sys.stderr)
+        return 2
+    except UnicodeDecodeError as error:
+        print(f"gpuwm replay: {path}: not UTF-8 text: {error.reason}", file=sys.stderr)
+        return 2
+    json.dump(replay(events, config, at), sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "replay",
+        help="run a trace (JSON lines) through the accounting engine and print the figures",
+        description="Read TRACE (one JSON event per line: namespace, pod, sample) and print per-workload and "
+        "per-project figures at --at (default: the last event's time).",
+    )
+    parser.add_argument("trace", metavar="TRACE.jsonl", help="trace file")
+    parser.add_argument("--at", default=None, help="report time in seconds (default: the last event's time)")
+    parser.add_argument(
+        "--interval", default=None, help="the agents' poll interval (default 1s): intervals over 3x are unmonitored"
+    )
+    parser.add_argument(
+        "--idle-threshold", default=None, help="percent at or above which a workload is active (default 1)"
+    )
+    parser.add_argument("--project-label", default=None, help="label naming the project (default gpuwm.io/project)")
+    parser.set_defaults(handler=run)

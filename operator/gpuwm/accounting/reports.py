@@ -1,0 +1,440 @@
+"""Figures at time `now` from the engine's state: per workload, project, GPU and cluster."""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable
+
+from gpuwm.accounting.engine import EngineCore
+from gpuwm.accounting.state import INFINITY, Gpu, Stretch, Workload
+from gpuwm.accounting.windows import WINDOW_SECONDS
+from gpuwm.model.figures import (
+    ClusterFigures,
+    GpuFigures,
+    PodFigures,
+    ProjectFigures,
+    WorkloadFigures,
+    Windows,
+)
+
+_TERMINAL_PHASES = ("Succeeded", "Failed", "Deleted")
+
+
+class _Sums:
+    """Window integrals of one or more workloads, turned into allocation-weighted means."""
+
+    __slots__ = ("current", "memory", "memory_current")
+
+    def __init__(self) -> None:
+        # per window name: [units, util, mem_units, mem]
+        self.memory: dict[str, list[float]] = {name: [0.0, 0.0, 0.0, 0.0] for name in (*WINDOW_SECONDS, "lifetime")}
+        self.current = [0.0, 0.0]  # units, units x util
+        self.memory_current = [0.0, 0.0]
+
+    def add_workload(self, workload: Workload, now: float) -> None:
+        for name, seconds in WINDOW_SECONDS.items():
+            values = workload.windows.window(now - seconds, now)
+            totals = self.memory[name]
+            for index in range(4):
+                totals[index] += values[index]
+        lifetime = self.memory["lifetime"]
+        lifetime[0] += workload.life_units
+        lifetime[1] += workload.life_util
+        lifetime[2] += workload.life_mem_units
+        lifetime[3] += workload.life_mem
+
+    def merge(self, other: _Sums) -> None:
+        for name, totals in other.memory.items():
+            mine = self.memory[name]
+            for index in range(4):
+                mine[index] += totals[index]
+        for index in range(2):
+            self.current[index] += other.current[index]
+            self.memory_current[index] += other.memory_current[index]
+
+    @staticmethod
+    def _mean(weighted: float, weight: float) -> float | None:
+        # 1e-9: what is left of a window after taking back late input is rounding, not time
+        return weighted / weight if weight > 1e-9 else None
+
+    def windows(self) -> tuple[Windows, Windows]:
+        utilization: dict[str, float | None] = {}
+        memory: dict[str, float | None] = {}
+        for name, (units, util, mem_units, mem) in self.memory.items():
+            utilization[name] = self._mean(util, units)
+            memory[name] = self._mean(mem, mem_units)
+        utilization["current"] = self._mean(self.current[1], self.current[0])
+        memory["current"] = self._mean(self.memory_current[1], self.memory_current[0])
+        return Windows.model_validate(utilization), Windows.model_validate(memory)
+
+
+class Engine(EngineCore):
+    """The accounting engine with its reports. See `gpuwm.accounting.engine` for the rules."""
+
+    # ------------------------------------------------------------- helpers
+
+    def project_of(self, workload: Workload) -> str:
+        label = self.config.project_label
+        project = workload.labels.get(label)
+        if project:
+            return project
+        namespace = self.namespaces.get(workload.namespace)
+        if namespace is not None and namespace.labels.get(label):
+            return namespace.labels[label]
+        return workload.namespace
+
+    def _latest_index(self, gpu: Gpu, stretch: Stretch, now: float) -> int | None:
+        """Index of g's latest point that describes time the stretch held g, up to `now`."""
+        times = gpu.times
+        if not times:
+            return None
+        index = len(times) - 1
+        if times[index] > now:
+            index = max(0, bisect.bisect_right(times, now) - 1)
+            if times[index] > now:
+                return None
+        if index == 0 or times[index] <= stretch.start or times[index - 1] >= stretch.end:
+            return None
+        return index
+
+    def _stretch_current(self, gpu: Gpu, stretch: Stretch, now: float) -> tuple[float | None, float | None, bool]:
+        """(utilisation, memory %, monitored) of the stretch's holder in g's latest sample."""
+        index = self._latest_index(gpu, stretch, now)
+        if index is None:
+            return None, None, False
+        point = gpu.points[index]
+        if point.sm is None:
+            return None, point.mem_percent, False
+        start = max(gpu.times[index - 1], stretch.start)
+        end = min(point.t, stretch.end)
+        utilization = self._workload_utilization(gpu, index, stretch.workload, start, end)
+        monitored = now - point.t <= self._gap
+        return utilization, point.mem_percent, monitored
+
+    @staticmethod
+    def _runs(workload: Workload, now: float) -> list[tuple[float, float]]:
+        """Merged (start, end) stretches of any GPU container of the workload, clipped to now."""
+        spans = list(workload.retired_runs)
+        spans.extend((stretch.start, min(stretch.end, now)) for stretch in workload.stretches if stretch.start < now)
+        spans.sort()
+        merged: list[tuple[float, float]] = []
+        for start, end in spans:
+            if end <= start:
+                continue
+            if merged and start <= merged[-1][1]:
+                if end > merged[-1][1]:
+                    merged[-1] = (merged[-1][0], end)
+            else:
+                merged.append((start, end))
+        return merged
+
+    # ------------------------------------------------------------- reports
+
+    def workload_figures(self, workload: Workload, now: float) -> WorkloadFigures:
+        return self._workload_figures(workload, now)[0]
+
+    def _workload_figures(self, workload: Workload, now: float) -> tuple[WorkloadFigures, _Sums]:
+        sums = _Sums()
+        sums.add_workload(workload, now)
+        unmonitored = workload.unmonitored_seconds
+        allocated_gpus = 0.0
+        idle_gpus = 0.0
+        active_now = False
+        sampling = True
+        last_active = workload.retired_last_active
+        gpus: list[GpuFigures] = []
+        nodes: set[str] = set()
+        models: set[str] = set()
+        for stretch in workload.stretches:
+            gpu = self.gpu_records.get(stretch.uuid)
+            if stretch.last_active > last_active:
+                last_active = stretch.last_active
+            if gpu is None:
+                continue
+            last_time = gpu.last_time
+            tail_start = stretch.start if last_time is None else max(stretch.start, last_time)
+            tail_end = min(stretch.end, now)
+            if tail_end > tail_start:
+                unmonitored += stretch.units * (tail_end - tail_start)
+            if not (stretch.start <= now < stretch.end):
+                continue
+            allocated_gpus += stretch.units
+            if stretch.node:
+                nodes.add(stretch.node)
+            utilization, memory, monitored = self._stretch_current(gpu, stretch, now)
+            sampling = sampling and monitored
+            if utilization is not None:
+                sums.current[0] += stretch.units
+                sums.current[1] += stretch.units * utilization
+                if utilization >= self._threshold:
+                    active_now = active_now or monitored
+                else:
+                    idle_gpus += stretch.units
+            if memory is not None:
+                sums.memory_current[0] += stretch.units
+                sums.memory_current[1] += stretch.units * memory
+            latest = gpu.latest
+            if latest is not None and latest.model:
+                models.add(latest.model)
+            pod = workload.pods.get(stretch.pod_uid)
+            gpus.append(
+                GpuFigures(
+                    node=stretch.node or gpu.node or "",
+                    uuid=stretch.uuid,
+                    index=latest.index if latest else None,
+                    model=latest.model if latest else None,
+                    mig_profile=latest.mig_profile if latest else None,
+                    parent_uuid=latest.parent_uuid if latest else None,
+                    device_units=latest.device_units if latest else 1.0,
+                    namespace=workload.namespace,
+                    workload=workload.name,
+                    workload_uid=workload.uid,
+                    pod=pod.name if pod else stretch.pod_uid,
+                    pod_uid=stretch.pod_uid,
+                    container=stretch.container,
+                    units=stretch.units,
+                    utilization_percent=utilization,
+                    sm_percent=latest.sm_percent if latest else None,
+                    memory_used_bytes=latest.memory_used_bytes if latest else None,
+                    memory_total_bytes=latest.memory_total_bytes if latest else None,
+                    power_watts=latest.power_watts if latest else None,
+                    healthy=latest.healthy if latest else True,
+                    error=latest.error if latest else None,
+                    last_sample_time=gpu.last_time,
+                    monitored=monitored,
+                    active=None if utilization is None else utilization >= self._threshold,
+                )
+            )
+        running = allocated_gpus > 0
+        runs = self._runs(workload, now)
+        run_seconds = sum(end - start for start, end in runs)
+        last_active_time = last_active if last_active > -INFINITY else None
+
+        pods: list[PodFigures] = []
+        ended = bool(workload.pods)
+        end_time: float | None = None
+        end_phase = "Ended"
+        for pod in workload.pods.values():
+            current = pod.current
+            pod_units = sum(s.units for s in pod.stretches if s.start <= now < s.end)
+            pods.append(
+                PodFigures(name=pod.name, uid=pod.uid, node=current.node, phase=current.phase, allocated_gpus=pod_units)
+            )
+            if current.phase in _TERMINAL_PHASES:
+                terminal_time = pod.timeline[-1][0]
+                if end_time is None or terminal_time >= end_time:
+                    end_time = terminal_time
+                    end_phase = current.phase if current.phase != "Deleted" else "Ended"
+            else:
+                ended = False
+        if not ended:
+            end_time = None
+        if running:
+            phase = "Running"
+        elif ended:
+            phase = end_phase
+        elif any(pod.current.phase == "Running" for pod in workload.pods.values()):
+            phase = "Running"
+        else:
+            phase = "Pending"
+
+        if running:
+            current_start = runs[-1][0] if runs else now
+            idle_seconds = 0.0 if active_now else max(0.0, now - max(last_active, current_start))
+        elif runs:
+            run_start, run_end = runs[-1]
+            idle_seconds = max(0.0, run_end - max(last_active, run_start))
+        else:
+            idle_seconds = 0.0
+
+        created = workload.created if workload.created is not None else workload.first_seen
+        if workload.first_run_start is not None:
+            wait_seconds = max(0.0, workload.first_run_start - created)
+        else:
+            wait_seconds = max(0.0, (end_time if end_time is not None else now) - created)
+
+        utilization_windows, memory_windows = sums.windows()
+        figures = WorkloadFigures(
+            uid=workload.uid,
+            namespace=workload.namespace,
+            name=workload.name,
+            kind=workload.kind,
+            api_version=workload.api_version,
+            project=self.project_of(workload),
+            phase=phase,
+            allocated_gpus=allocated_gpus,
+            allocated_gpu_seconds=workload.active_seconds + workload.idle_seconds + unmonitored,
+            active_gpu_seconds=workload.active_seconds,
+            idle_gpu_seconds=workload.idle_seconds,
+            unmonitored_gpu_seconds=unmonitored,
+            idle_gpus=idle_gpus,
+            last_active_time=last_active_time,
+            idle_seconds=idle_seconds,
+            wait_seconds=wait_seconds,
+            run_seconds=run_seconds,
+            energy_joules=workload.energy_joules,
+            utilization=utilization_windows,
+            memory_utilization=memory_windows,
+            created_time=created,
+            start_time=workload.first_run_start,
+            end_time=end_time,
+            sampling=running and sampling,
+            gpu_model=sorted(models)[0] if models else None,
+            nodes=sorted(nodes),
+            pods=pods,
+            gpus=gpus,
+        )
+        return figures, sums
+
+    def workloads(self, now: float | None = None) -> list[WorkloadFigures]:
+        at = self.clock if now is None else now
+        return [self._workload_figures(workload, at)[0] for workload in self._sorted_workloads()]
+
+    def workload(self, uid: str, now: float | None = None) -> WorkloadFigures | None:
+        workload = self.workload_records.get(uid)
+        return None if workload is None else self._workload_figures(workload, self.clock if now is None else now)[0]
+
+    def _sorted_workloads(self) -> list[Workload]:
+        return sorted(self.workload_records.values(), key=lambda w: (w.namespace, w.name, w.uid))
+
+    def projects(self, now: float | None = None) -> list[ProjectFigures]:
+        at = self.clock if now is None else now
+        return self._projects(at, ((w, *self._workload_figures(w, at)) for w in self._sorted_workloads()))
+
+    def _projects(
+        self, now: float, rows: Iterable[tuple[Workload, WorkloadFigures, _Sums]]
+    ) -> list[ProjectFigures]:
+        grouped: dict[str, tuple[list[WorkloadFigures], _Sums]] = {}
+        for _workload, figures, sums in rows:
+            entry = grouped.setdefault(figures.project, ([], _Sums()))
+            entry[0].append(figures)
+            entry[1].merge(sums)
+        projects = []
+        for name in sorted(grouped):
+            members, sums = grouped[name]
+            utilization, memory = sums.windows()
+            namespaces = sorted({figures.namespace for figures in members})
+            projects.append(
+                ProjectFigures(
+                    name=name,
+                    workloads=len(members),
+                    running_workloads=sum(1 for figures in members if figures.allocated_gpus > 0),
+                    namespaces=namespaces,
+                    allocated_gpus=sum(figures.allocated_gpus for figures in members),
+                    idle_gpus=sum(figures.idle_gpus for figures in members),
+                    quota=self._quota(namespaces),
+                    allocated_gpu_seconds=sum(figures.allocated_gpu_seconds for figures in members),
+                    active_gpu_seconds=sum(figures.active_gpu_seconds for figures in members),
+                    idle_gpu_seconds=sum(figures.idle_gpu_seconds for figures in members),
+                    unmonitored_gpu_seconds=sum(figures.unmonitored_gpu_seconds for figures in members),
+                    energy_joules=sum(figures.energy_joules for figures in members),
+                    utilization=utilization,
+                    memory_utilization=memory,
+                )
+            )
+        return projects
+
+    def _quota(self, namespaces: list[str]) -> float | None:
+        total: float | None = None
+        for name in namespaces:
+            namespace = self.namespaces.get(name)
+            if namespace is None:
+                continue
+            raw = namespace.annotations.get(self.config.quota_annotation)
+            if raw is None:
+                continue
+            try:
+                value = float(raw)
+            except ValueError:
+                continue  # a malformed annotation is not a quota; the controller warns about it
+            total = value if total is None else total + value
+        return total
+
+    def report(self, now: float | None = None) -> tuple[list[WorkloadFigures], list[ProjectFigures], ClusterFigures]:
+        """Workloads, projects and cluster in one pass (what the controller writes each interval)."""
+        at = self.clock if now is None else now
+        rows = [(w, *self._workload_figures(w, at)) for w in self._sorted_workloads()]
+        workloads = [row[1] for row in rows]
+        projects = self._projects(at, rows)
+        cluster_sums = _Sums()
+        for row in rows:
+            cluster_sums.merge(row[2])
+        return workloads, projects, self._cluster(at, workloads, cluster_sums)
+
+    def cluster(self, now: float | None = None) -> ClusterFigures:
+        return self.report(now)[2]
+
+    def _cluster(self, now: float, workloads: list[WorkloadFigures], sums: _Sums) -> ClusterFigures:
+        utilization, memory = sums.windows()
+        healthy = sum(1 for gpu in self.gpu_records.values() if gpu.latest is not None and gpu.latest.healthy)
+        samples = [gpu.latest for gpu in self.gpu_records.values() if gpu.latest is not None]
+        mig_parents = {sample.parent_uuid for sample in samples if sample.parent_uuid}
+        # a MIG parent's own samples are not capacity: its instances are
+        total_units = sum(sample.device_units for sample in samples if sample.uuid not in mig_parents)
+        return ClusterFigures(
+            gpus=sum(1 for gpu in self.gpu_records.values() if gpu.latest is not None),
+            healthy_gpus=healthy,
+            total_gpu_units=total_units,
+            allocated_gpus=sum(w.allocated_gpus for w in workloads),
+            idle_gpus=sum(w.idle_gpus for w in workloads),
+            workloads=len(workloads),
+            running_workloads=sum(1 for w in workloads if w.allocated_gpus > 0),
+            allocated_gpu_seconds=sum(w.allocated_gpu_seconds for w in workloads),
+            active_gpu_seconds=sum(w.active_gpu_seconds for w in workloads),
+            idle_gpu_seconds=sum(w.idle_gpu_seconds for w in workloads),
+            unmonitored_gpu_seconds=sum(w.unmonitored_gpu_seconds for w in workloads),
+            energy_joules=sum(w.energy_joules for w in workloads),
+            utilization=utilization,
+            memory_utilization=memory,
+        )
+
+    def gpus(self, now: float | None = None) -> list[GpuFigures]:
+        """Every device by its latest sample, once per holder (a shared GPU has several)."""
+        at = self.clock if now is None else now
+        result: list[GpuFigures] = []
+        for uuid in sorted(self.gpu_records):
+            gpu = self.gpu_records[uuid]
+            latest = gpu.latest
+            if latest is None:
+                continue
+            base = {
+                "node": latest.node,
+                "uuid": uuid,
+                "index": latest.index,
+                "model": latest.model,
+                "mig_profile": latest.mig_profile,
+                "parent_uuid": latest.parent_uuid,
+                "device_units": latest.device_units,
+                "sm_percent": latest.sm_percent,
+                "memory_used_bytes": latest.memory_used_bytes,
+                "memory_total_bytes": latest.memory_total_bytes,
+                "power_watts": latest.power_watts,
+                "healthy": latest.healthy,
+                "error": latest.error,
+                "last_sample_time": latest.t,
+                "monitored": at - latest.t <= self._gap and latest.sm_percent is not None,
+            }
+            holders = [s for s in gpu.stretches if s.start <= at < s.end]
+            if not holders:
+                result.append(GpuFigures(utilization_percent=latest.sm_percent, **base))
+                continue
+            for stretch in holders:
+                workload = stretch.workload
+                pod = workload.pods.get(stretch.pod_uid)
+                utilization, _memory, _monitored = self._stretch_current(gpu, stretch, at)
+                result.append(
+                    GpuFigures(
+                        namespace=workload.namespace,
+                        workload=workload.name,
+                        workload_uid=workload.uid,
+                        pod=pod.name if pod else stretch.pod_uid,
+                        pod_uid=stretch.pod_uid,
+                        container=stretch.container,
+                        units=stretch.units,
+                        utilization_percent=utilization,
+                        active=None if utilization is None else utilization >= self._threshold,
+                        **base,
+                    )
+                )
+        return result
+

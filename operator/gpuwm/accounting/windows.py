@@ -1,0 +1,139 @@
+"""Sliding-window sums for the utilisation windows (1m, 5m, 1h).
+
+A workload's monitored time is recorded as segments (start, end] with constant rates
+per second: monitored units, units x utilisation, memory-known units, units x memory %.
+A window sum is the segments clipped to the window, pro rata to the overlap (a sample's
+figures cover its whole interval evenly, DESIGN §3), so it is exact while segments are
+kept as recorded. Removal (a late event rewriting history) is a segment with negative
+rates. To bound memory, segments older than the 1m/5m windows are folded into aligned
+buckets once a workload holds many of them: exact for window edges that fall on bucket
+boundaries, pro rata otherwise.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+_STRIDE = 6  # start, end, units, units*util, mem_units, mem_units*mem
+WINDOW_SECONDS: dict[str, float] = {"avg1m": 60.0, "avg5m": 300.0, "avg1h": 3600.0}
+_HORIZON_SECONDS = 3600.0
+_FINE_BUCKET_SECONDS = 5.0
+_COARSE_BUCKET_SECONDS = 60.0
+_EXACT_SECONDS = 70.0  # segments newer than now-70s stay exact (1m window edge)
+_FINE_SECONDS = 330.0  # segments newer than now-330s go to 5 s buckets (5m window edge)
+_MIN_CAPACITY_SEGMENTS = 256
+
+
+class WindowSums:
+    """Segments of one workload's monitored allocation over the last hour."""
+
+    __slots__ = ("_capacity", "_data")
+
+    def __init__(self) -> None:
+        self._data = array("d")
+        self._capacity = _MIN_CAPACITY_SEGMENTS
+
+    def __len__(self) -> int:
+        return len(self._data) // _STRIDE
+
+    def add(self, start: float, end: float, units: float, util_units: float, mem_units: float, mem_mem_units: float) -> None:
+        """Add rates (per second) over (start, end]; negative rates remove."""
+        if end <= start:
+            return
+        data = self._data
+        size = len(data)
+        if size:
+            last = size - _STRIDE
+            if data[last] == start and data[last + 1] == end:  # same interval on another device
+                data[last + 2] += units
+                data[last + 3] += util_units
+                data[last + 4] += mem_units
+                data[last + 5] += mem_mem_units
+                self._merge_tail()
+                return
+            if (
+                data[last + 1] == start
+                and data[last + 2] == units
+                and data[last + 3] == util_units
+                and data[last + 4] == mem_units
+                and data[last + 5] == mem_mem_units
+            ):
+                data[last + 1] = end
+                return
+        data.extend((start, end, units, util_units, mem_units, mem_mem_units))
+
+    def _merge_tail(self) -> None:
+        data = self._data
+        size = len(data)
+        if size < 2 * _STRIDE:
+            return
+        last, before = size - _STRIDE, size - 2 * _STRIDE
+        if data[before + 1] == data[last] and all(data[before + i] == data[last + i] for i in range(2, _STRIDE)):
+            data[before + 1] = data[last + 1]
+            del data[last:]
+
+    def window(self, low: float, high: float) -> tuple[float, float, float, float]:
+        """Integrals over (low, high]: unit-seconds, util-unit-seconds, memory unit-seconds, memory-unit-seconds."""
+        data = self._data
+        units = util = mem_units = mem = 0.0
+        for offset in range(0, len(data), _STRIDE):
+            start = data[offset]
+            end = data[offset + 1]
+            if end <= low or start >= high:
+                continue
+            overlap = (end if end < high else high) - (start if start > low else low)
+            units += data[offset + 2] * overlap
+            util += data[offset + 3] * overlap
+            mem_units += data[offset + 4] * overlap
+            mem += data[offset + 5] * overlap
+        return units, util, mem_units, mem
+
+    def maintain(self, now: float) -> None:
+        """Drop what is older than the longest window; fold old segments when there are many."""
+        data = self._data
+        horizon = now - _HORIZON_SECONDS
+        if data and data[1] <= horizon:
+            kept = array("d")
+            for offset in range(0, len(data), _STRIDE):
+                if data[offset + 1] > horizon:
+                    kept.extend(data[offset : offset + _STRIDE])
+            self._data = kept
+        if len(self) > self._capacity:
+            self._fold(now)
+            self._capacity = max(_MIN_CAPACITY_SEGMENTS, 2 * len(self))
+
+    def _fold(self, now: float) -> None:
+        buckets: dict[tuple[float, float], list[float]] = {}
+        exact = array("d")
+        data = self._data
+        for offset in range(0, len(data), _STRIDE):
+            start, end = data[offset], data[offset + 1]
+            if end > now - _EXACT_SECONDS:
+                exact.extend(data[offset : offset + _STRIDE])
+                continue
+            size = _FINE_BUCKET_SECONDS if end > now - _FINE_SECONDS else _COARSE_BUCKET_SECONDS
+            cursor = start
+            while cursor < end:
+                bucket_start = (cursor // size) * size
+                bucket_end = bucket_start + size
+                piece_end = min(end, bucket_end)
+                fraction = (piece_end - cursor) / size
+                totals = buckets.setdefault((bucket_start, bucket_end), [0.0, 0.0, 0.0, 0.0])
+                for index in range(4):
+                    totals[index] += data[offset + 2 + index] * fraction
+                cursor = piece_end
+        folded = array("d")
+        for (bucket_start, bucket_end), totals in sorted(buckets.items()):
+            folded.extend((bucket_start, bucket_end, *totals))
+        folded.extend(exact)
+        self._data = folded
+
+    def to_list(self) -> list[float]:
+        return self._data.tolist()
+
+    @classmethod
+    def from_list(cls, values: list[float]) -> WindowSums:
+        sums = cls()
+        sums._data = array("d", values)
+        sums._capacity = max(_MIN_CAPACITY_SEGMENTS, 2 * len(sums))
+        return sums
