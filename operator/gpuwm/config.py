@@ -119,6 +119,10 @@ class Settings(BaseSettings):
         default=4, ge=1, description="Replicas per GPU for shared resources when the device plugin config is unknown."
     )
     standalone: bool = Field(default=False, description="Run without kopf peering (one replica only).")
+    peering_name: str = Field(
+        default="gpuwm",
+        description="kopf peering object the controller replicas share (ClusterKopfPeering; KopfPeering with --namespace).",
+    )
 
     # API
     auth: Literal["kubernetes", "none"] = Field(default="kubernetes", description="API authentication.")
