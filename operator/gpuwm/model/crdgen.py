@@ -1,0 +1,200 @@
+"""Write the CRD YAML in crds/ from the pydantic models, so schema and models cannot drift.
+
+`python -m gpuwm.model.crdgen crds/` regenerates; a unit test fails when the committed
+files differ from what this prints, and another checks field by field.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel
+
+from gpuwm.model.crd import (
+    GROUP,
+    VERSION,
+    ProjectMetricsSpec,
+    ProjectMetricsStatus,
+    WorkloadMetricsSpec,
+    WorkloadMetricsStatus,
+)
+
+
+def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """A Kubernetes structural schema (no $ref, no anyOf-null) from a pydantic model."""
+    raw = model.model_json_schema(by_alias=True, mode="serialization")
+    definitions = raw.get("$defs", {})
+
+    def convert(node: dict[str, Any]) -> dict[str, Any]:
+        if "$ref" in node:
+            target = definitions[node["$ref"].split("/")[-1]]
+            merged = {**target, **{k: v for k, v in node.items() if k != "$ref"}}
+            return convert(merged)
+        if "anyOf" in node:
+            options = [option for option in node["anyOf"] if option.get("type") != "null"]
+            nullable = len(options) < len(node["anyOf"])
+            if len(options) != 1:
+                raise ValueError(f"cannot express a union of {options} in a structural schema")
+            converted = convert(options[0])
+            if "description" in node:
+                converted["description"] = node["description"]
+            if nullable:
+                converted["nullable"] = True
+            return converted
+        result: dict[str, Any] = {}
+        if "description" in node:
+            result["description"] = " ".join(str(node["description"]).split())
+        kind = node.get("type")
+        if "const" in node:
+            result["type"] = "string"
+            result["enum"] = [node["const"]]
+        elif "enum" in node:
+            result["type"] = "string"
+            result["enum"] = list(node["enum"])
+        elif kind == "object":
+            result["type"] = "object"
+            if "properties" in node:
+                result["properties"] = {name: convert(child) for name, child in node["properties"].items()}
+                if node.get("required"):
+                    result["required"] = list(node["required"])
+            elif isinstance(node.get("additionalProperties"), dict):
+                result["additionalProperties"] = convert(node["additionalProperties"])
+        elif kind == "array":
+            result["type"] = "array"
+            result["items"] = convert(node.get("items", {}))
+        elif kind in ("string", "integer", "number", "boolean"):
+            result["type"] = kind
+        else:
+            raise ValueError(f"unsupported schema node {node}")
+        return result
+
+    return convert(raw)
+
+
+def _printer_columns(rows: list[tuple[str, str, str, str]]) -> list[dict[str, Any]]:
+    columns = [{"name": name, "type": kind, "jsonPath": path, "description": text} for name, kind, path, text in rows]
+    columns.append({"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"})
+    return columns
+
+
+def _crd(
+    kind: str,
+    plural: str,
+    short_name: str,
+    scope: str,
+    spec: type[BaseModel],
+    status: type[BaseModel],
+    description: str,
+    columns: list[tuple[str, str, str, str]],
+) -> dict[str, Any]:
+    schema = {
+        "type": "object",
+        "description": description,
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "APIVersion of this object."},
+            "kind": {"type": "string", "description": "Kind of this object."},
+            "metadata": {"type": "object"},
+            "spec": structural_schema(spec),
+            "status": structural_schema(status),
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {
+            "name": f"{plural}.{GROUP}",
+            "labels": {"app.kubernetes.io/name": "gpuwm", "app.kubernetes.io/part-of": "gpuwm"},
+        },
+        "spec": {
+            "group": GROUP,
+            "scope": scope,
+            "names": {
+                "kind": kind,
+                "listKind": f"{kind}List",
+                "plural": plural,
+                "singular": plural,
+                "shortNames": [short_name],
+                "categories": ["gpuwm"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": _printer_columns(columns),
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
+        },
+    }
+
+
+def workload_metrics_crd() -> dict[str, Any]:
+    return _crd(
+        "GPUWorkloadMetrics",
+        "gpuworkloadmetrics",
+        "gwm",
+        "Namespaced",
+        WorkloadMetricsSpec,
+        WorkloadMetricsStatus,
+        "GPU allocation, utilisation, idle time and energy of one workload, kept by the gpuwm controller.",
+        [
+            ("Project", "string", ".spec.project", "Project of the workload."),
+            ("GPUs", "number", ".status.allocatedGpus", "GPU units held now."),
+            ("Util", "number", ".status.utilization.avg5m", "SM utilisation percent, 5-minute mean."),
+            ("Mem", "number", ".status.memoryUtilization.avg5m", "Memory used percent, 5-minute mean."),
+            ("Idle", "number", ".status.idleSeconds", "Seconds since the GPUs were last active."),
+            ("Wasted GPU-h", "number", ".status.wastedGpuHours", "Idle GPU-hours over the workload's life."),
+        ],
+    )
+
+
+def project_metrics_crd() -> dict[str, Any]:
+    return _crd(
+        "GPUProjectMetrics",
+        "gpuprojectmetrics",
+        "gpm",
+        "Cluster",
+        ProjectMetricsSpec,
+        ProjectMetricsStatus,
+        "GPU allocation, utilisation, idle GPUs and energy of one project, kept by the gpuwm controller.",
+        [
+            ("Project", "string", ".spec.project", "Project name."),
+            ("Workloads", "integer", ".status.workloads", "Workloads with figures."),
+            ("GPUs", "number", ".status.allocatedGpus", "GPU units held now."),
+            ("Quota", "number", ".status.quota", "GPU quota."),
+            ("Idle GPUs", "number", ".status.idleGpus", "Units held whose latest sample was inactive."),
+            ("Util", "number", ".status.utilization.avg5m", "SM utilisation percent, 5-minute mean."),
+            ("Mem", "number", ".status.memoryUtilization.avg5m", "Memory used percent, 5-minute mean."),
+            ("Wasted GPU-h", "number", ".status.wastedGpuHours", "Idle GPU-hours."),
+        ],
+    )
+
+
+CRD_FILES = {
+    "gpuwm.io_gpuworkloadmetrics.yaml": workload_metrics_crd,
+    "gpuwm.io_gpuprojectmetrics.yaml": project_metrics_crd,
+}
+
+
+def render(builder_name: str) -> str:
+    header = "# Generated from operator/gpuwm/model/crd.py by `python -m gpuwm.model.crdgen crds/`; do not edit.\n"
+    return header + yaml.safe_dump(CRD_FILES[builder_name](), sort_keys=False, width=120)
+
+
+def main(argv: list[str]) -> int:
+    target = Path(argv[0] if argv else "crds")
+    target.mkdir(parents=True, exist_ok=True)
+    for name in CRD_FILES:
+        (target / name).write_text(render(name), encoding="utf-8")
+        print(f"wrote {target / name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
