@@ -1,0 +1,246 @@
+"""Agent discovery and the `/v1/snapshot` puller.
+
+Every status interval the controller pulls each agent concurrently with a timeout and
+feeds what came back to the engine. `since` is tracked per agent, so each pull returns
+only new samples; an agent whose `seq` went backwards restarted and is read again from
+the start. An agent that does not answer yields no samples, so its GPUs become
+unmonitored (the engine's rule for gaps), never idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpuwm.model.podstats import PodStatsSample
+from gpuwm.model.sample import GpuSample
+
+logger = logging.getLogger(__name__)
+
+
+class DeviceHolder(BaseModel):
+    """Which pod (and container) holds a device, as the agent learned from the kubelet's pod-resources."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
+
+    uuid: str = Field(min_length=1)
+    node: str | None = None
+    pod_uid: str | None = None
+    namespace: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    resource_name: str | None = None
+    units: float | None = Field(default=None, gt=0, le=1)
+
+
+_ALIASES = {
+    "podUid": "pod_uid", "podUID": "pod_uid", "pod_name": "pod", "podName": "pod", "pod_namespace": "namespace",
+    "resourceName": "resource_name", "resource": "resource_name", "device_uuid": "uuid", "deviceUuid": "uuid",
+}
+
+
+def _holders(entry: Mapping[str, Any], node: str) -> list[DeviceHolder]:
+    """One device entry -> its holders: a flat entry, or one with a nested list of pods."""
+    flat = {_ALIASES.get(key, key): value for key, value in entry.items()}
+    flat.setdefault("node", node)
+    nested = next((flat[key] for key in ("holders", "pods", "allocations") if isinstance(flat.get(key), list)), None)
+    if nested is None:
+        return [DeviceHolder.model_validate(flat)] if flat.get("pod_uid") else []
+    holders = []
+    for inner in nested:
+        merged = {**{k: v for k, v in flat.items() if k not in {"holders", "pods", "allocations"}},
+                  **{_ALIASES.get(key, key): value for key, value in inner.items()}}
+        if merged.get("pod_uid"):
+            holders.append(DeviceHolder.model_validate(merged))
+    return holders
+
+
+@dataclass
+class Snapshot:
+    """What one pull of one agent returned."""
+
+    node: str
+    seq: int
+    samples: list[GpuSample]
+    holders: list[DeviceHolder]
+    pod_stats: list[PodStatsSample]
+
+
+def parse_snapshot(payload: Mapping[str, Any], expected_node: str) -> Snapshot:
+    """Validate an agent's JSON; raises ValueError naming the node and the field at fault."""
+    try:
+        node = str(payload.get("node") or expected_node)
+        seq = int(payload.get("seq") or 0)
+        samples = [GpuSample.model_validate(item) for item in payload.get("samples") or []]
+        holders = [holder for item in payload.get("devices") or [] for holder in _holders(item, node)]
+        pod_stats = [PodStatsSample.model_validate(item) for item in payload.get("pod_stats") or []]
+    except (ValidationError, TypeError, ValueError, AttributeError) as error:
+        raise ValueError(f"agent for node {expected_node!r} sent a malformed snapshot: {error}") from None
+    return Snapshot(node=node, seq=seq, samples=samples, holders=holders, pod_stats=pod_stats)
+
+
+@dataclass(frozen=True)
+class StaticAgents:
+    """`static:NODE=URL,...`: fixed agent URLs (tests, agents outside Kubernetes)."""
+
+    urls: Mapping[str, str]
+
+
+@dataclass(frozen=True)
+class PodAgents:
+    """`pods:NAMESPACE/LABELSELECTOR`: the agent DaemonSet's pods, found through the pods watch."""
+
+    namespace: str
+    label_selector: str
+    port: int = 9400
+
+    def matches(self, namespace: str | None, labels: Mapping[str, str]) -> bool:
+        """Whether a pod with these labels is one of the agents (equality selectors, comma-separated)."""
+        if namespace != self.namespace:
+            return False
+        for requirement in filter(None, (part.strip() for part in self.label_selector.split(","))):
+            key, _, value = requirement.partition("=")
+            key, value = key.rstrip("!"), value.lstrip("=")
+            if requirement.count("!=") == 1:
+                if labels.get(key) == value:
+                    return False
+            elif "=" in requirement:
+                if labels.get(key) != value:
+                    return False
+            elif key not in labels:
+                return False
+        return True
+
+
+def parse_agents_spec(spec: str, default_port: int = 9400) -> StaticAgents | PodAgents:
+    """Parse `--agents`; raises ValueError saying what the two accepted forms are."""
+    kind, _, rest = spec.partition(":")
+    if kind == "static":
+        urls: dict[str, str] = {}
+        for item in filter(None, (part.strip() for part in rest.split(","))):
+            node, sep, url = item.partition("=")
+            if not sep or not node or not url.startswith(("http://", "https://")):
+                raise ValueError(f"--agents static entry {item!r} is not NODE=http://HOST:PORT")
+            urls[node] = url.rstrip("/")
+        if not urls:
+            raise ValueError("--agents static: needs at least one NODE=URL")
+        return StaticAgents(urls)
+    if kind == "pods":
+        namespace, sep, selector = rest.partition("/")
+        if not sep or not namespace or not selector:
+            raise ValueError(f"--agents {spec!r}: expected pods:NAMESPACE/LABELSELECTOR")
+        return PodAgents(namespace, selector, default_port)
+    raise ValueError(f"--agents {spec!r}: expected pods:NAMESPACE/LABELSELECTOR or static:NODE=URL,...")
+
+
+@dataclass
+class AgentState:
+    since: int = 0
+    last_success: float | None = None
+    failures: int = 0
+    warned: bool = False
+
+
+@dataclass
+class PullResult:
+    snapshots: list[Snapshot] = field(default_factory=list)
+    failed_nodes: list[str] = field(default_factory=list)
+
+
+class AgentPuller:
+    """Pulls every agent's `/v1/snapshot?since=SEQ` concurrently, each with a timeout."""
+
+    def __init__(self, timeout_seconds: float = 5.0, max_concurrency: int = 64) -> None:
+        self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self._limit = asyncio.Semaphore(max_concurrency)
+        self._max_concurrency = max_concurrency
+        self._session: aiohttp.ClientSession | None = None
+        self.state: dict[str, AgentState] = {}
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def restore_positions(self, positions: Mapping[str, int]) -> None:
+        """Resume from saved `since` values, so samples already accounted for are not fed twice."""
+        for node, since in positions.items():
+            self.state.setdefault(node, AgentState()).since = int(since)
+
+    def positions(self) -> dict[str, int]:
+        return {node: state.since for node, state in self.state.items()}
+
+    async def pull_all(self, agents: Mapping[str, str]) -> PullResult:
+        """One pull of every agent in `agents` (node -> base URL)."""
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._max_concurrency)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
+        nodes = sorted(agents)
+        outcomes = await asyncio.gather(*(self._pull(node, agents[node]) for node in nodes))
+        result = PullResult()
+        for node, outcome in zip(nodes, outcomes, strict=True):
+            if outcome is None:
+                result.failed_nodes.append(node)
+            else:
+                result.snapshots.append(outcome)
+        return result
+
+    async def _pull(self, node: str, base_url: str) -> Snapshot | None:
+        state = self.state.setdefault(node, AgentState())
+        async with self._limit:
+            try:
+                snapshot = await self._fetch(node, base_url, state.since)
+                if snapshot.seq < state.since:  # the agent restarted: its sequence began again
+                    logger.info("agent on %s restarted (seq %d < %d); reading it from the start",
+                                node, snapshot.seq, state.since, extra={"node": node})
+                    snapshot = await self._fetch(node, base_url, 0)
+            except (TimeoutError, aiohttp.ClientError, ValueError) as error:
+                state.failures += 1
+                if not state.warned:  # one warning per outage, not one per interval
+                    logger.warning("agent on %s at %s did not answer (%r); its GPUs are unmonitored until it does",
+                                   node, base_url, error, extra={"node": node, "url": base_url})
+                    state.warned = True
+                return None
+        if state.warned:
+            logger.info("agent on %s answers again", node, extra={"node": node})
+        state.since = max(snapshot.seq, max((s.seq or 0 for s in snapshot.samples), default=0))
+        state.last_success = time.time()
+        state.failures = 0
+        state.warned = False
+        return snapshot
+
+    async def _fetch(self, node: str, base_url: str, since: int) -> Snapshot:
+        assert self._session is not None
+        async with self._session.get(f"{base_url}/v1/snapshot", params={"since": str(since)}) as response:
+            if response.status != 200:
+                raise ValueError(f"HTTP {response.status} from {base_url}/v1/snapshot")
+            payload = await response.json(content_type=None)
+        if not isinstance(payload, Mapping):
+            raise ValueError(f"agent for node {node!r} sent {type(payload).__name__}, expected a JSON object")
+        return parse_snapshot(payload, node)
+
+
+def agent_url_of_pod(pod: Mapping[str, Any], port: int) -> tuple[str, str] | None:
+    """(node, URL) of a running agent pod, or None while it has no IP."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    node, ip = spec.get("nodeName"), status.get("podIP")
+    if not node or not ip or status.get("phase") != "Running":
+        return None
+    host = f"[{ip}]" if ":" in str(ip) else str(ip)
+    return str(node), f"http://{host}:{port}"
+
+
+def merge_agent_urls(found: Iterable[tuple[str, str]]) -> dict[str, str]:
+    return dict(found)
+
+
+def sorted_samples(snapshots: Sequence[Snapshot]) -> list[GpuSample]:
+    """All samples of one pull in time order, the order the engine wants them."""
+    return sorted((sample for snap in snapshots for sample in snap.samples), key=lambda sample: sample.t)

@@ -1,0 +1,258 @@
+"""A small asyncio Kubernetes API client for the controller's own calls.
+
+kopf does the watching; this client does the rest (owner `get`s, CR create/patch/delete,
+Events, agent discovery) on the same event loop, with the credentials kopf logged in with,
+so nothing blocks the loop and there is one notion of "the cluster". 429 and 5xx answers
+and dropped connections are retried with exponential backoff (honouring Retry-After).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import ssl
+import tempfile
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import aiohttp
+
+logger = logging.getLogger(__name__)
+
+MERGE_PATCH = "application/merge-patch+json"
+APPLY_PATCH = "application/apply-patch+yaml"
+FIELD_MANAGER = "gpuwm"
+RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+#: plural names of the owner kinds the chart grants `get` on; other kinds go through discovery
+KNOWN_PLURALS: dict[tuple[str, str], str] = {
+    ("v1", "Pod"): "pods",
+    ("v1", "ReplicationController"): "replicationcontrollers",
+    ("batch/v1", "Job"): "jobs",
+    ("batch/v1", "CronJob"): "cronjobs",
+    ("apps/v1", "ReplicaSet"): "replicasets",
+    ("apps/v1", "Deployment"): "deployments",
+    ("apps/v1", "StatefulSet"): "statefulsets",
+    ("apps/v1", "DaemonSet"): "daemonsets",
+    ("jobset.x-k8s.io/v1alpha2", "JobSet"): "jobsets",
+    ("kubeflow.org/v1", "PyTorchJob"): "pytorchjobs",
+    ("kubeflow.org/v1", "TFJob"): "tfjobs",
+    ("kubeflow.org/v1", "MPIJob"): "mpijobs",
+    ("kubeflow.org/v2beta1", "MPIJob"): "mpijobs",
+    ("kubeflow.org/v1", "Notebook"): "notebooks",
+    ("ray.io/v1", "RayJob"): "rayjobs",
+    ("ray.io/v1", "RayCluster"): "rayclusters",
+    ("ray.io/v1", "RayService"): "rayservices",
+    ("leaderworkerset.x-k8s.io/v1", "LeaderWorkerSet"): "leaderworkersets",
+}
+
+
+class KubeApiError(Exception):
+    """A Kubernetes API answer that is not a success and not worth retrying (or retries ran out)."""
+
+    def __init__(self, status: int, method: str, path: str, message: str) -> None:
+        self.status = status
+        self.method = method
+        self.path = path
+        super().__init__(f"{method} {path}: HTTP {status}: {message}")
+
+
+def resource_path(
+    api_version: str, plural: str, namespace: str | None = None, name: str | None = None, subresource: str | None = None
+) -> str:
+    """`/apis/batch/v1/namespaces/ns/jobs/name/status` and friends."""
+    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    parts = [base]
+    if namespace:
+        parts.append(f"namespaces/{namespace}")
+    parts.append(plural)
+    if name:
+        parts.append(name)
+    if subresource:
+        parts.append(subresource)
+    return "/".join(parts)
+
+
+def _write_temp(data: str | bytes, suffix: str) -> str:
+    raw = data.encode() if isinstance(data, str) else data
+    try:  # kubeconfigs carry base64; kopf passes it decoded or not depending on the source
+        decoded = base64.b64decode(raw, validate=True)
+        if decoded.startswith(b"-----"):
+            raw = decoded
+    except ValueError:
+        pass
+    handle = tempfile.NamedTemporaryFile(prefix="gpuwm-", suffix=suffix, delete=False)  # noqa: SIM115
+    with handle:
+        handle.write(raw)
+    return handle.name
+
+
+class KubeClient:
+    """Async JSON calls against one API server; construct with `from_connection_info` or directly."""
+
+    def __init__(
+        self,
+        server: str,
+        *,
+        headers: Mapping[str, str] | None = None,
+        ssl_context: ssl.SSLContext | bool | None = None,
+        request_timeout_seconds: float = 30.0,
+        retry_backoffs_seconds: Sequence[float] = (0.25, 0.5, 1, 2, 4, 8),
+        max_connections: int = 32,
+    ) -> None:
+        self.server = server.rstrip("/")
+        self._headers = dict(headers or {})
+        self._ssl = ssl_context
+        self._timeout = aiohttp.ClientTimeout(total=request_timeout_seconds)
+        self._backoffs = tuple(retry_backoffs_seconds)
+        self._max_connections = max_connections
+        self._session: aiohttp.ClientSession | None = None
+        self._plurals: dict[tuple[str, str], str] = dict(KNOWN_PLURALS)
+        self.requests = 0
+        self.retries = 0
+
+    @classmethod
+    def from_connection_info(cls, info: Any, **kwargs: Any) -> KubeClient:
+        """Build from kopf's `ConnectionInfo` (whatever login handler produced it)."""
+        headers: dict[str, str] = {}
+        if info.scheme and info.token:
+            headers["Authorization"] = f"{info.scheme} {info.token}"
+        elif info.token:
+            headers["Authorization"] = f"Bearer {info.token}"
+        elif info.username and info.password:
+            basic = base64.b64encode(f"{info.username}:{info.password}".encode()).decode()
+            headers["Authorization"] = f"Basic {basic}"
+        context: ssl.SSLContext | bool | None = None
+        if str(info.server).startswith("https"):
+            if info.insecure:
+                context = False
+            else:
+                ca_path = info.ca_path or (_write_temp(info.ca_data, ".crt") if info.ca_data else None)
+                context = ssl.create_default_context(cafile=str(ca_path) if ca_path else None)
+                cert_path = info.certificate_path or (
+                    _write_temp(info.certificate_data, ".crt") if info.certificate_data else None
+                )
+                key_path = info.private_key_path or (
+                    _write_temp(info.private_key_data, ".key") if info.private_key_data else None
+                )
+                if cert_path:
+                    context.load_cert_chain(str(cert_path), str(key_path) if key_path else None)
+        return cls(str(info.server), headers=headers, ssl_context=context, **kwargs)
+
+    async def _session_(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._max_connections, ssl=self._ssl if self._ssl is not None else True)
+            self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout, connector=connector)
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any] | None:
+        """One call with retries; None on 404 for GET/DELETE; KubeApiError for other failures."""
+        session = await self._session_()
+        data = None if body is None else json.dumps(body)
+        attempt = 0
+        while True:
+            self.requests += 1
+            delay: float | None = None
+            try:
+                async with session.request(
+                    method, self.server + path, params=params, data=data,
+                    headers={"Content-Type": content_type} if data is not None else None,
+                ) as response:
+                    if response.status < 300:
+                        payload: dict[str, Any] = await response.json(content_type=None)
+                        return payload
+                    text = await response.text()
+                    if response.status == 404 and method in {"GET", "DELETE"}:
+                        return None
+                    if response.status not in RETRIED_STATUSES or attempt >= len(self._backoffs):
+                        raise KubeApiError(response.status, method, path, _message(text))
+                    delay = _retry_after(response.headers.get("Retry-After"), self._backoffs[attempt])
+            except (TimeoutError, aiohttp.ClientConnectionError) as error:
+                if attempt >= len(self._backoffs):
+                    raise KubeApiError(0, method, path, f"connection failed: {error!r}") from error
+                delay = self._backoffs[attempt]
+            attempt += 1
+            self.retries += 1
+            logger.debug("retrying %s %s in %.2fs (attempt %d)", method, path, delay, attempt)
+            await asyncio.sleep(delay)
+
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any] | None:
+        return await self.request("GET", path, params=params)
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        return await self.request("POST", path, params={"fieldManager": FIELD_MANAGER}, body=body)
+
+    async def merge_patch(self, path: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
+        return await self.request("PATCH", path, params={"fieldManager": FIELD_MANAGER}, body=body, content_type=MERGE_PATCH)
+
+    async def delete(self, path: str) -> dict[str, Any] | None:
+        return await self.request("DELETE", path)
+
+    async def list_items(self, path: str, params: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        """All items of a collection, following `continue` tokens in pages of 500."""
+        items: list[dict[str, Any]] = []
+        query = dict(params or {})
+        query.setdefault("limit", "500")
+        while True:
+            page = await self.get(path, query) or {}
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            query["continue"] = token
+
+    async def plural(self, api_version: str, kind: str) -> str | None:
+        """The resource name of a kind, from the known table or the discovery API (cached)."""
+        key = (api_version, kind)
+        if key in self._plurals:
+            return self._plurals[key]
+        base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+        document = await self.get(base) or {}
+        for resource in document.get("resources") or []:
+            if "/" not in str(resource.get("name", "")):
+                self._plurals.setdefault((api_version, str(resource.get("kind"))), str(resource["name"]))
+        return self._plurals.get(key)
+
+    async def get_object(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist or its kind is not served; 403 raises."""
+        plural = await self.plural(api_version, kind)
+        if plural is None:
+            return None
+        try:
+            return await self.get(resource_path(api_version, plural, namespace, name))
+        except KubeApiError as error:
+            if error.status == 403:
+                return None  # RBAC stops the walk here: the caller treats the reference as the workload
+            raise
+
+
+def _message(text: str) -> str:
+    try:
+        status = json.loads(text)
+        return str(status.get("message") or text)[:500]
+    except (ValueError, AttributeError):
+        return text[:500]
+
+
+def _retry_after(header: str | None, default: float) -> float:
+    if header is None:
+        return default
+    try:
+        return min(30.0, max(0.0, float(header)))
+    except ValueError:
+        return default

@@ -1,0 +1,159 @@
+"""GPU pods as the controller tracks them, and the PodEvents it feeds the engine.
+
+The Pod object says what a container asks for; only the agent knows which device it got
+(from the kubelet's pod-resources). A pod's engine event joins the two: requested units
+from the spec, device UUIDs from the agents' attribution. Before the agent has reported, a
+running GPU pod has no known device; once it has, the pod's event is sent again from the
+time the pod started, and the engine places it there (within its late-event window).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuwm.controller.agents import DeviceHolder
+from gpuwm.controller.owners import parse_kubernetes_time
+from gpuwm.controller.units import requested_units
+from gpuwm.model.trace import DeviceAllocation, PodEvent, PodPhase, TraceWorkload
+
+_PHASES: frozenset[str] = frozenset({"Pending", "Running", "Succeeded", "Failed", "Unknown"})
+
+
+class MalformedPodError(ValueError):
+    """A pod body the controller cannot use; the message names the pod and the field."""
+
+
+@dataclass
+class TrackedPod:
+    """One GPU pod: what the engine needs from its Pod object."""
+
+    namespace: str
+    name: str
+    uid: str
+    phase: PodPhase
+    node: str | None
+    labels: dict[str, str]
+    units_by_container: dict[str, float]
+    workload: TraceWorkload
+    phase_since: float | None = None
+    created: float | None = None
+    sent: tuple[Any, ...] | None = field(default=None, repr=False)
+
+    @property
+    def requested_units(self) -> float:
+        return sum(self.units_by_container.values())
+
+
+def _first_time(times: Iterable[float | None], latest: bool = False) -> float | None:
+    known = [t for t in times if t is not None]
+    if not known:
+        return None
+    return max(known) if latest else min(known)
+
+
+def phase_start_time(pod: Mapping[str, Any], phase: str) -> float | None:
+    """When the pod entered `phase`: container start for Running, finish for Succeeded/Failed."""
+    status = pod.get("status") or {}
+    container_states = [cs.get("state") or {} for cs in status.get("containerStatuses") or []]
+    if phase == "Running":
+        started = _first_time(parse_kubernetes_time((s.get("running") or {}).get("startedAt")) for s in container_states)
+        if started is not None:
+            return started
+        condition = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+        return parse_kubernetes_time(status.get("startTime")) or (
+            parse_kubernetes_time(condition.get("lastTransitionTime")) if condition else None
+        )
+    if phase in {"Succeeded", "Failed"}:
+        return _first_time(
+            (parse_kubernetes_time((s.get("terminated") or {}).get("finishedAt")) for s in container_states), latest=True
+        )
+    if phase == "Pending":
+        return parse_kubernetes_time((pod.get("metadata") or {}).get("creationTimestamp"))
+    return None
+
+
+def track_pod(
+    pod: Mapping[str, Any],
+    workload: TraceWorkload,
+    resource_patterns: Iterable[str],
+    *,
+    deleted: bool,
+    replicas: int = 1,
+    shared_replicas: int = 4,
+) -> TrackedPod:
+    """A TrackedPod from a Pod body; raises MalformedPodError naming what is missing."""
+    metadata = pod.get("metadata")
+    if not isinstance(metadata, Mapping) or not metadata.get("name") or not metadata.get("uid"):
+        raise MalformedPodError("pod without metadata.name/uid")
+    where = f"pod {metadata.get('namespace')}/{metadata['name']}"
+    if not metadata.get("namespace"):
+        raise MalformedPodError(f"{where}: metadata.namespace is missing")
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        raise MalformedPodError(f"{where}: spec is missing")
+    try:
+        units = requested_units(spec, resource_patterns, replicas=replicas, shared_replicas=shared_replicas)
+    except (ValueError, AttributeError, TypeError) as error:
+        raise MalformedPodError(f"{where}: GPU resource request unreadable: {error}") from None
+    raw_phase = str((pod.get("status") or {}).get("phase") or "Pending")
+    phase: PodPhase = "Deleted" if deleted else (raw_phase if raw_phase in _PHASES else "Unknown")  # type: ignore[assignment]
+    labels = metadata.get("labels") or {}
+    return TrackedPod(
+        namespace=str(metadata["namespace"]),
+        name=str(metadata["name"]),
+        uid=str(metadata["uid"]),
+        phase=phase,
+        node=str(spec["nodeName"]) if spec.get("nodeName") else None,
+        labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {},
+        units_by_container=units,
+        workload=workload,
+        phase_since=phase_start_time(pod, raw_phase),
+        created=parse_kubernetes_time(metadata.get("creationTimestamp")),
+    )
+
+
+def device_allocations(pod: TrackedPod, holders: Iterable[DeviceHolder]) -> list[DeviceAllocation]:
+    """The devices the agents saw this pod hold, each with its units.
+
+    A container's requested units are split evenly over the devices it holds (2 GPUs -> 1
+    each; one MIG slice -> its fraction; one time-sliced replica -> 1/replicas). A holder
+    the spec does not explain (no matching container) keeps the agent's own units, else 1.
+    """
+    mine = [holder for holder in holders if holder.pod_uid == pod.uid]
+    if not mine:
+        return []
+    per_container: dict[str | None, int] = {}
+    for holder in mine:
+        per_container[holder.container] = per_container.get(holder.container, 0) + 1
+    total_units = pod.requested_units
+    allocations: dict[tuple[str, str | None], DeviceAllocation] = {}
+    for holder in sorted(mine, key=lambda h: (h.uuid, h.container or "")):
+        if holder.container in pod.units_by_container:
+            units = pod.units_by_container[holder.container] / per_container[holder.container]
+        elif holder.container is None and total_units > 0:
+            units = total_units / len(mine)
+        else:
+            units = holder.units or 1.0
+        allocations[(holder.uuid, holder.container)] = DeviceAllocation(
+            uuid=holder.uuid, units=min(1.0, max(units, 1e-9)), container=holder.container
+        )
+    return list(allocations.values())
+
+
+def pod_event(pod: TrackedPod, devices: list[DeviceAllocation], at: float) -> PodEvent:
+    """The engine event for the pod's current state, from `at` on."""
+    held = devices if pod.phase == "Running" else []
+    return PodEvent(
+        t=at, event="pod", namespace=pod.namespace, name=pod.name, uid=pod.uid, phase=pod.phase,
+        node=pod.node, labels=pod.labels, workload=pod.workload, devices=held,
+    )
+
+
+def state_key(pod: TrackedPod, devices: list[DeviceAllocation]) -> tuple[Any, ...]:
+    """What the engine has been told about the pod; a change means a new event."""
+    return (
+        pod.phase, pod.node, tuple(sorted(pod.labels.items())), pod.workload.uid,
+        tuple((d.uuid, round(d.units, 6), d.container) for d in devices) if pod.phase == "Running" else (),
+    )

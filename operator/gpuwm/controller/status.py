@@ -1,0 +1,256 @@
+"""Pure builders: engine figures -> CR status, conditions, and whether a write is worth it.
+
+Handlers stay thin: they hand figures to these functions and send the result. Tests call
+them without a cluster.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any, Literal, get_args
+
+from gpuwm.model.crd import (
+    Condition,
+    GpuStatus,
+    PodStatus,
+    ProjectMetricsStatus,
+    UtilizationWindows,
+    WorkloadMetricsStatus,
+    WorkloadPhase,
+)
+from gpuwm.model.figures import ProjectFigures, Windows, WorkloadFigures
+
+_PHASES: frozenset[str] = frozenset(get_args(WorkloadPhase))
+_DNS_INVALID = re.compile(r"[^a-z0-9.-]+")
+_LABEL_INVALID = re.compile(r"[^A-Za-z0-9._-]+")
+
+#: labels on every CR the controller writes, so it finds its own objects (and only those)
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "gpuwm"
+WORKLOAD_UID_LABEL = "gpuwm.io/workload-uid"
+WORKLOAD_KIND_LABEL = "gpuwm.io/workload-kind"
+WORKLOAD_NAME_LABEL = "gpuwm.io/workload-name"
+PROJECT_LABEL = "gpuwm.io/project"
+
+WriteReason = Literal["material", "due", "none"]
+
+
+def rfc3339(epoch_seconds: float | None) -> str | None:
+    """`2026-11-22T00:28:35Z` (whole seconds, UTC), or None."""
+    if epoch_seconds is None:
+        return None
+    return datetime.fromtimestamp(round(epoch_seconds), tz=UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _windows(windows: Windows) -> UtilizationWindows:
+    return UtilizationWindows(
+        current=_round(windows.current, 2),
+        avg1m=_round(windows.avg1m, 2),
+        avg5m=_round(windows.avg5m, 2),
+        avg1h=_round(windows.avg1h, 2),
+        lifetime=_round(windows.lifetime, 2),
+    )
+
+
+def _condition(
+    kind: Literal["Sampling", "Idle", "Underutilized"],
+    status: Literal["True", "False", "Unknown"],
+    reason: str,
+    message: str,
+    now: float,
+    previous: Mapping[str, Condition],
+) -> Condition:
+    before = previous.get(kind)
+    # the transition time moves only when the status does, as in every Kubernetes condition
+    since = before.last_transition_time if before is not None and before.status == status else rfc3339(now)
+    return Condition(type=kind, status=status, reason=reason, message=message, last_transition_time=since)
+
+
+def build_conditions(
+    figures: WorkloadFigures,
+    now: float,
+    *,
+    idle_condition_after_seconds: float = 600.0,
+    underutilized_percent: float = 20.0,
+    previous: Sequence[Condition] = (),
+) -> list[Condition]:
+    """Sampling, Idle and Underutilized for one workload."""
+    before: dict[str, Condition] = {condition.type: condition for condition in previous}
+    running = figures.phase == "Running" and figures.allocated_gpus > 0
+    if not running:
+        sampling = _condition("Sampling", "Unknown", "NoGpusHeld", "the workload holds no GPUs now", now, before)
+    elif figures.sampling:
+        sampling = _condition("Sampling", "True", "DevicesSampled", "every device it holds has a recent sample", now, before)
+    else:
+        unmonitored = [gpu.uuid for gpu in figures.gpus if not gpu.monitored]
+        detail = f"no recent sample from {', '.join(unmonitored[:5])}" if unmonitored else "its devices are not known yet"
+        sampling = _condition("Sampling", "False", "SamplesMissing", detail, now, before)
+    if running and figures.idle_seconds >= idle_condition_after_seconds:
+        idle = _condition(
+            "Idle", "True", "IdleTooLong",
+            f"idle for {figures.idle_seconds:.0f}s (threshold {idle_condition_after_seconds:.0f}s)", now, before,
+        )
+    elif running:
+        idle = _condition("Idle", "False", "Active", f"idle for {figures.idle_seconds:.0f}s", now, before)
+    else:
+        idle = _condition("Idle", "False", "NotRunning", f"phase {figures.phase}", now, before)
+    average = figures.utilization.avg1h
+    if not running or average is None:
+        underutilized = _condition("Underutilized", "Unknown", "NoData", "no monitored GPU time in the last hour", now, before)
+    elif average < underutilized_percent:
+        underutilized = _condition(
+            "Underutilized", "True", "LowUtilization",
+            f"1h mean utilisation {average:.1f}% is below {underutilized_percent:.0f}%", now, before,
+        )
+    else:
+        underutilized = _condition(
+            "Underutilized", "False", "UtilizationOk", f"1h mean utilisation {average:.1f}%", now, before
+        )
+    return [sampling, idle, underutilized]
+
+
+def build_workload_status(
+    figures: WorkloadFigures,
+    now: float,
+    *,
+    idle_condition_after_seconds: float = 600.0,
+    underutilized_percent: float = 20.0,
+    previous_conditions: Sequence[Condition] = (),
+    observed_generation: int | None = None,
+) -> WorkloadMetricsStatus:
+    """The GPUWorkloadMetrics status for `figures` as of `now` (epoch seconds)."""
+    return WorkloadMetricsStatus(
+        phase=figures.phase if figures.phase in _PHASES else None,
+        allocated_gpus=round(figures.allocated_gpus, 4),
+        gpu_model=figures.gpu_model,
+        nodes=sorted(figures.nodes),
+        pods=[
+            PodStatus(name=pod.name, uid=pod.uid, node=pod.node, phase=pod.phase, allocated_gpus=round(pod.allocated_gpus, 4))
+            for pod in sorted(figures.pods, key=lambda pod: pod.name)
+        ],
+        gpus=[
+            GpuStatus(
+                node=gpu.node, uuid=gpu.uuid, index=gpu.index, mig_profile=gpu.mig_profile, pod=gpu.pod or "",
+                container=gpu.container, units=round(gpu.units, 4),
+                utilization_percent=_round(gpu.utilization_percent, 2), memory_used_bytes=gpu.memory_used_bytes,
+                memory_total_bytes=gpu.memory_total_bytes, power_watts=_round(gpu.power_watts, 2), healthy=gpu.healthy,
+            )
+            for gpu in sorted(figures.gpus, key=lambda gpu: (gpu.node, gpu.uuid))
+        ],
+        utilization=_windows(figures.utilization),
+        memory_utilization=_windows(figures.memory_utilization),
+        idle_seconds=round(figures.idle_seconds, 3),
+        last_active_time=rfc3339(figures.last_active_time),
+        allocated_gpu_seconds=round(figures.allocated_gpu_seconds, 3),
+        active_gpu_seconds=round(figures.active_gpu_seconds, 3),
+        idle_gpu_seconds=round(figures.idle_gpu_seconds, 3),
+        unmonitored_gpu_seconds=round(figures.unmonitored_gpu_seconds, 3),
+        wasted_gpu_hours=round(figures.idle_gpu_seconds / 3600.0, 4),
+        energy_joules=round(figures.energy_joules, 3),
+        wait_seconds=round(figures.wait_seconds, 3),
+        run_seconds=round(figures.run_seconds, 3),
+        start_time=rfc3339(figures.start_time),
+        end_time=rfc3339(figures.end_time),
+        conditions=build_conditions(
+            figures, now, idle_condition_after_seconds=idle_condition_after_seconds,
+            underutilized_percent=underutilized_percent, previous=previous_conditions,
+        ),
+        observed_generation=observed_generation,
+        last_update_time=rfc3339(now),
+    )
+
+
+def build_project_status(
+    figures: ProjectFigures, now: float, observed_generation: int | None = None
+) -> ProjectMetricsStatus:
+    """The GPUProjectMetrics status for `figures` as of `now`."""
+    return ProjectMetricsStatus(
+        workloads=figures.workloads,
+        running_workloads=figures.running_workloads,
+        namespaces=sorted(figures.namespaces),
+        allocated_gpus=round(figures.allocated_gpus, 4),
+        quota=figures.quota,
+        idle_gpus=round(figures.idle_gpus, 4),
+        utilization=_windows(figures.utilization),
+        memory_utilization=_windows(figures.memory_utilization),
+        allocated_gpu_seconds=round(figures.allocated_gpu_seconds, 3),
+        active_gpu_seconds=round(figures.active_gpu_seconds, 3),
+        idle_gpu_seconds=round(figures.idle_gpu_seconds, 3),
+        unmonitored_gpu_seconds=round(figures.unmonitored_gpu_seconds, 3),
+        wasted_gpu_hours=round(figures.idle_gpu_seconds / 3600.0, 4),
+        energy_joules=round(figures.energy_joules, 3),
+        observed_generation=observed_generation,
+        last_update_time=rfc3339(now),
+    )
+
+
+#: status fields whose change is news (a reader acts on it); the rest move every second
+_MATERIAL_FIELDS = ("phase", "allocatedGpus", "gpuModel", "nodes", "pods", "workloads", "runningWorkloads",
+                    "namespaces", "idleGpus", "quota", "endTime", "startTime")
+_VOLATILE_FIELDS = frozenset({"lastUpdateTime", "observedGeneration"})
+
+
+def _material_view(status: Mapping[str, Any]) -> tuple[Any, ...]:
+    conditions = tuple(sorted((c.get("type"), c.get("status")) for c in status.get("conditions") or []))
+    gpus = tuple(sorted((g.get("uuid"), g.get("pod"), g.get("healthy")) for g in status.get("gpus") or []))
+    return (*(repr(status.get(name)) for name in _MATERIAL_FIELDS), conditions, gpus)
+
+
+def write_reason(
+    previous: Mapping[str, Any] | None,
+    new: Mapping[str, Any],
+    *,
+    last_write_at: float | None,
+    now: float,
+    interval_seconds: float,
+) -> WriteReason:
+    """Why to write `new` over the last written `previous` (both status JSON): news, a due refresh, or not at all."""
+    if previous is None or _material_view(previous) != _material_view(new):
+        return "material"
+    unchanged = all(previous.get(key) == value for key, value in new.items() if key not in _VOLATILE_FIELDS)
+    if unchanged:
+        return "none"
+    if last_write_at is None or now - last_write_at >= interval_seconds:
+        return "due"
+    return "none"
+
+
+def dns_name(text: str, max_length: int = 253) -> str:
+    """A DNS-1123 subdomain for `text`; a short hash keeps different inputs apart when characters were changed."""
+    cleaned = _DNS_INVALID.sub("-", text.lower()).strip("-.") or "x"
+    if cleaned == text and len(cleaned) <= max_length:
+        return cleaned
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{cleaned[: max_length - 9].rstrip('-.')}-{digest}"
+
+
+def label_value(text: str) -> str:
+    """A valid label value (<= 63 characters of [A-Za-z0-9._-], alphanumeric at both ends)."""
+    cleaned = _LABEL_INVALID.sub("-", text).strip("-._")
+    if cleaned == text and len(cleaned) <= 63:
+        return cleaned
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    return f"{cleaned[:54].strip('-._')}-{digest}".strip("-._")
+
+
+def workload_cr_name(name: str, kind: str, clash: bool) -> str:
+    """Same name as the workload; `<name>-<kind>` when another kind already took the name."""
+    return dns_name(f"{name}-{kind.lower()}") if clash else dns_name(name)
+
+
+def workload_labels(figures: WorkloadFigures) -> dict[str, str]:
+    """Labels linking a GPUWorkloadMetrics to its workload and project (selectable with kubectl -l)."""
+    return {
+        MANAGED_BY_LABEL: MANAGED_BY,
+        WORKLOAD_UID_LABEL: label_value(figures.uid),
+        WORKLOAD_KIND_LABEL: label_value(figures.kind),
+        WORKLOAD_NAME_LABEL: label_value(figures.name),
+        PROJECT_LABEL: label_value(figures.project),
+    }

@@ -1,0 +1,190 @@
+"""Writes GPUWorkloadMetrics / GPUProjectMetrics: create once, then status through `/status` only.
+
+Each cycle offers the desired status of every CR; the writer keeps only what is worth
+sending (news, or a refresh that is due) and drains it through a token bucket, news first,
+so a cluster with thousands of workloads never sends more than `rate` writes a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
+from gpuwm.controller.ratelimit import TokenBucket
+from gpuwm.controller.status import MANAGED_BY, MANAGED_BY_LABEL, WriteReason, write_reason
+from gpuwm.model.crd import GROUP, VERSION
+
+logger = logging.getLogger(__name__)
+
+API_VERSION = f"{GROUP}/{VERSION}"
+WORKLOAD_PLURAL = "gpuworkloadmetrics"
+PROJECT_PLURAL = "gpuprojectmetrics"
+WORKLOAD_KIND = "GPUWorkloadMetrics"
+PROJECT_KIND = "GPUProjectMetrics"
+
+
+@dataclass
+class Desired:
+    """One CR as it should be: where, its spec and labels (for creation), its status."""
+
+    plural: str
+    namespace: str | None
+    name: str
+    spec: dict[str, Any]
+    labels: dict[str, str]
+    status: dict[str, Any]
+    reason: WriteReason = "material"
+    offered_at: float = 0.0
+    sample_time: float | None = None  # latest sample behind these figures, for the lag figure
+
+
+@dataclass
+class Written:
+    status: dict[str, Any]
+    at: float
+    uid_checked: bool = True
+
+
+@dataclass
+class WriterStats:
+    writes: int = 0
+    creates: int = 0
+    failures: int = 0
+    lag_seconds: list[float] = field(default_factory=list)
+
+
+Key = tuple[str, str | None, str]
+
+
+class StatusWriter:
+    """Rate-limited, change-driven CR writer."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        bucket: TokenBucket,
+        interval_seconds: float,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._client = client
+        self._bucket = bucket
+        self._interval = interval_seconds
+        self._clock = clock
+        self._pending: dict[Key, Desired] = {}
+        self._wake = asyncio.Event()
+        self.written: dict[Key, Written] = {}
+        self.existing: set[Key] = set()
+        self.stats = WriterStats()
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def offer(self, desired: Desired) -> WriteReason:
+        """Queue `desired` if it is worth a write; returns why (or "none")."""
+        key: Key = (desired.plural, desired.namespace, desired.name)
+        now = self._clock()
+        last = self.written.get(key)
+        reason = write_reason(
+            last.status if last else None, desired.status,
+            last_write_at=last.at if last else None, now=now, interval_seconds=self._interval,
+        )
+        queued = self._pending.get(key)
+        if reason == "none":
+            if queued is not None and queued.reason == "due":
+                del self._pending[key]  # a refresh that is no longer due
+            return reason
+        desired.reason = "material" if queued is not None and queued.reason == "material" else reason
+        desired.offered_at = queued.offered_at if queued is not None else now
+        self._pending[key] = desired
+        self._wake.set()
+        return reason
+
+    def forget(self, plural: str, namespace: str | None, name: str) -> None:
+        key: Key = (plural, namespace, name)
+        self._pending.pop(key, None)
+        self.written.pop(key, None)
+        self.existing.discard(key)
+
+    def _next(self) -> Desired | None:
+        if not self._pending:
+            return None
+        key = min(self._pending, key=lambda k: (self._pending[k].reason != "material", self._pending[k].offered_at))
+        return self._pending.pop(key)
+
+    async def run(self) -> None:
+        """Drain the queue forever at the bucket's rate."""
+        while True:
+            desired = self._next()
+            if desired is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            await self._bucket.acquire()
+            try:
+                await self.write(desired)
+            except KubeApiError as error:
+                self.stats.failures += 1
+                logger.warning("could not write %s %s/%s: %s", desired.plural, desired.namespace or "-", desired.name,
+                               error, extra={"resource": desired.plural, "name": desired.name})
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one bad object must not stop every other write
+                self.stats.failures += 1
+                logger.exception("unexpected error writing %s %s", desired.plural, desired.name)
+
+    async def write(self, desired: Desired) -> None:
+        """Create the CR if needed, then merge-patch its status subresource."""
+        key: Key = (desired.plural, desired.namespace, desired.name)
+        path = resource_path(API_VERSION, desired.plural, desired.namespace, desired.name)
+        if key not in self.existing:
+            await self._create(desired, path)
+        try:
+            await self._client.merge_patch(path + "/status", {"status": desired.status})
+        except KubeApiError as error:
+            if error.status != 404:
+                raise
+            self.existing.discard(key)  # deleted behind our back: create it again, then write
+            await self._create(desired, path)
+            await self._client.merge_patch(path + "/status", {"status": desired.status})
+        now = self._clock()
+        self.written[key] = Written(status=desired.status, at=now)
+        self.stats.writes += 1
+        if desired.sample_time is not None:
+            self.stats.lag_seconds.append(now - desired.sample_time)
+
+    async def _create(self, desired: Desired, path: str) -> None:
+        key: Key = (desired.plural, desired.namespace, desired.name)
+        kind = WORKLOAD_KIND if desired.plural == WORKLOAD_PLURAL else PROJECT_KIND
+        labels = {**desired.labels, MANAGED_BY_LABEL: MANAGED_BY}
+        body: dict[str, Any] = {
+            "apiVersion": API_VERSION, "kind": kind,
+            "metadata": {"name": desired.name, "labels": labels,
+                         **({"namespace": desired.namespace} if desired.namespace else {})},
+            "spec": desired.spec,
+        }
+        collection = resource_path(API_VERSION, desired.plural, desired.namespace)
+        try:
+            await self._client.create(collection, body)
+            self.stats.creates += 1
+        except KubeApiError as error:
+            if error.status != 409:
+                raise
+            # it exists (a restart, or a race): keep its spec in line with ours
+            await self._client.merge_patch(path, {"metadata": {"labels": labels}, "spec": desired.spec})
+        self.existing.add(key)
+
+    async def delete(self, plural: str, namespace: str | None, name: str) -> None:
+        """Delete a CR (retention ran out); gone already is fine."""
+        await self._client.delete(resource_path(API_VERSION, plural, namespace, name))
+        self.forget(plural, namespace, name)
+
+
+def existing_key(obj: Mapping[str, Any], plural: str) -> Key:
+    metadata = obj.get("metadata") or {}
+    return (plural, metadata.get("namespace"), str(metadata.get("name")))
