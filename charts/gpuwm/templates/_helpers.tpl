@@ -1,0 +1,142 @@
+{{/* Names and labels shared by every object. */}}
+
+{{- define "gpuwm.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gpuwm.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuwm.controllerName" -}}
+{{- printf "%s-controller" (include "gpuwm.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gpuwm.agentName" -}}
+{{- printf "%s-agent" (include "gpuwm.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "gpuwm.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+app.kubernetes.io/name: {{ include "gpuwm.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: gpuwm
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Selector labels of one component; call with (dict "root" $ "component" "controller"). */}}
+{{- define "gpuwm.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "gpuwm.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "gpuwm.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "gpuwm.controllerServiceAccountName" -}}
+{{- if .Values.controller.serviceAccount.create -}}
+{{- default (include "gpuwm.controllerName" .) .Values.controller.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.controller.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpuwm.agentServiceAccountName" -}}
+{{- if .Values.agent.serviceAccount.create -}}
+{{- default (include "gpuwm.agentName" .) .Values.agent.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.agent.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The port of a HOST:PORT value. */}}
+{{- define "gpuwm.port" -}}
+{{- splitList ":" . | last | int -}}
+{{- end -}}
+
+{{- define "gpuwm.controllerReplicas" -}}
+{{- if .Values.standalone -}}1{{- else -}}{{ .Values.controller.replicas }}{{- end -}}
+{{- end -}}
+
+{{/*
+gpuwm's settings (gpuwm.config.Settings), by Helm value name. Each becomes GPUWM_<SNAKE_CASE>
+in both containers; a test fails when a Settings field is missing here or in values.yaml.
+*/}}
+{{- define "gpuwm.settingNames" -}}
+logFormat logLevel interval idleThresholdPercent projectLabel lateEventWindow listen nodeName podResourcesSocket kubeletUrl procRoot resourceNames snapshotBufferSamples namespace statusInterval retention agents store idleConditionAfter underutilizedPercent statusWritesPerSecond timeSlicedReplicas standalone peeringName auth apiListen runaiCompatibleMetrics
+{{- end -}}
+
+{{/* One settings value as an env string: lists comma-joined, whole numbers without exponent. */}}
+{{- define "gpuwm.settingString" -}}
+{{- $value := . -}}
+{{- if kindIs "slice" $value -}}
+{{- join "," $value -}}
+{{- else if or (kindIs "float64" $value) (kindIs "int64" $value) (kindIs "int" $value) -}}
+{{- if eq (float64 $value) (floor $value) -}}{{- int64 $value -}}{{- else -}}{{- $value -}}{{- end -}}
+{{- else -}}
+{{- $value | toString -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+env entries for gpuwm's settings; call with (dict "root" $ "overrides" (dict "procRoot" "/host/proc")).
+nodeName is read from NODE_NAME (its settings alias) and defaults to the pod's node.
+*/}}
+{{- define "gpuwm.settingsEnv" -}}
+{{- $root := .root -}}
+{{- $overrides := .overrides | default dict -}}
+{{- range $name := splitList " " (include "gpuwm.settingNames" $root) }}
+{{- $value := index $root.Values $name -}}
+{{- if hasKey $overrides $name }}{{ $value = index $overrides $name }}{{ end -}}
+{{- if eq $name "nodeName" }}
+- name: NODE_NAME
+{{- if $value }}
+  value: {{ $value | quote }}
+{{- else }}
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+{{- end }}
+{{- else if eq $name "agents" }}
+- name: GPUWM_AGENTS
+  value: {{ default (printf "pods:%s/app.kubernetes.io/component=agent" $root.Release.Namespace) $value | quote }}
+{{- else if and (not (kindIs "invalid" $value)) (ne (toString $value) "") }}
+- name: {{ printf "GPUWM_%s" ($name | snakecase | upper) }}
+  value: {{ include "gpuwm.settingString" $value | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "gpuwm.podSecurityContext" -}}
+runAsNonRoot: true
+runAsUser: 65532
+runAsGroup: 65532
+fsGroup: 65532
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
+
+{{- define "gpuwm.containerSecurityContext" -}}
+allowPrivilegeEscalation: false
+privileged: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: ["ALL"]
+seccompProfile:
+  type: RuntimeDefault
+{{- end -}}
