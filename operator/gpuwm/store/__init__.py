@@ -1,1 +1,62 @@
-"""gpuwm store."""
+"""Where figures are kept between intervals and read back by the API.
+
+`open_store(spec)` picks the backend: a file path opens the embedded SQLite store, an
+http(s):// URL the read-only Prometheus store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from gpuwm.store.base import (
+    DEFAULT_METRICS,
+    MAX_POINTS_PER_SERIES,
+    METRIC_NAMES,
+    METRICS,
+    Breakdown,
+    QueryError,
+    RangeQuery,
+    ReadOnlyStoreError,
+    Scope,
+    Series,
+    Store,
+    StoreError,
+)
+
+
+def open_store(
+    spec: str,
+    *,
+    rollups: Sequence[str] = ("15s:2d", "5m:30d"),
+    retention_seconds: float = 7 * 86400.0,
+    timeout_seconds: float = 30.0,
+) -> Store:
+    """Open the store named by `--store`: a file path (embedded) or an http(s):// Prometheus URL (read-only)."""
+    if spec.startswith(("http://", "https://")):
+        from gpuwm.store.prometheus import PrometheusStore
+
+        return PrometheusStore(spec, timeout_seconds=timeout_seconds)
+    if "://" in spec:
+        raise StoreError(
+            f"--store {spec!r}: unsupported scheme; use a file path or an http(s):// Prometheus URL"
+        )
+    from gpuwm.store.embedded import EmbeddedStore
+
+    return EmbeddedStore(spec, tiers=list(rollups), retention_seconds=retention_seconds)
+
+
+__all__ = [
+    "DEFAULT_METRICS",
+    "MAX_POINTS_PER_SERIES",
+    "METRICS",
+    "METRIC_NAMES",
+    "Breakdown",
+    "QueryError",
+    "RangeQuery",
+    "ReadOnlyStoreError",
+    "Scope",
+    "Series",
+    "Store",
+    "StoreError",
+    "open_store",
+]

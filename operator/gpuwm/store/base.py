@@ -1,0 +1,211 @@
+"""The store interface: what the controller writes each interval and what the API reads.
+
+Two backends implement it: `EmbeddedStore` (SQLite, read-write) and `PrometheusStore`
+(read-only PromQL over the agent's and controller's `gpuwm_*` series).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Literal
+
+from gpuwm.model import GpuSample, PodStatsSample
+from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
+
+#: at most this many points per series, like Prometheus' query_range limit
+MAX_POINTS_PER_SERIES = 11_000
+#: a breakdown that would return more series than this is refused (narrow it down instead)
+MAX_SERIES_PER_QUERY = 2_000
+
+
+class StoreError(RuntimeError):
+    """The store cannot be opened or used; the message names the file or URL and what would fix it."""
+
+
+class ReadOnlyStoreError(StoreError):
+    """A write to a read-only backend (Prometheus)."""
+
+
+class QueryError(ValueError):
+    """A query the store cannot answer; `parameter` names the API parameter at fault (HTTP 400)."""
+
+    def __init__(self, parameter: str, message: str) -> None:
+        self.parameter = parameter
+        super().__init__(f"{parameter}: {message}")
+
+
+Scope = Literal["workload", "project", "node", "cluster"]
+Breakdown = Literal["gpu", "pod", "node"]
+
+
+class Rollup(Enum):
+    """How values combine over time (roll-ups, coarse steps) within one series."""
+
+    MEAN = "mean"  # gauges
+    MAX = "max"  # cumulative counters and growing durations: the latest value is the largest
+
+
+@dataclass(frozen=True)
+class MetricInfo:
+    name: str
+    unit: str
+    rollup: Rollup
+    description: str
+
+
+def _metric(name: str, unit: str, description: str, rollup: Rollup = Rollup.MEAN) -> MetricInfo:
+    return MetricInfo(name=name, unit=unit, rollup=rollup, description=description)
+
+
+#: DESIGN §5 metric names, in the embedded store's column order (never reorder: it is the file layout)
+METRICS: tuple[MetricInfo, ...] = (
+    _metric(
+        "gpu_utilization_percent", "percent", "SM utilisation, unit-weighted mean over the scope's devices."
+    ),
+    _metric(
+        "gpu_memory_used_bytes", "bytes", "Device memory used, summed (a shared device counts by share)."
+    ),
+    _metric(
+        "gpu_memory_total_bytes", "bytes", "Device memory total, summed (a shared device counts by share)."
+    ),
+    _metric("gpu_memory_utilization_percent", "percent", "Memory used as percent of memory total."),
+    _metric("gpu_power_watts", "watts", "Power draw, summed (a shared device counts by share)."),
+    _metric(
+        "gpu_power_limit_watts", "watts", "Enforced power limit, summed (a shared device counts by share)."
+    ),
+    _metric(
+        "gpu_energy_joules",
+        "joules",
+        "Cumulative energy: the workload's/project's energyJoules, or the devices' counters for GPU, node and cluster.",
+        Rollup.MAX,
+    ),
+    _metric("gpu_temperature_celsius", "celsius", "Hottest device of the scope."),
+    _metric("gpu_sm_clock_mhz", "MHz", "SM clock, mean over devices."),
+    _metric("gpu_memory_clock_mhz", "MHz", "Memory clock, mean over devices."),
+    _metric("gpu_pcie_rx_bytes_per_second", "bytes/s", "PCIe receive, summed."),
+    _metric("gpu_pcie_tx_bytes_per_second", "bytes/s", "PCIe transmit, summed."),
+    _metric("gpu_allocated", "GPU units", "GPU units held."),
+    _metric(
+        "gpu_idle_seconds",
+        "seconds",
+        "The workload's idleSeconds; for a project, node or cluster the longest among its workloads.",
+        Rollup.MAX,
+    ),
+    _metric("cpu_usage_cores", "cores", "CPU of the scope's GPU pods, summed."),
+    _metric("memory_used_bytes", "bytes", "Working-set memory of the scope's GPU pods, summed."),
+    _metric("network_rx_bytes_per_second", "bytes/s", "Network receive of the scope's GPU pods, summed."),
+    _metric("network_tx_bytes_per_second", "bytes/s", "Network transmit of the scope's GPU pods, summed."),
+    _metric("ephemeral_storage_used_bytes", "bytes", "Ephemeral storage of the scope's GPU pods, summed."),
+)
+METRIC_NAMES: tuple[str, ...] = tuple(metric.name for metric in METRICS)
+METRIC_INDEX: dict[str, int] = {name: index for index, name in enumerate(METRIC_NAMES)}
+DEFAULT_METRICS: tuple[str, ...] = (
+    "gpu_utilization_percent",
+    "gpu_memory_used_bytes",
+    "gpu_power_watts",
+    "gpu_allocated",
+)
+
+
+@dataclass
+class Series:
+    """One metric of one series: `points` are `(t, value or None)` on the query's grid."""
+
+    metric: str
+    labels: dict[str, str]
+    points: list[tuple[float, float | None]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class RangeQuery:
+    """A time-series query as the API parsed it (times in epoch seconds)."""
+
+    scope: Scope
+    key: str  # workload uid, project name, node name, or "" for the cluster
+    metrics: tuple[str, ...]
+    start: float
+    end: float
+    step_seconds: float
+    by: Breakdown | None = None
+
+    def grid(self) -> list[float]:
+        """The point times: start, start+step, ... up to end."""
+        count = int((self.end - self.start) // self.step_seconds) + 1
+        return [self.start + index * self.step_seconds for index in range(count)]
+
+
+def check_range(query: RangeQuery) -> None:
+    """Raise QueryError naming the parameter when the range or step cannot be answered."""
+    if query.step_seconds <= 0:
+        raise QueryError("step", "must be a positive duration such as 15s, 1m or 30")
+    if query.end < query.start:
+        raise QueryError("end", f"is before start ({query.end} < {query.start})")
+    points = int((query.end - query.start) // query.step_seconds) + 1
+    if points > MAX_POINTS_PER_SERIES:
+        raise QueryError(
+            "step",
+            f"{points} points per series exceeds the limit of {MAX_POINTS_PER_SERIES}; use a coarser step or a shorter range",
+        )
+    for name in query.metrics:
+        if name not in METRIC_INDEX:
+            raise QueryError("metric", f"unknown metric {name!r}; known: {', '.join(METRIC_NAMES)}")
+
+
+class Store(abc.ABC):
+    """One interface over the embedded and Prometheus backends."""
+
+    read_only: bool = False
+
+    @abc.abstractmethod
+    def record(
+        self,
+        at: float,
+        samples: Sequence[GpuSample],
+        workloads: Sequence[WorkloadFigures],
+        projects: Sequence[ProjectFigures],
+        cluster: ClusterFigures,
+        pod_stats: Sequence[PodStatsSample] = (),
+    ) -> None:
+        """Keep the figures of one status interval ending at `at` (epoch seconds)."""
+
+    @abc.abstractmethod
+    def workloads(self) -> list[WorkloadFigures]:
+        """The latest figures of every workload still kept."""
+
+    @abc.abstractmethod
+    def workload(self, namespace: str, name: str) -> WorkloadFigures | None:
+        """The latest figures of one workload, or None if unknown."""
+
+    @abc.abstractmethod
+    def projects(self) -> list[ProjectFigures]:
+        """The latest figures of every project."""
+
+    @abc.abstractmethod
+    def project(self, name: str) -> ProjectFigures | None:
+        """The latest figures of one project, or None if unknown."""
+
+    @abc.abstractmethod
+    def cluster(self) -> ClusterFigures | None:
+        """The latest cluster figures, or None before the first interval."""
+
+    @abc.abstractmethod
+    def nodes(self) -> list[str]:
+        """Nodes with data."""
+
+    @abc.abstractmethod
+    def latest_time(self) -> float | None:
+        """Time of the latest data, or None when empty."""
+
+    @abc.abstractmethod
+    def earliest_time(self) -> float | None:
+        """Time of the oldest data still kept, or None when empty."""
+
+    @abc.abstractmethod
+    def query_range(self, query: RangeQuery) -> list[Series]:
+        """Series for `query`, one per metric (and per breakdown label set), points on `query.grid()`."""
+
+    def close(self) -> None:  # noqa: B027 - a backend without resources needs nothing here
+        """Release files and connections."""
