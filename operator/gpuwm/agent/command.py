@@ -1,0 +1,128 @@
+"""`gpuwm agent`: run the node agent, or `--once` to print one snapshot as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import socket
+import sys
+import threading
+import time
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from gpuwm.config import ConfigError, Settings, add_settings_arguments, settings_from_arguments
+
+if TYPE_CHECKING:
+    from gpuwm.agent.core import Agent
+
+log = logging.getLogger("gpuwm.agent")
+
+AGENT_SETTINGS = (
+    "listen", "interval", "node_name", "pod_resources_socket", "kubelet_url", "kubelet_token_file",
+    "kubelet_insecure_tls", "resource_names", "proc_root", "snapshot_buffer_samples", "idle_threshold_percent",
+    "time_sliced_replicas", "log_level", "log_format",
+)
+MIN_INTERVAL_SECONDS = 0.1
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("agent", help="sample this node's GPUs (NVML) and serve /metrics and /v1/snapshot")
+    add_settings_arguments(parser, AGENT_SETTINGS)
+    parser.add_argument("--once", action="store_true", help="print one snapshot as JSON and exit")
+    parser.set_defaults(handler=run)
+
+
+class _JsonFormatter(logging.Formatter):
+    _standard = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": round(record.created, 3), "level": record.levelname.lower(),
+            "logger": record.name, "message": record.getMessage(),
+        }
+        entry.update({k: v for k, v in vars(record).items() if k not in self._standard})
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
+def _configure_logging(settings: Settings) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    use_json = settings.log_format == "json" or (settings.log_format == "auto" and not sys.stderr.isatty())
+    handler.setFormatter(_JsonFormatter() if use_json else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(settings.log_level.upper())
+
+
+def load_settings(arguments: argparse.Namespace) -> Settings:
+    settings = settings_from_arguments(arguments, AGENT_SETTINGS)
+    if settings.interval < MIN_INTERVAL_SECONDS:
+        raise ConfigError(
+            f"invalid option: --interval (env GPUWM_INTERVAL): {settings.interval}s is below the "
+            f"{MIN_INTERVAL_SECONDS * 1000:.0f}ms minimum; NVML polling faster than that costs more than it tells"
+        )
+    return settings
+
+
+def run(arguments: argparse.Namespace) -> int:
+    settings = load_settings(arguments)
+    _configure_logging(settings)
+    from gpuwm.agent.core import Agent  # late: pynvml and grpc load only for this verb
+
+    node = settings.node_name or socket.gethostname()
+    agent = Agent(settings, node)
+    if arguments.once:
+        return _once(agent)
+    return _serve(agent, settings)
+
+
+def _once(agent: Agent) -> int:
+    if not agent.start_nvml():
+        return 1
+    try:
+        agent.poll_once()
+        json.dump(agent.snapshot(0), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    finally:
+        agent.stop()
+    return 0
+
+
+def _serve(agent: Agent, settings: Settings) -> int:
+    from gpuwm.agent.metrics import build_registry
+    from gpuwm.agent.server import AgentHTTPServer, parse_listen, serve_in_thread
+
+    try:
+        address = parse_listen(settings.listen)
+    except ValueError as error:
+        raise ConfigError(f"invalid option: {error}") from None
+    try:
+        server = AgentHTTPServer(address, agent, build_registry(agent))
+    except OSError as error:
+        log.error("cannot listen on %s: %s; pick a free port with --listen", settings.listen, error)
+        return 1
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: FrameType | None) -> None:
+        log.info("stopping on signal %d", signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    serve_in_thread(server)
+    log.info("agent listening", extra={"listen": f"{address[0]}:{server.server_address[1]}", "node": agent.node,
+                                       "interval_seconds": settings.interval})
+    agent.start_nvml()
+    started = time.monotonic()
+    try:
+        agent.run(stop)
+    finally:
+        server.shutdown()
+        server.server_close()
+        agent.stop()
+        log.info("agent stopped", extra={"uptime_seconds": round(time.monotonic() - started, 1)})
+    return 0

@@ -1,0 +1,225 @@
+"""The agent's poll loop and state: NVML samples, attribution, the snapshot buffer and counters.
+
+One thread polls; HTTP handlers only read the state under a lock, so a scrape or a pull never
+calls NVML, the kubelet or gRPC.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid as uuid_module
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuwm.agent.attribution import attribute
+from gpuwm.agent.cgroup import CgroupReader
+from gpuwm.agent.kubelet import KubeletStatsClient
+from gpuwm.agent.nvml import NvmlSampler, NvmlUnavailable
+from gpuwm.agent.podresources import PodResourcesClient
+from gpuwm.config import Settings
+from gpuwm.model import AgentDevice, GpuSample, PodStatsSample
+
+log = logging.getLogger(__name__)
+
+#: how often the agent tries NVML again after it found no driver
+NVML_RETRY_SECONDS = 60.0
+#: the kubelet computes stats every 10-15 s; reading it faster only costs CPU
+KUBELET_STATS_PERIOD_SECONDS = 10.0
+
+
+@dataclass
+class DeviceCounters:
+    """Cumulative figures per device for the Prometheus counters."""
+
+    active_seconds_total: float = 0.0
+    last_sample_t: float | None = None
+    last_active_t: float | None = None
+    first_seen_t: float = 0.0
+
+
+@dataclass
+class AgentState:
+    """What the HTTP side reads: the latest poll and the cumulative counters."""
+
+    samples: list[GpuSample] = field(default_factory=list)
+    devices: list[AgentDevice] = field(default_factory=list)
+    pod_stats: list[PodStatsSample] = field(default_factory=list)
+    counters: dict[str, DeviceCounters] = field(default_factory=dict)
+    last_poll_seconds: float = 0.0
+    last_poll_t: float | None = None
+    polls_total: int = 0
+
+
+class Agent:
+    """Samples the node's GPUs every `settings.interval` seconds and keeps what the HTTP side serves."""
+
+    def __init__(self, settings: Settings, node: str) -> None:
+        self.settings = settings
+        self.node = node
+        self.agent_id = uuid_module.uuid4().hex
+        self.sampler = NvmlSampler(node, settings.interval)
+        self.pod_resources = PodResourcesClient(settings.pod_resources_socket, list(settings.resource_names))
+        self.cgroups = CgroupReader(settings.proc_root)
+        self.kubelet = (
+            KubeletStatsClient(settings.kubelet_url, node, settings.kubelet_token_file, settings.kubelet_insecure_tls)
+            if settings.kubelet_url
+            else None
+        )
+        self.nvml_ready = False
+        self.nvml_error: str | None = "not started"
+        self.state = AgentState()
+        self.lock = threading.Lock()
+        self._buffer: deque[tuple[int, str, dict[str, Any]]] = deque(maxlen=settings.snapshot_buffer_samples)
+        self._seq = itertools.count(1)
+        self.latest_seq = 0
+        self._nvml_tried_at = -float("inf")
+        self._kubelet_read_at = -float("inf")
+        self._known_uids: dict[tuple[str, str], str] = {}
+        self._last_sets: tuple[frozenset[str], frozenset[int]] = (frozenset(), frozenset())
+
+    # --- NVML lifecycle -------------------------------------------------------------------------
+
+    def start_nvml(self) -> bool:
+        """Initialise NVML; on failure log one clear line (not a traceback) and report not ready."""
+        self._nvml_tried_at = time.monotonic()
+        try:
+            version = self.sampler.start()
+        except NvmlUnavailable as error:
+            if self.nvml_error != str(error):
+                log.error("%s", error)
+            self.nvml_ready, self.nvml_error = False, str(error)
+            return False
+        self.nvml_ready, self.nvml_error = True, None
+        log.info(
+            "NVML ready",
+            extra={"driver_version": version, "devices": [d.uuid for d in self.sampler.devices], "node": self.node},
+        )
+        return True
+
+    def stop(self) -> None:
+        self.sampler.stop()
+        self.pod_resources.close()
+
+    # --- polling ----------------------------------------------------------------------------------
+
+    def poll_once(self) -> None:
+        """One poll: NVML, attribution (pod-resources, cgroups), kubelet stats when due."""
+        retry_due = time.monotonic() - self._nvml_tried_at >= NVML_RETRY_SECONDS
+        if not self.nvml_ready and not (retry_due and self.start_nvml()):
+            return
+        started = time.perf_counter()
+        result = self.sampler.poll()
+        device_set = frozenset(s.uuid for s in result.samples)
+        pid_set = frozenset(p.pid for s in result.samples for p in (s.processes or []))
+        changed = (device_set, pid_set) != self._last_sets
+        self._last_sets = (device_set, pid_set)
+        self.pod_resources.refresh(changed)
+        self.cgroups.retain(set(pid_set))
+        pod_stats = self._read_kubelet()
+        attributed = attribute(
+            result.samples,
+            self.pod_resources.assignments,
+            self.pod_resources.replicas,
+            self.settings.time_sliced_replicas,
+            self.cgroups.pod_of,
+            self._known_uids,
+            self.settings.idle_threshold_percent,
+        )
+        with self.lock:
+            records = []
+            for sample in attributed.samples:
+                sample = sample.model_copy(update={"seq": next(self._seq)})
+                records.append(sample)
+                self._buffer.append((sample.seq or 0, "samples", sample.model_dump(mode="json")))
+                self._count(sample)
+            for stats in pod_stats:
+                stats = stats.model_copy(update={"seq": next(self._seq)})
+                self._buffer.append((stats.seq or 0, "pod_stats", stats.model_dump(mode="json")))
+            if self._buffer:
+                self.latest_seq = self._buffer[-1][0]
+            self.state.samples = records
+            self.state.devices = attributed.devices
+            if pod_stats:
+                self.state.pod_stats = pod_stats
+            self.state.polls_total += 1
+            self.state.last_poll_t = time.time()
+            self.state.last_poll_seconds = time.perf_counter() - started
+
+    def _read_kubelet(self) -> list[PodStatsSample]:
+        if self.kubelet is None:
+            return []
+        if time.monotonic() - self._kubelet_read_at < max(KUBELET_STATS_PERIOD_SECONDS, self.settings.interval):
+            return []
+        self._kubelet_read_at = time.monotonic()
+        stats = self.kubelet.read(time.time())
+        for pod in stats:
+            self._known_uids[(pod.namespace, pod.pod)] = pod.pod_uid
+        return stats
+
+    def _count(self, sample: GpuSample) -> None:
+        counters = self.state.counters.setdefault(sample.uuid, DeviceCounters(first_seen_t=sample.t))
+        previous = counters.last_sample_t
+        counters.last_sample_t = sample.t
+        if sample.sm_percent is None or sample.sm_percent < self.settings.idle_threshold_percent:
+            return
+        if previous is not None and sample.t - previous <= 3 * self.settings.interval:
+            counters.active_seconds_total += sample.t - previous
+        counters.last_active_t = sample.t
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll at a fixed rate until `stop` is set; a poll that fails is logged and the loop goes on."""
+        interval = self.settings.interval
+        next_t = time.monotonic()
+        while not stop.is_set():
+            try:
+                self.poll_once()
+            except Exception:
+                log.exception("poll failed; retrying next interval")
+            next_t += interval
+            delay = next_t - time.monotonic()
+            if delay < 0:  # fell behind (a slow kubelet or NVML call): skip, do not burst
+                next_t = time.monotonic()
+                delay = 0.0
+            stop.wait(delay)
+
+    # --- reads for HTTP -----------------------------------------------------------------------------
+
+    def snapshot(self, since: int) -> dict[str, Any]:
+        """`/v1/snapshot?since=SEQ`: records after `since` still in the buffer, and the devices now."""
+        with self.lock:
+            oldest = self._buffer[0][0] if self._buffer else self.latest_seq + 1
+            samples: list[dict[str, Any]] = []
+            pod_stats: list[dict[str, Any]] = []
+            if since < self.latest_seq and self._buffer:
+                skip = max(0, since - oldest + 1)
+                for seq, kind, record in itertools.islice(self._buffer, skip, None):
+                    if seq > since:
+                        (samples if kind == "samples" else pod_stats).append(record)
+            return {
+                "node": self.node,
+                "seq": self.latest_seq,
+                "agent_id": self.agent_id,
+                "truncated": since + 1 < oldest and since < self.latest_seq,
+                "samples": samples,
+                "pod_stats": pod_stats,
+                "devices": [device.model_dump(mode="json") for device in self.state.devices],
+            }
+
+    def readiness(self) -> tuple[bool, str]:
+        """Ready once NVML works and a poll has completed."""
+        if not self.nvml_ready:
+            return False, self.nvml_error or "NVML not initialised"
+        if self.state.last_poll_t is None:
+            return False, "no poll completed yet"
+        return True, "ok"
+
+    def liveness(self) -> tuple[bool, str]:
+        """Alive while the poll loop turns (without a driver it still turns, retrying NVML)."""
+        last = self.state.last_poll_t
+        if self.nvml_ready and last is not None and time.time() - last > max(30.0, 10 * self.settings.interval):
+            return False, f"no poll for {time.time() - last:.0f}s"
+        return True, "ok"

@@ -1,0 +1,333 @@
+"""NVML sampler: one `GpuSample` per GPU and MIG instance per poll, through the real pynvml binding.
+
+Utilisation comes from `nvmlDeviceGetSamples` since the previous poll, so a sample covers the
+whole interval rather than an instant; an empty buffer falls back to `nvmlDeviceGetUtilizationRates`.
+A call a device does not support leaves its field `None`; any other NVML error marks that device
+unhealthy for this poll and the others go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import pynvml
+
+from gpuwm.model import GpuSample, ProcessSample
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+#: errors that mean "this device does not report that figure", not "this device is failing"
+_UNSUPPORTED = (
+    pynvml.NVMLError_NotSupported,
+    pynvml.NVMLError_FunctionNotFound,
+    pynvml.NVMLError_NoPermission,
+    pynvml.NVMLError_InvalidArgument,
+    pynvml.NVMLLibraryMismatchError,
+)
+_MIB = 1024 * 1024
+#: GPU instance slices of a whole GPU when NVML does not say (A100, H100, H200, B200)
+DEFAULT_MIG_SLICES = 7
+_VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+
+
+class NvmlUnavailable(RuntimeError):
+    """NVML cannot be used on this machine: no driver, or the library is missing."""
+
+
+@dataclass
+class Device:
+    """A GPU or MIG instance found by discovery, with its per-poll cursors."""
+
+    handle: Any
+    uuid: str
+    index: int | None
+    model: str | None
+    parent_uuid: str | None = None
+    parent_handle: Any = None
+    mig_profile: str | None = None
+    device_units: float = 1.0
+    util_cursor_us: int = 0
+    memory_util_cursor_us: int = 0
+    process_cursor_us: int = 0
+    process_utilization_supported: bool = True
+
+
+@dataclass
+class PollResult:
+    """The samples of one poll and how long NVML took."""
+
+    samples: list[GpuSample]
+    nvml_seconds: float
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _optional(call: Any, *args: Any) -> Any:
+    """The call's result, or None when the device does not report that figure."""
+    try:
+        return call(*args)
+    except _UNSUPPORTED:
+        return None
+    except pynvml.NVMLError_NotFound:
+        return None
+
+
+def _sample_value(value_type: int, sample: Any) -> float:
+    name = _VALUE_FIELDS[value_type] if 0 <= value_type < len(_VALUE_FIELDS) else "uiVal"
+    return float(getattr(sample.sampleValue, name))
+
+
+def _percent(value: float | None) -> float | None:
+    return None if value is None else max(0.0, min(100.0, value))
+
+
+def mig_profile_name(slices: int, memory_mib: float) -> str:
+    """`1g.10gb`-style name from the instance's slices and memory (NVML rounds memory up to GB)."""
+    return f"{slices}g.{math.ceil(memory_mib / 1024 - 0.05)}gb"
+
+
+class NvmlSampler:
+    """Reads every GPU on the node; discovery is redone every `rediscover_seconds` or on a count change."""
+
+    def __init__(self, node: str, interval_seconds: float, rediscover_seconds: float = 30.0) -> None:
+        self.node = node
+        self.interval_seconds = interval_seconds
+        self.rediscover_seconds = rediscover_seconds
+        self.devices: list[Device] = []
+        self.driver_version: str | None = None
+        self._discovered_at = -math.inf
+        self._count: int | None = None
+        self._started = False
+
+    def start(self) -> str:
+        """Initialise NVML; raises NvmlUnavailable with the reason when there is no usable driver."""
+        try:
+            pynvml.nvmlInit()
+            self.driver_version = _text(pynvml.nvmlSystemGetDriverVersion())
+        except pynvml.NVMLError_LibraryNotFound as error:
+            raise NvmlUnavailable(
+                "NVIDIA driver not found: libnvidia-ml.so.1 could not be loaded "
+                f"({error}); run the agent on a GPU node with the NVIDIA driver and container toolkit"
+            ) from None
+        except pynvml.NVMLError as error:
+            raise NvmlUnavailable(f"NVML could not be initialised: {error}; check the NVIDIA driver on this node") from None
+        self._started = True
+        self.discover()
+        return self.driver_version
+
+    def stop(self) -> None:
+        if self._started:
+            self._started = False
+            try:
+                pynvml.nvmlShutdown()
+            except pynvml.NVMLError as error:
+                log.debug("nvmlShutdown failed: %s", error)
+
+    def discover(self) -> None:
+        """Enumerate GPUs and MIG instances, keeping the cursors of devices already known."""
+        known = {device.uuid: device for device in self.devices}
+        count = pynvml.nvmlDeviceGetCount()
+        found: list[Device] = []
+        start_us = int((time.time() - self.interval_seconds) * 1e6)
+        for index in range(count):
+            try:
+                handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+            except pynvml.NVMLError as error:
+                log.warning("GPU %d could not be opened: %s", index, error, extra={"gpu_index": index})
+                continue
+            model = self._model(handle, uuid)
+            gpu = known.get(uuid) or Device(
+                handle, uuid, index, model, util_cursor_us=start_us, memory_util_cursor_us=start_us, process_cursor_us=start_us
+            )
+            gpu.handle, gpu.index, gpu.model = handle, index, model or gpu.model
+            found.append(gpu)
+            found.extend(self._mig_instances(gpu, known, start_us))
+        added = {d.uuid for d in found} - set(known)
+        removed = set(known) - {d.uuid for d in found}
+        if added or removed:
+            log.info("GPU devices changed", extra={"added": sorted(added), "removed": sorted(removed)})
+        self.devices = found
+        self._count = count
+        self._discovered_at = time.monotonic()
+
+    def _model(self, handle: Any, uuid: str) -> str | None:
+        try:
+            return _text(pynvml.nvmlDeviceGetName(handle))
+        except pynvml.NVMLError as error:
+            log.warning("GPU %s name unreadable: %s", uuid, error)
+            return None
+
+    def _mig_instances(self, gpu: Device, known: dict[str, Device], start_us: int) -> list[Device]:
+        mode = _optional(pynvml.nvmlDeviceGetMigMode, gpu.handle)
+        if not mode or mode[0] != pynvml.NVML_DEVICE_MIG_ENABLE:
+            return []
+        try:
+            maximum = pynvml.nvmlDeviceGetMaxMigDeviceCount(gpu.handle)
+        except pynvml.NVMLError as error:
+            log.warning("GPU %s: MIG instances unreadable: %s", gpu.uuid, error)
+            return []
+        parent_attributes = _optional(pynvml.nvmlDeviceGetAttributes_v2, gpu.handle)
+        total_slices = getattr(parent_attributes, "gpuInstanceSliceCount", 0) or DEFAULT_MIG_SLICES
+        instances: list[Device] = []
+        for mig_index in range(maximum):
+            try:
+                handle = pynvml.nvmlDeviceGetMigDeviceHandleByIndex(gpu.handle, mig_index)
+                uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
+            except pynvml.NVMLError_NotFound:
+                continue
+            except pynvml.NVMLError as error:
+                log.warning("GPU %s MIG slot %d unreadable: %s", gpu.uuid, mig_index, error)
+                continue
+            attributes = _optional(pynvml.nvmlDeviceGetAttributes_v2, handle)
+            slices = int(getattr(attributes, "gpuInstanceSliceCount", 0) or 0)
+            memory_mib = float(getattr(attributes, "memorySizeMB", 0) or 0)
+            profile = mig_profile_name(slices, memory_mib) if slices and memory_mib else None
+            units = min(1.0, slices / total_slices) if slices else 1.0 / total_slices
+            device = known.get(uuid) or Device(
+                handle, uuid, gpu.index, gpu.model,
+                util_cursor_us=start_us, memory_util_cursor_us=start_us, process_cursor_us=start_us,
+            )
+            device.handle, device.index, device.model = handle, gpu.index, gpu.model
+            device.parent_uuid, device.parent_handle = gpu.uuid, gpu.handle
+            device.mig_profile, device.device_units = profile, units
+            instances.append(device)
+        return instances
+
+    def poll(self) -> PollResult:
+        """One sample per device; never raises for a failing device."""
+        started = time.perf_counter()
+        if time.monotonic() - self._discovered_at >= self.rediscover_seconds or self._count_changed():
+            self.discover()
+        samples: list[GpuSample] = []
+        errors: dict[str, str] = {}
+        now = time.time()
+        for device in self.devices:
+            try:
+                samples.append(self._read(device, now))
+            except pynvml.NVMLError as error:
+                errors[device.uuid] = f"{type(error).__name__}: {error}"
+                samples.append(self._unhealthy(device, now, errors[device.uuid]))
+            except Exception as error:  # a binding surprise on one GPU must not stop the others
+                errors[device.uuid] = f"{type(error).__name__}: {error}"
+                log.exception("GPU %s: unexpected error while sampling", device.uuid)
+                samples.append(self._unhealthy(device, now, errors[device.uuid]))
+        return PollResult(samples, time.perf_counter() - started, errors)
+
+    def _count_changed(self) -> bool:
+        try:
+            return bool(pynvml.nvmlDeviceGetCount() != self._count)
+        except pynvml.NVMLError:
+            return False
+
+    def _unhealthy(self, device: Device, now: float, error: str) -> GpuSample:
+        return GpuSample(
+            t=now, node=self.node, uuid=device.uuid, index=device.index, model=device.model,
+            parent_uuid=device.parent_uuid, mig_profile=device.mig_profile, device_units=device.device_units,
+            healthy=False, error=error,
+        )
+
+    def _read(self, device: Device, now: float) -> GpuSample:
+        handle = device.handle
+        memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        sm_percent, memory_activity_percent = self._utilization(device)
+        # the chip-wide figures of a MIG instance are its parent's (NVML has none per instance)
+        chip = device.parent_handle if device.parent_handle is not None else handle
+        energy_mj = _optional(pynvml.nvmlDeviceGetTotalEnergyConsumption, chip)
+        temperature = _optional(pynvml.nvmlDeviceGetTemperature, chip, pynvml.NVML_TEMPERATURE_GPU)
+        if device.parent_handle is None:
+            power_mw = _optional(pynvml.nvmlDeviceGetPowerUsage, handle)
+            limit_mw = _optional(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+            sm_clock = _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)
+            memory_clock = _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM)
+            rx_kbs = _optional(pynvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+            tx_kbs = _optional(pynvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+        else:  # power is not additive over instances: it stays on the parent GPU's sample
+            power_mw = limit_mw = sm_clock = memory_clock = rx_kbs = tx_kbs = None
+        return GpuSample(
+            t=now, node=self.node, uuid=device.uuid, index=device.index, model=device.model,
+            parent_uuid=device.parent_uuid, mig_profile=device.mig_profile, device_units=device.device_units,
+            sm_percent=sm_percent,
+            memory_used_bytes=float(memory.used), memory_total_bytes=float(memory.total),
+            memory_activity_percent=memory_activity_percent,
+            power_watts=None if power_mw is None else power_mw / 1000.0,
+            power_limit_watts=None if limit_mw is None else limit_mw / 1000.0,
+            energy_joules=None if energy_mj is None else energy_mj / 1000.0,
+            temperature_celsius=None if temperature is None else float(temperature),
+            sm_clock_mhz=None if sm_clock is None else float(sm_clock),
+            memory_clock_mhz=None if memory_clock is None else float(memory_clock),
+            pcie_rx_bytes_per_second=None if rx_kbs is None else rx_kbs * 1024.0,
+            pcie_tx_bytes_per_second=None if tx_kbs is None else tx_kbs * 1024.0,
+            processes=self._processes(device),
+        )
+
+    def _utilization(self, device: Device) -> tuple[float | None, float | None]:
+        """(SM %, memory activity %) over the samples since the last poll, else the instant rates."""
+        sm = self._samples_mean(device, pynvml.NVML_GPU_UTILIZATION_SAMPLES, "util_cursor_us")
+        memory = self._samples_mean(device, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, "memory_util_cursor_us")
+        if sm is None or memory is None:
+            rates = _optional(pynvml.nvmlDeviceGetUtilizationRates, device.handle)
+            if rates is not None:
+                sm = float(rates.gpu) if sm is None else sm
+                memory = float(rates.memory) if memory is None else memory
+        return _percent(sm), _percent(memory)
+
+    def _samples_mean(self, device: Device, sampling_type: int, cursor: str) -> float | None:
+        last_seen = int(getattr(device, cursor))
+        try:
+            value_type, samples = pynvml.nvmlDeviceGetSamples(device.handle, sampling_type, last_seen)
+        except (*_UNSUPPORTED, pynvml.NVMLError_NotFound):
+            return None
+        fresh = [sample for sample in samples if sample.timeStamp > last_seen]
+        if not fresh:
+            return None
+        setattr(device, cursor, max(sample.timeStamp for sample in fresh))
+        return sum(_sample_value(value_type, sample) for sample in fresh) / len(fresh)
+
+    def _processes(self, device: Device) -> list[ProcessSample] | None:
+        running = _optional(pynvml.nvmlDeviceGetComputeRunningProcesses, device.handle)
+        if running is None:
+            return None
+        sm_by_pid = self._process_utilization(device) if running else {}
+        processes = []
+        for process in running:
+            sm = sm_by_pid.get(process.pid)
+            if sm is None and device.process_utilization_supported:
+                sm = 0.0  # supported, but the process ran no kernels since the last poll
+            used = process.usedGpuMemory
+            processes.append(
+                ProcessSample(
+                    pid=int(process.pid),
+                    sm_percent=None if sm is None else max(0.0, min(100.0, sm)),
+                    memory_used_bytes=None if used is None else float(used),
+                )
+            )
+        return processes
+
+    def _process_utilization(self, device: Device) -> dict[int, float]:
+        """Mean SM % per PID since the last poll ({} when none ran; unsupported devices are remembered)."""
+        if not device.process_utilization_supported:
+            return {}
+        try:
+            samples = pynvml.nvmlDeviceGetProcessUtilization(device.handle, device.process_cursor_us)
+        except pynvml.NVMLError_NotFound:
+            return {}
+        except _UNSUPPORTED:
+            device.process_utilization_supported = False
+            return {}
+        totals: dict[int, list[float]] = {}
+        for sample in samples:
+            if sample.timeStamp > device.process_cursor_us:
+                totals.setdefault(int(sample.pid), []).append(float(sample.smUtil))
+        if samples:
+            device.process_cursor_us = max(device.process_cursor_us, max(int(s.timeStamp) for s in samples))
+        return {pid: sum(values) / len(values) for pid, values in totals.items()}

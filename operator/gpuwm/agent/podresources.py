@@ -1,0 +1,148 @@
+"""Which pod and container hold each GPU: the kubelet's pod-resources `v1` gRPC API, cached.
+
+`List` is called when the agent sees the GPU or process set change and otherwise at most every
+`refresh_seconds`, never per scrape. `GetAllocatableResources` (where the kubelet serves it) tells
+how many time-sliced replicas a GPU has, so `GPU-uuid::2` is 1/replicas of the GPU.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+
+import grpc
+
+from gpuwm.agent.proto import api_pb2, api_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+#: the kubelet's answer grows with pods x devices; the gRPC default of 4 MiB is too small on big nodes
+MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+_REPLICA = re.compile(r"^(?P<uuid>.+)::(?P<replica>\d+)$")
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """A device (plugin ID) held by a container."""
+
+    device_id: str
+    uuid: str
+    replica: int | None
+    resource_name: str
+    namespace: str
+    pod: str
+    container: str
+
+
+def split_device_id(device_id: str) -> tuple[str, int | None]:
+    """`GPU-x::2` -> (`GPU-x`, 2); `GPU-x` -> (`GPU-x`, None)."""
+    match = _REPLICA.match(device_id)
+    if match:
+        return match.group("uuid"), int(match.group("replica"))
+    return device_id, None
+
+
+class PodResourcesClient:
+    """A cached view of the kubelet's device assignments for GPU resources."""
+
+    def __init__(
+        self,
+        socket_path: str,
+        resource_names: list[str],
+        refresh_seconds: float = 5.0,
+        timeout_seconds: float = 2.0,
+    ) -> None:
+        self.socket_path = socket_path
+        self.resource_names = resource_names
+        self.refresh_seconds = refresh_seconds
+        self.timeout_seconds = timeout_seconds
+        self.assignments: list[Assignment] = []
+        self.replicas: dict[str, int] = {}
+        self.healthy = False
+        self.error: str | None = "not listed yet"
+        self.list_calls = 0
+        self._listed_at = -float("inf")
+        self._channel: grpc.Channel | None = None
+        self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
+
+    def _is_gpu(self, resource_name: str) -> bool:
+        return any(fnmatch.fnmatchcase(resource_name, pattern) for pattern in self.resource_names)
+
+    def _connect(self) -> api_pb2_grpc.PodResourcesListerStub:
+        if self._stub is None:
+            self._channel = grpc.insecure_channel(
+                f"unix://{self.socket_path}",
+                options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)],
+            )
+            self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
+        return self._stub
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._channel = self._stub = None
+
+    def refresh(self, changed: bool) -> bool:
+        """List again if something changed or the cache is old; returns True when it listed."""
+        age = time.monotonic() - self._listed_at
+        if not changed and age < self.refresh_seconds:
+            return False
+        self._listed_at = time.monotonic()
+        if not os.path.exists(self.socket_path):
+            self._fail(f"pod-resources socket {self.socket_path} not found; mount the kubelet's pod-resources directory")
+            return True
+        stub = self._connect()
+        try:
+            response = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout_seconds)
+            self.list_calls += 1
+        except grpc.RpcError as error:
+            self._fail(f"pod-resources List on {self.socket_path} failed: {error.code().name}: {error.details()}")
+            self.close()  # reconnect next time (the kubelet may have restarted)
+            return True
+        self.assignments = self._assignments(response)
+        self._refresh_replicas(stub)
+        if not self.healthy:
+            log.info("pod-resources connected", extra={"socket": self.socket_path})
+        self.healthy, self.error = True, None
+        return True
+
+    def _fail(self, message: str) -> None:
+        if self.healthy or self.error != message:
+            log.warning("%s; attributing by process cgroups only", message)
+        # stale assignments could name pods that are gone: drop them, the cgroup fallback takes over
+        self.healthy, self.error, self.assignments = False, message, []
+
+    def _assignments(self, response: api_pb2.ListPodResourcesResponse) -> list[Assignment]:
+        found = []
+        for pod in response.pod_resources:
+            for container in pod.containers:
+                for devices in container.devices:
+                    if not self._is_gpu(devices.resource_name):
+                        continue
+                    for device_id in devices.device_ids:
+                        uuid, replica = split_device_id(device_id)
+                        found.append(
+                            Assignment(device_id, uuid, replica, devices.resource_name, pod.namespace, pod.name, container.name)
+                        )
+        return found
+
+    def _refresh_replicas(self, stub: api_pb2_grpc.PodResourcesListerStub) -> None:
+        """Replicas per GPU from the allocatable device IDs (`GPU-x::0` ... `GPU-x::N-1`)."""
+        try:
+            response = stub.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=self.timeout_seconds)
+        except grpc.RpcError as error:
+            log.debug("pod-resources GetAllocatableResources unavailable: %s", error.code().name)
+            return
+        replicas: dict[str, int] = {}
+        for devices in response.devices:
+            if not self._is_gpu(devices.resource_name):
+                continue
+            for device_id in devices.device_ids:
+                uuid, replica = split_device_id(device_id)
+                if replica is not None:
+                    replicas[uuid] = replicas.get(uuid, 0) + 1
+        self.replicas = replicas
