@@ -119,6 +119,9 @@ class Settings(BaseSettings):
         default=4, ge=1, description="Replicas per GPU for shared resources when the device plugin config is unknown."
     )
     standalone: bool = Field(default=False, description="Run without kopf peering (one replica only).")
+    liveness: str | None = Field(
+        default=None, description="kopf liveness endpoint, e.g. http://0.0.0.0:8081/healthz (off when unset)."
+    )
     peering_name: str = Field(
         default="gpuwm",
         description="kopf peering object the controller replicas share (ClusterKopfPeering; KopfPeering with --namespace).",
