@@ -1,0 +1,93 @@
+"""The pod-resources client against a real gRPC server on a unix socket."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuwm.agent.podresources import PodResourcesClient, split_device_id
+from gpuwm.config import DEFAULT_RESOURCE_NAMES
+from tests.fakenvml.podresources_server import FakePod, PodResourcesServer
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[PodResourcesServer]:
+    # unix socket paths are limited to ~107 bytes: keep it short
+    socket = tmp_path / "k.sock"
+    fake = PodResourcesServer(socket).start()
+    yield fake
+    fake.stop()
+
+
+def test_lists_gpu_assignments_and_replica_counts(server: PodResourcesServer) -> None:
+    server.pods = [
+        FakePod("team-a", "train-0", {"main": [("nvidia.com/gpu", ["GPU-1", "GPU-2"]), ("example.com/nic", ["eth1"])]}),
+        FakePod("team-b", "infer", {"srv": [("nvidia.com/gpu.shared", ["GPU-3::1"])],
+                                    "side": [("nvidia.com/mig-1g.10gb", ["MIG-7"])]}),
+        FakePod("team-c", "cpu-only", {"app": []}),
+    ]
+    server.allocatable = {"nvidia.com/gpu.shared": [f"GPU-3::{i}" for i in range(6)], "nvidia.com/gpu": ["GPU-1", "GPU-2"]}
+    client = PodResourcesClient(str(server.socket_path), list(DEFAULT_RESOURCE_NAMES))
+    assert client.refresh(changed=True)
+    assert client.healthy and client.error is None
+    got = sorted((a.namespace, a.pod, a.container, a.device_id, a.uuid, a.replica) for a in client.assignments)
+    assert got == [
+        ("team-a", "train-0", "main", "GPU-1", "GPU-1", None),
+        ("team-a", "train-0", "main", "GPU-2", "GPU-2", None),
+        ("team-b", "infer", "side", "MIG-7", "MIG-7", None),
+        ("team-b", "infer", "srv", "GPU-3::1", "GPU-3", 1),
+    ]
+    assert client.replicas == {"GPU-3": 6}
+    client.close()
+
+
+def test_cached_between_changes(server: PodResourcesServer) -> None:
+    client = PodResourcesClient(str(server.socket_path), ["nvidia.com/gpu"], refresh_seconds=3600)
+    assert client.refresh(changed=False)  # first call always lists
+    assert not client.refresh(changed=False)
+    assert not client.refresh(changed=False)
+    assert server.list_calls == 1
+    server.pods = [FakePod("ns", "new", {"c": [("nvidia.com/gpu", ["GPU-1"])]})]
+    assert client.refresh(changed=True)
+    assert server.list_calls == 2
+    assert [a.pod for a in client.assignments] == ["new"]
+    client.close()
+
+
+def test_answers_over_four_mib(server: PodResourcesServer) -> None:
+    """The gRPC default receive limit is 4 MiB; a big node's answer must still arrive."""
+    server.pods = [
+        FakePod("ns", f"pod-{i:05d}", {"c": [("nvidia.com/gpu", [f"GPU-{i:05d}-{'x' * 200}::{r}" for r in range(8)])]})
+        for i in range(3000)
+    ]
+    client = PodResourcesClient(str(server.socket_path), ["nvidia.com/gpu"])
+    client.refresh(changed=True)
+    assert client.healthy, client.error
+    assert len(client.assignments) == 3000 * 8
+    client.close()
+
+
+def test_missing_socket_and_failing_server(tmp_path: Path, server: PodResourcesServer) -> None:
+    missing = PodResourcesClient(str(tmp_path / "absent.sock"), ["nvidia.com/gpu"])
+    missing.refresh(changed=True)
+    assert not missing.healthy
+    assert "absent.sock not found" in (missing.error or "")
+
+    server.pods = [FakePod("ns", "p", {"c": [("nvidia.com/gpu", ["GPU-1"])]})]
+    client = PodResourcesClient(str(server.socket_path), ["nvidia.com/gpu"], timeout_seconds=1.0)
+    client.refresh(changed=True)
+    assert len(client.assignments) == 1
+    server.stop()
+    time.sleep(0.05)
+    client.refresh(changed=True)
+    assert not client.healthy
+    assert client.assignments == []  # stale answers are dropped; the cgroup fallback takes over
+    client.close()
+
+
+def test_split_device_id() -> None:
+    assert split_device_id("GPU-abc::12") == ("GPU-abc", 12)
+    assert split_device_id("MIG-abc") == ("MIG-abc", None)
