@@ -57,7 +57,7 @@ class PodResourcesServer:
         self.list_calls = 0
         self.lock = threading.Lock()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Lister(self), self._server)
+        api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Lister(self), self._server)  # type: ignore[no-untyped-call]
         self._server.add_insecure_port(f"unix://{socket_path}")
 
     def start(self) -> PodResourcesServer:

@@ -19,8 +19,8 @@ def _sample(uuid: str, sm: float | None, processes: list[ProcessSample] | None, 
     )
 
 
-def _pods(mapping: dict[int, PodRef]) -> object:
-    return mapping.get
+def _no_pods(pid: int) -> PodRef | None:
+    return None
 
 
 def test_time_sliced_replicas_share_a_gpu_by_replica_count() -> None:
@@ -37,7 +37,7 @@ def test_time_sliced_replicas_share_a_gpu_by_replica_count() -> None:
     processes = result.samples[0].processes or []
     assert [(p.pid, p.pod_uid, p.container) for p in processes] == [(10, UID_A, "main"), (20, UID_B, "worker")]
     # without allocatable IDs from the kubelet the configured replica count applies
-    fallback = attribute(samples, assignments, {}, 4, {}.get, {}, 1.0)
+    fallback = attribute(samples, assignments, {}, 4, _no_pods, {}, 1.0)
     assert {d.units for d in fallback.devices} == {0.25}
 
 
@@ -61,7 +61,7 @@ def test_index_device_ids_and_mig_resource_profile() -> None:
         Assignment("3", "3", None, "nvidia.com/gpu", "ns", "whole", "c"),
         Assignment("MIG-1", "MIG-1", None, "nvidia.com/mig-1g.10gb", "ns", "slice", "c"),
     ]
-    result = attribute(samples, assignments, {}, 4, {}.get, {}, 1.0)
+    result = attribute(samples, assignments, {}, 4, _no_pods, {}, 1.0)
     by_pod = {d.pod: d for d in result.devices}
     assert by_pod["whole"].uuid == "GPU-9" and by_pod["whole"].state == "active"
     assert by_pod["slice"].units == pytest.approx(1 / 7)

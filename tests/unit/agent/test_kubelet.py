@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -34,7 +34,7 @@ def _summary(rx: int, tx: int) -> dict[str, Any]:
 
 
 class _Kubelet(BaseHTTPRequestHandler):
-    summary: dict[str, Any] = {}
+    summary: ClassVar[dict[str, Any]] = {}
 
     def log_message(self, format: str, *args: object) -> None:
         pass
