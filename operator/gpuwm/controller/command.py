@@ -1,0 +1,73 @@
+"""`gpuwm controller`: the kopf operator that keeps GPUWorkloadMetrics and GPUProjectMetrics current."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from gpuwm.config import ConfigError, Settings, add_settings_arguments, settings_from_arguments
+
+FIELDS = (
+    "log_format", "log_level", "namespace", "standalone", "peering_name", "liveness",
+    "resource_names", "project_label", "idle_threshold_percent", "interval", "late_event_window",
+    "status_interval", "retention", "agents", "store", "idle_condition_after", "underutilized_percent",
+    "status_writes_per_second", "time_sliced_replicas", "api_listen", "auth",
+)
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "controller", help="run the operator: watch GPU pods, pull agents, write CR status",
+        description="Watch GPU pods, pull every agent's /v1/snapshot, account GPU time and write "
+                    "GPUWorkloadMetrics / GPUProjectMetrics status. Logs in like kopf run: in-cluster "
+                    "service account, else the kubeconfig ($KUBECONFIG).",
+    )
+    add_settings_arguments(parser, [name for name in FIELDS if name in Settings.model_fields])
+    parser.set_defaults(handler=run)
+
+
+def _configure_logging(settings: Settings) -> None:
+    import kopf
+
+    json_logs = settings.log_format == "json" or (settings.log_format == "auto" and not sys.stderr.isatty())
+    kopf.configure(
+        debug=settings.log_level == "debug", verbose=settings.log_level == "debug",
+        quiet=settings.log_level in {"warning", "error"},
+        log_format=kopf.LogFormat.JSON if json_logs else kopf.LogFormat.PLAIN,
+    )
+    logging.getLogger().setLevel(settings.log_level.upper())
+
+
+def check_settings(settings: Settings) -> None:
+    """Reject option combinations kopf would only fail on later, naming the option."""
+    from gpuwm.controller.agents import parse_agents_spec
+
+    try:
+        parse_agents_spec(settings.agents)
+    except ValueError as error:
+        raise ConfigError(f"invalid option: --agents (env GPUWM_AGENTS): {error}") from None
+    if settings.status_interval <= 0:
+        raise ConfigError("invalid option: --status-interval (env GPUWM_STATUS_INTERVAL): must be > 0")
+
+
+def run(arguments: argparse.Namespace) -> int:
+    settings = settings_from_arguments(arguments, [name for name in FIELDS if name in Settings.model_fields])
+    check_settings(settings)
+    import kopf
+
+    from gpuwm.controller import handlers
+
+    _configure_logging(settings)
+    handlers.configure(settings)
+    operator_settings = kopf.OperatorSettings()
+    handlers.tune_kopf(operator_settings, settings)
+    kopf.run(
+        settings=operator_settings,
+        clusterwide=settings.namespace is None,
+        namespaces=[settings.namespace] if settings.namespace else (),
+        standalone=settings.standalone,
+        liveness_endpoint=settings.liveness,
+    )
+    return 0

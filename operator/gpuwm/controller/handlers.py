@@ -1,0 +1,175 @@
+"""Every kopf handler of the controller, in one module (handlers thin, decisions elsewhere).
+
+Pods are watched with `@kopf.on.event` and `@kopf.index` only: change-detecting handlers
+(`on.create/update/resume`) would store progress and a diff-base in annotations on every
+user's Pod, a write per pod and a mutation of objects gpuwm does not own (DESIGN §2). The
+`when=` filters keep non-GPU pods to the cost of the watch itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from gpuwm.config import Settings
+from gpuwm.controller import recovery
+from gpuwm.controller.agents import PodAgents, agent_url_of_pod, parse_agents_spec
+from gpuwm.controller.kube import KubeClient
+from gpuwm.controller.runtime import ControllerRuntime
+from gpuwm.controller.units import requests_gpu
+
+logger = logging.getLogger("gpuwm.controller")
+
+#: set by `gpuwm controller` before kopf starts; the `when=` filters read it
+SETTINGS: Settings | None = None
+RUNTIME: ControllerRuntime | None = None
+_TASKS: list[asyncio.Task[None]] = []
+
+
+def configure(settings: Settings) -> None:
+    global SETTINGS
+    SETTINGS = settings
+
+
+def _settings() -> Settings:
+    if SETTINGS is None:
+        raise RuntimeError("gpuwm.controller.handlers.configure(settings) must run before kopf starts")
+    return SETTINGS
+
+
+def _is_gpu_pod(spec: kopf.Spec, **_: Any) -> bool:
+    return requests_gpu(spec, _settings().resource_names)
+
+
+def _is_agent_pod(namespace: str | None, labels: kopf.Labels, **_: Any) -> bool:
+    agents = parse_agents_spec(_settings().agents)
+    return isinstance(agents, PodAgents) and agents.matches(namespace, labels)
+
+
+@kopf.index("pods", when=_is_agent_pod)
+def agent_pods(body: kopf.Body, **_: Any) -> dict[str, str] | None:
+    """node -> URL of the agent pod on it (`--agents pods:NAMESPACE/SELECTOR`)."""
+    agents = parse_agents_spec(_settings().agents)
+    found = agent_url_of_pod(body, agents.port if isinstance(agents, PodAgents) else 9400)
+    return {found[0]: found[1]} if found else None
+
+
+@kopf.on.event("pods", when=_is_gpu_pod)
+async def gpu_pod_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
+    """Every change of a GPU pod goes to the engine (the runtime drops repeats)."""
+    if RUNTIME is not None:
+        await RUNTIME.on_pod(body, event.get("type"))
+
+
+@kopf.on.event("namespaces")
+def namespace_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
+    """Namespace labels and annotations: the project label and the GPU quota."""
+    if RUNTIME is not None and event.get("type") != "DELETED":
+        RUNTIME.on_namespace(body)
+
+
+def tune_kopf(settings: kopf.OperatorSettings, gpuwm_settings: Settings) -> None:
+    """kopf settings that let the controller ride out 429/5xx and dropped watches."""
+    settings.posting.level = logging.WARNING  # no Event per handler log line on users' pods
+    settings.watching.server_timeout = 300  # ask the API server to end idle watches itself
+    settings.watching.client_timeout = 330  # ... and give up on a watch that hangs past that
+    settings.watching.connect_timeout = 30
+    settings.watching.reconnect_backoff = 1.0
+    settings.networking.request_timeout = 60
+    settings.networking.connect_timeout = 30
+    settings.networking.error_backoffs = [1, 2, 4, 8, 16, 30, 60]  # 429/5xx on kopf's own calls
+    settings.batching.error_delays = [1, 2, 5, 10, 30, 60]  # a watch stream that keeps failing
+    settings.peering.name = gpuwm_settings.peering_name
+    settings.peering.mandatory = False  # no peering CRD installed: run alone, with a warning
+    settings.peering.standalone = gpuwm_settings.standalone
+    settings.peering.clusterwide = gpuwm_settings.namespace is None
+
+
+@kopf.on.startup(errors=kopf.ErrorsMode.TEMPORARY, backoff=2.0)
+async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **kwargs: Any) -> None:
+    """Log in, restore the engine, then start the status loop and the writer (before any pod event)."""
+    global RUNTIME
+    gpuwm_settings = _settings()
+    info = kopf.login_via_client(logger=logger, settings=settings)
+    if info is None:
+        raise kopf.PermanentError("no Kubernetes credentials: need in-cluster service account or a kubeconfig")
+    client = KubeClient.from_connection_info(info)
+    runtime = ControllerRuntime(gpuwm_settings, client)
+    index = kwargs.get("agent_pods")
+    if index is not None:
+        runtime.agent_pod_urls = lambda: {str(node): str(next(iter(urls))) for node, urls in index.items() if urls}
+    source = await recovery.restore(runtime)
+    runtime.store = _open_store(gpuwm_settings)
+    RUNTIME = runtime
+    _TASKS.append(asyncio.create_task(_delayed_cycles(runtime), name="gpuwm status cycles"))
+    _TASKS.append(asyncio.create_task(runtime.writer.run(), name="gpuwm status writer"))
+    api = _start_api(runtime)
+    if api is not None:
+        _TASKS.append(api)
+    logger.info("gpuwm controller started (state from %s, agents %s)", source, gpuwm_settings.agents)
+
+
+async def _delayed_cycles(runtime: ControllerRuntime) -> None:
+    # the pods watch starts right after startup: give its initial listing a moment first
+    await asyncio.sleep(min(2.0, runtime.settings.status_interval))
+    await runtime.run_cycles()
+
+
+def _open_store(settings: Settings) -> Any:
+    """The store (embedded SQLite or Prometheus) if that component is installed; CRs work without it."""
+    try:
+        from gpuwm.store import open_store  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        return None
+    try:
+        return open_store(settings.store)
+    except Exception as error:
+        logger.warning("store %s not available (%s); CR status only", settings.store, error)
+        return None
+
+
+def _start_api(runtime: ControllerRuntime) -> asyncio.Task[None] | None:
+    """The metrics API on the store, in this loop, if the API component is installed."""
+    if runtime.store is None:
+        return None
+    try:
+        from gpuwm.api import serve  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        return None
+    try:
+        return asyncio.create_task(serve(runtime.store, runtime.settings), name="gpuwm api")
+    except Exception as error:
+        logger.warning("metrics API not started: %s", error)
+        return None
+
+
+@kopf.on.probe(id="statusCycles")
+def status_cycles(**_: Any) -> dict[str, Any]:
+    """Liveness detail: how many status cycles ran and how many writes are queued."""
+    if RUNTIME is None:
+        return {"started": False}
+    return {"cycles": RUNTIME.cycles, "pendingWrites": RUNTIME.writer.pending, "writes": RUNTIME.writer.stats.writes}
+
+
+@kopf.on.cleanup()
+async def cleanup(**_: Any) -> None:
+    """Stop the loops, save the engine's state one last time, close connections."""
+    for task in _TASKS:
+        task.cancel()
+    for task in _TASKS:
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await task
+    _TASKS.clear()
+    if RUNTIME is not None:
+        RUNTIME.save(time.time())
+        await RUNTIME.puller.close()
+        await RUNTIME.client.close()
+        if RUNTIME.store is not None:
+            with contextlib.suppress(Exception):
+                RUNTIME.store.close()

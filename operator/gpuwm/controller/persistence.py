@@ -1,0 +1,64 @@
+"""Where the engine's state survives a restart (DESIGN §2, issue 4 "restarts lose nothing").
+
+The state file sits next to the embedded store (`<store>.engine.json`), or under
+`$GPUWM_STATE_DIR`/the working directory when the store is a Prometheus URL. It is
+written atomically (temp file, fsync, rename), so a controller killed with SIGKILL leaves
+either the previous state or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+STATE_VERSION = 1
+
+
+def state_path_for_store(store: str) -> Path:
+    """The engine-state file for a `--store` value."""
+    if store.startswith(("http://", "https://")):
+        directory = Path(os.environ.get("GPUWM_STATE_DIR", "."))
+        return directory / "gpuwm-controller.engine.json"
+    return Path(store).with_name(Path(store).name + ".engine.json")
+
+
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    """Write `state` atomically."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = json.dumps({"version": STATE_VERSION, **state}, separators=(",", ":"))
+    handle, temp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w") as file:
+            file.write(payload)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp_name, path)
+    except BaseException:
+        Path(temp_name).unlink(missing_ok=True)
+        raise
+
+
+def load_state(path: Path) -> dict[str, Any] | None:
+    """The saved state, or None when there is none or it cannot be read (logged, never fatal)."""
+    try:
+        raw = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        logger.warning("cannot read engine state %s (%s); rebuilding from CR status", path, error)
+        return None
+    try:
+        state = json.loads(raw)
+    except ValueError as error:
+        logger.warning("engine state %s is not valid JSON (%s); rebuilding from CR status", path, error)
+        return None
+    if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
+        logger.warning("engine state %s has an unknown format; rebuilding from CR status", path)
+        return None
+    return state

@@ -1,0 +1,58 @@
+"""The exact RBAC rules the controller's code uses: no secrets, no wildcards.
+
+The chart's ClusterRole must grant these (its test compares them); `python -m
+gpuwm.controller.rbac` prints them as a ClusterRole YAML. Owner kinds beyond this list
+can be added through chart values: where `get` is missing, the owner walk stops there
+and the last owner reached is the workload.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+#: owner kinds the controller walks through (`get` only), by API group
+OWNER_KINDS: dict[str, list[str]] = {
+    "": ["replicationcontrollers"],
+    "apps": ["replicasets", "deployments", "statefulsets", "daemonsets"],
+    "batch": ["jobs", "cronjobs"],
+    "jobset.x-k8s.io": ["jobsets"],
+    "kubeflow.org": ["pytorchjobs", "tfjobs", "mpijobs", "notebooks"],
+    "ray.io": ["rayjobs", "rayclusters", "rayservices"],
+    "leaderworkerset.x-k8s.io": ["leaderworkersets"],
+}
+
+REQUIRED_RULES: list[dict[str, Any]] = [
+    # the GPU pods (kopf watch + agent discovery; the startup list ends pods deleted while down)
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
+    # project label and quota annotation; kopf's namespace observation
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
+    # time-slicing replicas from the node label nvidia.com/gpu.replicas
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    # Idle events on workloads; kopf's warnings
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+    # the CRs: created once, labels/spec merge-patched on adoption, deleted after retention
+    {"apiGroups": ["gpuwm.io"], "resources": ["gpuworkloadmetrics"],
+     "verbs": ["list", "create", "patch", "delete"]},
+    {"apiGroups": ["gpuwm.io"], "resources": ["gpuprojectmetrics"], "verbs": ["create", "patch"]},
+    # status only through the status subresource
+    {"apiGroups": ["gpuwm.io"], "resources": ["gpuworkloadmetrics/status", "gpuprojectmetrics/status"],
+     "verbs": ["patch"]},
+    # kopf: CRD observation and peering (HA with one active replica)
+    {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
+    {"apiGroups": ["kopf.dev"], "resources": ["clusterkopfpeerings", "kopfpeerings"],
+     "verbs": ["get", "list", "watch", "patch"]},
+    # the owner walk
+    *({"apiGroups": [group], "resources": resources, "verbs": ["get"]} for group, resources in OWNER_KINDS.items()),
+]
+
+
+def cluster_role(name: str = "gpuwm-controller") -> dict[str, Any]:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+            "rules": REQUIRED_RULES}
+
+
+if __name__ == "__main__":
+    import yaml
+
+    yaml.safe_dump(cluster_role(), sys.stdout, sort_keys=False)

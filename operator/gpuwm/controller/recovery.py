@@ -1,0 +1,178 @@
+"""Restart without losing GPU-seconds.
+
+Before any new sample is taken the runtime is put back where it stopped:
+1. the engine's saved state (`Engine.restore`), with the agents' `since` positions, the
+   device attribution and what each pod's last engine event was, so nothing is fed twice;
+   pods that disappeared while the controller was down are ended now;
+2. else, the cumulative figures in the existing GPUWorkloadMetrics status become baselines
+   that the new engine's figures are added to, and those workloads' pods are accounted
+   only from the restart on (nothing is counted twice).
+Existing CRs are also adopted (names, so writes go to the same objects), and orphaned ones
+past retention are deleted.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from gpuwm.accounting import Engine
+from gpuwm.controller.agents import DeviceHolder
+from gpuwm.controller.kube import resource_path
+from gpuwm.controller.owners import parse_kubernetes_time
+from gpuwm.controller.persistence import load_state
+from gpuwm.controller.pods import TrackedPod
+from gpuwm.controller.status import MANAGED_BY, MANAGED_BY_LABEL
+from gpuwm.controller.writer import API_VERSION, WORKLOAD_PLURAL
+from gpuwm.model.crd import Condition
+from gpuwm.model.trace import TraceWorkload
+
+if TYPE_CHECKING:
+    from gpuwm.controller.runtime import ControllerRuntime
+
+logger = logging.getLogger(__name__)
+
+#: status fields that accumulate; they carry over a restart that lost the engine state
+BASELINE_FIELDS = {
+    "allocatedGpuSeconds": "allocated_gpu_seconds",
+    "activeGpuSeconds": "active_gpu_seconds",
+    "idleGpuSeconds": "idle_gpu_seconds",
+    "unmonitoredGpuSeconds": "unmonitored_gpu_seconds",
+    "energyJoules": "energy_joules",
+    "runSeconds": "run_seconds",
+}
+
+
+def _pod_to_json(pod: TrackedPod) -> dict[str, Any]:
+    return {
+        "namespace": pod.namespace, "name": pod.name, "uid": pod.uid, "phase": pod.phase, "node": pod.node,
+        "labels": pod.labels, "units": pod.units_by_container, "since": pod.phase_since, "created": pod.created,
+        "workload": pod.workload.model_dump(by_alias=True),
+    }
+
+
+def _pod_from_json(data: dict[str, Any]) -> TrackedPod:
+    return TrackedPod(
+        namespace=data["namespace"], name=data["name"], uid=data["uid"], phase=data["phase"], node=data.get("node"),
+        labels=dict(data.get("labels") or {}), units_by_container=dict(data.get("units") or {}),
+        workload=TraceWorkload.model_validate(data["workload"]), phase_since=data.get("since"),
+        created=data.get("created"),
+    )
+
+
+def snapshot_state(runtime: ControllerRuntime, now: float) -> dict[str, Any]:
+    """Everything a restarted controller needs to carry on exactly (JSON-serialisable)."""
+    return {
+        "saved_at": now,
+        "engine": runtime.engine.save(),
+        "agents": runtime.puller.positions(),
+        "holders": {node: [h.model_dump(exclude_none=True) for h in holders]
+                    for node, holders in runtime.holders_by_node.items()},
+        "pods": [_pod_to_json(pod) for pod in runtime.pods.values()],
+        "sent": runtime.sent,
+        "cr_names": runtime.cr_names,
+        "conditions": {uid: [c.model_dump(mode="json", by_alias=True) for c in conditions]
+                       for uid, conditions in runtime.conditions.items()},
+        "idle_announced": sorted(runtime.idle_announced),
+        "latest_sample_time": runtime.latest_sample_time,
+        "baselines": runtime.baselines,
+    }
+
+
+async def restore(runtime: ControllerRuntime) -> str:
+    """Put the runtime back where the last controller stopped; returns which source was used."""
+    existing = await _adopt_existing_crs(runtime)
+    state = load_state(runtime.state_path)
+    if state is not None:
+        try:
+            _restore_state(runtime, state)
+        except (KeyError, TypeError, ValueError) as error:
+            logger.warning("engine state %s unusable (%s); rebuilding from CR status", runtime.state_path, error)
+            state = None
+    if state is not None:
+        await _end_vanished_pods(runtime)
+        source = "state"
+    else:
+        _baselines_from_crs(runtime, existing)
+        source = "crs" if runtime.baselines else "empty"
+    await _expire_orphans(runtime, existing)
+    logger.info("controller state restored from %s (%d workloads, %d pods)", source,
+                len(runtime.engine.workloads(runtime.clock())), len(runtime.pods))
+    return source
+
+
+def _restore_state(runtime: ControllerRuntime, state: dict[str, Any]) -> None:
+    runtime.engine = Engine.restore(state["engine"], runtime.engine_config)
+    runtime.puller.restore_positions(state.get("agents") or {})
+    runtime.holders_by_node = {
+        node: [DeviceHolder.model_validate(h) for h in holders] for node, holders in (state.get("holders") or {}).items()
+    }
+    runtime.holders_by_pod = {}
+    for holders in runtime.holders_by_node.values():
+        for holder in holders:
+            if holder.pod_uid:
+                runtime.holders_by_pod.setdefault(holder.pod_uid, []).append(holder)
+    runtime.pods = {pod.uid: pod for pod in map(_pod_from_json, state.get("pods") or [])}
+    runtime.sent = {str(k): str(v) for k, v in (state.get("sent") or {}).items()}
+    runtime.cr_names.update({str(k): str(v) for k, v in (state.get("cr_names") or {}).items()})
+    runtime.conditions = {
+        uid: [Condition.model_validate(c) for c in conditions] for uid, conditions in (state.get("conditions") or {}).items()
+    }
+    runtime.idle_announced = set(state.get("idle_announced") or [])
+    runtime.latest_sample_time = state.get("latest_sample_time")
+    runtime.baselines = {uid: dict(values) for uid, values in (state.get("baselines") or {}).items()}
+
+
+async def _end_vanished_pods(runtime: ControllerRuntime) -> None:
+    """Pods deleted while the controller was down never produce a watch event: end them now."""
+    namespace = runtime.settings.namespace
+    pods = await runtime.client.list_items(resource_path("v1", "pods", namespace))
+    alive = {str((pod.get("metadata") or {}).get("uid")) for pod in pods}
+    for uid, pod in list(runtime.pods.items()):
+        if uid not in alive:
+            pod.phase = "Deleted"
+            runtime._send(pod)
+            runtime.pods.pop(uid, None)
+            runtime.sent.pop(uid, None)
+
+
+async def _adopt_existing_crs(runtime: ControllerRuntime) -> list[dict[str, Any]]:
+    path = resource_path(API_VERSION, WORKLOAD_PLURAL, runtime.settings.namespace)
+    items = await runtime.client.list_items(path, {"labelSelector": f"{MANAGED_BY_LABEL}={MANAGED_BY}"})
+    for item in items:
+        metadata, spec = item.get("metadata") or {}, item.get("spec") or {}
+        ref = spec.get("workloadRef") or {}
+        uid, namespace, name = ref.get("uid"), metadata.get("namespace"), metadata.get("name")
+        if not uid or not namespace or not name:
+            continue
+        runtime.writer.existing.add((WORKLOAD_PLURAL, str(namespace), str(name)))
+        runtime.cr_names[str(uid)] = str(name)
+        runtime.cr_owner[(str(namespace), str(name))] = (str(uid), str(ref.get("kind")), None)
+    return items
+
+
+def _baselines_from_crs(runtime: ControllerRuntime, items: list[dict[str, Any]]) -> None:
+    for item in items:
+        status = item.get("status") or {}
+        uid = ((item.get("spec") or {}).get("workloadRef") or {}).get("uid")
+        values = {field: float(status[key]) for key, field in BASELINE_FIELDS.items()
+                  if isinstance(status.get(key), int | float)}
+        if uid and any(values.values()):
+            runtime.baselines[str(uid)] = values
+    if runtime.baselines:
+        runtime.baseline_cutoff = runtime.clock()
+
+
+async def _expire_orphans(runtime: ControllerRuntime, items: list[dict[str, Any]]) -> None:
+    """CRs whose workload the engine no longer knows and that ended longer than `retention` ago."""
+    now = runtime.clock()
+    known = {figures.uid for figures in runtime.engine.workloads(now)}
+    for item in items:
+        metadata, status = item.get("metadata") or {}, item.get("status") or {}
+        uid = ((item.get("spec") or {}).get("workloadRef") or {}).get("uid")
+        ended = parse_kubernetes_time(status.get("endTime"))
+        if uid in known or ended is None or now - ended < runtime.settings.retention:
+            continue
+        await runtime.writer.delete(WORKLOAD_PLURAL, metadata.get("namespace"), str(metadata.get("name")))
+        runtime.cr_names.pop(str(uid), None)
+        logger.info("retention: deleted orphaned GPUWorkloadMetrics %s/%s", metadata.get("namespace"), metadata.get("name"))

@@ -1,0 +1,358 @@
+"""The controller's state and its status cycle, independent of kopf.
+
+kopf handlers (gpuwm.controller.handlers) hand Pod and Namespace events to
+`ControllerRuntime`; a background task runs `cycle()` every status interval: pull the
+agents, feed the engine, offer CR statuses to the rate-limited writer, apply retention and
+save the engine's state for the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpuwm.accounting import Engine, EngineConfig
+from gpuwm.config import Settings
+from gpuwm.controller import recovery
+from gpuwm.controller.agents import (
+    AgentPuller,
+    DeviceHolder,
+    PodAgents,
+    StaticAgents,
+    parse_agents_spec,
+    sorted_samples,
+)
+from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
+from gpuwm.controller.owners import OwnerResolver
+from gpuwm.controller.persistence import save_state, state_path_for_store
+from gpuwm.controller.pods import (
+    MalformedPodError,
+    TrackedPod,
+    device_allocations,
+    pod_event,
+    state_key,
+    track_pod,
+)
+from gpuwm.controller.ratelimit import TokenBucket
+from gpuwm.controller.status import (
+    build_project_status,
+    build_workload_status,
+    dns_name,
+    label_value,
+    rfc3339,
+    workload_cr_name,
+    workload_labels,
+)
+from gpuwm.controller.units import replicas_from_node_labels
+from gpuwm.controller.writer import PROJECT_PLURAL, WORKLOAD_PLURAL, Desired, StatusWriter
+from gpuwm.model.crd import Condition
+from gpuwm.model.figures import ProjectFigures, WorkloadFigures
+from gpuwm.model.trace import NamespaceEvent
+
+logger = logging.getLogger(__name__)
+
+NODE_CACHE_SECONDS = 600.0
+
+
+class ControllerRuntime:
+    """Everything the controller knows between kopf events and status cycles."""
+
+    def __init__(self, settings: Settings, client: KubeClient, clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.client = client
+        self.clock = clock
+        self.engine_config = EngineConfig(
+            interval_seconds=settings.interval,
+            idle_threshold_percent=settings.idle_threshold_percent,
+            project_label=settings.project_label,
+            late_event_window_seconds=settings.late_event_window,
+        )
+        self.engine = Engine(self.engine_config)
+        self.agents = parse_agents_spec(settings.agents)
+        self.puller = AgentPuller(timeout_seconds=max(1.0, min(10.0, settings.status_interval)))
+        self.resolver = OwnerResolver(self._fetch_owner)
+        self.writer = StatusWriter(
+            client, TokenBucket(settings.status_writes_per_second), settings.status_interval, clock=clock
+        )
+        self.state_path = state_path_for_store(settings.store)
+        self.pods: dict[str, TrackedPod] = {}
+        self.sent: dict[str, str] = {}  # pod uid -> what the engine was last told (state_key as JSON)
+        self.holders_by_node: dict[str, list[DeviceHolder]] = {}
+        self.holders_by_pod: dict[str, list[DeviceHolder]] = {}
+        self.agent_pod_urls: Callable[[], Mapping[str, str]] = dict
+        self.cr_names: dict[str, str] = {}  # workload uid -> GPUWorkloadMetrics name ("" for none)
+        self.cr_owner: dict[tuple[str, str], tuple[str, str, float | None]] = {}  # (ns, name) -> (uid, kind, created)
+        self.conditions: dict[str, list[Condition]] = {}
+        self.baselines: dict[str, dict[str, float]] = {}  # from CR status when no engine state survived
+        self.baseline_cutoff: float | None = None
+        self.idle_announced: set[str] = set()
+        self.latest_sample_time: float | None = None
+        self.cycles = 0
+        self.store: Any = None
+        self._node_replicas: dict[str, tuple[float, int]] = {}
+        self._warned: set[str] = set()
+        self.ready = asyncio.Event()
+
+    # ------------------------------------------------------------------ kopf events
+
+    async def on_pod(self, body: Mapping[str, Any], event_type: str | None) -> None:
+        """A GPU pod was added, changed or deleted: tell the engine if its state changed."""
+        metadata = body.get("metadata") or {}
+        uid = str(metadata.get("uid") or "")
+        try:
+            workload = await self.resolver.resolve(body)
+            node = (body.get("spec") or {}).get("nodeName")
+            replicas = await self._replicas_of_node(str(node)) if node else 1
+            pod = track_pod(
+                body, workload, self.settings.resource_names, deleted=event_type == "DELETED",
+                replicas=replicas, shared_replicas=self.settings.time_sliced_replicas,
+            )
+        except (MalformedPodError, KeyError, TypeError, ValueError) as error:
+            self._warn_once(uid or repr(metadata.get("name")), f"skipping a malformed pod: {error}")
+            return
+        self.pods[pod.uid] = pod
+        self._send(pod)
+        if pod.phase == "Deleted":
+            self.pods.pop(pod.uid, None)
+            self.sent.pop(pod.uid, None)
+            self.holders_by_pod.pop(pod.uid, None)
+
+    def on_namespace(self, body: Mapping[str, Any]) -> None:
+        """Namespace labels name the project; its annotation gives the GPU quota."""
+        metadata = body.get("metadata") or {}
+        if not metadata.get("name"):
+            self._warn_once("namespace:" + repr(metadata), "skipping a namespace without metadata.name")
+            return
+        self.engine.observe_namespace(NamespaceEvent(
+            t=self.clock(), event="namespace", name=str(metadata["name"]),
+            labels={str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
+            annotations={str(k): str(v) for k, v in (metadata.get("annotations") or {}).items()},
+        ))
+
+    def _send(self, pod: TrackedPod) -> None:
+        devices = device_allocations(pod, self.holders_by_pod.get(pod.uid, ()))
+        key = json.dumps(state_key(pod, devices))
+        if self.sent.get(pod.uid) == key:
+            return
+        now = self.clock()
+        at = now if pod.phase in {"Deleted", "Unknown"} else (pod.phase_since or now)
+        if self.baseline_cutoff is not None and pod.workload.uid in self.baselines:
+            at = max(at, self.baseline_cutoff)  # counted before the restart already (in the CR's figures)
+        self.engine.observe_pod(pod_event(pod, devices, min(at, now)))
+        self.sent[pod.uid] = key
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message, extra={"object": key})
+
+    async def _fetch_owner(self, api_version: str, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
+        return await self.client.get_object(api_version, kind, namespace, name)
+
+    async def _replicas_of_node(self, node: str) -> int:
+        """Time-slicing replicas from the node's GPU feature discovery label (cached; 1 when unknown)."""
+        cached = self._node_replicas.get(node)
+        now = self.clock()
+        if cached is not None and now - cached[0] < NODE_CACHE_SECONDS:
+            return cached[1]
+        try:
+            obj = await self.client.get(resource_path("v1", "nodes", None, node))
+            replicas = replicas_from_node_labels(((obj or {}).get("metadata") or {}).get("labels"))
+        except KubeApiError as error:
+            if error.status not in {403, 404}:
+                logger.debug("cannot read node %s: %s", node, error)
+            replicas = 1
+        self._node_replicas[node] = (now, replicas)
+        return replicas
+
+    # ------------------------------------------------------------------ the status cycle
+
+    def agent_urls(self) -> dict[str, str]:
+        if isinstance(self.agents, StaticAgents):
+            return dict(self.agents.urls)
+        return dict(self.agent_pod_urls())
+
+    async def cycle(self) -> None:
+        """Pull, account, offer statuses, retention, save."""
+        result = await self.puller.pull_all(self.agent_urls())
+        changed_nodes = set()
+        for snapshot in result.snapshots:
+            if snapshot.holders or snapshot.samples:
+                changed_nodes.add(snapshot.node)
+                self.holders_by_node[snapshot.node] = snapshot.holders
+        if changed_nodes:
+            self.holders_by_pod = {}
+            for holders in self.holders_by_node.values():
+                for holder in holders:
+                    if holder.pod_uid:
+                        self.holders_by_pod.setdefault(holder.pod_uid, []).append(holder)
+            for pod in list(self.pods.values()):
+                self._send(pod)
+        samples = sorted_samples(result.snapshots)
+        for sample in samples:
+            self.engine.observe_sample(sample)
+        if samples:
+            self.latest_sample_time = max(self.latest_sample_time or 0.0, samples[-1].t)
+        now = self.clock()
+        workloads = [self._with_baseline(figures) for figures in self.engine.workloads(now)]
+        projects = self.engine.projects(now)
+        self._offer_workloads(workloads, now)
+        self._offer_projects(projects, now)
+        await self._announce_idle(workloads)
+        await self._apply_retention(workloads, now)
+        self.save(now)
+        await self._record(now, samples, workloads, projects, result)
+        self.cycles += 1
+
+    def _with_baseline(self, figures: WorkloadFigures) -> WorkloadFigures:
+        baseline = self.baselines.get(figures.uid)
+        if not baseline:
+            return figures
+        update = {name: getattr(figures, name) + value for name, value in baseline.items() if hasattr(figures, name)}
+        return figures.model_copy(update=update)
+
+    def cr_name_for(self, figures: WorkloadFigures) -> str | None:
+        """The GPUWorkloadMetrics name of a workload; None when a newer workload of the same kind took it.
+
+        Same namespace and name as the workload; `<name>-<kind>` when a workload of another kind
+        has the name. A workload recreated with the same kind and name takes the name over.
+        """
+        if figures.uid in self.cr_names:
+            return self.cr_names[figures.uid] or None
+        name = workload_cr_name(figures.name, figures.kind, False)
+        holder = self.cr_owner.get((figures.namespace, name))
+        if holder is not None and holder[0] != figures.uid:
+            if holder[1] != figures.kind:
+                name = workload_cr_name(figures.name, figures.kind, True)
+            elif (holder[2] or 0.0) > (figures.created_time or 0.0):
+                self.cr_names[figures.uid] = ""  # an older incarnation: its CR is the newer one's now
+                return None
+            else:
+                self.cr_names[holder[0]] = ""
+        self.cr_names[figures.uid] = name
+        self.cr_owner[(figures.namespace, name)] = (figures.uid, figures.kind, figures.created_time)
+        return name
+
+    def _offer_workloads(self, workloads: list[WorkloadFigures], now: float) -> None:
+        for figures in workloads:
+            name = self.cr_name_for(figures)
+            if name is None:
+                continue
+            status = build_workload_status(
+                figures, now,
+                idle_condition_after_seconds=self.settings.idle_condition_after,
+                underutilized_percent=self.settings.underutilized_percent,
+                previous_conditions=self.conditions.get(figures.uid, ()),
+            )
+            self.conditions[figures.uid] = status.conditions
+            self.writer.offer(Desired(
+                plural=WORKLOAD_PLURAL, namespace=figures.namespace, name=name,
+                spec={"workloadRef": {"apiVersion": figures.api_version, "kind": figures.kind, "name": figures.name,
+                                      "uid": figures.uid}, "project": figures.project},
+                labels=workload_labels(figures),
+                status=status.model_dump(mode="json", by_alias=True),
+                sample_time=self.latest_sample_time,
+            ))
+
+    def _offer_projects(self, projects: list[ProjectFigures], now: float) -> None:
+        for figures in projects:
+            status = build_project_status(figures, now)
+            self.writer.offer(Desired(
+                plural=PROJECT_PLURAL, namespace=None, name=dns_name(figures.name),
+                spec={"project": figures.name}, labels={"gpuwm.io/project": label_value(figures.name)},
+                status=status.model_dump(mode="json", by_alias=True),
+                sample_time=self.latest_sample_time,
+            ))
+
+    async def _announce_idle(self, workloads: list[WorkloadFigures]) -> None:
+        """A Kubernetes Event on the workload when it turns Idle (once per idle spell)."""
+        for figures in workloads:
+            idle = any(c.type == "Idle" and c.status == "True" for c in self.conditions.get(figures.uid, ()))
+            if not idle:
+                self.idle_announced.discard(figures.uid)
+                continue
+            if figures.uid in self.idle_announced:
+                continue
+            self.idle_announced.add(figures.uid)
+            await self._post_event(figures, "GpuIdle",
+                                   f"{figures.allocated_gpus:g} GPU(s) idle for {figures.idle_seconds:.0f}s")
+
+    async def _post_event(self, figures: WorkloadFigures, reason: str, message: str) -> None:
+        stamp = rfc3339(self.clock())
+        body = {
+            "metadata": {"generateName": f"{figures.name}.", "namespace": figures.namespace},
+            "involvedObject": {"apiVersion": figures.api_version, "kind": figures.kind, "name": figures.name,
+                               "namespace": figures.namespace, "uid": figures.uid},
+            "reason": reason, "message": message, "type": "Warning", "count": 1,
+            "firstTimestamp": stamp, "lastTimestamp": stamp,
+            "source": {"component": "gpuwm-controller"},
+            "reportingComponent": "gpuwm-controller", "reportingInstance": socket.gethostname(),
+        }
+        try:
+            await self.client.create(resource_path("v1", "events", figures.namespace), body)
+        except KubeApiError as error:
+            logger.warning("cannot post %s event on %s %s/%s: %s", reason, figures.kind, figures.namespace,
+                           figures.name, error)
+
+    async def _apply_retention(self, workloads: list[WorkloadFigures], now: float) -> None:
+        """Finished workloads keep their CR for `retention`, then it and the engine's record go."""
+        for figures in workloads:
+            if figures.end_time is None or figures.allocated_gpus > 0:
+                continue
+            if now - figures.end_time < self.settings.retention:
+                continue
+            name = self.cr_names.get(figures.uid)
+            if name:
+                try:
+                    await self.writer.delete(WORKLOAD_PLURAL, figures.namespace, name)
+                except KubeApiError as error:
+                    logger.warning("cannot delete expired %s/%s: %s", figures.namespace, name, error)
+                    continue
+                self.cr_owner.pop((figures.namespace, name), None)
+                logger.info("retention: deleted GPUWorkloadMetrics %s/%s", figures.namespace, name)
+            self.cr_names.pop(figures.uid, None)
+            self.engine.forget_workload(figures.uid)
+            self.conditions.pop(figures.uid, None)
+            self.baselines.pop(figures.uid, None)
+
+    def save(self, now: float) -> None:
+        """The engine and the controller's own positions, for a restart that loses nothing."""
+        try:
+            save_state(self.state_path, recovery.snapshot_state(self, now))
+        except OSError as error:
+            logger.warning("cannot save engine state to %s: %s", self.state_path, error)
+
+    async def _record(self, now: float, samples: Any, workloads: Any, projects: Any, result: Any) -> None:
+        if self.store is None:
+            return
+        pod_stats = [stat for snapshot in result.snapshots for stat in snapshot.pod_stats]
+        try:
+            await asyncio.to_thread(self.store.record, now, samples, workloads, projects,
+                                    self.engine.cluster(now), pod_stats)
+        except Exception as error:  # the store is an extra: CR status goes on without it
+            logger.warning("store write failed: %s", error)
+
+    async def run_cycles(self) -> None:
+        """The status loop; one failing cycle is logged and the next one tries again."""
+        interval = self.settings.status_interval
+        while True:
+            started = time.monotonic()
+            try:
+                await self.cycle()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("status cycle failed; retrying next interval")
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+
+def is_agent_pod(agents: StaticAgents | PodAgents, body: Mapping[str, Any]) -> bool:
+    if not isinstance(agents, PodAgents):
+        return False
+    metadata = body.get("metadata") or {}
+    return agents.matches(metadata.get("namespace"), metadata.get("labels") or {})
