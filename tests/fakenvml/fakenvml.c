@@ -134,11 +134,16 @@ static int find_device(const char *uuid) {
 }
 
 static void parse_pattern(device_t *d, const char *value) {
+    /* no strtok here: the caller is in the middle of its own strtok over the line */
     d->util_count = 0;
-    char buffer[512];
-    snprintf(buffer, sizeof buffer, "%s", value);
-    for (char *part = strtok(buffer, "/"); part && d->util_count < MAX_PATTERN; part = strtok(NULL, "/"))
-        d->util[d->util_count++] = (unsigned int)atoi(part);
+    const char *cursor = value;
+    while (*cursor && d->util_count < MAX_PATTERN) {
+        char *end;
+        long parsed = strtol(cursor, &end, 10);
+        if (end == cursor) break;
+        d->util[d->util_count++] = (unsigned int)parsed;
+        cursor = *end == '/' ? end + 1 : end;
+    }
 }
 
 static void set_device_key(device_t *d, const char *key, const char *value) {

@@ -151,7 +151,10 @@ class NvmlSampler:
             )
             gpu.handle, gpu.index, gpu.model = handle, index, model or gpu.model
             found.append(gpu)
-            found.extend(self._mig_instances(gpu, known, start_us))
+            try:
+                found.extend(self._mig_instances(gpu, known, start_us))
+            except pynvml.NVMLError as error:  # a failing GPU is still listed; poll() reports it unhealthy
+                log.warning("GPU %s: MIG layout unreadable: %s", uuid, error)
         added = {d.uuid for d in found} - set(known)
         removed = set(known) - {d.uuid for d in found}
         if added or removed:

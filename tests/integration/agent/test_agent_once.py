@@ -1,0 +1,113 @@
+"""`gpuwm agent --once` on the fake NVML library: real pynvml, real structs, real error codes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwm.model import AgentDevice, GpuSample
+from tests.fakenvml import write_scenario
+from tests.fakenvml.podresources_server import PodResourcesServer
+from tests.integration.agent.helpers import UID_INFER_A, UID_INFER_B, UID_MIG, UID_TRAIN, run_once
+
+pytestmark = pytest.mark.integration
+
+
+def _once(lib: Path, scenario: Path, *arguments: str) -> dict[str, Any]:
+    result = run_once(lib, scenario, *arguments)
+    assert result.returncode == 0, result.stderr
+    snapshot: dict[str, Any] = json.loads(result.stdout)
+    return snapshot
+
+
+def test_once_reports_every_figure(
+    fake_nvml_lib: Path, scenario: Path, fake_proc: Path, pod_resources: PodResourcesServer
+) -> None:
+    snapshot = _once(
+        fake_nvml_lib, scenario, "--proc-root", str(fake_proc), "--pod-resources-socket", str(pod_resources.socket_path),
+        "--idle-threshold-percent", "5",
+    )
+    assert snapshot["node"] == "node-1"
+    samples = {s["uuid"]: GpuSample.model_validate(s) for s in snapshot["samples"]}
+    assert set(samples) == {"GPU-1111", "GPU-2222", "GPU-3333", "GPU-4444", "MIG-5555", "GPU-6666"}
+    assert [s["seq"] for s in snapshot["samples"]] == list(range(1, 7))
+    assert snapshot["seq"] == 6
+    # each record is exactly a replay-trace sample plus seq: one model for both
+    assert all(set(record) == set(GpuSample.model_fields) for record in snapshot["samples"])
+
+    gpu = samples["GPU-1111"]
+    # utilisation from nvmlDeviceGetSamples (pattern 0/100) over the interval, not the instant value 7
+    assert gpu.sm_percent is not None and 30.0 <= gpu.sm_percent <= 70.0
+    assert gpu.memory_activity_percent == 30.0
+    assert gpu.model == "NVIDIA H100 80GB HBM3" and gpu.index == 0 and gpu.healthy
+    assert gpu.memory_used_bytes == 2048 * 1024**2
+    assert gpu.memory_total_bytes == 81559 * 1024**2
+    assert (gpu.power_watts, gpu.power_limit_watts, gpu.temperature_celsius) == (350.0, 700.0, 61.0)
+    assert (gpu.sm_clock_mhz, gpu.memory_clock_mhz) == (1980.0, 2619.0)
+    assert (gpu.pcie_rx_bytes_per_second, gpu.pcie_tx_bytes_per_second) == (1000 * 1024.0, 2000 * 1024.0)
+    assert gpu.energy_joules is not None and 5000.0 <= gpu.energy_joules < 5000.0 + 350.0 * 60  # NVML mJ -> J
+    (process,) = gpu.processes or []
+    assert (process.pid, process.pod_uid, process.container, process.sm_percent) == (1001, UID_TRAIN, "main", 45.0)
+    assert process.memory_used_bytes == 1500 * 1024**2
+
+    # an empty sample buffer falls back to nvmlDeviceGetUtilizationRates
+    assert samples["GPU-2222"].sm_percent == 3.0
+
+    mig = samples["MIG-5555"]
+    assert (mig.parent_uuid, mig.mig_profile, mig.index) == ("GPU-4444", "3g.40gb", 3)
+    assert mig.device_units == pytest.approx(3 / 7)
+    assert mig.sm_percent == 25.0
+    assert mig.energy_joules is not None and mig.energy_joules >= 0.1  # the parent's counter
+    assert mig.power_watts is None  # power stays on the parent, it does not add up over instances
+
+    lost = samples["GPU-6666"]
+    assert not lost.healthy and lost.sm_percent is None
+    assert "GPU is lost" in (lost.error or "")
+    assert samples["GPU-3333"].healthy  # the others go on
+
+    devices = [AgentDevice.model_validate(d) for d in snapshot["devices"]]
+    by_pod = {d.pod: d for d in devices if d.pod}
+    assert (by_pod["train-0"].uuid, by_pod["train-0"].units, by_pod["train-0"].state) == ("GPU-1111", 1.0, "active")
+    assert by_pod["train-0"].pod_uid == UID_TRAIN
+    assert by_pod["notebook"].state == "idle-held"  # 3 % < the 5 % threshold, a process holds memory
+    assert (by_pod["infer-a"].device_id, by_pod["infer-a"].units, by_pod["infer-a"].pod_uid) == (
+        "GPU-3333::0", 0.25, None,  # two pods share the GPU: their UIDs show per process, below
+    )
+    assert by_pod["infer-b"].units == 0.25
+    assert (by_pod["mig-job"].uuid, by_pod["mig-job"].units, by_pod["mig-job"].pod_uid) == (
+        "MIG-5555", pytest.approx(3 / 7), UID_MIG,
+    )
+    shared = {p.pid: p.pod_uid for p in samples["GPU-3333"].processes or []}
+    assert shared == {1003: UID_INFER_A, 1004: UID_INFER_B}
+    unallocated = [d for d in devices if d.uuid == "GPU-6666"]
+    assert [(d.state, d.healthy, d.pod) for d in unallocated] == [("unknown", False, None)]
+
+
+def test_process_utilization_unsupported_leaves_it_unknown(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    scenario = write_scenario(tmp_path / "s.txt", "gpu uuid=GPU-a util=60 proc_util=0\nproc device=GPU-a pid=7 used_mib=10 sm=50\n")
+    snapshot = _once(fake_nvml_lib, scenario, "--pod-resources-socket", str(tmp_path / "none.sock"))
+    (sample,) = snapshot["samples"]
+    assert sample["sm_percent"] == 60.0
+    assert sample["processes"] == [
+        {"pid": 7, "pod_uid": None, "container": None, "sm_percent": None, "memory_used_bytes": 10 * 1024**2}
+    ]
+
+
+def test_no_library_is_one_clear_line_and_exit_1(tmp_path: Path) -> None:
+    result = run_once(None, None)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    lines = [line for line in result.stderr.splitlines() if "NVIDIA driver not found" in line]
+    assert len(lines) == 1, result.stderr
+    assert result.stdout == ""
+
+
+def test_driver_not_loaded(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    scenario = write_scenario(tmp_path / "s.txt", "driver init_error=9\ngpu uuid=GPU-a\n")
+    result = run_once(fake_nvml_lib, scenario)
+    assert result.returncode == 1
+    assert "Driver Not Loaded" in result.stderr
+    assert "Traceback" not in result.stderr
