@@ -25,9 +25,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import kubernetes_validate
+import kubernetes_validate  # type: ignore[import-untyped]
 from aiohttp import web
-from jsonschema import Draft7Validator
+from jsonschema import Draft7Validator  # type: ignore[import-untyped]
 
 log = logging.getLogger(__name__)
 
@@ -186,9 +186,9 @@ class Store:
             schema["properties"].pop(key, None)
         errors = sorted(Draft7Validator(schema).iter_errors(body), key=lambda error: list(error.path))
         if errors:
-            error = errors[0]
-            path = ".".join(str(part) for part in error.path)
-            raise Invalid(f"{resource.kind} {name!r}: {path}: {error.message}")
+            first = errors[0]
+            path = ".".join(str(part) for part in first.path)
+            raise Invalid(f"{resource.kind} {name!r}: {path}: {first.message}")
 
     def served_crd(self, crd: dict[str, Any]) -> None:
         """Serve the resources of a CRD, with each served version's schema."""
@@ -275,9 +275,7 @@ class ApiServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
-        server = site._server
-        assert server is not None
-        self.port = server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.port = int(self._runner.addresses[0][1])
 
     def stop(self) -> None:
         if self._runner is not None:

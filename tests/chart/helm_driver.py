@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import helm_sdkpy
+import helm_sdkpy  # type: ignore[import-not-found]  # only in the Python 3.12 venv
 import yaml
 
 

@@ -59,7 +59,12 @@ def test_install_default_values(install: Callable[..., Installed]) -> None:
     assert {"gpuworkloadmetrics.gpuwm.io", "gpuprojectmetrics.gpuwm.io", "clusterkopfpeerings.kopf.dev"} <= crds
     deployment = installed.one("Deployment", "-controller")
     assert deployment["spec"]["replicas"] == 2
-    assert containers(deployment)["controller"]["args"][0] == "controller"
+    controller = containers(deployment)["controller"]
+    assert controller["args"][0] == "controller"
+    ports = {port["name"]: port["containerPort"] for port in controller["ports"]}
+    assert ports == {"http": 8080, "liveness": 8081}
+    assert controller["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
+    assert controller["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     daemonset = installed.one("DaemonSet", "-agent")
     assert containers(daemonset)["agent"]["args"][0] == "agent"
     peering = installed.one("ClusterKopfPeering")
