@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,9 +35,9 @@ def _record_two_gpu_job(store: EmbeddedStore, times: list[float]) -> None:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> EmbeddedStore:
+def store(tmp_path: Path) -> Iterator[EmbeddedStore]:
     opened = EmbeddedStore(tmp_path / "gpuwm.db", tiers=["15s:2d", "5m:30d"])
-    yield opened  # type: ignore[misc]
+    yield opened
     opened.close()
 
 

@@ -1,0 +1,420 @@
+"""The metrics API (DESIGN §5) as an ASGI app over a Store: served by the controller or by `gpuwm api`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+from fastapi import FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.concurrency import run_in_threadpool
+
+from gpuwm import __version__
+from gpuwm.api.auth import AllowAll, AuthError, Authorizer, require
+from gpuwm.api.docs import docs_page
+from gpuwm.api.params import (
+    BadParameter,
+    choose_range,
+    parse_bool,
+    parse_breakdown,
+    parse_metrics,
+    parse_step,
+    parse_time,
+)
+from gpuwm.api.prom_metrics import WorkloadMetricsCollector
+from gpuwm.api.schemas import (
+    ErrorBody,
+    Health,
+    MetricsBody,
+    ProjectList,
+    SeriesBody,
+    WorkloadIdentity,
+    WorkloadList,
+)
+from gpuwm.config import Settings
+from gpuwm.model.figures import WorkloadFigures
+from gpuwm.store.base import DEFAULT_METRICS, METRIC_NAMES, QueryError, RangeQuery, Scope, Store
+
+log = logging.getLogger(__name__)
+STATIC_DIR = Path(__file__).parent / "static"
+T = TypeVar("T")
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorBody, "description": "A bad parameter, named in the body."},
+    401: {"model": ErrorBody, "description": "No or invalid bearer token."},
+    403: {"model": ErrorBody, "description": "Not allowed to get gpuworkloadmetrics there."},
+    503: {"model": ErrorBody, "description": "The Kubernetes API could not be asked."},
+}
+_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "No such object."}}
+_RANGE_PARAMETERS = {"metric", "start", "end", "step", "by"}
+
+MetricParam = Annotated[
+    list[str],
+    Query(
+        description=f"Metric name, repeatable or comma-separated; default {', '.join(DEFAULT_METRICS)}. "
+        f"Known: {', '.join(METRIC_NAMES)}."
+    ),
+]
+StartParam = Annotated[str | None, Query(description="RFC 3339, epoch seconds or epoch milliseconds.")]
+EndParam = Annotated[str | None, Query(description="RFC 3339, epoch seconds or epoch milliseconds.")]
+StepParam = Annotated[
+    str | None, Query(description="5s, 1m or seconds; default 15s (coarser if the default range needs it).")
+]
+ByParam = Annotated[str | None, Query(description="Breakdown: gpu, pod or node.")]
+
+
+class NotFound(Exception):
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)
+
+
+def _error(status: int, error: str, message: str, parameter: str | None = None) -> JSONResponse:
+    return JSONResponse(
+        status_code=status, content=ErrorBody(error=error, message=message, parameter=parameter).model_dump()
+    )
+
+
+def _check_parameters(request: Request, allowed: set[str], multi: Sequence[str] = ("metric",)) -> None:
+    """Refuse unknown and repeated parameters: a typo must not silently give a different answer."""
+    for name in request.query_params:
+        if name not in allowed:
+            known = ", ".join(sorted(allowed)) or "none"
+            raise BadParameter(name, f"unknown parameter; this endpoint takes: {known}")
+        if name not in multi and len(request.query_params.getlist(name)) > 1:
+            raise BadParameter(name, "given more than once")
+
+
+def _bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def create_app(
+    store: Store, settings: Settings | None = None, authorizer: Authorizer | None = None
+) -> FastAPI:
+    """The API over `store`; `authorizer` defaults from settings.auth (kubernetes needs credentials at start)."""
+    settings = settings or Settings()
+    if authorizer is None:
+        if settings.auth == "none":
+            authorizer = AllowAll()
+        else:
+            from gpuwm.api.auth import KubernetesAuthorizer
+
+            authorizer = KubernetesAuthorizer.from_environment()
+    if isinstance(authorizer, AllowAll):
+        log.warning(
+            "API AUTHENTICATION IS OFF (--auth=none): anyone who can reach %s reads every workload's metrics; "
+            "use --auth=kubernetes outside local testing",
+            settings.api_listen,
+        )
+    app = FastAPI(
+        title="gpuwm metrics API",
+        version=__version__,
+        description="GPU allocation, utilisation, idle time and energy per workload, project, node and cluster.",
+        docs_url=None,
+        redoc_url=None,
+    )
+    registry = CollectorRegistry(auto_describe=True)
+    registry.register(WorkloadMetricsCollector(store, runai_compatible=settings.runai_compatible_metrics))
+    app.state.store = store
+    app.state.authorizer = authorizer
+
+    async def blocking(function: Callable[..., T], *arguments: Any) -> T:
+        return await run_in_threadpool(function, *arguments)
+
+    async def guard(request: Request, namespaces: Sequence[str] | None) -> None:
+        await require(authorizer, _bearer(request), namespaces)
+
+    @app.exception_handler(BadParameter)
+    async def bad_parameter(_request: Request, error: BadParameter) -> JSONResponse:
+        return _error(400, "bad_parameter", str(error), error.parameter)
+
+    @app.exception_handler(QueryError)
+    async def bad_query(_request: Request, error: QueryError) -> JSONResponse:
+        return _error(400, "bad_parameter", str(error), error.parameter)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, error: RequestValidationError) -> JSONResponse:
+        first = error.errors()[0] if error.errors() else {}
+        location = [str(part) for part in first.get("loc", ())]
+        parameter = location[-1] if location else None
+        return _error(400, "bad_parameter", f"{parameter}: {first.get('msg', 'invalid')}", parameter)
+
+    @app.exception_handler(AuthError)
+    async def denied(_request: Request, error: AuthError) -> JSONResponse:
+        kind = {401: "unauthorized", 403: "forbidden"}.get(error.status, "unavailable")
+        response = _error(error.status, kind, error.message)
+        if error.status == 401:
+            response.headers["WWW-Authenticate"] = 'Bearer realm="gpuwm"'
+        return response
+
+    @app.exception_handler(NotFound)
+    async def not_found(_request: Request, error: NotFound) -> JSONResponse:
+        return _error(404, "not_found", error.message)
+
+    async def range_answer(
+        request: Request,
+        scope: Scope,
+        key: str,
+        default_start: float,
+        default_end: float,
+        metric: list[str],
+        start: str | None,
+        end: str | None,
+        step: str | None,
+        by: str | None,
+    ) -> tuple[RangeQuery, list[SeriesBody]]:
+        _check_parameters(request, _RANGE_PARAMETERS)
+        names = parse_metrics(metric, DEFAULT_METRICS)
+        start_s = parse_time("start", start) if start is not None else None
+        end_s = parse_time("end", end) if end is not None else None
+        step_s = parse_step(step) if step is not None else None
+        breakdown = parse_breakdown(by)
+        first, last, step_seconds = choose_range(start_s, end_s, step_s, default_start, default_end)
+        query = RangeQuery(scope, key, names, first, last, step_seconds, breakdown)  # type: ignore[arg-type]
+        series = await blocking(store.query_range, query)
+        return query, [SeriesBody(metric=s.metric, labels=s.labels, points=s.points) for s in series]
+
+    async def store_bounds() -> tuple[float, float]:
+        latest = await blocking(store.latest_time)
+        earliest = await blocking(store.earliest_time)
+        now = latest if latest is not None else time.time()
+        return (earliest if earliest is not None else now), now
+
+    @app.get("/api/v1/workloads", response_model=WorkloadList, responses=_ERRORS, tags=["workloads"])
+    async def list_workloads(
+        request: Request,
+        namespace: Annotated[str | None, Query(description="Only this namespace.")] = None,
+        project: Annotated[str | None, Query(description="Only this project.")] = None,
+        idle: Annotated[
+            str | None, Query(description="true: only workloads holding GPUs and idle now.")
+        ] = None,
+    ) -> WorkloadList:
+        """Current state of every workload you may read."""
+        _check_parameters(request, {"namespace", "project", "idle"}, multi=())
+        idle_only = parse_bool("idle", idle) if idle is not None else None
+        user = await authorizer.authenticate(_bearer(request))
+        if namespace is not None:
+            await guard(request, [namespace])
+        workloads = await blocking(store.workloads)
+        chosen = [
+            w
+            for w in workloads
+            if (namespace is None or w.namespace == namespace)
+            and (project is None or w.project == project)
+            and (idle_only is None or _is_idle(w) == idle_only)
+        ]
+        if namespace is None and not await authorizer.allowed(user, None):
+            allowed = {ns for ns in {w.namespace for w in chosen} if await authorizer.allowed(user, ns)}
+            chosen = [w for w in chosen if w.namespace in allowed]
+        return WorkloadList(workloads=chosen)
+
+    async def find_workload(namespace: str, name: str) -> WorkloadFigures:
+        found = await blocking(store.workload, namespace, name)
+        if found is None:
+            raise NotFound(
+                f"no workload {name!r} in namespace {namespace!r} (or it ended before the retention period)"
+            )
+        return found
+
+    @app.get(
+        "/api/v1/namespaces/{namespace}/workloads/{name}",
+        response_model=WorkloadFigures,
+        responses={**_ERRORS, **_NOT_FOUND},
+        tags=["workloads"],
+    )
+    async def get_workload(request: Request, namespace: str, name: str) -> WorkloadFigures:
+        """Current state of one workload."""
+        _check_parameters(request, set())
+        await guard(request, [namespace])
+        return await find_workload(namespace, name)
+
+    @app.get(
+        "/api/v1/namespaces/{namespace}/workloads/{name}/metrics",
+        response_model=MetricsBody,
+        responses={**_ERRORS, **_NOT_FOUND},
+        tags=["metrics"],
+    )
+    async def workload_metrics(
+        request: Request,
+        namespace: str,
+        name: str,
+        metric: MetricParam = [],  # noqa: B006
+        start: StartParam = None,
+        end: EndParam = None,
+        step: StepParam = None,
+        by: ByParam = None,
+    ) -> MetricsBody:
+        """Time series of one workload; the default range is the workload's whole life."""
+        _check_parameters(request, _RANGE_PARAMETERS)
+        await guard(request, [namespace])
+        workload = await find_workload(namespace, name)
+        _earliest, latest = await store_bounds()
+        life_start = workload.created_time if workload.created_time is not None else workload.start_time
+        life_end = workload.end_time if workload.end_time is not None else latest
+        query, series = await range_answer(
+            request,
+            "workload",
+            workload.uid,
+            life_start if life_start is not None else _earliest,
+            life_end,
+            metric,
+            start,
+            end,
+            step,
+            by,
+        )
+        identity = WorkloadIdentity(
+            namespace=workload.namespace,
+            name=workload.name,
+            uid=workload.uid,
+            kind=workload.kind,
+            project=workload.project,
+        )
+        return MetricsBody(
+            scope="workload",
+            workload=identity,
+            start=query.start,
+            end=query.end,
+            step=query.step_seconds,
+            series=series,
+        )
+
+    @app.get("/api/v1/projects", response_model=ProjectList, responses=_ERRORS, tags=["projects"])
+    async def list_projects(request: Request) -> ProjectList:
+        """Current state of every project you may read (all of its namespaces)."""
+        _check_parameters(request, set())
+        user = await authorizer.authenticate(_bearer(request))
+        projects = await blocking(store.projects)
+        if not await authorizer.allowed(user, None):
+            kept = []
+            for project in projects:
+                if all([await authorizer.allowed(user, ns) for ns in project.namespaces]):
+                    kept.append(project)
+            projects = kept
+        return ProjectList(projects=projects)
+
+    @app.get(
+        "/api/v1/projects/{project}/metrics",
+        response_model=MetricsBody,
+        responses={**_ERRORS, **_NOT_FOUND},
+        tags=["metrics"],
+    )
+    async def project_metrics(
+        request: Request,
+        project: str,
+        metric: MetricParam = [],  # noqa: B006
+        start: StartParam = None,
+        end: EndParam = None,
+        step: StepParam = None,
+        by: ByParam = None,
+    ) -> MetricsBody:
+        """Time series of one project (sums over its workloads); default range: the last hour."""
+        _check_parameters(request, _RANGE_PARAMETERS)
+        found = await blocking(store.project, project)
+        if found is None:
+            await authorizer.authenticate(_bearer(request))
+            raise NotFound(f"no project {project!r}")
+        await guard(request, found.namespaces)
+        _earliest, latest = await store_bounds()
+        query, series = await range_answer(
+            request, "project", project, max(_earliest, latest - 3600), latest, metric, start, end, step, by
+        )
+        return MetricsBody(
+            scope="project",
+            project=project,
+            start=query.start,
+            end=query.end,
+            step=query.step_seconds,
+            series=series,
+        )
+
+    @app.get(
+        "/api/v1/nodes/{node}/metrics",
+        response_model=MetricsBody,
+        responses={**_ERRORS, **_NOT_FOUND},
+        tags=["metrics"],
+    )
+    async def node_metrics(
+        request: Request,
+        node: str,
+        metric: MetricParam = [],  # noqa: B006
+        start: StartParam = None,
+        end: EndParam = None,
+        step: StepParam = None,
+        by: ByParam = None,
+    ) -> MetricsBody:
+        """Time series of every device on one node; needs cluster-wide access; default range: the last hour."""
+        _check_parameters(request, _RANGE_PARAMETERS)
+        await guard(request, None)
+        if node not in await blocking(store.nodes):
+            raise NotFound(f"no GPU node {node!r} in the store")
+        _earliest, latest = await store_bounds()
+        query, series = await range_answer(
+            request, "node", node, max(_earliest, latest - 3600), latest, metric, start, end, step, by
+        )
+        return MetricsBody(
+            scope="node", node=node, start=query.start, end=query.end, step=query.step_seconds, series=series
+        )
+
+    @app.get("/api/v1/cluster/metrics", response_model=MetricsBody, responses=_ERRORS, tags=["metrics"])
+    async def cluster_metrics(
+        request: Request,
+        metric: MetricParam = [],  # noqa: B006
+        start: StartParam = None,
+        end: EndParam = None,
+        step: StepParam = None,
+        by: ByParam = None,
+    ) -> MetricsBody:
+        """Time series of the whole cluster; needs cluster-wide access; default range: the last hour."""
+        _check_parameters(request, _RANGE_PARAMETERS)
+        await guard(request, None)
+        _earliest, latest = await store_bounds()
+        query, series = await range_answer(
+            request, "cluster", "", max(_earliest, latest - 3600), latest, metric, start, end, step, by
+        )
+        return MetricsBody(
+            scope="cluster", start=query.start, end=query.end, step=query.step_seconds, series=series
+        )
+
+    @app.get("/metrics", response_class=Response, tags=["operations"])
+    async def prometheus_metrics() -> Response:
+        """Per-workload and per-project series in the Prometheus text format."""
+        body = await blocking(generate_latest, registry)
+        return Response(content=body, media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/healthz", response_model=Health, tags=["operations"])
+    async def healthz() -> Health:
+        return Health(status="ok")
+
+    @app.get("/readyz", response_model=Health, responses={503: {"model": ErrorBody}}, tags=["operations"])
+    async def readyz() -> Health | JSONResponse:
+        try:
+            await blocking(store.latest_time)
+        except Exception as error:
+            return _error(503, "unavailable", f"store not readable: {error}")
+        return Health(status="ok")
+
+    @app.get("/docs", response_class=HTMLResponse, include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return HTMLResponse(docs_page(app.openapi()))
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def dashboard() -> HTMLResponse:
+        return HTMLResponse((STATIC_DIR / "index.html").read_text())
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    return app
+
+
+def _is_idle(workload: WorkloadFigures) -> bool:
+    """Holds GPUs now and has been idle for a while (its idleSeconds is growing)."""
+    return workload.allocated_gpus > 0 and workload.idle_seconds > 0 and workload.end_time is None

@@ -1,0 +1,74 @@
+"""`gpuwm api --store PATH|URL`: the metrics API alone (more replicas on a Prometheus store, or local use)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import Any
+
+from gpuwm.config import ConfigError, add_settings_arguments, settings_from_arguments
+
+FIELDS = (
+    "store",
+    "api_listen",
+    "auth",
+    "runai_compatible_metrics",
+    "store_rollups",
+    "retention",
+    "log_level",
+)
+
+
+def register(subparsers: Any) -> None:
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "api", help="serve the metrics API, dashboard and /metrics over a store"
+    )
+    add_settings_arguments(parser, FIELDS)
+    parser.set_defaults(handler=run)
+
+
+def run(arguments: argparse.Namespace) -> int:
+    settings = settings_from_arguments(arguments, FIELDS)
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
+    )
+    from gpuwm.api.app import create_app
+    from gpuwm.api.auth import AuthError
+    from gpuwm.api.server import ApiServer, parse_listen
+    from gpuwm.store import StoreError, open_store
+
+    try:
+        host, port = parse_listen(settings.api_listen)
+        store = open_store(
+            settings.store, rollups=settings.store_rollups, retention_seconds=settings.retention
+        )
+    except (ValueError, StoreError) as error:
+        raise ConfigError(str(error)) from None
+    try:
+        app = create_app(store, settings)
+    except AuthError as error:
+        store.close()
+        raise ConfigError(error.message) from None
+
+    async def main() -> None:
+        server = ApiServer(app, host, port, log_level=settings.log_level)
+        await server.start()
+        logging.getLogger("gpuwm.api").info(
+            "metrics API listening on %s:%d (store %s)", host, server.port, settings.store
+        )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(signum, stop.set)
+        await stop.wait()
+        await server.stop()
+
+    try:
+        asyncio.run(main())
+    finally:
+        store.close()
+    return 0

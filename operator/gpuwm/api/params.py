@@ -1,0 +1,126 @@
+"""Query-parameter parsing for the metrics API: every bad value raises BadParameter naming it (HTTP 400)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+
+from gpuwm.config import parse_duration_seconds
+from gpuwm.store.base import MAX_POINTS_PER_SERIES, METRIC_INDEX, METRIC_NAMES
+
+#: epoch values at or above this are milliseconds (1e11 s would be the year 5138)
+_MILLIS_FROM = 1e11
+DEFAULT_STEP_SECONDS = 15.0
+BREAKDOWNS = ("gpu", "pod", "node")
+
+
+class BadParameter(ValueError):
+    """A query parameter with a bad value; the API answers 400 with `parameter` and the message."""
+
+    def __init__(self, parameter: str, message: str) -> None:
+        self.parameter = parameter
+        self.message = message
+        super().__init__(f"{parameter}: {message}")
+
+
+def parse_time(parameter: str, text: str) -> float:
+    """Epoch seconds from RFC 3339 (`2026-11-22T10:00:00Z`), epoch seconds or epoch milliseconds."""
+    value = text.strip()
+    if not value:
+        raise BadParameter(parameter, "is empty; give RFC 3339, epoch seconds or epoch milliseconds")
+    try:
+        number = float(value)
+    except ValueError:
+        number = None
+    if number is not None:
+        if not math.isfinite(number) or number < 0:
+            raise BadParameter(
+                parameter, f"{text!r} is not a time: epoch seconds/millis must be finite and >= 0"
+            )
+        return number / 1000.0 if number >= _MILLIS_FROM else number
+    try:
+        parsed = datetime.fromisoformat(value.replace("z", "Z"))
+    except ValueError:
+        raise BadParameter(
+            parameter, f"{text!r} is not RFC 3339 (2026-11-22T10:00:00Z), epoch seconds or epoch milliseconds"
+        ) from None
+    if parsed.tzinfo is None or "T" not in value.upper():
+        raise BadParameter(parameter, f"{text!r} needs a date, a time and a zone (e.g. 2026-11-22T10:00:00Z)")
+    return parsed.timestamp()
+
+
+def parse_step(text: str) -> float:
+    """Seconds from `5s`, `1m`, `1h30m` or a bare number of seconds."""
+    try:
+        step = parse_duration_seconds(text.strip())
+    except ValueError:
+        raise BadParameter("step", f"{text!r} is not a duration such as 5s, 1m or 30") from None
+    if not math.isfinite(step) or step <= 0:
+        raise BadParameter("step", f"{text!r} must be positive")
+    return step
+
+
+def parse_metrics(values: Iterable[str], default: Sequence[str]) -> tuple[str, ...]:
+    """`metric=` values, repeatable and comma-separated; unknown names are refused."""
+    names: list[str] = []
+    for value in values:
+        for part in value.split(","):
+            name = part.strip().removeprefix("gpuwm_")
+            if not name:
+                raise BadParameter("metric", "is empty; give a metric name such as gpu_utilization_percent")
+            if name not in METRIC_INDEX:
+                raise BadParameter(
+                    "metric", f"unknown metric {part.strip()!r}; known: {', '.join(METRIC_NAMES)}"
+                )
+            if name not in names:
+                names.append(name)
+    return tuple(names) if names else tuple(default)
+
+
+def parse_breakdown(text: str | None) -> str | None:
+    if text is None:
+        return None
+    if text not in BREAKDOWNS:
+        raise BadParameter("by", f"{text!r} is not one of gpu, pod, node")
+    return text
+
+
+def parse_bool(parameter: str, text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise BadParameter(parameter, f"{text!r} is not true or false")
+
+
+def choose_range(
+    start: float | None,
+    end: float | None,
+    step: float | None,
+    default_start: float,
+    default_end: float,
+) -> tuple[float, float, float]:
+    """Fill defaults; without an explicit step a long default range gets a coarser step so it fits the limit."""
+    chosen_end = default_end if end is None else end
+    chosen_start = default_start if start is None else start
+    if start is None and chosen_start > chosen_end:
+        chosen_start = chosen_end
+    if end is None and chosen_end < chosen_start:
+        chosen_end = chosen_start
+    if chosen_end < chosen_start:
+        raise BadParameter("end", f"is before start ({chosen_end} < {chosen_start})")
+    if step is None:
+        step = DEFAULT_STEP_SECONDS
+        span = chosen_end - chosen_start
+        if span / step + 1 > MAX_POINTS_PER_SERIES:
+            step = float(math.ceil(span / (MAX_POINTS_PER_SERIES - 1)))
+    points = int((chosen_end - chosen_start) // step) + 1
+    if points > MAX_POINTS_PER_SERIES:
+        raise BadParameter(
+            "step",
+            f"{points} points per series exceeds the limit of {MAX_POINTS_PER_SERIES}; "
+            "use a coarser step or a shorter range",
+        )
+    return chosen_start, chosen_end, step

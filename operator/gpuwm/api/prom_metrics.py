@@ -1,0 +1,251 @@
+"""The controller's `/metrics`: per-workload and per-project series from the latest figures.
+
+A prometheus-client Collector that reads the store at scrape time (no state of its own).
+`gpuwm_workload_pod_info` maps the agent's (namespace, pod) labels to workloads, which is
+how PromQL over the agent's `gpuwm_gpu_*` series is grouped by workload and project.
+With `runai_compatible=True` the same figures are also exported under Run:ai's names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from gpuwm.model.figures import ProjectFigures, WorkloadFigures
+from gpuwm.store.base import Store
+
+WORKLOAD_LABELS = ["namespace", "workload", "workload_uid", "kind", "project"]
+_RUNAI_WORKLOAD_LABELS = ["workload_name", "workload_id", "workload_type", "project", "namespace"]
+
+# (name, help, value of a workload); gauges
+_WORKLOAD_GAUGES: tuple[tuple[str, str, Callable[[WorkloadFigures], float | None]], ...] = (
+    ("allocated_gpus", "GPU units the workload holds now.", lambda w: w.allocated_gpus),
+    ("idle_gpus", "Units held now whose latest sample was inactive.", lambda w: w.idle_gpus),
+    (
+        "utilization_percent",
+        "SM utilisation of its allocation in the latest samples.",
+        lambda w: w.utilization.current,
+    ),
+    ("utilization_avg1h_percent", "SM utilisation over the last hour.", lambda w: w.utilization.avg1h),
+    (
+        "memory_utilization_percent",
+        "GPU memory used, percent of its devices' total.",
+        lambda w: w.memory_utilization.current,
+    ),
+    (
+        "idle_seconds",
+        "Seconds since it was last active on any of its GPUs (0 while active).",
+        lambda w: w.idle_seconds,
+    ),
+    (
+        "last_active_timestamp_seconds",
+        "End of the latest interval in which it was active.",
+        lambda w: w.last_active_time,
+    ),
+    ("wait_seconds", "Creation to its first running GPU container.", lambda w: w.wait_seconds),
+    ("run_seconds", "Time with at least one running GPU container.", lambda w: w.run_seconds),
+)
+_WORKLOAD_COUNTERS: tuple[tuple[str, str, Callable[[WorkloadFigures], float]], ...] = (
+    (
+        "allocated_gpu_seconds",
+        "Units x seconds held by running GPU containers.",
+        lambda w: w.allocated_gpu_seconds,
+    ),
+    ("active_gpu_seconds", "Part of allocated GPU-seconds that was active.", lambda w: w.active_gpu_seconds),
+    (
+        "idle_gpu_seconds",
+        "Part of allocated GPU-seconds that was monitored and idle.",
+        lambda w: w.idle_gpu_seconds,
+    ),
+    (
+        "unmonitored_gpu_seconds",
+        "Part of allocated GPU-seconds without samples.",
+        lambda w: w.unmonitored_gpu_seconds,
+    ),
+    ("energy_joules", "Energy of its devices, split by units.", lambda w: w.energy_joules),
+)
+_PROJECT_GAUGES: tuple[tuple[str, str, Callable[[ProjectFigures], float | None]], ...] = (
+    ("allocated_gpus", "GPU units the project's workloads hold now.", lambda p: p.allocated_gpus),
+    ("idle_gpus", "Units held now whose latest sample was inactive.", lambda p: p.idle_gpus),
+    ("quota_gpus", "GPU quota from the namespace annotation gpuwm.io/gpu-quota.", lambda p: p.quota),
+    (
+        "utilization_percent",
+        "SM utilisation of the project's allocation, latest samples.",
+        lambda p: p.utilization.current,
+    ),
+    ("utilization_avg1h_percent", "SM utilisation over the last hour.", lambda p: p.utilization.avg1h),
+    ("memory_utilization_percent", "GPU memory used, percent.", lambda p: p.memory_utilization.current),
+    ("workloads", "Workloads of the project with figures.", lambda p: p.workloads),
+    ("running_workloads", "Workloads holding GPUs now.", lambda p: p.running_workloads),
+)
+_PROJECT_COUNTERS: tuple[tuple[str, str, Callable[[ProjectFigures], float]], ...] = (
+    (
+        "allocated_gpu_seconds",
+        "Sum of its workloads' allocated GPU-seconds.",
+        lambda p: p.allocated_gpu_seconds,
+    ),
+    ("active_gpu_seconds", "Sum of its workloads' active GPU-seconds.", lambda p: p.active_gpu_seconds),
+    ("idle_gpu_seconds", "Sum of its workloads' idle GPU-seconds.", lambda p: p.idle_gpu_seconds),
+    (
+        "unmonitored_gpu_seconds",
+        "Sum of its workloads' unmonitored GPU-seconds.",
+        lambda p: p.unmonitored_gpu_seconds,
+    ),
+    ("energy_joules", "Sum of its workloads' energy.", lambda p: p.energy_joules),
+)
+
+
+def _workload_labels(workload: WorkloadFigures) -> list[str]:
+    return [workload.namespace, workload.name, workload.uid, workload.kind, workload.project]
+
+
+class WorkloadMetricsCollector(Collector):
+    """Renders the latest workload and project figures of `store` at each scrape."""
+
+    def __init__(self, store: Store, runai_compatible: bool = False) -> None:
+        self.store = store
+        self.runai_compatible = runai_compatible
+
+    def collect(self) -> Iterator[Metric]:
+        workloads = self.store.workloads()
+        projects = self.store.projects()
+        yield from self._workload_metrics(workloads)
+        yield from self._project_metrics(projects)
+        if self.runai_compatible:
+            yield from self._runai_metrics(workloads, projects)
+
+    def _workload_metrics(self, workloads: Iterable[WorkloadFigures]) -> Iterator[Metric]:
+        workloads = list(workloads)
+        info = GaugeMetricFamily(
+            "gpuwm_workload_info",
+            "A workload with GPU pods (value 1); labels name it.",
+            labels=[*WORKLOAD_LABELS, "phase"],
+        )
+        pods = GaugeMetricFamily(
+            "gpuwm_workload_pod_info",
+            "Maps a GPU pod to its workload (value 1), for joins with the agent's gpuwm_gpu_* series.",
+            labels=["namespace", "pod", "workload", "workload_uid", "project", "node"],
+        )
+        for workload in workloads:
+            info.add_metric([*_workload_labels(workload), workload.phase], 1.0)
+            for pod in workload.pods:
+                pods.add_metric(
+                    [
+                        workload.namespace,
+                        pod.name,
+                        workload.name,
+                        workload.uid,
+                        workload.project,
+                        pod.node or "",
+                    ],
+                    1.0,
+                )
+        yield info
+        yield pods
+        for name, help_text, value_of in _WORKLOAD_GAUGES:
+            gauge = GaugeMetricFamily(f"gpuwm_workload_{name}", help_text, labels=WORKLOAD_LABELS)
+            for workload in workloads:
+                value = value_of(workload)
+                if value is not None:
+                    gauge.add_metric(_workload_labels(workload), value)
+            yield gauge
+        for name, help_text, total_of in _WORKLOAD_COUNTERS:
+            counter = CounterMetricFamily(f"gpuwm_workload_{name}", help_text, labels=WORKLOAD_LABELS)
+            for workload in workloads:
+                counter.add_metric(_workload_labels(workload), total_of(workload))
+            yield counter
+
+    def _project_metrics(self, projects: Iterable[ProjectFigures]) -> Iterator[Metric]:
+        projects = list(projects)
+        for name, help_text, value_of in _PROJECT_GAUGES:
+            gauge = GaugeMetricFamily(f"gpuwm_project_{name}", help_text, labels=["project"])
+            for project in projects:
+                value = value_of(project)
+                if value is not None:
+                    gauge.add_metric([project.name], value)
+            yield gauge
+        for name, help_text, total_of in _PROJECT_COUNTERS:
+            counter = CounterMetricFamily(f"gpuwm_project_{name}", help_text, labels=["project"])
+            for project in projects:
+                counter.add_metric([project.name], total_of(project))
+            yield counter
+
+    def _runai_metrics(
+        self, workloads: list[WorkloadFigures], projects: list[ProjectFigures]
+    ) -> Iterator[Metric]:
+        """Run:ai's published per-workload and per-project names, so existing dashboards keep working."""
+
+        def labels(workload: WorkloadFigures) -> list[str]:
+            return [workload.name, workload.uid, workload.kind, workload.project, workload.namespace]
+
+        per_workload: tuple[tuple[str, str, Callable[[WorkloadFigures], float | None]], ...] = (
+            (
+                "runai_allocated_gpu_count_per_workload",
+                "GPUs allocated to the workload.",
+                lambda w: w.allocated_gpus,
+            ),
+            (
+                "runai_gpu_utilization_per_workload",
+                "GPU utilisation of the workload, percent.",
+                lambda w: w.utilization.current,
+            ),
+            (
+                "runai_gpu_idle_seconds_per_workload",
+                "Seconds the workload's GPUs have been idle.",
+                lambda w: w.idle_seconds,
+            ),
+            (
+                "runai_last_gpu_utilization_time_per_workload",
+                "Unix time the workload last used its GPUs.",
+                lambda w: w.last_active_time,
+            ),
+            (
+                "runai_gpu_memory_utilization_per_workload",
+                "GPU memory utilisation of the workload, percent.",
+                lambda w: w.memory_utilization.current,
+            ),
+            (
+                "runai_workload_wait_time_seconds",
+                "Seconds from creation to the first running GPU container.",
+                lambda w: w.wait_seconds,
+            ),
+            (
+                "runai_workload_run_time_seconds",
+                "Seconds with at least one running GPU container.",
+                lambda w: w.run_seconds,
+            ),
+        )
+        for name, help_text, value_of in per_workload:
+            gauge = GaugeMetricFamily(name, help_text, labels=_RUNAI_WORKLOAD_LABELS)
+            for workload in workloads:
+                value = value_of(workload)
+                if value is not None:
+                    gauge.add_metric(labels(workload), value)
+            yield gauge
+        per_project: tuple[tuple[str, str, Callable[[ProjectFigures], float | None]], ...] = (
+            (
+                "runai_allocated_gpu_count_per_project",
+                "GPUs allocated to the project.",
+                lambda p: p.allocated_gpus,
+            ),
+            (
+                "runai_gpu_utilization_per_project",
+                "GPU utilisation of the project, percent.",
+                lambda p: p.utilization.current,
+            ),
+            (
+                "runai_idle_allocated_gpus_per_project",
+                "Allocated GPUs that are idle now.",
+                lambda p: p.idle_gpus,
+            ),
+            ("runai_project_guaranteed_gpus", "GPU quota of the project.", lambda p: p.quota),
+        )
+        for name, help_text, project_value in per_project:
+            gauge = GaugeMetricFamily(name, help_text, labels=["project"])
+            for project in projects:
+                value = project_value(project)
+                if value is not None:
+                    gauge.add_metric([project.name], value)
+            yield gauge

@@ -1,0 +1,76 @@
+"""Run the API app inside an existing asyncio loop (kopf's, the demo's) or on its own."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Generator
+
+import uvicorn
+from starlette.types import ASGIApp
+
+
+def parse_listen(listen: str) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 as `[::1]:8080`) -> (host, port); the error names --api-listen."""
+    host, separator, port_text = listen.rpartition(":")
+    if not separator or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"--api-listen {listen!r}: expected HOST:PORT such as 0.0.0.0:8080")
+    return host.strip("[]") or "0.0.0.0", int(port_text)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn without its signal handlers: the loop's owner (kopf, the CLI) handles signals."""
+
+    def install_signal_handlers(self) -> None:  # uvicorn < 0.29
+        return None
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:  # uvicorn >= 0.29
+        yield
+
+
+class ApiServer:
+    """Start and stop the API on HOST:PORT from async code; `port` is the bound port (useful with port 0)."""
+
+    def __init__(self, app: ASGIApp, host: str, port: int, log_level: str = "warning") -> None:
+        config = uvicorn.Config(
+            app, host=host, port=port, log_config=None, log_level=log_level, lifespan="off", access_log=False
+        )
+        self._server = _Server(config)
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def port(self) -> int:
+        for server in self._server.servers:
+            for sock in server.sockets:
+                return int(sock.getsockname()[1])
+        return int(self._server.config.port)
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._server.serve(), name="gpuwm-api")
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises why it could not start (port in use, ...)
+                raise RuntimeError("the API server stopped before it started")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self._server.should_exit = True
+        await self._task
+        self._task = None
+
+    async def wait(self) -> None:
+        if self._task is not None:
+            await self._task
+
+
+async def serve(app: ASGIApp, host: str, port: int) -> None:
+    """Serve until cancelled (for a task in the controller's loop)."""
+    server = ApiServer(app, host, port)
+    await server.start()
+    try:
+        await server.wait()
+    finally:
+        await server.stop()
