@@ -1,0 +1,132 @@
+"""A running `gpuwm agent` on the fake NVML library: /metrics, /v1/snapshot, health, faults."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpuwm.model import AgentSnapshot, GpuSample
+from tests.fakenvml import write_scenario
+from tests.fakenvml.podresources_server import PodResourcesServer
+from tests.integration.agent.helpers import SCENARIO, UID_TRAIN, RunningAgent, wait_for
+
+pytestmark = pytest.mark.integration
+
+StartAgent = Callable[..., RunningAgent]
+
+
+def _metrics(agent: RunningAgent) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    status, body = agent.get("/metrics")
+    assert status == 200
+    values = {}
+    for family in text_string_to_metric_families(body.decode()):
+        for sample in family.samples:
+            values[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return values
+
+
+def _find(values: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> list[float]:
+    wanted = set(labels.items())
+    return [v for (n, ls), v in values.items() if n == name and wanted <= ls]
+
+
+def test_metrics_and_snapshot_feed(
+    start_agent: StartAgent, fake_nvml_lib: Path, scenario: Path, fake_proc: Path, pod_resources: PodResourcesServer
+) -> None:
+    agent = start_agent(
+        fake_nvml_lib, scenario, "--interval", "0.2", "--proc-root", str(fake_proc),
+        "--pod-resources-socket", str(pod_resources.socket_path),
+    )
+    values = wait_for(
+        lambda: (m := _metrics(agent)) and _find(m, "gpuwm_gpu_active_seconds_total", uuid="GPU-1111")[0] > 0 and m,
+        what="active seconds to count",
+    )
+    assert _find(values, "gpuwm_gpu_power_watts", uuid="GPU-1111", node="node-1", gpu="0", pod="train-0",
+                 namespace="team-a", container="main", model="NVIDIA H100 80GB HBM3") == [350.0]
+    assert _find(values, "gpuwm_gpu_memory_used_bytes", uuid="GPU-1111") == [2048 * 1024**2]
+    assert _find(values, "gpuwm_gpu_pcie_rx_bytes_per_second", uuid="GPU-1111") == [1000 * 1024.0]
+    (energy,) = _find(values, "gpuwm_gpu_energy_joules_total", uuid="GPU-1111")
+    assert energy >= 5000.0
+    assert sorted(_find(values, "gpuwm_gpu_allocated", uuid="GPU-3333")) == [0.25, 0.25]
+    assert _find(values, "gpuwm_gpu_allocated", uuid="MIG-5555", mig_profile="3g.40gb", pod="mig-job") == [
+        pytest.approx(3 / 7)
+    ]
+    assert _find(values, "gpuwm_gpu_healthy", uuid="GPU-6666") == [0.0]
+    assert _find(values, "gpuwm_gpu_healthy", uuid="GPU-1111") == [1.0]
+    # a shared GPU names no single pod on its device series
+    assert _find(values, "gpuwm_gpu_utilization_percent", uuid="GPU-3333", pod="") == [40.0]
+    assert _find(values, "gpuwm_agent_process_resident_memory_bytes")[0] > 0
+    assert _find(values, "gpuwm_agent_pod_resources_up") == [1.0]
+    label_names = {name for (metric, labels) in values for name, _ in labels if metric.startswith("gpuwm_gpu_")}
+    assert label_names == {"node", "gpu", "uuid", "model", "mig_profile", "namespace", "pod", "container"}
+
+    # the feed: everything after `since`, in order, nothing twice
+    first = AgentSnapshot.model_validate(agent.snapshot(0))
+    assert first.seq > 0 and first.samples
+    seqs = [s.seq for s in first.samples]
+    assert seqs == sorted(seqs) and seqs[-1] == first.seq
+    time.sleep(0.6)
+    second = AgentSnapshot.model_validate(agent.snapshot(first.seq))
+    assert second.agent_id == first.agent_id and not second.truncated
+    assert second.samples and all((s.seq or 0) > first.seq for s in second.samples)
+    assert [s.seq for s in second.samples] == list(range(first.seq + 1, second.seq + 1))
+    assert {s.uuid for s in second.samples} >= {"GPU-1111", "MIG-5555"}
+    assert all(set(s.model_dump()) == set(GpuSample.model_fields) for s in second.samples)
+    status, body = agent.get("/v1/snapshot?since=banana")
+    assert status == 400 and b"since" in body
+
+
+def test_a_gpu_lost_while_running_and_pod_resources_gone(
+    start_agent: StartAgent, fake_nvml_lib: Path, scenario: Path, fake_proc: Path, pod_resources: PodResourcesServer
+) -> None:
+    agent = start_agent(
+        fake_nvml_lib, scenario, "--interval", "0.2", "--proc-root", str(fake_proc),
+        "--pod-resources-socket", str(pod_resources.socket_path),
+    )
+    write_scenario(scenario, SCENARIO.replace("gpu uuid=GPU-3333 ", "gpu uuid=GPU-3333 error=15 "))
+
+    def lost() -> AgentSnapshot | None:
+        snapshot = AgentSnapshot.model_validate(agent.snapshot(0))
+        latest = {s.uuid: s for s in snapshot.samples}
+        return snapshot if not latest["GPU-3333"].healthy else None
+
+    snapshot = wait_for(lost, what="GPU-3333 to be reported lost")
+    latest = {s.uuid: s for s in snapshot.samples}
+    assert "GPU is lost" in (latest["GPU-3333"].error or "")
+    assert latest["GPU-1111"].healthy and latest["GPU-1111"].sm_percent is not None
+
+    pod_resources.stop()  # the kubelet socket goes away: samples flow on, attributed by cgroups
+
+    def cgroup_only() -> AgentSnapshot | None:
+        snapshot = AgentSnapshot.model_validate(agent.snapshot(0))
+        train = [d for d in snapshot.devices if d.uuid == "GPU-1111"]
+        return snapshot if train and train[0].attributed_by == "cgroup" else None
+
+    before = agent.snapshot(0)["seq"]
+    snapshot = wait_for(cgroup_only, what="cgroup attribution")
+    (train,) = [d for d in snapshot.devices if d.uuid == "GPU-1111"]
+    assert train.pod_uid == UID_TRAIN
+    assert snapshot.seq > before
+    assert agent.get("/readyz")[0] == 200
+    assert "attributing by process cgroups only" in agent.log()
+    assert agent.process.poll() is None
+
+
+def test_no_driver_serves_health_and_fails_readiness(start_agent: StartAgent) -> None:
+    agent = start_agent(None, None, "--interval", "0.2", wait_ready=False)
+    time.sleep(1.0)  # several poll intervals: it must not crash-loop or log again
+    assert agent.process.poll() is None
+    status, body = agent.get("/readyz")
+    assert status == 503 and b"NVIDIA driver not found" in body
+    assert agent.get("/healthz")[0] == 200
+    assert agent.get("/metrics")[0] == 200
+    agent.process.send_signal(signal.SIGTERM)
+    assert agent.process.wait(timeout=10) == 0
+    log = agent.log()
+    assert "Traceback" not in log
+    assert sum("NVIDIA driver not found" in line for line in log.splitlines()) == 1
