@@ -1,0 +1,113 @@
+"""Run the emulator on 127.0.0.1 in a background thread; a small synchronous JSON client for tests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+from .server import KubernetesEmulator
+
+T = TypeVar("T")
+
+
+class EmulatorThread:
+    """`with EmulatorThread(emulator) as emu: emu.url ...`; stops the server and the loop on exit."""
+
+    def __init__(self, emulator: KubernetesEmulator) -> None:
+        self.emulator = emulator
+        self.loop = asyncio.new_event_loop()
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, name="kubeemu", daemon=True)
+
+    def __enter__(self) -> EmulatorThread:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    def start(self) -> str:
+        self._thread.start()
+        self.url = self.run(self._start())
+        return self.url
+
+    async def _start(self) -> str:
+        self._runner = web.AppRunner(self.emulator.app(), shutdown_timeout=1.0)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        return f"http://127.0.0.1:{port}"
+
+    def run(self, coroutine: Any, timeout: float = 30.0) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def call(self, function: Callable[[], T]) -> T:
+        """Run `function` on the emulator's loop (for direct state changes such as drop_watches)."""
+        async def wrapper() -> T:
+            return function()
+        result: T = self.run(wrapper())
+        return result
+
+    def stop(self) -> None:
+        if self._runner is not None:
+            self.call(self.emulator.drop_watches)
+            self.run(self._runner.cleanup())
+            self._runner = None
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(timeout=10)
+
+    def write_kubeconfig(self, path: Path) -> Path:
+        """A kubeconfig pointing at the emulator (plain HTTP, a dummy token)."""
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "kubeemu",
+            "clusters": [{"name": "kubeemu", "cluster": {"server": self.url}}],
+            "users": [{"name": "kubeemu", "user": {"token": "kubeemu-token"}}],
+            "contexts": [{"name": "kubeemu", "context": {"cluster": "kubeemu", "user": "kubeemu", "namespace": "default"}}],
+        }
+        path.write_text(json.dumps(config))
+        return path
+
+
+class KubeHttp:
+    """Blocking JSON calls for test code (the thing under test uses its own client)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+
+    def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
+                params: dict[str, str] | None = None) -> tuple[int, Any]:
+        url = self.base_url + path + ("?" + urllib.parse.urlencode(params) if params else "")
+        data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": content_type})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.loads(response.read() or b"null")
+        except urllib.error.HTTPError as error:
+            return error.code, json.loads(error.read() or b"null")
+
+    def ok(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
+           params: dict[str, str] | None = None) -> Any:
+        status, payload = self.request(method, path, body, content_type, params)
+        if status >= 300:
+            raise AssertionError(f"{method} {path}: HTTP {status}: {payload}")
+        return payload
+
+    def get(self, path: str, **params: str) -> Any:
+        return self.ok("GET", path, params=params or None)
+
+    def create(self, path: str, body: Any) -> Any:
+        return self.ok("POST", path, body)
+
+    def merge(self, path: str, body: Any) -> Any:
+        return self.ok("PATCH", path, body, "application/merge-patch+json")
