@@ -18,9 +18,10 @@ from tests.integration.agent.helpers import SCENARIO, UID_TRAIN, RunningAgent, w
 pytestmark = pytest.mark.integration
 
 StartAgent = Callable[..., RunningAgent]
+Metrics = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
 
-def _metrics(agent: RunningAgent) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+def _metrics(agent: RunningAgent) -> Metrics:
     status, body = agent.get("/metrics")
     assert status == 200
     values = {}
@@ -30,7 +31,7 @@ def _metrics(agent: RunningAgent) -> dict[tuple[str, frozenset[tuple[str, str]]]
     return values
 
 
-def _find(values: dict[tuple[str, frozenset[tuple[str, str]]], float], name: str, **labels: str) -> list[float]:
+def _find(values: Metrics, name: str, **labels: str) -> list[float]:
     wanted = set(labels.items())
     return [v for (n, ls), v in values.items() if n == name and wanted <= ls]
 
@@ -42,10 +43,11 @@ def test_metrics_and_snapshot_feed(
         fake_nvml_lib, scenario, "--interval", "0.2", "--proc-root", str(fake_proc),
         "--pod-resources-socket", str(pod_resources.socket_path),
     )
-    values = wait_for(
-        lambda: (m := _metrics(agent)) and _find(m, "gpuwm_gpu_active_seconds_total", uuid="GPU-1111")[0] > 0 and m,
-        what="active seconds to count",
-    )
+    def counting() -> Metrics | None:
+        values = _metrics(agent)
+        return values if _find(values, "gpuwm_gpu_active_seconds_total", uuid="GPU-1111")[0] > 0 else None
+
+    values = wait_for(counting, what="active seconds to count")
     assert _find(values, "gpuwm_gpu_power_watts", uuid="GPU-1111", node="node-1", gpu="0", pod="train-0",
                  namespace="team-a", container="main", model="NVIDIA H100 80GB HBM3") == [350.0]
     assert _find(values, "gpuwm_gpu_memory_used_bytes", uuid="GPU-1111") == [2048 * 1024**2]
@@ -68,7 +70,7 @@ def test_metrics_and_snapshot_feed(
     # the feed: everything after `since`, in order, nothing twice
     first = AgentSnapshot.model_validate(agent.snapshot(0))
     assert first.seq > 0 and first.samples
-    seqs = [s.seq for s in first.samples]
+    seqs = [s.seq or 0 for s in first.samples]
     assert seqs == sorted(seqs) and seqs[-1] == first.seq
     time.sleep(0.6)
     second = AgentSnapshot.model_validate(agent.snapshot(first.seq))
