@@ -1,0 +1,112 @@
+"""--auth=kubernetes: TokenReview and SubjectAccessReview through a fake Kubernetes API over HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpuwm.api.app import create_app
+from gpuwm.api.auth import KubernetesAuthorizer
+from gpuwm.config import Settings
+from gpuwm.store.embedded import EmbeddedStore
+
+from .api_data import populate
+from .fake_authz import FakeAuthz
+
+ALICE = {"Authorization": "Bearer token-alice"}  # may read team-a only
+ADMIN = {"Authorization": "Bearer token-admin"}  # cluster-wide
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[EmbeddedStore]:
+    opened = populate(tmp_path / "gpuwm.db")
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+async def fake() -> AsyncIterator[FakeAuthz]:
+    server = FakeAuthz(
+        {"token-alice": "alice", "token-admin": "admin"}, {("alice", "team-a"), ("admin", None)}, "sa-token"
+    )
+    await server.start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def client(store: EmbeddedStore, fake: FakeAuthz) -> AsyncIterator[httpx.AsyncClient]:
+    authorizer = KubernetesAuthorizer(fake.url, token="sa-token", cache_seconds=60)
+    app = create_app(store, Settings(auth="kubernetes"), authorizer=authorizer)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gpuwm") as http:
+        yield http
+    await authorizer.close()
+
+
+async def test_missing_and_bad_tokens_get_401(client: httpx.AsyncClient) -> None:
+    missing = await client.get("/api/v1/namespaces/team-a/workloads/train")
+    assert missing.status_code == 401 and "bearer token" in missing.json()["message"]
+    assert missing.headers["www-authenticate"].startswith("Bearer")
+    bad = await client.get(
+        "/api/v1/namespaces/team-a/workloads/train", headers={"Authorization": "Bearer nope"}
+    )
+    assert bad.status_code == 401 and bad.json()["error"] == "unauthorized"
+
+
+async def test_namespace_access(client: httpx.AsyncClient, fake: FakeAuthz) -> None:
+    assert (await client.get("/api/v1/namespaces/team-a/workloads/train", headers=ALICE)).status_code == 200
+    metrics = await client.get("/api/v1/namespaces/team-a/workloads/train/metrics", headers=ALICE)
+    assert metrics.status_code == 200
+    denied = await client.get("/api/v1/namespaces/team-b/workloads/notebook/metrics", headers=ALICE)
+    assert denied.status_code == 403
+    assert denied.json()["message"].startswith(
+        "user 'alice' may not get gpuworkloadmetrics.gpuwm.io in namespace 'team-b'"
+    )
+    # the SubjectAccessReview carried the user the TokenReview returned
+    assert {"user": "alice", "namespace": "team-b"}.items() <= {
+        "user": fake.reviews[-1]["user"],
+        "namespace": fake.reviews[-1]["resourceAttributes"].get("namespace"),
+    }.items()
+
+
+async def test_cluster_scope_needs_cluster_wide_access(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/api/v1/cluster/metrics", headers=ALICE)).status_code == 403
+    assert (await client.get("/api/v1/nodes/node-a/metrics", headers=ALICE)).status_code == 403
+    assert (await client.get("/api/v1/cluster/metrics", headers=ADMIN)).status_code == 200
+
+
+async def test_projects_need_every_namespace(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/api/v1/projects/alpha/metrics", headers=ALICE)).status_code == 200
+    assert (await client.get("/api/v1/projects/beta/metrics", headers=ALICE)).status_code == 403
+    listed = (await client.get("/api/v1/projects", headers=ALICE)).json()
+    assert [p["name"] for p in listed["projects"]] == ["alpha"]
+
+
+async def test_lists_are_filtered_to_what_the_user_may_read(client: httpx.AsyncClient) -> None:
+    alice = (await client.get("/api/v1/workloads", headers=ALICE)).json()
+    assert [w["name"] for w in alice["workloads"]] == ["train"]
+    admin = (await client.get("/api/v1/workloads", headers=ADMIN)).json()
+    assert sorted(w["name"] for w in admin["workloads"]) == ["notebook", "train"]
+    assert (await client.get("/api/v1/workloads?namespace=team-b", headers=ALICE)).status_code == 403
+
+
+async def test_reviews_are_cached(client: httpx.AsyncClient, fake: FakeAuthz) -> None:
+    for _ in range(5):
+        assert (
+            await client.get("/api/v1/namespaces/team-a/workloads/train", headers=ALICE)
+        ).status_code == 200
+    assert fake.requests["tokenreviews"] == 1
+    # one cluster-wide review (denied) and one for team-a, each asked once
+    assert fake.requests["subjectaccessreviews"] == 2
+
+
+async def test_kubernetes_api_down_gives_503(store: EmbeddedStore) -> None:
+    authorizer = KubernetesAuthorizer("http://127.0.0.1:9", token="sa-token", timeout_seconds=2)
+    app = create_app(store, Settings(auth="kubernetes"), authorizer=authorizer)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gpuwm") as http:
+        response = await http.get("/api/v1/cluster/metrics", headers=ADMIN)
+    await authorizer.close()
+    assert response.status_code == 503 and "cannot reach the Kubernetes API" in response.json()["message"]
