@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +31,7 @@ class DeviceHolder(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True, populate_by_name=True)
 
     uuid: str = Field(min_length=1)
+    device_id: str | None = None
     node: str | None = None
     pod_uid: str | None = None
     namespace: str | None = None
@@ -38,6 +39,15 @@ class DeviceHolder(BaseModel):
     container: str | None = None
     resource_name: str | None = None
     units: float | None = Field(default=None, gt=0, le=1)
+
+    @property
+    def pod_key(self) -> str | None:
+        """How the holder names its pod: the UID when the agent knew it, else `namespace/name` (pod-resources)."""
+        if self.pod_uid:
+            return self.pod_uid
+        if self.namespace and self.pod:
+            return f"{self.namespace}/{self.pod}"
+        return None
 
 
 _ALIASES = {
@@ -52,13 +62,15 @@ def _holders(entry: Mapping[str, Any], node: str) -> list[DeviceHolder]:
     flat.setdefault("node", node)
     nested = next((flat[key] for key in ("holders", "pods", "allocations") if isinstance(flat.get(key), list)), None)
     if nested is None:
-        return [DeviceHolder.model_validate(flat)] if flat.get("pod_uid") else []
+        holder = DeviceHolder.model_validate(flat)
+        return [holder] if holder.pod_key else []
     holders = []
     for inner in nested:
         merged = {**{k: v for k, v in flat.items() if k not in {"holders", "pods", "allocations"}},
                   **{_ALIASES.get(key, key): value for key, value in inner.items()}}
-        if merged.get("pod_uid"):
-            holders.append(DeviceHolder.model_validate(merged))
+        holder = DeviceHolder.model_validate(merged)
+        if holder.pod_key:
+            holders.append(holder)
     return holders
 
 
@@ -68,6 +80,7 @@ class Snapshot:
 
     node: str
     seq: int
+    agent_id: str | None
     samples: list[GpuSample]
     holders: list[DeviceHolder]
     pod_stats: list[PodStatsSample]
@@ -83,7 +96,9 @@ def parse_snapshot(payload: Mapping[str, Any], expected_node: str) -> Snapshot:
         pod_stats = [PodStatsSample.model_validate(item) for item in payload.get("pod_stats") or []]
     except (ValidationError, TypeError, ValueError, AttributeError) as error:
         raise ValueError(f"agent for node {expected_node!r} sent a malformed snapshot: {error}") from None
-    return Snapshot(node=node, seq=seq, samples=samples, holders=holders, pod_stats=pod_stats)
+    agent_id = payload.get("agent_id")
+    return Snapshot(node=node, seq=seq, agent_id=str(agent_id) if agent_id else None, samples=samples,
+                    holders=holders, pod_stats=pod_stats)
 
 
 @dataclass(frozen=True)
@@ -143,6 +158,7 @@ def parse_agents_spec(spec: str, default_port: int = 9400) -> StaticAgents | Pod
 @dataclass
 class AgentState:
     since: int = 0
+    agent_id: str | None = None
     last_success: float | None = None
     failures: int = 0
     warned: bool = False
@@ -169,13 +185,17 @@ class AgentPuller:
             await self._session.close()
             self._session = None
 
-    def restore_positions(self, positions: Mapping[str, int]) -> None:
-        """Resume from saved `since` values, so samples already accounted for are not fed twice."""
-        for node, since in positions.items():
-            self.state.setdefault(node, AgentState()).since = int(since)
+    def restore_positions(self, positions: Mapping[str, Any]) -> None:
+        """Resume from saved positions, so samples already accounted for are not fed twice."""
+        for node, position in positions.items():
+            state = self.state.setdefault(node, AgentState())
+            if isinstance(position, Mapping):
+                state.since, state.agent_id = int(position.get("since") or 0), position.get("agent_id")
+            else:
+                state.since = int(position)
 
-    def positions(self) -> dict[str, int]:
-        return {node: state.since for node, state in self.state.items()}
+    def positions(self) -> dict[str, dict[str, Any]]:
+        return {node: {"since": state.since, "agent_id": state.agent_id} for node, state in self.state.items()}
 
     async def pull_all(self, agents: Mapping[str, str]) -> PullResult:
         """One pull of every agent in `agents` (node -> base URL)."""
@@ -197,8 +217,11 @@ class AgentPuller:
         async with self._limit:
             try:
                 snapshot = await self._fetch(node, base_url, state.since)
-                if snapshot.seq < state.since:  # the agent restarted: its sequence began again
-                    logger.info("agent on %s restarted (seq %d < %d); reading it from the start",
+                restarted = snapshot.seq < state.since or (
+                    state.agent_id is not None and snapshot.agent_id is not None and snapshot.agent_id != state.agent_id
+                )
+                if restarted:  # its sequence began again: read it from the start
+                    logger.info("agent on %s restarted (seq %d, was %d); reading it from the start",
                                 node, snapshot.seq, state.since, extra={"node": node})
                     snapshot = await self._fetch(node, base_url, 0)
             except (TimeoutError, aiohttp.ClientError, ValueError) as error:
@@ -211,6 +234,7 @@ class AgentPuller:
         if state.warned:
             logger.info("agent on %s answers again", node, extra={"node": node})
         state.since = max(snapshot.seq, max((s.seq or 0 for s in snapshot.samples), default=0))
+        state.agent_id = snapshot.agent_id
         state.last_success = time.time()
         state.failures = 0
         state.warned = False
@@ -237,10 +261,16 @@ def agent_url_of_pod(pod: Mapping[str, Any], port: int) -> tuple[str, str] | Non
     return str(node), f"http://{host}:{port}"
 
 
-def merge_agent_urls(found: Iterable[tuple[str, str]]) -> dict[str, str]:
-    return dict(found)
-
-
 def sorted_samples(snapshots: Sequence[Snapshot]) -> list[GpuSample]:
     """All samples of one pull in time order, the order the engine wants them."""
     return sorted((sample for snap in snapshots for sample in snap.samples), key=lambda sample: sample.t)
+
+
+def index_holders(holders_by_node: Mapping[str, list[DeviceHolder]]) -> dict[str, list[DeviceHolder]]:
+    """Holders by pod (UID, or namespace/name where the agent only had pod-resources)."""
+    by_pod: dict[str, list[DeviceHolder]] = {}
+    for holders in holders_by_node.values():
+        for holder in holders:
+            if holder.pod_key:
+                by_pod.setdefault(holder.pod_key, []).append(holder)
+    return by_pod

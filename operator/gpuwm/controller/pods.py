@@ -121,7 +121,8 @@ def device_allocations(pod: TrackedPod, holders: Iterable[DeviceHolder]) -> list
     each; one MIG slice -> its fraction; one time-sliced replica -> 1/replicas). A holder
     the spec does not explain (no matching container) keeps the agent's own units, else 1.
     """
-    mine = [holder for holder in holders if holder.pod_uid == pod.uid]
+    by_name = f"{pod.namespace}/{pod.name}"
+    mine = [holder for holder in holders if holder.pod_key in {pod.uid, by_name}]
     if not mine:
         return []
     per_container: dict[str | None, int] = {}

@@ -17,7 +17,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from gpuwm.accounting import Engine
-from gpuwm.controller.agents import DeviceHolder
+from gpuwm.controller.agents import DeviceHolder, index_holders
 from gpuwm.controller.kube import resource_path
 from gpuwm.controller.owners import parse_kubernetes_time
 from gpuwm.controller.persistence import load_state
@@ -107,11 +107,7 @@ def _restore_state(runtime: ControllerRuntime, state: dict[str, Any]) -> None:
     runtime.holders_by_node = {
         node: [DeviceHolder.model_validate(h) for h in holders] for node, holders in (state.get("holders") or {}).items()
     }
-    runtime.holders_by_pod = {}
-    for holders in runtime.holders_by_node.values():
-        for holder in holders:
-            if holder.pod_uid:
-                runtime.holders_by_pod.setdefault(holder.pod_uid, []).append(holder)
+    runtime.holders_by_pod = index_holders(runtime.holders_by_node)
     runtime.pods = {pod.uid: pod for pod in map(_pod_from_json, state.get("pods") or [])}
     runtime.sent = {str(k): str(v) for k, v in (state.get("sent") or {}).items()}
     runtime.cr_names.update({str(k): str(v) for k, v in (state.get("cr_names") or {}).items()})

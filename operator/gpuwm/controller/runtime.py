@@ -135,7 +135,8 @@ class ControllerRuntime:
         ))
 
     def _send(self, pod: TrackedPod) -> None:
-        devices = device_allocations(pod, self.holders_by_pod.get(pod.uid, ()))
+        holders = self.holders_by_pod.get(pod.uid, []) + self.holders_by_pod.get(f"{pod.namespace}/{pod.name}", [])
+        devices = device_allocations(pod, holders)
         key = json.dumps(state_key(pod, devices))
         if self.sent.get(pod.uid) == key:
             return
@@ -186,11 +187,7 @@ class ControllerRuntime:
                 changed_nodes.add(snapshot.node)
                 self.holders_by_node[snapshot.node] = snapshot.holders
         if changed_nodes:
-            self.holders_by_pod = {}
-            for holders in self.holders_by_node.values():
-                for holder in holders:
-                    if holder.pod_uid:
-                        self.holders_by_pod.setdefault(holder.pod_uid, []).append(holder)
+            self.holders_by_pod = index_holders(self.holders_by_node)
             for pod in list(self.pods.values()):
                 self._send(pod)
         samples = sorted_samples(result.snapshots)
