@@ -24,6 +24,7 @@ from gpuwm.controller.agents import (
     DeviceHolder,
     PodAgents,
     StaticAgents,
+    index_holders,
     parse_agents_spec,
     sorted_samples,
 )
