@@ -1,0 +1,179 @@
+"""Agent overhead: CPU per second, RSS, and CPU per poll against a bare loop of the same pynvml calls.
+
+Runs a real `gpuwm agent` on the fake NVML library (tests/fakenvml) with 8 GPUs and 32 compute
+processes at 1 Hz, a real pod-resources gRPC server and a fake /proc, scraping /metrics and pulling
+/v1/snapshot every 10 s as Prometheus and the controller would. Prints figures; asserts nothing.
+
+    .venv/bin/python bench/agent.py [--seconds 60] [--gpus 8] [--processes 32]
+
+Targets (issue 3): <= 1 % of one core, <= 60 MiB RSS, agent CPU per poll <= 3x the bare loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.fakenvml import build_fake_nvml, fake_nvml_env, write_scenario  # noqa: E402
+from tests.fakenvml.podresources_server import FakePod, PodResourcesServer  # noqa: E402
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+#: the NVML calls the agent makes per device and poll, for the bare loop
+BARE_LOOP = textwrap.dedent(
+    """
+    import sys, time, pynvml
+    polls = int(sys.argv[1])
+    pynvml.nvmlInit()
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    cursor = int((time.time() - 1) * 1e6)
+    started = time.process_time()
+    for _ in range(polls):
+        pynvml.nvmlDeviceGetCount()
+        for h in handles:
+            pynvml.nvmlDeviceGetMemoryInfo(h)
+            pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_GPU_UTILIZATION_SAMPLES, cursor)
+            pynvml.nvmlDeviceGetSamples(h, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, cursor)
+            pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
+            pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
+            pynvml.nvmlDeviceGetPowerUsage(h)
+            pynvml.nvmlDeviceGetEnforcedPowerLimit(h)
+            pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
+            pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)
+            pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+            pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+            pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+            pynvml.nvmlDeviceGetProcessUtilization(h, cursor)
+        cursor = int((time.time() - 1) * 1e6)
+    print(time.process_time() - started)
+    """
+)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime + stime
+
+
+def _rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _scenario(gpus: int, processes: int) -> tuple[str, dict[int, tuple[int, str]]]:
+    lines = ["driver version=550.54.15"]
+    for index in range(gpus):
+        lines.append(
+            f"gpu uuid=GPU-{index:04d} memory_used_mib=20000 power_mw=400000 power_limit_mw=700000 "
+            f"energy_mj=1000 temperature_c=60 sm_clock_mhz=1980 mem_clock_mhz=2619 pcie_rx_kbs=10 pcie_tx_kbs=20 "
+            f"util=30/60/90 mem_util=40"
+        )
+    owners = {}
+    for number in range(processes):
+        pid, gpu = 20000 + number, number % gpus
+        owners[pid] = (gpu, f"{gpu:08x}-0000-4000-8000-{number:012x}")
+        lines.append(f"proc device=GPU-{gpu:04d} pid={pid} used_mib=2000 sm=20")
+    return "\n".join(lines) + "\n", owners
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=60.0, help="measurement window after warm-up")
+    parser.add_argument("--warmup", type=float, default=5.0)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--processes", type=int, default=32)
+    options = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="gpuwm-bench-") as temporary:
+        work = Path(temporary)
+        library = build_fake_nvml(work / "lib")
+        text, owners = _scenario(options.gpus, options.processes)
+        scenario = write_scenario(work / "scenario.txt", text)
+        proc_root = work / "proc"
+        for pid, (_, uid) in owners.items():
+            (proc_root / str(pid)).mkdir(parents=True)
+            (proc_root / str(pid) / "cgroup").write_text(
+                f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-{pid:064x}.scope\n"
+            )
+        pod_resources = PodResourcesServer(work / "pr.sock")
+        pod_resources.pods = [
+            FakePod("bench", f"pod-{gpu}", {"main": [("nvidia.com/gpu", [f"GPU-{gpu:04d}"])]})
+            for gpu in range(options.gpus)
+        ]
+        pod_resources.start()
+        port = _free_port()
+        env = fake_nvml_env(library, scenario)
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "gpuwm.cli", "agent", "--listen", f"127.0.0.1:{port}", "--interval", "1s",
+             "--node-name", "bench", "--proc-root", str(proc_root), "--pod-resources-socket", str(pod_resources.socket_path),
+             "--log-level", "warning"],
+            env=env,
+        )
+        try:
+            time.sleep(options.warmup)
+            base = f"http://127.0.0.1:{port}"
+            polls_before = _polls(base)
+            cpu_before, wall_before = _cpu_seconds(agent.pid), time.monotonic()
+            peak_rss = _rss_mib(agent.pid)
+            next_pull = time.monotonic()
+            while time.monotonic() - wall_before < options.seconds:
+                if time.monotonic() >= next_pull:
+                    for path in ("/metrics", "/v1/snapshot?since=0"):
+                        with urllib.request.urlopen(base + path, timeout=5) as response:
+                            response.read()
+                    next_pull += 10.0
+                peak_rss = max(peak_rss, _rss_mib(agent.pid))
+                time.sleep(0.5)
+            cpu = _cpu_seconds(agent.pid) - cpu_before
+            wall = time.monotonic() - wall_before
+            polls = _polls(base) - polls_before
+        finally:
+            agent.send_signal(signal.SIGTERM)
+            agent.wait(timeout=10)
+            pod_resources.stop()
+
+        bare_polls = 200
+        bare = subprocess.run(
+            [sys.executable, "-c", BARE_LOOP, str(bare_polls)], env=env, capture_output=True, text=True, check=True
+        )
+        bare_cpu_per_poll = float(bare.stdout.strip()) / bare_polls
+
+    agent_cpu_per_poll = cpu / max(1, polls)
+    print(f"gpus={options.gpus} processes={options.processes} interval=1s window={wall:.1f}s polls={polls}")
+    print(f"agent CPU: {100 * cpu / wall:.3f} % of one core ({cpu:.2f} s CPU in {wall:.1f} s)   target <= 1 %")
+    print(f"agent RSS: {peak_rss:.1f} MiB peak                                  target <= 60 MiB")
+    print(f"agent CPU per poll: {1000 * agent_cpu_per_poll:.2f} ms; bare pynvml loop: {1000 * bare_cpu_per_poll:.2f} ms")
+    print(f"ratio agent/bare: {agent_cpu_per_poll / bare_cpu_per_poll:.2f}                                target <= 3")
+    return 0
+
+
+def _polls(base: str) -> int:
+    with urllib.request.urlopen(base + "/metrics", timeout=5) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith("gpuwm_agent_polls_total"):
+                return int(float(line.rsplit(" ", 1)[1]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
