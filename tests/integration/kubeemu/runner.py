@@ -64,8 +64,19 @@ class EmulatorThread:
             self.call(self.emulator.drop_watches)
             self.run(self._runner.cleanup())
             self._runner = None
+        self.run(self._cancel_rest())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=10)
+        self.loop.close()
+
+    @staticmethod
+    async def _cancel_rest() -> None:
+        """Request handlers still running (a watch, a slow fake agent) end here, not at garbage collection."""
+        current = asyncio.current_task()
+        rest = [task for task in asyncio.all_tasks() if task is not current]
+        for task in rest:
+            task.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
 
     def write_kubeconfig(self, path: Path) -> Path:
         """A kubeconfig pointing at the emulator (plain HTTP, a dummy token)."""

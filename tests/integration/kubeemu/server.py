@@ -48,6 +48,7 @@ class RequestRecord:
     path: str
     query: dict[str, str]
     content_type: str
+    user_agent: str = ""
     status: int = 0
 
 
@@ -91,7 +92,8 @@ class KubernetesEmulator:
     # ------------------------------------------------------------------ dispatch
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        record = RequestRecord(request.method, request.path, dict(request.query), request.content_type)
+        record = RequestRecord(request.method, request.path, dict(request.query), request.content_type,
+                               request.headers.get("User-Agent", ""))
         self.requests.append(record)
         try:
             fault = self._fault(request)
