@@ -39,7 +39,7 @@ from gpuwm.api.schemas import (
 )
 from gpuwm.config import Settings
 from gpuwm.model.figures import WorkloadFigures
-from gpuwm.store.base import DEFAULT_METRICS, METRIC_NAMES, QueryError, RangeQuery, Scope, Store
+from gpuwm.store.base import DEFAULT_METRICS, METRIC_NAMES, QueryError, RangeQuery, Scope, Store, StoreError
 
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).parent / "static"
@@ -155,6 +155,11 @@ def create_app(
         if error.status == 401:
             response.headers["WWW-Authenticate"] = 'Bearer realm="gpuwm"'
         return response
+
+    @app.exception_handler(StoreError)
+    async def store_failed(_request: Request, error: StoreError) -> JSONResponse:
+        log.error("store query failed: %s", error)
+        return _error(503, "unavailable", str(error))
 
     @app.exception_handler(NotFound)
     async def not_found(_request: Request, error: NotFound) -> JSONResponse:

@@ -46,6 +46,9 @@ _WORKLOAD_GAUGES: tuple[tuple[str, str, Callable[[WorkloadFigures], float | None
     ),
     ("wait_seconds", "Creation to its first running GPU container.", lambda w: w.wait_seconds),
     ("run_seconds", "Time with at least one running GPU container.", lambda w: w.run_seconds),
+    ("created_timestamp_seconds", "When the workload was created.", lambda w: w.created_time),
+    ("start_timestamp_seconds", "When its first GPU container started.", lambda w: w.start_time),
+    ("end_timestamp_seconds", "When its last GPU pod ended.", lambda w: w.end_time),
 )
 _WORKLOAD_COUNTERS: tuple[tuple[str, str, Callable[[WorkloadFigures], float]], ...] = (
     (

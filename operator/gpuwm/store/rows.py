@@ -135,6 +135,13 @@ def _fill_pod_stats(values: Values, stats: Sequence[PodStatsSample]) -> None:
         values[METRIC_INDEX[name]] = sum(present) if present else None
 
 
+def _index_label(index: int | None, sample: GpuSample | None) -> str:
+    """The `gpu` label as the agent writes it: the NVML index on the node."""
+    if index is None and sample is not None:
+        index = sample.index
+    return "" if index is None else str(index)
+
+
 def build_rows(
     samples: Sequence[GpuSample],
     workloads: Sequence[WorkloadFigures],
@@ -196,9 +203,9 @@ def build_rows(
                 **base,
                 "node": gpu.node,
                 "pod": pod_name,
-                "gpu": gpu.uuid,
-                "index": "" if gpu.index is None else str(gpu.index),
-                "model": gpu.model or "",
+                "gpu": _index_label(gpu.index, sample),
+                "uuid": gpu.uuid,
+                "model": gpu.model or (sample.model if sample is not None and sample.model else ""),
             }
             group("gpu", f"{gpu.uuid}|{pod_uid}", gpu_labels).parts.append(part)
             pod_group = group(
@@ -265,9 +272,9 @@ def build_rows(
             )
             free_labels = {
                 "node": free.node,
-                "gpu": uuid,
+                "gpu": _index_label(None, free),
+                "uuid": uuid,
                 "pod": "",
-                "index": "" if free.index is None else str(free.index),
                 "model": free.model or "",
             }
             group("gpu", f"{uuid}|", free_labels).parts.append(device_parts[uuid])

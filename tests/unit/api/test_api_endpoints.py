@@ -120,7 +120,7 @@ async def test_step_breakdowns_and_repeated_metrics(client: httpx.AsyncClient) -
     )
     body = response.json()
     assert body["step"] == 30.0
-    got = {(s["metric"], s["labels"]["gpu"]): s["points"] for s in body["series"]}
+    got = {(s["metric"], s["labels"]["uuid"]): s["points"] for s in body["series"]}
     assert got[("gpu_utilization_percent", "gpu-0")] == [[1005.0, 40.0], [1035.0, 40.0]]
     assert got[("gpu_utilization_percent", "gpu-1")] == [[1005.0, 60.0], [1035.0, 60.0]]
     assert got[("gpu_allocated", "gpu-1")] == [[1005.0, 1.0], [1035.0, 1.0]]

@@ -27,7 +27,7 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", APP)
 
 @schema.parametrize()
 @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
-def test_api_conforms_to_its_openapi_document(case: schemathesis.Case) -> None:
+def test_api_conforms_to_its_openapi_document(case: schemathesis.Case) -> None:  # type: ignore[type-arg]
     case.call_and_validate(
         checks=[
             not_a_server_error,

@@ -62,7 +62,7 @@ def test_breakdown_by_gpu_pod_and_node(store: EmbeddedStore) -> None:
     by_gpu = store.query_range(
         RangeQuery("workload", "uid-train", ("gpu_utilization_percent",), 1005, 1020, 15, "gpu")
     )
-    assert {s.labels["gpu"]: [v for _, v in s.points] for s in by_gpu} == {
+    assert {s.labels["uuid"]: [v for _, v in s.points] for s in by_gpu} == {
         "gpu-0": [5.0, 20.0],
         "gpu-1": [10.0, 40.0],
     }

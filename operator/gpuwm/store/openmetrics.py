@@ -1,0 +1,176 @@
+"""Render intervals as timestamped OpenMetrics, for `promtool tsdb create-blocks-from openmetrics`.
+
+Writes what Prometheus would have scraped: the agent's `gpuwm_gpu_*` / pod series and the
+controller's `/metrics` (rendered by the real `WorkloadMetricsCollector`). Tests and
+bench/api.py use it to give a real Prometheus exactly the data the embedded store holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TextIO
+
+from gpuwm.api.prom_metrics import WorkloadMetricsCollector
+from gpuwm.model import GpuSample, PodStatsSample
+from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
+from gpuwm.store.base import RangeQuery, Series, Store
+
+_AGENT_GAUGES = (
+    ("gpu_utilization_percent", "sm_percent"),
+    ("gpu_memory_used_bytes", "memory_used_bytes"),
+    ("gpu_memory_total_bytes", "memory_total_bytes"),
+    ("gpu_power_watts", "power_watts"),
+    ("gpu_power_limit_watts", "power_limit_watts"),
+    ("gpu_temperature_celsius", "temperature_celsius"),
+    ("gpu_sm_clock_mhz", "sm_clock_mhz"),
+    ("gpu_memory_clock_mhz", "memory_clock_mhz"),
+    ("gpu_pcie_rx_bytes_per_second", "pcie_rx_bytes_per_second"),
+    ("gpu_pcie_tx_bytes_per_second", "pcie_tx_bytes_per_second"),
+)
+_POD_GAUGES = (
+    "cpu_usage_cores",
+    "memory_used_bytes",
+    "network_rx_bytes_per_second",
+    "network_tx_bytes_per_second",
+    "ephemeral_storage_used_bytes",
+)
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(pairs: dict[str, str]) -> str:
+    return "{" + ",".join(f'{key}="{_escape(value)}"' for key, value in sorted(pairs.items())) + "}"
+
+
+class _Snapshot(Store):
+    """A store holding one interval's figures, so the real collector can render them."""
+
+    def __init__(self, workloads: Sequence[WorkloadFigures], projects: Sequence[ProjectFigures]) -> None:
+        self._workloads = list(workloads)
+        self._projects = list(projects)
+
+    def record(
+        self,
+        at: float,
+        samples: Sequence[GpuSample],
+        workloads: Sequence[WorkloadFigures],
+        projects: Sequence[ProjectFigures],
+        cluster: ClusterFigures,
+        pod_stats: Sequence[PodStatsSample] = (),
+    ) -> None:
+        raise NotImplementedError("a snapshot is read-only")
+
+    def workloads(self) -> list[WorkloadFigures]:
+        return self._workloads
+
+    def workload(self, namespace: str, name: str) -> WorkloadFigures | None:
+        return next((w for w in self._workloads if (w.namespace, w.name) == (namespace, name)), None)
+
+    def projects(self) -> list[ProjectFigures]:
+        return self._projects
+
+    def project(self, name: str) -> ProjectFigures | None:
+        return next((p for p in self._projects if p.name == name), None)
+
+    def cluster(self) -> ClusterFigures | None:
+        return None
+
+    def nodes(self) -> list[str]:
+        return []
+
+    def latest_time(self) -> float | None:
+        return None
+
+    def earliest_time(self) -> float | None:
+        return None
+
+    def query_range(self, query: RangeQuery) -> list[Series]:
+        return []
+
+
+class OpenMetricsBackfill:
+    """Collects intervals; `write` emits one OpenMetrics file with every family contiguous, times ascending."""
+
+    def __init__(self) -> None:
+        # family -> (type, help, series labels text -> [(t, value)])
+        self._families: dict[str, tuple[str, dict[str, list[tuple[float, float]]]]] = {}
+
+    def _add(self, family: str, kind: str, labels: str, t: float, value: float) -> None:
+        entry = self._families.setdefault(family, (kind, {}))
+        entry[1].setdefault(labels, []).append((t, value))
+
+    def add(
+        self,
+        at: float,
+        samples: Sequence[GpuSample],
+        workloads: Sequence[WorkloadFigures],
+        projects: Sequence[ProjectFigures],
+        pod_stats: Sequence[PodStatsSample] = (),
+    ) -> None:
+        holders: dict[str, list[tuple[str, str, str, float]]] = {}
+        for workload in workloads:
+            for gpu in workload.gpus:
+                holders.setdefault(gpu.uuid, []).append(
+                    (workload.namespace, gpu.pod or "", gpu.container or "", gpu.units)
+                )
+        for sample in samples:
+            held = holders.get(sample.uuid, [])
+            namespace, pod, container = (
+                (held[0][0], held[0][1], held[0][2]) if len(held) == 1 else ("", "", "")
+            )
+            base = {
+                "node": sample.node,
+                "gpu": "" if sample.index is None else str(sample.index),
+                "uuid": sample.uuid,
+                "model": sample.model or "",
+                "mig_profile": sample.mig_profile or "",
+            }
+            labels = _labels({**base, "namespace": namespace, "pod": pod, "container": container})
+            for name, attribute in _AGENT_GAUGES:
+                value = getattr(sample, attribute)
+                if value is not None:
+                    self._add(f"gpuwm_{name}", "gauge", labels, at, float(value))
+            self._add("gpuwm_gpu_healthy", "gauge", labels, at, 1.0 if sample.healthy else 0.0)
+            if sample.energy_joules is not None:
+                self._add("gpuwm_gpu_energy_joules", "counter", labels, at, sample.energy_joules)
+            for holder_namespace, holder_pod, holder_container, units in held:
+                holder = _labels(
+                    {**base, "namespace": holder_namespace, "pod": holder_pod, "container": holder_container}
+                )
+                self._add("gpuwm_gpu_allocated", "gauge", holder, at, units)
+        for stats in pod_stats:
+            labels = _labels({"node": stats.node, "namespace": stats.namespace, "pod": stats.pod})
+            for name in _POD_GAUGES:
+                value = getattr(stats, name)
+                if value is not None:
+                    self._add(f"gpuwm_{name}", "gauge", labels, at, float(value))
+        for family in WorkloadMetricsCollector(_Snapshot(workloads, projects)).collect():
+            for metric_sample in family.samples:
+                name = (
+                    metric_sample.name.removesuffix("_total")
+                    if family.type == "counter"
+                    else metric_sample.name
+                )
+                if metric_sample.name.endswith("_created"):
+                    continue
+                self._add(name, family.type, _labels(dict(metric_sample.labels)), at, metric_sample.value)
+
+    def write(self, handle: TextIO) -> int:
+        """Write everything; returns the number of samples written."""
+        count = 0
+        for family, (kind, series) in sorted(self._families.items()):
+            handle.write(f"# TYPE {family} {kind}\n")
+            suffix = "_total" if kind == "counter" else ""
+            for labels, points in series.items():
+                for t, value in sorted(points):
+                    handle.write(f"{family}{suffix}{labels} {value!r} {t:.3f}\n")
+                    count += 1
+        handle.write("# EOF\n")
+        return count
+
+    def write_file(self, path: Path) -> int:
+        with path.open("w") as handle:
+            return self.write(handle)

@@ -1,0 +1,397 @@
+"""The Prometheus store: read-only, each API query translated into PromQL.
+
+Series it reads (Prometheus, Thanos, Mimir or VictoriaMetrics behind the same PromQL):
+  agent       gpuwm_gpu_<metric>{node, gpu, uuid, model, mig_profile, namespace, pod, container},
+              gpuwm_gpu_energy_joules_total, gpuwm_gpu_allocated, gpuwm_<pod metric>{node, namespace, pod}
+  controller  gpuwm_workload_info, gpuwm_workload_pod_info{namespace, pod, workload, workload_uid, project, node},
+              gpuwm_workload_*, gpuwm_project_* (see gpuwm.api.prom_metrics)
+Workload and project scopes join the agent's series on (namespace, pod) with
+gpuwm_workload_pod_info. A point at t is PromQL's value at t (the latest sample within
+the lookback), not the mean over [t, t+step) that the embedded store returns.
+`record` is refused: Prometheus is written by scraping, not by gpuwm.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from prometheus_api_client import PrometheusConnect
+from prometheus_api_client.exceptions import PrometheusApiClientException
+
+from gpuwm.model import GpuSample, PodStatsSample
+from gpuwm.model.figures import ClusterFigures, PodFigures, ProjectFigures, Windows, WorkloadFigures
+from gpuwm.store.base import (
+    QueryError,
+    RangeQuery,
+    ReadOnlyStoreError,
+    Series,
+    Store,
+    StoreError,
+    check_range,
+)
+
+log = logging.getLogger(__name__)
+
+_AGENT_GPU = {
+    "gpu_utilization_percent": "avg",
+    "gpu_memory_used_bytes": "sum",
+    "gpu_memory_total_bytes": "sum",
+    "gpu_power_watts": "sum",
+    "gpu_power_limit_watts": "sum",
+    "gpu_temperature_celsius": "max",
+    "gpu_sm_clock_mhz": "avg",
+    "gpu_memory_clock_mhz": "avg",
+    "gpu_pcie_rx_bytes_per_second": "sum",
+    "gpu_pcie_tx_bytes_per_second": "sum",
+    "gpu_allocated": "sum",
+}
+_AGENT_POD = (
+    "cpu_usage_cores",
+    "memory_used_bytes",
+    "network_rx_bytes_per_second",
+    "network_tx_bytes_per_second",
+    "ephemeral_storage_used_bytes",
+)
+_BY_LABELS = {
+    None: "",
+    "gpu": "node, uuid, gpu, namespace, pod",
+    "pod": "namespace, pod, node",
+    "node": "node",
+}
+_INFO_LABELS = "namespace, pod, workload, workload_uid, project"
+
+
+def quote(value: str) -> str:
+    """A PromQL string literal."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _scoped(series: str, scope: str, key: str) -> str | None:
+    """`series` restricted to the scope: joined to workloads through gpuwm_workload_pod_info where needed."""
+    if scope == "node":
+        return f"{series}{{node={quote(key)}}}"
+    if scope == "cluster":
+        return series
+    label = "workload_uid" if scope == "workload" else "project"
+    info = f"max by ({_INFO_LABELS}) (gpuwm_workload_pod_info{{{label}={quote(key)}}})"
+    return f"({series} * on (namespace, pod) group_left (workload, workload_uid, project) {info})"
+
+
+def promql(metric: str, scope: str, key: str, by: str | None) -> str | None:
+    """The PromQL for one API metric over one scope and breakdown, or None where the series do not exist."""
+    grouping = f" by ({_BY_LABELS[by]})" if by else ""
+    if metric in _AGENT_GPU:
+        name = "gpuwm_gpu_allocated" if metric == "gpu_allocated" else f"gpuwm_{metric}"
+        return f"{_AGENT_GPU[metric]}{grouping} ({_scoped(name, scope, key)})"
+    if metric == "gpu_memory_utilization_percent":
+        used = _scoped("gpuwm_gpu_memory_used_bytes", scope, key)
+        total = _scoped("gpuwm_gpu_memory_total_bytes", scope, key)
+        return f"100 * sum{grouping} ({used}) / sum{grouping} ({total})"
+    if metric in _AGENT_POD:
+        if by == "gpu":
+            return None
+        return f"sum{grouping} ({_scoped(f'gpuwm_{metric}', scope, key)})"
+    if metric == "gpu_energy_joules":
+        if scope in ("node", "cluster"):
+            return f"sum{grouping} ({_scoped('gpuwm_gpu_energy_joules_total', scope, key)})"
+        if by is not None:
+            return None
+        if scope == "workload":
+            return f"max (gpuwm_workload_energy_joules_total{{workload_uid={quote(key)}}})"
+        return f"max (gpuwm_project_energy_joules_total{{project={quote(key)}}})"
+    if metric == "gpu_idle_seconds":
+        if scope in ("node", "cluster"):
+            return f"max{grouping} ({_scoped('gpuwm_gpu_idle_seconds', scope, key)})"
+        if by is not None:
+            return None
+        label = "workload_uid" if scope == "workload" else "project"
+        return f"max (gpuwm_workload_idle_seconds{{{label}={quote(key)}}})"
+    return None
+
+
+def _scope_labels(scope: str, key: str) -> dict[str, str]:
+    return {"workload": {"workload_uid": key}, "project": {"project": key}, "node": {"node": key}}.get(
+        scope, {}
+    )
+
+
+class PrometheusStore(Store):
+    """Read-only store over a Prometheus-compatible HTTP API."""
+
+    read_only = True
+
+    def __init__(
+        self,
+        url: str,
+        timeout_seconds: float = 30.0,
+        headers: dict[str, str] | None = None,
+        evaluation_time: float | None = None,
+    ) -> None:
+        """`evaluation_time`: read the latest state as of this epoch time instead of now (replays, tests)."""
+        self.url = url.rstrip("/")
+        self.evaluation_time = evaluation_time
+        self._timeout = timeout_seconds
+        self._client = PrometheusConnect(url=self.url, headers=headers, timeout=math.ceil(timeout_seconds))
+
+    def record(
+        self,
+        at: float,
+        samples: Sequence[GpuSample],
+        workloads: Sequence[WorkloadFigures],
+        projects: Sequence[ProjectFigures],
+        cluster: ClusterFigures,
+        pod_stats: Sequence[PodStatsSample] = (),
+    ) -> None:
+        raise ReadOnlyStoreError(
+            f"store {self.url} is Prometheus, which is read-only for gpuwm (it scrapes /metrics); "
+            "use a file path for --store on the controller to keep history itself"
+        )
+
+    # -- HTTP ---------------------------------------------------------------------------------
+
+    def _instant(self, query: str) -> list[dict[str, Any]]:
+        try:
+            params = {"time": repr(self.evaluation_time)} if self.evaluation_time is not None else None
+            result: list[dict[str, Any]] = self._client.custom_query(query, params=params)
+        except (PrometheusApiClientException, OSError, ValueError) as error:
+            raise StoreError(f"Prometheus at {self.url} failed the query {query!r}: {error}") from None
+        return result
+
+    def _range(self, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        try:
+            result: list[dict[str, Any]] = self._client.custom_query_range(
+                query,
+                start_time=datetime.fromtimestamp(start, UTC),
+                end_time=datetime.fromtimestamp(end, UTC),
+                step=repr(step),
+            )
+        except (PrometheusApiClientException, OSError, ValueError) as error:
+            raise StoreError(f"Prometheus at {self.url} failed the query {query!r}: {error}") from None
+        return result
+
+    def _values(self, query: str, key_label: str) -> dict[str, float]:
+        values: dict[str, float] = {}
+        for item in self._instant(query):
+            value = float(item["value"][1])
+            if math.isfinite(value):
+                values[item["metric"].get(key_label, "")] = value
+        return values
+
+    # -- latest state -------------------------------------------------------------------------
+
+    def workloads(self) -> list[WorkloadFigures]:
+        return self._workloads("")
+
+    def _workloads(self, selector: str) -> list[WorkloadFigures]:
+        infos = self._instant(
+            f"max by (namespace, workload, workload_uid, kind, project, phase) (gpuwm_workload_info{selector})"
+        )
+        if not infos:
+            return []
+        gauges: dict[str, dict[str, float]] = {}
+        for name in (
+            "allocated_gpus",
+            "idle_gpus",
+            "utilization_percent",
+            "utilization_avg1h_percent",
+            "memory_utilization_percent",
+            "idle_seconds",
+            "last_active_timestamp_seconds",
+            "wait_seconds",
+            "run_seconds",
+            "allocated_gpu_seconds_total",
+            "active_gpu_seconds_total",
+            "idle_gpu_seconds_total",
+            "unmonitored_gpu_seconds_total",
+            "energy_joules_total",
+            "created_timestamp_seconds",
+            "start_timestamp_seconds",
+            "end_timestamp_seconds",
+        ):
+            gauges[name] = self._values(
+                f"max by (workload_uid) (gpuwm_workload_{name}{selector})", "workload_uid"
+            )
+        pods: dict[str, list[PodFigures]] = {}
+        for item in self._instant(f"max by (workload_uid, pod, node) (gpuwm_workload_pod_info{selector})"):
+            labels = item["metric"]
+            pods.setdefault(labels.get("workload_uid", ""), []).append(
+                PodFigures(
+                    name=labels.get("pod", ""), uid="", node=labels.get("node") or None, phase="Running"
+                )
+            )
+        result = []
+        for item in infos:
+            labels = item["metric"]
+            uid = labels.get("workload_uid", "")
+
+            def value(name: str, default: float | None = 0.0, uid: str = uid) -> float | None:
+                return gauges[name].get(uid, default)
+
+            result.append(
+                WorkloadFigures(
+                    uid=uid,
+                    namespace=labels.get("namespace", ""),
+                    name=labels.get("workload", ""),
+                    kind=labels.get("kind", ""),
+                    api_version="",
+                    project=labels.get("project", ""),
+                    phase=labels.get("phase", ""),
+                    allocated_gpus=value("allocated_gpus") or 0.0,
+                    idle_gpus=value("idle_gpus") or 0.0,
+                    idle_seconds=value("idle_seconds") or 0.0,
+                    last_active_time=value("last_active_timestamp_seconds", None),
+                    wait_seconds=value("wait_seconds") or 0.0,
+                    run_seconds=value("run_seconds") or 0.0,
+                    allocated_gpu_seconds=value("allocated_gpu_seconds_total") or 0.0,
+                    active_gpu_seconds=value("active_gpu_seconds_total") or 0.0,
+                    idle_gpu_seconds=value("idle_gpu_seconds_total") or 0.0,
+                    unmonitored_gpu_seconds=value("unmonitored_gpu_seconds_total") or 0.0,
+                    energy_joules=value("energy_joules_total") or 0.0,
+                    utilization=Windows(
+                        current=value("utilization_percent", None),
+                        avg1h=value("utilization_avg1h_percent", None),
+                    ),
+                    memory_utilization=Windows(current=value("memory_utilization_percent", None)),
+                    created_time=value("created_timestamp_seconds", None),
+                    start_time=value("start_timestamp_seconds", None),
+                    end_time=value("end_timestamp_seconds", None),
+                    pods=pods.get(uid, []),
+                    nodes=sorted({pod.node for pod in pods.get(uid, []) if pod.node}),
+                )
+            )
+        result.sort(key=lambda w: (w.namespace, w.name))
+        return result
+
+    def workload(self, namespace: str, name: str) -> WorkloadFigures | None:
+        found = self._workloads(f"{{namespace={quote(namespace)}, workload={quote(name)}}}")
+        return found[0] if found else None
+
+    def projects(self) -> list[ProjectFigures]:
+        return self._projects("")
+
+    def _projects(self, selector: str) -> list[ProjectFigures]:
+        gauges = {
+            name: self._values(f"max by (project) (gpuwm_project_{name}{selector})", "project")
+            for name in (
+                "allocated_gpus",
+                "idle_gpus",
+                "quota_gpus",
+                "utilization_percent",
+                "utilization_avg1h_percent",
+                "memory_utilization_percent",
+                "workloads",
+                "running_workloads",
+                "allocated_gpu_seconds_total",
+                "active_gpu_seconds_total",
+                "idle_gpu_seconds_total",
+                "unmonitored_gpu_seconds_total",
+                "energy_joules_total",
+            )
+        }
+        namespaces: dict[str, set[str]] = {}
+        for item in self._instant(f"max by (project, namespace) (gpuwm_workload_info{selector})"):
+            namespaces.setdefault(item["metric"].get("project", ""), set()).add(
+                item["metric"].get("namespace", "")
+            )
+        result = []
+        for name in sorted(set(gauges["allocated_gpus"]) | set(namespaces)):
+
+            def value(metric: str, default: float | None = 0.0, name: str = name) -> float | None:
+                return gauges[metric].get(name, default)
+
+            result.append(
+                ProjectFigures(
+                    name=name,
+                    workloads=int(value("workloads") or 0),
+                    running_workloads=int(value("running_workloads") or 0),
+                    namespaces=sorted(namespaces.get(name, set())),
+                    allocated_gpus=value("allocated_gpus") or 0.0,
+                    idle_gpus=value("idle_gpus") or 0.0,
+                    quota=value("quota_gpus", None),
+                    allocated_gpu_seconds=value("allocated_gpu_seconds_total") or 0.0,
+                    active_gpu_seconds=value("active_gpu_seconds_total") or 0.0,
+                    idle_gpu_seconds=value("idle_gpu_seconds_total") or 0.0,
+                    unmonitored_gpu_seconds=value("unmonitored_gpu_seconds_total") or 0.0,
+                    energy_joules=value("energy_joules_total") or 0.0,
+                    utilization=Windows(
+                        current=value("utilization_percent", None),
+                        avg1h=value("utilization_avg1h_percent", None),
+                    ),
+                    memory_utilization=Windows(current=value("memory_utilization_percent", None)),
+                )
+            )
+        return result
+
+    def project(self, name: str) -> ProjectFigures | None:
+        found = self._projects(f"{{project={quote(name)}}}")
+        return found[0] if found else None
+
+    def cluster(self) -> ClusterFigures | None:
+        gpus = self._values("count(max by (uuid) (gpuwm_gpu_healthy))", "")
+        if not gpus:
+            return None
+        healthy = self._values("sum(max by (uuid) (gpuwm_gpu_healthy))", "")
+        allocated = self._values("sum(gpuwm_gpu_allocated)", "")
+        workloads = self._values("count(max by (workload_uid) (gpuwm_workload_info))", "")
+        idle = self._values("sum(gpuwm_project_idle_gpus)", "")
+        return ClusterFigures(
+            gpus=int(gpus.get("", 0)),
+            healthy_gpus=int(healthy.get("", 0)),
+            total_gpu_units=gpus.get("", 0.0),
+            allocated_gpus=allocated.get("", 0.0),
+            idle_gpus=idle.get("", 0.0),
+            workloads=int(workloads.get("", 0)),
+        )
+
+    def nodes(self) -> list[str]:
+        return sorted(self._values("count by (node) (gpuwm_gpu_healthy)", "node"))
+
+    def latest_time(self) -> float | None:
+        return self.evaluation_time if self.evaluation_time is not None else time.time()
+
+    def earliest_time(self) -> float | None:
+        return None
+
+    # -- time series --------------------------------------------------------------------------
+
+    def query_range(self, query: RangeQuery) -> list[Series]:
+        check_range(query)
+        if query.scope == "node" and query.by == "node":
+            query = RangeQuery(
+                query.scope, query.key, query.metrics, query.start, query.end, query.step_seconds
+            )
+        grid = query.grid()
+        end = grid[-1]
+        result: list[Series] = []
+        for metric in query.metrics:
+            expression = promql(metric, query.scope, query.key, query.by)
+            if expression is None:
+                if query.by is None:
+                    result.append(
+                        Series(metric, _scope_labels(query.scope, query.key), [(t, None) for t in grid])
+                    )
+                continue
+            answer = self._range(expression, query.start, end, query.step_seconds)
+            if not answer and query.by is None:
+                result.append(
+                    Series(metric, _scope_labels(query.scope, query.key), [(t, None) for t in grid])
+                )
+            for item in answer:
+                by_time: dict[int, float] = {}
+                for t, text in item["values"]:
+                    value = float(text)
+                    if math.isfinite(value):
+                        by_time[round((float(t) - query.start) / query.step_seconds)] = value
+                labels = {k: v for k, v in item["metric"].items() if k != "__name__"}
+                if query.by is None:
+                    labels = _scope_labels(query.scope, query.key)
+                points = [(t, by_time.get(index)) for index, t in enumerate(grid)]
+                result.append(Series(metric=metric, labels=labels, points=points))
+        if len(result) > 2_000:
+            raise QueryError("by", f"{len(result)} series; narrow the scope or drop by=")
+        return result

@@ -1,0 +1,87 @@
+"""Start the Debian `prometheus` binary on loopback over a TSDB backfilled with `promtool`."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+PROMETHEUS = shutil.which("prometheus")
+PROMTOOL = shutil.which("promtool")
+MISSING = "prometheus/promtool not installed (Debian: apt-get install prometheus)"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def backfill(openmetrics: Path, tsdb: Path) -> None:
+    assert PROMTOOL is not None
+    tsdb.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        [PROMTOOL, "tsdb", "create-blocks-from", "openmetrics", str(openmetrics), str(tsdb)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"promtool backfill failed: {done.stdout[-2000:]} {done.stderr[-2000:]}")
+
+
+@contextmanager
+def running_prometheus(tsdb: Path, workdir: Path) -> Iterator[str]:
+    """Prometheus over `tsdb` on 127.0.0.1:<free port>; yields its base URL; stopped on exit."""
+    assert PROMETHEUS is not None
+    config = workdir / "prometheus.yml"
+    config.write_text("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
+    port = free_port()
+    log_path = workdir / "prometheus.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [
+                PROMETHEUS,
+                f"--config.file={config}",
+                f"--storage.tsdb.path={tsdb}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--storage.tsdb.retention.time=3650d",
+                "--query.lookback-delta=20s",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(f"{base}/-/ready", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"prometheus did not start: {log_path.read_text()[-2000:]}")
+            time.sleep(0.2)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def instant(base: str, query: str) -> list[dict[str, object]]:
+    url = f"{base}/api/v1/query?query={urllib.parse.quote(query)}"
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return list(json.load(response)["data"]["result"])
