@@ -7,11 +7,14 @@ status figures; SIGKILL and restart mid-run; the workload's end.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -101,6 +104,7 @@ class Controller:
             sys.executable, "-m", "gpuwm.cli", "controller", "--standalone", "--agents", agents,
             "--status-interval", str(STATUS_INTERVAL), "--interval", "1", "--store", str(store),
             "--idle-condition-after", "3s", "--log-format", "text", "--log-level", "info",
+            "--api-listen", "127.0.0.1:0", "--auth", "none",
         ]
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
         self.env.pop("KUBERNETES_SERVICE_HOST", None)
@@ -224,6 +228,13 @@ def test_controller_end_to_end_with_restart(cluster: Cluster, tmp_path: Path) ->
                            and cr["status"]["allocatedGpus"] == 0 and cr, log=log)
         assert ended["status"]["phase"] in {"Succeeded", "Ended"}
         assert ended["status"]["allocatedGpuSeconds"] == pytest.approx(finished - started, abs=2.0)
+
+        # the metrics API runs inside the controller, over the same store
+        match = re.findall(r"metrics API listening on 127.0.0.1:(\d+)", log.read_text())
+        assert match, "the controller did not start the metrics API"
+        with urllib.request.urlopen(f"http://127.0.0.1:{match[-1]}/api/v1/workloads", timeout=10) as response:
+            listed = json.loads(response.read())
+        assert "train" in json.dumps(listed)
     finally:
         controller.stop()
         agents.stop()

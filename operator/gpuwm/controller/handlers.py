@@ -122,31 +122,50 @@ async def _delayed_cycles(runtime: ControllerRuntime) -> None:
 
 
 def _open_store(settings: Settings) -> Any:
-    """The store (embedded SQLite or Prometheus) if that component is installed; CRs work without it."""
+    """The store (embedded SQLite or Prometheus); CR status works without it."""
     try:
-        from gpuwm.store import open_store  # type: ignore[attr-defined,unused-ignore]
+        from gpuwm.store import open_store
     except ImportError:
         return None
     try:
-        return open_store(settings.store)
+        return open_store(settings.store, rollups=settings.store_rollups, retention_seconds=settings.retention)
     except Exception as error:
-        logger.warning("store %s not available (%s); CR status only", settings.store, error)
+        logger.warning("store %s not available (%s); writing CR status only", settings.store, error)
         return None
 
 
 def _start_api(runtime: ControllerRuntime) -> asyncio.Task[None] | None:
-    """The metrics API on the store, in this loop, if the API component is installed."""
+    """The metrics API on the store, served in kopf's loop (`--api-listen`)."""
     if runtime.store is None:
         return None
     try:
-        from gpuwm.api import serve  # type: ignore[attr-defined,unused-ignore]
+        from gpuwm.api.app import create_app
+        from gpuwm.api.server import ApiServer, parse_listen
     except ImportError:
         return None
     try:
-        return asyncio.create_task(serve(runtime.store, runtime.settings), name="gpuwm api")
-    except Exception as error:
+        host, port = parse_listen(runtime.settings.api_listen)
+        app = create_app(runtime.store, runtime.settings)
+    except Exception as error:  # e.g. --auth=kubernetes without credentials: CR status goes on
         logger.warning("metrics API not started: %s", error)
         return None
+    task = asyncio.create_task(_serve_api(ApiServer(app, host, port), host), name="gpuwm api")
+    task.add_done_callback(_report_api_exit)
+    return task
+
+
+async def _serve_api(server: Any, host: str) -> None:
+    await server.start()
+    logger.info("metrics API listening on %s:%d", host, server.port)
+    try:
+        await server.wait()
+    finally:
+        await server.stop()
+
+
+def _report_api_exit(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning("metrics API stopped: %s", task.exception())
 
 
 @kopf.on.probe(id="statusCycles")
