@@ -1,0 +1,211 @@
+"""The dashboard in real headless Chromium against `gpuwm api` serving a populated store.
+
+Asserts what is drawn (tables, sort order, chart pixels) and saves screenshots under test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuwm.model.figures import ClusterFigures
+from gpuwm.store.embedded import EmbeddedStore
+from tests.unit.store.store_data import project, sample, workload
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+CHROMEDRIVER = shutil.which("chromedriver")
+ARTIFACTS = Path(__file__).resolve().parents[3] / "test-artifacts"
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        CHROMIUM is None or CHROMEDRIVER is None,
+        reason="chromium/chromedriver not installed (Debian: apt-get install chromium chromium-driver)",
+    ),
+]
+
+
+def _populate(path: Path) -> None:
+    store = EmbeddedStore(path)
+    t0 = math.floor((time.time() - 30 * 60) / 15) * 15
+    for k in range(120):
+        t = float(t0 + 15 * k)
+        u = 50.0 + 40.0 * math.sin(k / 10)
+        train = workload(
+            "train", [("gpu-0", 1.0, u), ("gpu-1", 1.0, u / 2)], energy_joules=300.0 * k, created=t0
+        )
+        notebook = workload(
+            "notebook",
+            [("gpu-7", 1.0, 0.0)],
+            namespace="team-b",
+            project="beta",
+            node="node-b",
+            idle_seconds=600.0 + 15 * k,
+            created=t0 - 7200,
+        )
+        notebook.idle_gpu_seconds = 3 * 3600.0
+        stale = workload(
+            "stale-eval",
+            [("gpu-8", 0.5, 0.0)],
+            namespace="team-b",
+            project="beta",
+            node="node-b",
+            idle_seconds=100.0 + 15 * k,
+            created=t0 - 3600,
+        )
+        stale.idle_gpu_seconds = 1 * 3600.0
+        beta = project("beta", [notebook, stale])
+        beta.idle_gpus = 1.5
+        beta.idle_gpu_seconds = 4 * 3600.0
+        store.record(
+            t,
+            [
+                sample(t, "gpu-0", sm=u, used_gib=20 + k / 10),
+                sample(t, "gpu-1", sm=u / 2, used_gib=30),
+                sample(t, "gpu-7", node="node-b", sm=0, used_gib=5),
+                sample(t, "gpu-8", node="node-b", sm=0, used_gib=2),
+            ],
+            [train, notebook, stale],
+            [project("alpha", [train], 300.0 * k), beta],
+            ClusterFigures(gpus=4, allocated_gpus=3.5, idle_gpus=1.5, workloads=3),
+        )
+    store.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    workdir = tmp_path_factory.mktemp("dashboard")
+    database = workdir / "gpuwm.db"
+    _populate(database)
+    port = _free_port()
+    log_path = workdir / "api.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gpuwm.cli",
+                "api",
+                "--store",
+                str(database),
+                "--api-listen",
+                f"127.0.0.1:{port}",
+                "--auth",
+                "none",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(url + "/healthz", timeout=2):
+                    break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"gpuwm api did not start: {log_path.read_text()[-2000:]}") from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    assert "AUTHENTICATION IS OFF" in log_path.read_text()
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    assert CHROMIUM is not None and CHROMEDRIVER is not None
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--window-size=1280,1400",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    yield driver
+    driver.quit()
+
+
+def _wait_ready(driver: object) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, 30).until(  # type: ignore[arg-type]
+        lambda d: d.execute_script("return document.body.dataset.ready") == "true"
+    )
+
+
+def test_overview_shows_projects_and_idle_workloads(api_url: str, browser: object) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    driver.get(api_url + "/#/")  # type: ignore[attr-defined]
+    _wait_ready(driver)
+    assert driver.find_element(By.ID, "error").get_attribute("hidden") is not None  # type: ignore[attr-defined]
+    rows = driver.find_elements(By.CSS_SELECTOR, "#projects tbody tr")  # type: ignore[attr-defined]
+    cells = [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in rows]
+    assert [row[0] for row in cells] == ["alpha", "beta"]
+    assert cells[0][2] == "2.00" and cells[1][2] == "1.50" and cells[1][3] == "1.50"
+    assert cells[1][5] == "4.00"  # wasted GPU-hours of beta
+    idle_rows = driver.find_elements(By.CSS_SELECTOR, "#idle tbody tr")  # type: ignore[attr-defined]
+    assert [row.get_attribute("data-workload") for row in idle_rows] == [
+        "team-b/notebook",
+        "team-b/stale-eval",
+    ]
+    assert [row.find_elements(By.TAG_NAME, "td")[4].text for row in idle_rows] == ["3.00", "1.00"]
+    summary = driver.find_element(By.ID, "summary").text  # type: ignore[attr-defined]
+    assert summary.startswith("3 workloads")
+    ARTIFACTS.mkdir(exist_ok=True)
+    assert driver.save_screenshot(str(ARTIFACTS / "dashboard-overview.png"))  # type: ignore[attr-defined]
+
+
+def test_workload_page_draws_charts(api_url: str, browser: object) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    driver.get(api_url + "/#/workload/team-a/train")  # type: ignore[attr-defined]
+    _wait_ready(driver)
+    assert driver.find_element(By.ID, "workload-title").text == "Job team-a/train"  # type: ignore[attr-defined]
+    for metric in ("gpu_utilization_percent", "gpu_memory_used_bytes", "gpu_power_watts"):
+        canvas = driver.find_element(By.ID, f"chart-{metric}")  # type: ignore[attr-defined]
+        assert int(canvas.get_attribute("data-points")) == 120
+        # count the line's blue pixels actually painted on the canvas
+        blue = driver.execute_script(  # type: ignore[attr-defined]
+            "const c = arguments[0]; const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+            "let n = 0; for (let i = 0; i < d.length; i += 4) { if (d[i+2] > 150 && d[i] < 120) n++; } return n;",
+            canvas,
+        )
+        assert blue > 500, f"{metric}: only {blue} line pixels drawn"
+    ARTIFACTS.mkdir(exist_ok=True)
+    assert driver.save_screenshot(str(ARTIFACTS / "dashboard-workload.png"))  # type: ignore[attr-defined]
