@@ -98,7 +98,7 @@ class EngineCore:
         t = sample.t
         times = gpu.times
         if times and t <= times[-1]:
-            if t < self.boundary or t < times[0]:
+            if t < self.boundary:
                 self.late_samples_dropped += 1
                 return
             self._insert_late_point(gpu, sample)
@@ -123,7 +123,7 @@ class EngineCore:
             high = times[index]
         stretches = list(gpu.stretches)
         self._apply_range(gpu, low, high, stretches, -1.0)
-        self._settle_last_active(gpu, stretches, low)
+        self._settle_last_active(gpu, stretches, low, high)
         point = Point.from_sample(sample)
         if replacing:
             gpu.points[index] = point
@@ -144,8 +144,8 @@ class EngineCore:
         if pod is None:
             pod = self.pods[event.uid] = Pod(event.uid, workload, event)
             workload.pods[event.uid] = pod
-            if event.t < workload.first_seen:
-                workload.first_seen = event.t
+        if event.t < workload.first_seen:
+            workload.first_seen = event.t
         self._advance(event.t)
         t = max(event.t, self.boundary)
         timeline = pod.timeline
@@ -156,6 +156,8 @@ class EngineCore:
             timeline.insert(index, (t, event))
         if index == len(timeline) - 1:
             pod.name, pod.namespace, pod.labels = event.name, event.namespace, dict(event.labels)
+        if (event.t, event.uid) >= workload.labels_key:  # the newest pod event names the project
+            workload.labels_key = (event.t, event.uid)
             workload.labels = dict(event.labels)
         self._reconcile_pod(pod, t)
 
@@ -334,10 +336,10 @@ class EngineCore:
                 workload.life_mem += unit_seconds * memory
                 workload.windows.add(piece_start, piece_end, units, units * utilization, units, units * memory)
 
-    def _settle_last_active(self, gpu: Gpu, stretches: list[Stretch], low: float) -> None:
-        """After taking back (low, inf): recompute last_active of stretches that were active after `low`."""
+    def _settle_last_active(self, gpu: Gpu, stretches: list[Stretch], low: float, high: float = INFINITY) -> None:
+        """After taking back (low, high]: recompute last_active of stretches whose latest activity was in it."""
         for stretch in stretches:
-            if stretch.last_active <= low:
+            if stretch.last_active <= low or stretch.last_active > high:
                 continue
             found = -INFINITY
             times = gpu.times
@@ -356,7 +358,7 @@ class EngineCore:
                         found = min(end, low, stretch.end)
                         break
                 index -= 1
-            if found == -INFINITY and times and times[0] > stretch.start:
+            if found == -INFINITY and gpu.pruned and times and times[0] > stretch.start:
                 found = min(stretch.last_active, times[0])  # beyond the kept history: best known bound
             stretch.last_active = found
 
@@ -370,6 +372,7 @@ class EngineCore:
             if keep_from > 0:
                 del gpu.times[:keep_from]
                 del gpu.points[:keep_from]
+                gpu.pruned = True
             if gpu.stretches:
                 for stretch in [s for s in gpu.stretches if s.end < boundary]:
                     self._retire(gpu, stretch)

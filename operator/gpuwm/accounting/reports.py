@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
+from typing import Any
 
 from gpuwm.accounting.engine import EngineCore
-from gpuwm.accounting.state import INFINITY, Gpu, Stretch, Workload
+from gpuwm.accounting.persist import restore_state, save_state
+from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Stretch, Workload
 from gpuwm.accounting.windows import WINDOW_SECONDS
 from gpuwm.model.figures import (
     ClusterFigures,
@@ -70,6 +72,17 @@ class _Sums:
 
 class Engine(EngineCore):
     """The accounting engine with its reports. See `gpuwm.accounting.engine` for the rules."""
+
+    def save(self) -> dict[str, Any]:
+        """The whole state as JSON-able data (see `gpuwm.accounting.persist`)."""
+        return save_state(self)
+
+    @classmethod
+    def restore(cls, state: dict[str, Any], config: EngineConfig | None = None) -> Engine:
+        """An engine that continues exactly where the saved one stopped."""
+        engine = cls(config)
+        restore_state(engine, state)
+        return engine
 
     # ------------------------------------------------------------- helpers
 
@@ -214,7 +227,7 @@ class Engine(EngineCore):
         ended = bool(workload.pods)
         end_time: float | None = None
         end_phase = "Ended"
-        for pod in workload.pods.values():
+        for pod in sorted(workload.pods.values(), key=lambda item: (item.name, item.uid)):
             current = pod.current
             pod_units = sum(s.units for s in pod.stretches if s.start <= now < s.end)
             pods.append(
@@ -282,7 +295,7 @@ class Engine(EngineCore):
             gpu_model=sorted(models)[0] if models else None,
             nodes=sorted(nodes),
             pods=pods,
-            gpus=gpus,
+            gpus=sorted(gpus, key=lambda item: (item.node, item.uuid, item.pod or "", item.container or "")),
         )
         return figures, sums
 

@@ -106,7 +106,7 @@ class Stretch:
 class Gpu:
     """One physical GPU or MIG instance: its recent sample points and the stretches on it."""
 
-    __slots__ = ("latest", "node", "points", "stretches", "times", "uuid")
+    __slots__ = ("latest", "node", "points", "pruned", "stretches", "times", "uuid")
 
     def __init__(self, uuid: str, node: str | None) -> None:
         self.uuid = uuid
@@ -115,6 +115,7 @@ class Gpu:
         self.points: list[Point] = []
         self.latest: GpuSample | None = None
         self.stretches: list[Stretch] = []
+        self.pruned = False  # whether older points were forgotten (the first point is then not the first sample)
 
     @property
     def last_time(self) -> float | None:
@@ -153,6 +154,7 @@ class Workload:
         "idle_seconds",
         "kind",
         "labels",
+        "labels_key",
         "life_mem",
         "life_mem_units",
         "life_units",
@@ -176,7 +178,8 @@ class Workload:
         self.api_version = event.workload.api_version
         self.created = event.workload.created
         self.first_seen = event.t
-        self.labels: dict[str, str] = dict(event.labels)
+        self.labels: dict[str, str] = dict(event.labels)  # of the newest pod event, for the project
+        self.labels_key = (event.t, event.uid)  # which pod event `labels` came from
         self.pods: dict[str, Pod] = {}
         self.stretches: list[Stretch] = []
         self.active_seconds = 0.0  # unit-seconds, as are idle and unmonitored

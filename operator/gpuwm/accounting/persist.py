@@ -1,0 +1,201 @@
+"""Save and restore the engine's whole state as plain JSON-able data.
+
+The controller saves this each interval and restores it after a restart, so cumulative
+figures are not lost and results afterwards are identical to an engine that never
+stopped (the order of every list is kept: float sums depend on it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from gpuwm.accounting.state import INFINITY, Gpu, Point, Pod, Stretch, Workload
+from gpuwm.accounting.windows import WindowSums
+from gpuwm.model.sample import GpuSample
+from gpuwm.model.trace import NamespaceEvent, PodEvent
+
+STATE_VERSION = 1
+
+
+class StateError(ValueError):
+    """Saved engine state that cannot be restored (wrong version, missing or bad field)."""
+
+
+def _finite(value: float) -> float | None:
+    return None if math.isinf(value) else value
+
+
+def save_state(core: Any) -> dict[str, Any]:
+    stretch_ids: dict[int, int] = {}
+    stretches: list[dict[str, Any]] = []
+
+    def stretch_id(stretch: Stretch) -> int:
+        key = id(stretch)
+        if key not in stretch_ids:
+            stretch_ids[key] = len(stretches)
+            stretches.append(
+                {
+                    "workload": stretch.workload.uid,
+                    "pod": stretch.pod_uid,
+                    "uuid": stretch.uuid,
+                    "node": stretch.node,
+                    "units": stretch.units,
+                    "container": stretch.container,
+                    "start": stretch.start,
+                    "end": _finite(stretch.end),
+                    "lastActive": _finite(stretch.last_active),
+                }
+            )
+        return stretch_ids[key]
+
+    workloads = []
+    for workload in core.workload_records.values():
+        workloads.append(
+            {
+                "uid": workload.uid,
+                "namespace": workload.namespace,
+                "name": workload.name,
+                "kind": workload.kind,
+                "apiVersion": workload.api_version,
+                "created": workload.created,
+                "firstSeen": workload.first_seen,
+                "labels": workload.labels,
+                "labelsKey": list(workload.labels_key),
+                "activeSeconds": workload.active_seconds,
+                "idleSeconds": workload.idle_seconds,
+                "unmonitoredSeconds": workload.unmonitored_seconds,
+                "energyJoules": workload.energy_joules,
+                "life": [workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem],
+                "windows": workload.windows.to_list(),
+                "firstRunStart": workload.first_run_start,
+                "retiredRuns": [list(run) for run in workload.retired_runs],
+                "retiredLastActive": _finite(workload.retired_last_active),
+                "stretches": [stretch_id(stretch) for stretch in workload.stretches],
+                "pods": list(workload.pods),
+            }
+        )
+    pods = [
+        {
+            "uid": pod.uid,
+            "workload": pod.workload.uid,
+            "name": pod.name,
+            "namespace": pod.namespace,
+            "labels": pod.labels,
+            "timeline": [[t, event.model_dump(by_alias=True, mode="json")] for t, event in pod.timeline],
+            "stretches": [stretch_id(stretch) for stretch in pod.stretches],
+        }
+        for pod in core.pods.values()
+    ]
+    gpus = [
+        {
+            "uuid": gpu.uuid,
+            "node": gpu.node,
+            "points": [point.to_list() for point in gpu.points],
+            "pruned": gpu.pruned,
+            "latest": None if gpu.latest is None else gpu.latest.model_dump(mode="json"),
+            "stretches": [stretch_id(stretch) for stretch in gpu.stretches],
+        }
+        for gpu in core.gpu_records.values()
+    ]
+    return {
+        "version": STATE_VERSION,
+        "clock": _finite(core.clock),
+        "lastMaintenance": _finite(core._last_maintenance),
+        "lateSamplesDropped": core.late_samples_dropped,
+        "namespaces": [event.model_dump(by_alias=True, mode="json") for event in core.namespaces.values()],
+        "workloads": workloads,
+        "pods": pods,
+        "gpus": gpus,
+        "stretches": stretches,
+    }
+
+
+def restore_state(core: Any, state: dict[str, Any]) -> None:
+    """Fill an empty engine `core` from `state`; raises StateError naming what is wrong."""
+    if state.get("version") != STATE_VERSION:
+        raise StateError(f"engine state version {state.get('version')!r} is not {STATE_VERSION}; start afresh")
+    try:
+        _restore(core, state)
+    except (KeyError, TypeError, ValueError, IndexError) as error:
+        raise StateError(f"engine state is malformed: {type(error).__name__}: {error}") from None
+
+
+def _restore(core: Any, state: dict[str, Any]) -> None:
+    clock = state["clock"]
+    core.clock = -INFINITY if clock is None else float(clock)
+    last = state["lastMaintenance"]
+    core._last_maintenance = -INFINITY if last is None else float(last)
+    core.late_samples_dropped = int(state["lateSamplesDropped"])
+    for raw in state["namespaces"]:
+        event = NamespaceEvent.model_validate(raw)
+        core.namespaces[event.name] = event
+    workloads: dict[str, Workload] = {}
+    pod_events: dict[str, list[tuple[float, PodEvent]]] = {
+        raw["uid"]: [(float(t), PodEvent.model_validate(event)) for t, event in raw["timeline"]] for raw in state["pods"]
+    }
+    pods_raw = {raw["uid"]: raw for raw in state["pods"]}
+    for raw in state["workloads"]:
+        first_pod = pod_events[raw["pods"][0]][0][1] if raw["pods"] else None
+        if first_pod is None:
+            raise ValueError(f"workload {raw['uid']} has no pods")
+        workload = Workload(raw["uid"], first_pod)
+        workload.namespace = raw["namespace"]
+        workload.name = raw["name"]
+        workload.kind = raw["kind"]
+        workload.api_version = raw["apiVersion"]
+        workload.created = raw["created"]
+        workload.first_seen = raw["firstSeen"]
+        workload.labels = dict(raw["labels"])
+        workload.labels_key = (raw["labelsKey"][0], raw["labelsKey"][1])
+        workload.active_seconds = raw["activeSeconds"]
+        workload.idle_seconds = raw["idleSeconds"]
+        workload.unmonitored_seconds = raw["unmonitoredSeconds"]
+        workload.energy_joules = raw["energyJoules"]
+        workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem = raw["life"]
+        workload.windows = WindowSums.from_list(raw["windows"])
+        workload.first_run_start = raw["firstRunStart"]
+        workload.retired_runs = [(run[0], run[1]) for run in raw["retiredRuns"]]
+        retired = raw["retiredLastActive"]
+        workload.retired_last_active = -INFINITY if retired is None else retired
+        workloads[workload.uid] = workload
+        core.workload_records[workload.uid] = workload
+    stretches: list[Stretch] = []
+    for raw in state["stretches"]:
+        stretch = Stretch(
+            workloads[raw["workload"]],
+            raw["pod"],
+            raw["uuid"],
+            raw["node"],
+            raw["units"],
+            raw["container"],
+            raw["start"],
+            INFINITY if raw["end"] is None else raw["end"],
+        )
+        stretch.last_active = -INFINITY if raw["lastActive"] is None else raw["lastActive"]
+        stretches.append(stretch)
+    for raw in state["workloads"]:
+        workload = workloads[raw["uid"]]
+        workload.stretches = [stretches[index] for index in raw["stretches"]]
+        for pod_uid in raw["pods"]:
+            pod_raw = pods_raw[pod_uid]
+            timeline = pod_events[pod_uid]
+            pod = Pod(pod_uid, workload, timeline[-1][1])
+            pod.name = pod_raw["name"]
+            pod.namespace = pod_raw["namespace"]
+            pod.labels = dict(pod_raw["labels"])
+            pod.timeline = timeline
+            pod.stretches = [stretches[index] for index in pod_raw["stretches"]]
+            workload.pods[pod_uid] = pod
+            core.pods[pod_uid] = pod
+    for raw in state["gpus"]:
+        gpu = Gpu(raw["uuid"], raw["node"])
+        gpu.points = [Point.from_list(values) for values in raw["points"]]
+        gpu.times = [point.t for point in gpu.points]
+        gpu.pruned = bool(raw["pruned"])
+        gpu.latest = None if raw["latest"] is None else GpuSample.model_validate(raw["latest"])
+        gpu.stretches = [stretches[index] for index in raw["stretches"]]
+        core.gpu_records[gpu.uuid] = gpu
+
+
+__all__ = ["STATE_VERSION", "StateError", "restore_state", "save_state"]
