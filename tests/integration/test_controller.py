@@ -71,10 +71,11 @@ class Cluster:
 
     def pod(self, name: str, node: str, owners: list[dict[str, Any]], gpus: int = 1) -> dict[str, Any]:
         resources = {"limits": {"nvidia.com/gpu": str(gpus)}} if gpus else {"requests": {"cpu": "1"}}
-        return self.http.create(f"/api/v1/namespaces/{NS}/pods", {
+        created: dict[str, Any] = self.http.create(f"/api/v1/namespaces/{NS}/pods", {
             "metadata": {"name": name, "ownerReferences": owners, "labels": {"app": name}},
             "spec": {"nodeName": node, "containers": [{"name": "main", "image": "trainer", "resources": resources}]},
         })
+        return created
 
     def run_pod(self, name: str, started: float) -> None:
         self.http.ok("PATCH", f"/api/v1/namespaces/{NS}/pods/{name}/status", {"status": {

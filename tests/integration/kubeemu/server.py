@@ -198,7 +198,7 @@ class KubernetesEmulator:
                 "groupVersion": f"{group}/{version}" if group else version, "resources": resources}
 
     def _list(self, request: web.Request, rtype: ResourceType, namespace: str | None) -> dict[str, Any]:
-        items = self.store.list(rtype, namespace, request.query.get("labelSelector"), request.query.get("fieldSelector"))
+        items = self.store.select(rtype, namespace, request.query.get("labelSelector"), request.query.get("fieldSelector"))
         metadata: dict[str, Any] = {"resourceVersion": str(self.store.resource_version)}
         limit = int(request.query.get("limit") or 0)
         start = int(request.query.get("continue") or 0)
@@ -212,7 +212,7 @@ class KubernetesEmulator:
         watcher = Watcher(rtype, namespace, request.query.get("labelSelector"), request.query.get("fieldSelector"))
         since = request.query.get("resourceVersion")
         if since in {None, "", "0"}:  # "any": the current state as ADDED events first, like the real server
-            backlog = [{"type": "ADDED", "object": copy.deepcopy(obj)} for obj in self.store.list(
+            backlog = [{"type": "ADDED", "object": copy.deepcopy(obj)} for obj in self.store.select(
                 rtype, namespace, watcher.label_selector, watcher.field_selector)]
         else:
             try:
@@ -225,8 +225,8 @@ class KubernetesEmulator:
         self._watch_responses.add(response)
         timeout = float(request.query.get("timeoutSeconds") or 1800)
         try:
-            for event in backlog:
-                await response.write(json.dumps(event).encode() + b"\n")
+            for queued in backlog:
+                await response.write(json.dumps(queued).encode() + b"\n")
             if backlog and backlog[-1]["type"] == "ERROR":
                 return response
             loop = asyncio.get_running_loop()
@@ -236,7 +236,7 @@ class KubernetesEmulator:
                 if remaining <= 0:
                     break
                 try:
-                    event = await asyncio.wait_for(watcher.queue.get(), timeout=remaining)
+                    event: dict[str, Any] | None = await asyncio.wait_for(watcher.queue.get(), timeout=remaining)
                 except TimeoutError:
                     break
                 if event is None:  # dropped by a fault test
@@ -335,5 +335,5 @@ class KubernetesEmulator:
         for rtype in list(self.types.values()):
             if rtype.namespaced and (rtype.group, rtype.plural) not in seen:
                 seen.add((rtype.group, rtype.plural))
-                for obj in self.store.list(rtype, namespace):
+                for obj in self.store.select(rtype, namespace):
                     self.store.delete(rtype, namespace, obj["metadata"]["name"])

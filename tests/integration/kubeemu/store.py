@@ -118,6 +118,11 @@ class Watcher:
         )
 
 
+def _spec_of(obj: dict[str, Any]) -> dict[str, Any]:
+    """Everything but metadata and status: what `generation` counts changes of."""
+    return {k: v for k, v in obj.items() if k not in {"metadata", "status", "apiVersion", "kind"}}
+
+
 class ObjectStore:
     """Objects per (group, plural), a global resourceVersion, and a bounded event history for watches."""
 
@@ -140,8 +145,8 @@ class ObjectStore:
             raise ApiError(404, "NotFound", f'{rtype.plural}.{rtype.group or "core"} "{name}" not found')
         return obj
 
-    def list(self, rtype: ResourceType, namespace: str | None, label_selector: str | None = None,
-             field_selector: str | None = None) -> list[dict[str, Any]]:
+    def select(self, rtype: ResourceType, namespace: str | None, label_selector: str | None = None,
+               field_selector: str | None = None) -> list[dict[str, Any]]:
         items = [
             obj for (ns, _), obj in sorted(self.bucket(rtype).items())
             if (namespace is None or ns == namespace)
@@ -212,8 +217,7 @@ class ObjectStore:
                 new["status"] = copy.deepcopy(old["status"])
             else:
                 new.pop("status", None)
-        spec_of = lambda o: {k: v for k, v in o.items() if k not in {"metadata", "status", "apiVersion", "kind"}}  # noqa: E731
-        if json.dumps(spec_of(new), sort_keys=True) != json.dumps(spec_of(old), sort_keys=True):
+        if json.dumps(_spec_of(new), sort_keys=True) != json.dumps(_spec_of(old), sort_keys=True):
             new_meta["generation"] = int(old_meta.get("generation") or 1) + 1
         if json.dumps(new, sort_keys=True, default=str) == json.dumps(old, sort_keys=True, default=str):
             return old  # a no-op write: no new resourceVersion, no watch event (like the real server)

@@ -1,0 +1,165 @@
+"""Pods -> engine events joined with the agents' attribution; agent specs and snapshots; the writer queue."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from gpuwm.config import DEFAULT_RESOURCE_NAMES
+from gpuwm.controller.agents import DeviceHolder, PodAgents, StaticAgents, parse_agents_spec, parse_snapshot
+from gpuwm.controller.kube import KubeApiError
+from gpuwm.controller.pods import MalformedPodError, device_allocations, pod_event, state_key, track_pod
+from gpuwm.controller.ratelimit import TokenBucket
+from gpuwm.controller.writer import Desired, StatusWriter
+from gpuwm.model.trace import TraceWorkload
+
+JOB = TraceWorkload(api_version="batch/v1", kind="Job", name="train", uid="j1", created=0.0)
+
+
+def pod_body(limits: dict[str, Any], phase: str = "Running", containers: int = 1) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "train-0", "namespace": "ns", "uid": "p1", "labels": {"a": "b"},
+                     "creationTimestamp": "2026-01-01T00:00:00Z"},
+        "spec": {"nodeName": "n1", "containers": [{"name": f"c{i}", "resources": {"limits": limits}}
+                                                  for i in range(containers)]},
+        "status": {"phase": phase, "containerStatuses": [
+            {"name": "c0", "state": {"running": {"startedAt": "2026-01-01T00:00:30Z"}}}]},
+    }
+
+
+def test_track_pod_reads_phase_start_and_units() -> None:
+    pod = track_pod(pod_body({"nvidia.com/gpu": "2"}), JOB, DEFAULT_RESOURCE_NAMES, deleted=False)
+    assert (pod.phase, pod.node, pod.requested_units) == ("Running", "n1", 2.0)
+    assert pod.phase_since == pytest.approx(1767225630.0)
+    assert track_pod(pod_body({"nvidia.com/gpu": "2"}), JOB, DEFAULT_RESOURCE_NAMES, deleted=True).phase == "Deleted"
+
+
+def test_track_pod_names_what_is_malformed() -> None:
+    with pytest.raises(MalformedPodError, match="ns/train-0"):
+        track_pod(pod_body({"nvidia.com/gpu": "many"}), JOB, DEFAULT_RESOURCE_NAMES, deleted=False)
+    with pytest.raises(MalformedPodError, match="spec"):
+        track_pod({"metadata": {"name": "x", "namespace": "ns", "uid": "u"}}, JOB, DEFAULT_RESOURCE_NAMES, deleted=False)
+
+
+def test_device_allocations_split_container_units() -> None:
+    pod = track_pod(pod_body({"nvidia.com/gpu": "2"}), JOB, DEFAULT_RESOURCE_NAMES, deleted=False)
+    holders = [DeviceHolder(uuid="GPU-1", namespace="ns", pod="train-0", container="c0"),  # pod-resources: by name
+               DeviceHolder(uuid="GPU-2", pod_uid="p1", container="c0"),  # by UID
+               DeviceHolder(uuid="GPU-3", pod_uid="other", container="c0")]
+    devices = device_allocations(pod, holders)
+    assert [(d.uuid, d.units) for d in devices] == [("GPU-1", 1.0), ("GPU-2", 1.0)]
+    mig = track_pod(pod_body({"nvidia.com/mig-1g.10gb": "1"}), JOB, DEFAULT_RESOURCE_NAMES, deleted=False)
+    assert device_allocations(mig, [DeviceHolder(uuid="MIG-1", pod_uid="p1", container="c0")])[0].units == pytest.approx(1 / 7)
+    shared = track_pod(pod_body({"nvidia.com/gpu": "1"}), JOB, DEFAULT_RESOURCE_NAMES, deleted=False, replicas=4)
+    assert device_allocations(shared, [DeviceHolder(uuid="GPU-9", pod_uid="p1", container="c0")])[0].units == 0.25
+
+
+def test_pod_event_holds_devices_only_while_running() -> None:
+    holders = [DeviceHolder(uuid="GPU-1", pod_uid="p1", container="c0")]
+    running = track_pod(pod_body({"nvidia.com/gpu": "1"}), JOB, DEFAULT_RESOURCE_NAMES, deleted=False)
+    event = pod_event(running, device_allocations(running, holders), 10.0)
+    assert event.phase == "Running" and [d.uuid for d in event.devices] == ["GPU-1"] and event.workload.uid == "j1"
+    done = track_pod(pod_body({"nvidia.com/gpu": "1"}, phase="Succeeded"), JOB, DEFAULT_RESOURCE_NAMES, deleted=False)
+    assert pod_event(done, device_allocations(done, holders), 20.0).devices == []
+    assert state_key(running, device_allocations(running, holders)) != state_key(running, [])
+
+
+def test_parse_agents_spec() -> None:
+    static = parse_agents_spec("static:node-a=http://10.0.0.1:9400,node-b=http://10.0.0.2:9400/")
+    assert isinstance(static, StaticAgents) and static.urls["node-b"] == "http://10.0.0.2:9400"
+    pods = parse_agents_spec("pods:gpuwm/app.kubernetes.io/component=agent")
+    assert isinstance(pods, PodAgents) and pods.namespace == "gpuwm"
+    assert pods.matches("gpuwm", {"app.kubernetes.io/component": "agent"})
+    assert not pods.matches("other", {"app.kubernetes.io/component": "agent"})
+    assert not pods.matches("gpuwm", {"app.kubernetes.io/component": "controller"})
+    for bad in ("static:node-a", "pods:gpuwm", "dns:x", "static:"):
+        with pytest.raises(ValueError, match="--agents"):
+            parse_agents_spec(bad)
+
+
+def test_parse_snapshot_in_the_agents_format() -> None:
+    snapshot = parse_snapshot({
+        "node": "n1", "seq": 7, "agent_id": "abc",
+        "samples": [{"t": 1.0, "node": "n1", "uuid": "GPU-1", "seq": 7, "sm_percent": 10}],
+        "devices": [{"uuid": "GPU-1", "device_id": "GPU-1", "units": 1, "namespace": "ns", "pod": "p",
+                     "container": "c", "state": "active"},
+                    {"uuid": "GPU-2", "device_id": "GPU-2", "units": 1, "state": "unallocated"}],
+        "pod_stats": [],
+    }, "n1")
+    assert (snapshot.seq, snapshot.agent_id, len(snapshot.samples)) == (7, "abc", 1)
+    assert [h.pod_key for h in snapshot.holders] == ["ns/p"]  # the unallocated GPU has no holder
+    with pytest.raises(ValueError, match="'n1'"):
+        parse_snapshot({"samples": [{"t": "soon"}]}, "n1")
+
+
+class RecordingClient:
+    def __init__(self, fail_first: int = 0) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.fail_first = fail_first
+
+    async def create(self, path: str, body: Any) -> dict[str, Any]:
+        self.calls.append(("POST", path))
+        return {}
+
+    async def merge_patch(self, path: str, body: Any) -> dict[str, Any]:
+        self.calls.append(("PATCH", path))
+        if self.fail_first:
+            self.fail_first -= 1
+            raise KubeApiError(404, "PATCH", path, "gone")
+        return {}
+
+    async def delete(self, path: str) -> None:
+        self.calls.append(("DELETE", path))
+
+
+def desired(name: str, allocated: float) -> Desired:
+    return Desired(plural="gpuworkloadmetrics", namespace="ns", name=name, spec={}, labels={},
+                   status={"allocatedGpus": allocated, "phase": "Running"})
+
+
+async def test_writer_creates_once_then_patches_status_and_skips_repeats() -> None:
+    client = RecordingClient()
+    writer = StatusWriter(client, TokenBucket(1000), interval_seconds=15, clock=lambda: 100.0)  # type: ignore[arg-type]
+    assert writer.offer(desired("a", 1)) == "material"
+    await writer.write(writer._next())  # type: ignore[arg-type]
+    assert client.calls == [("POST", "/apis/gpuwm.io/v1alpha1/namespaces/ns/gpuworkloadmetrics"),
+                            ("PATCH", "/apis/gpuwm.io/v1alpha1/namespaces/ns/gpuworkloadmetrics/a/status")]
+    assert writer.offer(desired("a", 1)) == "none" and writer.pending == 0
+    assert writer.offer(desired("a", 2)) == "material"
+    await writer.write(writer._next())  # type: ignore[arg-type]
+    assert client.calls[-1][0] == "PATCH" and len(client.calls) == 3
+
+
+async def test_writer_recreates_a_cr_deleted_behind_its_back() -> None:
+    client = RecordingClient(fail_first=1)
+    writer = StatusWriter(client, TokenBucket(1000), interval_seconds=15)  # type: ignore[arg-type]
+    writer.existing.add(("gpuworkloadmetrics", "ns", "a"))
+    writer.offer(desired("a", 1))
+    await writer.write(writer._next())  # type: ignore[arg-type]
+    assert [method for method, _ in client.calls] == ["PATCH", "POST", "PATCH"]
+
+
+async def test_writer_drains_at_the_bucket_rate_news_first() -> None:
+    client = RecordingClient()
+    now = [0.0]
+    bucket = TokenBucket(10, burst=1, clock=lambda: now[0])
+    writer = StatusWriter(client, bucket, interval_seconds=15, clock=lambda: now[0])  # type: ignore[arg-type]
+    for index in range(5):
+        writer.offer(desired(f"w{index}", 1))
+    writer.written[("gpuworkloadmetrics", "ns", "late")] = type("W", (), {"status": {"allocatedGpus": 1, "phase": "Running",
+                                                                                     "idleSeconds": 1}, "at": -100.0})()
+    late = desired("late", 1)
+    late.status["idleSeconds"] = 5
+    assert writer.offer(late) == "due"
+    order = [writer._next().name for _ in range(6)]  # type: ignore[union-attr]
+    assert order[-1] == "late"  # refreshes wait behind news
+    task = asyncio.create_task(writer.run())
+    for index in range(3):
+        writer.offer(desired(f"x{index}", 1))
+    await asyncio.sleep(0.05)
+    assert len(client.calls) <= 2  # one token (burst 1) and a frozen clock: at most one write
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task

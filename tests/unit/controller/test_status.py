@@ -1,0 +1,129 @@
+"""Pure builders: figures -> CR status, conditions, write decisions, names, token bucket."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuwm.controller.ratelimit import TokenBucket
+from gpuwm.controller.status import (
+    build_conditions,
+    build_project_status,
+    build_workload_status,
+    dns_name,
+    label_value,
+    rfc3339,
+    workload_cr_name,
+    write_reason,
+)
+from gpuwm.model.figures import GpuFigures, PodFigures, ProjectFigures, Windows, WorkloadFigures
+
+NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+
+
+def figures(**changes: object) -> WorkloadFigures:
+    base = WorkloadFigures(
+        uid="w1", namespace="ns", name="train", kind="Job", api_version="batch/v1", project="vision", phase="Running",
+        allocated_gpus=2.0, allocated_gpu_seconds=100.0, active_gpu_seconds=70.0, idle_gpu_seconds=20.0,
+        unmonitored_gpu_seconds=10.0, last_active_time=NOW - 30, idle_seconds=30.0, start_time=NOW - 50,
+        utilization=Windows(current=55.556, avg1m=50.0, avg5m=40.0, avg1h=35.0, lifetime=30.0), sampling=True,
+        pods=[PodFigures(name="train-1", uid="p2", phase="Running", allocated_gpus=1.0),
+              PodFigures(name="train-0", uid="p1", node="n1", phase="Running", allocated_gpus=1.0)],
+        gpus=[GpuFigures(node="n1", uuid="GPU-b", units=1.0, monitored=True),
+              GpuFigures(node="n1", uuid="GPU-a", units=1.0, pod="train-0", monitored=True, utilization_percent=61.0)],
+    )
+    return base.model_copy(update=changes)
+
+
+def test_rfc3339() -> None:
+    assert rfc3339(NOW) == "2026-01-01T00:00:00Z"
+    assert rfc3339(NOW + 0.6) == "2026-01-01T00:00:01Z"
+    assert rfc3339(None) is None
+
+
+def test_build_workload_status_fields() -> None:
+    status = build_workload_status(figures(), NOW).model_dump(mode="json", by_alias=True)
+    assert status["allocatedGpuSeconds"] == 100.0 and status["idleGpuSeconds"] == 20.0
+    assert status["wastedGpuHours"] == pytest.approx(20 / 3600, abs=1e-4)
+    assert status["lastActiveTime"] == "2025-12-31T23:59:30Z" and status["startTime"] == "2025-12-31T23:59:10Z"
+    assert status["endTime"] is None and status["lastUpdateTime"] == "2026-01-01T00:00:00Z"
+    assert [pod["name"] for pod in status["pods"]] == ["train-0", "train-1"]  # stable order, no churn
+    assert [gpu["uuid"] for gpu in status["gpus"]] == ["GPU-a", "GPU-b"]
+    assert status["gpus"][1]["pod"] == ""
+    assert status["utilization"]["current"] == 55.56
+    assert {c["type"] for c in status["conditions"]} == {"Sampling", "Idle", "Underutilized"}
+
+
+def _conditions(f: WorkloadFigures, **kwargs: object) -> dict[str, tuple[str, str]]:
+    return {c.type: (c.status, c.reason) for c in build_conditions(f, NOW, **kwargs)}  # type: ignore[arg-type]
+
+
+def test_conditions() -> None:
+    active = _conditions(figures(idle_seconds=0.0, utilization=Windows(avg1h=80.0)))
+    assert active == {"Sampling": ("True", "DevicesSampled"), "Idle": ("False", "Active"),
+                      "Underutilized": ("False", "UtilizationOk")}
+    idle = _conditions(figures(idle_seconds=900.0, utilization=Windows(avg1h=5.0)), idle_condition_after_seconds=600)
+    assert idle["Idle"] == ("True", "IdleTooLong") and idle["Underutilized"] == ("True", "LowUtilization")
+    unsampled = _conditions(figures(sampling=False, gpus=[GpuFigures(node="n", uuid="GPU-x", monitored=False)]))
+    assert unsampled["Sampling"] == ("False", "SamplesMissing")
+    ended = _conditions(figures(phase="Succeeded", allocated_gpus=0.0, idle_seconds=900.0))
+    assert ended["Idle"] == ("False", "NotRunning") and ended["Sampling"][0] == "Unknown"
+
+
+def test_condition_transition_time_moves_only_on_change() -> None:
+    first = build_conditions(figures(idle_seconds=0.0), NOW)
+    same = build_conditions(figures(idle_seconds=5.0), NOW + 60, previous=first)
+    assert [c.last_transition_time for c in same] == [c.last_transition_time for c in first]
+    changed = build_conditions(figures(idle_seconds=900.0), NOW + 120, previous=same, idle_condition_after_seconds=600)
+    idle = next(c for c in changed if c.type == "Idle")
+    assert idle.status == "True" and idle.last_transition_time == rfc3339(NOW + 120)
+
+
+def test_project_status() -> None:
+    project = ProjectFigures(name="vision", workloads=3, namespaces=["b", "a"], allocated_gpus=4.0,
+                             idle_gpu_seconds=7200.0, utilization=Windows(avg5m=12.345))
+    status = build_project_status(project, NOW).model_dump(mode="json", by_alias=True)
+    assert status["namespaces"] == ["a", "b"] and status["wastedGpuHours"] == 2.0
+    assert status["utilization"]["avg5m"] == 12.35
+
+
+def _status(f: WorkloadFigures, now: float = NOW) -> dict[str, object]:
+    return build_workload_status(f, now).model_dump(mode="json", by_alias=True)
+
+
+def test_write_reason() -> None:
+    old = _status(figures())
+    assert write_reason(None, old, last_write_at=None, now=NOW, interval_seconds=15) == "material"
+    # the same figures a second later: nothing to say
+    assert write_reason(old, _status(figures(), NOW + 1), last_write_at=NOW, now=NOW + 1, interval_seconds=15) == "none"
+    # counters moved: a refresh, but only once the interval has passed
+    moved = _status(figures(allocated_gpu_seconds=102.0), NOW + 2)
+    assert write_reason(old, moved, last_write_at=NOW, now=NOW + 2, interval_seconds=15) == "none"
+    assert write_reason(old, moved, last_write_at=NOW, now=NOW + 15, interval_seconds=15) == "due"
+    # news: GPUs held, phase, a condition flipping
+    for changed in (figures(allocated_gpus=1.0), figures(phase="Succeeded"), figures(idle_seconds=10_000.0)):
+        assert write_reason(old, _status(changed), last_write_at=NOW, now=NOW + 1, interval_seconds=15) == "material"
+
+
+def test_names() -> None:
+    assert dns_name("vision") == "vision"
+    assert dns_name("Team Vision/Research").startswith("team-vision-research-")
+    assert dns_name("Team A") != dns_name("team-a")
+    assert len(dns_name("x" * 300)) <= 253
+    assert label_value("ok-value") == "ok-value"
+    assert len(label_value("y" * 100)) <= 63 and label_value("a b") != "a b"
+    assert workload_cr_name("train", "Job", clash=False) == "train"
+    assert workload_cr_name("train", "PyTorchJob", clash=True) == "train-pytorchjob"
+
+
+def test_token_bucket_limits_rate() -> None:
+    now = [0.0]
+    bucket = TokenBucket(20.0, clock=lambda: now[0])
+    taken = sum(bucket.try_acquire() for _ in range(100))
+    assert taken == 20  # the burst
+    now[0] = 0.5
+    assert sum(bucket.try_acquire() for _ in range(100)) == 10
+    assert bucket.seconds_until() == pytest.approx(0.05)
+    now[0] = 100.0
+    assert sum(bucket.try_acquire() for _ in range(100)) == 20  # never more than the burst saved up
+    with pytest.raises(ValueError, match="rate"):
+        TokenBucket(0)
