@@ -108,14 +108,10 @@ def test_design_section_4_names_and_columns() -> None:
     columns = [c["name"] for c in workload["spec"]["versions"][0]["additionalPrinterColumns"]]
     assert columns == ["Project", "GPUs", "Util", "Mem", "Idle", "Wasted GPU-h", "Age"]
     status = workload["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
-    for field in (
-        "phase allocatedGpus gpuModel nodes pods gpus utilization memoryUtilization idleSeconds lastActiveTime "
-        "allocatedGpuSeconds activeGpuSeconds idleGpuSeconds energyJoules waitSeconds runSeconds startTime endTime "
-        "conditions observedGeneration lastUpdateTime"
-    ).split():
+    for field in ["phase", "allocatedGpus", "gpuModel", "nodes", "pods", "gpus", "utilization", "memoryUtilization", "idleSeconds", "lastActiveTime", "allocatedGpuSeconds", "activeGpuSeconds", "idleGpuSeconds", "energyJoules", "waitSeconds", "runSeconds", "startTime", "endTime", "conditions", "observedGeneration", "lastUpdateTime"]:
         assert field in status, field
     gpu_fields = status["gpus"]["items"]["properties"]
-    for field in "node uuid index migProfile pod container utilizationPercent memoryUsedBytes memoryTotalBytes powerWatts healthy".split():
+    for field in ["node", "uuid", "index", "migProfile", "pod", "container", "utilizationPercent", "memoryUsedBytes", "memoryTotalBytes", "powerWatts", "healthy"]:
         assert field in gpu_fields, field
     assert set(status["utilization"]["properties"]) == {"current", "avg1m", "avg5m", "avg1h", "lifetime"}
 
