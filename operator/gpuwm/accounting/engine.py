@@ -22,7 +22,7 @@ import bisect
 import logging
 from collections.abc import Iterable
 
-from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Point, Pod, Stretch, Workload
+from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Pod, Point, Stretch, Workload
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import NamespaceEvent, PodEvent, SampleEvent
 
@@ -92,24 +92,29 @@ class EngineCore:
         return gpu
 
     def observe_sample(self, sample: GpuSample) -> None:
-        uuid = physical_uuid(sample.uuid)
-        gpu = self._gpu(uuid, sample.node)
-        gpu.node = sample.node
+        uuid = sample.uuid
+        if "::" in uuid:
+            uuid = physical_uuid(uuid)
+        gpu = self.gpu_records.get(uuid)
+        if gpu is None:
+            gpu = self.gpu_records[uuid] = Gpu(uuid, sample.node)
+        else:
+            gpu.node = sample.node
         t = sample.t
         times = gpu.times
         if times and t <= times[-1]:
-            if t < self.boundary:
+            if t < self.clock - self.config.late_event_window_seconds:
                 self.late_samples_dropped += 1
                 return
             self._insert_late_point(gpu, sample)
         else:
-            point = Point.from_sample(sample)
             times.append(t)
-            gpu.points.append(point)
+            gpu.points.append(Point.from_sample(sample))
             gpu.latest = sample
             if gpu.stretches:
                 self._apply_interval(gpu, len(times) - 1, -INFINITY, INFINITY, gpu.stretches, 1.0)
-        self._advance(t)
+        if t > self.clock:
+            self._advance(t)
 
     def _insert_late_point(self, gpu: Gpu, sample: GpuSample) -> None:
         times = gpu.times

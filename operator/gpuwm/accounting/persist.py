@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gpuwm.accounting.state import INFINITY, Gpu, Point, Pod, Stretch, Workload
+from gpuwm.accounting.state import INFINITY, Gpu, Pod, Point, Stretch, Workload
 from gpuwm.accounting.windows import WindowSums
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import NamespaceEvent, PodEvent

@@ -15,8 +15,8 @@ from gpuwm.model.figures import (
     GpuFigures,
     PodFigures,
     ProjectFigures,
-    WorkloadFigures,
     Windows,
+    WorkloadFigures,
 )
 
 _TERMINAL_PHASES = ("Succeeded", "Failed", "Deleted")

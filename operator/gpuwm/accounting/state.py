@@ -65,8 +65,10 @@ class Point:
                 for process in with_sm:
                     if process.pod_uid is not None:
                         pod_sm[process.pod_uid] = pod_sm.get(process.pod_uid, 0.0) + (process.sm_percent or 0.0)
+        used, total = sample.memory_used_bytes, sample.memory_total_bytes
+        mem_percent = None if used is None or not total else min(100.0, 100.0 * used / total)
         sm = sample.sm_percent if sample.healthy else None
-        return cls(sample.t, sm, sample.memory_percent, sample.energy_joules, pod_sm, sample.device_units)
+        return cls(sample.t, sm, mem_percent, sample.energy_joules, pod_sm, sample.device_units)
 
     def to_list(self) -> list[Any]:
         return [self.t, self.sm, self.mem_percent, self.energy, self.pod_sm, self.device_units]

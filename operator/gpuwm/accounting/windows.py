@@ -68,7 +68,13 @@ class WindowSums:
         if size < 2 * _STRIDE:
             return
         last, before = size - _STRIDE, size - 2 * _STRIDE
-        if data[before + 1] == data[last] and all(data[before + i] == data[last + i] for i in range(2, _STRIDE)):
+        if (
+            data[before + 1] == data[last]
+            and data[before + 2] == data[last + 2]
+            and data[before + 3] == data[last + 3]
+            and data[before + 4] == data[last + 4]
+            and data[before + 5] == data[last + 5]
+        ):
             data[before + 1] = data[last + 1]
             del data[last:]
 
