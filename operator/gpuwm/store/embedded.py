@@ -428,64 +428,73 @@ class EmbeddedStore(Store):
         grid = query.grid()
         selected = self._select_series(query)
         metric_columns = [METRIC_INDEX[name] for name in query.metrics]
+        is_max = [METRICS[column].rollup is Rollup.MAX for column in metric_columns]
         step = query.step_seconds
-        # per series: per metric: cell -> [sum, count] (mean) or [max] (max)
-        sums: dict[int, list[list[float]]] = {}
-        counts: dict[int, list[list[int]]] = {}
-        seen: set[int] = set()
         cells = len(grid)
+        # per series, per metric: the value of each cell (None = no data) and, for means, how many rows made it
+        values: dict[int, list[list[float | None]]] = {}
+        weights: dict[int, list[list[int]]] = {}
+        seen: set[int] = set()
         if selected:
             ids = [series_id for series_id, _ in selected]
             for series_id in ids:
-                sums[series_id] = [[math.nan] * cells for _ in metric_columns]
-                counts[series_id] = [[0] * cells for _ in metric_columns]
-            selects = []
-            for column_index in metric_columns:
-                column = _COLUMNS[column_index]
-                if METRICS[column_index].rollup is Rollup.MAX:
-                    selects.append(f"max({column}), count({column})")
-                else:
-                    selects.append(f"sum({column}), count({column})")
+                values[series_id] = [[None] * cells for _ in metric_columns]
+                weights[series_id] = [[0] * cells for _ in metric_columns]
+            grouped = ", ".join(
+                f"{'max' if maximum else 'avg'}({_COLUMNS[column]}), count({_COLUMNS[column]})"
+                for column, maximum in zip(metric_columns, is_max, strict=True)
+            )
+            plain = ", ".join(f"{_COLUMNS[column]}, 1" for column in metric_columns)
             id_list = ",".join("?" * len(ids))
             connection = self._reader()
             for tier, low, high in self._segments(query.start, query.start + cells * step, step):
-                sql = (
-                    f"SELECT series_id, CAST((t - ?) / ? AS INTEGER) AS cell, {', '.join(selects)} "
-                    f"FROM {tier.table} WHERE series_id IN ({id_list}) AND t >= ? AND t < ? "
-                    "GROUP BY series_id, cell"
-                )
-                for row in connection.execute(sql, (query.start, step, *ids, low, high)):
-                    series_id, cell = row[0], row[1]
-                    if not 0 <= cell < cells:
-                        continue
-                    seen.add(series_id)
-                    series_sums, series_counts = sums[series_id], counts[series_id]
-                    for position, column_index in enumerate(metric_columns):
-                        value, count = row[2 + 2 * position], row[3 + 2 * position]
-                        if not count:
+                if step == tier.step_seconds:
+                    # one stored row per cell at most: no GROUP BY (it doubles the cost of a 24 h read)
+                    sql = (
+                        f"SELECT series_id, CAST((t - ?) / ? AS INTEGER), {plain} FROM {tier.table} "
+                        f"WHERE series_id IN ({id_list}) AND t >= ? AND t < ?"
+                    )
+                else:
+                    sql = (
+                        f"SELECT series_id, CAST((t - ?) / ? AS INTEGER) AS cell, {grouped} "
+                        f"FROM {tier.table} WHERE series_id IN ({id_list}) AND t >= ? AND t < ? "
+                        "GROUP BY series_id, cell"
+                    )
+                rows = connection.execute(sql, (query.start, step, *ids, low, high)).fetchall()
+                for position, maximum in enumerate(is_max):
+                    value_index, count_index = 2 + 2 * position, 3 + 2 * position
+                    for row in rows:
+                        value = row[value_index]
+                        cell = row[1]
+                        if value is None or not 0 <= cell < cells:
                             continue
-                        previous = series_sums[position][cell]
-                        if METRICS[column_index].rollup is Rollup.MAX:
-                            series_sums[position][cell] = (
-                                value if math.isnan(previous) else max(previous, value)
-                            )
-                            series_counts[position][cell] = 1
+                        series_id = row[0]
+                        seen.add(series_id)
+                        series_values = values[series_id][position]
+                        previous = series_values[cell]
+                        count = row[count_index]
+                        if previous is None:
+                            series_values[cell] = value
+                            weights[series_id][position][cell] = count
+                        elif maximum:  # a cell split between two tiers: combine
+                            series_values[cell] = max(previous, value)
                         else:
-                            series_sums[position][cell] = value if math.isnan(previous) else previous + value
-                            series_counts[position][cell] += count
+                            weight = weights[series_id][position][cell]
+                            series_values[cell] = (previous * weight + value * count) / (weight + count)
+                            weights[series_id][position][cell] = weight + count
         result: list[Series] = []
         breakdown = query.by is not None and not (query.scope == "node" and query.by == "node")
         for series_id, labels in selected:
             if breakdown and series_id not in seen:
                 continue
             for position, name in enumerate(query.metrics):
-                values = sums[series_id][position]
-                value_counts = counts[series_id][position]
-                points: list[tuple[float, float | None]] = [
-                    (t, None if not n else (v if METRICS[METRIC_INDEX[name]].rollup is Rollup.MAX else v / n))
-                    for t, v, n in zip(grid, values, value_counts, strict=True)
-                ]
-                result.append(Series(metric=name, labels=dict(labels), points=points))
+                result.append(
+                    Series(
+                        metric=name,
+                        labels=dict(labels),
+                        points=list(zip(grid, values[series_id][position], strict=True)),
+                    )
+                )
         if not selected and not breakdown:
             result = [
                 Series(metric=name, labels={}, points=[(t, None) for t in grid]) for name in query.metrics

@@ -15,6 +15,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -132,7 +133,7 @@ def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -158,54 +159,54 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     driver.quit()
 
 
-def _wait_ready(driver: object) -> None:
+def _wait_ready(driver: Any) -> None:
     from selenium.webdriver.support.ui import WebDriverWait
 
-    WebDriverWait(driver, 30).until(  # type: ignore[arg-type]
+    WebDriverWait(driver, 30).until(
         lambda d: d.execute_script("return document.body.dataset.ready") == "true"
     )
 
 
-def test_overview_shows_projects_and_idle_workloads(api_url: str, browser: object) -> None:
+def test_overview_shows_projects_and_idle_workloads(api_url: str, browser: Any) -> None:
     from selenium.webdriver.common.by import By
 
     driver = browser
-    driver.get(api_url + "/#/")  # type: ignore[attr-defined]
+    driver.get(api_url + "/#/")
     _wait_ready(driver)
-    assert driver.find_element(By.ID, "error").get_attribute("hidden") is not None  # type: ignore[attr-defined]
-    rows = driver.find_elements(By.CSS_SELECTOR, "#projects tbody tr")  # type: ignore[attr-defined]
+    assert driver.find_element(By.ID, "error").get_attribute("hidden") is not None
+    rows = driver.find_elements(By.CSS_SELECTOR, "#projects tbody tr")
     cells = [[td.text for td in row.find_elements(By.TAG_NAME, "td")] for row in rows]
     assert [row[0] for row in cells] == ["alpha", "beta"]
     assert cells[0][2] == "2.00" and cells[1][2] == "1.50" and cells[1][3] == "1.50"
     assert cells[1][5] == "4.00"  # wasted GPU-hours of beta
-    idle_rows = driver.find_elements(By.CSS_SELECTOR, "#idle tbody tr")  # type: ignore[attr-defined]
+    idle_rows = driver.find_elements(By.CSS_SELECTOR, "#idle tbody tr")
     assert [row.get_attribute("data-workload") for row in idle_rows] == [
         "team-b/notebook",
         "team-b/stale-eval",
     ]
     assert [row.find_elements(By.TAG_NAME, "td")[4].text for row in idle_rows] == ["3.00", "1.00"]
-    summary = driver.find_element(By.ID, "summary").text  # type: ignore[attr-defined]
+    summary = driver.find_element(By.ID, "summary").text
     assert summary.startswith("3 workloads")
     ARTIFACTS.mkdir(exist_ok=True)
-    assert driver.save_screenshot(str(ARTIFACTS / "dashboard-overview.png"))  # type: ignore[attr-defined]
+    assert driver.save_screenshot(str(ARTIFACTS / "dashboard-overview.png"))
 
 
-def test_workload_page_draws_charts(api_url: str, browser: object) -> None:
+def test_workload_page_draws_charts(api_url: str, browser: Any) -> None:
     from selenium.webdriver.common.by import By
 
     driver = browser
-    driver.get(api_url + "/#/workload/team-a/train")  # type: ignore[attr-defined]
+    driver.get(api_url + "/#/workload/team-a/train")
     _wait_ready(driver)
-    assert driver.find_element(By.ID, "workload-title").text == "Job team-a/train"  # type: ignore[attr-defined]
+    assert driver.find_element(By.ID, "workload-title").text == "Job team-a/train"
     for metric in ("gpu_utilization_percent", "gpu_memory_used_bytes", "gpu_power_watts"):
-        canvas = driver.find_element(By.ID, f"chart-{metric}")  # type: ignore[attr-defined]
+        canvas = driver.find_element(By.ID, f"chart-{metric}")
         assert int(canvas.get_attribute("data-points")) == 120
         # count the line's blue pixels actually painted on the canvas
-        blue = driver.execute_script(  # type: ignore[attr-defined]
+        blue = driver.execute_script(
             "const c = arguments[0]; const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
             "let n = 0; for (let i = 0; i < d.length; i += 4) { if (d[i+2] > 150 && d[i] < 120) n++; } return n;",
             canvas,
         )
         assert blue > 500, f"{metric}: only {blue} line pixels drawn"
     ARTIFACTS.mkdir(exist_ok=True)
-    assert driver.save_screenshot(str(ARTIFACTS / "dashboard-workload.png"))  # type: ignore[attr-defined]
+    assert driver.save_screenshot(str(ARTIFACTS / "dashboard-workload.png"))
