@@ -46,6 +46,9 @@ class EngineCore:
         self.workload_records: dict[str, Workload] = {}
         self.pods: dict[str, Pod] = {}
         self.namespaces: dict[str, NamespaceEvent] = {}
+        # MIG parent uuid -> instances whose samples carry no energy counter: the parent's
+        # own samples' energy is split among the workloads on those instances
+        self.mig_children: dict[str, list[str]] = {}
         self.late_samples_dropped = 0
         self._last_maintenance = -INFINITY
         self._gap = self.config.gap_seconds
@@ -113,6 +116,10 @@ class EngineCore:
             gpu.latest = sample
             if gpu.stretches:
                 self._apply_interval(gpu, len(times) - 1, -INFINITY, INFINITY, gpu.stretches, 1.0)
+            if uuid in self.mig_children:
+                self._apply_parent_energy(gpu, times[-2] if len(times) > 1 else t, t, self._child_stretches(uuid), 1.0)
+        if sample.parent_uuid is not None and sample.energy_joules is None:
+            self._register_mig_child(sample.parent_uuid, uuid)
         if t > self.clock:
             self._advance(t)
 
@@ -127,7 +134,9 @@ class EngineCore:
         else:
             high = times[index]
         stretches = list(gpu.stretches)
+        children = self._child_stretches(gpu.uuid)
         self._apply_range(gpu, low, high, stretches, -1.0)
+        self._apply_parent_energy(gpu, low, high, children, -1.0)
         self._settle_last_active(gpu, stretches, low, high)
         point = Point.from_sample(sample)
         if replacing:
@@ -138,6 +147,7 @@ class EngineCore:
             times.insert(index, t)
             gpu.points.insert(index, point)
         self._apply_range(gpu, low, high, stretches, 1.0)
+        self._apply_parent_energy(gpu, low, high, children, 1.0)
 
     def observe_pod(self, event: PodEvent) -> None:
         workload = self.workload_records.get(event.workload.uid)
@@ -204,7 +214,10 @@ class EngineCore:
         for uuid in sorted(devices):
             gpu = self._gpu(uuid, None)
             group = [stretch for stretch in gpu.stretches if stretch.workload is workload]
+            parent = self._energy_parent(gpu)
             self._apply_range(gpu, low, INFINITY, group, -1.0)
+            if parent is not None:
+                self._apply_parent_energy(parent, low, INFINITY, group, -1.0)
             self._settle_last_active(gpu, group, low)
             for stretch in [s for s in pod.stretches if s.uuid == uuid and s.end > low]:
                 if stretch.start >= low:
@@ -237,6 +250,8 @@ class EngineCore:
                         workload.first_run_start = stretch.start
             group = [stretch for stretch in gpu.stretches if stretch.workload is workload]
             self._apply_range(gpu, low, INFINITY, group, 1.0)
+            if parent is not None:
+                self._apply_parent_energy(parent, low, INFINITY, group, 1.0)
 
     @staticmethod
     def _drop_stretch(gpu: Gpu, stretch: Stretch) -> None:
@@ -244,6 +259,57 @@ class EngineCore:
         stretch.workload.stretches.remove(stretch)
         pod_stretches = stretch.workload.pods[stretch.pod_uid].stretches
         pod_stretches.remove(stretch)
+
+    # ------------------------------------------------------------ MIG energy
+
+    def _register_mig_child(self, parent_uuid: str, child_uuid: str) -> None:
+        children = self.mig_children.setdefault(parent_uuid, [])
+        if child_uuid not in children:
+            children.append(child_uuid)
+            parent = self.gpu_records.get(parent_uuid)
+            child = self.gpu_records.get(child_uuid)
+            if parent is not None and child is not None and child.stretches:
+                # intervals of the parent seen before we knew: account them now
+                self._apply_parent_energy(parent, -INFINITY, INFINITY, list(child.stretches), 1.0)
+
+    def _child_stretches(self, parent_uuid: str) -> list[Stretch]:
+        stretches: list[Stretch] = []
+        for child_uuid in self.mig_children.get(parent_uuid, ()):
+            child = self.gpu_records.get(child_uuid)
+            if child is not None:
+                stretches.extend(child.stretches)
+        return stretches
+
+    def _energy_parent(self, gpu: Gpu) -> Gpu | None:
+        """The MIG parent whose energy this instance's holders share, if its own samples carry none."""
+        latest = gpu.latest
+        if latest is None or latest.parent_uuid is None or gpu.uuid not in self.mig_children.get(latest.parent_uuid, ()):
+            return None
+        return self.gpu_records.get(latest.parent_uuid)
+
+    def _apply_parent_energy(
+        self, parent: Gpu, low: float, high: float, stretches: list[Stretch], sign: float
+    ) -> None:
+        """Energy of the parent's intervals in (low, high] to instance stretches, by units."""
+        if not stretches:
+            return
+        times = parent.times
+        points = parent.points
+        index = max(1, bisect.bisect_right(times, low))
+        while index < len(times):
+            start = times[index - 1]
+            if start >= high:
+                break
+            end = times[index]
+            point, previous = points[index], points[index - 1]
+            if point.energy is not None and previous.energy is not None:
+                rate = max(0.0, point.energy - previous.energy) / (end - start)
+                cut_start, cut_end = max(start, low), min(end, high)
+                for stretch in stretches:
+                    piece = min(cut_end, stretch.end) - max(cut_start, stretch.start)
+                    if piece > 0:
+                        stretch.workload.energy_joules += sign * rate * piece * stretch.units
+            index += 1
 
     # ------------------------------------------------------------ arithmetic
 

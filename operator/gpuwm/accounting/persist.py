@@ -104,6 +104,7 @@ def save_state(core: Any) -> dict[str, Any]:
         "lastMaintenance": _finite(core._last_maintenance),
         "lateSamplesDropped": core.late_samples_dropped,
         "namespaces": [event.model_dump(by_alias=True, mode="json") for event in core.namespaces.values()],
+        "migChildren": core.mig_children,
         "workloads": workloads,
         "pods": pods,
         "gpus": gpus,
@@ -127,6 +128,7 @@ def _restore(core: Any, state: dict[str, Any]) -> None:
     last = state["lastMaintenance"]
     core._last_maintenance = -INFINITY if last is None else float(last)
     core.late_samples_dropped = int(state["lateSamplesDropped"])
+    core.mig_children = {parent: list(children) for parent, children in state["migChildren"].items()}
     for raw in state["namespaces"]:
         event = NamespaceEvent.model_validate(raw)
         core.namespaces[event.name] = event

@@ -312,3 +312,32 @@ def test_lost_gpu_sample_is_unmonitored_not_idle() -> None:
     assert f.unmonitored_gpu_seconds == pytest.approx(5)
     assert f.idle_gpu_seconds == 0
     assert f.gpus[0].healthy is False
+
+
+def test_mig_instances_without_energy_share_the_parents_counter_by_units() -> None:
+    e = engine()
+    e.observe(pod(0, "small", devices=[("MIG-1", 1 / 7)]))
+    e.observe(pod(0, "big", devices=[("MIG-2", 3 / 7)]))
+    for t in range(0, 11):
+        # the parent GPU's own sample carries the counter (700 J/s); the instances carry none
+        e.observe(sample(t, "GPU-p", sm=None, energy_joules=700.0 * t))
+        e.observe(sample(t, "MIG-1", sm=50, parent_uuid="GPU-p", device_units=1 / 7))
+        e.observe(sample(t, "MIG-2", sm=50, parent_uuid="GPU-p", device_units=3 / 7))
+    # 7,000 J in (0, 10]: 1/7 -> 1,000 J, 3/7 -> 3,000 J, the free 3/7 to nobody
+    assert figures(e, "small", 10).energy_joules == pytest.approx(1000)
+    assert figures(e, "big", 10).energy_joules == pytest.approx(3000)
+    assert e.cluster(10).total_gpu_units == pytest.approx(4 / 7)  # the parent is not capacity of its own
+
+
+def test_mig_parent_energy_is_order_independent() -> None:
+    events = [pod(0, "small", devices=[("MIG-1", 1 / 7)])]
+    for t in range(0, 11):
+        events.append(sample(t, "GPU-p", sm=None, energy_joules=700.0 * t))
+        events.append(sample(t, "MIG-1", sm=50, parent_uuid="GPU-p", device_units=1 / 7))
+    forward, backward = engine(), engine()
+    for event in events:
+        forward.observe(event)
+    for event in reversed(events):
+        backward.observe(event)
+    assert figures(backward, "small", 10).energy_joules == pytest.approx(figures(forward, "small", 10).energy_joules)
+    assert figures(forward, "small", 10).energy_joules == pytest.approx(1000)
