@@ -253,3 +253,45 @@ def test_bad_rollup_tiers_are_refused(spec: list[str]) -> None:
 def test_prometheus_urls_and_schemes() -> None:
     with pytest.raises(StoreError, match="unsupported scheme"):
         open_store("ftp://example/x")
+
+
+def test_pod_stats_are_summed_per_pod_workload_and_node(store: EmbeddedStore) -> None:
+    from gpuwm.model import PodStatsSample
+
+    job = workload("train", [("gpu-0", 1.0, 50.0)])
+    other = workload("other", [("gpu-1", 1.0, 50.0)], node="node-a")
+    stats = [
+        PodStatsSample(
+            t=1005.0,
+            node="node-a",
+            namespace="team-a",
+            pod="train-0",
+            pod_uid="pod-uid-train",
+            cpu_usage_cores=1.5,
+            memory_used_bytes=2e9,
+        ),
+        PodStatsSample(
+            t=1005.0,
+            node="node-a",
+            namespace="team-a",
+            pod="other-0",
+            pod_uid="pod-uid-other",
+            cpu_usage_cores=0.5,
+            network_rx_bytes_per_second=1e6,
+        ),
+    ]
+    store.record(
+        1005.0,
+        [sample(1005.0, "gpu-0"), sample(1005.0, "gpu-1")],
+        [job, other],
+        [project("alpha", [job, other])],
+        cluster(2),
+        stats,
+    )
+    metrics = ("cpu_usage_cores", "memory_used_bytes", "network_rx_bytes_per_second")
+    train = store.query_range(RangeQuery("workload", "uid-train", metrics, 1005, 1005, 15))
+    assert [s.points[0][1] for s in train] == [1.5, 2e9, None]
+    node = store.query_range(RangeQuery("node", "node-a", metrics, 1005, 1005, 15))
+    assert [s.points[0][1] for s in node] == [2.0, 2e9, 1e6]
+    (alpha_cpu,) = store.query_range(RangeQuery("project", "alpha", ("cpu_usage_cores",), 1005, 1005, 15))
+    assert alpha_cpu.points == [(1005, 2.0)]
