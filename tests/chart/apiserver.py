@@ -29,6 +29,8 @@ import kubernetes_validate  # type: ignore[import-untyped]
 from aiohttp import web
 from jsonschema import Draft7Validator  # type: ignore[import-untyped]
 
+from tests.chart.validation import Invalid, structural_to_jsonschema, validate_metadata
+
 log = logging.getLogger(__name__)
 
 KUBERNETES_VERSION = "1.33.0"
@@ -77,75 +79,6 @@ _BUILTIN: list[tuple[str, str, str, str, bool]] = [
     ("node.k8s.io", "v1", "runtimeclasses", "RuntimeClass", False),
 ]
 
-_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
-_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-# Kinds whose names are DNS labels (63 characters) rather than DNS subdomains.
-_DNS_LABEL_KINDS = {"Namespace", "Service"}
-
-
-class Invalid(Exception):
-    """An object the API server rejects; `str()` is the message a client sees."""
-
-
-def _structural_to_jsonschema(schema: Any, strict: bool) -> Any:
-    """A CRD structural schema as JSON Schema: nullable, int-or-string, and unknown fields rejected.
-
-    A real API server prunes unknown fields and, under strict field validation (kubectl's
-    default), rejects them; so do we, unless the schema preserves unknown fields.
-    """
-    if isinstance(schema, list):
-        return [_structural_to_jsonschema(item, strict) for item in schema]
-    if not isinstance(schema, dict):
-        return schema
-    result = {key: _structural_to_jsonschema(value, strict) for key, value in schema.items() if not key.startswith("x-")}
-    if "properties" in result:
-        result["properties"] = {
-            name: _structural_to_jsonschema(sub, strict) for name, sub in schema["properties"].items()
-        }
-    if schema.get("x-kubernetes-int-or-string"):
-        result["type"] = ["integer", "string"]
-    if schema.get("nullable"):
-        result.pop("nullable", None)
-        if "type" in result:
-            types = result["type"] if isinstance(result["type"], list) else [result["type"]]
-            result["type"] = [*types, "null"]
-        for key in ("enum",):
-            if key in result:
-                result[key] = [*result[key], None]
-    if (
-        strict
-        and result.get("type") == "object"
-        and "properties" in result
-        and "additionalProperties" not in result
-        and not schema.get("x-kubernetes-preserve-unknown-fields")
-    ):
-        result["additionalProperties"] = False
-    return result
-
-
-def validate_metadata(obj: dict[str, Any], kind: str) -> None:
-    """The API server's checks on names, labels and annotations."""
-    metadata = obj.get("metadata") or {}
-    name = metadata.get("name", "")
-    where = f"{kind} {name!r}"
-    pattern, limit = (_DNS_LABEL, 63) if kind in _DNS_LABEL_KINDS else (_DNS_SUBDOMAIN, 253)
-    if kind not in {"ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} and (
-        not pattern.match(name) or len(name) > limit
-    ):
-        raise Invalid(f"{where}: metadata.name: Invalid value: must be a DNS name of at most {limit} characters")
-    for key, value in (metadata.get("labels") or {}).items():
-        prefix, _, label_name = key.rpartition("/")
-        if (prefix and not _DNS_SUBDOMAIN.match(prefix)) or not _LABEL_NAME.match(label_name) or len(label_name) > 63:
-            raise Invalid(f"{where}: metadata.labels: Invalid value: {key!r}: not a valid label key")
-        if not isinstance(value, str) or not _LABEL_VALUE.match(value) or len(value) > 63:
-            raise Invalid(f"{where}: metadata.labels: Invalid value: {value!r}: not a valid label value")
-    annotations = metadata.get("annotations") or {}
-    if any(not isinstance(value, str) for value in annotations.values()):
-        raise Invalid(f"{where}: metadata.annotations: values must be strings")
-
-
 @dataclass
 class Store:
     """Objects by (apiVersion, plural, namespace, name); served types grow as CRDs arrive."""
@@ -179,7 +112,7 @@ class Store:
                 path = ".".join(str(part) for part in error.path)
                 raise Invalid(f"{resource.kind} {name!r}: {path}: {error.message}") from None
             return
-        schema = _structural_to_jsonschema(resource.schema, strict=True)
+        schema = structural_to_jsonschema(resource.schema, strict=True)
         body = {key: value for key, value in obj.items() if key not in ("apiVersion", "kind", "metadata")}
         schema.setdefault("properties", {})
         for key in ("apiVersion", "kind", "metadata"):
@@ -362,25 +295,13 @@ class ApiServer:
                 return web.json_response(discovery)
         match = self._PATH.match(path)
         if not match:
-            # /api/v1/namespaces/NAME is the namespaces collection's item, not a namespaced collection.
             return _status(404, "NotFound", f"the server could not find the requested resource {path}")
         parts = match.groupdict()
         api_version = parts["core"] or f"{parts['group']}/{parts['version']}"
         namespace, plural, name = parts["namespace"], parts["plural"], parts["name"]
-        if plural not in {r.plural for r in self.store.types.values()} and namespace and name is None:
-            # e.g. /api/v1/namespaces/default/status is not a thing; /api/v1/namespaces/default is.
-            pass
-        if parts["namespace"] and (api_version, plural) not in self.store.types and plural == "status":
-            return _status(404, "NotFound", path)
-        if api_version == "v1" and plural and namespace and name is None and (api_version, plural) not in self.store.types:
-            return _status(404, "NotFound", path)
         resource = self.store.types.get((api_version, plural))
         if resource is None:
-            # /api/v1/namespaces/{name}: the namespace item itself.
-            if api_version == "v1" and parts["namespace"] and name is None:
-                resource, name, namespace = self.store.types[("v1", "namespaces")], parts["namespace"], None
-            else:
-                return _status(404, "NotFound", f"the server could not find the requested resource {path}")
+            return _status(404, "NotFound", f"the server could not find the requested resource {path}")
         if not resource.namespaced:
             namespace = None
         try:
