@@ -86,19 +86,36 @@ class Snapshot:
     pod_stats: list[PodStatsSample]
 
 
-def parse_snapshot(payload: Mapping[str, Any], expected_node: str) -> Snapshot:
-    """Validate an agent's JSON; raises ValueError naming the node and the field at fault."""
+class _SnapshotPayload(BaseModel):
+    """The agent's JSON, validated in one pass from bytes (pydantic-core parses and checks in Rust)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    node: str | None = None
+    seq: int = Field(default=0, ge=0)
+    agent_id: str | None = None
+    samples: list[GpuSample] = Field(default_factory=list)
+    pod_stats: list[PodStatsSample] = Field(default_factory=list)
+    devices: list[dict[str, Any]] = Field(default_factory=list)
+
+
+def _snapshot(payload: _SnapshotPayload, expected_node: str) -> Snapshot:
+    node = payload.node or expected_node
+    holders = [holder for item in payload.devices for holder in _holders(item, node)]
+    return Snapshot(node=node, seq=payload.seq, agent_id=payload.agent_id, samples=payload.samples,
+                    holders=holders, pod_stats=payload.pod_stats)
+
+
+def parse_snapshot(payload: Mapping[str, Any] | bytes, expected_node: str) -> Snapshot:
+    """Validate an agent's JSON (parsed or raw bytes); raises ValueError naming the node and the field at fault."""
     try:
-        node = str(payload.get("node") or expected_node)
-        seq = int(payload.get("seq") or 0)
-        samples = [GpuSample.model_validate(item) for item in payload.get("samples") or []]
-        holders = [holder for item in payload.get("devices") or [] for holder in _holders(item, node)]
-        pod_stats = [PodStatsSample.model_validate(item) for item in payload.get("pod_stats") or []]
+        if isinstance(payload, bytes | bytearray):
+            parsed = _SnapshotPayload.model_validate_json(payload)
+        else:
+            parsed = _SnapshotPayload.model_validate(payload)
+        return _snapshot(parsed, expected_node)
     except (ValidationError, TypeError, ValueError, AttributeError) as error:
         raise ValueError(f"agent for node {expected_node!r} sent a malformed snapshot: {error}") from None
-    agent_id = payload.get("agent_id")
-    return Snapshot(node=node, seq=seq, agent_id=str(agent_id) if agent_id else None, samples=samples,
-                    holders=holders, pod_stats=pod_stats)
 
 
 @dataclass(frozen=True)
@@ -245,9 +262,7 @@ class AgentPuller:
         async with self._session.get(f"{base_url}/v1/snapshot", params={"since": str(since)}) as response:
             if response.status != 200:
                 raise ValueError(f"HTTP {response.status} from {base_url}/v1/snapshot")
-            payload = await response.json(content_type=None)
-        if not isinstance(payload, Mapping):
-            raise ValueError(f"agent for node {node!r} sent {type(payload).__name__}, expected a JSON object")
+            payload = await response.read()
         return parse_snapshot(payload, node)
 
 

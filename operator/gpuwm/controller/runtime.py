@@ -9,6 +9,7 @@ save the engine's state for the next start.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import socket
@@ -45,9 +46,13 @@ from gpuwm.controller.status import (
     build_workload_status,
     dns_name,
     label_value,
+    project_counters,
+    project_signature,
     rfc3339,
+    workload_counters,
     workload_cr_name,
     workload_labels,
+    workload_signature,
 )
 from gpuwm.controller.units import replicas_from_node_labels
 from gpuwm.controller.writer import PROJECT_PLURAL, WORKLOAD_PLURAL, Desired, StatusWriter
@@ -58,6 +63,8 @@ from gpuwm.model.trace import NamespaceEvent
 logger = logging.getLogger(__name__)
 
 NODE_CACHE_SECONDS = 600.0
+#: how often the engine state is saved; a restart re-reads the agents from the saved positions
+STATE_SAVE_SECONDS = 30.0
 
 
 class ControllerRuntime:
@@ -97,6 +104,7 @@ class ControllerRuntime:
         self.store: Any = None
         self._node_replicas: dict[str, tuple[float, int]] = {}
         self._warned: set[str] = set()
+        self._last_save: float | None = None
         self.ready = asyncio.Event()
 
     # ------------------------------------------------------------------ kopf events
@@ -184,27 +192,29 @@ class ControllerRuntime:
         result = await self.puller.pull_all(self.agent_urls())
         changed_nodes = set()
         for snapshot in result.snapshots:
-            if snapshot.holders or snapshot.samples:
+            if snapshot.holders != self.holders_by_node.get(snapshot.node):
                 changed_nodes.add(snapshot.node)
                 self.holders_by_node[snapshot.node] = snapshot.holders
-        if changed_nodes:
+        if changed_nodes:  # attribution changed: those nodes' pods get events with their devices
             self.holders_by_pod = index_holders(self.holders_by_node)
             for pod in list(self.pods.values()):
-                self._send(pod)
+                if pod.node in changed_nodes:
+                    self._send(pod)
         samples = sorted_samples(result.snapshots)
         for sample in samples:
             self.engine.observe_sample(sample)
         if samples:
             self.latest_sample_time = max(self.latest_sample_time or 0.0, samples[-1].t)
         now = self.clock()
-        workloads = [self._with_baseline(figures) for figures in self.engine.workloads(now)]
-        projects = self.engine.projects(now)
+        engine_workloads, projects, cluster = self.engine.report(now)
+        workloads = [self._with_baseline(figures) for figures in engine_workloads]
         self._offer_workloads(workloads, now)
         self._offer_projects(projects, now)
         await self._announce_idle(workloads)
         await self._apply_retention(workloads, now)
-        self.save(now)
-        await self._record(now, samples, workloads, projects, result)
+        if self._last_save is None or now - self._last_save >= STATE_SAVE_SECONDS or self.cycles < 3:
+            self.save(now)
+        await self._record(now, samples, workloads, projects, cluster, result)
         self.cycles += 1
 
     def _with_baseline(self, figures: WorkloadFigures) -> WorkloadFigures:
@@ -237,40 +247,51 @@ class ControllerRuntime:
         return name
 
     def _offer_workloads(self, workloads: list[WorkloadFigures], now: float) -> None:
+        idle_after, low = self.settings.idle_condition_after, self.settings.underutilized_percent
         for figures in workloads:
             name = self.cr_name_for(figures)
             if name is None:
                 continue
-            status = build_workload_status(
-                figures, now,
-                idle_condition_after_seconds=self.settings.idle_condition_after,
-                underutilized_percent=self.settings.underutilized_percent,
-                previous_conditions=self.conditions.get(figures.uid, ()),
-            )
-            self.conditions[figures.uid] = status.conditions
             self.writer.offer(Desired(
                 plural=WORKLOAD_PLURAL, namespace=figures.namespace, name=name,
                 spec={"workloadRef": {"apiVersion": figures.api_version, "kind": figures.kind, "name": figures.name,
                                       "uid": figures.uid}, "project": figures.project},
                 labels=workload_labels(figures),
-                status=status.model_dump(mode="json", by_alias=True),
+                render=functools.partial(self._render_workload, figures, now),
+                signature=workload_signature(figures, idle_condition_after_seconds=idle_after,
+                                             underutilized_percent=low),
+                counters=workload_counters(figures),
                 sample_time=self.latest_sample_time,
             ))
 
+    def _render_workload(self, figures: WorkloadFigures, now: float) -> dict[str, Any]:
+        """Built when the writer sends it; conditions keep their transition times across writes."""
+        status = build_workload_status(
+            figures, now,
+            idle_condition_after_seconds=self.settings.idle_condition_after,
+            underutilized_percent=self.settings.underutilized_percent,
+            previous_conditions=self.conditions.get(figures.uid, ()),
+        )
+        self.conditions[figures.uid] = status.conditions
+        return status.model_dump(mode="json", by_alias=True)
+
     def _offer_projects(self, projects: list[ProjectFigures], now: float) -> None:
         for figures in projects:
-            status = build_project_status(figures, now)
             self.writer.offer(Desired(
                 plural=PROJECT_PLURAL, namespace=None, name=dns_name(figures.name),
                 spec={"project": figures.name}, labels={"gpuwm.io/project": label_value(figures.name)},
-                status=status.model_dump(mode="json", by_alias=True),
+                render=functools.partial(
+                    lambda f, at: build_project_status(f, at).model_dump(mode="json", by_alias=True), figures, now
+                ),
+                signature=project_signature(figures), counters=project_counters(figures),
                 sample_time=self.latest_sample_time,
             ))
 
     async def _announce_idle(self, workloads: list[WorkloadFigures]) -> None:
         """A Kubernetes Event on the workload when it turns Idle (once per idle spell)."""
+        idle_after = self.settings.idle_condition_after
         for figures in workloads:
-            idle = any(c.type == "Idle" and c.status == "True" for c in self.conditions.get(figures.uid, ()))
+            idle = figures.phase == "Running" and figures.allocated_gpus > 0 and figures.idle_seconds >= idle_after
             if not idle:
                 self.idle_announced.discard(figures.uid)
                 continue
@@ -319,19 +340,23 @@ class ControllerRuntime:
             self.baselines.pop(figures.uid, None)
 
     def save(self, now: float) -> None:
-        """The engine and the controller's own positions, for a restart that loses nothing."""
+        """The engine and the controller's own positions, for a restart that loses nothing.
+
+        Saved every STATE_SAVE_SECONDS (and at shutdown): after a SIGKILL the restored engine
+        re-reads the agents from the saved positions, so the samples since are not lost.
+        """
         try:
             save_state(self.state_path, recovery.snapshot_state(self, now))
+            self._last_save = now
         except OSError as error:
             logger.warning("cannot save engine state to %s: %s", self.state_path, error)
 
-    async def _record(self, now: float, samples: Any, workloads: Any, projects: Any, result: Any) -> None:
+    async def _record(self, now: float, samples: Any, workloads: Any, projects: Any, cluster: Any, result: Any) -> None:
         if self.store is None:
             return
         pod_stats = [stat for snapshot in result.snapshots for stat in snapshot.pod_stats]
         try:
-            await asyncio.to_thread(self.store.record, now, samples, workloads, projects,
-                                    self.engine.cluster(now), pod_stats)
+            await asyncio.to_thread(self.store.record, now, samples, workloads, projects, cluster, pod_stats)
         except Exception as error:  # the store is an extra: CR status goes on without it
             logger.warning("store write failed: %s", error)
 

@@ -191,33 +191,54 @@ def build_project_status(
     )
 
 
-#: status fields whose change is news (a reader acts on it); the rest move every second
-_MATERIAL_FIELDS = ("phase", "allocatedGpus", "gpuModel", "nodes", "pods", "workloads", "runningWorkloads",
-                    "namespaces", "idleGpus", "quota", "endTime", "startTime")
-_VOLATILE_FIELDS = frozenset({"lastUpdateTime", "observedGeneration"})
+def workload_signature(
+    figures: WorkloadFigures, *, idle_condition_after_seconds: float = 600.0, underutilized_percent: float = 20.0
+) -> tuple[Any, ...]:
+    """What a reader acts on: phase, GPUs held, pods and devices, condition statuses. A change is news."""
+    running = figures.phase == "Running" and figures.allocated_gpus > 0
+    average = figures.utilization.avg1h
+    return (
+        figures.phase, round(figures.allocated_gpus, 4), figures.gpu_model, tuple(sorted(figures.nodes)),
+        tuple(sorted((pod.name, pod.phase, round(pod.allocated_gpus, 4)) for pod in figures.pods)),
+        tuple(sorted((gpu.uuid, gpu.pod, gpu.healthy) for gpu in figures.gpus)),
+        figures.start_time is not None, figures.end_time is not None,
+        running and figures.sampling, running and figures.idle_seconds >= idle_condition_after_seconds,
+        running and average is not None and average < underutilized_percent,
+    )
 
 
-def _material_view(status: Mapping[str, Any]) -> tuple[Any, ...]:
-    conditions = tuple(sorted((c.get("type"), c.get("status")) for c in status.get("conditions") or []))
-    gpus = tuple(sorted((g.get("uuid"), g.get("pod"), g.get("healthy")) for g in status.get("gpus") or []))
-    return (*(repr(status.get(name)) for name in _MATERIAL_FIELDS), conditions, gpus)
+def workload_counters(figures: WorkloadFigures) -> tuple[float, ...]:
+    """The figures that move with time; all equal means a refresh would say nothing new."""
+    return (round(figures.allocated_gpu_seconds, 3), round(figures.unmonitored_gpu_seconds, 3),
+            round(figures.idle_gpu_seconds, 3), round(figures.idle_seconds, 3), round(figures.energy_joules, 3),
+            *(round(value, 2) if value is not None else -1.0 for value in figures.utilization.model_dump().values()))
+
+
+def project_signature(figures: ProjectFigures) -> tuple[Any, ...]:
+    return (figures.workloads, figures.running_workloads, tuple(sorted(figures.namespaces)),
+            round(figures.allocated_gpus, 4), round(figures.idle_gpus, 4), figures.quota)
+
+
+def project_counters(figures: ProjectFigures) -> tuple[float, ...]:
+    return (round(figures.allocated_gpu_seconds, 3), round(figures.idle_gpu_seconds, 3),
+            round(figures.unmonitored_gpu_seconds, 3), round(figures.energy_joules, 3),
+            *(round(value, 2) if value is not None else -1.0 for value in figures.utilization.model_dump().values()))
 
 
 def write_reason(
-    previous: Mapping[str, Any] | None,
-    new: Mapping[str, Any],
+    previous: tuple[tuple[Any, ...], tuple[float, ...], float] | None,
+    signature: tuple[Any, ...],
+    counters: tuple[float, ...],
     *,
-    last_write_at: float | None,
     now: float,
     interval_seconds: float,
 ) -> WriteReason:
-    """Why to write `new` over the last written `previous` (both status JSON): news, a due refresh, or not at all."""
-    if previous is None or _material_view(previous) != _material_view(new):
+    """Why to write, given what was last written (signature, counters, time): news, a due refresh, or not at all."""
+    if previous is None or previous[0] != signature:
         return "material"
-    unchanged = all(previous.get(key) == value for key, value in new.items() if key not in _VOLATILE_FIELDS)
-    if unchanged:
+    if previous[1] == counters:
         return "none"
-    if last_write_at is None or now - last_write_at >= interval_seconds:
+    if now - previous[2] >= interval_seconds:
         return "due"
     return "none"
 

@@ -30,24 +30,29 @@ PROJECT_KIND = "GPUProjectMetrics"
 
 @dataclass
 class Desired:
-    """One CR as it should be: where, its spec and labels (for creation), its status."""
+    """One CR as it should be: where, its spec and labels (for creation), and how to build its status.
+
+    The status is built only when it is written (`render`), so a cycle that offers thousands of
+    CRs pays for the few the token bucket lets through, not for all of them.
+    """
 
     plural: str
     namespace: str | None
     name: str
     spec: dict[str, Any]
     labels: dict[str, str]
-    status: dict[str, Any]
+    render: Callable[[], dict[str, Any]]
+    signature: tuple[Any, ...]
+    counters: tuple[float, ...]
     reason: WriteReason = "material"
-    offered_at: float = 0.0
     sample_time: float | None = None  # latest sample behind these figures, for the lag figure
 
 
 @dataclass
 class Written:
-    status: dict[str, Any]
+    signature: tuple[Any, ...]
+    counters: tuple[float, ...]
     at: float
-    uid_checked: bool = True
 
 
 @dataclass
@@ -62,7 +67,7 @@ Key = tuple[str, str | None, str]
 
 
 class StatusWriter:
-    """Rate-limited, change-driven CR writer."""
+    """Rate-limited, change-driven CR writer: news first, then due refreshes, each in offer order."""
 
     def __init__(
         self,
@@ -75,7 +80,9 @@ class StatusWriter:
         self._bucket = bucket
         self._interval = interval_seconds
         self._clock = clock
-        self._pending: dict[Key, Desired] = {}
+        # dicts keep insertion order: re-offering a queued CR updates it in place, keeping its turn
+        self._material: dict[Key, Desired] = {}
+        self._due: dict[Key, Desired] = {}
         self._wake = asyncio.Event()
         self.written: dict[Key, Written] = {}
         self.existing: set[Key] = set()
@@ -83,42 +90,46 @@ class StatusWriter:
 
     @property
     def pending(self) -> int:
-        return len(self._pending)
+        return len(self._material) + len(self._due)
 
     def offer(self, desired: Desired) -> WriteReason:
         """Queue `desired` if it is worth a write; returns why (or "none")."""
         key: Key = (desired.plural, desired.namespace, desired.name)
-        now = self._clock()
         last = self.written.get(key)
         reason = write_reason(
-            last.status if last else None, desired.status,
-            last_write_at=last.at if last else None, now=now, interval_seconds=self._interval,
+            (last.signature, last.counters, last.at) if last else None, desired.signature, desired.counters,
+            now=self._clock(), interval_seconds=self._interval,
         )
-        queued = self._pending.get(key)
         if reason == "none":
-            if queued is not None and queued.reason == "due":
-                del self._pending[key]  # a refresh that is no longer due
+            self._due.pop(key, None)  # a refresh that is no longer needed
+            if key in self._material:
+                self._material[key] = desired  # news still to tell, with the latest figures
             return reason
-        desired.reason = "material" if queued is not None and queued.reason == "material" else reason
-        desired.offered_at = queued.offered_at if queued is not None else now
-        self._pending[key] = desired
+        if reason == "material" or key in self._material:
+            self._due.pop(key, None)
+            desired.reason = "material"
+            self._material[key] = desired
+        else:
+            desired.reason = "due"
+            self._due[key] = desired
         self._wake.set()
-        return reason
+        return desired.reason
 
     def forget(self, plural: str, namespace: str | None, name: str) -> None:
         key: Key = (plural, namespace, name)
-        self._pending.pop(key, None)
+        self._material.pop(key, None)
+        self._due.pop(key, None)
         self.written.pop(key, None)
         self.existing.discard(key)
 
     def _next(self) -> Desired | None:
-        if not self._pending:
-            return None
-        key = min(self._pending, key=lambda k: (self._pending[k].reason != "material", self._pending[k].offered_at))
-        return self._pending.pop(key)
+        for queue in (self._material, self._due):
+            if queue:
+                return queue.pop(next(iter(queue)))
+        return None
 
     async def run(self) -> None:
-        """Drain the queue forever at the bucket's rate."""
+        """Drain the queues forever at the bucket's rate."""
         while True:
             desired = self._next()
             if desired is None:
@@ -144,16 +155,17 @@ class StatusWriter:
         path = resource_path(API_VERSION, desired.plural, desired.namespace, desired.name)
         if key not in self.existing:
             await self._create(desired, path)
+        status = desired.render()
         try:
-            await self._client.merge_patch(path + "/status", {"status": desired.status})
+            await self._client.merge_patch(path + "/status", {"status": status})
         except KubeApiError as error:
             if error.status != 404:
                 raise
             self.existing.discard(key)  # deleted behind our back: create it again, then write
             await self._create(desired, path)
-            await self._client.merge_patch(path + "/status", {"status": desired.status})
+            await self._client.merge_patch(path + "/status", {"status": status})
         now = self._clock()
-        self.written[key] = Written(status=desired.status, at=now)
+        self.written[key] = Written(signature=desired.signature, counters=desired.counters, at=now)
         self.stats.writes += 1
         if desired.sample_time is not None:
             self.stats.lag_seconds.append(now - desired.sample_time)

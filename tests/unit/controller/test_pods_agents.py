@@ -114,9 +114,10 @@ class RecordingClient:
         self.calls.append(("DELETE", path))
 
 
-def desired(name: str, allocated: float) -> Desired:
+def desired(name: str, allocated: float, moved: float = 0.0) -> Desired:
     return Desired(plural="gpuworkloadmetrics", namespace="ns", name=name, spec={}, labels={},
-                   status={"allocatedGpus": allocated, "phase": "Running"})
+                   render=lambda: {"allocatedGpus": allocated, "phase": "Running"},
+                   signature=("Running", allocated), counters=(moved,))
 
 
 async def test_writer_creates_once_then_patches_status_and_skips_repeats() -> None:
@@ -141,25 +142,25 @@ async def test_writer_recreates_a_cr_deleted_behind_its_back() -> None:
     assert [method for method, _ in client.calls] == ["PATCH", "POST", "PATCH"]
 
 
-async def test_writer_drains_at_the_bucket_rate_news_first() -> None:
+async def test_writer_news_first_and_at_the_bucket_rate() -> None:
     client = RecordingClient()
     now = [0.0]
-    bucket = TokenBucket(10, burst=1, clock=lambda: now[0])
-    writer = StatusWriter(client, bucket, interval_seconds=15, clock=lambda: now[0])  # type: ignore[arg-type]
-    for index in range(5):
+    writer = StatusWriter(client, TokenBucket(10, burst=1, clock=lambda: now[0]), interval_seconds=15,  # type: ignore[arg-type]
+                          clock=lambda: now[0])
+    writer.offer(desired("old", 1))
+    await writer.write(writer._next())  # type: ignore[arg-type]
+    now[0] = 20.0
+    assert writer.offer(desired("old", 1, moved=5.0)) == "due"  # counters moved, interval passed
+    for index in range(3):
         writer.offer(desired(f"w{index}", 1))
-    writer.written[("gpuworkloadmetrics", "ns", "late")] = type("W", (), {"status": {"allocatedGpus": 1, "phase": "Running",
-                                                                                     "idleSeconds": 1}, "at": -100.0})()
-    late = desired("late", 1)
-    late.status["idleSeconds"] = 5
-    assert writer.offer(late) == "due"
-    order = [writer._next().name for _ in range(6)]  # type: ignore[union-attr]
-    assert order[-1] == "late"  # refreshes wait behind news
+    assert writer.offer(desired("w0", 1)) == "material"  # re-offered: keeps its place, latest figures
+    order = [writer._next().name for _ in range(4)]  # type: ignore[union-attr]
+    assert order == ["w0", "w1", "w2", "old"]  # refreshes wait behind news
     task = asyncio.create_task(writer.run())
     for index in range(3):
         writer.offer(desired(f"x{index}", 1))
     await asyncio.sleep(0.05)
-    assert len(client.calls) <= 2  # one token (burst 1) and a frozen clock: at most one write
+    assert len(client.calls) <= 4  # one token (burst 1), frozen clock: at most one write (create + patch)
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

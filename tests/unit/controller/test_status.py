@@ -11,8 +11,12 @@ from gpuwm.controller.status import (
     build_workload_status,
     dns_name,
     label_value,
+    project_counters,
+    project_signature,
     rfc3339,
+    workload_counters,
     workload_cr_name,
+    workload_signature,
     write_reason,
 )
 from gpuwm.model.figures import GpuFigures, PodFigures, ProjectFigures, Windows, WorkloadFigures
@@ -86,22 +90,34 @@ def test_project_status() -> None:
     assert status["utilization"]["avg5m"] == 12.35
 
 
-def _status(f: WorkloadFigures, now: float = NOW) -> dict[str, object]:
-    return build_workload_status(f, now).model_dump(mode="json", by_alias=True)
+def _mark(f: WorkloadFigures, at: float) -> tuple[tuple[object, ...], tuple[float, ...], float]:
+    return workload_signature(f, idle_condition_after_seconds=600), workload_counters(f), at
+
+
+def _reason(previous: tuple[tuple[object, ...], tuple[float, ...], float] | None, f: WorkloadFigures,
+            now: float) -> str:
+    return write_reason(previous, workload_signature(f, idle_condition_after_seconds=600), workload_counters(f),
+                        now=now, interval_seconds=15)
 
 
 def test_write_reason() -> None:
-    old = _status(figures())
-    assert write_reason(None, old, last_write_at=None, now=NOW, interval_seconds=15) == "material"
-    # the same figures a second later: nothing to say
-    assert write_reason(old, _status(figures(), NOW + 1), last_write_at=NOW, now=NOW + 1, interval_seconds=15) == "none"
-    # counters moved: a refresh, but only once the interval has passed
-    moved = _status(figures(allocated_gpu_seconds=102.0), NOW + 2)
-    assert write_reason(old, moved, last_write_at=NOW, now=NOW + 2, interval_seconds=15) == "none"
-    assert write_reason(old, moved, last_write_at=NOW, now=NOW + 15, interval_seconds=15) == "due"
-    # news: GPUs held, phase, a condition flipping
-    for changed in (figures(allocated_gpus=1.0), figures(phase="Succeeded"), figures(idle_seconds=10_000.0)):
-        assert write_reason(old, _status(changed), last_write_at=NOW, now=NOW + 1, interval_seconds=15) == "material"
+    written = _mark(figures(), NOW)
+    assert _reason(None, figures(), NOW) == "material"
+    assert _reason(written, figures(), NOW + 1) == "none"  # the same figures: nothing to say
+    assert _reason(written, figures(), NOW + 60) == "none"  # ... however long ago (a finished workload)
+    moved = figures(allocated_gpu_seconds=102.0)  # counters moved: a refresh, once the interval has passed
+    assert _reason(written, moved, NOW + 2) == "none"
+    assert _reason(written, moved, NOW + 15) == "due"
+    for changed in (figures(allocated_gpus=1.0), figures(phase="Succeeded"), figures(idle_seconds=10_000.0),
+                    figures(sampling=False), figures(end_time=NOW)):
+        assert _reason(written, changed, NOW + 1) == "material"
+
+
+def test_project_signature_and_counters() -> None:
+    project = ProjectFigures(name="p", workloads=1, allocated_gpus=1.0, allocated_gpu_seconds=5.0)
+    assert project_signature(project) != project_signature(project.model_copy(update={"allocated_gpus": 2.0}))
+    assert project_signature(project) == project_signature(project.model_copy(update={"allocated_gpu_seconds": 9.0}))
+    assert project_counters(project) != project_counters(project.model_copy(update={"allocated_gpu_seconds": 9.0}))
 
 
 def test_names() -> None:

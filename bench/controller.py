@@ -1,0 +1,198 @@
+"""Controller benchmark: a simulated 1,000-node / 8,000-GPU / 4,000-workload cluster.
+
+The API emulator and the agents run in a child process on loopback (so their CPU is not
+counted); this process runs the controller's real runtime (owner walk, agent pulls, engine,
+status builder, rate-limited writer, state save) and prints per-cycle figures:
+CPU seconds per status cycle, RSS, status writes per second, and the lag from a sample to
+the CR status that includes it (p50/p99).
+
+    .venv/bin/python bench/controller.py                  # full size, 15 s cycles, 4 cycles
+    .venv/bin/python bench/controller.py --nodes 100 --cycles 3 --status-interval 5
+
+Targets (issue 4): <= 1 CPU-second per 15 s cycle, <= 256 MiB RSS, writes <= the configured
+rate, p99 lag <= 2 intervals. kopf's pod watch is replaced by feeding the same Pod bodies
+to `ControllerRuntime.on_pod`, which is what the kopf handler does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from aiohttp import web  # noqa: E402
+
+from gpuwm.config import Settings  # noqa: E402
+from gpuwm.controller.kube import KubeClient  # noqa: E402
+from gpuwm.controller.runtime import ControllerRuntime  # noqa: E402
+from tests.integration.fakeagent import FakeNode  # noqa: E402
+from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator  # noqa: E402
+
+NAMESPACES = 40
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def layout(nodes: int, gpus_per_node: int, gpus_per_workload: int) -> list[tuple[str, str, str, list[str]]]:
+    """(namespace, job name, node, gpu uuids) per workload: each node's GPUs split into workloads."""
+    workloads = []
+    for node_index in range(nodes):
+        node = f"node-{node_index:04d}"
+        gpus = [f"GPU-{node_index:04d}-{g}" for g in range(gpus_per_node)]
+        for start in range(0, gpus_per_node, gpus_per_workload):
+            index = len(workloads)
+            workloads.append((f"team-{index % NAMESPACES:02d}", f"job-{index:05d}", node, gpus[start:start + gpus_per_workload]))
+    return workloads
+
+
+def serve_cluster(args: argparse.Namespace, pipe: Any) -> None:
+    """Child process: the API emulator with the Jobs and namespaces, and every node's agent on one port."""
+    emulator = KubernetesEmulator(ROOT / "crds")
+    store = emulator.store
+    ns_type = emulator.types[("", "v1", "namespaces")]
+    job_type = emulator.types[("batch", "v1", "jobs")]
+    for index in range(NAMESPACES):
+        store.create(ns_type, None, {"metadata": {"name": f"team-{index:02d}",
+                                                  "labels": {"gpuwm.io/project": f"project-{index % 10}"}}}, "bench")
+    jobs = {}
+    plan = layout(args.nodes, args.gpus_per_node, args.gpus_per_workload)
+    for namespace, name, _, _ in plan:
+        jobs[name] = store.create(job_type, namespace, {"metadata": {"name": name}, "spec": {}}, "bench")["metadata"]["uid"]
+    nodes = {f"node-{i:04d}": FakeNode(f"node-{i:04d}", [f"GPU-{i:04d}-{g}" for g in range(args.gpus_per_node)],
+                                       interval=args.interval, sm_percent=60.0) for i in range(args.nodes)}
+    for namespace, name, node, gpus in plan:
+        for gpu in gpus:
+            nodes[node].hold(gpu, namespace, f"{name}-0", pod_uid=f"pod-{name}")
+    thread = EmulatorThread(emulator)
+    thread.start()
+
+    async def start_agents() -> str:
+        async def snapshot(request: web.Request) -> web.Response:
+            node = nodes[request.match_info["node"]]
+            return web.json_response(node.snapshot(int(request.query.get("since", "0"))))
+        app = web.Application()
+        app.router.add_get("/{node}/v1/snapshot", snapshot)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        return f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+    agents_url = thread.run(start_agents())
+    pipe.send((thread.url, agents_url, jobs))
+    pipe.recv()  # until the parent is done
+    thread.stop()
+
+
+def pod_body(namespace: str, name: str, node: str, gpus: int, job_uid: str, started: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": f"{name}-0", "namespace": namespace, "uid": f"pod-{name}", "creationTimestamp": started,
+                     "ownerReferences": [{"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": job_uid,
+                                          "controller": True}]},
+        "spec": {"nodeName": node, "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
+        "status": {"phase": "Running", "startTime": started,
+                   "containerStatuses": [{"name": "main", "state": {"running": {"startedAt": started}}}]},
+    }
+
+
+async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, jobs: dict[str, str]) -> None:
+    plan = layout(args.nodes, args.gpus_per_node, args.gpus_per_workload)
+    state_dir = Path(tempfile.mkdtemp(prefix="gpuwm-bench-"))
+    settings = Settings(
+        agents="static:" + ",".join(f"node-{i:04d}={agents_url}/node-{i:04d}" for i in range(args.nodes)),
+        status_interval=args.status_interval, interval=args.interval, store=str(state_dir / "gpuwm.db"),
+        status_writes_per_second=args.writes_per_second,
+    )
+    client = KubeClient(api_url, max_connections=8)
+    runtime = ControllerRuntime(settings, client)
+    if not args.no_store:
+        from gpuwm.store import open_store
+
+        runtime.store = open_store(settings.store)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 5))
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    for namespace, name, node, gpus in plan:
+        await runtime.on_pod(pod_body(namespace, name, node, len(gpus), jobs[name], started), None)
+    print(f"cluster: {args.nodes} nodes, {args.nodes * args.gpus_per_node} GPUs, {len(plan)} workloads; "
+          f"status interval {args.status_interval:g}s, agent poll {args.interval:g}s, "
+          f"write limit {args.writes_per_second:g}/s")
+    print(f"pod intake (owner walk + engine): {time.process_time() - cpu0:.2f} CPU-s, "
+          f"{time.perf_counter() - wall0:.2f} s wall, {runtime.resolver.fetches} owner GETs")
+    writer = asyncio.create_task(runtime.writer.run())
+    cycle_cpu: list[float] = []
+    writes_before = 0
+    t_writes = time.perf_counter()
+    for cycle in range(args.cycles):
+        start_wall, start_cpu = time.perf_counter(), time.process_time()
+        await runtime.cycle()
+        cpu_cycle = time.process_time() - start_cpu
+        wall_cycle = time.perf_counter() - start_wall
+        await asyncio.sleep(max(0.0, args.status_interval - (time.perf_counter() - start_wall)))
+        total_cpu = time.process_time() - start_cpu  # the cycle plus the writer's work until the next one
+        cycle_cpu.append(total_cpu)
+        now = time.perf_counter()
+        writes = runtime.writer.stats.writes
+        rate = (writes - writes_before) / (now - t_writes)
+        writes_before, t_writes = writes, now
+        print(f"cycle {cycle + 1}: cycle {cpu_cycle:.2f} CPU-s ({wall_cycle:.2f} s wall), with writes "
+              f"{total_cpu:.2f} CPU-s per interval; RSS {rss_mib():.0f} MiB; writes {rate:.1f}/s; "
+              f"queued {runtime.writer.pending}; engine workloads {len(runtime.engine.workload_records)}")
+    writer.cancel()
+    lags = sorted(runtime.writer.stats.lag_seconds)
+    if lags:
+        p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))]
+        print(f"lag sample -> CR status: p50 {statistics.median(lags):.1f} s, p99 {p99:.1f} s "
+              f"({p99 / args.status_interval:.2f} intervals) over {len(lags)} writes")
+    steady = cycle_cpu[1:] or cycle_cpu
+    print(f"summary: CPU per {args.status_interval:g}s cycle mean {statistics.mean(steady):.2f} s, max {max(steady):.2f} s "
+          f"(steady cycles); RSS {rss_mib():.0f} MiB; state file {runtime.state_path.stat().st_size / 1e6:.1f} MB; "
+          f"API requests {client.requests}, retries {client.retries}")
+    await runtime.puller.close()
+    await client.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--gpus-per-workload", type=int, default=2)
+    parser.add_argument("--status-interval", type=float, default=15.0)
+    parser.add_argument("--interval", type=float, default=1.0, help="the agents' poll interval")
+    parser.add_argument("--writes-per-second", type=float, default=20.0)
+    parser.add_argument("--cycles", type=int, default=4)
+    parser.add_argument("--no-store", action="store_true", help="skip the embedded store (CR status only)")
+    args = parser.parse_args()
+    parent, child = multiprocessing.Pipe()
+    cluster = multiprocessing.Process(target=serve_cluster, args=(args, child), daemon=True)
+    cluster.start()
+    api_url, agents_url, jobs = parent.recv()
+    try:
+        asyncio.run(run_bench(args, api_url, agents_url, jobs))
+    finally:
+        parent.send("done")
+        cluster.join(timeout=20)
+        if cluster.is_alive():
+            cluster.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("GPUWM_LOG_LEVEL", "warning")
+    sys.exit(main())
