@@ -49,6 +49,7 @@ class AgentSnapshot(BaseModel):
     truncated: bool = Field(
         default=False, description="True when records after `since` had already left the bounded buffer."
     )
+    more: bool = Field(default=False, description="True when `limit` cut the records short: pull again from `seq`.")
     samples: list[GpuSample] = Field(default_factory=list)
     pod_stats: list[PodStatsSample] = Field(default_factory=list)
     devices: list[AgentDevice] = Field(default_factory=list)
