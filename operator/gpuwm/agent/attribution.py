@@ -1,4 +1,4 @@
-"""Pure attribution: samples + pod-resources assignments + process cgroups -> who holds what.
+"""Pure attribution: NVML readings + pod-resources assignments + process cgroups -> who holds what.
 
 No I/O here, so the decisions (replica units, which container a process belongs to, the GPU
 state) are tested directly.
@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwm.agent.cgroup import PodRef
+from gpuwm.agent.nvml import Reading
 from gpuwm.agent.podresources import Assignment
-from gpuwm.model import AgentDevice, DeviceState, GpuSample, ProcessSample
+from gpuwm.model import AgentDevice, DeviceState, GpuSample
 
 
 @dataclass(frozen=True)
@@ -42,58 +44,77 @@ def _resolve_uuid(device_id_uuid: str, by_index: dict[str, str]) -> str:
 
 
 def attribute(
-    samples: Iterable[GpuSample],
+    readings: Iterable[Reading],
     assignments: list[Assignment],
     replicas: dict[str, int],
     default_replicas: int,
     pod_of_pid: Callable[[int], PodRef | None],
     known_uids: dict[tuple[str, str], str],
     idle_threshold_percent: float,
+    device_cache: dict[tuple[Any, ...], list[AgentDevice]] | None = None,
 ) -> Attributed:
-    """Attribute each sample's processes to pods and list every device with its holder.
+    """Attribute each reading's processes to pods, build its `GpuSample`, and list every device's holder.
 
     `known_uids` maps (namespace, pod) to UID (from the kubelet stats summary); it is updated here
     with what process cgroups reveal about pods that pod-resources names.
     """
-    samples = list(samples)
-    by_index = {str(s.index): s.uuid for s in samples if s.index is not None and s.parent_uuid is None}
+    readings = list(readings)
+    by_index = {
+        str(r.fields["index"]): r.uuid
+        for r in readings
+        if r.fields.get("index") is not None and r.fields.get("parent_uuid") is None
+    }
     held: dict[str, list[Assignment]] = {}
     for assignment in assignments:
         held.setdefault(_resolve_uuid(assignment.uuid, by_index), []).append(assignment)
 
-    out_samples: list[GpuSample] = []
+    samples: list[GpuSample] = []
     devices: list[AgentDevice] = []
-    for sample in samples:
-        holders = held.get(sample.uuid, [])
-        processes: list[ProcessSample] | None = None
-        cgroup_pods: dict[str, str | None] = {}  # pod UID -> a container name when known
-        if sample.processes is not None:
+    used: dict[tuple[Any, ...], list[AgentDevice]] = {}
+    for reading in readings:
+        holders = held.get(reading.uuid, [])
+        processes: list[dict[str, Any]] | None = None
+        cgroup_pods: set[str] = set()
+        if reading.processes is not None:
             processes = []
-            for process in sample.processes:
-                reference = pod_of_pid(process.pid)
-                container = None
-                if reference is not None:
-                    cgroup_pods.setdefault(reference.pod_uid, None)
-                    container = _container_of(reference.pod_uid, holders, known_uids)
-                processes.append(
-                    process.model_copy(
-                        update={"pod_uid": reference.pod_uid if reference else None, "container": container}
-                    )
-                )
+            for raw in reading.processes:
+                reference = pod_of_pid(raw.pid)
+                uid = reference.pod_uid if reference is not None else None
+                if uid is not None:
+                    cgroup_pods.add(uid)
+                processes.append({
+                    "pid": raw.pid, "pod_uid": uid,
+                    "container": _container_of(uid, holders, known_uids) if uid is not None else None,
+                    "sm_percent": raw.sm_percent, "memory_used_bytes": raw.memory_used_bytes,
+                })
         # one holder and one pod seen in its processes: that is the holder's UID
         if len(holders) == 1 and len(cgroup_pods) == 1:
             only = holders[0]
-            known_uids.setdefault((only.namespace, only.pod), next(iter(cgroup_pods)))
-            if processes:
-                processes = [
-                    p.model_copy(update={"container": only.container}) if p.pod_uid and p.container is None else p
-                    for p in processes
-                ]
-        sample = sample.model_copy(update={"processes": processes})
-        out_samples.append(sample)
-        devices.extend(_device_entries(sample, holders, replicas, default_replicas, known_uids, cgroup_pods,
-                                       idle_threshold_percent))
-    return Attributed(out_samples, devices)
+            uid = known_uids.setdefault((only.namespace, only.pod), next(iter(cgroup_pods)))
+            for process in processes or []:
+                if process["pod_uid"] == uid and process["container"] is None:
+                    process["container"] = only.container
+        sample = GpuSample.model_validate({**reading.fields, "processes": processes})
+        samples.append(sample)
+        state = classify(sample, bool(holders) or bool(cgroup_pods), idle_threshold_percent)
+        key = (
+            sample.uuid, sample.index, sample.model, sample.parent_uuid, sample.mig_profile, sample.device_units,
+            sample.healthy, sample.error, state, tuple(holders), frozenset(cgroup_pods),
+            replicas.get(sample.uuid, default_replicas),
+            tuple(known_uids.get((h.namespace, h.pod)) for h in holders),
+            tuple(uid in known_uids.values() for uid in cgroup_pods),
+        )
+        # the device list rarely changes between polls: rebuild (and revalidate) it only when it does
+        entries = device_cache.get(key) if device_cache is not None else None
+        if entries is None:
+            entries = _device_entries(sample, state, holders, replicas, default_replicas, known_uids, cgroup_pods)
+        if device_cache is not None:
+            used[key] = entries
+        devices.extend(entries)
+    if device_cache is not None:
+        device_cache.clear()
+        device_cache.update(used)
+    return Attributed(samples, devices)
 
 
 def _container_of(pod_uid: str, holders: list[Assignment], known_uids: dict[tuple[str, str], str]) -> str | None:
@@ -103,15 +124,13 @@ def _container_of(pod_uid: str, holders: list[Assignment], known_uids: dict[tupl
 
 def _device_entries(
     sample: GpuSample,
+    state: DeviceState,
     holders: list[Assignment],
     replicas: dict[str, int],
     default_replicas: int,
     known_uids: dict[tuple[str, str], str],
-    cgroup_pods: dict[str, str | None],
-    idle_threshold_percent: float,
+    cgroup_pods: set[str],
 ) -> list[AgentDevice]:
-    allocated = bool(holders) or bool(cgroup_pods)
-    state = classify(sample, allocated, idle_threshold_percent)
     common = {
         "uuid": sample.uuid, "index": sample.index, "model": sample.model, "parent_uuid": sample.parent_uuid,
         "mig_profile": sample.mig_profile, "state": state, "healthy": sample.healthy, "error": sample.error,

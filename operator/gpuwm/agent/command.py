@@ -85,7 +85,7 @@ def _once(agent: Agent) -> int:
         return 1
     try:
         agent.poll_once()
-        json.dump(agent.snapshot(0), sys.stdout, indent=2)
+        json.dump(json.loads(agent.snapshot_json(0)), sys.stdout, indent=2)
         sys.stdout.write("\n")
     finally:
         agent.stop()

@@ -6,16 +6,18 @@ calls NVML, the kubelet or gRPC.
 
 from __future__ import annotations
 
-import itertools
+import json
 import logging
 import threading
 import time
 import uuid as uuid_module
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import BaseModel, TypeAdapter
+
 from gpuwm.agent.attribution import attribute
+from gpuwm.agent.buffer import POD_STATS, SAMPLE, RecordBuffer
 from gpuwm.agent.cgroup import CgroupReader
 from gpuwm.agent.kubelet import KubeletStatsClient
 from gpuwm.agent.nvml import NvmlSampler, NvmlUnavailable
@@ -29,6 +31,9 @@ log = logging.getLogger(__name__)
 NVML_RETRY_SECONDS = 60.0
 #: the kubelet computes stats every 10-15 s; reading it faster only costs CPU
 KUBELET_STATS_PERIOD_SECONDS = 10.0
+#: records per pull; a controller that was away longer pulls again while `more` is true
+SNAPSHOT_LIMIT_RECORDS = 20_000
+_DEVICES = TypeAdapter(list[AgentDevice])
 
 
 @dataclass
@@ -73,12 +78,11 @@ class Agent:
         self.nvml_error: str | None = "not started"
         self.state = AgentState()
         self.lock = threading.Lock()
-        self._buffer: deque[tuple[int, str, dict[str, Any]]] = deque(maxlen=settings.snapshot_buffer_samples)
-        self._seq = itertools.count(1)
-        self.latest_seq = 0
+        self._records = RecordBuffer(settings.snapshot_buffer_samples)
         self._nvml_tried_at = -float("inf")
         self._kubelet_read_at = -float("inf")
         self._known_uids: dict[tuple[str, str], str] = {}
+        self._device_cache: dict[tuple[Any, ...], list[AgentDevice]] = {}
         self._last_sets: tuple[frozenset[str], frozenset[int]] = (frozenset(), frozenset())
 
     # --- NVML lifecycle -------------------------------------------------------------------------
@@ -113,8 +117,11 @@ class Agent:
             return
         started = time.perf_counter()
         result = self.sampler.poll()
-        device_set = frozenset(s.uuid for s in result.samples)
-        pid_set = frozenset(p.pid for s in result.samples for p in (s.processes or []))
+        base_seq = self._records.latest_seq  # only this thread appends, so the numbers stay consecutive
+        for offset, reading in enumerate(result.samples, start=1):
+            reading.fields["seq"] = base_seq + offset
+        device_set = frozenset(r.uuid for r in result.samples)
+        pid_set = frozenset(p.pid for r in result.samples for p in (r.processes or []))
         changed = (device_set, pid_set) != self._last_sets
         self._last_sets = (device_set, pid_set)
         self.pod_resources.refresh(changed)
@@ -128,20 +135,17 @@ class Agent:
             self.cgroups.pod_of,
             self._known_uids,
             self.settings.idle_threshold_percent,
+            self._device_cache,
         )
+        next_seq = base_seq + len(result.samples) + 1
+        pod_stats = [stats.model_copy(update={"seq": next_seq + offset}) for offset, stats in enumerate(pod_stats)]
+        records: list[tuple[bytes, BaseModel]] = [(SAMPLE, sample) for sample in attributed.samples]
+        records += [(POD_STATS, stats) for stats in pod_stats]
         with self.lock:
-            records = []
+            self._records.append(records)
             for sample in attributed.samples:
-                sample = sample.model_copy(update={"seq": next(self._seq)})
-                records.append(sample)
-                self._buffer.append((sample.seq or 0, "samples", sample.model_dump(mode="json")))
                 self._count(sample)
-            for stats in pod_stats:
-                stats = stats.model_copy(update={"seq": next(self._seq)})
-                self._buffer.append((stats.seq or 0, "pod_stats", stats.model_dump(mode="json")))
-            if self._buffer:
-                self.latest_seq = self._buffer[-1][0]
-            self.state.samples = records
+            self.state.samples = attributed.samples
             self.state.devices = attributed.devices
             if pod_stats:
                 self.state.pod_stats = pod_stats
@@ -188,26 +192,26 @@ class Agent:
 
     # --- reads for HTTP -----------------------------------------------------------------------------
 
-    def snapshot(self, since: int) -> dict[str, Any]:
-        """`/v1/snapshot?since=SEQ`: records after `since` still in the buffer, and the devices now."""
+    def snapshot_json(self, since: int, limit: int = SNAPSHOT_LIMIT_RECORDS) -> bytes:
+        """`/v1/snapshot?since=SEQ` as JSON: records after `since` (at most `limit`) and the devices now.
+
+        The records' JSON comes from the buffer as stored, spliced in without parsing it again.
+        """
         with self.lock:
-            oldest = self._buffer[0][0] if self._buffer else self.latest_seq + 1
-            samples: list[dict[str, Any]] = []
-            pod_stats: list[dict[str, Any]] = []
-            if since < self.latest_seq and self._buffer:
-                skip = max(0, since - oldest + 1)
-                for seq, kind, record in itertools.islice(self._buffer, skip, None):
-                    if seq > since:
-                        (samples if kind == "samples" else pod_stats).append(record)
-            return {
-                "node": self.node,
-                "seq": self.latest_seq,
-                "agent_id": self.agent_id,
-                "truncated": since + 1 < oldest and since < self.latest_seq,
-                "samples": samples,
-                "pod_stats": pod_stats,
-                "devices": [device.model_dump(mode="json") for device in self.state.devices],
-            }
+            records = self._records.since(since, limit)
+            devices = list(self.state.devices)
+        head = {"node": self.node, "seq": records.last_seq, "agent_id": self.agent_id,
+                "truncated": records.truncated, "more": records.more}
+        return b"".join((
+            json.dumps(head, separators=(",", ":"))[:-1].encode(),
+            b',"samples":[', b",".join(records.samples), b"]",
+            b',"pod_stats":[', b",".join(records.pod_stats), b"]",
+            b',"devices":', _DEVICES.dump_json(devices), b"}",
+        ))
+
+    @property
+    def latest_seq(self) -> int:
+        return self._records.latest_seq
 
     def readiness(self) -> tuple[bool, str]:
         """Ready once NVML works and a poll has completed."""

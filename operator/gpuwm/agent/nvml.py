@@ -1,4 +1,7 @@
-"""NVML sampler: one `GpuSample` per GPU and MIG instance per poll, through the real pynvml binding.
+"""NVML sampler: one reading per GPU and MIG instance per poll, through the real pynvml binding.
+
+A reading holds exactly the fields of `GpuSample` as plain values; the agent validates it once,
+after attribution has filled in the processes' pods, so a poll builds each model only once.
 
 Utilisation comes from `nvmlDeviceGetSamples` since the previous poll, so a sample covers the
 whole interval rather than an instant; an empty buffer falls back to `nvmlDeviceGetUtilizationRates`.
@@ -15,8 +18,6 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import pynvml
-
-from gpuwm.model import GpuSample, ProcessSample
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +59,32 @@ class Device:
     process_utilization_supported: bool = True
 
 
+@dataclass(slots=True)
+class RawProcess:
+    """A compute process as NVML lists it (attribution adds its pod)."""
+
+    pid: int
+    memory_used_bytes: float | None
+    sm_percent: float | None
+
+
+@dataclass(slots=True)
+class Reading:
+    """One device's figures for a poll: `GpuSample` fields (without `processes`) and the raw processes."""
+
+    fields: dict[str, Any]
+    processes: list[RawProcess] | None = None
+
+    @property
+    def uuid(self) -> str:
+        return str(self.fields["uuid"])
+
+
 @dataclass
 class PollResult:
-    """The samples of one poll and how long NVML took."""
+    """The readings of one poll and how long NVML took."""
 
-    samples: list[GpuSample]
+    samples: list[Reading]
     nvml_seconds: float
     errors: dict[str, str] = field(default_factory=dict)
 
@@ -211,7 +233,7 @@ class NvmlSampler:
         started = time.perf_counter()
         if time.monotonic() - self._discovered_at >= self.rediscover_seconds or self._count_changed():
             self.discover()
-        samples: list[GpuSample] = []
+        samples: list[Reading] = []
         errors: dict[str, str] = {}
         now = time.time()
         for device in self.devices:
@@ -232,14 +254,16 @@ class NvmlSampler:
         except pynvml.NVMLError:
             return False
 
-    def _unhealthy(self, device: Device, now: float, error: str) -> GpuSample:
-        return GpuSample(
-            t=now, node=self.node, uuid=device.uuid, index=device.index, model=device.model,
-            parent_uuid=device.parent_uuid, mig_profile=device.mig_profile, device_units=device.device_units,
-            healthy=False, error=error,
-        )
+    def _identity(self, device: Device, now: float) -> dict[str, Any]:
+        return {
+            "t": now, "node": self.node, "uuid": device.uuid, "index": device.index, "model": device.model,
+            "parent_uuid": device.parent_uuid, "mig_profile": device.mig_profile, "device_units": device.device_units,
+        }
 
-    def _read(self, device: Device, now: float) -> GpuSample:
+    def _unhealthy(self, device: Device, now: float, error: str) -> Reading:
+        return Reading({**self._identity(device, now), "healthy": False, "error": error})
+
+    def _read(self, device: Device, now: float) -> Reading:
         handle = device.handle
         memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
         sm_percent, memory_activity_percent = self._utilization(device)
@@ -256,11 +280,12 @@ class NvmlSampler:
             tx_kbs = _optional(pynvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
         else:  # power is not additive over instances: it stays on the parent GPU's sample
             power_mw = limit_mw = sm_clock = memory_clock = rx_kbs = tx_kbs = None
-        return GpuSample(
-            t=now, node=self.node, uuid=device.uuid, index=device.index, model=device.model,
-            parent_uuid=device.parent_uuid, mig_profile=device.mig_profile, device_units=device.device_units,
+        fields = self._identity(device, now)
+        fields.update(
+            healthy=True,
             sm_percent=sm_percent,
-            memory_used_bytes=float(memory.used), memory_total_bytes=float(memory.total),
+            memory_used_bytes=float(memory.used),
+            memory_total_bytes=float(memory.total),
             memory_activity_percent=memory_activity_percent,
             power_watts=None if power_mw is None else power_mw / 1000.0,
             power_limit_watts=None if limit_mw is None else limit_mw / 1000.0,
@@ -270,8 +295,8 @@ class NvmlSampler:
             memory_clock_mhz=None if memory_clock is None else float(memory_clock),
             pcie_rx_bytes_per_second=None if rx_kbs is None else rx_kbs * 1024.0,
             pcie_tx_bytes_per_second=None if tx_kbs is None else tx_kbs * 1024.0,
-            processes=self._processes(device),
         )
+        return Reading(fields, self._processes(device))
 
     def _utilization(self, device: Device) -> tuple[float | None, float | None]:
         """(SM %, memory activity %) over the samples since the last poll, else the instant rates."""
@@ -296,7 +321,7 @@ class NvmlSampler:
         setattr(device, cursor, max(sample.timeStamp for sample in fresh))
         return sum(_sample_value(value_type, sample) for sample in fresh) / len(fresh)
 
-    def _processes(self, device: Device) -> list[ProcessSample] | None:
+    def _processes(self, device: Device) -> list[RawProcess] | None:
         running = _optional(pynvml.nvmlDeviceGetComputeRunningProcesses, device.handle)
         if running is None:
             return None
@@ -308,10 +333,10 @@ class NvmlSampler:
                 sm = 0.0  # supported, but the process ran no kernels since the last poll
             used = process.usedGpuMemory
             processes.append(
-                ProcessSample(
-                    pid=int(process.pid),
-                    sm_percent=None if sm is None else max(0.0, min(100.0, sm)),
-                    memory_used_bytes=None if used is None else float(used),
+                RawProcess(
+                    int(process.pid),
+                    None if used is None else float(used),
+                    None if sm is None else max(0.0, min(100.0, sm)),
                 )
             )
         return processes

@@ -16,7 +16,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from gpuwm.agent.core import Agent
+from gpuwm.agent.core import SNAPSHOT_LIMIT_RECORDS, Agent
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +27,20 @@ def parse_listen(listen: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"--listen {listen!r}: expected HOST:PORT such as 0.0.0.0:9400")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _non_negative(query: dict[str, list[str]], name: str, default: int) -> int | str:
+    """The integer parameter, or an error message naming it."""
+    values = query.get(name)
+    if not values:
+        return default
+    try:
+        value = int(values[-1])
+    except ValueError:
+        value = -1
+    if value < 0:
+        return f"{name}={values[-1]!r}: expected an integer >= 0"
+    return value
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -57,15 +71,13 @@ class _Handler(BaseHTTPRequestHandler):
             if url.path == "/metrics":
                 self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
             elif url.path == "/v1/snapshot":
-                values = parse_qs(url.query).get("since", ["0"])
-                try:
-                    since = int(values[-1])
-                    if since < 0:
-                        raise ValueError
-                except ValueError:
-                    self._json(400, {"error": f"since={values[-1]!r}: expected a sequence number >= 0"})
+                query = parse_qs(url.query)
+                since = _non_negative(query, "since", 0)
+                limit = _non_negative(query, "limit", SNAPSHOT_LIMIT_RECORDS)
+                if isinstance(since, str) or isinstance(limit, str):
+                    self._json(400, {"error": since if isinstance(since, str) else limit})
                     return
-                self._json(200, agent.snapshot(since))
+                self._send(200, agent.snapshot_json(since, max(1, limit)), "application/json")
             elif url.path in ("/healthz", "/readyz"):
                 ok, reason = agent.liveness() if url.path == "/healthz" else agent.readiness()
                 self._send(200 if ok else 503, (reason + "\n").encode(), "text/plain; charset=utf-8")

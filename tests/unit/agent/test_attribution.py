@@ -6,6 +6,7 @@ import pytest
 
 from gpuwm.agent.attribution import attribute, classify
 from gpuwm.agent.cgroup import PodRef
+from gpuwm.agent.nvml import RawProcess, Reading
 from gpuwm.agent.podresources import Assignment
 from gpuwm.model import GpuSample, ProcessSample
 
@@ -19,12 +20,20 @@ def _sample(uuid: str, sm: float | None, processes: list[ProcessSample] | None, 
     )
 
 
+def _reading(uuid: str, sm: float | None, processes: list[RawProcess] | None, **extra: object) -> Reading:
+    return Reading({"t": 100.0, "node": "n1", "uuid": uuid, "index": 0, "sm_percent": sm, **extra}, processes)
+
+
+def _process(pid: int, sm: float | None = None, memory: float | None = None) -> RawProcess:
+    return RawProcess(pid, memory, sm)
+
+
 def _no_pods(pid: int) -> PodRef | None:
     return None
 
 
 def test_time_sliced_replicas_share_a_gpu_by_replica_count() -> None:
-    samples = [_sample("GPU-1", 60.0, [ProcessSample(pid=10, sm_percent=40.0), ProcessSample(pid=20, sm_percent=20.0)])]
+    samples = [_reading("GPU-1", 60.0, [_process(10, sm=40.0), _process(20, sm=20.0)])]
     assignments = [
         Assignment("GPU-1::0", "GPU-1", 0, "nvidia.com/gpu", "ns", "a", "main"),
         Assignment("GPU-1::3", "GPU-1", 3, "nvidia.com/gpu", "ns", "b", "worker"),
@@ -42,7 +51,7 @@ def test_time_sliced_replicas_share_a_gpu_by_replica_count() -> None:
 
 
 def test_single_holder_learns_its_uid_from_process_cgroups() -> None:
-    samples = [_sample("GPU-2", 0.0, [ProcessSample(pid=5, memory_used_bytes=1e9)])]
+    samples = [_reading("GPU-2", 0.0, [_process(5, memory=1e9)])]
     assignments = [Assignment("GPU-2", "GPU-2", None, "nvidia.com/gpu", "team", "trainer-0", "pytorch")]
     known: dict[tuple[str, str], str] = {}
     result = attribute(samples, assignments, {}, 4, {5: PodRef(UID_A, "c" * 64)}.get, known, 1.0)
@@ -54,8 +63,8 @@ def test_single_holder_learns_its_uid_from_process_cgroups() -> None:
 
 def test_index_device_ids_and_mig_resource_profile() -> None:
     samples = [
-        _sample("GPU-9", 5.0, [], index=3),
-        _sample("MIG-1", 0.0, [], index=3, parent_uuid="GPU-9", device_units=1 / 7),
+        _reading("GPU-9", 5.0, [], index=3),
+        _reading("MIG-1", 0.0, [], index=3, parent_uuid="GPU-9", device_units=1 / 7),
     ]
     assignments = [
         Assignment("3", "3", None, "nvidia.com/gpu", "ns", "whole", "c"),
@@ -70,7 +79,7 @@ def test_index_device_ids_and_mig_resource_profile() -> None:
 
 
 def test_cgroup_fallback_without_pod_resources() -> None:
-    samples = [_sample("GPU-3", 80.0, [ProcessSample(pid=1), ProcessSample(pid=2), ProcessSample(pid=3)])]
+    samples = [_reading("GPU-3", 80.0, [_process(1), _process(2), _process(3)])]
     known = {("ns", "p"): UID_A}
     result = attribute(samples, [], {}, 4, {1: PodRef(UID_A), 2: PodRef(UID_B)}.get, known, 1.0)
     assert [(d.pod_uid, d.pod, d.units, d.attributed_by) for d in result.devices] == [

@@ -1,0 +1,63 @@
+"""The compressed record buffer behind /v1/snapshot: since, limits, bounds, kinds."""
+
+from __future__ import annotations
+
+import json
+
+from gpuwm.agent.buffer import POD_STATS, SAMPLE, RecordBuffer
+from gpuwm.model import GpuSample, PodStatsSample
+
+
+def _poll(buffer: RecordBuffer, gpus: int, with_stats: bool = False) -> None:
+    seq = buffer.latest_seq
+    records: list[tuple[bytes, GpuSample | PodStatsSample]] = [
+        (SAMPLE, GpuSample(t=float(seq + i), node="n", uuid=f"GPU-{i}", seq=seq + i, sm_percent=float(i)))
+        for i in range(1, gpus + 1)
+    ]
+    if with_stats:
+        records.append((POD_STATS, PodStatsSample(t=1.0, node="n", namespace="ns", pod="p", pod_uid="u", seq=seq + gpus + 1)))
+    buffer.append(records)  # type: ignore[arg-type]
+
+
+def _seqs(lines: list[bytes]) -> list[int]:
+    return [json.loads(line)["seq"] for line in lines]
+
+
+def test_since_returns_exactly_the_later_records() -> None:
+    buffer = RecordBuffer(max_records=1000)
+    for _ in range(5):
+        _poll(buffer, gpus=4, with_stats=True)  # 5 records per poll
+    assert buffer.latest_seq == 25
+    everything = buffer.since(0, limit=1000)
+    assert _seqs(everything.samples) == [s for s in range(1, 26) if s % 5 != 0]
+    assert _seqs(everything.pod_stats) == [5, 10, 15, 20, 25]
+    middle = buffer.since(12, limit=1000)  # inside a block
+    assert _seqs(middle.samples) == [13, 14, 16, 17, 18, 19, 21, 22, 23, 24]
+    assert middle.last_seq == 25 and not middle.more and not middle.truncated
+    assert buffer.since(25, limit=1000).samples == []
+    assert all(set(json.loads(line)) == set(GpuSample.model_fields) for line in everything.samples)
+
+
+def test_limit_pages_through() -> None:
+    buffer = RecordBuffer(max_records=1000)
+    for _ in range(3):
+        _poll(buffer, gpus=4)
+    page = buffer.since(0, limit=5)
+    assert _seqs(page.samples) == [1, 2, 3, 4, 5]
+    assert page.more and page.last_seq == 5
+    rest = buffer.since(page.last_seq, limit=5)
+    assert _seqs(rest.samples) == [6, 7, 8, 9, 10] and rest.more
+    last = buffer.since(rest.last_seq, limit=5)
+    assert _seqs(last.samples) == [11, 12] and not last.more and last.last_seq == 12
+
+
+def test_bounded_and_truncation_reported() -> None:
+    buffer = RecordBuffer(max_records=10)
+    for _ in range(6):
+        _poll(buffer, gpus=4)
+    assert len(buffer) <= 10
+    assert buffer.oldest_seq == 17  # whole polls dropped, oldest first
+    late = buffer.since(3, limit=100)
+    assert late.truncated
+    assert _seqs(late.samples) == list(range(17, 25))
+    assert not buffer.since(16, limit=100).truncated
