@@ -99,7 +99,11 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **kwargs
     info = kopf.login_via_client(logger=logger, settings=settings)
     if info is None:
         raise kopf.PermanentError("no Kubernetes credentials: need in-cluster service account or a kubeconfig")
-    client = KubeClient.from_connection_info(info)
+    def relogin() -> dict[str, str]:
+        fresh = kopf.login_via_client(logger=logger, settings=settings)
+        return KubeClient.auth_headers(fresh) if fresh is not None else {}
+
+    client = KubeClient.from_connection_info(info, relogin=relogin)
     runtime = ControllerRuntime(gpuwm_settings, client)
     index = kwargs.get("agent_pods")
     if index is not None:

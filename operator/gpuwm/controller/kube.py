@@ -14,7 +14,7 @@ import json
 import logging
 import ssl
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -101,6 +101,7 @@ class KubeClient:
         request_timeout_seconds: float = 30.0,
         retry_backoffs_seconds: Sequence[float] = (0.25, 0.5, 1, 2, 4, 8),
         max_connections: int = 32,
+        relogin: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         self.server = server.rstrip("/")
         self._headers = dict(headers or {})
@@ -109,13 +110,14 @@ class KubeClient:
         self._backoffs = tuple(retry_backoffs_seconds)
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        self._relogin = relogin
         self._plurals: dict[tuple[str, str], str] = dict(KNOWN_PLURALS)
         self.requests = 0
         self.retries = 0
 
-    @classmethod
-    def from_connection_info(cls, info: Any, **kwargs: Any) -> KubeClient:
-        """Build from kopf's `ConnectionInfo` (whatever login handler produced it)."""
+    @staticmethod
+    def auth_headers(info: Any) -> dict[str, str]:
+        """The Authorization header for kopf's `ConnectionInfo` (token or basic auth; none for client certs)."""
         headers: dict[str, str] = {}
         if info.scheme and info.token:
             headers["Authorization"] = f"{info.scheme} {info.token}"
@@ -124,6 +126,12 @@ class KubeClient:
         elif info.username and info.password:
             basic = base64.b64encode(f"{info.username}:{info.password}".encode()).decode()
             headers["Authorization"] = f"Basic {basic}"
+        return headers
+
+    @classmethod
+    def from_connection_info(cls, info: Any, **kwargs: Any) -> KubeClient:
+        """Build from kopf's `ConnectionInfo` (whatever login handler produced it)."""
+        headers = cls.auth_headers(info)
         context: ssl.SSLContext | bool | None = None
         if str(info.server).startswith("https"):
             if info.insecure:
@@ -165,6 +173,7 @@ class KubeClient:
         session = await self._session_()
         data = None if body is None else json.dumps(body)
         attempt = 0
+        relogged = False
         while True:
             self.requests += 1
             delay: float | None = None
@@ -179,6 +188,13 @@ class KubeClient:
                     text = await response.text()
                     if response.status == 404 and method in {"GET", "DELETE"}:
                         return None
+                    if response.status == 401 and self._relogin is not None and not relogged:
+                        # service-account tokens rotate: log in again once, then retry at once
+                        relogged = True
+                        self._headers = dict(await asyncio.to_thread(self._relogin))
+                        await self.close()
+                        session = await self._session_()
+                        continue
                     if response.status not in RETRIED_STATUSES or attempt >= len(self._backoffs):
                         raise KubeApiError(response.status, method, path, _message(text))
                     delay = _retry_after(response.headers.get("Retry-After"), self._backoffs[attempt])

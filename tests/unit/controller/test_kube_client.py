@@ -1,0 +1,95 @@
+"""The controller's API client: retries 429/5xx with backoff, re-logs in on 401, discovery for unknown kinds."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
+
+
+class Api:
+    def __init__(self) -> None:
+        self.answers: list[tuple[int, dict[str, Any], dict[str, str]]] = []
+        self.seen: list[tuple[str, str, str | None]] = []
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.seen.append((request.method, request.path_qs, request.headers.get("Authorization")))
+        if request.path == "/apis/example.com/v1":
+            return web.json_response({"resources": [{"name": "widgets", "kind": "Widget"},
+                                                    {"name": "widgets/status", "kind": "Widget"}]})
+        status, body, headers = self.answers.pop(0) if self.answers else (200, {"ok": True}, {})
+        return web.json_response(body, status=status, headers=headers)
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[tuple[Api, str]]:
+    state = Api()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", state.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield state, f"http://127.0.0.1:{runner.addresses[0][1]}"
+    await runner.cleanup()
+
+
+async def test_retries_429_and_5xx_then_succeeds(api: tuple[Api, str]) -> None:
+    state, url = api
+    state.answers = [(429, {"message": "slow down"}, {"Retry-After": "0"}), (503, {}, {}), (200, {"v": 1}, {})]
+    client = KubeClient(url, retry_backoffs_seconds=(0.01, 0.01, 0.01))
+    assert await client.get("/api/v1/pods") == {"v": 1}
+    assert client.retries == 2
+    await client.close()
+
+
+async def test_gives_up_with_an_error_naming_the_call(api: tuple[Api, str]) -> None:
+    state, url = api
+    state.answers = [(500, {"message": "boom"}, {})] * 3
+    client = KubeClient(url, retry_backoffs_seconds=(0.01, 0.01))
+    with pytest.raises(KubeApiError, match=r"PATCH /x: HTTP 500: boom"):
+        await client.merge_patch("/x", {"a": 1})
+    state.answers = [(422, {"message": "spec.x: Invalid value"}, {})]
+    with pytest.raises(KubeApiError, match="Invalid value") as caught:
+        await client.create("/y", {})
+    assert caught.value.status == 422 and len(state.seen) == 4  # 4xx is not retried
+    await client.close()
+
+
+async def test_404_get_is_none_and_403_owner_is_none(api: tuple[Api, str]) -> None:
+    state, url = api
+    client = KubeClient(url, retry_backoffs_seconds=())
+    state.answers = [(404, {}, {})]
+    assert await client.get("/api/v1/namespaces/x/pods/y") is None
+    state.answers = [(403, {"message": "forbidden"}, {})]
+    assert await client.get_object("batch/v1", "Job", "ns", "j") is None
+    await client.close()
+
+
+async def test_discovery_finds_an_unknown_kind(api: tuple[Api, str]) -> None:
+    state, url = api
+    client = KubeClient(url)
+    assert await client.plural("example.com/v1", "Widget") == "widgets"
+    assert await client.get_object("example.com/v1", "Widget", "ns", "w") == {"ok": True}
+    assert state.seen[-1][1] == "/apis/example.com/v1/namespaces/ns/widgets/w"
+    assert await client.plural("example.com/v1", "Gadget") is None
+    await client.close()
+
+
+async def test_relogin_on_401(api: tuple[Api, str]) -> None:
+    state, url = api
+    state.answers = [(401, {"message": "token expired"}, {})]
+    client = KubeClient(url, headers={"Authorization": "Bearer old"}, relogin=lambda: {"Authorization": "Bearer new"})
+    assert await client.get("/api/v1/pods") == {"ok": True}
+    assert [auth for _, _, auth in state.seen] == ["Bearer old", "Bearer new"]
+    await client.close()
+
+
+def test_resource_path() -> None:
+    assert resource_path("v1", "pods", "ns", "p") == "/api/v1/namespaces/ns/pods/p"
+    assert resource_path("gpuwm.io/v1alpha1", "gpuprojectmetrics", None, "x", "status") == \
+        "/apis/gpuwm.io/v1alpha1/gpuprojectmetrics/x/status"
