@@ -232,9 +232,13 @@ def part_one(args: argparse.Namespace, workdir: Path) -> None:
         f"  per-GPU series for {args.gpu_series_workloads} workloads ({args.gpu_series_workloads * args.gpus} series); "
         f"the full {args.workloads * args.gpus} would be {args.workloads * args.gpus * ticks / 1e6:.0f} M rows"
     )
+    reuse = args.reuse and (workdir / "full.db").exists()
     store = EmbeddedStore(workdir / "full.db")
     started = time.monotonic()
-    load_embedded(store, args.workloads, args.gpus, ticks, t0, args.projects, args.gpu_series_workloads)
+    if reuse:
+        print("  reusing the database already in --workdir")
+    else:
+        load_embedded(store, args.workloads, args.gpus, ticks, t0, args.projects, args.gpu_series_workloads)
     rows = store._writer.execute(f"SELECT count(*) FROM {store.tiers[0].table}").fetchone()[0]
     size_gib = sum(p.stat().st_size for p in workdir.glob("full.db*")) / 2**30
     print(
@@ -408,6 +412,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prom-hours", type=float, default=2.0)
     parser.add_argument("--skip-prometheus", action="store_true")
     parser.add_argument("--skip-full", action="store_true")
+    parser.add_argument(
+        "--reuse", action="store_true", help="reuse part 1's database from an earlier run in --workdir"
+    )
     parser.add_argument(
         "--workdir", type=Path, default=None, help="where the databases go (default: a temp dir)"
     )

@@ -139,7 +139,10 @@ class KubernetesAuthorizer:
                 f"--auth=kubernetes needs in-cluster credentials or a kubeconfig ({error}); "
                 "run in a pod, set KUBECONFIG, or use --auth=none for local use",
             ) from None
-        bearer = configuration.api_key.get("authorization", "") if configuration.api_key else ""
+        keys = configuration.api_key or {}
+        bearer = str(
+            keys.get("BearerToken") or keys.get("authorization") or ""
+        )  # the key name varies by version
         cert_file, key_file = configuration.cert_file, configuration.key_file
         cert = (str(cert_file), str(key_file)) if cert_file and key_file else None
         return cls(

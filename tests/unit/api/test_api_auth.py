@@ -110,3 +110,21 @@ async def test_kubernetes_api_down_gives_503(store: EmbeddedStore) -> None:
         response = await http.get("/api/v1/cluster/metrics", headers=ADMIN)
     await authorizer.close()
     assert response.status_code == 503 and "cannot reach the Kubernetes API" in response.json()["message"]
+
+
+async def test_credentials_from_a_kubeconfig(tmp_path: Path, fake: FakeAuthz) -> None:
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: test\n"
+        f"clusters:\n- name: test\n  cluster:\n    server: {fake.url}\n"
+        "users:\n- name: gpuwm\n  user:\n    token: sa-token\n"
+        "contexts:\n- name: test\n  context:\n    cluster: test\n    user: gpuwm\n"
+    )
+    authorizer = KubernetesAuthorizer.from_environment(kubeconfig=str(kubeconfig))
+    try:
+        assert authorizer.api_url == fake.url
+        user = await authorizer.authenticate("token-alice")
+        assert user.username == "alice" and await authorizer.allowed(user, "team-a")
+        assert not await authorizer.allowed(user, "team-b")
+    finally:
+        await authorizer.close()
