@@ -85,7 +85,7 @@ def test_install_every_optional_feature(install: Callable[..., Installed]) -> No
     assert json.loads(dashboard["data"]["gpuwm.json"])["uid"] == "gpuwm-overview"
     rule = installed.one("PrometheusRule")
     idle = next(r for r in rule["spec"]["groups"][0]["rules"] if r["alert"] == "GpuwmWorkloadGpuIdle")
-    assert idle["expr"].endswith("> 2700"), idle["expr"]  # 45 minutes
+    assert "gpuwm_workload_idle_seconds) > 2700" in idle["expr"], idle["expr"]  # 45 minutes
     agent_spec = installed.one("DaemonSet")["spec"]["template"]["spec"]
     assert agent_spec["runtimeClassName"] == "nvidia"
     mounts = {m["name"]: m for m in containers(installed.one("DaemonSet"))["agent"]["volumeMounts"]}
@@ -163,3 +163,32 @@ def test_api_server_rejects_an_invalid_object(install: Callable[..., Installed],
     installed = install(chart=chart)
     assert not installed.ok
     assert "targetPortt" in installed.error and "Service" in installed.error, installed.error
+
+
+def _exported_metric_names() -> set[str]:
+    """The series the controller's /metrics exports (counters also as NAME_total)."""
+    from gpuwm.api.prom_metrics import WorkloadMetricsCollector
+
+    class EmptyStore:
+        def workloads(self) -> list[Any]:
+            return []
+
+        def projects(self) -> list[Any]:
+            return []
+
+    names = {family.name for family in WorkloadMetricsCollector(EmptyStore(), runai_compatible=False).collect()}  # type: ignore[arg-type]
+    return names | {f"{name}_total" for name in names}
+
+
+def test_alerts_and_dashboard_use_series_the_controller_exports(install: Callable[..., Installed]) -> None:
+    import re
+
+    installed = install(ROOT / "ci" / "all-features-values.yaml")
+    exprs = [rule["expr"] for rule in installed.one("PrometheusRule")["spec"]["groups"][0]["rules"]]
+    dashboard = json.loads(installed.one("ConfigMap", "-dashboard")["data"]["gpuwm.json"])
+    exprs += [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    exprs += [variable["query"] for variable in dashboard["templating"]["list"] if variable["type"] == "query"]
+    used = {name for expr in exprs for name in re.findall(r"\bgpuwm_[a-z0-9_]+", expr)}
+    assert used, exprs
+    unknown = used - _exported_metric_names()
+    assert not unknown, f"series not exported by gpuwm.api.prom_metrics: {sorted(unknown)}"
