@@ -85,6 +85,7 @@ class Installed:
     ok: bool
     error: str
     server: ApiServer
+    release: dict[str, Any]
 
     def objects(self, kind: str) -> list[dict[str, Any]]:
         return list(self.server.store.objects_of(kind))
@@ -141,7 +142,8 @@ def install(
             helm_python, "install", str(chart), *files,
             "--kubeconfig", str(kubeconfig), "--namespace", RELEASE_NAMESPACE, "--release", "gpuwm",
         )
-        return Installed(ok=answer["ok"], error=answer.get("error", ""), server=api_server)
+        return Installed(ok=answer["ok"], error=answer.get("error", ""), server=api_server,
+                         release=answer.get("result") or {})
 
     return _install
 

@@ -192,3 +192,11 @@ def test_alerts_and_dashboard_use_series_the_controller_exports(install: Callabl
     assert used, exprs
     unknown = used - _exported_metric_names()
     assert not unknown, f"series not exported by gpuwm.api.prom_metrics: {sorted(unknown)}"
+
+
+def test_notes_tell_what_to_run_next(install: Callable[..., Installed]) -> None:
+    installed = install()
+    notes = installed.release["info"]["notes"]
+    assert "kubectl get gpuworkloadmetrics -A" in notes
+    assert "http://gpuwm-controller.gpuwm.svc:8080/api/v1/workloads" in notes
+    assert "kubectl apply --server-side" in notes
