@@ -1,8 +1,8 @@
 """Fixtures for the chart tests: Helm's library in its own venv, and an API server to install into.
 
 helm-sdkpy needs Python >= 3.12 and the project targets 3.11, so Helm runs in `.venv-helm`
-(created here on first use with `python3.12 -m venv` and `pip install helm-sdkpy pyyaml`, or
-taken from $GPUWM_HELM_PYTHON) and is driven through tests/chart/helm_driver.py.
+(made by .ci/run, else here on first use: `python3.12 -m venv` and `pip install -r
+ci/helm-requirements.txt`; or taken from $GPUWM_HELM_PYTHON) and is driven through tests/chart/helm_driver.py.
 """
 
 from __future__ import annotations
@@ -61,9 +61,8 @@ def helm_python() -> str:
         pytest.skip("helm-sdkpy needs Python >= 3.12 and no python3.12/python3.13 is on PATH")
     env = {**os.environ, "PYENV_VERSION": os.environ.get("PYENV_VERSION", "3.12.1")}
     subprocess.run([*interpreter, "-m", "venv", "--clear", str(HELM_VENV)], check=True, env=env)
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "--quiet", "helm-sdkpy>=0.1.32", "pyyaml"], check=True, timeout=600
-    )
+    requirements = ROOT / "ci" / "helm-requirements.txt"
+    subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", str(requirements)], check=True, timeout=600)
     return str(python)
 
 
