@@ -16,7 +16,7 @@ Series kinds and what their key is:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from gpuwm.model import GpuSample, PodStatsSample
@@ -33,9 +33,31 @@ class SeriesRow:
     values: Values
 
 
+_SHARED = (
+    "memory_used_bytes",
+    "memory_total_bytes",
+    "power_watts",
+    "power_limit_watts",
+    "pcie_rx_bytes_per_second",
+    "pcie_tx_bytes_per_second",
+)
+_SHARED_COLUMNS = (
+    METRIC_INDEX["gpu_memory_used_bytes"],
+    METRIC_INDEX["gpu_memory_total_bytes"],
+    METRIC_INDEX["gpu_power_watts"],
+    METRIC_INDEX["gpu_power_limit_watts"],
+    METRIC_INDEX["gpu_pcie_rx_bytes_per_second"],
+    METRIC_INDEX["gpu_pcie_tx_bytes_per_second"],
+)
+
+
 @dataclass
 class _Part:
-    """A device as seen by one holder (or by nobody): the unit of every aggregation."""
+    """A device as seen by one holder (or by nobody): the unit of every aggregation.
+
+    Its figures are read from the sample once (`shared` already multiplied by the share), since
+    each part is summed into up to eight series.
+    """
 
     sample: GpuSample | None
     node: str
@@ -44,6 +66,24 @@ class _Part:
     share: float  # fraction of the device's extensive figures (bytes, watts) that belong to this part
     utilization_percent: float | None
     idle_seconds: float | None = None
+    shared: tuple[float | None, ...] = ()
+    temperature_celsius: float | None = None
+    sm_clock_mhz: float | None = None
+    memory_clock_mhz: float | None = None
+
+    def __post_init__(self) -> None:
+        self.refresh()
+
+    def refresh(self) -> None:
+        sample = self.sample
+        if sample is None:
+            self.shared = (None,) * len(_SHARED)
+            return
+        values = [getattr(sample, attribute) for attribute in _SHARED]
+        self.shared = tuple(None if value is None else value * self.share for value in values)
+        self.temperature_celsius = sample.temperature_celsius
+        self.sm_clock_mhz = sample.sm_clock_mhz
+        self.memory_clock_mhz = sample.memory_clock_mhz
 
 
 @dataclass
@@ -55,21 +95,6 @@ class _Group:
     idle_seconds: float | None = None
 
 
-def _weighted_mean(pairs: Iterable[tuple[float | None, float]]) -> float | None:
-    total, weight = 0.0, 0.0
-    for value, value_weight in pairs:
-        if value is not None and value_weight > 0:
-            total += value * value_weight
-            weight += value_weight
-    return total / weight if weight > 0 else None
-
-
-def _shared_sum(parts: Sequence[_Part], attribute: str) -> float | None:
-    values = [(getattr(part.sample, attribute), part.share) for part in parts if part.sample is not None]
-    present = [value * share for value, share in values if value is not None]
-    return sum(present) if present else None
-
-
 def _aggregate(parts: Sequence[_Part], per_device: bool = False) -> Values:
     """Metric values over a set of device parts (pod-stats and energy columns are filled by the caller).
 
@@ -77,35 +102,47 @@ def _aggregate(parts: Sequence[_Part], per_device: bool = False) -> Values:
     so an unallocated device at 0 % pulls the fleet's figure down, as it should.
     """
     values: Values = [None] * len(METRIC_NAMES)
-    values[METRIC_INDEX["gpu_allocated"]] = 0.0
+    util_sum = util_weight = allocated = 0.0
+    shared = [0.0] * len(_SHARED)
+    seen = [False] * len(_SHARED)
+    temperature: float | None = None
+    sm_sum = memory_clock_sum = 0.0
+    sm_count = memory_clock_count = 0
+    for part in parts:
+        allocated += part.units
+        utilization = part.utilization_percent
+        if utilization is not None:
+            weight = 1.0 if per_device or part.units <= 0 else part.units
+            util_sum += utilization * weight
+            util_weight += weight
+        for index, value in enumerate(part.shared):
+            if value is not None:
+                shared[index] += value
+                seen[index] = True
+        if part.temperature_celsius is not None and (
+            temperature is None or part.temperature_celsius > temperature
+        ):
+            temperature = part.temperature_celsius
+        if part.sm_clock_mhz is not None:
+            sm_sum += part.sm_clock_mhz
+            sm_count += 1
+        if part.memory_clock_mhz is not None:
+            memory_clock_sum += part.memory_clock_mhz
+            memory_clock_count += 1
+    values[METRIC_INDEX["gpu_allocated"]] = allocated
     if not parts:
         return values
-    held = any(part.units > 0 for part in parts) and not per_device
-    values[METRIC_INDEX["gpu_utilization_percent"]] = _weighted_mean(
-        (part.utilization_percent, part.units if held else 1.0) for part in parts
-    )
-    used = _shared_sum(parts, "memory_used_bytes")
-    total = _shared_sum(parts, "memory_total_bytes")
-    values[METRIC_INDEX["gpu_memory_used_bytes"]] = used
-    values[METRIC_INDEX["gpu_memory_total_bytes"]] = total
+    values[METRIC_INDEX["gpu_utilization_percent"]] = util_sum / util_weight if util_weight > 0 else None
+    for index, column in enumerate(_SHARED_COLUMNS):
+        values[column] = shared[index] if seen[index] else None
+    used, total = values[_SHARED_COLUMNS[0]], values[_SHARED_COLUMNS[1]]
     if used is not None and total:
         values[METRIC_INDEX["gpu_memory_utilization_percent"]] = min(100.0, 100.0 * used / total)
-    values[METRIC_INDEX["gpu_power_watts"]] = _shared_sum(parts, "power_watts")
-    values[METRIC_INDEX["gpu_power_limit_watts"]] = _shared_sum(parts, "power_limit_watts")
-    temperatures = [
-        part.sample.temperature_celsius
-        for part in parts
-        if part.sample is not None and part.sample.temperature_celsius is not None
-    ]
-    values[METRIC_INDEX["gpu_temperature_celsius"]] = max(temperatures) if temperatures else None
-    for name in ("gpu_sm_clock_mhz", "gpu_memory_clock_mhz"):
-        attribute = name.removeprefix("gpu_")
-        values[METRIC_INDEX[name]] = _weighted_mean(
-            (getattr(part.sample, attribute), 1.0) for part in parts if part.sample is not None
-        )
-    values[METRIC_INDEX["gpu_pcie_rx_bytes_per_second"]] = _shared_sum(parts, "pcie_rx_bytes_per_second")
-    values[METRIC_INDEX["gpu_pcie_tx_bytes_per_second"]] = _shared_sum(parts, "pcie_tx_bytes_per_second")
-    values[METRIC_INDEX["gpu_allocated"]] = sum(part.units for part in parts)
+    values[METRIC_INDEX["gpu_temperature_celsius"]] = temperature
+    values[METRIC_INDEX["gpu_sm_clock_mhz"]] = sm_sum / sm_count if sm_count else None
+    values[METRIC_INDEX["gpu_memory_clock_mhz"]] = (
+        memory_clock_sum / memory_clock_count if memory_clock_count else None
+    )
     return values
 
 
