@@ -328,6 +328,73 @@ def write_openmetrics(path: Path, workloads: int, gpus: int, ticks: int, t0: int
     return lines
 
 
+def writer_cost(args: argparse.Namespace, workdir: Path) -> None:
+    """What the controller pays each status interval: record() of every workload's figures and samples."""
+    from gpuwm.model import GpuSample
+    from gpuwm.model.figures import ClusterFigures, GpuFigures, PodFigures
+
+    per_project = math.ceil(args.workloads / args.projects)
+    workloads: list[WorkloadFigures] = []
+    samples: list[GpuSample] = []
+    for w in range(args.workloads):
+        node = f"node-{w}"
+        gpus = [
+            GpuFigures(
+                node=node,
+                uuid=f"GPU-{w}-{g}",
+                index=g,
+                units=1.0,
+                utilization_percent=gpu_util(w, g, 0),
+                pod=f"job-{w}-0",
+                pod_uid=f"pod-uid-{w}",
+                namespace=f"ns-{w % 200}",
+            )
+            for g in range(args.gpus)
+        ]
+        workloads.append(
+            WorkloadFigures(
+                uid=f"uid-{w}",
+                namespace=f"ns-{w % 200}",
+                name=f"job-{w}",
+                kind="Job",
+                api_version="batch/v1",
+                project=f"p{w // per_project}",
+                phase="Running",
+                allocated_gpus=float(args.gpus),
+                gpus=gpus,
+                pods=[PodFigures(name=f"job-{w}-0", uid=f"pod-uid-{w}", node=node, phase="Running")],
+                nodes=[node],
+            )
+        )
+        samples.extend(
+            GpuSample(
+                t=0.0,
+                node=node,
+                uuid=f"GPU-{w}-{g}",
+                index=g,
+                sm_percent=gpu_util(w, g, 0),
+                memory_used_bytes=40e9,
+                memory_total_bytes=80e9,
+                power_watts=300.0,
+                energy_joules=1e6,
+                temperature_celsius=50.0,
+            )
+            for g in range(args.gpus)
+        )
+    projects = [ProjectFigures(name=f"p{p}") for p in range(args.projects)]
+    store = EmbeddedStore(workdir / "writer.db")
+    timings = []
+    for k in range(4):
+        started = time.perf_counter()
+        store.record(1_790_000_000.0 + STEP * k, samples, workloads, projects, ClusterFigures())
+        timings.append(time.perf_counter() - started)
+    store.close()
+    print(
+        f"writer: record() of {args.workloads} workloads x {args.gpus} GPUs: "
+        f"{', '.join(f'{t:.2f}' for t in timings)} s per interval (status interval 15 s)"
+    )
+
+
 def part_two(args: argparse.Namespace, workdir: Path) -> None:
     from tests.integration.store.prometheus_fixture import PROMETHEUS, PROMTOOL, backfill, running_prometheus
 
@@ -412,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prom-hours", type=float, default=2.0)
     parser.add_argument("--skip-prometheus", action="store_true")
     parser.add_argument("--skip-full", action="store_true")
+    parser.add_argument("--skip-writer", action="store_true")
     parser.add_argument(
         "--reuse", action="store_true", help="reuse part 1's database from an earlier run in --workdir"
     )
@@ -424,6 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not args.skip_full:
             part_one(args, directory)
+        if not args.skip_writer:
+            writer_cost(args, directory)
         if not args.skip_prometheus:
             part_two(args, directory)
     finally:
