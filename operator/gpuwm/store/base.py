@@ -207,5 +207,8 @@ class Store(abc.ABC):
     def query_range(self, query: RangeQuery) -> list[Series]:
         """Series for `query`, one per metric (and per breakdown label set), points on `query.grid()`."""
 
+    def forget_workload(self, uid: str) -> None:  # noqa: B027 - read-only backends keep nothing to forget
+        """Drop a workload's latest figures after its retention (its points age out with the tiers)."""
+
     def close(self) -> None:  # noqa: B027 - a backend without resources needs nothing here
         """Release files and connections."""
