@@ -32,12 +32,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from aiohttp import web  # noqa: E402
+from tests.integration.fakeagent import FakeNode  # noqa: E402
+from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator  # noqa: E402
 
 from gpuwm.config import Settings  # noqa: E402
 from gpuwm.controller.kube import KubeClient  # noqa: E402
 from gpuwm.controller.runtime import ControllerRuntime  # noqa: E402
-from tests.integration.fakeagent import FakeNode  # noqa: E402
-from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator  # noqa: E402
 
 NAMESPACES = 40
 
@@ -153,7 +153,8 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         writes_before, t_writes = writes, now
         print(f"cycle {cycle + 1}: cycle {cpu_cycle:.2f} CPU-s ({wall_cycle:.2f} s wall), with writes "
               f"{total_cpu:.2f} CPU-s per interval; RSS {rss_mib():.0f} MiB; writes {rate:.1f}/s; "
-              f"queued {runtime.writer.pending}; engine workloads {len(runtime.engine.workload_records)}")
+              f"queued {runtime.writer.pending}")
+        print("    phases (CPU-s): " + ", ".join(f"{k} {v:.2f}" for k, v in runtime.cycle_cpu_seconds.items()))
     writer.cancel()
     lags = sorted(runtime.writer.stats.lag_seconds)
     if lags:

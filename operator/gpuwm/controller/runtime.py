@@ -64,7 +64,22 @@ logger = logging.getLogger(__name__)
 
 NODE_CACHE_SECONDS = 600.0
 #: how often the engine state is saved; a restart re-reads the agents from the saved positions
-STATE_SAVE_SECONDS = 30.0
+STATE_SAVE_SECONDS = 60.0
+#: samples fed to the engine between two yields to the event loop
+YIELD_EVERY = 2000
+
+
+class _PhaseTimer:
+    """CPU seconds of this thread per phase (the store's thread is timed by the caller's process total)."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, float] = {}
+        self._last = time.thread_time()
+
+    def mark(self, phase: str) -> None:
+        now = time.thread_time()
+        self.phases[phase] = now - self._last
+        self._last = now
 
 
 class ControllerRuntime:
@@ -105,6 +120,7 @@ class ControllerRuntime:
         self._node_replicas: dict[str, tuple[float, int]] = {}
         self._warned: set[str] = set()
         self._last_save: float | None = None
+        self.cycle_cpu_seconds: dict[str, float] = {}
         self.ready = asyncio.Event()
 
     # ------------------------------------------------------------------ kopf events
@@ -188,8 +204,10 @@ class ControllerRuntime:
         return dict(self.agent_pod_urls())
 
     async def cycle(self) -> None:
-        """Pull, account, offer statuses, retention, save."""
+        """Pull, account, offer statuses, retention, save; CPU seconds per phase go to `cycle_cpu_seconds`."""
+        timer = _PhaseTimer()
         result = await self.puller.pull_all(self.agent_urls())
+        timer.mark("pull")
         changed_nodes = set()
         for snapshot in result.snapshots:
             if snapshot.holders != self.holders_by_node.get(snapshot.node):
@@ -200,22 +218,34 @@ class ControllerRuntime:
             for pod in list(self.pods.values()):
                 if pod.node in changed_nodes:
                     self._send(pod)
+        timer.mark("attribution")
         samples = sorted_samples(result.snapshots)
-        for sample in samples:
+        for index, sample in enumerate(samples):
             self.engine.observe_sample(sample)
+            if index % YIELD_EVERY == YIELD_EVERY - 1:
+                await asyncio.sleep(0)  # let the writer and kopf's handlers run between chunks
         if samples:
             self.latest_sample_time = max(self.latest_sample_time or 0.0, samples[-1].t)
+        timer.mark("engine_samples")
         now = self.clock()
         engine_workloads, projects, cluster = self.engine.report(now)
         workloads = [self._with_baseline(figures) for figures in engine_workloads]
+        timer.mark("engine_report")
+        await asyncio.sleep(0)
         self._offer_workloads(workloads, now)
         self._offer_projects(projects, now)
         await self._announce_idle(workloads)
         await self._apply_retention(workloads, now)
+        timer.mark("offer")
         if self._last_save is None or now - self._last_save >= STATE_SAVE_SECONDS or self.cycles < 3:
             self.save(now)
+        timer.mark("save")
         await self._record(now, samples, workloads, projects, cluster, result)
+        timer.mark("store")
         self.cycles += 1
+        self.cycle_cpu_seconds = timer.phases
+        logger.debug("status cycle %d: %d samples, %d workloads, CPU seconds %s", self.cycles, len(samples),
+                     len(workloads), {k: round(v, 3) for k, v in timer.phases.items()})
 
     def _with_baseline(self, figures: WorkloadFigures) -> WorkloadFigures:
         baseline = self.baselines.get(figures.uid)
