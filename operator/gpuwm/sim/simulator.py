@@ -14,6 +14,7 @@ unmonitored) and a lost GPU (healthy=false, no utilisation, error "GPU is lost")
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from collections.abc import Iterator
@@ -149,6 +150,10 @@ class Simulator:
         workload = new_workload(self.rng, uid, pod_uids, self._serial, created, kind, self.kinds_available,
                                 self.config.gpus_per_node)
         self._serial += 1
+        nodes_of_kind = sum(1 for node in self.nodes if node.kind == workload.request.node_kind)
+        if workload.request.pods > nodes_of_kind:  # a gang that could never be placed
+            workload.request = dataclasses.replace(workload.request, pods=1)
+            del workload.pods[1:]
         self.workloads[uid] = workload
         return workload
 
@@ -260,6 +265,7 @@ class Simulator:
         while self._next_arrival <= t:
             workload = self._new_workload(t)
             self.pending.append(workload)
+            self.truth_ledger.track(workload.uid)
             step.events.extend(self._pod_event(workload, i, t, "Pending") for i in range(len(workload.pods)))
             self._next_arrival += self.rng.expovariate(self._arrivals_per_second)
             self._placement_due = min(self._placement_due, t)

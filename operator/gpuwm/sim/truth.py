@@ -57,6 +57,10 @@ class GroundTruth:
         self._devices: dict[str, _DeviceLedger] = {}
         self._open: dict[tuple[str, str], _Holding] = {}  # (sample uuid, pod uid) -> open holding
 
+    def track(self, workload_uid: str) -> None:
+        """A workload exists (from its first pod event), with or without GPUs yet."""
+        self.figures.setdefault(workload_uid, TruthFigures())
+
     def allocate(self, sample_uuid: str, workload_uid: str, pod_uid: str, units: float, t: float) -> None:
         """Pod `pod_uid` holds `units` of the device sampled as `sample_uuid` from t on."""
         holding = _Holding(workload_uid, pod_uid, units, t)

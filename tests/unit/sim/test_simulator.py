@@ -1,0 +1,194 @@
+"""The simulator: deterministic, realistic in shape, and the engine agrees with its ground truth."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from gpuwm.accounting import Engine, EngineConfig
+from gpuwm.cli import main
+from gpuwm.model import GpuSample, PodEvent
+from gpuwm.sim.simulator import AgentOutage, GpuLoss, SimConfig, Simulator, Step, default_faults
+from gpuwm.sim.trace import truth_report, write_trace
+
+INTERVAL = 2.0
+HOUR = 3600.0
+FIGURES = ("allocated_gpu_seconds", "active_gpu_seconds", "idle_gpu_seconds", "unmonitored_gpu_seconds", "energy_joules")
+
+
+def small_config(**overrides: object) -> SimConfig:
+    """4 nodes (2 whole, MIG, time-sliced) of 2 GPUs, sampled every 2 s."""
+    values: dict[str, object] = {"seed": 12, "nodes": 4, "gpus_per_node": 2, "interval_seconds": INTERVAL}
+    values.update(overrides)
+    return SimConfig.model_validate(values)
+
+
+def run_through_engine(simulator: Simulator, until: float) -> tuple[Engine, list[Step]]:
+    engine = Engine(EngineConfig(interval_seconds=simulator.config.interval_seconds))
+    steps = []
+    for step in simulator.run(until):
+        for sample in step.samples:
+            engine.observe_sample(sample)
+        for event in step.events:
+            engine.observe(event)
+        steps.append(step)
+    return engine, steps
+
+
+def assert_engine_matches_truth(simulator: Simulator, engine: Engine, energy_measured: bool = True) -> None:
+    """Every workload's figures equal the simulator's; `energy_measured=False`: energy drawn
+    after a node's latest sample is not reported yet (no counter read), so only <= holds."""
+    truth = simulator.truth()
+    reported = {figures.uid: figures for figures in engine.workloads(simulator.clock)}
+    assert set(reported) == set(truth)
+    for uid, expected in truth.items():
+        figures = reported[uid]
+        for name in FIGURES:
+            if name == "energy_joules" and not energy_measured:
+                assert figures.energy_joules <= expected.energy_joules + 1e-6
+                continue
+            assert getattr(figures, name) == pytest.approx(getattr(expected, name), rel=1e-9, abs=1e-6), (
+                simulator.workloads[uid].kind, simulator.workloads[uid].request, name)
+        lifetime = expected.lifetime_utilization_percent
+        if lifetime is None:
+            assert figures.utilization.lifetime is None
+        else:
+            assert figures.utilization.lifetime == pytest.approx(lifetime, abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def clean_run() -> tuple[Simulator, Engine, list[Step]]:
+    simulator = Simulator(small_config())
+    engine, steps = run_through_engine(simulator, 2 * HOUR)
+    return simulator, engine, steps
+
+
+def test_same_seed_same_bytes_other_seed_other_run() -> None:
+    def trace(seed: int) -> str:
+        out = io.StringIO()
+        write_trace(Simulator(small_config(seed=seed)), 600.0, out)
+        return out.getvalue()
+
+    first, second, other = trace(5), trace(5), trace(6)
+    assert first == second
+    assert first != other
+    assert len(first.splitlines()) > 300
+
+
+def test_engine_matches_ground_truth_without_faults(clean_run: tuple[Simulator, Engine, list[Step]]) -> None:
+    simulator, engine, _ = clean_run
+    assert_engine_matches_truth(simulator, engine)
+    truth = simulator.truth()
+    assert sum(f.unmonitored_gpu_seconds for f in truth.values()) == 0.0
+    assert sum(f.active_gpu_seconds for f in truth.values()) > 0
+    assert sum(f.idle_gpu_seconds for f in truth.values()) > 0
+    placed = {simulator.workloads[uid].request.node_kind for uid, f in truth.items() if f.allocated_gpu_seconds > 0}
+    assert placed == {"whole", "mig", "shared"}  # every kind of device was held and accounted
+
+
+def test_every_workload_kind_and_a_queue(clean_run: tuple[Simulator, Engine, list[Step]]) -> None:
+    simulator, engine, steps = clean_run
+    assert {workload.kind for workload in simulator.workloads.values()} == {"training", "batch", "notebook", "inference"}
+    pending_since: dict[str, float] = {}
+    waited = []
+    for step in steps:
+        for event in step.events:
+            if isinstance(event, PodEvent) and event.phase == "Pending":
+                pending_since[event.uid] = event.t
+            elif isinstance(event, PodEvent) and event.phase == "Running" and event.uid in pending_since:
+                waited.append(event.t - pending_since.pop(event.uid))
+    assert any(seconds > 0 for seconds in waited), "no workload ever waited for capacity"
+    figures = {f.uid: f for f in engine.workloads(simulator.clock)}
+    queued = [f for f in figures.values() if f.wait_seconds > 0 and f.start_time is not None]
+    assert queued
+
+
+def test_samples_have_the_shape_of_each_device_kind(clean_run: tuple[Simulator, Engine, list[Step]]) -> None:
+    simulator, _, steps = clean_run
+    samples = [sample for step in steps for sample in step.samples]
+    parents = {gpu.uuid: gpu for node in simulator.nodes for gpu in node.gpus}
+    by_t_uuid = {(s.t, s.uuid): s for s in samples}
+    mig = [s for s in samples if s.parent_uuid is not None]
+    assert mig
+    for sample in mig[:500]:
+        parent = by_t_uuid[(sample.t, sample.parent_uuid or "")]
+        assert sample.energy_joules == parent.energy_joules  # the parent's counter
+        assert sample.power_watts is None and sample.mig_profile is not None
+        assert 0 < sample.device_units < 1
+    shared = [s for s in samples if parents.get(s.uuid) is not None and parents[s.uuid].kind == "shared"]
+    with_processes = [s for s in shared if s.processes]
+    assert with_processes
+    for sample in with_processes:
+        device_sm = sum(p.sm_percent or 0.0 for p in sample.processes or [])
+        assert sample.sm_percent == pytest.approx(min(100.0, device_sm), abs=0.01)
+        assert all(p.pod_uid for p in sample.processes or [])
+    counters: dict[str, list[float]] = defaultdict(list)
+    for sample in samples:
+        if sample.parent_uuid is None and sample.energy_joules is not None:
+            counters[sample.uuid].append(sample.energy_joules)
+    for values in counters.values():
+        assert values == sorted(values)
+    busy = [s for s in samples if (s.sm_percent or 0) > 50]
+    assert all((s.power_watts or 0) > parents[s.uuid].product.idle_power_watts for s in busy if s.uuid in parents)
+
+
+def test_agent_outage_and_lost_gpu_are_unmonitored_and_match_truth() -> None:
+    probe = Simulator(small_config())
+    nodes = [node.name for node in probe.nodes]
+    outages, losses = default_faults(nodes, 0.0, HOUR)
+    simulator = Simulator(small_config(outages=outages, gpu_losses=losses))
+    engine, steps = run_through_engine(simulator, HOUR)
+    assert_engine_matches_truth(simulator, engine)
+    truth = simulator.truth()
+    assert sum(f.unmonitored_gpu_seconds for f in truth.values()) > 0
+    lost = [s for step in steps for s in step.samples if not s.healthy]
+    assert lost and all(s.sm_percent is None and s.error == "GPU is lost" for s in lost)
+    assert {s.node for s in lost} == {losses[0].node}
+    outage = outages[0]
+    silent = [s for step in steps for s in step.samples if s.node == outage.node and outage.start <= s.t < outage.end]
+    assert silent == []
+
+
+def test_outage_at_the_end_counts_as_unmonitored_until_now() -> None:
+    probe = Simulator(small_config())
+    node = probe.nodes[0].name
+    simulator = Simulator(small_config(outages=(AgentOutage(node=node, start=1800.0, end=10 * HOUR),)))
+    engine, _ = run_through_engine(simulator, HOUR)
+    assert_engine_matches_truth(simulator, engine, energy_measured=False)
+    held_on_node = [uid for uid, w in simulator.workloads.items() if w.running and any(p.node == node for p in w.pods)]
+    truth = simulator.truth()
+    assert any(truth[uid].unmonitored_gpu_seconds >= 1700.0 for uid in held_on_node)
+
+
+def test_fault_on_unknown_node_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown node 'nope'"):
+        Simulator(small_config(gpu_losses=(GpuLoss(node="nope", gpu_index=0, at=1.0),)))
+
+
+def test_replay_of_the_written_trace_matches_ground_truth(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    probe = Simulator(small_config(seed=23))
+    outages, losses = default_faults([node.name for node in probe.nodes], 0.0, 1800.0)
+    simulator = Simulator(small_config(seed=23, outages=outages, gpu_losses=losses))
+    trace = tmp_path / "sim.jsonl"
+    with trace.open("w") as out:
+        write_trace(simulator, 1800.0, out)
+    truth = truth_report(simulator)
+    assert main(["replay", str(trace), "--interval", str(INTERVAL)]) == 0
+    report = json.loads(capsys.readouterr().out)
+    replayed = {(w["namespace"], w["name"]): w for w in report["workloads"]}
+    assert len(replayed) == len(truth["workloads"]) > 5
+    for expected in truth["workloads"]:
+        got = replayed[(expected["namespace"], expected["name"])]
+        for name in ("allocatedGpuSeconds", "activeGpuSeconds", "idleGpuSeconds", "unmonitoredGpuSeconds", "energyJoules"):
+            assert got[name] == pytest.approx(expected[name], rel=1e-9, abs=1e-6), (expected["name"], name)
+
+
+def test_samples_validate_as_the_model() -> None:
+    simulator = Simulator(small_config(seed=3))
+    for step in simulator.run(60.0):
+        for sample in step.samples:
+            GpuSample.model_validate(sample.model_dump())
