@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import signal
+import threading
 import time
 from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
@@ -132,3 +135,53 @@ def test_no_driver_serves_health_and_fails_readiness(start_agent: StartAgent) ->
     log = agent.log()
     assert "Traceback" not in log
     assert sum("NVIDIA driver not found" in line for line in log.splitlines()) == 1
+
+
+def test_kubelet_stats_reach_snapshot_and_metrics(
+    start_agent: StartAgent, fake_nvml_lib: Path, scenario: Path, tmp_path: Path
+) -> None:
+    token = "agent-sa-token"
+    summary = {"pods": [{
+        "podRef": {"name": "train-0", "namespace": "team-a", "uid": UID_TRAIN},
+        "cpu": {"usageNanoCores": 1_500_000_000}, "memory": {"workingSetBytes": 2 * 1024**3},
+        "network": {"rxBytes": 1000, "txBytes": 2000}, "ephemeral-storage": {"usedBytes": 12345},
+    }]}
+
+    class Kubelet(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            ok = self.path == "/stats/summary" and self.headers.get("Authorization") == f"Bearer {token}"
+            body = json.dumps(summary).encode() if ok else b"{}"
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    kubelet = HTTPServer(("127.0.0.1", 0), Kubelet)
+    threading.Thread(target=kubelet.serve_forever, daemon=True).start()
+    token_file = tmp_path / "token"
+    token_file.write_text(token)
+    try:
+        agent = start_agent(
+            fake_nvml_lib, scenario, "--interval", "0.2", "--pod-resources-socket", str(tmp_path / "none.sock"),
+            "--kubelet-url", f"http://127.0.0.1:{kubelet.server_address[1]}", "--kubelet-token-file", str(token_file),
+        )
+        def with_stats() -> AgentSnapshot | None:
+            snapshot = AgentSnapshot.model_validate(agent.snapshot(0))
+            return snapshot if snapshot.pod_stats else None
+
+        snapshot = wait_for(with_stats, what="pod stats in the snapshot")
+        (stats,) = snapshot.pod_stats
+        assert (stats.pod_uid, stats.cpu_usage_cores, stats.memory_used_bytes, stats.ephemeral_storage_used_bytes) == (
+            UID_TRAIN, 1.5, 2 * 1024**3, 12345,
+        )
+        assert stats.node == "node-1" and stats.seq is not None and stats.seq <= snapshot.seq
+        values = _metrics(agent)
+        assert _find(values, "gpuwm_cpu_usage_cores", namespace="team-a", pod="train-0", node="node-1") == [1.5]
+        assert _find(values, "gpuwm_ephemeral_storage_used_bytes", pod="train-0") == [12345.0]
+        assert token not in agent.log()
+    finally:
+        kubelet.shutdown()
+        kubelet.server_close()
