@@ -10,15 +10,19 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("fakenvml.c")
 
 
-def build_fake_nvml(directory: Path) -> Path:
-    """Compile the fake into `directory/libnvidia-ml.so.1`; returns the directory for LD_LIBRARY_PATH."""
+def build_fake_nvml(directory: Path, minimal: bool = False) -> Path:
+    """Compile the fake into `directory/libnvidia-ml.so.1`; returns the directory for LD_LIBRARY_PATH.
+
+    `minimal` leaves out every optional NVML function (see fakenvml.c).
+    """
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler (cc) found; install build-essential to build the fake NVML library")
     directory.mkdir(parents=True, exist_ok=True)
     target = directory / "libnvidia-ml.so.1"
     subprocess.run(
-        [compiler, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(target), str(SOURCE)],
+        [compiler, "-shared", "-fPIC", "-O2", "-Wall", *(["-DFAKENVML_MINIMAL"] if minimal else []), "-o", str(target),
+         str(SOURCE)],
         check=True, capture_output=True, text=True,
     )
     return directory

@@ -2,6 +2,9 @@
  * A fake libnvidia-ml.so.1 for tests: the real pynvml binding loads it through
  * LD_LIBRARY_PATH and calls it with NVML's real signatures, structs and error codes.
  *
+ * Built with -DFAKENVML_MINIMAL it exports only initialisation, enumeration, names, UUIDs and
+ * nvmlDeviceGetUtilizationRates, like an old or partial driver: the agent must cope.
+ *
  * Driven by the scenario file named by $FAKE_NVML_SCENARIO (format: tests/fakenvml/README.md).
  * The file is re-read when its modification time changes, so a test can change
  * processes, utilisation or errors while an agent runs.
@@ -121,7 +124,7 @@ static double elapsed_s(void) {
     return (double)(now.tv_sec - start_time.tv_sec) + (double)(now.tv_nsec - start_time.tv_nsec) / 1e9;
 }
 
-static unsigned long long now_us(void) {
+__attribute__((unused)) static unsigned long long now_us(void) {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     return (unsigned long long)now.tv_sec * 1000000ULL + (unsigned long long)now.tv_nsec / 1000ULL;
@@ -300,11 +303,13 @@ const char *nvmlErrorString(nvmlReturn_t result) {
     }
 }
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     snprintf(version, length, "%s", driver_version);
     return NVML_SUCCESS;
 }
+#endif
 
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
@@ -350,6 +355,7 @@ nvmlReturn_t nvmlDeviceGetIndex(void *handle, unsigned int *index) {
     return NVML_SUCCESS;
 }
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetMemoryInfo(void *handle, nvmlMemory_t *memory) {
     DEVICE_OR_RETURN(handle);
     memory->total = d->memory_total_mib * 1048576ULL;
@@ -357,7 +363,9 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(void *handle, nvmlMemory_t *memory) {
     memory->free = memory->total - memory->used;
     return NVML_SUCCESS;
 }
+#endif
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(void *handle, nvmlMemory_v2_t *memory) {
     DEVICE_OR_RETURN(handle);
     memory->total = d->memory_total_mib * 1048576ULL;
@@ -366,6 +374,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(void *handle, nvmlMemory_v2_t *memory) {
     memory->free = memory->total - memory->used;
     return NVML_SUCCESS;
 }
+#endif
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(void *handle, nvmlUtilization_t *utilization) {
     DEVICE_OR_RETURN(handle);
@@ -374,6 +383,7 @@ nvmlReturn_t nvmlDeviceGetUtilizationRates(void *handle, nvmlUtilization_t *util
     return NVML_SUCCESS;
 }
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetSamples(void *handle, int type, unsigned long long last_seen, int *value_type,
                                   unsigned int *count, nvmlSample_t *samples) {
     DEVICE_OR_RETURN(handle);
@@ -402,28 +412,36 @@ nvmlReturn_t nvmlDeviceGetSamples(void *handle, int type, unsigned long long las
     *count = n;
     return n ? NVML_SUCCESS : NVML_ERROR_NOT_FOUND;
 }
+#endif
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetPowerUsage(void *handle, unsigned int *power) {
     DEVICE_OR_RETURN(handle);
     if (d->parent >= 0) return NVML_ERROR_NOT_SUPPORTED;
     *power = d->power_mw;
     return NVML_SUCCESS;
 }
+#endif
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(void *handle, unsigned int *limit) {
     DEVICE_OR_RETURN(handle);
     if (d->parent >= 0) return NVML_ERROR_NOT_SUPPORTED;
     *limit = d->power_limit_mw;
     return NVML_SUCCESS;
 }
+#endif
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(void *handle, unsigned long long *energy) {
     DEVICE_OR_RETURN(handle);
     if (d->parent >= 0) return NVML_ERROR_NOT_SUPPORTED;
     *energy = d->energy_mj + (unsigned long long)((double)d->power_mw * elapsed_s());
     return NVML_SUCCESS;
 }
+#endif
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetTemperature(void *handle, int sensor, unsigned int *temperature) {
     DEVICE_OR_RETURN(handle);
     if (sensor != 0) return NVML_ERROR_NOT_SUPPORTED;
@@ -431,7 +449,9 @@ nvmlReturn_t nvmlDeviceGetTemperature(void *handle, int sensor, unsigned int *te
     *temperature = d->temperature_c;
     return NVML_SUCCESS;
 }
+#endif
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetClockInfo(void *handle, int type, unsigned int *clock) {
     DEVICE_OR_RETURN(handle);
     if (d->parent >= 0) return NVML_ERROR_NOT_SUPPORTED;
@@ -440,7 +460,9 @@ nvmlReturn_t nvmlDeviceGetClockInfo(void *handle, int type, unsigned int *clock)
     else return NVML_ERROR_NOT_SUPPORTED;
     return NVML_SUCCESS;
 }
+#endif
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetPcieThroughput(void *handle, int counter, unsigned int *value) {
     DEVICE_OR_RETURN(handle);
     if (d->parent >= 0) return NVML_ERROR_NOT_SUPPORTED;
@@ -449,8 +471,9 @@ nvmlReturn_t nvmlDeviceGetPcieThroughput(void *handle, int counter, unsigned int
     else return NVML_ERROR_INVALID_ARGUMENT;
     return NVML_SUCCESS;
 }
+#endif
 
-static int procs_on(const device_t *d, proc_t **out, int with_sm) {
+__attribute__((unused)) static int procs_on(const device_t *d, proc_t **out, int with_sm) {
     int n = 0;
     for (int i = 0; i < proc_count; i++) {
         if (&devices[procs[i].device] != d) continue;
@@ -461,6 +484,7 @@ static int procs_on(const device_t *d, proc_t **out, int with_sm) {
     return n;
 }
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *handle, unsigned int *count, nvmlProcessInfo_t *infos) {
     DEVICE_OR_RETURN(handle);
     proc_t *found[MAX_PROCS];
@@ -478,11 +502,15 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *handle, unsigned int 
     *count = (unsigned int)n;
     return NVML_SUCCESS;
 }
+#endif
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(void *handle, unsigned int *count, nvmlProcessInfo_t *infos) {
     return nvmlDeviceGetComputeRunningProcesses_v3(handle, count, infos);
 }
+#endif
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetProcessUtilization(void *handle, nvmlProcessUtilizationSample_t *utilization,
                                              unsigned int *count, unsigned long long last_seen) {
     DEVICE_OR_RETURN(handle);
@@ -506,8 +534,9 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(void *handle, nvmlProcessUtilizatio
     *count = (unsigned int)n;
     return NVML_SUCCESS;
 }
+#endif
 
-static int mig_children(const device_t *parent, device_t **out) {
+__attribute__((unused)) static int mig_children(const device_t *parent, device_t **out) {
     int n = 0;
     for (int i = 0; i < device_count; i++) {
         if (devices[i].parent >= 0 && &devices[devices[i].parent] == parent) {
@@ -518,19 +547,24 @@ static int mig_children(const device_t *parent, device_t **out) {
     return n;
 }
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetMigMode(void *handle, unsigned int *current, unsigned int *pending) {
     DEVICE_OR_RETURN(handle);
     if (d->parent >= 0) return NVML_ERROR_NOT_SUPPORTED;
     *current = *pending = mig_children(d, NULL) > 0 ? 1 : 0;
     return NVML_SUCCESS;
 }
+#endif
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(void *handle, unsigned int *count) {
     DEVICE_OR_RETURN(handle);
     *count = mig_children(d, NULL) > 0 ? 7 : 0;
     return NVML_SUCCESS;
 }
+#endif
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(void *handle, unsigned int index, void **mig) {
     DEVICE_OR_RETURN(handle);
     device_t *children[MAX_DEVICES];
@@ -539,34 +573,44 @@ nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(void *handle, unsigned int inde
     *mig = children[index];
     return NVML_SUCCESS;
 }
+#endif
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceIsMigDeviceHandle(void *handle, unsigned int *is_mig) {
     DEVICE_OR_RETURN(handle);
     *is_mig = d->parent >= 0;
     return NVML_SUCCESS;
 }
+#endif
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetDeviceHandleFromMigDeviceHandle(void *handle, void **parent) {
     DEVICE_OR_RETURN(handle);
     if (d->parent < 0) return NVML_ERROR_INVALID_ARGUMENT;
     *parent = &devices[d->parent];
     return NVML_SUCCESS;
 }
+#endif
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetGpuInstanceId(void *handle, unsigned int *id) {
     DEVICE_OR_RETURN(handle);
     if (d->parent < 0) return NVML_ERROR_INVALID_ARGUMENT;
     *id = d->gi;
     return NVML_SUCCESS;
 }
+#endif
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetComputeInstanceId(void *handle, unsigned int *id) {
     DEVICE_OR_RETURN(handle);
     if (d->parent < 0) return NVML_ERROR_INVALID_ARGUMENT;
     *id = d->ci;
     return NVML_SUCCESS;
 }
+#endif
 
+#ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetAttributes_v2(void *handle, nvmlDeviceAttributes_t *attributes) {
     DEVICE_OR_RETURN(handle);
     memset(attributes, 0, sizeof *attributes);
@@ -577,3 +621,4 @@ nvmlReturn_t nvmlDeviceGetAttributes_v2(void *handle, nvmlDeviceAttributes_t *at
     attributes->memorySizeMB = d->memory_total_mib;
     return NVML_SUCCESS;
 }
+#endif

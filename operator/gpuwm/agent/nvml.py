@@ -134,7 +134,8 @@ class NvmlSampler:
         """Initialise NVML; raises NvmlUnavailable with the reason when there is no usable driver."""
         try:
             pynvml.nvmlInit()
-            self.driver_version = _text(pynvml.nvmlSystemGetDriverVersion())
+            version = _optional(pynvml.nvmlSystemGetDriverVersion)
+            self.driver_version = "unknown" if version is None else _text(version)
         except pynvml.NVMLError_LibraryNotFound as error:
             raise NvmlUnavailable(
                 "NVIDIA driver not found: libnvidia-ml.so.1 could not be loaded "
@@ -265,7 +266,7 @@ class NvmlSampler:
 
     def _read(self, device: Device, now: float) -> Reading:
         handle = device.handle
-        memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+        memory = _optional(pynvml.nvmlDeviceGetMemoryInfo, handle)
         sm_percent, memory_activity_percent = self._utilization(device)
         # the chip-wide figures of a MIG instance are its parent's (NVML has none per instance)
         chip = device.parent_handle if device.parent_handle is not None else handle
@@ -284,8 +285,8 @@ class NvmlSampler:
         fields.update(
             healthy=True,
             sm_percent=sm_percent,
-            memory_used_bytes=float(memory.used),
-            memory_total_bytes=float(memory.total),
+            memory_used_bytes=None if memory is None else float(memory.used),
+            memory_total_bytes=None if memory is None else float(memory.total),
             memory_activity_percent=memory_activity_percent,
             power_watts=None if power_mw is None else power_mw / 1000.0,
             power_limit_watts=None if limit_mw is None else limit_mw / 1000.0,
@@ -296,7 +297,7 @@ class NvmlSampler:
             pcie_rx_bytes_per_second=None if rx_kbs is None else rx_kbs * 1024.0,
             pcie_tx_bytes_per_second=None if tx_kbs is None else tx_kbs * 1024.0,
         )
-        return Reading(fields, self._processes(device))
+        return Reading(fields, self._processes(device, sm_percent))
 
     def _utilization(self, device: Device) -> tuple[float | None, float | None]:
         """(SM %, memory activity %) over the samples since the last poll, else the instant rates."""
@@ -321,15 +322,17 @@ class NvmlSampler:
         setattr(device, cursor, max(sample.timeStamp for sample in fresh))
         return sum(_sample_value(value_type, sample) for sample in fresh) / len(fresh)
 
-    def _processes(self, device: Device) -> list[RawProcess] | None:
+    def _processes(self, device: Device, device_sm_percent: float | None) -> list[RawProcess] | None:
         running = _optional(pynvml.nvmlDeviceGetComputeRunningProcesses, device.handle)
         if running is None:
             return None
         sm_by_pid = self._process_utilization(device) if running else {}
+        # no per-process sample while the device itself was busy: the driver gave none, it is not 0 %
+        missing = not sm_by_pid and bool(device_sm_percent)
         processes = []
         for process in running:
             sm = sm_by_pid.get(process.pid)
-            if sm is None and device.process_utilization_supported:
+            if sm is None and device.process_utilization_supported and not missing:
                 sm = 0.0  # supported, but the process ran no kernels since the last poll
             used = process.usedGpuMemory
             processes.append(

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpuwm.model import AgentDevice, GpuSample
-from tests.fakenvml import write_scenario
+from tests.fakenvml import build_fake_nvml, write_scenario
 from tests.fakenvml.podresources_server import PodResourcesServer
 from tests.integration.agent.helpers import UID_INFER_A, UID_INFER_B, UID_MIG, UID_TRAIN, run_once
 
@@ -110,3 +110,31 @@ def test_driver_not_loaded(fake_nvml_lib: Path, tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "Driver Not Loaded" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_busy_device_without_process_samples_leaves_process_sm_unknown(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    scenario = write_scenario(
+        tmp_path / "s.txt",
+        "gpu uuid=GPU-busy util=70\ngpu uuid=GPU-idle util=0\n"
+        "proc device=GPU-busy pid=1 used_mib=10 sm=-1\nproc device=GPU-idle pid=2 used_mib=10 sm=-1\n",
+    )
+    snapshot = _once(fake_nvml_lib, scenario, "--pod-resources-socket", str(tmp_path / "none.sock"))
+    sm = {s["uuid"]: s["processes"][0]["sm_percent"] for s in snapshot["samples"]}
+    # busy with no per-process sample: unknown (the engine falls back to the device figure); idle: 0 %
+    assert sm == {"GPU-busy": None, "GPU-idle": 0.0}
+
+
+@pytest.fixture(scope="module")
+def minimal_nvml_lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_fake_nvml(tmp_path_factory.mktemp("fakenvml-minimal"), minimal=True)
+
+
+def test_a_driver_with_only_the_basic_calls(minimal_nvml_lib: Path, tmp_path: Path) -> None:
+    """An old or partial NVML: every optional figure is null, the GPUs are still sampled and healthy."""
+    scenario = write_scenario(tmp_path / "s.txt", "gpu uuid=GPU-old util=10 instant_util=35\nproc device=GPU-old pid=3 sm=5\n")
+    snapshot = _once(minimal_nvml_lib, scenario, "--pod-resources-socket", str(tmp_path / "none.sock"))
+    (sample,) = snapshot["samples"]
+    assert sample["healthy"] and sample["error"] is None
+    assert sample["sm_percent"] == 35.0  # nvmlDeviceGetUtilizationRates, the only figure it has
+    assert sample["memory_used_bytes"] is None and sample["energy_joules"] is None and sample["processes"] is None
+    assert [d["state"] for d in snapshot["devices"]] == ["unallocated"]
