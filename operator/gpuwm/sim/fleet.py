@@ -99,6 +99,12 @@ def node_kinds(nodes: int) -> list[NodeKind]:
     return kinds
 
 
+def node_names(nodes: int) -> list[str]:
+    """`sim-node-000` ... (zero-padded so they sort)."""
+    width = max(3, len(str(nodes - 1)))
+    return [f"sim-node-{index:0{width}d}" for index in range(nodes)]
+
+
 def random_uuid(rng: random.Random) -> str:
     return str(uuid_module.UUID(int=rng.getrandbits(128), version=4))
 
@@ -108,9 +114,8 @@ def build_fleet(rng: random.Random, nodes: int, gpus_per_node: int) -> list[Node
     if nodes < 1 or gpus_per_node < 1:
         raise ValueError(f"a fleet needs at least one node and one GPU per node (got {nodes} x {gpus_per_node})")
     fleet: list[Node] = []
-    width = max(3, len(str(nodes - 1)))
-    for node_index, kind in enumerate(node_kinds(nodes)):
-        node = Node(name=f"sim-node-{node_index:0{width}d}", kind=kind)
+    for name, kind in zip(node_names(nodes), node_kinds(nodes), strict=True):
+        node = Node(name=name, kind=kind)
         product = {"whole": H100, "mig": A100, "shared": L4}[kind]
         for gpu_index in range(gpus_per_node):
             gpu = Gpu(

@@ -1,0 +1,199 @@
+"""`gpuwm demo`: the real engine, embedded store, API and dashboard on a simulated fleet, in one process.
+
+The simulated clock starts `warmup` before now and catches up as fast as the machine
+allows (so the dashboard has history at once), then runs at `speed` x real time. The
+simulator, engine and store writes run in a worker thread in short chunks, so the API
+stays responsive and Ctrl-C stops within a fraction of a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+
+from gpuwm.accounting import Engine, EngineConfig
+from gpuwm.config import Settings
+from gpuwm.model.figures import ClusterFigures, WorkloadFigures
+from gpuwm.model.podstats import PodStatsSample
+from gpuwm.model.sample import GpuSample
+from gpuwm.sim.fleet import node_names
+from gpuwm.sim.simulator import AgentOutage, GpuLoss, SimConfig, Simulator, default_faults
+from gpuwm.sim.table import clock_text, cluster_line, render
+from gpuwm.store import Store
+
+log = logging.getLogger(__name__)
+
+#: work per chunk in the worker thread: about this many device samples (keeps Ctrl-C and the API prompt)
+_SAMPLES_PER_CHUNK = 4000
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    nodes: int
+    gpus_per_node: int
+    speed: float
+    listen: str
+    seed: int
+    warmup_seconds: float
+    store_path: str | None
+    faults: bool
+    table: bool
+    settings: Settings
+
+
+class SimulatedController:
+    """What the controller does each status interval, fed by the simulator instead of agents."""
+
+    def __init__(self, simulator: Simulator, engine: Engine, store: Store, status_interval_seconds: float) -> None:
+        self.simulator = simulator
+        self.engine = engine
+        self.store = store
+        self.status_interval_seconds = status_interval_seconds
+        self.samples: list[GpuSample] = []
+        self.pod_stats: list[PodStatsSample] = []
+        self.next_record = simulator.config.start_time + status_interval_seconds
+        self.workloads: list[WorkloadFigures] = []
+        self.cluster: ClusterFigures | None = None
+        self.records = 0
+        self.samples_total = 0
+
+    def advance(self, until: float, max_steps: int) -> int:
+        """Step the simulation up to `until` (at most `max_steps` steps); record each status interval."""
+        steps = 0
+        interval = self.simulator.config.interval_seconds
+        while steps < max_steps and self.simulator.clock + interval <= until:
+            step = self.simulator.step()
+            for sample in step.samples:
+                self.engine.observe_sample(sample)
+            for event in step.events:
+                self.engine.observe(event)
+            self.samples.extend(step.samples)
+            self.pod_stats.extend(step.pod_stats)
+            self.samples_total += len(step.samples)
+            steps += 1
+            if step.t >= self.next_record:
+                self.record(step.t)
+                self.next_record += self.status_interval_seconds
+        return steps
+
+    def record(self, now: float) -> None:
+        workloads, projects, cluster = self.engine.report(now)
+        self.store.record(now, self.samples, workloads, projects, cluster, self.pod_stats)
+        self.samples, self.pod_stats = [], []
+        self.workloads, self.cluster = workloads, cluster
+        self.records += 1
+
+
+def _simulator(options: DemoOptions, start: float) -> Simulator:
+    interval = options.settings.interval
+    start = float(int(start))  # whole seconds: tidy sample times
+    outages: tuple[AgentOutage, ...] = ()
+    losses: tuple[GpuLoss, ...] = ()
+    if options.faults:
+        outages, losses = default_faults(node_names(options.nodes), start, options.warmup_seconds)
+    return Simulator(SimConfig(
+        seed=options.seed, nodes=options.nodes, gpus_per_node=options.gpus_per_node, interval_seconds=interval,
+        start_time=start, idle_threshold_percent=options.settings.idle_threshold_percent,
+        outages=outages, gpu_losses=losses,
+    ))
+
+
+async def run_demo(options: DemoOptions) -> int:
+    """Serve the demo until SIGINT/SIGTERM; returns the exit status."""
+    from gpuwm.api.app import create_app
+    from gpuwm.api.server import ApiServer, parse_listen
+    from gpuwm.store import open_store
+
+    settings = options.settings
+    host, port = parse_listen(options.listen)
+    temp_dir: Path | None = None
+    if options.store_path is None:
+        temp_dir = Path(tempfile.mkdtemp(prefix="gpuwm-demo-"))
+        store_path = str(temp_dir / "gpuwm.db")
+    else:
+        store_path = options.store_path
+    store = open_store(store_path, rollups=settings.store_rollups, retention_seconds=settings.retention)
+    console = Console()
+    try:
+        started_wall = time.time()
+        simulator = _simulator(options, started_wall - options.warmup_seconds)
+        engine = Engine(EngineConfig(
+            interval_seconds=settings.interval, idle_threshold_percent=settings.idle_threshold_percent,
+            project_label=settings.project_label, late_event_window_seconds=settings.late_event_window,
+        ))
+        controller = SimulatedController(simulator, engine, store, settings.status_interval)
+        app = create_app(store, settings.model_copy(update={"auth": "none", "api_listen": options.listen}))
+        server = ApiServer(app, host, port, log_level=settings.log_level)
+        await server.start()
+        url = f"http://{host if ':' not in host else f'[{host}]'}:{server.port}/"
+        print(f"gpuwm demo: dashboard {url}  API {url}api/v1/workloads  (store {store_path}; Ctrl-C stops)", flush=True)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(signum, stop.set)
+        try:
+            await _drive(options, controller, console, url, stop)
+        finally:
+            await server.stop()
+        print(f"gpuwm demo: stopped at simulated {clock_text(simulator.clock)}; "
+              f"{controller.samples_total} samples, {controller.records} status intervals recorded", flush=True)
+        return 0
+    finally:
+        store.close()
+        if temp_dir is not None:
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+async def _drive(
+    options: DemoOptions, controller: SimulatedController, console: Console, url: str, stop: asyncio.Event
+) -> None:
+    """Warm up to now, then run at `speed`; refresh the terminal view about once a second."""
+    simulator = controller.simulator
+    sampled_devices = max(1, sum(len(gpu.devices) + 1 for node in simulator.nodes for gpu in node.gpus))
+    max_steps = max(1, _SAMPLES_PER_CHUNK // sampled_devices)
+    warm_start = simulator.config.start_time
+    live = Live(console=console, refresh_per_second=2, transient=False) if options.table else None
+    anchor: tuple[float, float] | None = None  # (simulated, monotonic) when warm-up ended
+    last_view = 0.0
+    with live if live is not None else contextlib.nullcontext():
+        while not stop.is_set():
+            if anchor is None:
+                target = time.time()
+            else:
+                target = anchor[0] + options.speed * (time.monotonic() - anchor[1])
+            steps = await asyncio.to_thread(controller.advance, target, max_steps)
+            if anchor is None and simulator.clock + simulator.config.interval_seconds > target:
+                anchor = (simulator.clock, time.monotonic())
+                if live is None:
+                    print(f"gpuwm demo: warm-up done ({clock_text(simulator.clock)}); running at {options.speed:g}x",
+                          flush=True)
+            if time.monotonic() - last_view >= (1.0 if live is not None else 10.0):
+                last_view = time.monotonic()
+                if anchor is None:
+                    done = (simulator.clock - warm_start) / max(1.0, target - warm_start)
+                    header = (f"gpuwm demo: warming up, simulating the last {options.warmup_seconds / 60:.0f} minutes: "
+                              f"{100 * done:.0f}% ({clock_text(simulator.clock)})   dashboard {url}")
+                else:
+                    header = (f"gpuwm demo: {options.nodes} nodes x {options.gpus_per_node} GPUs (simulated), "
+                              f"{options.speed:g}x real time, now {clock_text(simulator.clock)}   dashboard {url}")
+                if live is not None:
+                    rows = max(5, console.size.height - 6)
+                    live.update(render(header, controller.workloads, controller.cluster, simulator.clock, rows))
+                else:
+                    print(f"{header}\n  {cluster_line(controller.cluster)}", flush=True)
+            if steps < max_steps:  # caught up: wait for the clock (or Ctrl-C)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=0.2)
+    sys.stdout.flush()

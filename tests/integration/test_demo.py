@@ -1,0 +1,119 @@
+"""`gpuwm demo` as a user runs it: a subprocess on a free loopback port, read over HTTP, stopped by SIGINT."""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gpuwm.sim.workloads import ALL_NAMESPACES
+
+pytestmark = pytest.mark.integration
+
+URL_LINE = re.compile(r"dashboard (http://127\.0\.0\.1:\d+/)")
+
+
+def get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())
+
+
+class Demo:
+    def __init__(self, *arguments: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "gpuwm.cli", "demo", "--listen", "127.0.0.1:0", "--no-table", *arguments],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        self.lines: list[str] = []
+        self.url_found = threading.Event()
+        self.url = ""
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+            match = URL_LINE.search(line)
+            if match and not self.url:
+                self.url = match.group(1)
+                self.url_found.set()
+
+    def stop(self, signum: int = signal.SIGINT) -> tuple[int, str]:
+        self.process.send_signal(signum)
+        try:
+            code = self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+            raise
+        self._reader.join(timeout=5)
+        assert self.process.stderr is not None
+        return code, self.process.stderr.read()
+
+
+@pytest.fixture
+def demo() -> Iterator[Demo]:
+    running = Demo("--nodes", "3", "--gpus-per-node", "2", "--speed", "120", "--warmup", "10m", "--seed", "4",
+                   "--interval", "2s", "--status-interval", "10s", "--faults")
+    try:
+        yield running
+    finally:
+        if running.process.poll() is None:
+            running.process.kill()
+            running.process.wait()
+
+
+def wait_for_workloads(url: str, deadline: float) -> list[dict[str, Any]]:
+    while time.monotonic() < deadline:
+        try:
+            workloads = get_json(url + "api/v1/workloads")
+        except OSError:
+            workloads = None
+        items = workloads.get("workloads") if isinstance(workloads, dict) else None
+        if items and any(item.get("allocatedGpus", 0) > 0 for item in items):
+            return list(items)
+        time.sleep(0.3)
+    raise AssertionError("the demo's API never listed running workloads")
+
+
+def test_demo_serves_simulated_workloads_and_stops_on_sigint(demo: Demo) -> None:
+    assert demo.url_found.wait(20), f"no dashboard URL printed; output: {demo.lines}"
+    workloads = wait_for_workloads(demo.url, time.monotonic() + 25)
+    namespaces = {name for name, _ in ALL_NAMESPACES}
+    for item in workloads:
+        assert item["namespace"] in namespaces
+        split = item["activeGpuSeconds"] + item["idleGpuSeconds"] + item["unmonitoredGpuSeconds"]
+        assert item["allocatedGpuSeconds"] == pytest.approx(split, rel=1e-9, abs=1e-6)
+        assert 0 <= item["allocatedGpus"] <= 8
+        lifetime = item["utilization"]["lifetime"]
+        assert lifetime is None or 0 <= lifetime <= 100
+    assert any(item["activeGpuSeconds"] > 0 for item in workloads)
+    assert any(item["kind"] in {"PyTorchJob", "Job", "Notebook", "Deployment"} for item in workloads)
+    with urllib.request.urlopen(demo.url, timeout=10) as response:
+        assert response.status == 200 and b"<html" in response.read().lower()
+    cluster = get_json(demo.url + "api/v1/cluster/metrics?metric=gpu_allocated&step=30s")
+    points = [value for series in cluster["series"] for _, value in series["points"] if value is not None]
+    assert points and max(points) > 0
+    code, stderr = demo.stop(signal.SIGINT)
+    assert code == 0, stderr
+    assert any("stopped at simulated" in line for line in demo.lines)
+    assert "Traceback" not in stderr
+
+
+def test_demo_refuses_a_bad_fleet_with_a_message() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuwm.cli", "demo", "--nodes", "0", "--listen", "127.0.0.1:0"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert result.returncode == 2
+    assert "--nodes" in result.stderr
