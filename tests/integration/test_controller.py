@@ -222,13 +222,29 @@ def test_controller_end_to_end_with_restart(cluster: Cluster, tmp_path: Path) ->
         assert split == pytest.approx(held, abs=0.01)
         assert after["status"]["activeGpuSeconds"] >= before["status"]["activeGpuSeconds"]
 
+        # killed again and its state file lost: the CRs' own status carries the totals over
+        controller.kill()
+        for state_file in tmp_path.glob("gpuwm.db.engine.json*"):
+            state_file.unlink()
+        time.sleep(1.0)
+        controller.start()
+        again = wait_until("status after a restart without state", lambda: (cr := cluster.cr("train")) and
+                           epoch(cr["status"]["lastUpdateTime"]) >= epoch(after["status"]["lastUpdateTime"]) + 3
+                           and cr, log=log, timeout=40)
+        assert "state from crs" in log.read_text()
+        elapsed = epoch(again["status"]["lastUpdateTime"]) - epoch(after["status"]["lastUpdateTime"])
+        gained = again["status"]["allocatedGpuSeconds"] - after["status"]["allocatedGpuSeconds"]
+        # the new engine counts from the CR's lastUpdateTime on: nothing lost across the downtime
+        assert gained == pytest.approx(elapsed, abs=STATUS_INTERVAL + 1.5)
+        assert again["status"]["startTime"] == after["status"]["startTime"]
+
         # the Job's pod ends: the CR records the end and keeps its final figures
         finished = time.time()
         cluster.finish_pod("train-0", started, finished)
         ended = wait_until("train ended", lambda: (cr := cluster.cr("train")) and cr["status"].get("endTime")
                            and cr["status"]["allocatedGpus"] == 0 and cr, log=log)
         assert ended["status"]["phase"] in {"Succeeded", "Ended"}
-        assert ended["status"]["allocatedGpuSeconds"] == pytest.approx(finished - started, abs=2.0)
+        assert ended["status"]["allocatedGpuSeconds"] == pytest.approx(finished - started, abs=2.0 + 2 * STATUS_INTERVAL)
 
         # the metrics API runs inside the controller, over the same store
         match = re.findall(r"metrics API listening on 127.0.0.1:(\d+)", log.read_text())

@@ -84,6 +84,8 @@ class Snapshot:
     samples: list[GpuSample]
     holders: list[DeviceHolder]
     pod_stats: list[PodStatsSample]
+    more: bool = False  # the agent has records past `seq` (it pages large backlogs)
+    truncated: bool = False  # records after `since` had already left the agent's buffer
 
 
 class _SnapshotPayload(BaseModel):
@@ -94,6 +96,8 @@ class _SnapshotPayload(BaseModel):
     node: str | None = None
     seq: int = Field(default=0, ge=0)
     agent_id: str | None = None
+    more: bool = False
+    truncated: bool = False
     samples: list[GpuSample] = Field(default_factory=list)
     pod_stats: list[PodStatsSample] = Field(default_factory=list)
     devices: list[dict[str, Any]] = Field(default_factory=list)
@@ -103,7 +107,7 @@ def _snapshot(payload: _SnapshotPayload, expected_node: str) -> Snapshot:
     node = payload.node or expected_node
     holders = [holder for item in payload.devices for holder in _holders(item, node)]
     return Snapshot(node=node, seq=payload.seq, agent_id=payload.agent_id, samples=payload.samples,
-                    holders=holders, pod_stats=payload.pod_stats)
+                    holders=holders, pod_stats=payload.pod_stats, more=payload.more, truncated=payload.truncated)
 
 
 def parse_snapshot(payload: Mapping[str, Any] | bytes, expected_node: str) -> Snapshot:
@@ -187,6 +191,10 @@ class PullResult:
     failed_nodes: list[str] = field(default_factory=list)
 
 
+#: pages of one agent read in one pull; the rest waits for the next interval
+MAX_PAGES_PER_PULL = 20
+
+
 class AgentPuller:
     """Pulls every agent's `/v1/snapshot?since=SEQ` concurrently, each with a timeout."""
 
@@ -241,6 +249,16 @@ class AgentPuller:
                     logger.info("agent on %s restarted (seq %d, was %d); reading it from the start",
                                 node, snapshot.seq, state.since, extra={"node": node})
                     snapshot = await self._fetch(node, base_url, 0)
+                pages = 1
+                while snapshot.more and pages < MAX_PAGES_PER_PULL:  # the agent pages large backlogs
+                    following = await self._fetch(node, base_url, snapshot.seq)
+                    following.samples[:0] = snapshot.samples
+                    following.pod_stats[:0] = snapshot.pod_stats
+                    following.truncated = following.truncated or snapshot.truncated
+                    snapshot, pages = following, pages + 1
+                if snapshot.truncated:
+                    logger.warning("agent on %s dropped samples before the controller read them (seq %d); "
+                                   "that time is unmonitored", node, state.since, extra={"node": node})
             except (TimeoutError, aiohttp.ClientError, ValueError) as error:
                 state.failures += 1
                 if not state.warned:  # one warning per outage, not one per interval
@@ -250,7 +268,8 @@ class AgentPuller:
                 return None
         if state.warned:
             logger.info("agent on %s answers again", node, extra={"node": node})
-        state.since = max(snapshot.seq, max((s.seq or 0 for s in snapshot.samples), default=0))
+        state.since = max(snapshot.seq, max((s.seq or 0 for s in snapshot.samples), default=0),
+                          max((s.seq or 0 for s in snapshot.pod_stats), default=0))
         state.agent_id = snapshot.agent_id
         state.last_success = time.time()
         state.failures = 0

@@ -41,6 +41,7 @@ BASELINE_FIELDS = {
     "energyJoules": "energy_joules",
     "runSeconds": "run_seconds",
 }
+ADDITIVE_FIELDS = frozenset(BASELINE_FIELDS.values())
 
 
 def _pod_to_json(pod: TrackedPod) -> dict[str, Any]:
@@ -154,6 +155,14 @@ def _baselines_from_crs(runtime: ControllerRuntime, items: list[dict[str, Any]])
         values = {field: float(status[key]) for key, field in BASELINE_FIELDS.items()
                   if isinstance(status.get(key), int | float)}
         if uid and any(values.values()):
+            started = parse_kubernetes_time(status.get("startTime"))
+            if started is not None:
+                values["start_time"] = started
+            if isinstance(status.get("waitSeconds"), int | float):
+                values["wait_seconds"] = float(status["waitSeconds"])
+            counted_until = parse_kubernetes_time(status.get("lastUpdateTime"))
+            if counted_until is not None:  # the CR's figures cover the time up to here
+                values["counted_until"] = counted_until
             runtime.baselines[str(uid)] = values
     if runtime.baselines:
         runtime.baseline_cutoff = runtime.clock()

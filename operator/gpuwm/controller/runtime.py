@@ -167,8 +167,10 @@ class ControllerRuntime:
             return
         now = self.clock()
         at = now if pod.phase in {"Deleted", "Unknown"} else (pod.phase_since or now)
-        if self.baseline_cutoff is not None and pod.workload.uid in self.baselines:
-            at = max(at, self.baseline_cutoff)  # counted before the restart already (in the CR's figures)
+        baseline = self.baselines.get(pod.workload.uid)
+        if baseline is not None and self.baseline_cutoff is not None:
+            # the CR's figures (the baseline) already count the time up to its last update
+            at = max(at, baseline.get("counted_until", self.baseline_cutoff))
         self.engine.observe_pod(pod_event(pod, devices, min(at, now)))
         self.sent[pod.uid] = key
 
@@ -230,6 +232,7 @@ class ControllerRuntime:
         now = self.clock()
         engine_workloads, projects, cluster = self.engine.report(now)
         workloads = [self._with_baseline(figures) for figures in engine_workloads]
+        projects = self._projects_with_baselines(projects, engine_workloads)
         timer.mark("engine_report")
         await asyncio.sleep(0)
         self._offer_workloads(workloads, now)
@@ -248,11 +251,31 @@ class ControllerRuntime:
                      len(workloads), {k: round(v, 3) for k, v in timer.phases.items()})
 
     def _with_baseline(self, figures: WorkloadFigures) -> WorkloadFigures:
+        """Figures plus what the CR said before a restart that lost the engine state (see recovery)."""
         baseline = self.baselines.get(figures.uid)
         if not baseline:
             return figures
-        update = {name: getattr(figures, name) + value for name, value in baseline.items() if hasattr(figures, name)}
+        update: dict[str, Any] = {name: getattr(figures, name) + value for name, value in baseline.items()
+                                  if name in recovery.ADDITIVE_FIELDS}
+        if "start_time" in baseline:  # the allocation began before the restart, not at it
+            update["start_time"] = min(baseline["start_time"], figures.start_time or baseline["start_time"])
+        if "wait_seconds" in baseline:
+            update["wait_seconds"] = baseline["wait_seconds"]
         return figures.model_copy(update=update)
+
+    def _projects_with_baselines(self, projects: list[ProjectFigures],
+                                 workloads: list[WorkloadFigures]) -> list[ProjectFigures]:
+        if not self.baselines:
+            return projects
+        extra: dict[str, dict[str, float]] = {}
+        for figures in workloads:
+            for name, value in self.baselines.get(figures.uid, {}).items():
+                if name in recovery.ADDITIVE_FIELDS and name != "run_seconds":
+                    sums = extra.setdefault(figures.project, {})
+                    sums[name] = sums.get(name, 0.0) + value
+        return [project.model_copy(update={name: getattr(project, name) + value
+                                           for name, value in extra.get(project.name, {}).items()})
+                for project in projects]
 
     def cr_name_for(self, figures: WorkloadFigures) -> str | None:
         """The GPUWorkloadMetrics name of a workload; None when a newer workload of the same kind took it.

@@ -1,0 +1,84 @@
+"""AgentPuller: `since` per agent, paging, agent restarts, timeouts -> no samples (unmonitored, not idle)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from gpuwm.controller.agents import AgentPuller
+
+
+class Agent:
+    """Pages of at most 2 samples, like the real agent's `limit`, with `more` when there is a rest."""
+
+    def __init__(self) -> None:
+        self.agent_id = "first"
+        self.samples = [self.sample(seq) for seq in range(1, 6)]
+        self.hang = False
+        self.requests: list[int] = []
+
+    @staticmethod
+    def sample(seq: int) -> dict[str, Any]:
+        return {"t": float(seq), "node": "n1", "uuid": "GPU-1", "seq": seq, "sm_percent": 50.0}
+
+    async def handle(self, request: web.Request) -> web.Response:
+        since = int(request.query["since"])
+        self.requests.append(since)
+        if self.hang:
+            await asyncio.sleep(1)
+        after = [s for s in self.samples if s["seq"] > since]
+        page = after[:2]
+        seq = page[-1]["seq"] if page else max([since, *(s["seq"] for s in self.samples)])
+        return web.json_response({"node": "n1", "seq": seq, "agent_id": self.agent_id, "more": len(after) > 2,
+                                  "samples": page, "pod_stats": [], "devices": []})
+
+
+@pytest.fixture
+async def agent() -> AsyncIterator[tuple[Agent, str]]:
+    state = Agent()
+    app = web.Application()
+    app.router.add_get("/v1/snapshot", state.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    yield state, f"http://127.0.0.1:{runner.addresses[0][1]}"
+    await runner.cleanup()
+
+
+async def test_pages_then_tracks_since(agent: tuple[Agent, str]) -> None:
+    state, url = agent
+    puller = AgentPuller(timeout_seconds=2)
+    result = await puller.pull_all({"n1": url})
+    assert [s.seq for s in result.snapshots[0].samples] == [1, 2, 3, 4, 5]
+    assert state.requests == [0, 2, 4] and puller.positions()["n1"]["since"] == 5
+    state.samples.append(state.sample(6))
+    result = await puller.pull_all({"n1": url})
+    assert [s.seq for s in result.snapshots[0].samples] == [6]
+    await puller.close()
+
+
+async def test_restarted_agent_is_read_from_the_start(agent: tuple[Agent, str]) -> None:
+    state, url = agent
+    puller = AgentPuller(timeout_seconds=2)
+    await puller.pull_all({"n1": url})
+    state.agent_id, state.samples = "second", [state.sample(1)]
+    result = await puller.pull_all({"n1": url})
+    assert [s.seq for s in result.snapshots[0].samples] == [1]
+    assert puller.positions()["n1"] == {"since": 1, "agent_id": "second"}
+    await puller.close()
+
+
+async def test_timeout_gives_no_samples_and_one_warning(agent: tuple[Agent, str], caplog: pytest.LogCaptureFixture) -> None:
+    state, url = agent
+    state.hang = True
+    puller = AgentPuller(timeout_seconds=0.2)
+    for _ in range(2):
+        result = await puller.pull_all({"n1": url, "gone": "http://127.0.0.1:9"})
+        assert result.snapshots == [] and sorted(result.failed_nodes) == ["gone", "n1"]
+    assert sum("did not answer" in r.message and "n1" in r.message for r in caplog.records) == 1
+    await puller.close()
