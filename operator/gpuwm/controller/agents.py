@@ -292,6 +292,10 @@ def agent_url_of_pod(pod: Mapping[str, Any], port: int) -> tuple[str, str] | Non
     if not node or not ip or status.get("phase") != "Running":
         return None
     host = f"[{ip}]" if ":" in str(ip) else str(ip)
+    declared = [p for c in spec.get("containers") or [] for p in c.get("ports") or [] if p.get("containerPort")]
+    named = [p for p in declared if p.get("name") in {"http", "metrics", "agent"}]
+    if named or declared:  # the port the agent pod declares wins over the default
+        port = int((named or declared)[0]["containerPort"])
     return str(node), f"http://{host}:{port}"
 
 

@@ -164,3 +164,17 @@ async def test_writer_news_first_and_at_the_bucket_rate() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+def test_agent_url_of_pod_uses_the_declared_port() -> None:
+    from gpuwm.controller.agents import agent_url_of_pod
+
+    pod: dict[str, Any] = {"spec": {"nodeName": "n1", "containers": [{"name": "agent", "ports": [
+        {"name": "grpc", "containerPort": 9000}, {"name": "http", "containerPort": 9500}]}]},
+        "status": {"phase": "Running", "podIP": "10.1.2.3"}}
+    assert agent_url_of_pod(pod, 9400) == ("n1", "http://10.1.2.3:9500")
+    pod["spec"]["containers"][0]["ports"] = []
+    pod["status"]["podIP"] = "fd00::1"
+    assert agent_url_of_pod(pod, 9400) == ("n1", "http://[fd00::1]:9400")
+    pod["status"]["phase"] = "Pending"
+    assert agent_url_of_pod(pod, 9400) is None
