@@ -53,7 +53,7 @@ class PodResourcesClient:
         self,
         socket_path: str,
         resource_names: list[str],
-        refresh_seconds: float = 5.0,
+        refresh_seconds: float = 10.0,
         timeout_seconds: float = 2.0,
     ) -> None:
         self.socket_path = socket_path
