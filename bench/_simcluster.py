@@ -1,0 +1,267 @@
+"""A simulated cluster behind real agent HTTP endpoints, and the controller's path in front of it.
+
+The agents (all nodes on one loopback server) run in a child process with the simulator,
+so their CPU is not the controller's. The parent runs what the controller runs each
+status interval: the real `AgentPuller` (HTTP, `/v1/snapshot?since=SEQ`, the agent's JSON
+parsed by `parse_snapshot`), the accounting engine, the status builder (writes go to an
+in-process recorder) and the embedded store. Simulated time runs as fast as the machine
+allows; "lag" is the wall time from the end of an interval to its figures being stored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import multiprocessing
+import os
+import resource
+import sqlite3
+import sys
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "operator"))
+
+from aiohttp import web  # noqa: E402
+
+from gpuwm.accounting import Engine, EngineConfig  # noqa: E402
+from gpuwm.controller.agents import AgentPuller, sorted_samples  # noqa: E402
+from gpuwm.controller.status import build_project_status, build_workload_status  # noqa: E402
+from gpuwm.model.trace import NamespaceEvent, PodEvent, parse_trace_line  # noqa: E402
+from gpuwm.sim.simulator import SimConfig, Simulator  # noqa: E402
+from gpuwm.sim.trace import truth_report  # noqa: E402
+from gpuwm.store.embedded import EmbeddedStore  # noqa: E402
+
+
+def rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+# ----------------------------------------------------------------------------- agents (child)
+
+
+@dataclass
+class _AgentBuffer:
+    seq: int = 0
+    samples: list[dict[str, Any]] = field(default_factory=list)
+    pod_stats: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _serve_agents(config_json: str, pipe: Connection) -> None:
+    asyncio.run(_agents_main(SimConfig.model_validate_json(config_json), pipe))
+
+
+async def _agents_main(config: SimConfig, pipe: Connection) -> None:
+    simulator = Simulator(config)
+    buffers = {node.name: _AgentBuffer() for node in simulator.nodes}
+    failing: dict[str, int] = {}  # node -> HTTP status to answer with (API-server-like 5xx/429 bursts)
+
+    async def snapshot(request: web.Request) -> web.Response:
+        node = request.match_info["node"]
+        if node in failing:
+            return web.Response(status=failing[node], text="injected failure")
+        buffer = buffers[node]
+        since = int(request.query.get("since", "0"))
+        # what the controller has read can go (the agent keeps a bounded buffer)
+        buffer.samples = [s for s in buffer.samples if s["seq"] > since]
+        buffer.pod_stats = [s for s in buffer.pod_stats if s["seq"] > since]
+        body = {"node": node, "seq": buffer.seq, "agent_id": "sim", "truncated": False,
+                "samples": buffer.samples, "pod_stats": buffer.pod_stats, "devices": []}
+        return web.Response(body=json.dumps(body, separators=(",", ":")), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/nodes/{node}/v1/snapshot", snapshot)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    loop = asyncio.get_running_loop()
+    pipe.send({"port": port, "nodes": [node.name for node in simulator.nodes]})
+    while True:
+        command = await loop.run_in_executor(None, pipe.recv)
+        if command["op"] == "advance":
+            events: list[str] = []
+            for step in simulator.run(command["until"]):
+                for sample in step.samples:
+                    buffer = buffers[sample.node]
+                    buffer.seq += 1
+                    record = sample.model_dump(exclude_none=True)
+                    record["seq"] = buffer.seq
+                    buffer.samples.append(record)
+                for stat in step.pod_stats:
+                    buffer = buffers[stat.node]
+                    buffer.seq += 1
+                    buffer.pod_stats.append({**stat.model_dump(exclude_none=True), "seq": buffer.seq})
+                events.extend(event.model_dump_json(by_alias=True) for event in step.events)
+            pipe.send({"clock": simulator.clock, "events": events})
+        elif command["op"] == "fail":
+            failing = dict(command["nodes"])
+            pipe.send({"ok": True})
+        elif command["op"] == "truth":
+            pipe.send(truth_report(simulator) | {"uids": {f"{w.namespace}/{w.name}": uid
+                                                          for uid, w in simulator.workloads.items()}})
+        else:
+            break
+    await runner.cleanup()
+
+
+class SimulatedAgents:
+    """The child process with every node's agent on one loopback port."""
+
+    def __init__(self, config: SimConfig) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._pipe, child = context.Pipe()
+        self.process = context.Process(target=_serve_agents, args=(config.model_dump_json(), child), daemon=True)
+        self.process.start()
+        hello = self._pipe.recv()
+        self.urls = {node: f"http://127.0.0.1:{hello['port']}/nodes/{node}" for node in hello["nodes"]}
+
+    def advance(self, until: float) -> tuple[float, list[NamespaceEvent | PodEvent]]:
+        self._pipe.send({"op": "advance", "until": until})
+        reply = self._pipe.recv()
+        events: list[NamespaceEvent | PodEvent] = []
+        for number, line in enumerate(reply["events"], start=1):
+            event = parse_trace_line(line, number)
+            assert isinstance(event, NamespaceEvent | PodEvent)
+            events.append(event)
+        return float(reply["clock"]), events
+
+    def fail(self, nodes: dict[str, int]) -> None:
+        self._pipe.send({"op": "fail", "nodes": nodes})
+        self._pipe.recv()
+
+    def truth(self) -> dict[str, Any]:
+        self._pipe.send({"op": "truth"})
+        reply: dict[str, Any] = self._pipe.recv()
+        return reply
+
+    def close(self) -> None:
+        self._pipe.send({"op": "stop"})
+        self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.kill()
+
+
+# ----------------------------------------------------------------------------- controller (parent)
+
+
+@dataclass
+class CycleFigures:
+    cpu_seconds: float
+    lag_seconds: float
+    samples: int
+    status_changes: int
+    status_bytes: int
+
+
+class SimulatedController:
+    """Pull -> engine -> status -> store, once per status interval, on the simulated clock."""
+
+    def __init__(self, agents: SimulatedAgents, config: SimConfig, store_path: Path, status_interval: float) -> None:
+        self.agents = agents
+        self.config = config
+        self.status_interval = status_interval
+        self.engine = Engine(EngineConfig(interval_seconds=config.interval_seconds,
+                                          idle_threshold_percent=config.idle_threshold_percent))
+        self.puller = AgentPuller(timeout_seconds=30.0)
+        self.store = EmbeddedStore(store_path)
+        self.store_path = store_path
+        self.recorder: dict[str, str] = {}  # CR path -> last status written (JSON)
+        self.cycles: list[CycleFigures] = []
+        self.clock = config.start_time - config.interval_seconds
+
+    async def cycle(self) -> CycleFigures:
+        until = self.clock + self.status_interval
+        self.clock, events = self.agents.advance(until)
+        interval_end = time.perf_counter()  # the interval is over: the agents hold its samples
+        cpu_before = cpu_seconds()
+        for event in events:
+            self.engine.observe(event)
+        result = await self.puller.pull_all(self.agents.urls)
+        samples = sorted_samples(result.snapshots)
+        for sample in samples:
+            self.engine.observe_sample(sample)
+        now = self.clock
+        workloads, projects, cluster = self.engine.report(now)
+        changes, size = 0, 0
+        for figures in workloads:
+            status = build_workload_status(figures, now).model_dump_json(by_alias=True, exclude={"last_update_time"})
+            path = f"{figures.namespace}/{figures.name}"
+            if self.recorder.get(path) != status:
+                self.recorder[path] = status
+                changes, size = changes + 1, size + len(status)
+        for project in projects:
+            status = build_project_status(project, now).model_dump_json(by_alias=True, exclude={"last_update_time"})
+            if self.recorder.get(project.name) != status:
+                self.recorder[project.name] = status
+                changes, size = changes + 1, size + len(status)
+        pod_stats = [stat for snapshot in result.snapshots for stat in snapshot.pod_stats]
+        await asyncio.to_thread(self.store.record, now, samples, workloads, projects, cluster, pod_stats)
+        figures = CycleFigures(cpu_seconds() - cpu_before, time.perf_counter() - interval_end, len(samples),
+                               changes, size)
+        self.cycles.append(figures)
+        return figures
+
+    def store_bytes(self) -> int:
+        return sum(os.path.getsize(path) for path in self.store_path.parent.glob(self.store_path.name + "*"))
+
+    def store_projection(self, duration: float) -> dict[str, float]:
+        """Bytes per stored row, and the steady-state size at the default roll-ups (15s:2d, 5m:30d).
+
+        Each series writes one 15 s row per interval and one 5 m row per 20 of those, so at steady
+        state the file holds 2 days of the fine rate plus 30 days of a twentieth of it.
+        """
+        connection = sqlite3.connect(self.store_path)
+        try:
+            connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            page_size = connection.execute("PRAGMA page_size").fetchone()[0]
+            pages = connection.execute("PRAGMA page_count").fetchone()[0]
+            fine_rows = connection.execute("SELECT count(*) FROM points_15").fetchone()[0]
+            coarse_rows = connection.execute("SELECT count(*) FROM points_300").fetchone()[0]
+            series = connection.execute("SELECT count(*) FROM series").fetchone()[0]
+        finally:
+            connection.close()
+        file_bytes = float(page_size * pages)
+        bytes_per_row = file_bytes / max(1, fine_rows + coarse_rows)
+        fine_rows_per_second = fine_rows / duration
+        steady = bytes_per_row * fine_rows_per_second * (2 * 86400 + 30 * 86400 / 20)
+        return {"file_bytes": file_bytes, "bytes_per_row": bytes_per_row, "series": float(series),
+                "steady_bytes": steady}
+
+    async def close(self) -> None:
+        await self.puller.close()
+        self.store.close()
+
+
+def lost_gpu_seconds(controller: SimulatedController, truth: dict[str, Any]) -> dict[str, float]:
+    """Engine vs simulator, summed over workloads: what the pipeline lost or miscounted."""
+    reported = {f"{w.namespace}/{w.name}": w for w in controller.engine.workloads(controller.clock)}
+    totals = {"allocated": 0.0, "active": 0.0, "idle": 0.0, "unmonitored": 0.0,
+              "truth_allocated": 0.0, "truth_unmonitored": 0.0, "missing_workloads": 0.0}
+    for expected in truth["workloads"]:
+        key = f"{expected['namespace']}/{expected['name']}"
+        got = reported.get(key)
+        totals["truth_allocated"] += expected["allocatedGpuSeconds"]
+        totals["truth_unmonitored"] += expected["unmonitoredGpuSeconds"]
+        if got is None:
+            totals["missing_workloads"] += 1
+            totals["allocated"] += expected["allocatedGpuSeconds"]
+            continue
+        totals["allocated"] += expected["allocatedGpuSeconds"] - got.allocated_gpu_seconds
+        totals["active"] += expected["activeGpuSeconds"] - got.active_gpu_seconds
+        totals["idle"] += expected["idleGpuSeconds"] - got.idle_gpu_seconds
+        totals["unmonitored"] += expected["unmonitoredGpuSeconds"] - got.unmonitored_gpu_seconds
+    return totals
