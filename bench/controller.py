@@ -165,6 +165,13 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
     print(f"summary: CPU per {args.status_interval:g}s cycle mean {statistics.mean(steady):.2f} s, max {max(steady):.2f} s "
           f"(steady cycles); RSS {rss_mib():.0f} MiB; state file {runtime.state_path.stat().st_size / 1e6:.1f} MB; "
           f"API requests {client.requests}, retries {client.retries}")
+    if args.memory_report:
+        import tracemalloc
+
+        top = tracemalloc.take_snapshot().statistics("filename")[:12]
+        print("memory by file (tracemalloc):")
+        for stat in top:
+            print(f"    {stat.size / 2**20:7.1f} MiB  {stat.traceback[0].filename}")
     await runtime.puller.close()
     await client.close()
 
@@ -179,8 +186,13 @@ def main() -> int:
     parser.add_argument("--writes-per-second", type=float, default=20.0)
     parser.add_argument("--cycles", type=int, default=4)
     parser.add_argument("--no-store", action="store_true", help="skip the embedded store (CR status only)")
+    parser.add_argument("--memory-report", action="store_true", help="trace allocations (slow) and print the top files")
     args = parser.parse_args()
     parent, child = multiprocessing.Pipe()
+    if args.memory_report:
+        import tracemalloc
+
+        tracemalloc.start()
     cluster = multiprocessing.Process(target=serve_cluster, args=(args, child), daemon=True)
     cluster.start()
     api_url, agents_url, jobs = parent.recv()

@@ -31,11 +31,11 @@ def state_path_for_store(store: str) -> Path:
 def save_state(path: Path, state: dict[str, Any]) -> None:
     """Write `state` atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    payload = json.dumps({"version": STATE_VERSION, **state}, separators=(",", ":"))
     handle, temp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "w") as file:
-            file.write(payload)
+            # streamed: a large cluster's state is tens of MB, never held as one string
+            json.dump({"version": STATE_VERSION, **state}, file, separators=(",", ":"))
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp_name, path)
