@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -100,12 +101,12 @@ class Cluster:
 class Controller:
     """The real `gpuwm controller` as a subprocess; SIGKILL-able."""
 
-    def __init__(self, kubeconfig: Path, agents: str, store: Path, log: Path) -> None:
+    def __init__(self, kubeconfig: Path, agents: str, store: Path, log: Path, extra: tuple[str, ...] = ()) -> None:
         self.args = [
             sys.executable, "-m", "gpuwm.cli", "controller", "--standalone", "--agents", agents,
             "--status-interval", str(STATUS_INTERVAL), "--interval", "1", "--store", str(store),
             "--idle-condition-after", "3s", "--log-format", "text", "--log-level", "info",
-            "--api-listen", "127.0.0.1:0", "--auth", "none",
+            "--api-listen", "127.0.0.1:0", "--auth", "none", *extra,
         ]
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
         self.env.pop("KUBERNETES_SERVICE_HOST", None)
@@ -281,13 +282,19 @@ def test_controller_survives_api_faults_and_agent_outage(cluster: Cluster, tmp_p
                                  path_contains="gpuworkloadmetrics", retry_after=1))
     emulator.faults.append(Fault(status=503, count=2, methods=frozenset({"GET"}), path_contains="/pods"))
     log = tmp_path / "controller.log"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        liveness_port = probe.getsockname()[1]
     controller = Controller(cluster.thread.write_kubeconfig(tmp_path / "kubeconfig"), agents.spec(),
-                            tmp_path / "gpuwm.db", log)
+                            tmp_path / "gpuwm.db", log, ("--liveness", f"http://127.0.0.1:{liveness_port}/healthz"))
     controller.start()
     try:
         wait_until("train written despite faults", lambda: (cr := cluster.cr("train")) and
                    cr["status"].get("activeGpuSeconds", 0) >= 1, log=log)
         assert all(fault.count == 0 for fault in emulator.faults)
+        with urllib.request.urlopen(f"http://127.0.0.1:{liveness_port}/healthz", timeout=10) as response:
+            probes = json.loads(response.read())
+        assert probes["statusCycles"]["cycles"] >= 1  # kopf's liveness endpoint with our probe
 
         # a dropped watch: a pod created afterwards is still seen
         assert cluster.thread.call(emulator.drop_watches) >= 1

@@ -141,8 +141,10 @@ class StatusWriter:
                 await self.write(desired)
             except KubeApiError as error:
                 self.stats.failures += 1
-                logger.warning("could not write %s %s/%s: %s", desired.plural, desired.namespace or "-", desired.name,
-                               error, extra={"resource": desired.plural, "name": desired.name})
+                hint = (" (are the gpuwm CRDs installed? kubectl apply -f crds/)"
+                        if error.status == 404 and error.method == "POST" else "")
+                logger.warning("could not write %s %s/%s: %s%s", desired.plural, desired.namespace or "-", desired.name,
+                               error, hint, extra={"resource": desired.plural, "name": desired.name})
             except asyncio.CancelledError:
                 raise
             except Exception:  # one bad object must not stop every other write
