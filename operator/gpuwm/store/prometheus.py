@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -71,34 +72,39 @@ def quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def _scoped(series: str, scope: str, key: str) -> str | None:
-    """`series` restricted to the scope: joined to workloads through gpuwm_workload_pod_info where needed."""
+def _scoped(series: str, scope: str, key: str, narrow: str = "") -> str | None:
+    """`series` restricted to the scope: joined to workloads through gpuwm_workload_pod_info where needed.
+
+    `narrow` (label matchers such as `namespace=~"a|b"`) pre-filters the agent's series so that
+    Prometheus does not load every GPU's series before the join throws most away.
+    """
     if scope == "node":
         return f"{series}{{node={quote(key)}}}"
     if scope == "cluster":
         return series
     label = "workload_uid" if scope == "workload" else "project"
     info = f"max by ({_INFO_LABELS}) (gpuwm_workload_pod_info{{{label}={quote(key)}}})"
-    return f"({series} * on (namespace, pod) group_left (workload, workload_uid, project) {info})"
+    left = f"{series}{{{narrow}}}" if narrow else series
+    return f"({left} * on (namespace, pod) group_left (workload, workload_uid, project) {info})"
 
 
-def promql(metric: str, scope: str, key: str, by: str | None) -> str | None:
+def promql(metric: str, scope: str, key: str, by: str | None, narrow: str = "") -> str | None:
     """The PromQL for one API metric over one scope and breakdown, or None where the series do not exist."""
     grouping = f" by ({_BY_LABELS[by]})" if by else ""
     if metric in _AGENT_GPU:
         name = "gpuwm_gpu_allocated" if metric == "gpu_allocated" else f"gpuwm_{metric}"
-        return f"{_AGENT_GPU[metric]}{grouping} ({_scoped(name, scope, key)})"
+        return f"{_AGENT_GPU[metric]}{grouping} ({_scoped(name, scope, key, narrow)})"
     if metric == "gpu_memory_utilization_percent":
-        used = _scoped("gpuwm_gpu_memory_used_bytes", scope, key)
-        total = _scoped("gpuwm_gpu_memory_total_bytes", scope, key)
+        used = _scoped("gpuwm_gpu_memory_used_bytes", scope, key, narrow)
+        total = _scoped("gpuwm_gpu_memory_total_bytes", scope, key, narrow)
         return f"100 * sum{grouping} ({used}) / sum{grouping} ({total})"
     if metric in _AGENT_POD:
         if by == "gpu":
             return None
-        return f"sum{grouping} ({_scoped(f'gpuwm_{metric}', scope, key)})"
+        return f"sum{grouping} ({_scoped(f'gpuwm_{metric}', scope, key, narrow)})"
     if metric == "gpu_energy_joules":
         if scope in ("node", "cluster"):
-            return f"sum{grouping} ({_scoped('gpuwm_gpu_energy_joules_total', scope, key)})"
+            return f"sum{grouping} ({_scoped('gpuwm_gpu_energy_joules_total', scope, key, narrow)})"
         if by is not None:
             return None
         if scope == "workload":
@@ -106,7 +112,7 @@ def promql(metric: str, scope: str, key: str, by: str | None) -> str | None:
         return f"max (gpuwm_project_energy_joules_total{{project={quote(key)}}})"
     if metric == "gpu_idle_seconds":
         if scope in ("node", "cluster"):
-            return f"max{grouping} ({_scoped('gpuwm_gpu_idle_seconds', scope, key)})"
+            return f"max{grouping} ({_scoped('gpuwm_gpu_idle_seconds', scope, key, narrow)})"
         if by is not None:
             return None
         label = "workload_uid" if scope == "workload" else "project"
@@ -158,6 +164,13 @@ class PrometheusStore(Store):
         try:
             params = {"time": repr(self.evaluation_time)} if self.evaluation_time is not None else None
             result: list[dict[str, Any]] = self._client.custom_query(query, params=params)
+        except (PrometheusApiClientException, OSError, ValueError) as error:
+            raise StoreError(f"Prometheus at {self.url} failed the query {query!r}: {error}") from None
+        return result
+
+    def _instant_at(self, query: str, at: float) -> list[dict[str, Any]]:
+        try:
+            result: list[dict[str, Any]] = self._client.custom_query(query, params={"time": repr(at)})
         except (PrometheusApiClientException, OSError, ValueError) as error:
             raise StoreError(f"Prometheus at {self.url} failed the query {query!r}: {error}") from None
         return result
@@ -359,6 +372,26 @@ class PrometheusStore(Store):
 
     # -- time series --------------------------------------------------------------------------
 
+    def _narrowing(self, query: RangeQuery, end: float) -> str | None:
+        """Label matchers for the pods (workload) or namespaces (project) seen in the range; None if none."""
+        if query.scope not in ("workload", "project"):
+            return ""
+        label = "workload_uid" if query.scope == "workload" else "project"
+        window = math.ceil(end - query.start) + 300
+        found = self._instant_at(
+            f"group by (namespace, pod) (last_over_time(gpuwm_workload_pod_info{{{label}={quote(query.key)}}}"
+            f"[{window}s]))",
+            end,
+        )
+        if not found:
+            return None
+        namespaces = sorted({item["metric"].get("namespace", "") for item in found})
+        pods = sorted({item["metric"].get("pod", "") for item in found})
+        matchers = [f"namespace=~{quote('|'.join(re.escape(n) for n in namespaces))}"]
+        if len(pods) <= 500:
+            matchers.append(f"pod=~{quote('|'.join(re.escape(p) for p in pods))}")
+        return ", ".join(matchers)
+
     def query_range(self, query: RangeQuery) -> list[Series]:
         check_range(query)
         if query.scope == "node" and query.by == "node":
@@ -367,9 +400,16 @@ class PrometheusStore(Store):
             )
         grid = query.grid()
         end = grid[-1]
+        narrow = self._narrowing(query, end)
+        if narrow is None:  # no pods of this workload/project in the range: nothing to read
+            return [
+                Series(metric, _scope_labels(query.scope, query.key), [(t, None) for t in grid])
+                for metric in query.metrics
+                if query.by is None
+            ]
         result: list[Series] = []
         for metric in query.metrics:
-            expression = promql(metric, query.scope, query.key, query.by)
+            expression = promql(metric, query.scope, query.key, query.by, narrow)
             if expression is None:
                 if query.by is None:
                     result.append(
