@@ -9,6 +9,7 @@ save the engine's state for the next start.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import json
 import logging
@@ -121,6 +122,8 @@ class ControllerRuntime:
         self._warned: set[str] = set()
         self._last_save: float | None = None
         self.cycle_cpu_seconds: dict[str, float] = {}
+        self.events: collections.deque[tuple[WorkloadFigures, str, str]] = collections.deque()
+        self._events_waiting = asyncio.Event()
         self.ready = asyncio.Event()
 
     # ------------------------------------------------------------------ kopf events
@@ -237,7 +240,7 @@ class ControllerRuntime:
         await asyncio.sleep(0)
         self._offer_workloads(workloads, now)
         self._offer_projects(projects, now)
-        await self._announce_idle(workloads)
+        self._announce_idle(workloads)
         await self._apply_retention(workloads, now)
         timer.mark("offer")
         if self._last_save is None or now - self._last_save >= STATE_SAVE_SECONDS or self.cycles < 3:
@@ -340,8 +343,8 @@ class ControllerRuntime:
                 sample_time=self.latest_sample_time,
             ))
 
-    async def _announce_idle(self, workloads: list[WorkloadFigures]) -> None:
-        """A Kubernetes Event on the workload when it turns Idle (once per idle spell)."""
+    def _announce_idle(self, workloads: list[WorkloadFigures]) -> None:
+        """Queue a Kubernetes Event on each workload that turned Idle (once per idle spell)."""
         idle_after = self.settings.idle_condition_after
         for figures in workloads:
             idle = figures.phase == "Running" and figures.allocated_gpus > 0 and figures.idle_seconds >= idle_after
@@ -351,8 +354,20 @@ class ControllerRuntime:
             if figures.uid in self.idle_announced:
                 continue
             self.idle_announced.add(figures.uid)
-            await self._post_event(figures, "GpuIdle",
-                                   f"{figures.allocated_gpus:g} GPU(s) idle for {figures.idle_seconds:.0f}s")
+            self.events.append((figures, "GpuIdle", f"{figures.allocated_gpus:g} GPU(s) idle for "
+                                                    f"{figures.idle_seconds:.0f}s (threshold {idle_after:.0f}s)"))
+            self._events_waiting.set()
+
+    async def run_events(self) -> None:
+        """Post queued Events, sharing the status writes' token bucket (a mass turn to Idle cannot flood)."""
+        while True:
+            if not self.events:
+                self._events_waiting.clear()
+                await self._events_waiting.wait()
+                continue
+            figures, reason, message = self.events.popleft()
+            await self.writer.bucket.acquire()
+            await self._post_event(figures, reason, message)
 
     async def _post_event(self, figures: WorkloadFigures, reason: str, message: str) -> None:
         stamp = rfc3339(self.clock())

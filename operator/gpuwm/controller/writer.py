@@ -77,7 +77,7 @@ class StatusWriter:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._client = client
-        self._bucket = bucket
+        self.bucket = bucket
         self._interval = interval_seconds
         self._clock = clock
         # dicts keep insertion order: re-offering a queued CR updates it in place, keeping its turn
@@ -136,7 +136,7 @@ class StatusWriter:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            await self._bucket.acquire()
+            await self.bucket.acquire()
             try:
                 await self.write(desired)
             except KubeApiError as error:
