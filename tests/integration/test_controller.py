@@ -326,3 +326,30 @@ def test_controller_survives_api_faults_and_agent_outage(cluster: Cluster, tmp_p
     finally:
         controller.stop()
         agents.stop()
+
+
+def test_finished_workload_cr_is_deleted_after_retention(cluster: Cluster, tmp_path: Path) -> None:
+    objects = _setup_workloads(cluster)
+    node_a = FakeNode("node-a", ["GPU-a0"], sm_percent=30.0)
+    node_a.hold("GPU-a0", NS, "train-0")
+    agents = FakeAgents(cluster.thread, [node_a]).start()
+    started = time.time()
+    cluster.run_pod("train-0", started)
+    log = tmp_path / "controller.log"
+    controller = Controller(cluster.thread.write_kubeconfig(tmp_path / "kubeconfig"), agents.spec(),
+                            tmp_path / "gpuwm.db", log, ("--retention", "4s"))
+    controller.start()
+    try:
+        wait_until("train running", lambda: (cr := cluster.cr("train")) and cr["status"].get("allocatedGpus") == 1,
+                   log=log)
+        cluster.finish_pod("train-0", started, time.time())
+        ended = wait_until("train ended", lambda: (cr := cluster.cr("train")) and cr["status"].get("endTime") and cr,
+                           log=log)
+        assert ended["spec"]["workloadRef"]["uid"] == objects["job"]["metadata"]["uid"]
+        wait_until("CR deleted after retention", lambda: cluster.cr("train") is None, log=log, timeout=30)
+        assert "retention: deleted GPUWorkloadMetrics team-a/train" in log.read_text()
+        time.sleep(3 * STATUS_INTERVAL)
+        assert cluster.cr("train") is None  # and not written again
+    finally:
+        controller.stop()
+        agents.stop()
