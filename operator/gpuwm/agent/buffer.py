@@ -1,15 +1,17 @@
 """The bounded record buffer behind `/v1/snapshot?since=SEQ`, kept compressed.
 
-Each poll's records (GPU samples, pod stats) are serialised once to JSON and zlib-compressed as
-one block: a sample with four processes is ~1.1 KB as JSON and ~3 KB as a Python object, but ~100
-bytes in a compressed block, so the default 100,000 records fit in a few MiB instead of hundreds.
-A pull decompresses only the blocks after `since` and splices their JSON into the response.
+Each record (GPU sample, pod stats) is serialised once to JSON; every `block_records` records are
+zlib-compressed as one block. A sample with four processes is ~1.1 KB as JSON and ~3 KB as a Python
+object, but ~20 bytes in a compressed block of 512 (successive samples of a GPU differ little), so
+the default 100,000 records take ~2 MiB instead of hundreds. A pull decompresses only the blocks
+after `since` and splices their JSON into the response.
 """
 
 from __future__ import annotations
 
 import zlib
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pydantic import BaseModel
@@ -37,12 +39,15 @@ class Records:
 
 
 class RecordBuffer:
-    """Keeps at most `max_records` records (whole poll blocks are dropped oldest first)."""
+    """Keeps at most `max_records` records (whole blocks are dropped oldest first)."""
 
-    def __init__(self, max_records: int, compression_level: int = 1) -> None:
+    def __init__(self, max_records: int, block_records: int = 512, compression_level: int = 6) -> None:
         self.max_records = max_records
+        # the open block is not dropped: keep it a small part of the bound
+        self.block_records = max(1, min(block_records, max_records // 4))
         self.compression_level = compression_level
         self._blocks: deque[_Block] = deque()
+        self._open: list[bytes] = []  # the newest records, not compressed yet
         self._count = 0
         self.latest_seq = 0
 
@@ -51,7 +56,9 @@ class RecordBuffer:
 
     @property
     def oldest_seq(self) -> int:
-        return self._blocks[0].first_seq if self._blocks else self.latest_seq + 1
+        if self._blocks:
+            return self._blocks[0].first_seq
+        return self.latest_seq - len(self._open) + 1
 
     @property
     def compressed_bytes(self) -> int:
@@ -59,17 +66,26 @@ class RecordBuffer:
 
     def append(self, records: list[tuple[bytes, BaseModel]]) -> None:
         """Add one poll's records, each (kind, model with consecutive `seq` after `latest_seq`)."""
-        if not records:
-            return
-        first_seq = self.latest_seq + 1
-        lines = [kind + model.model_dump_json().encode() for kind, model in records]
-        block = _Block(first_seq, first_seq + len(lines) - 1, zlib.compress(b"\n".join(lines), self.compression_level))
-        self._blocks.append(block)
-        self._count += len(lines)
-        self.latest_seq = block.last_seq
-        while self._count > self.max_records and len(self._blocks) > 1:
+        for kind, model in records:
+            self._open.append(kind + model.model_dump_json().encode())
+        self._count += len(records)
+        self.latest_seq += len(records)
+        if len(self._open) >= self.block_records:
+            first_seq = self.latest_seq - len(self._open) + 1
+            data = zlib.compress(b"\n".join(self._open), self.compression_level)
+            self._blocks.append(_Block(first_seq, self.latest_seq, data))
+            self._open = []
+        while self._count > self.max_records and self._blocks:
             dropped = self._blocks.popleft()
             self._count -= dropped.last_seq - dropped.first_seq + 1
+
+    def _lines_after(self, since: int) -> Iterator[tuple[int, list[bytes]]]:
+        """(first seq, lines) of each block holding records after `since`, the open one last."""
+        for block in self._blocks:
+            if block.last_seq > since:
+                yield block.first_seq, zlib.decompress(block.data).split(b"\n")
+        if self._open:
+            yield self.latest_seq - len(self._open) + 1, self._open
 
     def since(self, since: int, limit: int) -> Records:
         """Records with seq > `since`, at most `limit` of them, oldest first."""
@@ -78,18 +94,14 @@ class RecordBuffer:
         truncated = since + 1 < self.oldest_seq and since < self.latest_seq
         last_seq = since
         more = False
-        for block in self._blocks:
-            if block.last_seq <= since:
-                continue
-            lines = zlib.decompress(block.data).split(b"\n")
-            start = max(0, since + 1 - block.first_seq)
-            for offset in range(start, len(lines)):
+        for first_seq, lines in self._lines_after(since):
+            for offset in range(max(0, since + 1 - first_seq), len(lines)):
                 if len(samples) + len(pod_stats) >= limit:
                     more = True
                     break
                 line = lines[offset]
                 (samples if line[:1] == SAMPLE else pod_stats).append(line[1:])
-                last_seq = block.first_seq + offset
+                last_seq = first_seq + offset
             if more:
                 break
         if not more:

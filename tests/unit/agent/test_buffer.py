@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from gpuwm.agent.buffer import POD_STATS, SAMPLE, RecordBuffer
 from gpuwm.model import GpuSample, PodStatsSample
 
@@ -23,8 +25,9 @@ def _seqs(lines: list[bytes]) -> list[int]:
     return [json.loads(line)["seq"] for line in lines]
 
 
-def test_since_returns_exactly_the_later_records() -> None:
-    buffer = RecordBuffer(max_records=1000)
+@pytest.mark.parametrize("block_records", [3, 5, 512])
+def test_since_returns_exactly_the_later_records(block_records: int) -> None:
+    buffer = RecordBuffer(max_records=1000, block_records=block_records)
     for _ in range(5):
         _poll(buffer, gpus=4, with_stats=True)  # 5 records per poll
     assert buffer.latest_seq == 25
@@ -38,8 +41,9 @@ def test_since_returns_exactly_the_later_records() -> None:
     assert all(set(json.loads(line)) == set(GpuSample.model_fields) for line in everything.samples)
 
 
-def test_limit_pages_through() -> None:
-    buffer = RecordBuffer(max_records=1000)
+@pytest.mark.parametrize("block_records", [4, 512])
+def test_limit_pages_through(block_records: int) -> None:
+    buffer = RecordBuffer(max_records=1000, block_records=block_records)
     for _ in range(3):
         _poll(buffer, gpus=4)
     page = buffer.since(0, limit=5)
@@ -52,12 +56,20 @@ def test_limit_pages_through() -> None:
 
 
 def test_bounded_and_truncation_reported() -> None:
-    buffer = RecordBuffer(max_records=10)
+    buffer = RecordBuffer(max_records=16, block_records=4)
     for _ in range(6):
         _poll(buffer, gpus=4)
-    assert len(buffer) <= 10
-    assert buffer.oldest_seq == 17  # whole polls dropped, oldest first
+    assert len(buffer) == 16
+    assert buffer.oldest_seq == 9  # whole blocks dropped, oldest first
     late = buffer.since(3, limit=100)
     assert late.truncated
-    assert _seqs(late.samples) == list(range(17, 25))
-    assert not buffer.since(16, limit=100).truncated
+    assert _seqs(late.samples) == list(range(9, 25))
+    assert not buffer.since(8, limit=100).truncated
+
+
+def test_compressed_blocks_are_small() -> None:
+    buffer = RecordBuffer(max_records=100_000)
+    for _ in range(128):
+        _poll(buffer, gpus=8)
+    assert len(buffer) == 1024 and buffer.compressed_bytes > 0
+    assert buffer.compressed_bytes / 1024 < 100  # bytes per record, against ~400 as JSON
