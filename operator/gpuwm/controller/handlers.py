@@ -11,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import tempfile
 import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -135,7 +137,16 @@ def _open_store(settings: Settings) -> Any:
     try:
         return open_store(settings.store, rollups=settings.store_rollups, retention_seconds=settings.retention)
     except Exception as error:
-        logger.warning("store %s not available (%s); writing CR status only", settings.store, error)
+        if settings.store.startswith(("http://", "https://")):
+            logger.warning("store %s not available (%s); writing CR status only", settings.store, error)
+            return None
+        fallback = str(Path(tempfile.gettempdir()) / "gpuwm" / "gpuwm.db")
+        logger.warning("cannot open --store %s (%s); using %s (set --store to a writable path)",
+                       settings.store, error, fallback)
+    try:
+        return open_store(fallback, rollups=settings.store_rollups, retention_seconds=settings.retention)
+    except Exception as error:
+        logger.warning("store %s not available (%s); writing CR status only", fallback, error)
         return None
 
 

@@ -20,12 +20,28 @@ logger = logging.getLogger(__name__)
 STATE_VERSION = 1
 
 
+def _writable_directory(directory: Path) -> bool:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        return False
+    return os.access(directory, os.W_OK)
+
+
 def state_path_for_store(store: str) -> Path:
-    """The engine-state file for a `--store` value."""
-    if store.startswith(("http://", "https://")):
-        directory = Path(os.environ.get("GPUWM_STATE_DIR", "."))
-        return directory / "gpuwm-controller.engine.json"
-    return Path(store).with_name(Path(store).name + ".engine.json")
+    """The engine-state file for a `--store` value.
+
+    Next to an embedded store; for a Prometheus store, or a store directory this process cannot
+    write, under $GPUWM_STATE_DIR or the temp directory (survives a process restart, not a new pod:
+    then the CRs' status is the fallback).
+    """
+    if not store.startswith(("http://", "https://")):
+        path = Path(store).with_name(Path(store).name + ".engine.json")
+        if _writable_directory(path.parent):
+            return path
+        logger.warning("cannot write next to --store %s; keeping the engine state elsewhere", store)
+    directory = Path(os.environ.get("GPUWM_STATE_DIR") or tempfile.gettempdir())
+    return directory / "gpuwm-controller.engine.json"
 
 
 def save_state(path: Path, state: dict[str, Any]) -> None:

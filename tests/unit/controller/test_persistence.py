@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+import pytest
 
 from gpuwm.controller.persistence import load_state, save_state, state_path_for_store
 
@@ -27,3 +30,21 @@ def test_missing_corrupt_or_foreign_state_is_none(tmp_path: Path) -> None:
     assert load_state(path) is None
     path.write_text('{"version": 99}')
     assert load_state(path) is None
+
+
+def test_state_goes_elsewhere_when_the_store_directory_is_not_writable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUWM_STATE_DIR", str(tmp_path))
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        path = state_path_for_store(str(locked / "sub" / "gpuwm.db"))
+        if os.access(locked, os.W_OK):  # running as root: permissions do not stop us
+            assert path == locked / "sub" / "gpuwm.db.engine.json"
+        else:
+            assert path == tmp_path / "gpuwm-controller.engine.json"
+    finally:
+        locked.chmod(0o700)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert state_path_for_store(str(blocker / "gpuwm.db")) == tmp_path / "gpuwm-controller.engine.json"
