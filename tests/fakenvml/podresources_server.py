@@ -28,6 +28,8 @@ class _Lister(api_pb2_grpc.PodResourcesListerServicer):
         with self.server.lock:
             self.server.list_calls += 1
             pods = list(self.server.pods)
+        if self.server.fail_with is not None:
+            context.abort(self.server.fail_with, "denied by the test server")
         response = api_pb2.ListPodResourcesResponse()
         for pod in pods:
             resources = response.pod_resources.add(name=pod.name, namespace=pod.namespace)
@@ -40,6 +42,8 @@ class _Lister(api_pb2_grpc.PodResourcesListerServicer):
     def GetAllocatableResources(
         self, request: api_pb2.AllocatableResourcesRequest, context: grpc.ServicerContext
     ) -> api_pb2.AllocatableResourcesResponse:
+        if not self.server.allocatable_served:
+            context.abort(grpc.StatusCode.UNIMPLEMENTED, "GetAllocatableResources is not served (older kubelet)")
         response = api_pb2.AllocatableResourcesResponse()
         with self.server.lock:
             for resource_name, device_ids in self.server.allocatable.items():
@@ -55,6 +59,8 @@ class PodResourcesServer:
         self.pods: list[FakePod] = []
         self.allocatable: dict[str, list[str]] = {}
         self.list_calls = 0
+        self.fail_with: grpc.StatusCode | None = None
+        self.allocatable_served = True
         self.lock = threading.Lock()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Lister(self), self._server)  # type: ignore[no-untyped-call]

@@ -1,5 +1,8 @@
 """Which pod and container hold each GPU: the kubelet's pod-resources `v1` gRPC API, cached.
 
+The calls go through `grpcunary` (HTTP/2 on the pure-Python h2 library) with the messages generated
+from the kubelet's api.proto; the receive limit is raised to 64 MiB (gRPC's default is 4 MiB).
+
 `List` is called when the agent sees the GPU or process set change and otherwise at most every
 `refresh_seconds`, never per scrape. `GetAllocatableResources` (where the kubelet serves it) tells
 how many time-sliced replicas a GPU has, so `GPU-uuid::2` is 1/replicas of the GPU.
@@ -14,14 +17,17 @@ import re
 import time
 from dataclasses import dataclass
 
-import grpc
+from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
-from gpuwm.agent.proto import api_pb2, api_pb2_grpc
+from gpuwm.agent.grpcunary import GrpcError, call_unary
+from gpuwm.agent.proto import api_pb2
 
 log = logging.getLogger(__name__)
 
 #: the kubelet's answer grows with pods x devices; the gRPC default of 4 MiB is too small on big nodes
 MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+_LIST = "/v1.PodResourcesLister/List"
+_ALLOCATABLE = "/v1.PodResourcesLister/GetAllocatableResources"
 _REPLICA = re.compile(r"^(?P<uuid>.+)::(?P<replica>\d+)$")
 
 
@@ -66,25 +72,12 @@ class PodResourcesClient:
         self.error: str | None = "not listed yet"
         self.list_calls = 0
         self._listed_at = -float("inf")
-        self._channel: grpc.Channel | None = None
-        self._stub: api_pb2_grpc.PodResourcesListerStub | None = None
 
     def _is_gpu(self, resource_name: str) -> bool:
         return any(fnmatch.fnmatchcase(resource_name, pattern) for pattern in self.resource_names)
 
-    def _connect(self) -> api_pb2_grpc.PodResourcesListerStub:
-        if self._stub is None:
-            self._channel = grpc.insecure_channel(
-                f"unix://{self.socket_path}",
-                options=[("grpc.max_receive_message_length", MAX_RECEIVE_BYTES)],
-            )
-            self._stub = api_pb2_grpc.PodResourcesListerStub(self._channel)  # type: ignore[no-untyped-call]
-        return self._stub
-
     def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-        self._channel = self._stub = None
+        """Nothing stays open between calls (kept for symmetry with other clients)."""
 
     def refresh(self, changed: bool) -> bool:
         """List again if something changed or the cache is old; returns True when it listed."""
@@ -95,18 +88,18 @@ class PodResourcesClient:
         if not os.path.exists(self.socket_path):
             self._fail(f"pod-resources socket {self.socket_path} not found; mount the kubelet's pod-resources directory")
             return True
-        stub = self._connect()
         try:
-            response = stub.List(api_pb2.ListPodResourcesRequest(), timeout=self.timeout_seconds)
+            reply = call_unary(
+                self.socket_path, _LIST, api_pb2.ListPodResourcesRequest().SerializeToString(),
+                self.timeout_seconds, MAX_RECEIVE_BYTES,
+            )
+            response = api_pb2.ListPodResourcesResponse.FromString(reply)
             self.list_calls += 1
-        except grpc.RpcError as error:
-            self._fail(f"pod-resources List on {self.socket_path} failed: {error.code().name}: {error.details()}")
-            self.close()  # reconnect next time (the kubelet may have restarted)
+        except (GrpcError, DecodeError) as error:
+            self._fail(f"pod-resources List on {self.socket_path} failed: {error}")
             return True
         self.assignments = self._assignments(response)
-        self._refresh_replicas(stub)
-        # an idle gRPC channel costs the agent CPU every second (timers, pings); lists are seconds apart
-        self.close()
+        self._refresh_replicas()
         if not self.healthy:
             log.info("pod-resources connected", extra={"socket": self.socket_path})
         self.healthy, self.error = True, None
@@ -132,12 +125,16 @@ class PodResourcesClient:
                         )
         return found
 
-    def _refresh_replicas(self, stub: api_pb2_grpc.PodResourcesListerStub) -> None:
+    def _refresh_replicas(self) -> None:
         """Replicas per GPU from the allocatable device IDs (`GPU-x::0` ... `GPU-x::N-1`)."""
         try:
-            response = stub.GetAllocatableResources(api_pb2.AllocatableResourcesRequest(), timeout=self.timeout_seconds)
-        except grpc.RpcError as error:
-            log.debug("pod-resources GetAllocatableResources unavailable: %s", error.code().name)
+            reply = call_unary(
+                self.socket_path, _ALLOCATABLE, api_pb2.AllocatableResourcesRequest().SerializeToString(),
+                self.timeout_seconds, MAX_RECEIVE_BYTES,
+            )
+            response = api_pb2.AllocatableResourcesResponse.FromString(reply)
+        except (GrpcError, DecodeError) as error:
+            log.debug("pod-resources GetAllocatableResources unavailable: %s", error)
             return
         replicas: dict[str, int] = {}
         for devices in response.devices:

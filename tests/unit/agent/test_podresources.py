@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from gpuwm.agent.podresources import PodResourcesClient, split_device_id
@@ -86,6 +89,27 @@ def test_missing_socket_and_failing_server(tmp_path: Path, server: PodResourcesS
     assert not client.healthy
     assert client.assignments == []  # stale answers are dropped; the cgroup fallback takes over
     client.close()
+
+
+def test_grpc_error_status_and_older_kubelets(server: PodResourcesServer) -> None:
+    server.pods = [FakePod("ns", "p", {"c": [("nvidia.com/gpu.shared", ["GPU-1::0"])]})]
+    server.allocatable_served = False
+    client = PodResourcesClient(str(server.socket_path), list(DEFAULT_RESOURCE_NAMES))
+    client.refresh(changed=True)
+    assert client.healthy and [a.device_id for a in client.assignments] == ["GPU-1::0"]
+    assert client.replicas == {}  # the configured replica count applies
+
+    server.fail_with = grpc.StatusCode.PERMISSION_DENIED
+    client.refresh(changed=True)
+    assert not client.healthy
+    assert "PERMISSION_DENIED: denied by the test server" in (client.error or "")
+
+
+def test_the_agent_does_not_load_grpcio() -> None:
+    """grpcio costs ~15 MiB of RSS; the agent speaks gRPC through h2 instead."""
+    code = "import sys, gpuwm.agent.core, gpuwm.agent.metrics, gpuwm.agent.server; print('grpc' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
 
 
 def test_split_device_id() -> None:
