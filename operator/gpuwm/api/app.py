@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import orjson
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -437,20 +438,19 @@ def _metrics_json(
     workload: WorkloadIdentity | None = None,
     project: str | None = None,
     node: str | None = None,
-) -> JSONResponse:
-    """A MetricsBody as JSON without per-point validation (24 h at 15 s is 5,760 points per series)."""
-    return JSONResponse(
-        {
-            "scope": scope,
-            "workload": workload.model_dump() if workload is not None else None,
-            "project": project,
-            "node": node,
-            "start": start,
-            "end": end,
-            "step": step,
-            "series": [{"metric": s.metric, "labels": s.labels, "points": s.points} for s in series],
-        }
-    )
+) -> Response:
+    """A MetricsBody as JSON, encoded by orjson without per-point validation (24 h at 15 s is 5,760 points)."""
+    body = {
+        "scope": scope,
+        "workload": workload.model_dump() if workload is not None else None,
+        "project": project,
+        "node": node,
+        "start": start,
+        "end": end,
+        "step": step,
+        "series": [{"metric": s.metric, "labels": s.labels, "points": s.points} for s in series],
+    }
+    return Response(content=orjson.dumps(body), media_type="application/json")
 
 
 def _is_idle(workload: WorkloadFigures) -> bool:
