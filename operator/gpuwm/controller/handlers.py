@@ -115,7 +115,7 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **kwargs
     RUNTIME = runtime
     _TASKS.append(asyncio.create_task(_delayed_cycles(runtime), name="gpuwm status cycles"))
     _TASKS.append(asyncio.create_task(runtime.writer.run(), name="gpuwm status writer"))
-    _TASKS.append(asyncio.create_task(runtime.run_events(), name="gpuwm events"))
+    _TASKS.append(asyncio.create_task(runtime.idle_events.run(), name="gpuwm events"))
     api = _start_api(runtime)
     if api is not None:
         _TASKS.append(api)

@@ -74,7 +74,7 @@ def snapshot_state(runtime: ControllerRuntime, now: float) -> dict[str, Any]:
         "cr_names": runtime.cr_names,
         "conditions": {uid: [c.model_dump(mode="json", by_alias=True) for c in conditions]
                        for uid, conditions in runtime.conditions.items()},
-        "idle_announced": sorted(runtime.idle_announced),
+        "idle_announced": sorted(runtime.idle_events.announced),
         "latest_sample_time": runtime.latest_sample_time,
         "baselines": runtime.baselines,
     }
@@ -115,7 +115,7 @@ def _restore_state(runtime: ControllerRuntime, state: dict[str, Any]) -> None:
     runtime.conditions = {
         uid: [Condition.model_validate(c) for c in conditions] for uid, conditions in (state.get("conditions") or {}).items()
     }
-    runtime.idle_announced = set(state.get("idle_announced") or [])
+    runtime.idle_events.announced = set(state.get("idle_announced") or [])
     runtime.latest_sample_time = state.get("latest_sample_time")
     runtime.baselines = {uid: dict(values) for uid, values in (state.get("baselines") or {}).items()}
 

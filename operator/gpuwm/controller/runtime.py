@@ -9,11 +9,9 @@ save the engine's state for the next start.
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import json
 import logging
-import socket
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -30,6 +28,7 @@ from gpuwm.controller.agents import (
     parse_agents_spec,
     sorted_samples,
 )
+from gpuwm.controller.events import IdleEvents
 from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
 from gpuwm.controller.owners import OwnerResolver
 from gpuwm.controller.persistence import save_state, state_path_for_store
@@ -49,7 +48,6 @@ from gpuwm.controller.status import (
     label_value,
     project_counters,
     project_signature,
-    rfc3339,
     workload_counters,
     workload_cr_name,
     workload_labels,
@@ -114,7 +112,6 @@ class ControllerRuntime:
         self.conditions: dict[str, list[Condition]] = {}
         self.baselines: dict[str, dict[str, float]] = {}  # from CR status when no engine state survived
         self.baseline_cutoff: float | None = None
-        self.idle_announced: set[str] = set()
         self.latest_sample_time: float | None = None
         self.cycles = 0
         self.store: Any = None
@@ -122,8 +119,7 @@ class ControllerRuntime:
         self._warned: set[str] = set()
         self._last_save: float | None = None
         self.cycle_cpu_seconds: dict[str, float] = {}
-        self.events: collections.deque[tuple[WorkloadFigures, str, str]] = collections.deque()
-        self._events_waiting = asyncio.Event()
+        self.idle_events = IdleEvents(client, self.writer.bucket, settings.idle_condition_after, clock)
         self.ready = asyncio.Event()
 
     # ------------------------------------------------------------------ kopf events
@@ -240,7 +236,7 @@ class ControllerRuntime:
         await asyncio.sleep(0)
         self._offer_workloads(workloads, now)
         self._offer_projects(projects, now)
-        self._announce_idle(workloads)
+        self.idle_events.announce(workloads)
         await self._apply_retention(workloads, now)
         timer.mark("offer")
         if self._last_save is None or now - self._last_save >= STATE_SAVE_SECONDS or self.cycles < 3:
@@ -342,49 +338,6 @@ class ControllerRuntime:
                 signature=project_signature(figures), counters=project_counters(figures),
                 sample_time=self.latest_sample_time,
             ))
-
-    def _announce_idle(self, workloads: list[WorkloadFigures]) -> None:
-        """Queue a Kubernetes Event on each workload that turned Idle (once per idle spell)."""
-        idle_after = self.settings.idle_condition_after
-        for figures in workloads:
-            idle = figures.phase == "Running" and figures.allocated_gpus > 0 and figures.idle_seconds >= idle_after
-            if not idle:
-                self.idle_announced.discard(figures.uid)
-                continue
-            if figures.uid in self.idle_announced:
-                continue
-            self.idle_announced.add(figures.uid)
-            self.events.append((figures, "GpuIdle", f"{figures.allocated_gpus:g} GPU(s) idle for "
-                                                    f"{figures.idle_seconds:.0f}s (threshold {idle_after:.0f}s)"))
-            self._events_waiting.set()
-
-    async def run_events(self) -> None:
-        """Post queued Events, sharing the status writes' token bucket (a mass turn to Idle cannot flood)."""
-        while True:
-            if not self.events:
-                self._events_waiting.clear()
-                await self._events_waiting.wait()
-                continue
-            figures, reason, message = self.events.popleft()
-            await self.writer.bucket.acquire()
-            await self._post_event(figures, reason, message)
-
-    async def _post_event(self, figures: WorkloadFigures, reason: str, message: str) -> None:
-        stamp = rfc3339(self.clock())
-        body = {
-            "metadata": {"generateName": f"{figures.name}.", "namespace": figures.namespace},
-            "involvedObject": {"apiVersion": figures.api_version, "kind": figures.kind, "name": figures.name,
-                               "namespace": figures.namespace, "uid": figures.uid},
-            "reason": reason, "message": message, "type": "Warning", "count": 1,
-            "firstTimestamp": stamp, "lastTimestamp": stamp,
-            "source": {"component": "gpuwm-controller"},
-            "reportingComponent": "gpuwm-controller", "reportingInstance": socket.gethostname(),
-        }
-        try:
-            await self.client.create(resource_path("v1", "events", figures.namespace), body)
-        except KubeApiError as error:
-            logger.warning("cannot post %s event on %s %s/%s: %s", reason, figures.kind, figures.namespace,
-                           figures.name, error)
 
     async def _apply_retention(self, workloads: list[WorkloadFigures], now: float) -> None:
         """Finished workloads keep their CR for `retention`, then it and the engine's record go."""
