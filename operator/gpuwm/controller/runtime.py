@@ -120,7 +120,6 @@ class ControllerRuntime:
         self._last_save: float | None = None
         self.cycle_cpu_seconds: dict[str, float] = {}
         self.idle_events = IdleEvents(client, self.writer.bucket, settings.idle_condition_after, clock)
-        self.ready = asyncio.Event()
 
     # ------------------------------------------------------------------ kopf events
 
