@@ -103,11 +103,6 @@ def _optional(call: Any, *args: Any) -> Any:
         return None
 
 
-def _sample_value(value_type: int, sample: Any) -> float:
-    name = _VALUE_FIELDS[value_type] if 0 <= value_type < len(_VALUE_FIELDS) else "uiVal"
-    return float(getattr(sample.sampleValue, name))
-
-
 def _percent(value: float | None) -> float | None:
     return None if value is None else max(0.0, min(100.0, value))
 
@@ -316,11 +311,19 @@ class NvmlSampler:
             value_type, samples = pynvml.nvmlDeviceGetSamples(device.handle, sampling_type, last_seen)
         except (*_UNSUPPORTED, pynvml.NVMLError_NotFound):
             return None
-        fresh = [sample for sample in samples if sample.timeStamp > last_seen]
-        if not fresh:
+        # one pass: pynvml's structs make every attribute read a Python call
+        name = _VALUE_FIELDS[value_type] if 0 <= value_type < len(_VALUE_FIELDS) else "uiVal"
+        total, count, newest = 0.0, 0, last_seen
+        for sample in samples:
+            stamp = sample.timeStamp
+            if stamp > last_seen:
+                total += float(getattr(sample.sampleValue, name))
+                count += 1
+                newest = max(newest, stamp)
+        if not count:
             return None
-        setattr(device, cursor, max(sample.timeStamp for sample in fresh))
-        return sum(_sample_value(value_type, sample) for sample in fresh) / len(fresh)
+        setattr(device, cursor, newest)
+        return total / count
 
     def _processes(self, device: Device, device_sm_percent: float | None) -> list[RawProcess] | None:
         running = _optional(pynvml.nvmlDeviceGetComputeRunningProcesses, device.handle)
@@ -331,13 +334,14 @@ class NvmlSampler:
         missing = not sm_by_pid and bool(device_sm_percent)
         processes = []
         for process in running:
-            sm = sm_by_pid.get(process.pid)
+            pid = int(process.pid)
+            sm = sm_by_pid.get(pid)
             if sm is None and device.process_utilization_supported and not missing:
                 sm = 0.0  # supported, but the process ran no kernels since the last poll
             used = process.usedGpuMemory
             processes.append(
                 RawProcess(
-                    int(process.pid),
+                    pid,
                     None if used is None else float(used),
                     None if sm is None else max(0.0, min(100.0, sm)),
                 )
@@ -356,9 +360,11 @@ class NvmlSampler:
             device.process_utilization_supported = False
             return {}
         totals: dict[int, list[float]] = {}
+        cursor = newest = device.process_cursor_us
         for sample in samples:
-            if sample.timeStamp > device.process_cursor_us:
+            stamp = sample.timeStamp
+            if stamp > cursor:
                 totals.setdefault(int(sample.pid), []).append(float(sample.smUtil))
-        if samples:
-            device.process_cursor_us = max(device.process_cursor_us, max(int(s.timeStamp) for s in samples))
+                newest = max(newest, stamp)
+        device.process_cursor_us = newest
         return {pid: sum(values) / len(values) for pid, values in totals.items()}
