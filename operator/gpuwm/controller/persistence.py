@@ -44,20 +44,29 @@ def state_path_for_store(store: str) -> Path:
     return directory / "gpuwm-controller.engine.json"
 
 
-def save_state(path: Path, state: dict[str, Any]) -> None:
-    """Write `state` atomically."""
+def encode_state(state: dict[str, Any]) -> str:
+    """The state as JSON (one-shot dumps uses the C encoder; streaming json.dump is pure Python and slower)."""
+    return json.dumps({"version": STATE_VERSION, **state}, separators=(",", ":"))
+
+
+def write_state(path: Path, payload: str) -> None:
+    """Write encoded state atomically (safe to run in a thread: it touches nothing shared)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp_name = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(handle, "w") as file:
-            # one-shot dumps uses the C encoder; streaming json.dump would be several times slower
-            file.write(json.dumps({"version": STATE_VERSION, **state}, separators=(",", ":")))
+            file.write(payload)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temp_name, path)
     except BaseException:
         Path(temp_name).unlink(missing_ok=True)
         raise
+
+
+def save_state(path: Path, state: dict[str, Any]) -> None:
+    """Write `state` atomically."""
+    write_state(path, encode_state(state))
 
 
 def load_state(path: Path) -> dict[str, Any] | None:

@@ -31,7 +31,7 @@ from gpuwm.controller.agents import (
 from gpuwm.controller.events import IdleEvents
 from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
 from gpuwm.controller.owners import OwnerResolver
-from gpuwm.controller.persistence import save_state, state_path_for_store
+from gpuwm.controller.persistence import encode_state, save_state, state_path_for_store, write_state
 from gpuwm.controller.pods import (
     MalformedPodError,
     TrackedPod,
@@ -239,7 +239,7 @@ class ControllerRuntime:
         await self._apply_retention(workloads, now)
         timer.mark("offer")
         if self._last_save is None or now - self._last_save >= STATE_SAVE_SECONDS or self.cycles < 3:
-            self.save(now)
+            await self.save_in_background(now)
         timer.mark("save")
         await self._record(now, samples, workloads, projects, cluster, result)
         timer.mark("store")
@@ -367,6 +367,15 @@ class ControllerRuntime:
         """
         try:
             save_state(self.state_path, recovery.snapshot_state(self, now))
+            self._last_save = now
+        except OSError as error:
+            logger.warning("cannot save engine state to %s: %s", self.state_path, error)
+
+    async def save_in_background(self, now: float) -> None:
+        """As `save`, with the file write and fsync off the event loop (the encoding stays on it: consistent)."""
+        payload = encode_state(recovery.snapshot_state(self, now))
+        try:
+            await asyncio.to_thread(write_state, self.state_path, payload)
             self._last_save = now
         except OSError as error:
             logger.warning("cannot save engine state to %s: %s", self.state_path, error)
