@@ -11,7 +11,6 @@ and never written to.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
@@ -23,19 +22,16 @@ from pathlib import Path
 from gpuwm.model import GpuSample, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
 from gpuwm.store.base import (
-    MAX_SERIES_PER_QUERY,
-    METRIC_INDEX,
     METRIC_NAMES,
     METRICS,
-    QueryError,
     RangeQuery,
     Rollup,
     Series,
     Store,
     StoreError,
-    check_range,
 )
 from gpuwm.store.rows import SeriesRow, build_rows
+from gpuwm.store.sqlite_read import read_range
 from gpuwm.store.tiers import Tier, parse_tiers
 
 log = logging.getLogger(__name__)
@@ -44,26 +40,6 @@ APPLICATION_ID = 0x6770776D  # "gpwm"
 SCHEMA_VERSION = 1
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 _COLUMNS = [f"m{index}" for index in range(len(METRIC_NAMES))]
-
-#: (scope, by) -> (series kind, label column that selects it; None = all of that kind)
-_SELECTION: dict[tuple[str, str | None], tuple[str, str | None]] = {
-    ("workload", None): ("workload", "workload_uid"),
-    ("workload", "gpu"): ("gpu", "workload_uid"),
-    ("workload", "pod"): ("pod", "workload_uid"),
-    ("workload", "node"): ("workload_node", "workload_uid"),
-    ("project", None): ("project", "project"),
-    ("project", "node"): ("project_node", "project"),
-    ("project", "pod"): ("pod", "project"),
-    ("project", "gpu"): ("gpu", "project"),
-    ("node", None): ("node", "node"),
-    ("node", "node"): ("node", "node"),
-    ("node", "gpu"): ("gpu", "node"),
-    ("node", "pod"): ("pod", "node"),
-    ("cluster", None): ("cluster", None),
-    ("cluster", "node"): ("node", None),
-    ("cluster", "gpu"): ("gpu", None),
-    ("cluster", "pod"): ("pod", None),
-}
 
 
 def _check_file(path: Path) -> None:
@@ -369,154 +345,12 @@ class EmbeddedStore(Store):
 
     # -- reading: time series ----------------------------------------------------------------
 
-    def _segments(self, start: float, end: float, step: float) -> list[tuple[Tier, int, int]]:
-        """Split [start, end) into pieces, each read from one tier: the coarsest whose step fits, where it has data."""
-        connection = self._reader()
-        latest = self._get_meta("latest_time", connection)
-        if latest is None:
-            return []
-        available: list[tuple[Tier, float, float]] = []
-        for index, tier in enumerate(self.tiers):
-            low = latest - tier.keep_seconds
-            high = (
-                math.inf
-                if index == 0
-                else (self._get_meta(f"rollup_until:{tier.step_seconds}", connection) or low)
-            )
-            available.append((tier, low, high))
-        cuts = sorted(
-            {start, end, *(v for _, low, high in available for v in (low, high) if start < v < end)}
-        )
-        segments: list[tuple[Tier, int, int]] = []
-        for low_cut, high_cut in itertools.pairwise(cuts):
-            here = [tier for tier, low, high in available if low <= low_cut and high_cut <= high]
-            if not here:
-                # older than every tier keeps: the coarsest tier may still hold it until retention runs
-                here = [self.tiers[-1]] if high_cut <= available[-1][2] else [self.tiers[0]]
-            fitting = [tier for tier in here if tier.step_seconds <= step]
-            chosen = fitting[-1] if fitting else here[0]
-            lo, hi = math.ceil(low_cut), math.ceil(high_cut)
-            if segments and segments[-1][0] == chosen and segments[-1][2] == lo:
-                segments[-1] = (chosen, segments[-1][1], hi)
-            elif hi > lo:
-                segments.append((chosen, lo, hi))
-        return segments
-
-    def _select_series(self, query: RangeQuery) -> list[tuple[int, dict[str, str]]]:
-        selection = _SELECTION.get((query.scope, query.by))
-        if selection is None:
-            raise QueryError(
-                "by", f"{query.by!r} is not a breakdown of {query.scope} metrics; use gpu, pod or node"
-            )
-        kind, column = selection
-        connection = self._reader()
-        if column is None:
-            rows = connection.execute("SELECT id, labels FROM series WHERE kind = ?", (kind,)).fetchall()
-        else:
-            rows = connection.execute(
-                f"SELECT id, labels FROM series WHERE kind = ? AND {column} = ?", (kind, query.key)
-            ).fetchall()
-        if len(rows) > MAX_SERIES_PER_QUERY:
-            raise QueryError(
-                "by",
-                f"{len(rows)} series exceed the limit of {MAX_SERIES_PER_QUERY}; narrow the scope or drop by=",
-            )
-        return [(int(series_id), json.loads(labels)) for series_id, labels in rows]
-
     def query_range(self, query: RangeQuery) -> list[Series]:
-        check_range(query)
-        grid = query.grid()
-        selected = self._select_series(query)
-        metric_columns = [METRIC_INDEX[name] for name in query.metrics]
-        is_max = [METRICS[column].rollup is Rollup.MAX for column in metric_columns]
-        step = query.step_seconds
-        cells = len(grid)
-        # per series, per metric: the value of each cell (None = no data) and, for means, how many rows made it
-        values: dict[int, list[list[float | None]]] = {}
-        weights: dict[int, list[list[int]]] = {}
-        seen: set[int] = set()
-        if selected:
-            ids = [series_id for series_id, _ in selected]
-            for series_id in ids:
-                values[series_id] = [[None] * cells for _ in metric_columns]
-                weights[series_id] = [[0] * cells for _ in metric_columns]
-            grouped = ", ".join(
-                f"{'max' if maximum else 'avg'}({_COLUMNS[column]}), count({_COLUMNS[column]})"
-                for column, maximum in zip(metric_columns, is_max, strict=True)
-            )
-            plain = ", ".join(f"{_COLUMNS[column]}, 1" for column in metric_columns)
-            id_list = ",".join("?" * len(ids))
-            connection = self._reader()
-            segments = self._segments(query.start, query.start + cells * step, step)
-            if len(ids) == 1 and len(segments) == 1 and step == segments[0][0].step_seconds:
-                # the common case (one series, one tier, its own step): one row per cell, no merging
-                tier, low, high = segments[0]
-                columns = ", ".join(_COLUMNS[column] for column in metric_columns)
-                rows = connection.execute(
-                    f"SELECT t, {columns} FROM {tier.table} WHERE series_id = ? AND t >= ? AND t < ?",
-                    (ids[0], low, high),
-                ).fetchall()
-                only = values[ids[0]]
-                start = query.start
-                cell_of = [int((row[0] - start) // step) for row in rows]
-                for position in range(len(metric_columns)):
-                    target = only[position]
-                    index = position + 1
-                    for cell, row in zip(cell_of, rows, strict=True):
-                        target[cell] = row[index]
-                if rows:
-                    seen.add(ids[0])
-                segments = []
-            for tier, low, high in segments:
-                if step == tier.step_seconds:
-                    # one stored row per cell at most: no GROUP BY (it doubles the cost of a 24 h read)
-                    sql = (
-                        f"SELECT series_id, CAST((t - ?) / ? AS INTEGER), {plain} FROM {tier.table} "
-                        f"WHERE series_id IN ({id_list}) AND t >= ? AND t < ?"
-                    )
-                else:
-                    sql = (
-                        f"SELECT series_id, CAST((t - ?) / ? AS INTEGER) AS cell, {grouped} "
-                        f"FROM {tier.table} WHERE series_id IN ({id_list}) AND t >= ? AND t < ? "
-                        "GROUP BY series_id, cell"
-                    )
-                rows = connection.execute(sql, (query.start, step, *ids, low, high)).fetchall()
-                for position, maximum in enumerate(is_max):
-                    value_index, count_index = 2 + 2 * position, 3 + 2 * position
-                    for row in rows:
-                        value = row[value_index]
-                        cell = row[1]
-                        if value is None or not 0 <= cell < cells:
-                            continue
-                        series_id = row[0]
-                        seen.add(series_id)
-                        series_values = values[series_id][position]
-                        previous = series_values[cell]
-                        count = row[count_index]
-                        if previous is None:
-                            series_values[cell] = value
-                            weights[series_id][position][cell] = count
-                        elif maximum:  # a cell split between two tiers: combine
-                            series_values[cell] = max(previous, value)
-                        else:
-                            weight = weights[series_id][position][cell]
-                            series_values[cell] = (previous * weight + value * count) / (weight + count)
-                            weights[series_id][position][cell] = weight + count
-        result: list[Series] = []
-        breakdown = query.by is not None and not (query.scope == "node" and query.by == "node")
-        for series_id, labels in selected:
-            if breakdown and series_id not in seen:
-                continue
-            for position, name in enumerate(query.metrics):
-                result.append(
-                    Series(
-                        metric=name,
-                        labels=dict(labels),
-                        points=list(zip(grid, values[series_id][position], strict=True)),
-                    )
-                )
-        if not selected and not breakdown:
-            result = [
-                Series(metric=name, labels={}, points=[(t, None) for t in grid]) for name in query.metrics
-            ]
-        return result
+        connection = self._reader()
+        watermarks = {
+            tier.step_seconds: self._get_meta(f"rollup_until:{tier.step_seconds}", connection)
+            for tier in self.tiers
+        }
+        return read_range(
+            connection, self.tiers, self._get_meta("latest_time", connection), watermarks, query
+        )
