@@ -8,7 +8,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-import orjson
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -19,6 +18,22 @@ from starlette.concurrency import run_in_threadpool
 from gpuwm import __version__
 from gpuwm.api.auth import AllowAll, AuthError, Authorizer, require
 from gpuwm.api.docs import docs_page
+from gpuwm.api.http import (
+    ERRORS,
+    NOT_FOUND,
+    RANGE_PARAMETERS,
+    ByParam,
+    EndParam,
+    MetricParam,
+    NotFound,
+    StartParam,
+    StepParam,
+    bearer_token,
+    check_parameters,
+    error_response,
+    is_idle,
+    metrics_json,
+)
 from gpuwm.api.params import (
     BadParameter,
     choose_range,
@@ -41,7 +56,6 @@ from gpuwm.config import Settings
 from gpuwm.model.figures import WorkloadFigures
 from gpuwm.store.base import (
     DEFAULT_METRICS,
-    METRIC_NAMES,
     QueryError,
     RangeQuery,
     Scope,
@@ -53,57 +67,6 @@ from gpuwm.store.base import (
 log = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).parent / "static"
 T = TypeVar("T")
-
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    400: {"model": ErrorBody, "description": "A bad parameter, named in the body."},
-    401: {"model": ErrorBody, "description": "No or invalid bearer token."},
-    403: {"model": ErrorBody, "description": "Not allowed to get gpuworkloadmetrics there."},
-    503: {"model": ErrorBody, "description": "The Kubernetes API could not be asked."},
-}
-_NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "No such object."}}
-_RANGE_PARAMETERS = {"metric", "start", "end", "step", "by"}
-
-MetricParam = Annotated[
-    list[str],
-    Query(
-        description=f"Metric name, repeatable or comma-separated; default {', '.join(DEFAULT_METRICS)}. "
-        f"Known: {', '.join(METRIC_NAMES)}."
-    ),
-]
-StartParam = Annotated[str | None, Query(description="RFC 3339, epoch seconds or epoch milliseconds.")]
-EndParam = Annotated[str | None, Query(description="RFC 3339, epoch seconds or epoch milliseconds.")]
-StepParam = Annotated[
-    str | None, Query(description="5s, 1m or seconds; default 15s (coarser if the default range needs it).")
-]
-ByParam = Annotated[str | None, Query(description="Breakdown: gpu, pod or node.")]
-
-
-class NotFound(Exception):
-    def __init__(self, message: str) -> None:
-        self.message = message
-        super().__init__(message)
-
-
-def _error(status: int, error: str, message: str, parameter: str | None = None) -> JSONResponse:
-    return JSONResponse(
-        status_code=status, content=ErrorBody(error=error, message=message, parameter=parameter).model_dump()
-    )
-
-
-def _check_parameters(request: Request, allowed: set[str], multi: Sequence[str] = ("metric",)) -> None:
-    """Refuse unknown and repeated parameters: a typo must not silently give a different answer."""
-    for name in request.query_params:
-        if name not in allowed:
-            known = ", ".join(sorted(allowed)) or "none"
-            raise BadParameter(name, f"unknown parameter; this endpoint takes: {known}")
-        if name not in multi and len(request.query_params.getlist(name)) > 1:
-            raise BadParameter(name, "given more than once")
-
-
-def _bearer(request: Request) -> str | None:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
 def create_app(
@@ -140,27 +103,27 @@ def create_app(
         return await run_in_threadpool(function, *arguments)
 
     async def guard(request: Request, namespaces: Sequence[str] | None) -> None:
-        await require(authorizer, _bearer(request), namespaces)
+        await require(authorizer, bearer_token(request), namespaces)
 
     @app.exception_handler(BadParameter)
     async def bad_parameter(_request: Request, error: BadParameter) -> JSONResponse:
-        return _error(400, "bad_parameter", str(error), error.parameter)
+        return error_response(400, "bad_parameter", str(error), error.parameter)
 
     @app.exception_handler(QueryError)
     async def bad_query(_request: Request, error: QueryError) -> JSONResponse:
-        return _error(400, "bad_parameter", str(error), error.parameter)
+        return error_response(400, "bad_parameter", str(error), error.parameter)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, error: RequestValidationError) -> JSONResponse:
         first = error.errors()[0] if error.errors() else {}
         location = [str(part) for part in first.get("loc", ())]
         parameter = location[-1] if location else None
-        return _error(400, "bad_parameter", f"{parameter}: {first.get('msg', 'invalid')}", parameter)
+        return error_response(400, "bad_parameter", f"{parameter}: {first.get('msg', 'invalid')}", parameter)
 
     @app.exception_handler(AuthError)
     async def denied(_request: Request, error: AuthError) -> JSONResponse:
         kind = {401: "unauthorized", 403: "forbidden"}.get(error.status, "unavailable")
-        response = _error(error.status, kind, error.message)
+        response = error_response(error.status, kind, error.message)
         if error.status == 401:
             response.headers["WWW-Authenticate"] = 'Bearer realm="gpuwm"'
         return response
@@ -168,11 +131,11 @@ def create_app(
     @app.exception_handler(StoreError)
     async def store_failed(_request: Request, error: StoreError) -> JSONResponse:
         log.error("store query failed: %s", error)
-        return _error(503, "unavailable", str(error))
+        return error_response(503, "unavailable", str(error))
 
     @app.exception_handler(NotFound)
     async def not_found(_request: Request, error: NotFound) -> JSONResponse:
-        return _error(404, "not_found", error.message)
+        return error_response(404, "not_found", error.message)
 
     async def range_answer(
         request: Request,
@@ -186,7 +149,7 @@ def create_app(
         step: str | None,
         by: str | None,
     ) -> tuple[RangeQuery, list[Series]]:
-        _check_parameters(request, _RANGE_PARAMETERS)
+        check_parameters(request, RANGE_PARAMETERS)
         names = parse_metrics(metric, DEFAULT_METRICS)
         start_s = parse_time("start", start) if start is not None else None
         end_s = parse_time("end", end) if end is not None else None
@@ -203,7 +166,7 @@ def create_app(
         now = latest if latest is not None else time.time()
         return (earliest if earliest is not None else now), now
 
-    @app.get("/api/v1/workloads", response_model=WorkloadList, responses=_ERRORS, tags=["workloads"])
+    @app.get("/api/v1/workloads", response_model=WorkloadList, responses=ERRORS, tags=["workloads"])
     async def list_workloads(
         request: Request,
         namespace: Annotated[str | None, Query(description="Only this namespace.")] = None,
@@ -213,9 +176,9 @@ def create_app(
         ] = None,
     ) -> WorkloadList:
         """Current state of every workload you may read."""
-        _check_parameters(request, {"namespace", "project", "idle"}, multi=())
+        check_parameters(request, {"namespace", "project", "idle"}, multi=())
         idle_only = parse_bool("idle", idle) if idle is not None else None
-        user = await authorizer.authenticate(_bearer(request))
+        user = await authorizer.authenticate(bearer_token(request))
         if namespace is not None:
             await guard(request, [namespace])
         workloads = await blocking(store.workloads)
@@ -224,7 +187,7 @@ def create_app(
             for w in workloads
             if (namespace is None or w.namespace == namespace)
             and (project is None or w.project == project)
-            and (idle_only is None or _is_idle(w) == idle_only)
+            and (idle_only is None or is_idle(w) == idle_only)
         ]
         if namespace is None and not await authorizer.allowed(user, None):
             allowed = {ns for ns in {w.namespace for w in chosen} if await authorizer.allowed(user, ns)}
@@ -242,19 +205,19 @@ def create_app(
     @app.get(
         "/api/v1/namespaces/{namespace}/workloads/{name}",
         response_model=WorkloadFigures,
-        responses={**_ERRORS, **_NOT_FOUND},
+        responses={**ERRORS, **NOT_FOUND},
         tags=["workloads"],
     )
     async def get_workload(request: Request, namespace: str, name: str) -> WorkloadFigures:
         """Current state of one workload."""
-        _check_parameters(request, set())
+        check_parameters(request, set())
         await guard(request, [namespace])
         return await find_workload(namespace, name)
 
     @app.get(
         "/api/v1/namespaces/{namespace}/workloads/{name}/metrics",
         response_model=MetricsBody,
-        responses={**_ERRORS, **_NOT_FOUND},
+        responses={**ERRORS, **NOT_FOUND},
         tags=["metrics"],
     )
     async def workload_metrics(
@@ -268,7 +231,7 @@ def create_app(
         by: ByParam = None,
     ) -> Response:
         """Time series of one workload; the default range is the workload's whole life."""
-        _check_parameters(request, _RANGE_PARAMETERS)
+        check_parameters(request, RANGE_PARAMETERS)
         await guard(request, [namespace])
         workload = await find_workload(namespace, name)
         _earliest, latest = await store_bounds()
@@ -293,7 +256,7 @@ def create_app(
             kind=workload.kind,
             project=workload.project,
         )
-        return _metrics_json(
+        return metrics_json(
             scope="workload",
             workload=identity,
             start=query.start,
@@ -302,11 +265,11 @@ def create_app(
             series=series,
         )
 
-    @app.get("/api/v1/projects", response_model=ProjectList, responses=_ERRORS, tags=["projects"])
+    @app.get("/api/v1/projects", response_model=ProjectList, responses=ERRORS, tags=["projects"])
     async def list_projects(request: Request) -> ProjectList:
         """Current state of every project you may read (all of its namespaces)."""
-        _check_parameters(request, set())
-        user = await authorizer.authenticate(_bearer(request))
+        check_parameters(request, set())
+        user = await authorizer.authenticate(bearer_token(request))
         projects = await blocking(store.projects)
         if not await authorizer.allowed(user, None):
             kept = []
@@ -319,7 +282,7 @@ def create_app(
     @app.get(
         "/api/v1/projects/{project}/metrics",
         response_model=MetricsBody,
-        responses={**_ERRORS, **_NOT_FOUND},
+        responses={**ERRORS, **NOT_FOUND},
         tags=["metrics"],
     )
     async def project_metrics(
@@ -332,17 +295,17 @@ def create_app(
         by: ByParam = None,
     ) -> Response:
         """Time series of one project (sums over its workloads); default range: the last hour."""
-        _check_parameters(request, _RANGE_PARAMETERS)
+        check_parameters(request, RANGE_PARAMETERS)
         found = await blocking(store.project, project)
         if found is None:
-            await authorizer.authenticate(_bearer(request))
+            await authorizer.authenticate(bearer_token(request))
             raise NotFound(f"no project {project!r}")
         await guard(request, found.namespaces)
         _earliest, latest = await store_bounds()
         query, series = await range_answer(
             request, "project", project, max(_earliest, latest - 3600), latest, metric, start, end, step, by
         )
-        return _metrics_json(
+        return metrics_json(
             scope="project",
             project=project,
             start=query.start,
@@ -354,7 +317,7 @@ def create_app(
     @app.get(
         "/api/v1/nodes/{node}/metrics",
         response_model=MetricsBody,
-        responses={**_ERRORS, **_NOT_FOUND},
+        responses={**ERRORS, **NOT_FOUND},
         tags=["metrics"],
     )
     async def node_metrics(
@@ -367,7 +330,7 @@ def create_app(
         by: ByParam = None,
     ) -> Response:
         """Time series of every device on one node; needs cluster-wide access; default range: the last hour."""
-        _check_parameters(request, _RANGE_PARAMETERS)
+        check_parameters(request, RANGE_PARAMETERS)
         await guard(request, None)
         if node not in await blocking(store.nodes):
             raise NotFound(f"no GPU node {node!r} in the store")
@@ -375,11 +338,11 @@ def create_app(
         query, series = await range_answer(
             request, "node", node, max(_earliest, latest - 3600), latest, metric, start, end, step, by
         )
-        return _metrics_json(
+        return metrics_json(
             scope="node", node=node, start=query.start, end=query.end, step=query.step_seconds, series=series
         )
 
-    @app.get("/api/v1/cluster/metrics", response_model=MetricsBody, responses=_ERRORS, tags=["metrics"])
+    @app.get("/api/v1/cluster/metrics", response_model=MetricsBody, responses=ERRORS, tags=["metrics"])
     async def cluster_metrics(
         request: Request,
         metric: MetricParam = [],  # noqa: B006
@@ -389,13 +352,13 @@ def create_app(
         by: ByParam = None,
     ) -> Response:
         """Time series of the whole cluster; needs cluster-wide access; default range: the last hour."""
-        _check_parameters(request, _RANGE_PARAMETERS)
+        check_parameters(request, RANGE_PARAMETERS)
         await guard(request, None)
         _earliest, latest = await store_bounds()
         query, series = await range_answer(
             request, "cluster", "", max(_earliest, latest - 3600), latest, metric, start, end, step, by
         )
-        return _metrics_json(
+        return metrics_json(
             scope="cluster", start=query.start, end=query.end, step=query.step_seconds, series=series
         )
 
@@ -414,7 +377,7 @@ def create_app(
         try:
             await blocking(store.latest_time)
         except Exception as error:
-            return _error(503, "unavailable", f"store not readable: {error}")
+            return error_response(503, "unavailable", f"store not readable: {error}")
         return Health(status="ok")
 
     @app.get("/docs", response_class=HTMLResponse, include_in_schema=False)
@@ -427,32 +390,3 @@ def create_app(
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     return app
-
-
-def _metrics_json(
-    scope: str,
-    start: float,
-    end: float,
-    step: float,
-    series: list[Series],
-    workload: WorkloadIdentity | None = None,
-    project: str | None = None,
-    node: str | None = None,
-) -> Response:
-    """A MetricsBody as JSON, encoded by orjson without per-point validation (24 h at 15 s is 5,760 points)."""
-    body = {
-        "scope": scope,
-        "workload": workload.model_dump() if workload is not None else None,
-        "project": project,
-        "node": node,
-        "start": start,
-        "end": end,
-        "step": step,
-        "series": [{"metric": s.metric, "labels": s.labels, "points": s.points} for s in series],
-    }
-    return Response(content=orjson.dumps(body), media_type="application/json")
-
-
-def _is_idle(workload: WorkloadFigures) -> bool:
-    """Holds GPUs now and has been idle for a while (its idleSeconds is growing)."""
-    return workload.allocated_gpus > 0 and workload.idle_seconds > 0 and workload.end_time is None
