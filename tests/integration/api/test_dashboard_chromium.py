@@ -65,6 +65,11 @@ def _populate(path: Path) -> None:
             created=t0 - 3600,
         )
         stale.idle_gpu_seconds = 1 * 3600.0
+        train.utilization.current = u
+        train.utilization.avg1h = 50.0
+        train.memory_utilization.current = 31.25
+        alpha = project("alpha", [train], 300.0 * k)
+        alpha.utilization.current = 37.5
         beta = project("beta", [notebook, stale])
         beta.idle_gpus = 1.5
         beta.idle_gpu_seconds = 4 * 3600.0
@@ -77,7 +82,7 @@ def _populate(path: Path) -> None:
                 sample(t, "gpu-8", node="node-b", sm=0, used_gib=2),
             ],
             [train, notebook, stale],
-            [project("alpha", [train], 300.0 * k), beta],
+            [alpha, beta],
             ClusterFigures(gpus=4, allocated_gpus=3.5, idle_gpus=1.5, workloads=3),
         )
     store.close()
@@ -179,6 +184,7 @@ def test_overview_shows_projects_and_idle_workloads(api_url: str, browser: Any) 
     assert [row[0] for row in cells] == ["alpha", "beta"]
     assert cells[0][2] == "2.00" and cells[1][2] == "1.50" and cells[1][3] == "1.50"
     assert cells[1][5] == "4.00"  # wasted GPU-hours of beta
+    assert (cells[0][4], cells[1][4]) == ("37.5 %", "–")  # utilisation; none known for beta
     idle_rows = driver.find_elements(By.CSS_SELECTOR, "#idle tbody tr")
     assert [row.get_attribute("data-workload") for row in idle_rows] == [
         "team-b/notebook",
