@@ -11,6 +11,7 @@ from gpuwm.store.base import MAX_POINTS_PER_SERIES, METRIC_INDEX, METRIC_NAMES
 
 #: epoch values at or above this are milliseconds (1e11 s would be the year 5138)
 _MILLIS_FROM = 1e11
+_LATEST_SECONDS = 253402300799.0  # 9999-12-31T23:59:59Z
 DEFAULT_STEP_SECONDS = 15.0
 BREAKDOWNS = ("gpu", "pod", "node")
 
@@ -38,7 +39,10 @@ def parse_time(parameter: str, text: str) -> float:
             raise BadParameter(
                 parameter, f"{text!r} is not a time: epoch seconds/millis must be finite and >= 0"
             )
-        return number / 1000.0 if number >= _MILLIS_FROM else number
+        seconds = number / 1000.0 if number >= _MILLIS_FROM else number
+        if seconds > _LATEST_SECONDS:
+            raise BadParameter(parameter, f"{text!r} is after the year 9999")
+        return seconds
     try:
         parsed = datetime.fromisoformat(value.replace("z", "Z"))
     except ValueError:

@@ -199,6 +199,7 @@ BAD = "/api/v1/namespaces/team-a/workloads/train/metrics"
         (BAD + "?stepp=15", "stepp"),
         ("/api/v1/projects/alpha/metrics?step=nan", "step"),
         ("/api/v1/nodes/node-a/metrics?start=inf", "start"),
+        ("/api/v1/cluster/metrics?start=1e20", "start"),
         ("/api/v1/cluster/metrics?by=namespace", "by"),
         ("/api/v1/workloads?idle=maybe", "idle"),
         ("/api/v1/workloads?limit=5", "limit"),
