@@ -78,14 +78,14 @@ class PrometheusStore(Store):
         try:
             params = {"time": repr(self.evaluation_time)} if self.evaluation_time is not None else None
             result: list[dict[str, Any]] = self._client.custom_query(query, params=params)
-        except (PrometheusApiClientException, OSError, ValueError) as error:
+        except (PrometheusApiClientException, OSError, ValueError, OverflowError) as error:
             raise StoreError(f"Prometheus at {self.url} failed the query {query!r}: {error}") from None
         return result
 
     def _instant_at(self, query: str, at: float) -> list[dict[str, Any]]:
         try:
             result: list[dict[str, Any]] = self._client.custom_query(query, params={"time": repr(at)})
-        except (PrometheusApiClientException, OSError, ValueError) as error:
+        except (PrometheusApiClientException, OSError, ValueError, OverflowError) as error:
             raise StoreError(f"Prometheus at {self.url} failed the query {query!r}: {error}") from None
         return result
 
@@ -97,7 +97,7 @@ class PrometheusStore(Store):
                 end_time=datetime.fromtimestamp(end, UTC),
                 step=repr(step),
             )
-        except (PrometheusApiClientException, OSError, ValueError) as error:
+        except (PrometheusApiClientException, OSError, ValueError, OverflowError) as error:
             raise StoreError(f"Prometheus at {self.url} failed the query {query!r}: {error}") from None
         return result
 
