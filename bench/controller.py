@@ -51,7 +51,7 @@ def rss_mib() -> float:
 
 def layout(nodes: int, gpus_per_node: int, gpus_per_workload: int) -> list[tuple[str, str, str, list[str]]]:
     """(namespace, job name, node, gpu uuids) per workload: each node's GPUs split into workloads."""
-    workloads = []
+    workloads: list[tuple[str, str, str, list[str]]] = []
     for node_index in range(nodes):
         node = f"node-{node_index:04d}"
         gpus = [f"GPU-{node_index:04d}-{g}" for g in range(gpus_per_node)]
