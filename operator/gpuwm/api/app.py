@@ -164,7 +164,8 @@ def create_app(
         latest = await blocking(store.latest_time)
         earliest = await blocking(store.earliest_time)
         now = latest if latest is not None else time.time()
-        return (earliest if earliest is not None else now), now
+        # a store that cannot tell its oldest data (Prometheus) defaults ranges to the last hour
+        return (earliest if earliest is not None else now - 3600.0), now
 
     @app.get("/api/v1/workloads", response_model=WorkloadList, responses=ERRORS, tags=["workloads"])
     async def list_workloads(
