@@ -66,6 +66,10 @@ class WriterStats:
 Key = tuple[str, str | None, str]
 
 
+class ForeignObjectError(Exception):
+    """A CR of the wanted name exists and was not created by gpuwm."""
+
+
 class StatusWriter:
     """Rate-limited, change-driven CR writer: news first, then due refreshes, each in offer order."""
 
@@ -86,6 +90,7 @@ class StatusWriter:
         self._wake = asyncio.Event()
         self.written: dict[Key, Written] = {}
         self.existing: set[Key] = set()
+        self.skipped: set[Key] = set()  # names held by objects gpuwm did not create
         self.stats = WriterStats()
 
     @property
@@ -95,6 +100,8 @@ class StatusWriter:
     def offer(self, desired: Desired) -> WriteReason:
         """Queue `desired` if it is worth a write; returns why (or "none")."""
         key: Key = (desired.plural, desired.namespace, desired.name)
+        if key in self.skipped:
+            return "none"
         last = self.written.get(key)
         reason = write_reason(
             (last.signature, last.counters, last.at) if last else None, desired.signature, desired.counters,
@@ -144,7 +151,7 @@ class StatusWriter:
                 hint = (" (are the gpuwm CRDs installed? kubectl apply -f crds/)"
                         if error.status == 404 and error.method == "POST" else "")
                 logger.warning("could not write %s %s/%s: %s%s", desired.plural, desired.namespace or "-", desired.name,
-                               error, hint, extra={"resource": desired.plural, "name": desired.name})
+                               error, hint, extra={"resource": desired.plural, "object": desired.name})
             except asyncio.CancelledError:
                 raise
             except Exception:  # one bad object must not stop every other write
@@ -154,9 +161,14 @@ class StatusWriter:
     async def write(self, desired: Desired) -> None:
         """Create the CR if needed, then merge-patch its status subresource."""
         key: Key = (desired.plural, desired.namespace, desired.name)
+        if key in self.skipped:
+            return
         path = resource_path(API_VERSION, desired.plural, desired.namespace, desired.name)
         if key not in self.existing:
-            await self._create(desired, path)
+            try:
+                await self._create(desired, path)
+            except ForeignObjectError:
+                return
         status = desired.render()
         try:
             await self._client.merge_patch(path + "/status", {"status": status})
@@ -189,9 +201,21 @@ class StatusWriter:
         except KubeApiError as error:
             if error.status != 409:
                 raise
-            # it exists (a restart, or a race): keep its spec in line with ours
+            if desired.plural == WORKLOAD_PLURAL and await self._foreign(collection, desired.name):
+                self.skipped.add(key)
+                logger.warning("GPUWorkloadMetrics %s/%s exists and is not managed by gpuwm (label %s); "
+                               "leaving it alone and not writing its status", desired.namespace, desired.name,
+                               MANAGED_BY_LABEL, extra={"namespace": desired.namespace, "object": desired.name})
+                raise ForeignObjectError(desired.name) from None
+            # ours (a restart, or a race): keep its spec in line with ours
             await self._client.merge_patch(path, {"metadata": {"labels": labels}, "spec": desired.spec})
         self.existing.add(key)
+
+    async def _foreign(self, collection: str, name: str) -> bool:
+        """Whether the object of that name was made by someone else (found through `list`, which RBAC grants)."""
+        items = await self._client.list_items(collection, {"fieldSelector": f"metadata.name={name}"})
+        labels = ((items[0].get("metadata") or {}).get("labels") or {}) if items else {}
+        return bool(items) and labels.get(MANAGED_BY_LABEL) != MANAGED_BY
 
     async def delete(self, plural: str, namespace: str | None, name: str) -> None:
         """Delete a CR (retention ran out); gone already is fine."""

@@ -178,3 +178,58 @@ def test_agent_url_of_pod_uses_the_declared_port() -> None:
     assert agent_url_of_pod(pod, 9400) == ("n1", "http://[fd00::1]:9400")
     pod["status"]["phase"] = "Pending"
     assert agent_url_of_pod(pod, 9400) is None
+
+
+class ConflictingClient(RecordingClient):
+    def __init__(self, labels: dict[str, str]) -> None:
+        super().__init__()
+        self.labels = labels
+
+    async def create(self, path: str, body: Any) -> dict[str, Any]:
+        self.calls.append(("POST", path))
+        raise KubeApiError(409, "POST", path, "already exists")
+
+    async def list_items(self, path: str, params: Any = None) -> list[dict[str, Any]]:
+        self.calls.append(("LIST", path))
+        return [{"metadata": {"name": "a", "labels": self.labels}}]
+
+
+async def test_writer_leaves_a_foreign_cr_alone(caplog: pytest.LogCaptureFixture) -> None:
+    client = ConflictingClient({"team": "someone-else"})
+    writer = StatusWriter(client, TokenBucket(1000), interval_seconds=15)  # type: ignore[arg-type]
+    writer.offer(desired("a", 1))
+    await writer.write(writer._next())  # type: ignore[arg-type]
+    assert [method for method, _ in client.calls] == ["POST", "LIST"]  # no PATCH of someone else's object
+    assert "ns/a exists and is not managed by gpuwm" in caplog.text
+    assert writer.offer(desired("a", 2)) == "none" and writer.pending == 0
+
+
+async def test_writer_adopts_its_own_cr_on_conflict() -> None:
+    client = ConflictingClient({"app.kubernetes.io/managed-by": "gpuwm"})
+    writer = StatusWriter(client, TokenBucket(1000), interval_seconds=15)  # type: ignore[arg-type]
+    writer.offer(desired("a", 1))
+    await writer.write(writer._next())  # type: ignore[arg-type]
+    assert [method for method, _ in client.calls] == ["POST", "LIST", "PATCH", "PATCH"]  # spec/labels, then status
+
+
+class FailingClient(RecordingClient):
+    async def merge_patch(self, path: str, body: Any) -> dict[str, Any]:
+        self.calls.append(("PATCH", path))
+        if "/bad/" in path:
+            raise KubeApiError(422, "PATCH", path, "status.allocatedGpus: Invalid value")
+        return {}
+
+
+async def test_writer_logs_a_failed_write_and_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    client = FailingClient()
+    writer = StatusWriter(client, TokenBucket(1000), interval_seconds=15)  # type: ignore[arg-type]
+    writer.offer(desired("bad", 1))
+    writer.offer(desired("good", 1))
+    task = asyncio.create_task(writer.run())
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+        if writer.stats.writes:
+            break
+    task.cancel()
+    assert writer.stats.failures == 1 and writer.stats.writes == 1
+    assert "could not write gpuworkloadmetrics ns/bad" in caplog.text and "Invalid value" in caplog.text
