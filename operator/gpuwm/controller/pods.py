@@ -117,9 +117,10 @@ def track_pod(
 def device_allocations(pod: TrackedPod, holders: Iterable[DeviceHolder]) -> list[DeviceAllocation]:
     """The devices the agents saw this pod hold, each with its units.
 
-    A container's requested units are split evenly over the devices it holds (2 GPUs -> 1
-    each; one MIG slice -> its fraction; one time-sliced replica -> 1/replicas). A holder
-    the spec does not explain (no matching container) keeps the agent's own units, else 1.
+    The agent's own units win where it gives them: it knows the MIG slice size from NVML and the
+    time-slicing replica count from the kubelet's allocatable devices. Otherwise a container's
+    requested units are split evenly over the devices it holds (2 GPUs -> 1 each; one MIG slice ->
+    its fraction; one time-sliced replica -> 1/replicas). Two replicas of one GPU add up.
     """
     by_name = f"{pod.namespace}/{pod.name}"
     mine = [holder for holder in holders if holder.pod_key in {pod.uid, by_name}]
@@ -129,18 +130,22 @@ def device_allocations(pod: TrackedPod, holders: Iterable[DeviceHolder]) -> list
     for holder in mine:
         per_container[holder.container] = per_container.get(holder.container, 0) + 1
     total_units = pod.requested_units
-    allocations: dict[tuple[str, str | None], DeviceAllocation] = {}
-    for holder in sorted(mine, key=lambda h: (h.uuid, h.container or "")):
-        if holder.container in pod.units_by_container:
+    units_by_device: dict[tuple[str, str | None], float] = {}
+    for holder in mine:
+        if holder.units is not None:
+            units = holder.units
+        elif holder.container in pod.units_by_container:
             units = pod.units_by_container[holder.container] / per_container[holder.container]
-        elif holder.container is None and total_units > 0:
+        elif total_units > 0:
             units = total_units / len(mine)
         else:
-            units = holder.units or 1.0
-        allocations[(holder.uuid, holder.container)] = DeviceAllocation(
-            uuid=holder.uuid, units=min(1.0, max(units, 1e-9)), container=holder.container
-        )
-    return list(allocations.values())
+            units = 1.0
+        key = (holder.uuid, holder.container)
+        units_by_device[key] = units_by_device.get(key, 0.0) + units
+    return [
+        DeviceAllocation(uuid=uuid, units=min(1.0, max(units, 1e-9)), container=container)
+        for (uuid, container), units in sorted(units_by_device.items(), key=lambda item: (item[0][0], item[0][1] or ""))
+    ]
 
 
 def pod_event(pod: TrackedPod, devices: list[DeviceAllocation], at: float) -> PodEvent:

@@ -54,6 +54,10 @@ def test_device_allocations_split_container_units() -> None:
     assert device_allocations(mig, [DeviceHolder(uuid="MIG-1", pod_uid="p1", container="c0")])[0].units == pytest.approx(1 / 7)
     shared = track_pod(pod_body({"nvidia.com/gpu": "1"}), JOB, DEFAULT_RESOURCE_NAMES, deleted=False, replicas=4)
     assert device_allocations(shared, [DeviceHolder(uuid="GPU-9", pod_uid="p1", container="c0")])[0].units == 0.25
+    # the agent's own units win (NVML knows the slice; the kubelet knows the replicas), replicas add up
+    agent_said = [DeviceHolder(uuid="GPU-7", device_id="GPU-7::0", pod_uid="p1", container="c0", units=0.25),
+                  DeviceHolder(uuid="GPU-7", device_id="GPU-7::3", pod_uid="p1", container="c0", units=0.25)]
+    assert [(d.uuid, d.units) for d in device_allocations(pod, agent_said)] == [("GPU-7", 0.5)]
 
 
 def test_pod_event_holds_devices_only_while_running() -> None:
