@@ -67,6 +67,7 @@ async def _agents_main(config: SimConfig, pipe: Connection) -> None:
     simulator = Simulator(config)
     buffers = {node.name: _AgentBuffer() for node in simulator.nodes}
     failing: dict[str, int] = {}  # node -> HTTP status to answer with (API-server-like 5xx/429 bursts)
+    latest: dict[str, str] = {}  # pod uid or namespace -> its latest event (what a re-list would show)
 
     async def snapshot(request: web.Request) -> web.Response:
         node = request.match_info["node"]
@@ -90,32 +91,51 @@ async def _agents_main(config: SimConfig, pipe: Connection) -> None:
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     loop = asyncio.get_running_loop()
     pipe.send({"port": port, "nodes": [node.name for node in simulator.nodes]})
+    def generate(until: float) -> tuple[dict[str, list[tuple[bool, dict[str, Any]]]], list[str]]:
+        """Run the simulator to `until` (in a worker thread, so the server keeps answering pulls)."""
+        staged: dict[str, list[tuple[bool, dict[str, Any]]]] = {}  # node -> (is a sample, record)
+        events: list[str] = []
+        for step in simulator.run(until):
+            for sample in step.samples:
+                staged.setdefault(sample.node, []).append((True, sample.model_dump(exclude_none=True)))
+            for stat in step.pod_stats:
+                staged.setdefault(stat.node, []).append((False, stat.model_dump(exclude_none=True)))
+            for event in step.events:
+                line = event.model_dump_json(by_alias=True)
+                events.append(line)
+                latest[event.uid if isinstance(event, PodEvent) else event.name] = line
+        return staged, events
+
     while True:
         command = await loop.run_in_executor(None, pipe.recv)
         if command["op"] == "advance":
-            events: list[str] = []
-            for step in simulator.run(command["until"]):
-                for sample in step.samples:
-                    buffer = buffers[sample.node]
+            staged, events = await loop.run_in_executor(None, generate, command["until"])
+            for node, records in staged.items():  # published at once: a pull sees whole intervals
+                buffer = buffers[node]
+                for is_sample, record in records:
                     buffer.seq += 1
-                    record = sample.model_dump(exclude_none=True)
                     record["seq"] = buffer.seq
-                    buffer.samples.append(record)
-                for stat in step.pod_stats:
-                    buffer = buffers[stat.node]
-                    buffer.seq += 1
-                    buffer.pod_stats.append({**stat.model_dump(exclude_none=True), "seq": buffer.seq})
-                events.extend(event.model_dump_json(by_alias=True) for event in step.events)
-            pipe.send({"clock": simulator.clock, "events": events})
+                    (buffer.samples if is_sample else buffer.pod_stats).append(record)
+            pipe.send({"op": "advance", "clock": simulator.clock, "events": events})
         elif command["op"] == "fail":
             failing = dict(command["nodes"])
-            pipe.send({"ok": True})
+            pipe.send({"op": "fail"})
+        elif command["op"] == "relist":
+            pipe.send({"op": "relist", "events": list(latest.values())})
         elif command["op"] == "truth":
-            pipe.send(truth_report(simulator) | {"uids": {f"{w.namespace}/{w.name}": uid
-                                                          for uid, w in simulator.workloads.items()}})
+            pipe.send({"op": "truth", **truth_report(simulator)})
         else:
             break
     await runner.cleanup()
+
+
+def _events(lines: list[str]) -> list[NamespaceEvent | PodEvent]:
+    events: list[NamespaceEvent | PodEvent] = []
+    for number, line in enumerate(lines, start=1):
+        event = parse_trace_line(line, number)
+        assert isinstance(event, NamespaceEvent | PodEvent)
+        events.append(event)
+    return events
 
 
 class SimulatedAgents:
@@ -127,26 +147,40 @@ class SimulatedAgents:
         self.process = context.Process(target=_serve_agents, args=(config.model_dump_json(), child), daemon=True)
         self.process.start()
         hello = self._pipe.recv()
+        self._stash: dict[str, list[dict[str, Any]]] = {}  # replies that came while waiting for another
         self.urls = {node: f"http://127.0.0.1:{hello['port']}/nodes/{node}" for node in hello["nodes"]}
 
-    def advance(self, until: float) -> tuple[float, list[NamespaceEvent | PodEvent]]:
+    def request_advance(self, until: float) -> None:
+        """Ask the agents' simulator to run to `until` (it works while this process pulls the previous interval)."""
         self._pipe.send({"op": "advance", "until": until})
-        reply = self._pipe.recv()
-        events: list[NamespaceEvent | PodEvent] = []
-        for number, line in enumerate(reply["events"], start=1):
-            event = parse_trace_line(line, number)
-            assert isinstance(event, NamespaceEvent | PodEvent)
-            events.append(event)
-        return float(reply["clock"]), events
+
+    def _reply(self, op: str) -> dict[str, Any]:
+        """The child's reply to `op`; an advance may be in flight while a fault is injected."""
+        stashed = self._stash.get(op)
+        if stashed:
+            return stashed.pop(0)
+        while True:
+            reply: dict[str, Any] = self._pipe.recv()
+            if reply["op"] == op:
+                return reply
+            self._stash.setdefault(reply["op"], []).append(reply)
+
+    def wait_advance(self) -> tuple[float, list[NamespaceEvent | PodEvent]]:
+        reply = self._reply("advance")
+        return float(reply["clock"]), _events(reply["events"])
+
+    def relist(self) -> list[NamespaceEvent | PodEvent]:
+        """Every pod's and namespace's current state, as a restarted controller's watch would list them."""
+        self._pipe.send({"op": "relist"})
+        return _events(self._reply("relist")["events"])
 
     def fail(self, nodes: dict[str, int]) -> None:
         self._pipe.send({"op": "fail", "nodes": nodes})
-        self._pipe.recv()
+        self._reply("fail")
 
     def truth(self) -> dict[str, Any]:
         self._pipe.send({"op": "truth"})
-        reply: dict[str, Any] = self._pipe.recv()
-        return reply
+        return self._reply("truth")
 
     def close(self) -> None:
         self._pipe.send({"op": "stop"})
@@ -182,11 +216,18 @@ class SimulatedController:
         self.recorder: dict[str, str] = {}  # CR path -> last status written (JSON)
         self.cycles: list[CycleFigures] = []
         self.clock = config.start_time - config.interval_seconds
+        self._requested: float | None = None
 
-    async def cycle(self) -> CycleFigures:
-        until = self.clock + self.status_interval
-        self.clock, events = self.agents.advance(until)
+    async def cycle(self, end: float) -> CycleFigures:
+        """One status interval; the agents simulate the next one meanwhile (unless it would pass `end`)."""
+        if self._requested is None:
+            self.agents.request_advance(self.clock + self.status_interval)
+        self.clock, events = await asyncio.to_thread(self.agents.wait_advance)
         interval_end = time.perf_counter()  # the interval is over: the agents hold its samples
+        self._requested = None
+        if self.clock < end:
+            self._requested = self.clock + self.status_interval
+            self.agents.request_advance(self._requested)
         cpu_before = cpu_seconds()
         for event in events:
             self.engine.observe(event)
@@ -210,10 +251,10 @@ class SimulatedController:
                 changes, size = changes + 1, size + len(status)
         pod_stats = [stat for snapshot in result.snapshots for stat in snapshot.pod_stats]
         await asyncio.to_thread(self.store.record, now, samples, workloads, projects, cluster, pod_stats)
-        figures = CycleFigures(cpu_seconds() - cpu_before, time.perf_counter() - interval_end, len(samples),
-                               changes, size)
-        self.cycles.append(figures)
-        return figures
+        cycle = CycleFigures(cpu_seconds() - cpu_before, time.perf_counter() - interval_end, len(samples),
+                             changes, size)
+        self.cycles.append(cycle)
+        return cycle
 
     def store_bytes(self) -> int:
         return sum(os.path.getsize(path) for path in self.store_path.parent.glob(self.store_path.name + "*"))
