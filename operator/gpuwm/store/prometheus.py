@@ -332,9 +332,7 @@ class PrometheusStore(Store):
                 continue
             answer = self._range(expression, query.start, end, query.step_seconds)
             if not answer and query.by is None:
-                result.append(
-                    Series(metric, scope_labels(query.scope, query.key), [(t, None) for t in grid])
-                )
+                result.append(Series(metric, scope_labels(query.scope, query.key), [(t, None) for t in grid]))
             for item in answer:
                 by_time: dict[int, float] = {}
                 for t, text in item["values"]:
