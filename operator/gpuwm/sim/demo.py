@@ -55,11 +55,15 @@ class DemoOptions:
 class SimulatedController:
     """What the controller does each status interval, fed by the simulator instead of agents."""
 
-    def __init__(self, simulator: Simulator, engine: Engine, store: Store, status_interval_seconds: float) -> None:
+    def __init__(
+        self, simulator: Simulator, engine: Engine, store: Store, status_interval_seconds: float,
+        retention_seconds: float = 7 * 86400.0,
+    ) -> None:
         self.simulator = simulator
         self.engine = engine
         self.store = store
         self.status_interval_seconds = status_interval_seconds
+        self.retention_seconds = retention_seconds
         self.samples: list[GpuSample] = []
         self.pod_stats: list[PodStatsSample] = []
         self.next_record = simulator.config.start_time + status_interval_seconds
@@ -84,7 +88,8 @@ class SimulatedController:
             steps += 1
             if step.t >= self.next_record:
                 self.record(step.t)
-                self.next_record += self.status_interval_seconds
+                while self.next_record <= step.t:
+                    self.next_record += self.status_interval_seconds
         return steps
 
     def record(self, now: float) -> None:
@@ -93,6 +98,9 @@ class SimulatedController:
         self.samples, self.pod_stats = [], []
         self.workloads, self.cluster = workloads, cluster
         self.records += 1
+        for figures in workloads:  # as the controller does: a finished workload is kept for `retention`
+            if figures.end_time is not None and figures.allocated_gpus <= 0 and now - figures.end_time >= self.retention_seconds:
+                self.engine.forget_workload(figures.uid)
 
 
 def _simulator(options: DemoOptions, start: float) -> Simulator:
@@ -132,7 +140,7 @@ async def run_demo(options: DemoOptions) -> int:
             interval_seconds=settings.interval, idle_threshold_percent=settings.idle_threshold_percent,
             project_label=settings.project_label, late_event_window_seconds=settings.late_event_window,
         ))
-        controller = SimulatedController(simulator, engine, store, settings.status_interval)
+        controller = SimulatedController(simulator, engine, store, settings.status_interval, settings.retention)
         app = create_app(store, settings.model_copy(update={"auth": "none", "api_listen": options.listen}))
         server = ApiServer(app, host, port, log_level=settings.log_level)
         await server.start()
