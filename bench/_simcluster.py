@@ -54,6 +54,7 @@ def cpu_seconds() -> float:
 
 @dataclass
 class _AgentBuffer:
+    agent_id: str = "sim-0"
     seq: int = 0
     samples: list[dict[str, Any]] = field(default_factory=list)
     pod_stats: list[dict[str, Any]] = field(default_factory=list)
@@ -78,7 +79,7 @@ async def _agents_main(config: SimConfig, pipe: Connection) -> None:
         # what the controller has read can go (the agent keeps a bounded buffer)
         buffer.samples = [s for s in buffer.samples if s["seq"] > since]
         buffer.pod_stats = [s for s in buffer.pod_stats if s["seq"] > since]
-        body = {"node": node, "seq": buffer.seq, "agent_id": "sim", "truncated": False,
+        body = {"node": node, "seq": buffer.seq, "agent_id": buffer.agent_id, "truncated": False,
                 "samples": buffer.samples, "pod_stats": buffer.pod_stats, "devices": []}
         return web.Response(body=json.dumps(body, separators=(",", ":")), content_type="application/json")
 
@@ -120,6 +121,11 @@ async def _agents_main(config: SimConfig, pipe: Connection) -> None:
         elif command["op"] == "fail":
             failing = dict(command["nodes"])
             pipe.send({"op": "fail"})
+        elif command["op"] == "kill_agents":  # SIGKILL and restart: unread samples are gone, seq starts over
+            for node in command["nodes"]:
+                generation = int(buffers[node].agent_id.rsplit("-", 1)[1]) + 1
+                buffers[node] = _AgentBuffer(agent_id=f"sim-{generation}")
+            pipe.send({"op": "kill_agents"})
         elif command["op"] == "relist":
             pipe.send({"op": "relist", "events": list(latest.values())})
         elif command["op"] == "truth":
@@ -168,6 +174,11 @@ class SimulatedAgents:
     def wait_advance(self) -> tuple[float, list[NamespaceEvent | PodEvent]]:
         reply = self._reply("advance")
         return float(reply["clock"]), _events(reply["events"])
+
+    def kill_agents(self, nodes: list[str]) -> None:
+        """The agents on `nodes` are killed and restarted: what they had not served yet is lost."""
+        self._pipe.send({"op": "kill_agents", "nodes": nodes})
+        self._reply("kill_agents")
 
     def relist(self) -> list[NamespaceEvent | PodEvent]:
         """Every pod's and namespace's current state, as a restarted controller's watch would list them."""

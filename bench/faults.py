@@ -6,8 +6,11 @@ the controller's real AgentPuller, engine, status builder and embedded store her
 - baseline: no faults
 - agent gone: one node's agent stops for 5 minutes (no samples): must be unmonitored, never idle
 - GPU lost: one GPU falls off the bus (healthy=false, no utilisation): likewise
+- agent SIGKILL: a tenth of the agents restart (new agent id, sequence from 0) with the
+  samples they had not served yet lost: at most one status interval becomes unmonitored
 - agent 5xx/429 bursts: a third of the agents answer 503, then another third 429, for a few
   intervals; their samples wait in the agents' buffers and must arrive late, not be lost
+  (the Kubernetes API server's 5xx/429 on status writes are tests/integration/test_controller.py's)
 - controller restart: the controller is dropped mid-interval (after pulling, before saving)
   and a new one starts from the state the controller saves each interval (engine state and
   agent positions), as after a SIGKILL; it must re-read what it had not saved
@@ -112,6 +115,17 @@ def bursts(agents_nodes: list[str]) -> Hook:
     return hook
 
 
+def kill_agents_at(cycle: int, nodes: list[str]) -> Hook:
+    """SIGKILL the agents on `nodes` half-way through an interval (their unread samples are lost)."""
+
+    async def hook(controller: SimulatedController, index: int) -> SimulatedController:
+        if index == cycle:
+            controller.agents.kill_agents(nodes)
+        return controller
+
+    return hook
+
+
 def restart_at(cycle: int, state_path_of: Callable[[SimulatedController], Path]) -> Hook:
     async def hook(controller: SimulatedController, index: int) -> SimulatedController:
         if index != cycle:
@@ -161,6 +175,7 @@ def main() -> None:
         ("baseline", base, None),
         ("agent gone 5 min", base.model_copy(update={"outages": (outage,)}), None),
         ("GPU lost", base.model_copy(update={"gpu_losses": (loss,)}), None),
+        ("agent SIGKILL (a tenth of the nodes)", base, kill_agents_at(5, names[::10])),
         ("agent 503/429 bursts", base, bursts(names)),
         ("controller restart mid-interval", base, restart_at(6, state_file)),
     ]
