@@ -41,13 +41,16 @@ class DeviceHolder(BaseModel):
     units: float | None = Field(default=None, gt=0, le=1)
 
     @property
-    def pod_key(self) -> str | None:
-        """How the holder names its pod: the UID when the agent knew it, else `namespace/name` (pod-resources)."""
-        if self.pod_uid:
-            return self.pod_uid
+    def pod_keys(self) -> tuple[str, ...]:
+        """How the holder names its pod: its UID (cgroups, kubelet stats) and/or `namespace/name` (pod-resources)."""
+        keys = [self.pod_uid] if self.pod_uid else []
         if self.namespace and self.pod:
-            return f"{self.namespace}/{self.pod}"
-        return None
+            keys.append(f"{self.namespace}/{self.pod}")
+        return tuple(keys)
+
+    @property
+    def pod_key(self) -> str | None:
+        return self.pod_keys[0] if self.pod_keys else None
 
 
 _ALIASES = {
@@ -305,10 +308,10 @@ def sorted_samples(snapshots: Sequence[Snapshot]) -> list[GpuSample]:
 
 
 def index_holders(holders_by_node: Mapping[str, list[DeviceHolder]]) -> dict[str, list[DeviceHolder]]:
-    """Holders by pod (UID, or namespace/name where the agent only had pod-resources)."""
+    """Holders by pod, under each name the agent gave (UID and namespace/name): one holder may be listed twice."""
     by_pod: dict[str, list[DeviceHolder]] = {}
     for holders in holders_by_node.values():
         for holder in holders:
-            if holder.pod_key:
-                by_pod.setdefault(holder.pod_key, []).append(holder)
+            for key in holder.pod_keys:
+                by_pod.setdefault(key, []).append(holder)
     return by_pod

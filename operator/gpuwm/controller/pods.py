@@ -9,7 +9,7 @@ time the pod started, and the engine places it there (within its late-event wind
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Container, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,16 +114,25 @@ def track_pod(
     )
 
 
-def device_allocations(pod: TrackedPod, holders: Iterable[DeviceHolder]) -> list[DeviceAllocation]:
+def device_allocations(
+    pod: TrackedPod, holders: Iterable[DeviceHolder], known_uids: Container[str] = ()
+) -> list[DeviceAllocation]:
     """The devices the agents saw this pod hold, each with its units.
 
     The agent's own units win where it gives them: it knows the MIG slice size from NVML and the
     time-slicing replica count from the kubelet's allocatable devices. Otherwise a container's
     requested units are split evenly over the devices it holds (2 GPUs -> 1 each; one MIG slice ->
     its fraction; one time-sliced replica -> 1/replicas). Two replicas of one GPU add up.
+    A holder matches by UID, or by namespace/name when its UID is unknown (pod-resources gives none).
     """
-    by_name = f"{pod.namespace}/{pod.name}"
-    mine = [holder for holder in holders if holder.pod_key in {pod.uid, by_name}]
+    unique = {id(holder): holder for holder in holders}.values()
+    mine = [
+        holder for holder in unique
+        if holder.pod_uid == pod.uid
+        # by name where the agent had no UID, or a UID of no pod we know (a stale or test-made one)
+        or (holder.namespace == pod.namespace and holder.pod == pod.name
+            and (holder.pod_uid is None or holder.pod_uid not in known_uids))
+    ]
     if not mine:
         return []
     per_container: dict[str | None, int] = {}

@@ -159,7 +159,7 @@ class ControllerRuntime:
 
     def _send(self, pod: TrackedPod) -> None:
         holders = self.holders_by_pod.get(pod.uid, []) + self.holders_by_pod.get(f"{pod.namespace}/{pod.name}", [])
-        devices = device_allocations(pod, holders)
+        devices = device_allocations(pod, holders, self.pods)
         key = json.dumps(state_key(pod, devices))
         if self.sent.get(pod.uid) == key:
             return

@@ -127,6 +127,7 @@ class ObjectStore:
     """Objects per (group, plural), a global resourceVersion, and a bounded event history for watches."""
 
     def __init__(self, history_size: int = 20_000) -> None:
+        self.keep_client_uids = False
         self.resource_version = 0
         self.objects: dict[tuple[str, str], dict[tuple[str, str], dict[str, Any]]] = {}
         self.history: deque[tuple[int, ResourceType, str, dict[str, Any]]] = deque(maxlen=history_size)
@@ -180,7 +181,9 @@ class ObjectStore:
             metadata["namespace"] = namespace
         else:
             metadata.pop("namespace", None)
-        metadata["uid"] = str(uuid.uuid4())
+        # the real server always assigns the uid; `keep_client_uids` is a test knob for fixtures whose
+        # UIDs are fixed elsewhere (the fake NVML's cgroup paths name pod UIDs)
+        metadata["uid"] = str(metadata["uid"]) if self.keep_client_uids and metadata.get("uid") else str(uuid.uuid4())
         metadata["creationTimestamp"] = now_rfc3339()
         metadata["generation"] = 1
         metadata.pop("deletionTimestamp", None)
