@@ -86,7 +86,8 @@ def tune_kopf(settings: kopf.OperatorSettings, gpuwm_settings: Settings) -> None
     settings.networking.request_timeout = 60
     settings.networking.connect_timeout = 30
     settings.networking.error_backoffs = [1, 2, 4, 8, 16, 30, 60]  # 429/5xx on kopf's own calls
-    settings.batching.error_delays = [1, 2, 5, 10, 30, 60]  # a watch stream that keeps failing
+    queueing = getattr(settings, "queueing", None) or settings.batching  # renamed in kopf 1.38
+    queueing.error_delays = [1, 2, 5, 10, 30, 60]  # a watch stream that keeps failing
     settings.peering.name = gpuwm_settings.peering_name
     settings.peering.mandatory = False  # no peering CRD installed: run alone, with a warning
     settings.peering.standalone = gpuwm_settings.standalone

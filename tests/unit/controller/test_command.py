@@ -1,0 +1,38 @@
+"""`gpuwm controller` options and the kopf settings it runs with."""
+
+from __future__ import annotations
+
+import logging
+
+import kopf
+import pytest
+
+from gpuwm.cli import build_parser
+from gpuwm.config import ConfigError, Settings
+from gpuwm.controller.command import FIELDS, check_settings
+from gpuwm.controller.handlers import tune_kopf
+
+
+def test_flags_cover_the_controller_settings() -> None:
+    arguments = build_parser().parse_args([
+        "controller", "--status-interval", "5s", "--retention", "2d", "--agents", "static:n1=http://a:9400",
+        "--project-label", "team", "--resource-names", "nvidia.com/gpu,amd.com/gpu", "--standalone",
+    ])
+    assert arguments.verb == "controller" and arguments.status_interval == "5s" and arguments.standalone is True
+    assert all(name in Settings.model_fields for name in FIELDS)
+
+
+def test_bad_agents_option_names_the_flag() -> None:
+    with pytest.raises(ConfigError, match="--agents"):
+        check_settings(Settings(agents="dns:whatever"))
+
+
+def test_kopf_settings_ride_out_api_trouble() -> None:
+    settings = kopf.OperatorSettings()
+    tune_kopf(settings, Settings(standalone=True, namespace="ml"))
+    assert settings.posting.level == logging.WARNING  # no Event per handler log line on users' pods
+    assert settings.watching.server_timeout and settings.watching.client_timeout
+    assert settings.watching.client_timeout > settings.watching.server_timeout
+    assert isinstance(settings.networking.error_backoffs, list) and settings.networking.error_backoffs[-1] >= 30  # 429/5xx retried with growing backoff
+    assert settings.peering.standalone is True and settings.peering.mandatory is False
+    assert settings.peering.clusterwide is False and settings.peering.name == "gpuwm"
