@@ -33,7 +33,7 @@ from gpuwm.sim.workloads import ALL_NAMESPACES, SimWorkload, new_workload, pick_
 #: how often queued workloads are offered to the scheduler (simulated seconds)
 PLACEMENT_EVERY_SECONDS = 5.0
 #: mean lifetime (capped at this) used to set the arrival rate for the occupancy target
-_HORIZON_SECONDS = 6 * 3600.0
+_HORIZON_SECONDS = 2 * 3600.0
 
 
 _sample = GpuSample.model_validate  # validating a dict is faster than model_construct in pydantic 2
@@ -263,6 +263,9 @@ class Simulator:
                 step.events.extend(self._pod_event(workload, i, t, phase) for i in range(len(workload.pods)))
                 self._placement_due = min(self._placement_due, t)
         while self._next_arrival <= t:
+            if len(self.pending) >= max(20, 2 * len(self.nodes)):  # a queue this long: users submit elsewhere
+                self._next_arrival += self.rng.expovariate(self._arrivals_per_second)
+                continue
             workload = self._new_workload(t)
             self.pending.append(workload)
             self.truth_ledger.track(workload.uid)
