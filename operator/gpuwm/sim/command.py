@@ -37,7 +37,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--speed", type=float, default=60.0, help="simulated seconds per real second (default 60)")
     parser.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT of the API and dashboard")
     parser.add_argument("--seed", type=int, default=1, help="random seed: the same seed gives the same run")
-    parser.add_argument("--warmup", default="30m", help="simulated history before now, computed at start (default 30m)")
+    parser.add_argument("--warmup", default="20m", help="simulated history before now, computed at start (default 20m)")
     parser.add_argument("--store", default=None, help="embedded store file (default: a temporary file)")
     parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=False,
                         help="an agent outage and a lost GPU during the warm-up")
