@@ -93,7 +93,7 @@ def _once(agent: Agent) -> int:
 
 
 def _serve(agent: Agent, settings: Settings) -> int:
-    from gpuwm.agent.metrics import build_registry
+    from gpuwm.agent.metrics import MetricsRenderer
     from gpuwm.agent.server import AgentHTTPServer, parse_listen, serve_in_thread
 
     try:
@@ -101,7 +101,7 @@ def _serve(agent: Agent, settings: Settings) -> int:
     except ValueError as error:
         raise ConfigError(f"invalid option: {error}") from None
     try:
-        server = AgentHTTPServer(address, agent, build_registry(agent))
+        server = AgentHTTPServer(address, agent, MetricsRenderer(agent).render)
     except OSError as error:
         log.error("cannot listen on %s: %s; pick a free port with --listen", settings.listen, error)
         return 1

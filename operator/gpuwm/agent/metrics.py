@@ -1,26 +1,32 @@
-"""`/metrics`: one Collector that renders the agent's cached state (no NVML or gRPC call per scrape).
+"""`/metrics`: the agent's cached state in the Prometheus text format (no NVML or gRPC call per scrape).
 
 Labels are fixed and few: node, gpu, uuid, model, mig_profile, and namespace, pod, container of
 the pod that holds the device (empty when none, or when several pods share it).
+
+The text is written here rather than through prometheus-client's `generate_latest`: that escapes
+and sorts every label of every sample on each scrape (~3-5 ms for 8 GPUs, most of the agent's
+scrape cost), while a device's label set changes only when its holder does, so it is escaped once
+and cached. The output is byte for byte what `generate_latest` writes for the same families
+(tests/unit/agent/test_metrics.py checks it against a prometheus-client collector); the agent's
+own `gpuwm_agent_process_*` figures still come from prometheus-client's `ProcessCollector`.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, ProcessCollector
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client.exposition import generate_latest
 
 from gpuwm.agent.core import Agent
-from gpuwm.model import AgentDevice, GpuSample
+from gpuwm.model import AgentDevice, GpuSample, PodStatsSample
 
 GPU_LABELS = ["node", "gpu", "uuid", "model", "mig_profile", "namespace", "pod", "container"]
 POD_LABELS = ["node", "namespace", "pod"]
 
 #: (metric name without prefix, help, GpuSample attribute)
-_GPU_GAUGES = [
+GPU_GAUGES = [
     ("gpu_utilization_percent", "SM utilisation over the last poll interval.", "sm_percent"),
     ("gpu_memory_used_bytes", "Device memory used.", "memory_used_bytes"),
     ("gpu_memory_total_bytes", "Device memory total.", "memory_total_bytes"),
@@ -34,13 +40,71 @@ _GPU_GAUGES = [
     ("gpu_pcie_rx_bytes_per_second", "PCIe receive throughput.", "pcie_rx_bytes_per_second"),
     ("gpu_pcie_tx_bytes_per_second", "PCIe transmit throughput.", "pcie_tx_bytes_per_second"),
 ]
-_POD_GAUGES = [
+#: (metric name without prefix, help, type) of the per-GPU families after the gauges, in order
+GPU_FAMILIES = [
+    ("gpu_healthy", "1 when NVML reads the device without error.", "gauge"),
+    ("gpu_idle_seconds", "Seconds since the device was last at or above the idle threshold.", "gauge"),
+    ("gpu_energy_joules", "The GPU's energy counter since the driver loaded.", "counter"),
+    ("gpu_active_seconds", "Seconds the device was at or above the idle threshold.", "counter"),
+    ("gpu_allocated", "GPU units a container holds on the device.", "gauge"),
+]
+POD_GAUGES = [
     ("cpu_usage_cores", "Pod CPU use, cores.", "cpu_usage_cores"),
     ("memory_used_bytes", "Pod working-set memory.", "memory_used_bytes"),
     ("network_rx_bytes_per_second", "Pod network receive rate.", "network_rx_bytes_per_second"),
     ("network_tx_bytes_per_second", "Pod network transmit rate.", "network_tx_bytes_per_second"),
     ("ephemeral_storage_used_bytes", "Pod ephemeral storage used.", "ephemeral_storage_used_bytes"),
 ]
+#: (metric name without prefix, help, type) of the agent's own node-labelled families, in order
+AGENT_FAMILIES = [
+    ("agent_nvml_up", "1 when NVML is initialised.", "gauge"),
+    ("agent_pod_resources_up", "1 when the last pod-resources List succeeded.", "gauge"),
+    ("agent_poll_seconds", "Duration of the last poll.", "gauge"),
+    ("agent_polls", "Polls completed.", "counter"),
+]
+#: label strings kept per device and holder; past this many the cache starts again (pods come and go)
+_LABEL_CACHE_ENTRIES = 4096
+
+
+def _escape(value: str) -> str:
+    """A label value as the text format writes it (prometheus-client's escaping)."""
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+def _value(number: float) -> str:
+    """A sample value as prometheus-client's `floatToGoString` writes it (Go's exponent rules)."""
+    value = float(number)
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    text = repr(value)
+    dot = text.find(".")
+    if value > 0 and dot > 6:
+        mantissa = f"{text[0]}.{text[1:dot]}{text[dot + 1:]}".rstrip("0.")
+        return f"{mantissa}e+{dot - 1:02d}"
+    return text
+
+
+def _header(name: str, help_text: str, kind: str) -> tuple[str, str]:
+    """(`# HELP` and `# TYPE` lines, sample name) as generate_latest writes them; counters end in _total."""
+    full = f"gpuwm_{name}_total" if kind == "counter" else f"gpuwm_{name}"
+    documentation = help_text.replace("\\", r"\\").replace("\n", r"\n")
+    return f"# HELP {full} {documentation}\n# TYPE {full} {kind}\n", full
+
+
+def _labels(names: list[str], values: list[str]) -> str:
+    """`{a="x",b="y"}` with names sorted, as generate_latest writes them."""
+    pairs = sorted(zip(names, values, strict=True))
+    return "{" + ",".join(f'{name}="{_escape(value)}"' for name, value in pairs) + "}"
+
+
+_GPU_HEADERS = [_header(name, text, "gauge") for name, text, _ in GPU_GAUGES]
+_GPU_ATTRIBUTES = [attribute for _, _, attribute in GPU_GAUGES]
+_HEALTHY, _IDLE, _ENERGY, _ACTIVE, _ALLOCATED = (_header(*family) for family in GPU_FAMILIES)
+_POD_HEADERS = [_header(name, text, "gauge") for name, text, _ in POD_GAUGES]
+_POD_ATTRIBUTES = [attribute for _, _, attribute in POD_GAUGES]
+_AGENT_HEADERS = [_header(*family) for family in AGENT_FAMILIES]
 
 
 def _holder(devices: list[AgentDevice]) -> tuple[str, str, str]:
@@ -48,18 +112,32 @@ def _holder(devices: list[AgentDevice]) -> tuple[str, str, str]:
     return pods.pop() if len(pods) == 1 else ("", "", "")
 
 
-def _gpu_labels(node: str, sample: GpuSample, holder: tuple[str, str, str]) -> list[str]:
-    index = "" if sample.index is None else str(sample.index)
-    return [node, index, sample.uuid, sample.model or "", sample.mig_profile or "", *holder]
+class MetricsRenderer:
+    """Renders the latest poll of an `Agent` as `gpuwm_*` families, plus the agent process's own figures."""
 
-
-class AgentCollector(Collector):
-    """Renders the latest poll of an `Agent` as `gpuwm_*` families."""
-
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Agent, process_metrics: bool = True) -> None:
         self.agent = agent
+        self._process_registry: CollectorRegistry | None = None
+        if process_metrics:
+            self._process_registry = CollectorRegistry(auto_describe=False)
+            ProcessCollector(namespace="gpuwm_agent", registry=self._process_registry)
+        self._gpu_labels: dict[tuple[str | int | None, ...], str] = {}
+        self._node_labels = ""
+        self._node_labels_for: str | None = None
 
-    def collect(self) -> Iterator[Metric]:
+    def _gpu_label_text(self, node: str, sample: GpuSample, holder: tuple[str, str, str]) -> str:
+        key = (node, sample.index, sample.uuid, sample.model, sample.mig_profile, *holder)
+        text = self._gpu_labels.get(key)
+        if text is None:
+            if len(self._gpu_labels) >= _LABEL_CACHE_ENTRIES:
+                self._gpu_labels.clear()
+            index = "" if sample.index is None else str(sample.index)
+            values = [node, index, sample.uuid, sample.model or "", sample.mig_profile or "", *holder]
+            text = self._gpu_labels[key] = _labels(GPU_LABELS, values)
+        return text
+
+    def render(self, now: float | None = None) -> bytes:
+        """The whole `/metrics` body; `now` (epoch seconds) is for the idle-seconds figure."""
         agent = self.agent
         with agent.lock:
             samples = list(agent.state.samples)
@@ -69,69 +147,63 @@ class AgentCollector(Collector):
                         for uuid, c in agent.state.counters.items()}
             poll_seconds, polls_total = agent.state.last_poll_seconds, agent.state.polls_total
         node = agent.node
-        now = time.time()
+        now = time.time() if now is None else now
         by_uuid: dict[str, list[AgentDevice]] = {}
         for device in devices:
             by_uuid.setdefault(device.uuid, []).append(device)
 
-        gauges = {name: GaugeMetricFamily(f"gpuwm_{name}", text, labels=GPU_LABELS) for name, text, _ in _GPU_GAUGES}
-        healthy = GaugeMetricFamily("gpuwm_gpu_healthy", "1 when NVML reads the device without error.", labels=GPU_LABELS)
-        idle = GaugeMetricFamily(
-            "gpuwm_gpu_idle_seconds", "Seconds since the device was last at or above the idle threshold.",
-            labels=GPU_LABELS,
-        )
-        energy = CounterMetricFamily(
-            "gpuwm_gpu_energy_joules", "The GPU's energy counter since the driver loaded.", labels=GPU_LABELS
-        )
-        active = CounterMetricFamily(
-            "gpuwm_gpu_active_seconds", "Seconds the device was at or above the idle threshold.", labels=GPU_LABELS
-        )
-        allocated = GaugeMetricFamily(
-            "gpuwm_gpu_allocated", "GPU units a container holds on the device.", labels=GPU_LABELS
-        )
+        gauges: list[list[str]] = [[header] for header, _ in _GPU_HEADERS]
+        healthy, idle, energy, active, allocated = ([header] for header, _ in (_HEALTHY, _IDLE, _ENERGY, _ACTIVE, _ALLOCATED))
         for sample in samples:
-            labels = _gpu_labels(node, sample, _holder(by_uuid.get(sample.uuid, [])))
-            for name, _, attribute in _GPU_GAUGES:
+            held = by_uuid.get(sample.uuid, [])
+            labels = self._gpu_label_text(node, sample, _holder(held))
+            for lines, (_, name), attribute in zip(gauges, _GPU_HEADERS, _GPU_ATTRIBUTES, strict=True):
                 value = getattr(sample, attribute)
                 if value is not None:
-                    gauges[name].add_metric(labels, float(value))
-            healthy.add_metric(labels, 1.0 if sample.healthy else 0.0)
-            if sample.energy_joules is not None and sample.parent_uuid is None:
-                energy.add_metric(labels, sample.energy_joules)
+                    lines.append(f"{name}{labels} {_value(value)}\n")
+            healthy.append(f"{_HEALTHY[1]}{labels} {'1.0' if sample.healthy else '0.0'}\n")
             active_seconds, last_active_t, first_seen_t = counters.get(sample.uuid, (0.0, None, now))
-            active.add_metric(labels, active_seconds)
-            idle.add_metric(labels, max(0.0, now - (last_active_t if last_active_t is not None else first_seen_t)))
-            for device in by_uuid.get(sample.uuid, []):
+            since = last_active_t if last_active_t is not None else first_seen_t
+            idle.append(f"{_IDLE[1]}{labels} {_value(max(0.0, now - since))}\n")
+            if sample.energy_joules is not None and sample.parent_uuid is None:
+                energy.append(f"{_ENERGY[1]}{labels} {_value(sample.energy_joules)}\n")
+            active.append(f"{_ACTIVE[1]}{labels} {_value(active_seconds)}\n")
+            for device in held:
                 if device.pod:
-                    holder_labels = _gpu_labels(node, sample, (device.namespace or "", device.pod, device.container or ""))
-                    allocated.add_metric(holder_labels, device.units)
-        yield from gauges.values()
-        yield from (healthy, idle, energy, active, allocated)
+                    holder = (device.namespace or "", device.pod, device.container or "")
+                    allocated.append(
+                        f"{_ALLOCATED[1]}{self._gpu_label_text(node, sample, holder)} {_value(device.units)}\n"
+                    )
+        output = [line for lines in gauges for line in lines]
+        for lines in (healthy, idle, energy, active, allocated):
+            output.extend(lines)
+        output.extend(_pod_lines(node, pod_stats))
+        output.extend(self._agent_lines(node, polls_total, poll_seconds))
+        body = "".join(output).encode()
+        if self._process_registry is not None:
+            body += generate_latest(self._process_registry)
+        return body
 
-        pod_families = {name: GaugeMetricFamily(f"gpuwm_{name}", text, labels=POD_LABELS) for name, text, _ in _POD_GAUGES}
-        for stats in pod_stats:
-            for name, _, attribute in _POD_GAUGES:
-                value = getattr(stats, attribute)
-                if value is not None:
-                    pod_families[name].add_metric([node, stats.namespace, stats.pod], float(value))
-        yield from pod_families.values()
-
-        ready = GaugeMetricFamily("gpuwm_agent_nvml_up", "1 when NVML is initialised.", labels=["node"])
-        ready.add_metric([node], 1.0 if agent.nvml_ready else 0.0)
-        pod_resources = GaugeMetricFamily(
-            "gpuwm_agent_pod_resources_up", "1 when the last pod-resources List succeeded.", labels=["node"]
+    def _agent_lines(self, node: str, polls_total: int, poll_seconds: float) -> list[str]:
+        if self._node_labels_for != node:
+            self._node_labels, self._node_labels_for = _labels(["node"], [node]), node
+        labels = self._node_labels
+        agent = self.agent
+        values = (
+            1.0 if agent.nvml_ready else 0.0, 1.0 if agent.pod_resources.healthy else 0.0,
+            poll_seconds, float(polls_total),
         )
-        pod_resources.add_metric([node], 1.0 if agent.pod_resources.healthy else 0.0)
-        poll = GaugeMetricFamily("gpuwm_agent_poll_seconds", "Duration of the last poll.", labels=["node"])
-        poll.add_metric([node], poll_seconds)
-        polls = CounterMetricFamily("gpuwm_agent_polls", "Polls completed.", labels=["node"])
-        polls.add_metric([node], float(polls_total))
-        yield from (ready, pod_resources, poll, polls)
+        return [f"{header}{name}{labels} {_value(value)}\n"
+                for (header, name), value in zip(_AGENT_HEADERS, values, strict=True)]
 
 
-def build_registry(agent: Agent) -> CollectorRegistry:
-    """A registry with the agent's collector and its own CPU/RSS (`gpuwm_agent_process_*`)."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(AgentCollector(agent))
-    ProcessCollector(namespace="gpuwm_agent", registry=registry)
-    return registry
+
+def _pod_lines(node: str, pod_stats: list[PodStatsSample]) -> list[str]:
+    families: list[list[str]] = [[header] for header, _ in _POD_HEADERS]
+    for stats in pod_stats:
+        labels = _labels(POD_LABELS, [node, stats.namespace, stats.pod])
+        for lines, (_, name), attribute in zip(families, _POD_HEADERS, _POD_ATTRIBUTES, strict=True):
+            value = getattr(stats, attribute)
+            if value is not None:
+                lines.append(f"{name}{labels} {_value(value)}\n")
+    return [line for lines in families for line in lines]

@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gpuwm.agent.core import SNAPSHOT_LIMIT_RECORDS, Agent
 
@@ -69,7 +69,7 @@ class _Handler(BaseHTTPRequestHandler):
         agent = self.server.agent
         try:
             if url.path == "/metrics":
-                self._send(200, generate_latest(self.server.registry), CONTENT_TYPE_LATEST)
+                self._send(200, self.server.render_metrics(), CONTENT_TYPE_LATEST)
             elif url.path == "/v1/snapshot":
                 query = parse_qs(url.query)
                 since = _non_negative(query, "since", 0)
@@ -88,13 +88,13 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 class AgentHTTPServer(ThreadingHTTPServer):
-    """Threaded HTTP server bound to one agent."""
+    """Threaded HTTP server bound to one agent; `render_metrics` writes the `/metrics` body."""
 
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], agent: Agent, registry: CollectorRegistry) -> None:
+    def __init__(self, address: tuple[str, int], agent: Agent, render_metrics: Callable[[], bytes]) -> None:
         self.agent = agent
-        self.registry = registry
+        self.render_metrics = render_metrics
         super().__init__(address, _Handler)
 
 
