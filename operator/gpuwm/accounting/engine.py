@@ -22,7 +22,7 @@ import bisect
 import logging
 from collections.abc import Iterable
 
-from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Pod, Point, Stretch, Workload
+from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Pod, Stretch, Workload, sample_values
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import NamespaceEvent, PodEvent, SampleEvent
 
@@ -111,8 +111,7 @@ class EngineCore:
                 return
             self._insert_late_point(gpu, sample)
         else:
-            times.append(t)
-            gpu.points.append(Point.from_sample(sample))
+            gpu.append(sample_values(sample))
             gpu.latest = sample
             if gpu.stretches:
                 self._apply_interval(gpu, len(times) - 1, -INFINITY, INFINITY, gpu.stretches, 1.0)
@@ -138,14 +137,13 @@ class EngineCore:
         self._apply_range(gpu, low, high, stretches, -1.0)
         self._apply_parent_energy(gpu, low, high, children, -1.0)
         self._settle_last_active(gpu, stretches, low, high)
-        point = Point.from_sample(sample)
+        values = sample_values(sample)
         if replacing:
-            gpu.points[index] = point
+            gpu.replace(index, values)
             if index == len(times) - 1:
                 gpu.latest = sample
         else:
-            times.insert(index, t)
-            gpu.points.insert(index, point)
+            gpu.insert(index, values)
         self._apply_range(gpu, low, high, stretches, 1.0)
         self._apply_parent_energy(gpu, low, high, children, 1.0)
 
@@ -294,16 +292,16 @@ class EngineCore:
         if not stretches:
             return
         times = parent.times
-        points = parent.points
+        energies = parent.energy
         index = max(1, bisect.bisect_right(times, low))
         while index < len(times):
             start = times[index - 1]
             if start >= high:
                 break
             end = times[index]
-            point, previous = points[index], points[index - 1]
-            if point.energy is not None and previous.energy is not None:
-                rate = max(0.0, point.energy - previous.energy) / (end - start)
+            energy, previous = energies[index], energies[index - 1]
+            if energy == energy and previous == previous:  # neither is NaN (not reported)
+                rate = max(0.0, energy - previous) / (end - start)
                 cut_start, cut_end = max(start, low), min(end, high)
                 for stretch in stretches:
                     piece = min(cut_end, stretch.end) - max(cut_start, stretch.start)
@@ -333,11 +331,10 @@ class EngineCore:
         share counts W's stretches covering this piece (so taking a piece back after a change
         uses exactly the share it was applied with); without: the device's SM %.
         """
-        point = gpu.points[index]
-        sm = point.sm or 0.0
-        pod_sm = point.pod_sm
+        pod_sm = gpu.pod_sm[index]
         if pod_sm is None:
-            return sm
+            sm = gpu.sm[index]
+            return sm if sm == sm else 0.0
         units = 0.0
         used = 0.0
         seen: set[str] = set()
@@ -349,26 +346,25 @@ class EngineCore:
                     used += pod_sm.get(stretch.pod_uid, 0.0)
         if units <= 0:
             return 0.0
-        share = units / point.device_units
+        share = units / gpu.device_units[index]
         return min(100.0, used / share)
 
     def _apply_interval(
         self, gpu: Gpu, index: int, low: float, high: float, stretches: list[Stretch], sign: float
     ) -> None:
-        points = gpu.points
-        point = points[index]
-        end = point.t
+        times = gpu.times
+        end = times[index]
+        energy: float | None = None
         if index == 0:
             start = -INFINITY
             monitored = False
-            energy = None
         else:
-            previous = points[index - 1]
-            start = previous.t
-            monitored = point.sm is not None and end - start <= self._gap
-            energy = None
-            if point.energy is not None and previous.energy is not None:
-                energy = max(0.0, point.energy - previous.energy) / (end - start)  # joules per second
+            start = times[index - 1]
+            sm = gpu.sm[index]
+            monitored = sm == sm and end - start <= self._gap  # sm is NaN when not reported
+            joules, previous_joules = gpu.energy[index], gpu.energy[index - 1]
+            if joules == joules and previous_joules == previous_joules:
+                energy = max(0.0, joules - previous_joules) / (end - start)  # joules per second
         cut_start = start if start > low else low
         cut_end = end if end < high else high
         cached_key: tuple[Workload, float, float] | None = None
@@ -397,10 +393,10 @@ class EngineCore:
                     stretch.last_active = piece_end
             else:
                 workload.idle_seconds += unit_seconds
-            memory = point.mem_percent
+            memory = gpu.memory[index]
             workload.life_units += unit_seconds
             workload.life_util += unit_seconds * utilization
-            if memory is None:
+            if memory != memory:  # NaN: memory not reported
                 workload.windows.add(piece_start, piece_end, units, units * utilization, 0.0, 0.0)
             else:
                 workload.life_mem_units += unit_seconds
@@ -421,8 +417,8 @@ class EngineCore:
                 start = times[index - 1]
                 if end <= stretch.start:
                     break
-                point = gpu.points[index]
-                if point.sm is not None and end - start <= self._gap and start < low:
+                sm = gpu.sm[index]
+                if sm == sm and end - start <= self._gap and start < low:
                     piece_start, piece_end = max(start, stretch.start), min(end, low, stretch.end)
                     utilization = self._workload_utilization(gpu, index, stretch.workload, piece_start, piece_end)
                     if piece_end > piece_start and utilization >= self._threshold:
@@ -441,9 +437,7 @@ class EngineCore:
         for gpu in self.gpu_records.values():
             keep_from = bisect.bisect_left(gpu.times, boundary) - 1
             if keep_from > 0:
-                del gpu.times[:keep_from]
-                del gpu.points[:keep_from]
-                gpu.pruned = True
+                gpu.forget_before(keep_from)
             if gpu.stretches:
                 for stretch in [s for s in gpu.stretches if s.end < boundary]:
                     self._retire(gpu, stretch)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from gpuwm.accounting.state import INFINITY, Gpu, Pod, Point, Stretch, Workload
+from gpuwm.accounting.state import INFINITY, Gpu, Pod, Stretch, Workload
 from gpuwm.accounting.windows import WindowSums
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import NamespaceEvent, PodEvent
@@ -91,7 +91,7 @@ def save_state(core: Any) -> dict[str, Any]:
         {
             "uuid": gpu.uuid,
             "node": gpu.node,
-            "points": [point.to_list() for point in gpu.points],
+            "points": gpu.rows(),
             "pruned": gpu.pruned,
             "latest": None if gpu.latest is None else gpu.latest.model_dump(mode="json"),
             "stretches": [stretch_id(stretch) for stretch in gpu.stretches],
@@ -192,8 +192,7 @@ def _restore(core: Any, state: dict[str, Any]) -> None:
             core.pods[pod_uid] = pod
     for raw in state["gpus"]:
         gpu = Gpu(raw["uuid"], raw["node"])
-        gpu.points = [Point.from_list(values) for values in raw["points"]]
-        gpu.times = [point.t for point in gpu.points]
+        gpu.load_rows(raw["points"])
         gpu.pruned = bool(raw["pruned"])
         gpu.latest = None if raw["latest"] is None else GpuSample.model_validate(raw["latest"])
         gpu.stretches = [stretches[index] for index in raw["stretches"]]

@@ -115,14 +115,15 @@ class Engine(EngineCore):
         index = self._latest_index(gpu, stretch, now)
         if index is None:
             return None, None, False
-        point = gpu.points[index]
-        if point.sm is None:
-            return None, point.mem_percent, False
+        sm, memory_value, t = gpu.sm[index], gpu.memory[index], gpu.times[index]
+        memory = memory_value if memory_value == memory_value else None  # NaN: not reported
+        if sm != sm:
+            return None, memory, False
         start = max(gpu.times[index - 1], stretch.start)
-        end = min(point.t, stretch.end)
+        end = min(t, stretch.end)
         utilization = self._workload_utilization(gpu, index, stretch.workload, start, end)
-        monitored = now - point.t <= self._gap
-        return utilization, point.mem_percent, monitored
+        monitored = now - t <= self._gap
+        return utilization, memory, monitored
 
     @staticmethod
     def _runs(workload: Workload, now: float) -> list[tuple[float, float]]:

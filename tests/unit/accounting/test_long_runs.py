@@ -37,7 +37,7 @@ def test_two_hours_at_one_hertz_keeps_figures_exact_and_memory_bounded() -> None
     assert f.utilization.avg5m == pytest.approx(exact_5m, rel=1e-6)
     assert f.utilization.avg1m == pytest.approx(exact_1m, rel=1e-6)
     gpu = e.gpu_records["GPU-a"]
-    assert len(gpu.points) <= 200  # only the late window (120 s) of history is kept
+    assert len(gpu.times) <= 200  # only the late window (120 s) of history is kept
     workload = e.workload_records["wl-train"]
     assert len(workload.windows) < 600  # 720 distinct segments an hour would be kept without folding
 
