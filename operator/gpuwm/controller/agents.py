@@ -106,21 +106,36 @@ class _SnapshotPayload(BaseModel):
     devices: list[dict[str, Any]] = Field(default_factory=list)
 
 
-def _snapshot(payload: _SnapshotPayload, expected_node: str) -> Snapshot:
+#: agent's node -> (node it reported, its last `devices` list, the holders built from them): most pulls repeat it
+HolderCache = dict[str, tuple[str, list[dict[str, Any]], list[DeviceHolder]]]
+
+
+def _snapshot(payload: _SnapshotPayload, expected_node: str, holder_cache: HolderCache | None = None) -> Snapshot:
     node = payload.node or expected_node
-    holders = [holder for item in payload.devices for holder in _holders(item, node)]
+    cached = holder_cache.get(expected_node) if holder_cache is not None else None
+    if cached is not None and cached[0] == node and cached[1] == payload.devices:
+        holders = cached[2]  # the same list object: the runtime's attribution check sees no change at once
+    else:
+        holders = [holder for item in payload.devices for holder in _holders(item, node)]
+        if holder_cache is not None:
+            holder_cache[expected_node] = (node, payload.devices, holders)
     return Snapshot(node=node, seq=payload.seq, agent_id=payload.agent_id, samples=payload.samples,
                     holders=holders, pod_stats=payload.pod_stats, more=payload.more, truncated=payload.truncated)
 
 
-def parse_snapshot(payload: Mapping[str, Any] | bytes, expected_node: str) -> Snapshot:
-    """Validate an agent's JSON (parsed or raw bytes); raises ValueError naming the node and the field at fault."""
+def parse_snapshot(
+    payload: Mapping[str, Any] | bytes, expected_node: str, holder_cache: HolderCache | None = None
+) -> Snapshot:
+    """Validate an agent's JSON (parsed or raw bytes); raises ValueError naming the node and the field at fault.
+
+    `holder_cache` (kept by the puller) skips re-validating device holders an agent repeats unchanged.
+    """
     try:
         if isinstance(payload, bytes | bytearray):
             parsed = _SnapshotPayload.model_validate_json(payload)
         else:
             parsed = _SnapshotPayload.model_validate(payload)
-        return _snapshot(parsed, expected_node)
+        return _snapshot(parsed, expected_node, holder_cache)
     except (ValidationError, TypeError, ValueError, AttributeError) as error:
         raise ValueError(f"agent for node {expected_node!r} sent a malformed snapshot: {error}") from None
 
@@ -207,6 +222,7 @@ class AgentPuller:
         self._max_concurrency = max_concurrency
         self._session: aiohttp.ClientSession | None = None
         self.state: dict[str, AgentState] = {}
+        self._holder_cache: HolderCache = {}
 
     async def close(self) -> None:
         if self._session is not None:
@@ -231,6 +247,8 @@ class AgentPuller:
             connector = aiohttp.TCPConnector(limit=self._max_concurrency)
             self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
         nodes = sorted(agents)
+        for gone in self._holder_cache.keys() - agents.keys():
+            del self._holder_cache[gone]
         outcomes = await asyncio.gather(*(self._pull(node, agents[node]) for node in nodes))
         result = PullResult()
         for node, outcome in zip(nodes, outcomes, strict=True):
@@ -285,7 +303,7 @@ class AgentPuller:
             if response.status != 200:
                 raise ValueError(f"HTTP {response.status} from {base_url}/v1/snapshot")
             payload = await response.read()
-        return parse_snapshot(payload, node)
+        return parse_snapshot(payload, node, self._holder_cache)
 
 
 def agent_url_of_pod(pod: Mapping[str, Any], port: int) -> tuple[str, str] | None:

@@ -199,12 +199,11 @@ def build_rows(
 
     groups: dict[SeriesKey, _Group] = {}
 
-    def group(kind: str, key: str, labels: dict[str, str]) -> _Group:
-        found = groups.get((kind, key))
-        if found is None:
-            found = groups[(kind, key)] = _Group(labels=labels)
+    def new_group(kind: str, key: str, labels: dict[str, str]) -> _Group:
+        found = groups[(kind, key)] = _Group(labels=labels)
         return found
 
+    # `groups.get(...) or new_group(...)`: the labels are built only for a new series (a _Group is truthy)
     held_uuids: set[str] = set()
     for workload in workloads:
         base = {
@@ -213,9 +212,13 @@ def build_rows(
             "workload_uid": workload.uid,
             "project": workload.project,
         }
-        group("workload", workload.uid, dict(base)).energy_joules = workload.energy_joules
-        group("workload", workload.uid, base).idle_seconds = workload.idle_seconds
-        project_group = group("project", workload.project, {"project": workload.project})
+        workload_group = groups.get(("workload", workload.uid)) or new_group("workload", workload.uid, dict(base))
+        workload_group.energy_joules = workload.energy_joules
+        workload_group.idle_seconds = workload.idle_seconds
+        project_name = workload.project
+        project_group = groups.get(("project", project_name)) or new_group(
+            "project", project_name, {"project": project_name}
+        )
         project_group.idle_seconds = max(project_group.idle_seconds or 0.0, workload.idle_seconds)
         pod_names = {pod.uid: pod.name for pod in workload.pods}
         for gpu in workload.gpus:
@@ -236,46 +239,52 @@ def build_rows(
             )
             pod_uid = gpu.pod_uid or ""
             pod_name = gpu.pod or pod_names.get(pod_uid, "")
-            gpu_labels = {
+            node = gpu.node
+            gpu_key = f"{gpu.uuid}|{pod_uid}"
+            gpu_group = groups.get(("gpu", gpu_key)) or new_group("gpu", gpu_key, {
                 **base,
-                "node": gpu.node,
+                "node": node,
                 "pod": pod_name,
                 "gpu": _index_label(gpu.index, sample),
                 "uuid": gpu.uuid,
                 "model": gpu.model or (sample.model if sample is not None and sample.model else ""),
-            }
-            group("gpu", f"{gpu.uuid}|{pod_uid}", gpu_labels).parts.append(part)
-            pod_group = group(
-                "pod", pod_uid or f"{workload.uid}/{pod_name}", {**base, "pod": pod_name, "node": gpu.node}
+            })
+            gpu_group.parts.append(part)
+            pod_key = pod_uid or f"{workload.uid}/{pod_name}"
+            pod_group = groups.get(("pod", pod_key)) or new_group(
+                "pod", pod_key, {**base, "pod": pod_name, "node": node}
             )
             pod_group.parts.append(part)
             pod_group.pods.add(pod_uid)
             pod_group.idle_seconds = workload.idle_seconds
-            workload_group = group("workload", workload.uid, base)
             workload_group.parts.append(part)
             workload_group.pods.add(pod_uid)
-            node_group = group("workload_node", f"{workload.uid}|{gpu.node}", {**base, "node": gpu.node})
+            node_key = f"{workload.uid}|{node}"
+            node_group = groups.get(("workload_node", node_key)) or new_group(
+                "workload_node", node_key, {**base, "node": node}
+            )
             node_group.parts.append(part)
             node_group.pods.add(pod_uid)
             node_group.idle_seconds = workload.idle_seconds
             project_group.parts.append(part)
             project_group.pods.add(pod_uid)
-            project_node = group(
-                "project_node",
-                f"{workload.project}|{gpu.node}",
-                {"project": workload.project, "node": gpu.node},
+            project_node_key = f"{project_name}|{node}"
+            project_node = groups.get(("project_node", project_node_key)) or new_group(
+                "project_node", project_node_key, {"project": project_name, "node": node}
             )
             project_node.parts.append(part)
             project_node.pods.add(pod_uid)
             project_node.idle_seconds = max(project_node.idle_seconds or 0.0, workload.idle_seconds)
-            node_total = group("node", gpu.node, {"node": gpu.node})
+            node_total = groups.get(("node", node)) or new_group("node", node, {"node": node})
             node_total.idle_seconds = max(node_total.idle_seconds or 0.0, workload.idle_seconds)
             node_total.pods.add(pod_uid)
-            cluster_group = group("cluster", "", {})
+            cluster_group = groups.get(("cluster", "")) or new_group("cluster", "", {})
             cluster_group.idle_seconds = max(cluster_group.idle_seconds or 0.0, workload.idle_seconds)
             cluster_group.pods.add(pod_uid)
     for project in projects:
-        project_group = group("project", project.name, {"project": project.name})
+        project_group = groups.get(("project", project.name)) or new_group(
+            "project", project.name, {"project": project.name}
+        )
         project_group.energy_joules = project.energy_joules
 
     # node and cluster rows see every device once, held or not, whole (share 1)
@@ -314,16 +323,26 @@ def build_rows(
                 "pod": "",
                 "model": free.model or "",
             }
-            group("gpu", f"{uuid}|", free_labels).parts.append(device_parts[uuid])
+            (groups.get(("gpu", f"{uuid}|")) or new_group("gpu", f"{uuid}|", free_labels)).parts.append(
+                device_parts[uuid]
+            )
     for part in device_parts.values():
-        group("node", part.node, {"node": part.node}).parts.append(part)
-        group("cluster", "", {}).parts.append(part)
+        (groups.get(("node", part.node)) or new_group("node", part.node, {"node": part.node})).parts.append(part)
+        (groups.get(("cluster", "")) or new_group("cluster", "", {})).parts.append(part)
 
     rows: dict[SeriesKey, SeriesRow] = {}
     energy_column = METRIC_INDEX["gpu_energy_joules"]
     idle_column = METRIC_INDEX["gpu_idle_seconds"]
+    # a one-pod workload on one node has the same parts in its pod, workload and workload_node
+    # series: aggregate each distinct set of parts once
+    aggregated: dict[tuple[bool, tuple[int, ...]], Values] = {}
     for (kind, key), found in groups.items():
-        values = _aggregate(found.parts, per_device=kind in ("node", "cluster"))
+        per_device = kind in ("node", "cluster")
+        identity = (per_device, tuple(map(id, found.parts)))
+        known_values = aggregated.get(identity)
+        if known_values is None:
+            known_values = aggregated[identity] = _aggregate(found.parts, per_device=per_device)
+        values = list(known_values)
         if kind in ("workload", "project"):
             values[energy_column] = found.energy_joules
         elif kind in ("gpu", "node", "cluster"):
@@ -332,7 +351,7 @@ def build_rows(
             values[idle_column] = found.parts[0].idle_seconds if found.parts else None
         else:
             values[idle_column] = found.idle_seconds
-        if kind != "gpu" and found.pods:
+        if kind != "gpu" and found.pods and stats_by_pod:
             _fill_pod_stats(values, [stats_by_pod[uid] for uid in found.pods if uid in stats_by_pod])
         rows[(kind, key)] = SeriesRow(labels=found.labels, values=values)
     return rows
