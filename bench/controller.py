@@ -37,7 +37,7 @@ from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator  # noqa
 
 from gpuwm.config import Settings  # noqa: E402
 from gpuwm.controller.kube import KubeClient  # noqa: E402
-from gpuwm.controller.runtime import ControllerRuntime  # noqa: E402
+from gpuwm.controller.runtime import ControllerRuntime, tune_garbage_collector  # noqa: E402
 
 NAMESPACES = 40
 
@@ -126,6 +126,7 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         from gpuwm.store import open_store
 
         runtime.store = open_store(settings.store)
+    tune_garbage_collector()  # as the controller's startup does, before the pods watch delivers the pods
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 5))
     cpu0, wall0 = time.process_time(), time.perf_counter()
     for namespace, name, node, gpus in plan:

@@ -23,7 +23,7 @@ from gpuwm.config import Settings
 from gpuwm.controller import recovery
 from gpuwm.controller.agents import PodAgents, agent_url_of_pod, parse_agents_spec
 from gpuwm.controller.kube import KubeClient
-from gpuwm.controller.runtime import ControllerRuntime
+from gpuwm.controller.runtime import ControllerRuntime, tune_garbage_collector
 from gpuwm.controller.units import requests_gpu
 
 logger = logging.getLogger("gpuwm.controller")
@@ -113,6 +113,7 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **kwargs
         runtime.agent_pod_urls = lambda: {str(node): str(next(iter(urls))) for node, urls in index.items() if urls}
     source = await recovery.restore(runtime)
     runtime.store = _open_store(gpuwm_settings)
+    tune_garbage_collector()
     RUNTIME = runtime
     _TASKS.append(asyncio.create_task(_delayed_cycles(runtime), name="gpuwm status cycles"))
     _TASKS.append(asyncio.create_task(runtime.writer.run(), name="gpuwm status writer"))
