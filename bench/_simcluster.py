@@ -76,9 +76,9 @@ async def _agents_main(config: SimConfig, pipe: Connection) -> None:
             return web.Response(status=failing[node], text="injected failure")
         buffer = buffers[node]
         since = int(request.query.get("since", "0"))
-        # what the controller has read can go (the agent keeps a bounded buffer)
-        buffer.samples = [s for s in buffer.samples if s["seq"] > since]
-        buffer.pod_stats = [s for s in buffer.pod_stats if s["seq"] > since]
+        if since <= buffer.seq:  # what the controller has read can go (a since from before a restart is not ours)
+            buffer.samples = [s for s in buffer.samples if s["seq"] > since]
+            buffer.pod_stats = [s for s in buffer.pod_stats if s["seq"] > since]
         body = {"node": node, "seq": buffer.seq, "agent_id": buffer.agent_id, "truncated": False,
                 "samples": buffer.samples, "pod_stats": buffer.pod_stats, "devices": []}
         return web.Response(body=json.dumps(body, separators=(",", ":")), content_type="application/json")
@@ -117,15 +117,13 @@ async def _agents_main(config: SimConfig, pipe: Connection) -> None:
                     buffer.seq += 1
                     record["seq"] = buffer.seq
                     (buffer.samples if is_sample else buffer.pod_stats).append(record)
+            for node in command.get("kill", ()):  # SIGKILL and restart: what it had not served is gone
+                generation = int(buffers[node].agent_id.rsplit("-", 1)[1]) + 1
+                buffers[node] = _AgentBuffer(agent_id=f"sim-{generation}")
             pipe.send({"op": "advance", "clock": simulator.clock, "events": events})
         elif command["op"] == "fail":
             failing = dict(command["nodes"])
             pipe.send({"op": "fail"})
-        elif command["op"] == "kill_agents":  # SIGKILL and restart: unread samples are gone, seq starts over
-            for node in command["nodes"]:
-                generation = int(buffers[node].agent_id.rsplit("-", 1)[1]) + 1
-                buffers[node] = _AgentBuffer(agent_id=f"sim-{generation}")
-            pipe.send({"op": "kill_agents"})
         elif command["op"] == "relist":
             pipe.send({"op": "relist", "events": list(latest.values())})
         elif command["op"] == "truth":
@@ -154,11 +152,13 @@ class SimulatedAgents:
         self.process.start()
         hello = self._pipe.recv()
         self._stash: dict[str, list[dict[str, Any]]] = {}  # replies that came while waiting for another
+        self._kill_next: list[str] = []
         self.urls = {node: f"http://127.0.0.1:{hello['port']}/nodes/{node}" for node in hello["nodes"]}
 
     def request_advance(self, until: float) -> None:
         """Ask the agents' simulator to run to `until` (it works while this process pulls the previous interval)."""
-        self._pipe.send({"op": "advance", "until": until})
+        self._pipe.send({"op": "advance", "until": until, "kill": self._kill_next})
+        self._kill_next = []
 
     def _reply(self, op: str) -> dict[str, Any]:
         """The child's reply to `op`; an advance may be in flight while a fault is injected."""
@@ -176,9 +176,9 @@ class SimulatedAgents:
         return float(reply["clock"]), _events(reply["events"])
 
     def kill_agents(self, nodes: list[str]) -> None:
-        """The agents on `nodes` are killed and restarted: what they had not served yet is lost."""
-        self._pipe.send({"op": "kill_agents", "nodes": nodes})
-        self._reply("kill_agents")
+        """The agents on `nodes` are killed and restarted at the end of the next interval requested,
+        before the controller pulls it: that interval's samples from them are lost."""
+        self._kill_next = list(nodes)
 
     def relist(self) -> list[NamespaceEvent | PodEvent]:
         """Every pod's and namespace's current state, as a restarted controller's watch would list them."""

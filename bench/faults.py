@@ -16,6 +16,7 @@ the controller's real AgentPuller, engine, status builder and embedded store her
   agent positions), as after a SIGKILL; it must re-read what it had not saved
 
 Prints, per scenario: allocated GPU-seconds (truth vs reported), lost = truth - reported,
+lost_monitored = monitored (active + idle) time the pipeline turned into unmonitored,
 idle and unmonitored (truth vs reported), late samples dropped. Target: lost <= one status
 interval's GPU-seconds; unmonitored time never counted as idle.
 
@@ -89,6 +90,7 @@ async def run_scenario(name: str, config: SimConfig, duration: float, status_int
         "reported_allocated_gpu_s": sum(w.allocated_gpu_seconds for w in reported),
         "lost_gpu_s": lost["allocated"],
         "lost_active_gpu_s": lost["active"],
+        "lost_monitored_gpu_s": lost["active"] + lost["idle"],
         "truth_idle_gpu_s": truth_idle,
         "reported_idle_gpu_s": sum(w.idle_gpu_seconds for w in reported),
         "truth_unmonitored_gpu_s": lost["truth_unmonitored"],
@@ -116,7 +118,8 @@ def bursts(agents_nodes: list[str]) -> Hook:
 
 
 def kill_agents_at(cycle: int, nodes: list[str]) -> Hook:
-    """SIGKILL the agents on `nodes` half-way through an interval (their unread samples are lost)."""
+    """SIGKILL the agents on `nodes` just before the controller pulls them: the worst case, a whole
+    status interval of their samples is lost."""
 
     async def hook(controller: SimulatedController, index: int) -> SimulatedController:
         if index == cycle:
@@ -141,6 +144,7 @@ def restart_at(cycle: int, state_path_of: Callable[[SimulatedController], Path])
 
 
 COLUMNS = ("scenario", "truth_allocated_gpu_s", "reported_allocated_gpu_s", "lost_gpu_s", "lost_active_gpu_s",
+           "lost_monitored_gpu_s",
            "truth_idle_gpu_s", "reported_idle_gpu_s", "truth_unmonitored_gpu_s", "reported_unmonitored_gpu_s",
            "late_samples_dropped", "one_interval_gpu_s")
 

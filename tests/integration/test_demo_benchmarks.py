@@ -1,0 +1,61 @@
+"""bench/scale.py and bench/faults.py on a tiny cluster: they run, and the controller's pull path loses nothing.
+
+No timing is asserted: the figures the scripts print for speed are for bench/README.md.
+What is asserted is the accounting: GPU-seconds reported through the real AgentPuller,
+engine and store equal the simulator's ground truth, and each fault costs at most what
+its definition allows.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def run_table(script: str, *arguments: str) -> list[dict[str, str]]:
+    result = subprocess.run([sys.executable, str(BENCH / script), *arguments], capture_output=True, text=True,
+                            timeout=240, cwd=BENCH.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("|") and not line.startswith("|---")]
+    header = [cell.strip() for cell in rows[0].strip("|").split("|")]
+    return [dict(zip(header, (cell.strip() for cell in row.strip("|").split("|")), strict=True)) for row in rows[1:]]
+
+
+def test_scale_bench_reports_ground_truth() -> None:
+    (row,) = run_table("scale.py", "--nodes", "4", "--gpus-per-node", "2", "--duration", "3m", "--interval", "5",
+                       "--growth", "")
+    assert float(row["truth_allocated_gpu_s"]) > 0
+    assert abs(float(row["lost_allocated_gpu_s"])) < 1e-3
+    assert abs(float(row["lost_active_gpu_s"])) < 1e-3
+    assert float(row["store_mib"]) > 0 and float(row["bytes_per_row"]) > 0
+
+
+def test_fault_bench_costs_at_most_one_interval() -> None:
+    rows = {row["scenario"]: row for row in run_table(
+        "faults.py", "--nodes", "10", "--gpus-per-node", "2", "--duration", "4m", "--interval", "2")}
+    assert set(rows) == {"baseline", "agent gone 5 min", "GPU lost", "agent SIGKILL (a tenth of the nodes)",
+                         "agent 503/429 bursts", "controller restart mid-interval"}
+    for name, row in rows.items():
+        lost = float(row["lost_gpu_s"])
+        assert abs(lost) <= float(row["one_interval_gpu_s"]), name
+        # unmonitored time is never counted as idle: reported idle never exceeds the truth's
+        assert float(row["reported_idle_gpu_s"]) <= float(row["truth_idle_gpu_s"]) + 0.1, name
+    for name in ("baseline", "agent 503/429 bursts", "controller restart mid-interval", "agent gone 5 min", "GPU lost"):
+        assert abs(float(rows[name]["lost_gpu_s"])) < 0.1, name
+        assert float(rows[name]["reported_unmonitored_gpu_s"]) == pytest.approx(
+            float(rows[name]["truth_unmonitored_gpu_s"]), abs=0.1), name
+    killed = rows["agent SIGKILL (a tenth of the nodes)"]
+    # the killed agent's unread samples (at most one status interval of its node's 2 GPUs, plus the
+    # sample interval that bridges the gap) become unmonitored
+    assert 0 < float(killed["lost_monitored_gpu_s"]) <= 2 * (15.0 + 2.0)
+    assert float(killed["reported_unmonitored_gpu_s"]) == pytest.approx(
+        float(killed["truth_unmonitored_gpu_s"]) + float(killed["lost_monitored_gpu_s"]), abs=0.1)
+    assert float(rows["agent gone 5 min"]["truth_unmonitored_gpu_s"]) > 0
+    assert float(rows["GPU lost"]["truth_unmonitored_gpu_s"]) > 0
