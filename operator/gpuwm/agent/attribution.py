@@ -71,20 +71,21 @@ def attribute(
     samples: list[GpuSample] = []
     devices: list[AgentDevice] = []
     used: dict[tuple[Any, ...], list[AgentDevice]] = {}
+    no_holders: list[Assignment] = []
     for reading in readings:
-        holders = held.get(reading.uuid, [])
+        holders = held.get(reading.uuid, no_holders)
         processes: list[dict[str, Any]] | None = None
         cgroup_pods: set[str] = set()
         if reading.processes is not None:
+            containers = _containers_by_uid(holders, known_uids)
             processes = []
             for raw in reading.processes:
                 reference = pod_of_pid(raw.pid)
-                uid = reference.pod_uid if reference is not None else None
+                uid = None if reference is None else reference.pod_uid
                 if uid is not None:
                     cgroup_pods.add(uid)
                 processes.append({
-                    "pid": raw.pid, "pod_uid": uid,
-                    "container": _container_of(uid, holders, known_uids) if uid is not None else None,
+                    "pid": raw.pid, "pod_uid": uid, "container": containers.get(uid),
                     "sm_percent": raw.sm_percent, "memory_used_bytes": raw.memory_used_bytes,
                 })
         # one holder and one pod seen in its processes: that is the holder's UID
@@ -117,9 +118,14 @@ def attribute(
     return Attributed(samples, devices)
 
 
-def _container_of(pod_uid: str, holders: list[Assignment], known_uids: dict[tuple[str, str], str]) -> str | None:
-    names = {h.container for h in holders if known_uids.get((h.namespace, h.pod)) == pod_uid}
-    return names.pop() if len(names) == 1 else None
+def _containers_by_uid(holders: list[Assignment], known_uids: dict[tuple[str, str], str]) -> dict[str | None, str | None]:
+    """Pod UID -> the container name of the holders in that pod (None when they name several)."""
+    names: dict[str | None, set[str]] = {}
+    for holder in holders:
+        uid = known_uids.get((holder.namespace, holder.pod))
+        if uid is not None:
+            names.setdefault(uid, set()).add(holder.container)
+    return {uid: next(iter(found)) if len(found) == 1 else None for uid, found in names.items()}
 
 
 def _device_entries(

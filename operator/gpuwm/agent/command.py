@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import signal
@@ -92,6 +93,16 @@ def _once(agent: Agent) -> int:
     return 0
 
 
+def _freeze_startup_objects() -> None:
+    """Keep what exists after the first poll (modules, schemas, clients) out of the collector's passes.
+
+    Those objects live as long as the process; a full collection would otherwise walk all ~50k of
+    them (~30 ms on 2 cores) now and then for nothing.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 def _serve(agent: Agent, settings: Settings) -> int:
     from gpuwm.agent.metrics import MetricsRenderer
     from gpuwm.agent.server import AgentHTTPServer, parse_listen, serve_in_thread
@@ -119,7 +130,7 @@ def _serve(agent: Agent, settings: Settings) -> int:
     agent.start_nvml()
     started = time.monotonic()
     try:
-        agent.run(stop)
+        agent.run(stop, after_first_poll=_freeze_startup_objects)
     finally:
         server.shutdown()
         server.server_close()

@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 import uuid as uuid_module
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,8 +175,11 @@ class Agent:
             counters.active_seconds_total += sample.t - previous
         counters.last_active_t = sample.t
 
-    def run(self, stop: threading.Event) -> None:
-        """Poll at a fixed rate until `stop` is set; a poll that fails is logged and the loop goes on."""
+    def run(self, stop: threading.Event, after_first_poll: Callable[[], None] | None = None) -> None:
+        """Poll at a fixed rate until `stop` is set; a poll that fails is logged and the loop goes on.
+
+        `after_first_poll` runs once, when everything a poll loads lazily has been loaded.
+        """
         interval = self.settings.interval
         next_t = time.monotonic()
         while not stop.is_set():
@@ -183,6 +187,9 @@ class Agent:
                 self.poll_once()
             except Exception:
                 log.exception("poll failed; retrying next interval")
+            if after_first_poll is not None:
+                after_first_poll()
+                after_first_poll = None
             next_t += interval
             delay = next_t - time.monotonic()
             if delay < 0:  # fell behind (a slow kubelet or NVML call): skip, do not burst

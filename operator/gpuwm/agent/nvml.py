@@ -35,6 +35,9 @@ _MIB = 1024 * 1024
 #: GPU instance slices of a whole GPU when NVML does not say (A100, H100, H200, B200)
 DEFAULT_MIG_SLICES = 7
 _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+#: pynvml's structs override `__getattribute__` in Python (to decode byte strings), which makes every
+#: field read a Python call; numeric fields need none of that, so the hot loops read them directly
+_field = object.__getattribute__
 
 
 class NvmlUnavailable(RuntimeError):
@@ -276,22 +279,23 @@ class NvmlSampler:
             tx_kbs = _optional(pynvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
         else:  # power is not additive over instances: it stays on the parent GPU's sample
             power_mw = limit_mw = sm_clock = memory_clock = rx_kbs = tx_kbs = None
-        fields = self._identity(device, now)
-        fields.update(
-            healthy=True,
-            sm_percent=sm_percent,
-            memory_used_bytes=None if memory is None else float(memory.used),
-            memory_total_bytes=None if memory is None else float(memory.total),
-            memory_activity_percent=memory_activity_percent,
-            power_watts=None if power_mw is None else power_mw / 1000.0,
-            power_limit_watts=None if limit_mw is None else limit_mw / 1000.0,
-            energy_joules=None if energy_mj is None else energy_mj / 1000.0,
-            temperature_celsius=None if temperature is None else float(temperature),
-            sm_clock_mhz=None if sm_clock is None else float(sm_clock),
-            memory_clock_mhz=None if memory_clock is None else float(memory_clock),
-            pcie_rx_bytes_per_second=None if rx_kbs is None else rx_kbs * 1024.0,
-            pcie_tx_bytes_per_second=None if tx_kbs is None else tx_kbs * 1024.0,
-        )
+        fields = {
+            "t": now, "node": self.node, "uuid": device.uuid, "index": device.index, "model": device.model,
+            "parent_uuid": device.parent_uuid, "mig_profile": device.mig_profile, "device_units": device.device_units,
+            "healthy": True,
+            "sm_percent": sm_percent,
+            "memory_used_bytes": None if memory is None else float(_field(memory, "used")),
+            "memory_total_bytes": None if memory is None else float(_field(memory, "total")),
+            "memory_activity_percent": memory_activity_percent,
+            "power_watts": None if power_mw is None else power_mw / 1000.0,
+            "power_limit_watts": None if limit_mw is None else limit_mw / 1000.0,
+            "energy_joules": None if energy_mj is None else energy_mj / 1000.0,
+            "temperature_celsius": None if temperature is None else float(temperature),
+            "sm_clock_mhz": None if sm_clock is None else float(sm_clock),
+            "memory_clock_mhz": None if memory_clock is None else float(memory_clock),
+            "pcie_rx_bytes_per_second": None if rx_kbs is None else rx_kbs * 1024.0,
+            "pcie_tx_bytes_per_second": None if tx_kbs is None else tx_kbs * 1024.0,
+        }
         return Reading(fields, self._processes(device, sm_percent))
 
     def _utilization(self, device: Device) -> tuple[float | None, float | None]:
@@ -311,15 +315,16 @@ class NvmlSampler:
             value_type, samples = pynvml.nvmlDeviceGetSamples(device.handle, sampling_type, last_seen)
         except (*_UNSUPPORTED, pynvml.NVMLError_NotFound):
             return None
-        # one pass: pynvml's structs make every attribute read a Python call
+        # one pass, reading the struct fields through the plain descriptor (see _field)
         name = _VALUE_FIELDS[value_type] if 0 <= value_type < len(_VALUE_FIELDS) else "uiVal"
         total, count, newest = 0.0, 0, last_seen
         for sample in samples:
-            stamp = sample.timeStamp
+            stamp = _field(sample, "timeStamp")
             if stamp > last_seen:
-                total += float(getattr(sample.sampleValue, name))
+                total += getattr(_field(sample, "sampleValue"), name)
                 count += 1
-                newest = max(newest, stamp)
+                if stamp > newest:
+                    newest = stamp
         if not count:
             return None
         setattr(device, cursor, newest)
@@ -359,12 +364,15 @@ class NvmlSampler:
         except _UNSUPPORTED:
             device.process_utilization_supported = False
             return {}
-        totals: dict[int, list[float]] = {}
+        totals: dict[int, tuple[float, int]] = {}
         cursor = newest = device.process_cursor_us
         for sample in samples:
-            stamp = sample.timeStamp
+            stamp = _field(sample, "timeStamp")
             if stamp > cursor:
-                totals.setdefault(int(sample.pid), []).append(float(sample.smUtil))
-                newest = max(newest, stamp)
+                pid = _field(sample, "pid")
+                total, count = totals.get(pid, (0.0, 0))
+                totals[pid] = (total + _field(sample, "smUtil"), count + 1)
+                if stamp > newest:
+                    newest = stamp
         device.process_cursor_us = newest
-        return {pid: sum(values) / len(values) for pid, values in totals.items()}
+        return {pid: total / count for pid, (total, count) in totals.items()}

@@ -29,6 +29,9 @@ MAX_RECEIVE_BYTES = 64 * 1024 * 1024
 _LIST = "/v1.PodResourcesLister/List"
 _ALLOCATABLE = "/v1.PodResourcesLister/GetAllocatableResources"
 _REPLICA = re.compile(r"^(?P<uuid>.+)::(?P<replica>\d+)$")
+#: replica counts change only with the device plugin's configuration: ask again at most this often
+#: while the List answer stays the same
+ALLOCATABLE_REFRESH_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,8 @@ class PodResourcesClient:
         self.error: str | None = "not listed yet"
         self.list_calls = 0
         self._listed_at = -float("inf")
+        self._list_reply: bytes | None = None  # the last List answer, as received
+        self._allocatable_at = -float("inf")
 
     def _is_gpu(self, resource_name: str) -> bool:
         return any(fnmatch.fnmatchcase(resource_name, pattern) for pattern in self.resource_names)
@@ -93,12 +98,18 @@ class PodResourcesClient:
                 self.socket_path, _LIST, api_pb2.ListPodResourcesRequest().SerializeToString(),
                 self.timeout_seconds, MAX_RECEIVE_BYTES,
             )
-            response = api_pb2.ListPodResourcesResponse.FromString(reply)
             self.list_calls += 1
+            # the same answer as last time (the usual case): nothing to decode or rebuild
+            if self.healthy and reply == self._list_reply and (
+                time.monotonic() - self._allocatable_at < ALLOCATABLE_REFRESH_SECONDS
+            ):
+                return True
+            response = api_pb2.ListPodResourcesResponse.FromString(reply)
         except (GrpcError, DecodeError) as error:
             self._fail(f"pod-resources List on {self.socket_path} failed: {error}")
             return True
         self.assignments = self._assignments(response)
+        self._list_reply = reply
         self._refresh_replicas()
         if not self.healthy:
             log.info("pod-resources connected", extra={"socket": self.socket_path})
@@ -127,6 +138,7 @@ class PodResourcesClient:
 
     def _refresh_replicas(self) -> None:
         """Replicas per GPU from the allocatable device IDs (`GPU-x::0` ... `GPU-x::N-1`)."""
+        self._allocatable_at = time.monotonic()
         try:
             reply = call_unary(
                 self.socket_path, _ALLOCATABLE, api_pb2.AllocatableResourcesRequest().SerializeToString(),

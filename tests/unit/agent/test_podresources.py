@@ -11,6 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gpuwm.agent import podresources
 from gpuwm.agent.podresources import PodResourcesClient, split_device_id
 from gpuwm.config import DEFAULT_RESOURCE_NAMES
 from tests.fakenvml.podresources_server import FakePod, PodResourcesServer
@@ -57,6 +58,28 @@ def test_cached_between_changes(server: PodResourcesServer) -> None:
     assert client.refresh(changed=True)
     assert server.list_calls == 2
     assert [a.pod for a in client.assignments] == ["new"]
+    client.close()
+
+
+def test_an_unchanged_answer_is_not_decoded_again(server: PodResourcesServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Replica counts are asked again when the List answer changes, or after ALLOCATABLE_REFRESH_SECONDS."""
+    server.pods = [FakePod("ns", "a", {"c": [("nvidia.com/gpu.shared", ["GPU-3::0"])]})]
+    server.allocatable = {"nvidia.com/gpu.shared": [f"GPU-3::{i}" for i in range(4)]}
+    client = PodResourcesClient(str(server.socket_path), list(DEFAULT_RESOURCE_NAMES))
+    client.refresh(changed=True)
+    first = client.assignments
+    assert client.replicas == {"GPU-3": 4}
+    server.allocatable = {"nvidia.com/gpu.shared": [f"GPU-3::{i}" for i in range(2)]}
+    assert client.refresh(changed=True)
+    assert client.assignments is first and client.replicas == {"GPU-3": 4}  # same answer: kept as is
+    assert server.list_calls == 2 and client.healthy
+    server.pods = [FakePod("ns", "b", {"c": [("nvidia.com/gpu.shared", ["GPU-3::1"])]})]
+    client.refresh(changed=True)
+    assert [a.pod for a in client.assignments] == ["b"] and client.replicas == {"GPU-3": 2}
+    server.allocatable = {"nvidia.com/gpu.shared": [f"GPU-3::{i}" for i in range(8)]}
+    monkeypatch.setattr(podresources, "ALLOCATABLE_REFRESH_SECONDS", 0.0)
+    client.refresh(changed=True)
+    assert client.replicas == {"GPU-3": 8}
     client.close()
 
 
