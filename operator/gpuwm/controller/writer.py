@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,8 @@ WORKLOAD_PLURAL = "gpuworkloadmetrics"
 PROJECT_PLURAL = "gpuprojectmetrics"
 WORKLOAD_KIND = "GPUWorkloadMetrics"
 PROJECT_KIND = "GPUProjectMetrics"
+#: writes whose lag `WriterStats` keeps
+LAG_HISTORY = 10_000
 
 
 @dataclass
@@ -60,7 +63,8 @@ class WriterStats:
     writes: int = 0
     creates: int = 0
     failures: int = 0
-    lag_seconds: list[float] = field(default_factory=list)
+    #: sample -> CR status lag of the latest writes (bounded: a long-running controller must not grow)
+    lag_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_HISTORY))
 
 
 Key = tuple[str, str | None, str]

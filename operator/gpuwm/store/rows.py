@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 from gpuwm.model import GpuSample, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
@@ -51,7 +52,10 @@ _SHARED_COLUMNS = (
 )
 
 
-@dataclass
+_shared_of = attrgetter(*_SHARED)
+
+
+@dataclass(slots=True)
 class _Part:
     """A device as seen by one holder (or by nobody): the unit of every aggregation.
 
@@ -79,8 +83,8 @@ class _Part:
         if sample is None:
             self.shared = (None,) * len(_SHARED)
             return
-        values = [getattr(sample, attribute) for attribute in _SHARED]
-        self.shared = tuple(None if value is None else value * self.share for value in values)
+        share = self.share
+        self.shared = tuple(None if value is None else value * share for value in _shared_of(sample))
         self.temperature_celsius = sample.temperature_celsius
         self.sm_clock_mhz = sample.sm_clock_mhz
         self.memory_clock_mhz = sample.memory_clock_mhz
