@@ -89,8 +89,12 @@ def run(arguments: argparse.Namespace) -> int:
     except UnicodeDecodeError as error:
         print(f"gpuwm replay: {path}: not UTF-8 text: {error.reason}", file=sys.stderr)
         return 2
-    json.dump(replay(events, config, at), sys.stdout, indent=2)
-    sys.stdout.write("\n")
+    try:
+        json.dump(replay(events, config, at), sys.stdout, indent=2)
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # `gpuwm replay ... | head`: the reader left, nothing is wrong
+        sys.stderr.close()
     return 0
 
 

@@ -34,8 +34,7 @@ class _Sums:
         self.memory_current = [0.0, 0.0]
 
     def add_workload(self, workload: Workload, now: float) -> None:
-        for name, seconds in WINDOW_SECONDS.items():
-            values = workload.windows.window(now - seconds, now)
+        for name, values in zip(WINDOW_SECONDS, workload.windows.windows(now), strict=True):
             totals = self.memory[name]
             for index in range(4):
                 totals[index] += values[index]
@@ -67,7 +66,7 @@ class _Sums:
             memory[name] = self._mean(mem, mem_units)
         utilization["current"] = self._mean(self.current[1], self.current[0])
         memory["current"] = self._mean(self.memory_current[1], self.memory_current[0])
-        return Windows.model_validate(utilization), Windows.model_validate(memory)
+        return Windows(**utilization), Windows(**memory)
 
 
 class Engine(EngineCore):

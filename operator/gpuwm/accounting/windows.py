@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from array import array
 
+import numpy
+
 _STRIDE = 6  # start, end, units, units*util, mem_units, mem_units*mem
 WINDOW_SECONDS: dict[str, float] = {"avg1m": 60.0, "avg5m": 300.0, "avg1h": 3600.0}
 _HORIZON_SECONDS = 3600.0
@@ -22,6 +24,7 @@ _COARSE_BUCKET_SECONDS = 60.0
 _EXACT_SECONDS = 70.0  # segments newer than now-70s stay exact (1m window edge)
 _FINE_SECONDS = 330.0  # segments newer than now-330s go to 5 s buckets (5m window edge)
 _MIN_CAPACITY_SEGMENTS = 256
+_NUMPY_FROM_SEGMENTS = 24  # below this a plain loop is faster than numpy's call overhead
 
 
 class WindowSums:
@@ -93,6 +96,51 @@ class WindowSums:
             mem_units += data[offset + 4] * overlap
             mem += data[offset + 5] * overlap
         return units, util, mem_units, mem
+
+    def windows(self, now: float) -> tuple[list[float], list[float], list[float]]:
+        """The 1m, 5m and 1h windows ending at `now` (what a report needs).
+
+        A busy workload holds a few hundred segments; a report covers thousands of
+        workloads every status interval, so large ones are summed with numpy over a
+        zero-copy view of the array.
+        """
+        data = self._data
+        if len(data) >= _NUMPY_FROM_SEGMENTS * _STRIDE:
+            return self._windows_numpy(now)
+        minute = [0.0, 0.0, 0.0, 0.0]
+        five = [0.0, 0.0, 0.0, 0.0]
+        hour = [0.0, 0.0, 0.0, 0.0]
+        low_minute, low_five, low_hour = now - 60.0, now - 300.0, now - 3600.0
+        for offset in range(0, len(data), _STRIDE):
+            start = data[offset]
+            end = data[offset + 1]
+            if end <= low_hour or start >= now:
+                continue
+            if end > now:
+                end = now
+            rates = data[offset + 2 : offset + 6]
+            overlap = end - (start if start > low_hour else low_hour)
+            for index in range(4):
+                hour[index] += rates[index] * overlap
+            if end > low_five:
+                overlap = end - (start if start > low_five else low_five)
+                for index in range(4):
+                    five[index] += rates[index] * overlap
+                if end > low_minute:
+                    overlap = end - (start if start > low_minute else low_minute)
+                    for index in range(4):
+                        minute[index] += rates[index] * overlap
+        return minute, five, hour
+
+    def _windows_numpy(self, now: float) -> tuple[list[float], list[float], list[float]]:
+        table = numpy.frombuffer(self._data, dtype=numpy.float64).reshape(-1, _STRIDE)
+        starts, ends, rates = table[:, 0], numpy.minimum(table[:, 1], now), table[:, 2:]
+        result = []
+        for seconds in (60.0, 300.0, 3600.0):
+            overlap = ends - numpy.maximum(starts, now - seconds)
+            numpy.maximum(overlap, 0.0, out=overlap)
+            result.append([float(value) for value in overlap @ rates])
+        return result[0], result[1], result[2]
 
     def maintain(self, now: float) -> None:
         """Drop what is older than the longest window; fold old segments when there are many."""
