@@ -126,7 +126,8 @@ class Agent:
         changed = (device_set, pid_set) != self._last_sets
         self._last_sets = (device_set, pid_set)
         self.pod_resources.refresh(changed)
-        self.cgroups.retain(set(pid_set))
+        if changed:  # lookups only happen for PIDs in the set, so an unchanged set has nothing to drop
+            self.cgroups.retain(set(pid_set))
         pod_stats = self._read_kubelet()
         attributed = attribute(
             result.samples,

@@ -60,6 +60,8 @@ class Device:
     memory_util_cursor_us: int = 0
     process_cursor_us: int = 0
     process_utilization_supported: bool = True
+    #: every per-poll figure read without an "unsupported" error so far (one try block per poll)
+    all_supported: bool = True
 
 
 @dataclass(slots=True)
@@ -264,21 +266,35 @@ class NvmlSampler:
 
     def _read(self, device: Device, now: float) -> Reading:
         handle = device.handle
-        memory = _optional(pynvml.nvmlDeviceGetMemoryInfo, handle)
         sm_percent, memory_activity_percent = self._utilization(device)
-        # the chip-wide figures of a MIG instance are its parent's (NVML has none per instance)
-        chip = device.parent_handle if device.parent_handle is not None else handle
-        energy_mj = _optional(pynvml.nvmlDeviceGetTotalEnergyConsumption, chip)
-        temperature = _optional(pynvml.nvmlDeviceGetTemperature, chip, pynvml.NVML_TEMPERATURE_GPU)
-        if device.parent_handle is None:
-            power_mw = _optional(pynvml.nvmlDeviceGetPowerUsage, handle)
-            limit_mw = _optional(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
-            sm_clock = _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)
-            memory_clock = _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM)
-            rx_kbs = _optional(pynvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
-            tx_kbs = _optional(pynvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
-        else:  # power is not additive over instances: it stays on the parent GPU's sample
-            power_mw = limit_mw = sm_clock = memory_clock = rx_kbs = tx_kbs = None
+        if device.all_supported and device.parent_handle is None:
+            try:  # the usual case, one try for all the figures: a whole GPU that reports them all
+                memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+                energy_mj = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
+                temperature = pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
+                power_mw = pynvml.nvmlDeviceGetPowerUsage(handle)
+                limit_mw = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle)
+                sm_clock = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
+                memory_clock = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)
+                rx_kbs = pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+                tx_kbs = pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+            except (*_UNSUPPORTED, pynvml.NVMLError_NotFound):
+                device.all_supported = False  # from now on each figure on its own, as below
+        if not device.all_supported or device.parent_handle is not None:
+            memory = _optional(pynvml.nvmlDeviceGetMemoryInfo, handle)
+            # the chip-wide figures of a MIG instance are its parent's (NVML has none per instance)
+            chip = device.parent_handle if device.parent_handle is not None else handle
+            energy_mj = _optional(pynvml.nvmlDeviceGetTotalEnergyConsumption, chip)
+            temperature = _optional(pynvml.nvmlDeviceGetTemperature, chip, pynvml.NVML_TEMPERATURE_GPU)
+            if device.parent_handle is None:
+                power_mw = _optional(pynvml.nvmlDeviceGetPowerUsage, handle)
+                limit_mw = _optional(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+                sm_clock = _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)
+                memory_clock = _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM)
+                rx_kbs = _optional(pynvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+                tx_kbs = _optional(pynvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+            else:  # power is not additive over instances: it stays on the parent GPU's sample
+                power_mw = limit_mw = sm_clock = memory_clock = rx_kbs = tx_kbs = None
         fields = {
             "t": now, "node": self.node, "uuid": device.uuid, "index": device.index, "model": device.model,
             "parent_uuid": device.parent_uuid, "mig_profile": device.mig_profile, "device_units": device.device_units,
