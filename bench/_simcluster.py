@@ -51,6 +51,9 @@ def cpu_seconds() -> float:
 
 # ----------------------------------------------------------------------------- agents (child)
 
+#: records each simulated agent keeps (per kind); older ones are gone, as from the agent's ring buffer
+RING_RECORDS = 20_000
+
 
 @dataclass
 class _AgentBuffer:
@@ -76,11 +79,9 @@ async def _agents_main(config: SimConfig, pipe: Connection) -> None:
             return web.Response(status=failing[node], text="injected failure")
         buffer = buffers[node]
         since = int(request.query.get("since", "0"))
-        if since <= buffer.seq:  # what the controller has read can go (a since from before a restart is not ours)
-            buffer.samples = [s for s in buffer.samples if s["seq"] > since]
-            buffer.pod_stats = [s for s in buffer.pod_stats if s["seq"] > since]
         body = {"node": node, "seq": buffer.seq, "agent_id": buffer.agent_id, "truncated": False,
-                "samples": buffer.samples, "pod_stats": buffer.pod_stats, "devices": []}
+                "samples": [s for s in buffer.samples if s["seq"] > since],
+                "pod_stats": [s for s in buffer.pod_stats if s["seq"] > since], "devices": []}
         return web.Response(body=json.dumps(body, separators=(",", ":")), content_type="application/json")
 
     app = web.Application()
@@ -117,6 +118,11 @@ async def _agents_main(config: SimConfig, pipe: Connection) -> None:
                     buffer.seq += 1
                     record["seq"] = buffer.seq
                     (buffer.samples if is_sample else buffer.pod_stats).append(record)
+            for buffer in buffers.values():  # a ring buffer, like the agent's: reads do not remove records
+                if len(buffer.samples) > RING_RECORDS:
+                    del buffer.samples[:-RING_RECORDS]
+                if len(buffer.pod_stats) > RING_RECORDS:
+                    del buffer.pod_stats[:-RING_RECORDS]
             for node in command.get("kill", ()):  # SIGKILL and restart: what it had not served is gone
                 generation = int(buffers[node].agent_id.rsplit("-", 1)[1]) + 1
                 buffers[node] = _AgentBuffer(agent_id=f"sim-{generation}")
@@ -152,13 +158,13 @@ class SimulatedAgents:
         self.process.start()
         hello = self._pipe.recv()
         self._stash: dict[str, list[dict[str, Any]]] = {}  # replies that came while waiting for another
-        self._kill_next: list[str] = []
+        self.kill_next: list[str] = []
         self.urls = {node: f"http://127.0.0.1:{hello['port']}/nodes/{node}" for node in hello["nodes"]}
 
     def request_advance(self, until: float) -> None:
         """Ask the agents' simulator to run to `until` (it works while this process pulls the previous interval)."""
-        self._pipe.send({"op": "advance", "until": until, "kill": self._kill_next})
-        self._kill_next = []
+        self._pipe.send({"op": "advance", "until": until, "kill": self.kill_next})
+        self.kill_next = []
 
     def _reply(self, op: str) -> dict[str, Any]:
         """The child's reply to `op`; an advance may be in flight while a fault is injected."""
@@ -178,7 +184,7 @@ class SimulatedAgents:
     def kill_agents(self, nodes: list[str]) -> None:
         """The agents on `nodes` are killed and restarted at the end of the next interval requested,
         before the controller pulls it: that interval's samples from them are lost."""
-        self._kill_next = list(nodes)
+        self.kill_next = list(nodes)
 
     def relist(self) -> list[NamespaceEvent | PodEvent]:
         """Every pod's and namespace's current state, as a restarted controller's watch would list them."""
@@ -236,7 +242,7 @@ class SimulatedController:
         self.clock, events = await asyncio.to_thread(self.agents.wait_advance)
         interval_end = time.perf_counter()  # the interval is over: the agents hold its samples
         self._requested = None
-        if self.clock < end:
+        if self.clock < end and not self.agents.kill_next:  # a kill waits for this pull: one interval lost, not two
             self._requested = self.clock + self.status_interval
             self.agents.request_advance(self._requested)
         cpu_before = cpu_seconds()
