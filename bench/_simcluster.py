@@ -11,6 +11,7 @@ allows; "lag" is the wall time from the end of an interval to its figures being 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import json
 import multiprocessing
 import os
@@ -63,6 +64,11 @@ class _AgentBuffer:
     pod_stats: list[dict[str, Any]] = field(default_factory=list)
 
 
+def _after(records: list[dict[str, Any]], since: int) -> list[dict[str, Any]]:
+    """Records with seq > since (records are in seq order)."""
+    return records[bisect.bisect_right(records, since, key=lambda record: int(record["seq"])):]
+
+
 def _serve_agents(config_json: str, pipe: Connection) -> None:
     asyncio.run(_agents_main(SimConfig.model_validate_json(config_json), pipe))
 
@@ -80,8 +86,7 @@ async def _agents_main(config: SimConfig, pipe: Connection) -> None:
         buffer = buffers[node]
         since = int(request.query.get("since", "0"))
         body = {"node": node, "seq": buffer.seq, "agent_id": buffer.agent_id, "truncated": False,
-                "samples": [s for s in buffer.samples if s["seq"] > since],
-                "pod_stats": [s for s in buffer.pod_stats if s["seq"] > since], "devices": []}
+                "samples": _after(buffer.samples, since), "pod_stats": _after(buffer.pod_stats, since), "devices": []}
         return web.Response(body=json.dumps(body, separators=(",", ":")), content_type="application/json")
 
     app = web.Application()
