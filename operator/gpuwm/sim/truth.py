@@ -32,7 +32,26 @@ class TruthFigures(BaseModel):
         return None if monitored <= 0 else self.utilization_unit_seconds / monitored
 
 
-@dataclass
+@dataclass(slots=True)
+class _Sums:
+    """The ledger's running sums (a plain class: pydantic's attribute hooks cost too much per sample)."""
+
+    allocated: float = 0.0
+    active: float = 0.0
+    idle: float = 0.0
+    unmonitored: float = 0.0
+    energy: float = 0.0
+    utilization: float = 0.0
+
+    def figures(self) -> TruthFigures:
+        return TruthFigures(
+            allocated_gpu_seconds=self.allocated, active_gpu_seconds=self.active, idle_gpu_seconds=self.idle,
+            unmonitored_gpu_seconds=self.unmonitored, energy_joules=self.energy,
+            utilization_unit_seconds=self.utilization,
+        )
+
+
+@dataclass(slots=True)
 class _Holding:
     workload_uid: str
     pod_uid: str
@@ -41,7 +60,7 @@ class _Holding:
     end: float = math.inf
 
 
-@dataclass
+@dataclass(slots=True)
 class _DeviceLedger:
     last_sample: float = -math.inf
     holdings: list[_Holding] = field(default_factory=list)
@@ -53,20 +72,20 @@ class GroundTruth:
     def __init__(self, interval_seconds: float, idle_threshold_percent: float = 1.0) -> None:
         self.gap_seconds = 3.0 * interval_seconds
         self.idle_threshold_percent = idle_threshold_percent
-        self.figures: dict[str, TruthFigures] = {}
+        self.sums: dict[str, _Sums] = {}
         self._devices: dict[str, _DeviceLedger] = {}
         self._open: dict[tuple[str, str], _Holding] = {}  # (sample uuid, pod uid) -> open holding
 
     def track(self, workload_uid: str) -> None:
         """A workload exists (from its first pod event), with or without GPUs yet."""
-        self.figures.setdefault(workload_uid, TruthFigures())
+        self.sums.setdefault(workload_uid, _Sums())
 
     def allocate(self, sample_uuid: str, workload_uid: str, pod_uid: str, units: float, t: float) -> None:
         """Pod `pod_uid` holds `units` of the device sampled as `sample_uuid` from t on."""
         holding = _Holding(workload_uid, pod_uid, units, t)
         self._devices.setdefault(sample_uuid, _DeviceLedger()).holdings.append(holding)
         self._open[(sample_uuid, pod_uid)] = holding
-        self.figures.setdefault(workload_uid, TruthFigures())
+        self.sums.setdefault(workload_uid, _Sums())
 
     def release(self, sample_uuid: str, pod_uid: str, t: float) -> None:
         holding = self._open.pop((sample_uuid, pod_uid), None)
@@ -85,33 +104,37 @@ class GroundTruth:
             seconds = min(t, holding.end) - max(start, holding.start)
             if seconds > 0:
                 unit_seconds = holding.units * seconds
-                figures = self.figures[holding.workload_uid]
-                figures.allocated_gpu_seconds += unit_seconds
+                sums = self.sums[holding.workload_uid]
+                sums.allocated += unit_seconds
                 if monitored and utilization_by_pod is not None:
                     utilization = utilization_by_pod.get(holding.pod_uid, 0.0)
-                    figures.utilization_unit_seconds += unit_seconds * utilization
+                    sums.utilization += unit_seconds * utilization
                     if utilization >= self.idle_threshold_percent:
-                        figures.active_gpu_seconds += unit_seconds
+                        sums.active += unit_seconds
                     else:
-                        figures.idle_gpu_seconds += unit_seconds
+                        sums.idle += unit_seconds
                 else:
-                    figures.unmonitored_gpu_seconds += unit_seconds
+                    sums.unmonitored += unit_seconds
             if holding.end > t:
                 kept.append(holding)
         ledger.holdings = kept
 
     def add_energy(self, workload_uid: str, joules: float) -> None:
         """Energy the holder drew (power x seconds x share), known whether or not anyone measured it."""
-        self.figures.setdefault(workload_uid, TruthFigures()).energy_joules += joules
+        sums = self.sums.get(workload_uid)
+        if sums is None:
+            sums = self.sums[workload_uid] = _Sums()
+        sums.energy += joules
 
     def finish(self, now: float) -> dict[str, TruthFigures]:
         """Figures as of `now`: allocated time after each device's latest sample is unmonitored."""
-        result = {uid: figures.model_copy() for uid, figures in self.figures.items()}
+        result = {uid: sums.figures() for uid, sums in self.sums.items()}
         for ledger in self._devices.values():
             for holding in ledger.holdings:
                 seconds = min(now, holding.end) - max(ledger.last_sample, holding.start)
                 if seconds > 0:
                     unit_seconds = holding.units * seconds
-                    result[holding.workload_uid].allocated_gpu_seconds += unit_seconds
-                    result[holding.workload_uid].unmonitored_gpu_seconds += unit_seconds
+                    figures = result[holding.workload_uid]
+                    figures.allocated_gpu_seconds += unit_seconds
+                    figures.unmonitored_gpu_seconds += unit_seconds
         return result
