@@ -36,8 +36,9 @@ from tests.integration.fakeagent import FakeNode  # noqa: E402
 from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator  # noqa: E402
 
 from gpuwm.config import Settings  # noqa: E402
+from gpuwm.controller.gctuning import tune_garbage_collector  # noqa: E402
 from gpuwm.controller.kube import KubeClient  # noqa: E402
-from gpuwm.controller.runtime import ControllerRuntime, tune_garbage_collector  # noqa: E402
+from gpuwm.controller.runtime import ControllerRuntime  # noqa: E402
 
 NAMESPACES = 40
 

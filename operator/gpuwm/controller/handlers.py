@@ -22,8 +22,9 @@ import kopf
 from gpuwm.config import Settings
 from gpuwm.controller import recovery
 from gpuwm.controller.agents import PodAgents, agent_url_of_pod, parse_agents_spec
+from gpuwm.controller.gctuning import tune_garbage_collector
 from gpuwm.controller.kube import KubeClient
-from gpuwm.controller.runtime import ControllerRuntime, tune_garbage_collector
+from gpuwm.controller.runtime import ControllerRuntime
 from gpuwm.controller.units import requests_gpu
 
 logger = logging.getLogger("gpuwm.controller")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from gpuwm.controller.agents import HolderCache, parse_snapshot
+from gpuwm.controller.gctuning import GC_THRESHOLDS, tune_garbage_collector
 from gpuwm.controller.persistence import encode_state, load_state, save_state
-from gpuwm.controller.runtime import GC_THRESHOLDS, tune_garbage_collector
 
 
 def _payload(pod: str, node: str = "n1") -> dict[str, object]:
