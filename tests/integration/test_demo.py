@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -117,3 +118,17 @@ def test_demo_refuses_a_bad_fleet_with_a_message() -> None:
     )
     assert result.returncode == 2
     assert "--nodes" in result.stderr
+
+
+def test_demo_on_a_taken_port_says_so() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "gpuwm.cli", "demo", "--listen", f"127.0.0.1:{port}", "--warmup", "1m"],
+            capture_output=True, text=True, timeout=60,
+        )
+    assert result.returncode == 2
+    assert f"--listen 127.0.0.1:{port}: cannot listen there" in result.stderr
+    assert "Traceback" not in result.stderr

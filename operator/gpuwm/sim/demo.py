@@ -13,6 +13,7 @@ import contextlib
 import logging
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -117,6 +118,14 @@ def _simulator(options: DemoOptions, start: float) -> Simulator:
     ))
 
 
+def _check_can_listen(host: str, port: int) -> None:
+    """Raise OSError (address in use, not available) before uvicorn tries."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+
+
 async def run_demo(options: DemoOptions) -> int:
     """Serve the demo until SIGINT/SIGTERM; returns the exit status."""
     from gpuwm.api.app import create_app
@@ -143,6 +152,7 @@ async def run_demo(options: DemoOptions) -> int:
         controller = SimulatedController(simulator, engine, store, settings.status_interval, settings.retention)
         app = create_app(store, settings.model_copy(update={"auth": "none", "api_listen": options.listen}))
         server = ApiServer(app, host, port, log_level=settings.log_level)
+        _check_can_listen(host, port)  # uvicorn would sys.exit() from inside the loop instead
         await server.start()
         url = f"http://{host if ':' not in host else f'[{host}]'}:{server.port}/"
         print(f"gpuwm demo: dashboard {url}  API {url}api/v1/workloads  (store {store_path}; Ctrl-C stops)", flush=True)
