@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import aiohttp
@@ -322,7 +323,7 @@ def agent_url_of_pod(pod: Mapping[str, Any], port: int) -> tuple[str, str] | Non
 
 def sorted_samples(snapshots: Sequence[Snapshot]) -> list[GpuSample]:
     """All samples of one pull in time order, the order the engine wants them."""
-    return sorted((sample for snap in snapshots for sample in snap.samples), key=lambda sample: sample.t)
+    return sorted((sample for snap in snapshots for sample in snap.samples), key=attrgetter("t"))
 
 
 def index_holders(holders_by_node: Mapping[str, list[DeviceHolder]]) -> dict[str, list[DeviceHolder]]:
