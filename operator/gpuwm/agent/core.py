@@ -167,7 +167,9 @@ class Agent:
         return stats
 
     def _count(self, sample: GpuSample) -> None:
-        counters = self.state.counters.setdefault(sample.uuid, DeviceCounters(first_seen_t=sample.t))
+        counters = self.state.counters.get(sample.uuid)
+        if counters is None:
+            counters = self.state.counters[sample.uuid] = DeviceCounters(first_seen_t=sample.t)
         previous = counters.last_sample_t
         counters.last_sample_t = sample.t
         if sample.sm_percent is None or sample.sm_percent < self.settings.idle_threshold_percent:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gpuwm.agent.buffer import POD_STATS, SAMPLE, RecordBuffer
-from gpuwm.model import GpuSample, PodStatsSample
+from gpuwm.agent.buffer import POD_STATS, SAMPLE, RecordBuffer, record_json
+from gpuwm.model import GpuSample, PodStatsSample, ProcessSample
 
 
 def _poll(buffer: RecordBuffer, gpus: int, with_stats: bool = False) -> None:
@@ -73,3 +73,38 @@ def test_compressed_blocks_are_small() -> None:
         _poll(buffer, gpus=8)
     assert len(buffer) == 1024 and buffer.compressed_bytes > 0
     assert buffer.compressed_bytes / 1024 < 100  # bytes per record, against ~400 as JSON
+
+
+_ODD_FLOATS = [0.0, 1e-7, 1 / 3, 0.1 + 0.2, 400.123, 1.5e9, 12345678901234.5, 1e16, 1e22, 2.0**53 + 2]
+
+
+@pytest.mark.parametrize("value", _ODD_FLOATS)
+def test_record_json_is_model_dump_json(value: float) -> None:
+    """The buffer's fast JSON must stay byte-identical to pydantic's (the snapshot format)."""
+    samples = [
+        GpuSample(
+            t=1_700_000_000.0 + value, node="node-ü", uuid="GPU-1", seq=7, index=3, model='H100 "SXM"\n\\x',
+            sm_percent=min(100.0, value), memory_used_bytes=value, memory_total_bytes=8.5e10, power_watts=value,
+            energy_joules=value, temperature_celsius=-value, pcie_rx_bytes_per_second=value,
+            processes=[ProcessSample(pid=42, pod_uid="u-1", container="main", sm_percent=min(100.0, value),
+                                     memory_used_bytes=value), ProcessSample(pid=43)],
+        ),
+        GpuSample(t=value, node="n", uuid="MIG-1", parent_uuid="GPU-1", mig_profile="1g.10gb", device_units=1 / 7,
+                  processes=[]),
+        GpuSample(t=value, node="n", uuid="GPU-2", healthy=False, error="NVMLError_GpuIsLost: GPU is lost \u2014 \"x\""),
+    ]
+    for sample in samples:
+        assert record_json(sample) == sample.model_dump_json().encode()
+    stats = PodStatsSample(t=value, node="n", namespace="ns", pod="p", pod_uid="u", seq=1, cpu_usage_cores=value,
+                           memory_used_bytes=value)
+    assert record_json(stats) == stats.model_dump_json().encode()
+
+
+def test_record_json_refuses_what_it_cannot_write() -> None:
+    class Odd(PodStatsSample):
+        pass
+
+    odd = Odd(t=1.0, node="n", namespace="ns", pod="p", pod_uid="u")
+    object.__setattr__(odd, "__dict__", {**odd.__dict__, "extra": object()})
+    with pytest.raises(TypeError):
+        record_json(odd)
