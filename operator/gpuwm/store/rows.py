@@ -183,6 +183,10 @@ def _index_label(index: int | None, sample: GpuSample | None) -> str:
     return "" if index is None else str(index)
 
 
+#: series kinds that often share one set of parts (and are aggregated per unit held, not per device)
+_SAME_PARTS_KINDS = frozenset({"pod", "workload", "workload_node"})
+
+
 def build_rows(
     samples: Sequence[GpuSample],
     workloads: Sequence[WorkloadFigures],
@@ -339,14 +343,16 @@ def build_rows(
     idle_column = METRIC_INDEX["gpu_idle_seconds"]
     # a one-pod workload on one node has the same parts in its pod, workload and workload_node
     # series: aggregate each distinct set of parts once
-    aggregated: dict[tuple[bool, tuple[int, ...]], Values] = {}
+    aggregated: dict[tuple[int, ...], Values] = {}
     for (kind, key), found in groups.items():
-        per_device = kind in ("node", "cluster")
-        identity = (per_device, tuple(map(id, found.parts)))
-        known_values = aggregated.get(identity)
-        if known_values is None:
-            known_values = aggregated[identity] = _aggregate(found.parts, per_device=per_device)
-        values = list(known_values)
+        if kind in _SAME_PARTS_KINDS:
+            identity = tuple(map(id, found.parts))
+            known_values = aggregated.get(identity)
+            if known_values is None:
+                known_values = aggregated[identity] = _aggregate(found.parts)
+            values = list(known_values)
+        else:
+            values = _aggregate(found.parts, per_device=kind in ("node", "cluster"))
         if kind in ("workload", "project"):
             values[energy_column] = found.energy_joules
         elif kind in ("gpu", "node", "cluster"):
