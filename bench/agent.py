@@ -31,6 +31,8 @@ from tests.fakenvml import build_fake_nvml, fake_nvml_env, write_scenario  # noq
 from tests.fakenvml.podresources_server import FakePod, PodResourcesServer  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+#: Prometheus scrapes and the controller pulls every this many seconds
+PULL_SECONDS = 10.0
 
 #: the NVML calls the agent makes per device and poll, for the bare loop
 BARE_LOOP = textwrap.dedent(
@@ -100,7 +102,9 @@ def _scenario(gpus: int, processes: int) -> tuple[str, dict[int, tuple[int, str]
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=60.0, help="measurement window after warm-up")
+    parser.add_argument("--seconds", type=float, default=60.0,
+                        help="measurement window after warm-up (whole 10 s pull periods; longer is more precise: "
+                             "the agent's CPU is read in 10 ms clock ticks)")
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--processes", type=int, default=32)
@@ -131,7 +135,8 @@ def main() -> int:
              "--log-level", "warning"],
             env=env,
         )
-        bare_polls = max(10, int(options.seconds) - 2)
+        pulls = max(1, round(options.seconds / PULL_SECONDS))  # the window is whole pull periods
+        bare_polls = max(10, int(pulls * PULL_SECONDS) - 2)
         bare: subprocess.Popen[str] | None = None
         try:
             time.sleep(options.warmup)
@@ -140,22 +145,19 @@ def main() -> int:
             bare = subprocess.Popen(
                 [sys.executable, "-c", BARE_LOOP, str(bare_polls), "1.0"], env=env, stdout=subprocess.PIPE, text=True
             )
-            polls_before = _polls(base)
+            # the controller's first pull (everything since the start) opens the window; then every
+            # PULL_SECONDS a scrape and a pull as Prometheus and the controller would, the last closing it
+            polls_before, since = _pull(base, 0)
             cpu_before, wall_before = _cpu_seconds(agent.pid), time.monotonic()
             peak_rss = _rss_mib(agent.pid)
-            next_pull, since = time.monotonic(), 0
-            while time.monotonic() - wall_before < options.seconds:
-                if time.monotonic() >= next_pull:  # as Prometheus scrapes and the controller pulls
-                    with urllib.request.urlopen(base + "/metrics", timeout=5) as response:
-                        response.read()
-                    with urllib.request.urlopen(f"{base}/v1/snapshot?since={since}", timeout=5) as response:
-                        since = json.load(response)["seq"]
-                    next_pull += 10.0
-                peak_rss = max(peak_rss, _rss_mib(agent.pid))
-                time.sleep(0.5)
+            for number in range(1, pulls + 1):
+                while time.monotonic() < wall_before + number * PULL_SECONDS:
+                    peak_rss = max(peak_rss, _rss_mib(agent.pid))
+                    time.sleep(min(0.5, max(0.0, wall_before + number * PULL_SECONDS - time.monotonic())))
+                polls_after, since = _pull(base, since)
             cpu = _cpu_seconds(agent.pid) - cpu_before
             wall = time.monotonic() - wall_before
-            polls = _polls(base) - polls_before
+            polls = polls_after - polls_before
             bare_out, _ = bare.communicate(timeout=options.seconds + 60)
             bare_slow = float(bare_out.strip()) / bare_polls
         finally:
@@ -189,12 +191,15 @@ def _bare(env: dict[str, str], polls: int, interval: float) -> float:
     return float(result.stdout.strip()) / polls
 
 
-def _polls(base: str) -> int:
+def _pull(base: str, since: int) -> tuple[int, int]:
+    """A scrape and a snapshot pull: (the agent's poll count, the snapshot's seq for the next pull)."""
+    polls = 0
     with urllib.request.urlopen(base + "/metrics", timeout=5) as response:
         for line in response.read().decode().splitlines():
             if line.startswith("gpuwm_agent_polls_total"):
-                return int(float(line.rsplit(" ", 1)[1]))
-    return 0
+                polls = int(float(line.rsplit(" ", 1)[1]))
+    with urllib.request.urlopen(f"{base}/v1/snapshot?since={since}", timeout=5) as response:
+        return polls, int(json.load(response)["seq"])
 
 
 if __name__ == "__main__":
