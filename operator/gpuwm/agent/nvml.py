@@ -15,7 +15,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import pynvml
 
@@ -64,9 +64,8 @@ class Device:
     all_supported: bool = True
 
 
-@dataclass(slots=True)
-class RawProcess:
-    """A compute process as NVML lists it (attribution adds its pod)."""
+class RawProcess(NamedTuple):
+    """A compute process as NVML lists it (attribution adds its pod); a tuple: built in C, 32 a poll."""
 
     pid: int
     memory_used_bytes: float | None
@@ -354,19 +353,18 @@ class NvmlSampler:
         # no per-process sample while the device itself was busy: the driver gave none, it is not 0 %
         missing = not sm_by_pid and bool(device_sm_percent)
         processes = []
+        fill_zero = device.process_utilization_supported and not missing
         for process in running:
             pid = int(process.pid)
             sm = sm_by_pid.get(pid)
-            if sm is None and device.process_utilization_supported and not missing:
-                sm = 0.0  # supported, but the process ran no kernels since the last poll
+            if sm is None:
+                sm = 0.0 if fill_zero else None  # supported, but the process ran no kernels since the last poll
+            elif sm > 100.0:
+                sm = 100.0
+            elif sm < 0.0:
+                sm = 0.0
             used = process.usedGpuMemory
-            processes.append(
-                RawProcess(
-                    pid,
-                    None if used is None else float(used),
-                    None if sm is None else max(0.0, min(100.0, sm)),
-                )
-            )
+            processes.append(RawProcess(pid, None if used is None else float(used), sm))
         return processes
 
     def _process_utilization(self, device: Device) -> dict[int, float]:
