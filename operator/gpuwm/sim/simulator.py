@@ -15,20 +15,20 @@ unmonitored) and a lost GPU (healthy=false, no utilisation, error "GPU is lost")
 from __future__ import annotations
 
 import dataclasses
-import math
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from gpuwm.model.podstats import PodStatsSample
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import DeviceAllocation, NamespaceEvent, PodEvent, PodPhase, TraceWorkload
 from gpuwm.sim.fleet import Device, Gpu, Node, NodeKind, build_fleet, random_uuid
+from gpuwm.sim.scenario import AgentOutage, GpuLoss, SimConfig, default_faults
 from gpuwm.sim.truth import GroundTruth, TruthFigures
 from gpuwm.sim.workloads import ALL_NAMESPACES, SimWorkload, new_workload, pick_kind
+
+__all__ = ["AgentOutage", "GpuLoss", "SimConfig", "Simulator", "Step", "default_faults"]
 
 #: how often queued workloads are offered to the scheduler (simulated seconds)
 PLACEMENT_EVERY_SECONDS = 5.0
@@ -37,43 +37,6 @@ _HORIZON_SECONDS = 2 * 3600.0
 
 
 _sample = GpuSample.model_validate  # validating a dict is faster than model_construct in pydantic 2
-
-
-class AgentOutage(BaseModel):
-    """Node `node`'s agent is gone over [start, end): no samples from it."""
-
-    model_config = ConfigDict(frozen=True)
-
-    node: str
-    start: float
-    end: float
-
-
-class GpuLoss(BaseModel):
-    """GPU `gpu_index` of `node` falls off the bus at `at` and stays lost."""
-
-    model_config = ConfigDict(frozen=True)
-
-    node: str
-    gpu_index: int = Field(ge=0)
-    at: float
-
-
-class SimConfig(BaseModel):
-    """What a simulated run depends on; the same config gives the same run."""
-
-    model_config = ConfigDict(frozen=True)
-
-    seed: int = 1
-    nodes: int = Field(default=8, ge=1)
-    gpus_per_node: int = Field(default=8, ge=1, le=16)
-    interval_seconds: float = Field(default=1.0, gt=0)
-    start_time: float = 0.0
-    occupancy: float = Field(default=0.75, gt=0, le=1, description="Fraction of GPU units the arrivals aim to keep held.")
-    pod_stats_interval_seconds: float = Field(default=15.0, gt=0)
-    idle_threshold_percent: float = Field(default=1.0, ge=0, le=100)
-    outages: tuple[AgentOutage, ...] = ()
-    gpu_losses: tuple[GpuLoss, ...] = ()
 
 
 @dataclass
@@ -432,14 +395,3 @@ class Simulator:
             if workload.namespace == namespace and workload.name == name:
                 return workload.uid
         return None
-
-
-def default_faults(nodes: list[str], start: float, duration_seconds: float) -> tuple[tuple[AgentOutage, ...], tuple[GpuLoss, ...]]:
-    """One agent outage (a tenth of the run, from its first third) and one lost GPU (half-way)."""
-    if len(nodes) < 2:
-        return (), ()
-    outage_start = start + duration_seconds / 3.0
-    outage = AgentOutage(node=nodes[1 % len(nodes)], start=outage_start,
-                         end=outage_start + max(60.0, math.floor(duration_seconds / 10.0)))
-    loss = GpuLoss(node=nodes[0], gpu_index=0, at=start + duration_seconds / 2.0)
-    return (outage,), (loss,)
