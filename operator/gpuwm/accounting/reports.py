@@ -141,6 +141,49 @@ class Engine(EngineCore):
                 merged.append((start, end))
         return merged
 
+    @staticmethod
+    def _device_fields(gpu: Gpu) -> dict[str, Any]:
+        """What a device's latest sample says about it, for GpuFigures."""
+        fields: dict[str, Any] = {"node": gpu.node or "", "uuid": gpu.uuid, "last_sample_time": gpu.last_time}
+        latest = gpu.latest
+        if latest is not None:
+            fields.update(
+                node=latest.node,
+                index=latest.index,
+                model=latest.model,
+                mig_profile=latest.mig_profile,
+                parent_uuid=latest.parent_uuid,
+                device_units=latest.device_units,
+                sm_percent=latest.sm_percent,
+                memory_used_bytes=latest.memory_used_bytes,
+                memory_total_bytes=latest.memory_total_bytes,
+                power_watts=latest.power_watts,
+                healthy=latest.healthy,
+                error=latest.error,
+            )
+        return fields
+
+    def _holder_figures(self, gpu: Gpu, stretch: Stretch, utilization: float | None, monitored: bool) -> GpuFigures:
+        """A device as held by one stretch: the device's figures with its holder and the holder's utilisation."""
+        workload = stretch.workload
+        pod = workload.pods.get(stretch.pod_uid)
+        fields = self._device_fields(gpu)
+        if stretch.node:
+            fields["node"] = stretch.node
+        return GpuFigures(
+            namespace=workload.namespace,
+            workload=workload.name,
+            workload_uid=workload.uid,
+            pod=pod.name if pod else stretch.pod_uid,
+            pod_uid=stretch.pod_uid,
+            container=stretch.container,
+            units=stretch.units,
+            utilization_percent=utilization,
+            monitored=monitored,
+            active=None if utilization is None else utilization >= self._threshold,
+            **fields,
+        )
+
     # ------------------------------------------------------------- reports
 
     def workload_figures(self, workload: Workload, now: float) -> WorkloadFigures:
@@ -189,35 +232,7 @@ class Engine(EngineCore):
             latest = gpu.latest
             if latest is not None and latest.model:
                 models.add(latest.model)
-            pod = workload.pods.get(stretch.pod_uid)
-            gpus.append(
-                GpuFigures(
-                    node=stretch.node or gpu.node or "",
-                    uuid=stretch.uuid,
-                    index=latest.index if latest else None,
-                    model=latest.model if latest else None,
-                    mig_profile=latest.mig_profile if latest else None,
-                    parent_uuid=latest.parent_uuid if latest else None,
-                    device_units=latest.device_units if latest else 1.0,
-                    namespace=workload.namespace,
-                    workload=workload.name,
-                    workload_uid=workload.uid,
-                    pod=pod.name if pod else stretch.pod_uid,
-                    pod_uid=stretch.pod_uid,
-                    container=stretch.container,
-                    units=stretch.units,
-                    utilization_percent=utilization,
-                    sm_percent=latest.sm_percent if latest else None,
-                    memory_used_bytes=latest.memory_used_bytes if latest else None,
-                    memory_total_bytes=latest.memory_total_bytes if latest else None,
-                    power_watts=latest.power_watts if latest else None,
-                    healthy=latest.healthy if latest else True,
-                    error=latest.error if latest else None,
-                    last_sample_time=gpu.last_time,
-                    monitored=monitored,
-                    active=None if utilization is None else utilization >= self._threshold,
-                )
-            )
+            gpus.append(self._holder_figures(gpu, stretch, utilization, monitored))
         running = allocated_gpus > 0
         runs = self._runs(workload, now)
         run_seconds = sum(end - start for start, end in runs)
@@ -410,44 +425,14 @@ class Engine(EngineCore):
             latest = gpu.latest
             if latest is None:
                 continue
-            base = {
-                "node": latest.node,
-                "uuid": uuid,
-                "index": latest.index,
-                "model": latest.model,
-                "mig_profile": latest.mig_profile,
-                "parent_uuid": latest.parent_uuid,
-                "device_units": latest.device_units,
-                "sm_percent": latest.sm_percent,
-                "memory_used_bytes": latest.memory_used_bytes,
-                "memory_total_bytes": latest.memory_total_bytes,
-                "power_watts": latest.power_watts,
-                "healthy": latest.healthy,
-                "error": latest.error,
-                "last_sample_time": latest.t,
-                "monitored": at - latest.t <= self._gap and latest.sm_percent is not None,
-            }
             holders = [s for s in gpu.stretches if s.start <= at < s.end]
             if not holders:
-                result.append(GpuFigures(utilization_percent=latest.sm_percent, **base))
-                continue
-            for stretch in holders:
-                workload = stretch.workload
-                pod = workload.pods.get(stretch.pod_uid)
-                utilization, _memory, _monitored = self._stretch_current(gpu, stretch, at)
+                monitored = at - latest.t <= self._gap and latest.sm_percent is not None
                 result.append(
-                    GpuFigures(
-                        namespace=workload.namespace,
-                        workload=workload.name,
-                        workload_uid=workload.uid,
-                        pod=pod.name if pod else stretch.pod_uid,
-                        pod_uid=stretch.pod_uid,
-                        container=stretch.container,
-                        units=stretch.units,
-                        utilization_percent=utilization,
-                        active=None if utilization is None else utilization >= self._threshold,
-                        **base,
-                    )
+                    GpuFigures(utilization_percent=latest.sm_percent, monitored=monitored, **self._device_fields(gpu))
                 )
+            for stretch in holders:
+                utilization, _memory, monitored = self._stretch_current(gpu, stretch, at)
+                result.append(self._holder_figures(gpu, stretch, utilization, monitored))
         return result
 

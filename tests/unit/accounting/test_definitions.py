@@ -341,3 +341,18 @@ def test_mig_parent_energy_is_order_independent() -> None:
         backward.observe(event)
     assert figures(backward, "small", 10).energy_joules == pytest.approx(figures(forward, "small", 10).energy_joules)
     assert figures(forward, "small", 10).energy_joules == pytest.approx(1000)
+
+
+def test_gpus_report_each_device_once_per_holder_and_unallocated_ones() -> None:
+    e = engine()
+    e.observe(pod(0, "a", devices=[("GPU-a::0", 0.5)]))
+    e.observe(pod(0, "b", devices=[("GPU-a::1", 0.5)]))
+    for t in range(0, 3):
+        e.observe(sample(t, "GPU-a", sm=30, processes=[{"pid": 1, "pod_uid": "pod-a", "sm_percent": 30}], index=0))
+        e.observe(sample(t, "GPU-b", sm=0, index=1, model="H100"))
+    rows = e.gpus(2)
+    assert [(row.uuid, row.pod) for row in rows] == [("GPU-a", "a"), ("GPU-a", "b"), ("GPU-b", None)]
+    assert rows[0].utilization_percent == pytest.approx(60)  # 30 % of the device / 0.5
+    assert rows[1].utilization_percent == pytest.approx(0) and rows[1].active is False
+    assert rows[2].model == "H100" and rows[2].units == 0 and rows[2].monitored is True
+    assert e.cluster(2).gpus == 2 and e.cluster(2).allocated_gpus == pytest.approx(1.0)
