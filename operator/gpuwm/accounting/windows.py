@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from array import array
 
-import numpy
-
 _STRIDE = 6  # start, end, units, units*util, mem_units, mem_units*mem
 WINDOW_SECONDS: dict[str, float] = {"avg1m": 60.0, "avg5m": 300.0, "avg1h": 3600.0}
 _HORIZON_SECONDS = 3600.0
@@ -133,6 +131,9 @@ class WindowSums:
         return minute, five, hour
 
     def _windows_numpy(self, now: float) -> tuple[list[float], list[float], list[float]]:
+        # imported here: the agent's process loads this module through the CLI and must stay small
+        import numpy
+
         table = numpy.frombuffer(self._data, dtype=numpy.float64).reshape(-1, _STRIDE)
         starts, ends, rates = table[:, 0], numpy.minimum(table[:, 1], now), table[:, 2:]
         result = []

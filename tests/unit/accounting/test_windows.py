@@ -50,3 +50,13 @@ def test_numpy_and_loop_windows_agree(seed: int) -> None:
     by_numpy = sums._windows_numpy(now)
     for got, seconds in zip(by_numpy, (60.0, 300.0, 3600.0), strict=True):
         assert got == pytest.approx(list(sums.window(now - seconds, now)), rel=1e-9, abs=1e-6)
+
+
+def test_the_cli_does_not_load_numpy_until_a_report_needs_it() -> None:
+    """`gpuwm agent` loads every verb's module through the CLI; numpy would cost it ~16 MiB RSS."""
+    import subprocess
+    import sys
+
+    code = "import sys; from gpuwm.cli import build_parser; build_parser(); print('numpy' in sys.modules)"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
