@@ -11,6 +11,7 @@ unhealthy for this poll and the others go on.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
 import time
@@ -38,6 +39,31 @@ _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 #: pynvml's structs override `__getattribute__` in Python (to decode byte strings), which makes every
 #: field read a Python call; numeric fields need none of that, so the hot loops read them directly
 _field = object.__getattribute__
+#: NVML's "not available" value for a process's used memory (WDDM on Windows)
+_NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+
+
+def _running_processes(handle: Any) -> list[tuple[int, int | None]]:
+    """(PID, used bytes or None) of each compute process: `nvmlDeviceGetComputeRunningProcesses`
+    without pynvml's per-process friendly objects (each a dozen Python calls; 32 a poll)."""
+    function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses_v3")
+    count = ctypes.c_uint(0)
+    result = function(handle, ctypes.byref(count), None)
+    if result == pynvml.NVML_SUCCESS:
+        return []
+    if result != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+        raise pynvml.NVMLError(result)
+    count.value = count.value * 2 + 5  # room for processes started between the two calls
+    infos = (pynvml.c_nvmlProcessInfo_v3_t * count.value)()
+    result = function(handle, ctypes.byref(count), infos)
+    if result != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(result)
+    found = []
+    for index in range(count.value):
+        info = infos[index]
+        used = _field(info, "usedGpuMemory")
+        found.append((_field(info, "pid"), None if used == _NOT_AVAILABLE else used))
+    return found
 
 
 class NvmlUnavailable(RuntimeError):
@@ -346,7 +372,7 @@ class NvmlSampler:
         return total / count
 
     def _processes(self, device: Device, device_sm_percent: float | None) -> list[RawProcess] | None:
-        running = _optional(pynvml.nvmlDeviceGetComputeRunningProcesses, device.handle)
+        running = _optional(_running_processes, device.handle)
         if running is None:
             return None
         sm_by_pid = self._process_utilization(device) if running else {}
@@ -354,8 +380,7 @@ class NvmlSampler:
         missing = not sm_by_pid and bool(device_sm_percent)
         processes = []
         fill_zero = device.process_utilization_supported and not missing
-        for process in running:
-            pid = int(process.pid)
+        for pid, used in running:
             sm = sm_by_pid.get(pid)
             if sm is None:
                 sm = 0.0 if fill_zero else None  # supported, but the process ran no kernels since the last poll
@@ -363,7 +388,6 @@ class NvmlSampler:
                 sm = 100.0
             elif sm < 0.0:
                 sm = 0.0
-            used = process.usedGpuMemory
             processes.append(RawProcess(pid, None if used is None else float(used), sm))
         return processes
 
