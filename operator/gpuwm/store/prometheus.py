@@ -17,7 +17,7 @@ import logging
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +38,21 @@ from gpuwm.store.base import (
 from gpuwm.store.promql import promql, quote, scope_labels
 
 log = logging.getLogger(__name__)
+
+
+def _cumulative_figures(value: Callable[..., float | None]) -> dict[str, Any]:
+    """GPU-second counters, energy and utilisation, as the controller exports them for a workload or a project."""
+    return {
+        "allocated_gpu_seconds": value("allocated_gpu_seconds_total") or 0.0,
+        "active_gpu_seconds": value("active_gpu_seconds_total") or 0.0,
+        "idle_gpu_seconds": value("idle_gpu_seconds_total") or 0.0,
+        "unmonitored_gpu_seconds": value("unmonitored_gpu_seconds_total") or 0.0,
+        "energy_joules": value("energy_joules_total") or 0.0,
+        "utilization": Windows(
+            current=value("utilization_percent", None), avg1h=value("utilization_avg1h_percent", None)
+        ),
+        "memory_utilization": Windows(current=value("memory_utilization_percent", None)),
+    }
 
 
 class PrometheusStore(Store):
@@ -174,16 +189,7 @@ class PrometheusStore(Store):
                     last_active_time=value("last_active_timestamp_seconds", None),
                     wait_seconds=value("wait_seconds") or 0.0,
                     run_seconds=value("run_seconds") or 0.0,
-                    allocated_gpu_seconds=value("allocated_gpu_seconds_total") or 0.0,
-                    active_gpu_seconds=value("active_gpu_seconds_total") or 0.0,
-                    idle_gpu_seconds=value("idle_gpu_seconds_total") or 0.0,
-                    unmonitored_gpu_seconds=value("unmonitored_gpu_seconds_total") or 0.0,
-                    energy_joules=value("energy_joules_total") or 0.0,
-                    utilization=Windows(
-                        current=value("utilization_percent", None),
-                        avg1h=value("utilization_avg1h_percent", None),
-                    ),
-                    memory_utilization=Windows(current=value("memory_utilization_percent", None)),
+                    **_cumulative_figures(value),
                     created_time=value("created_timestamp_seconds", None),
                     start_time=value("start_timestamp_seconds", None),
                     end_time=value("end_timestamp_seconds", None),
@@ -240,16 +246,7 @@ class PrometheusStore(Store):
                     allocated_gpus=value("allocated_gpus") or 0.0,
                     idle_gpus=value("idle_gpus") or 0.0,
                     quota=value("quota_gpus", None),
-                    allocated_gpu_seconds=value("allocated_gpu_seconds_total") or 0.0,
-                    active_gpu_seconds=value("active_gpu_seconds_total") or 0.0,
-                    idle_gpu_seconds=value("idle_gpu_seconds_total") or 0.0,
-                    unmonitored_gpu_seconds=value("unmonitored_gpu_seconds_total") or 0.0,
-                    energy_joules=value("energy_joules_total") or 0.0,
-                    utilization=Windows(
-                        current=value("utilization_percent", None),
-                        avg1h=value("utilization_avg1h_percent", None),
-                    ),
-                    memory_utilization=Windows(current=value("memory_utilization_percent", None)),
+                    **_cumulative_figures(value),
                 )
             )
         return result
