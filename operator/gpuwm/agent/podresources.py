@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
-from gpuwm.agent.grpcunary import GrpcError, call_unary
+from gpuwm.agent.grpcunary import GrpcError, UnaryChannel
 from gpuwm.agent.proto import api_pb2
 
 log = logging.getLogger(__name__)
@@ -77,12 +77,14 @@ class PodResourcesClient:
         self._listed_at = -float("inf")
         self._list_reply: bytes | None = None  # the last List answer, as received
         self._allocatable_at = -float("inf")
+        self._channel = UnaryChannel(socket_path)
 
     def _is_gpu(self, resource_name: str) -> bool:
         return any(fnmatch.fnmatchcase(resource_name, pattern) for pattern in self.resource_names)
 
     def close(self) -> None:
-        """Nothing stays open between calls (kept for symmetry with other clients)."""
+        """Close the kept connection (the next call opens a new one)."""
+        self._channel.close()
 
     def refresh(self, changed: bool) -> bool:
         """List again if something changed or the cache is old; returns True when it listed."""
@@ -91,11 +93,12 @@ class PodResourcesClient:
             return False
         self._listed_at = time.monotonic()
         if not os.path.exists(self.socket_path):
+            self._channel.close()
             self._fail(f"pod-resources socket {self.socket_path} not found; mount the kubelet's pod-resources directory")
             return True
         try:
-            reply = call_unary(
-                self.socket_path, _LIST, api_pb2.ListPodResourcesRequest().SerializeToString(),
+            reply = self._channel.call(
+                _LIST, api_pb2.ListPodResourcesRequest().SerializeToString(),
                 self.timeout_seconds, MAX_RECEIVE_BYTES,
             )
             self.list_calls += 1
@@ -140,8 +143,8 @@ class PodResourcesClient:
         """Replicas per GPU from the allocatable device IDs (`GPU-x::0` ... `GPU-x::N-1`)."""
         self._allocatable_at = time.monotonic()
         try:
-            reply = call_unary(
-                self.socket_path, _ALLOCATABLE, api_pb2.AllocatableResourcesRequest().SerializeToString(),
+            reply = self._channel.call(
+                _ALLOCATABLE, api_pb2.AllocatableResourcesRequest().SerializeToString(),
                 self.timeout_seconds, MAX_RECEIVE_BYTES,
             )
             response = api_pb2.AllocatableResourcesResponse.FromString(reply)

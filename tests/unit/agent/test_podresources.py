@@ -138,3 +138,34 @@ def test_the_agent_does_not_load_grpcio() -> None:
 def test_split_device_id() -> None:
     assert split_device_id("GPU-abc::12") == ("GPU-abc", 12)
     assert split_device_id("MIG-abc") == ("MIG-abc", None)
+
+
+def test_one_connection_is_kept_and_reopened_after_a_kubelet_restart(tmp_path: Path) -> None:
+    """List calls share one HTTP/2 connection; one the server closed is opened again on the next call."""
+    socket = tmp_path / "k.sock"
+    first = PodResourcesServer(socket).start()
+    first.pods = [FakePod("ns", "before", {"c": [("nvidia.com/gpu", ["GPU-1"])]})]
+    client = PodResourcesClient(str(socket), ["nvidia.com/gpu"], timeout_seconds=2.0)
+    try:
+        assert client.refresh(changed=True) and client.healthy
+        kept = client._channel._sock
+        assert kept is not None
+        first.pods = [FakePod("ns", "again", {"c": [("nvidia.com/gpu", ["GPU-2"])]})]
+        assert client.refresh(changed=True) and client.healthy
+        assert client._channel._sock is kept
+        assert [a.pod for a in client.assignments] == ["again"]
+        assert first.list_calls == 2
+        first.stop()
+
+        second = PodResourcesServer(socket).start()  # the kubelet restarted: same path, new server
+        try:
+            second.pods = [FakePod("ns", "after", {"c": [("nvidia.com/gpu", ["GPU-3"])]})]
+            assert client.refresh(changed=True)
+            assert client.healthy, client.error
+            assert [a.pod for a in client.assignments] == ["after"]
+            assert client._channel._sock is not kept
+        finally:
+            second.stop()
+    finally:
+        client.close()
+    assert client._channel._sock is None
