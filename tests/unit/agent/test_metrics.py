@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -21,6 +22,7 @@ from gpuwm.agent.metrics import (
     POD_GAUGES,
     POD_LABELS,
     MetricsRenderer,
+    ProcessLines,
     _value,
 )
 from gpuwm.config import Settings
@@ -182,3 +184,27 @@ def test_values_parse_back(tmp_path: object) -> None:
 ])
 def test_value_formatting_matches_prometheus_client(value: float) -> None:
     assert _value(value) == floatToGoString(value)  # type: ignore[no-untyped-call]
+
+
+def test_process_lines_match_prometheus_client(tmp_path: Path) -> None:
+    """The hand-written `gpuwm_agent_process_*` text is byte for byte ProcessCollector's, on the same /proc."""
+    (tmp_path / "stat").write_text("cpu  1 2 3\nbtime 1763770000\nprocesses 9\n")
+    pid = tmp_path / "4242"
+    (pid / "fd").mkdir(parents=True)
+    for fd in range(7):
+        (pid / "fd" / str(fd)).write_text("")
+    fields = ["S", "1", "2", "3", "4", "5", "6", "7", "8", "9", "1234", "567", "1", "2", "20", "0", "3", "0",
+              "98765", "663932928", "16138"]
+    (pid / "stat").write_text("4242 (python (gpuwm)) " + " ".join(fields) + " 0 0\n")
+    (pid / "limits").write_text(
+        "Limit                     Soft Limit           Hard Limit           Units\n"
+        "Max cpu time              unlimited            unlimited            seconds\n"
+        "Max open files            20000                20000                files\n"
+    )
+    registry = CollectorRegistry(auto_describe=False)
+    ProcessCollector(namespace="gpuwm_agent", pid=lambda: "4242", proc=str(tmp_path), registry=registry)
+    expected = generate_latest(registry).decode()
+    assert "gpuwm_agent_process_open_fds 7.0" in expected
+    assert "".join(ProcessLines(str(tmp_path), "4242").lines()) == expected
+
+    assert ProcessLines(str(tmp_path / "absent"), "4242").lines() == []  # no /proc: no figures
