@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-from collections.abc import Iterable
 
 from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Pod, Stretch, Workload, sample_values
 from gpuwm.model.sample import GpuSample
@@ -64,10 +63,6 @@ class EngineCore:
         else:
             self.observe_sample(event)
 
-    def observe_many(self, events: Iterable[NamespaceEvent | PodEvent | SampleEvent | GpuSample]) -> None:
-        for event in events:
-            self.observe(event)
-
     def observe_namespace(self, event: NamespaceEvent) -> None:
         known = self.namespaces.get(event.name)
         if known is None or event.t >= known.t:
@@ -106,7 +101,7 @@ class EngineCore:
         t = sample.t
         times = gpu.times
         if times and t <= times[-1]:
-            if t < self.clock - self.config.late_event_window_seconds:
+            if t < self.boundary:
                 self.late_samples_dropped += 1
                 return
             self._insert_late_point(gpu, sample)

@@ -186,9 +186,6 @@ class Engine(EngineCore):
 
     # ------------------------------------------------------------- reports
 
-    def workload_figures(self, workload: Workload, now: float) -> WorkloadFigures:
-        return self._workload_figures(workload, now)[0]
-
     def _workload_figures(self, workload: Workload, now: float) -> tuple[WorkloadFigures, _Sums]:
         sums = _Sums()
         sums.add_workload(workload, now)
