@@ -131,6 +131,10 @@ class Settings(BaseSettings):
     auth: Literal["kubernetes", "none"] = Field(default="kubernetes", description="API authentication.")
     api_listen: str = Field(default="0.0.0.0:8080", description="HOST:PORT of the metrics API.")
     runai_compatible_metrics: bool = Field(default=False, description="Also export Run:ai-compatible metric names.")
+    cluster_id: str = Field(
+        default="",
+        description="clusterId label on the Run:ai-compatible metrics (your Run:ai cluster UUID, where dashboards filter on it).",
+    )
     store_rollups: CommaList = Field(
         default_factory=lambda: ["15s:2d", "5m:30d"],
         description="Embedded store tiers STEP:KEEP, finest first: data older than a tier's KEEP is only in coarser tiers.",

@@ -36,6 +36,7 @@ SAMPLES = {
     "kubelet_url": "https://127.0.0.1:10250",
     "namespace": "team-a",
     "agents": "static:gpu-node-1=http://10.0.0.1:9400",
+    "cluster_id": "3f1c2a9e-0000-4000-8000-000000000001",
 }
 
 

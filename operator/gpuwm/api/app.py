@@ -95,7 +95,9 @@ def create_app(
         redoc_url=None,
     )
     registry = CollectorRegistry(auto_describe=True)
-    registry.register(WorkloadMetricsCollector(store, runai_compatible=settings.runai_compatible_metrics))
+    registry.register(WorkloadMetricsCollector(
+        store, runai_compatible=settings.runai_compatible_metrics, cluster_id=settings.cluster_id
+    ))
     app.state.store = store
     app.state.authorizer = authorizer
 

@@ -16,6 +16,7 @@ FIELDS = (
     "api_listen",
     "auth",
     "runai_compatible_metrics",
+    "cluster_id",
     "store_rollups",
     "retention",
     "log_level",

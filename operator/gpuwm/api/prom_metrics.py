@@ -17,7 +17,8 @@ from gpuwm.model.figures import ProjectFigures, WorkloadFigures
 from gpuwm.store.base import Store
 
 WORKLOAD_LABELS = ["namespace", "workload", "workload_uid", "kind", "project"]
-_RUNAI_WORKLOAD_LABELS = ["workload_name", "workload_id", "workload_type", "project", "namespace"]
+#: Run:ai's per-workload labels, then gpuwm's own two (project, namespace) for joins
+RUNAI_WORKLOAD_LABELS = ["clusterId", "workload_id", "workload_name", "workload_type", "user", "project", "namespace"]
 
 # (name, help, value of a workload); gauges
 _WORKLOAD_GAUGES: tuple[tuple[str, str, Callable[[WorkloadFigures], float | None]], ...] = (
@@ -107,9 +108,10 @@ def _workload_labels(workload: WorkloadFigures) -> list[str]:
 class WorkloadMetricsCollector(Collector):
     """Renders the latest workload and project figures of `store` at each scrape."""
 
-    def __init__(self, store: Store, runai_compatible: bool = False) -> None:
+    def __init__(self, store: Store, runai_compatible: bool = False, cluster_id: str = "") -> None:
         self.store = store
         self.runai_compatible = runai_compatible
+        self.cluster_id = cluster_id
 
     def collect(self) -> Iterator[Metric]:
         workloads = self.store.workloads()
@@ -178,50 +180,64 @@ class WorkloadMetricsCollector(Collector):
     def _runai_metrics(
         self, workloads: list[WorkloadFigures], projects: list[ProjectFigures]
     ) -> Iterator[Metric]:
-        """Run:ai's published per-workload and per-project names, so existing dashboards keep working."""
+        """Run:ai's published per-workload and per-project names and labels (cluster 2.17+ docs).
+
+        Dashboards and idle-timeout rules written against Run:ai select on these names and on
+        `clusterId`, `workload_id`, `workload_name`, `workload_type` and `project`; extra labels
+        (`namespace`) do not break their selectors.
+        """
+        cluster_id = self.cluster_id
 
         def labels(workload: WorkloadFigures) -> list[str]:
-            return [workload.name, workload.uid, workload.kind, workload.project, workload.namespace]
+            return [
+                cluster_id,
+                workload.uid,
+                workload.name,
+                runai_workload_type(workload.kind),
+                "",
+                workload.project,
+                workload.namespace,
+            ]
 
         per_workload: tuple[tuple[str, str, Callable[[WorkloadFigures], float | None]], ...] = (
             (
                 "runai_allocated_gpu_count_per_workload",
-                "GPUs allocated to the workload.",
+                "Number of allocated GPUs per workload.",
                 lambda w: w.allocated_gpus,
             ),
             (
                 "runai_gpu_utilization_per_workload",
-                "GPU utilisation of the workload, percent.",
+                "Average GPU utilization per workload, percent.",
                 lambda w: w.utilization.current,
             ),
             (
                 "runai_gpu_idle_seconds_per_workload",
-                "Seconds the workload's GPUs have been idle.",
+                "Seconds passed since the workload utilized any of its allocated GPUs.",
                 lambda w: w.idle_seconds,
             ),
             (
                 "runai_last_gpu_utilization_time_per_workload",
-                "Unix time the workload last used its GPUs.",
+                "Last time (Unix timestamp) the workload utilized any of its allocated GPUs.",
                 lambda w: w.last_active_time,
             ),
             (
-                "runai_gpu_memory_utilization_per_workload",
-                "GPU memory utilisation of the workload, percent.",
-                lambda w: w.memory_utilization.current,
+                "runai_gpu_memory_used_mebibytes_per_workload",
+                "Used GPU memory per workload, MiB (shared devices split by units held).",
+                _memory_used_mebibytes,
             ),
             (
-                "runai_workload_wait_time_seconds",
+                "runai_wait_time_seconds_per_workload",
                 "Seconds from creation to the first running GPU container.",
                 lambda w: w.wait_seconds,
             ),
             (
-                "runai_workload_run_time_seconds",
+                "runai_run_time_seconds_per_workload",
                 "Seconds with at least one running GPU container.",
                 lambda w: w.run_seconds,
             ),
         )
         for name, help_text, value_of in per_workload:
-            gauge = GaugeMetricFamily(name, help_text, labels=_RUNAI_WORKLOAD_LABELS)
+            gauge = GaugeMetricFamily(name, help_text, labels=RUNAI_WORKLOAD_LABELS)
             for workload in workloads:
                 value = value_of(workload)
                 if value is not None:
@@ -230,25 +246,50 @@ class WorkloadMetricsCollector(Collector):
         per_project: tuple[tuple[str, str, Callable[[ProjectFigures], float | None]], ...] = (
             (
                 "runai_allocated_gpu_count_per_project",
-                "GPUs allocated to the project.",
+                "Number of allocated GPUs per project.",
                 lambda p: p.allocated_gpus,
             ),
             (
                 "runai_gpu_utilization_per_project",
-                "GPU utilisation of the project, percent.",
+                "Average GPU utilization per project, percent.",
                 lambda p: p.utilization.current,
             ),
-            (
-                "runai_idle_allocated_gpus_per_project",
-                "Allocated GPUs that are idle now.",
-                lambda p: p.idle_gpus,
-            ),
-            ("runai_project_guaranteed_gpus", "GPU quota of the project.", lambda p: p.quota),
         )
         for name, help_text, project_value in per_project:
-            gauge = GaugeMetricFamily(name, help_text, labels=["project"])
+            gauge = GaugeMetricFamily(name, help_text, labels=["clusterId", "project"])
             for project in projects:
                 value = project_value(project)
                 if value is not None:
-                    gauge.add_metric([project.name], value)
+                    gauge.add_metric([cluster_id, project.name], value)
             yield gauge
+
+
+#: Run:ai's workload_type values: training, interactive or inference
+_TRAINING_KINDS = frozenset(
+    {"Job", "CronJob", "JobSet", "PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob", "TrainJob", "RayJob"}
+)
+_INFERENCE_KINDS = frozenset(
+    {"Deployment", "StatefulSet", "LeaderWorkerSet", "InferenceService", "RayService", "ReplicaSet"}
+)
+
+
+def runai_workload_type(kind: str) -> str:
+    """Map a top-level kind onto Run:ai's three workload types; anything else (bare pods, notebooks) is interactive."""
+    if kind in _TRAINING_KINDS:
+        return "training"
+    if kind in _INFERENCE_KINDS:
+        return "inference"
+    return "interactive"
+
+
+def _memory_used_mebibytes(workload: WorkloadFigures) -> float | None:
+    """Memory of the devices it holds, each weighted by the share it holds (as the store's per-unit rule)."""
+    total = 0.0
+    seen = False
+    for gpu in workload.gpus:
+        if gpu.memory_used_bytes is None or gpu.units <= 0:
+            continue
+        share = min(1.0, gpu.units / gpu.device_units) if gpu.device_units > 0 else 1.0
+        total += gpu.memory_used_bytes * share
+        seen = True
+    return total / 2**20 if seen else None

@@ -25,7 +25,7 @@ def store(tmp_path: Path) -> Iterator[EmbeddedStore]:
 
 @pytest.fixture
 async def client(store: EmbeddedStore) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(store, Settings(auth="none", runai_compatible_metrics=True))
+    app = create_app(store, Settings(auth="none", runai_compatible_metrics=True, cluster_id="c-1"))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gpuwm") as http:
         yield http
 
@@ -231,10 +231,25 @@ async def test_prometheus_metrics_and_runai_names(client: httpx.AsyncClient) -> 
         in text
     )
     assert (
-        'runai_gpu_idle_seconds_per_workload{namespace="team-b",project="beta",workload_id="uid-notebook",workload_name="notebook",workload_type="Job"} 645.0'
+        'runai_gpu_idle_seconds_per_workload{clusterId="c-1",namespace="team-b",project="beta",user="",'
+        'workload_id="uid-notebook",workload_name="notebook",workload_type="training"} 645.0'
         in text
     )
-    assert 'runai_allocated_gpu_count_per_project{project="alpha"} 2.0' in text
+    assert 'runai_allocated_gpu_count_per_project{clusterId="c-1",project="alpha"} 2.0' in text
+    # only names Run:ai publishes (its metrics reference, cluster 2.17+): nothing invented under runai_
+    published = {
+        "runai_allocated_gpu_count_per_workload",
+        "runai_gpu_utilization_per_workload",
+        "runai_gpu_idle_seconds_per_workload",
+        "runai_last_gpu_utilization_time_per_workload",
+        "runai_gpu_memory_used_mebibytes_per_workload",
+        "runai_wait_time_seconds_per_workload",
+        "runai_run_time_seconds_per_workload",
+        "runai_allocated_gpu_count_per_project",
+        "runai_gpu_utilization_per_project",
+    }
+    emitted = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line.startswith("runai_")}
+    assert emitted and emitted <= published, emitted - published
 
 
 async def test_runai_names_are_off_by_default(store: EmbeddedStore) -> None:
@@ -269,3 +284,26 @@ def test_auth_none_logs_a_loud_warning(store: EmbeddedStore, caplog: pytest.LogC
     with caplog.at_level("WARNING", logger="gpuwm.api.app"):
         create_app(store, Settings(auth="none"))
     assert any("AUTHENTICATION IS OFF" in record.getMessage() for record in caplog.records)
+
+
+def test_runai_workload_type_and_memory_by_share() -> None:
+    from gpuwm.api.prom_metrics import _memory_used_mebibytes, runai_workload_type
+    from gpuwm.model.figures import GpuFigures, WorkloadFigures
+
+    assert [runai_workload_type(kind) for kind in ("PyTorchJob", "Job", "Deployment", "Pod", "Notebook")] == [
+        "training",
+        "training",
+        "inference",
+        "interactive",
+        "interactive",
+    ]
+    whole = GpuFigures(node="n", uuid="GPU-a", units=1.0, device_units=1.0, memory_used_bytes=4 * 2**30)
+    # a time-sliced quarter of a device using 8 GiB in all: a quarter of it is this workload's
+    quarter = GpuFigures(node="n", uuid="GPU-b", units=0.25, device_units=1.0, memory_used_bytes=8 * 2**30)
+    unsampled = GpuFigures(node="n", uuid="GPU-c", units=1.0, device_units=1.0)
+    workload = WorkloadFigures(
+        uid="u", namespace="ns", name="w", kind="Job", api_version="batch/v1", project="p", phase="Running",
+        gpus=[whole, quarter, unsampled],
+    )
+    assert _memory_used_mebibytes(workload) == 4 * 1024 + 2 * 1024
+    assert _memory_used_mebibytes(workload.model_copy(update={"gpus": [unsampled]})) is None
