@@ -6,6 +6,7 @@ import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -175,3 +176,147 @@ def test_fault_injection(emu: EmulatorThread) -> None:
     assert http.request("GET", "/api/v1/pods")[0] == 200
     emu.emulator.faults.append(Fault(status=503, count=1))
     assert http.request("GET", "/api/v1/namespaces")[0] == 503
+
+
+# ---------------------------------------------------------------- rules kube-apiserver enforces
+
+
+def test_labels_and_names_follow_object_meta_rules(emu: EmulatorThread) -> None:
+    http = KubeHttp(emu.url)
+    long_value = "x" * 64
+    status, error = http.request("POST", GWM, {**_workload_cr(), "metadata": {"name": "train",
+                                                                               "labels": {"gpuwm.io/name": long_value}}})
+    assert status == 422 and "must be no more than 63 characters" in error["message"]
+    for bad in ("-starts-with-dash", "has space", "ends.", "a/b"):
+        status, error = http.request("POST", GWM, {**_workload_cr(), "metadata": {"name": "t", "labels": {"k": bad}}})
+        assert status == 422 and "metadata.labels" in error["message"], bad
+    status, error = http.request("POST", GWM, {**_workload_cr(), "metadata": {"name": "t", "labels": {"Bad_Prefix/k": "v"}}})
+    assert status == 422 and "prefix part" in error["message"]
+    assert http.create(GWM, {**_workload_cr(), "metadata": {"name": "t", "labels": {"k": "A-b_c.9", "e": ""}}})
+    status, error = http.request("POST", GWM, {**_workload_cr(), "metadata": {"name": "x" * 254}})
+    assert status == 422 and "metadata.name" in error["message"]
+    status, error = http.request("POST", GWM, {**_workload_cr(), "metadata": {"name": "Upper"}})
+    assert status == 422 and "RFC 1123 subdomain" in error["message"]
+    status, error = http.request("POST", "/api/v1/namespaces", {"metadata": {"name": "dotted.name"}})
+    assert status == 422 and "RFC 1123 label" in error["message"]  # namespaces are labels, not subdomains
+    # labels are checked on updates too
+    status, error = http.request("PATCH", f"{GWM}/t", {"metadata": {"labels": {"k": long_value}}},
+                                 "application/merge-patch+json")
+    assert status == 422 and "63 characters" in error["message"]
+
+
+def test_generate_name_keeps_58_characters_and_adds_5(emu: EmulatorThread) -> None:
+    http = KubeHttp(emu.url)
+    created = http.create(GWM, {**_workload_cr(), "metadata": {"generateName": "w" * 70 + "."}})
+    name = created["metadata"]["name"]
+    assert name.startswith("w" * 58) and len(name) == 63 and "." not in name
+
+
+def test_body_namespace_must_match_the_url(emu: EmulatorThread) -> None:
+    http = KubeHttp(emu.url)
+    status, error = http.request("POST", GWM, {**_workload_cr(), "metadata": {"name": "t", "namespace": "other"}})
+    assert status == 400 and "does not match the namespace" in error["message"]
+
+
+def _legacy_event(**extra: object) -> dict[str, object]:
+    return {"metadata": {"generateName": "train."},
+            "involvedObject": {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "namespace": "team-a"},
+            "reason": "GpuIdle", "message": "idle", "type": "Warning", "source": {"component": "gpuwm"},
+            "firstTimestamp": "2026-01-02T03:04:05Z", "lastTimestamp": "2026-01-02T03:04:05Z", "count": 1, **extra}
+
+
+def test_core_v1_events_are_validated_like_the_api_server(emu: EmulatorThread) -> None:
+    http = KubeHttp(emu.url)
+    events = "/api/v1/namespaces/team-a/events"
+    assert http.create(events, _legacy_event())["metadata"]["name"].startswith("train.")
+    wrong_namespace = _legacy_event(involvedObject={"kind": "Job", "name": "train", "namespace": "elsewhere"})
+    status, error = http.request("POST", events, wrong_namespace)
+    assert status == 422 and "does not match event.namespace" in error["message"]
+    # with eventTime (the "new" form through core/v1) the reporting fields become required
+    status, error = http.request("POST", events, _legacy_event(eventTime="2026-01-02T03:04:05.000000Z"))
+    assert status == 422 and "reportingComponent: Required value" in error["message"]
+    assert "action: Required value" in error["message"] and "reportingInstance: Required value" in error["message"]
+    full = _legacy_event(eventTime="2026-01-02T03:04:05.123456Z", reportingComponent="gpuwm.io/controller",
+                         reportingInstance="gpuwm-0", action="Observe")
+    assert http.create(events, full)
+    status, error = http.request("POST", events, {**full, "message": "m" * 1025})
+    assert status == 422 and "at most 1024 characters" in error["message"]
+    status, error = http.request("POST", events, {**full, "action": "a" * 129})
+    assert status == 422 and "at most 128 characters" in error["message"]
+    # MicroTime needs exactly six fractional digits: anything else does not even decode
+    status, error = http.request("POST", events, {**full, "eventTime": "2026-01-02T03:04:05Z"})
+    assert status == 400 and "2006-01-02T15:04:05.000000Z07:00" in error["message"]
+
+
+def test_events_k8s_io_v1_is_strict(emu: EmulatorThread) -> None:
+    http = KubeHttp(emu.url)
+    events = "/apis/events.k8s.io/v1/namespaces/team-a/events"
+    good: dict[str, Any] = {"metadata": {"generateName": "train."}, "eventTime": "2026-01-02T03:04:05.000001Z",
+            "regarding": {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "namespace": "team-a"},
+            "reason": "GpuIdle", "note": "idle", "type": "Warning", "action": "Observe",
+            "reportingController": "gpuwm.io/controller", "reportingInstance": "gpuwm-0"}
+    assert http.create(events, good)
+    changes: list[tuple[dict[str, Any], str]] = [
+        ({"type": "Info"}, "type: Invalid value"),
+        ({"eventTime": None}, "eventTime: Required value"),
+        ({"reportingController": None}, "reportingController: Required value"),
+        ({"note": "n" * 1025}, "note: Invalid value"),
+        ({"deprecatedCount": 2}, "deprecatedCount: Invalid value"),
+        ({"deprecatedSource": {"component": "gpuwm"}}, "deprecatedSource: Invalid value"),
+    ]
+    for change, complaint in changes:
+        status, error = http.request("POST", events, {k: v for k, v in {**good, **change}.items() if v is not None})
+        assert status == 422 and complaint in error["message"], (change, error)
+
+
+async def test_a_terminating_namespace_refuses_new_content(emu: EmulatorThread) -> None:
+    http = KubeHttp(emu.url)
+    emu.emulator.namespace_termination_seconds = 0.5
+    http.create(GWM, _workload_cr())
+    deleted = http.ok("DELETE", "/api/v1/namespaces/team-a")
+    assert deleted["status"]["phase"] == "Terminating" and deleted["metadata"]["deletionTimestamp"]
+    status, error = http.request("POST", GWM, _workload_cr("late"))
+    assert status == 403 and error["reason"] == "Forbidden"
+    assert "unable to create new content in namespace team-a because it is being terminated" in error["message"]
+    status, _ = http.request("PATCH", f"{GWM}/train/status", {"status": {"allocatedGpus": 1}},
+                             "application/merge-patch+json")
+    assert status == 200  # updates of what is still there are allowed until the content goes
+    for _ in range(50):
+        await asyncio.sleep(0.1)
+        if http.request("GET", "/api/v1/namespaces/team-a")[0] == 404:
+            break
+    assert http.request("GET", f"{GWM}/train")[0] == 404
+    status, error = http.request("POST", GWM, _workload_cr("later"))
+    assert status == 404 and error["message"] == 'namespaces "team-a" not found'
+
+
+def test_field_selectors_are_limited_per_kind(emu: EmulatorThread) -> None:
+    http = KubeHttp(emu.url)
+    http.create(GWM, _workload_cr())
+    assert len(http.get(GWM, fieldSelector="metadata.name=train")["items"]) == 1
+    status, error = http.request("GET", GWM, params={"fieldSelector": "spec.project=team-a"})
+    assert status == 400 and "not a known field selector" in error["message"]
+    assert http.get("/api/v1/pods", fieldSelector="spec.nodeName=n1,status.phase=Running")["items"] == []
+
+
+def test_schema_integers_formats_and_nulls(emu: EmulatorThread) -> None:
+    http = KubeHttp(emu.url)
+    crd = minimal_crd("example.io", "v1", "Widget", "widgets")
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"] = {"type": "object", "properties": {
+        "spec": {"type": "object", "properties": {
+            "count": {"type": "integer"}, "at": {"type": "string", "format": "date-time"},
+            "note": {"type": "string"}, "maybe": {"type": "string", "nullable": True},
+            "tags": {"type": "array", "items": {"type": "string"}}}}}}
+    http.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    widgets = "/apis/example.io/v1/namespaces/team-a/widgets"
+    status, error = http.request("POST", widgets, {"metadata": {"name": "w"}, "spec": {"count": 3.5}})
+    assert status == 422 and "spec.count" in error["message"] and "integer" in error["message"]
+    assert http.create(widgets, {"metadata": {"name": "w0"}, "spec": {"count": 3.0}})["spec"]["count"] == 3
+    status, error = http.request("POST", widgets, {"metadata": {"name": "w"}, "spec": {"at": "2026-01-02 03:04"}})
+    assert status == 422 and "date-time" in error["message"]
+    assert http.create(widgets, {"metadata": {"name": "w1"}, "spec": {"at": "2026-01-02T03:04:05.5+01:00"}})
+    # a null where null is not allowed is pruned; where it is allowed, kept; a null list item is an error
+    created = http.create(widgets, {"metadata": {"name": "w2"}, "spec": {"note": None, "maybe": None}})
+    assert created["spec"] == {"maybe": None}
+    status, error = http.request("POST", widgets, {"metadata": {"name": "w3"}, "spec": {"tags": ["a", None]}})
+    assert status == 422 and "spec.tags[1]" in error["message"]

@@ -52,11 +52,25 @@ KNOWN_PLURALS: dict[tuple[str, str], str] = {
 class KubeApiError(Exception):
     """A Kubernetes API answer that is not a success and not worth retrying (or retries ran out)."""
 
-    def __init__(self, status: int, method: str, path: str, message: str) -> None:
+    def __init__(self, status: int, method: str, path: str, message: str, reason: str = "") -> None:
         self.status = status
         self.method = method
         self.path = path
+        self.message = message
+        self.reason = reason  # the metav1.Status reason: NotFound, Forbidden, AlreadyExists, Conflict...
         super().__init__(f"{method} {path}: HTTP {status}: {message}")
+
+    @property
+    def namespace_gone(self) -> bool:
+        """A create refused because its namespace is being terminated (403) or does not exist (404).
+
+        The real API server answers `namespaces "X" not found` for a missing namespace, and
+        `unable to create new content in namespace X because it is being terminated` (403) while
+        the namespace controller empties it; neither will succeed on retry until it exists again.
+        """
+        return (self.status == 403 and "being terminated" in self.message) or (
+            self.status == 404 and self.message.startswith('namespaces "')
+        )
 
 
 def resource_path(
@@ -196,7 +210,7 @@ class KubeClient:
                         session = await self._session_()
                         continue
                     if response.status not in RETRIED_STATUSES or attempt >= len(self._backoffs):
-                        raise KubeApiError(response.status, method, path, _message(text))
+                        raise KubeApiError(response.status, method, path, *_message_and_reason(text))
                     delay = _retry_after(response.headers.get("Retry-After"), self._backoffs[attempt])
             except (TimeoutError, aiohttp.ClientConnectionError) as error:
                 if attempt >= len(self._backoffs):
@@ -257,12 +271,13 @@ class KubeClient:
             raise
 
 
-def _message(text: str) -> str:
+def _message_and_reason(text: str) -> tuple[str, str]:
+    """The message and reason of a metav1.Status body (the raw text when it is not one)."""
     try:
         status = json.loads(text)
-        return str(status.get("message") or text)[:500]
+        return str(status.get("message") or text)[:500], str(status.get("reason") or "")
     except (ValueError, AttributeError):
-        return text[:500]
+        return text[:500], ""
 
 
 def _retry_after(header: str | None, default: float) -> float:

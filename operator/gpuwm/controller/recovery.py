@@ -143,6 +143,8 @@ async def _adopt_existing_crs(runtime: ControllerRuntime) -> list[dict[str, Any]
         if not uid or not namespace or not name:
             continue
         runtime.writer.existing.add((WORKLOAD_PLURAL, str(namespace), str(name)))
+        if isinstance(metadata.get("generation"), int):
+            runtime.writer.generations[(WORKLOAD_PLURAL, str(namespace), str(name))] = metadata["generation"]
         runtime.cr_names[str(uid)] = str(name)
         runtime.cr_owner[(str(namespace), str(name))] = (str(uid), str(ref.get("kind")), None)
     return items

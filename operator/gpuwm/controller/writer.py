@@ -29,6 +29,8 @@ WORKLOAD_KIND = "GPUWorkloadMetrics"
 PROJECT_KIND = "GPUProjectMetrics"
 #: writes whose lag `WriterStats` keeps
 LAG_HISTORY = 10_000
+#: how long a namespace that refused a create as terminating gets no writes (it is usually gone by then)
+NAMESPACE_RETRY_SECONDS = 60.0
 
 
 @dataclass
@@ -95,6 +97,10 @@ class StatusWriter:
         self.written: dict[Key, Written] = {}
         self.existing: set[Key] = set()
         self.skipped: set[Key] = set()  # names held by objects gpuwm did not create
+        #: metadata.generation of each CR as last answered by the API server (status.observedGeneration)
+        self.generations: dict[Key, int] = {}
+        #: namespaces being terminated (or gone) -> when that was seen; no writes there for a while
+        self.closed_namespaces: dict[str, float] = {}
         self.stats = WriterStats()
 
     @property
@@ -104,7 +110,7 @@ class StatusWriter:
     def offer(self, desired: Desired) -> WriteReason:
         """Queue `desired` if it is worth a write; returns why (or "none")."""
         key: Key = (desired.plural, desired.namespace, desired.name)
-        if key in self.skipped:
+        if key in self.skipped or self._namespace_closed(desired.namespace):
             return "none"
         last = self.written.get(key)
         reason = write_reason(
@@ -132,6 +138,27 @@ class StatusWriter:
         self._due.pop(key, None)
         self.written.pop(key, None)
         self.existing.discard(key)
+        self.generations.pop(key, None)
+
+    def _namespace_closed(self, namespace: str | None) -> bool:
+        """Whether `namespace` was being terminated lately (creates there fail with 403 until it is gone)."""
+        if namespace is None or namespace not in self.closed_namespaces:
+            return False
+        if self._clock() - self.closed_namespaces[namespace] < NAMESPACE_RETRY_SECONDS:
+            return True
+        del self.closed_namespaces[namespace]  # maybe recreated since: try again
+        return False
+
+    def namespace_reopened(self, namespace: str) -> None:
+        """The namespace exists and is active again (a namespace watch event): write there at once."""
+        self.closed_namespaces.pop(namespace, None)
+
+    def _remember_generation(self, key: Key, obj: Mapping[str, Any] | None) -> int | None:
+        generation = ((obj or {}).get("metadata") or {}).get("generation")
+        if isinstance(generation, int):
+            self.generations[key] = generation
+            return generation
+        return None
 
     def _next(self) -> Desired | None:
         for queue in (self._material, self._due):
@@ -152,6 +179,9 @@ class StatusWriter:
                 await self.write(desired)
             except KubeApiError as error:
                 self.stats.failures += 1
+                if error.namespace_gone and desired.namespace is not None:
+                    self._close_namespace(desired.namespace, error)
+                    continue
                 hint = (" (are the gpuwm CRDs installed? kubectl apply -f crds/)"
                         if error.status == 404 and error.method == "POST" else "")
                 logger.warning("could not write %s %s/%s: %s%s", desired.plural, desired.namespace or "-", desired.name,
@@ -174,14 +204,20 @@ class StatusWriter:
             except ForeignObjectError:
                 return
         status = desired.render()
+        status["observedGeneration"] = self.generations.get(key)
         try:
-            await self._client.merge_patch(path + "/status", {"status": status})
+            answer = await self._client.merge_patch(path + "/status", {"status": status})
         except KubeApiError as error:
             if error.status != 404:
                 raise
             self.existing.discard(key)  # deleted behind our back: create it again, then write
             await self._create(desired, path)
-            await self._client.merge_patch(path + "/status", {"status": status})
+            status["observedGeneration"] = self.generations.get(key)
+            answer = await self._client.merge_patch(path + "/status", {"status": status})
+        generation = self._remember_generation(key, answer)
+        if generation is not None and generation != status["observedGeneration"]:
+            # someone changed the spec since we last heard: say which generation this status is for
+            await self._client.merge_patch(path + "/status", {"status": {"observedGeneration": generation}})
         now = self._clock()
         self.written[key] = Written(signature=desired.signature, counters=desired.counters, at=now)
         self.stats.writes += 1
@@ -200,7 +236,7 @@ class StatusWriter:
         }
         collection = resource_path(API_VERSION, desired.plural, desired.namespace)
         try:
-            await self._client.create(collection, body)
+            self._remember_generation(key, await self._client.create(collection, body))
             self.stats.creates += 1
         except KubeApiError as error:
             if error.status != 409:
@@ -212,7 +248,8 @@ class StatusWriter:
                                MANAGED_BY_LABEL, extra={"namespace": desired.namespace, "object": desired.name})
                 raise ForeignObjectError(desired.name) from None
             # ours (a restart, or a race): keep its spec in line with ours
-            await self._client.merge_patch(path, {"metadata": {"labels": labels}, "spec": desired.spec})
+            adopted = await self._client.merge_patch(path, {"metadata": {"labels": labels}, "spec": desired.spec})
+            self._remember_generation(key, adopted)
         self.existing.add(key)
 
     async def _foreign(self, collection: str, name: str) -> bool:
@@ -220,6 +257,15 @@ class StatusWriter:
         items = await self._client.list_items(collection, {"fieldSelector": f"metadata.name={name}"})
         labels = ((items[0].get("metadata") or {}).get("labels") or {}) if items else {}
         return bool(items) and labels.get(MANAGED_BY_LABEL) != MANAGED_BY
+
+    def _close_namespace(self, namespace: str, error: KubeApiError) -> None:
+        if namespace not in self.closed_namespaces:
+            logger.info("namespace %s is being terminated or is gone (%s); no CR writes there for %.0fs",
+                        namespace, error.message, NAMESPACE_RETRY_SECONDS, extra={"namespace": namespace})
+        self.closed_namespaces[namespace] = self._clock()
+        for queue in (self._material, self._due):
+            for key in [key for key in queue if key[1] == namespace]:
+                del queue[key]
 
     async def delete(self, plural: str, namespace: str | None, name: str) -> None:
         """Delete a CR (retention ran out); gone already is fine."""

@@ -1,12 +1,16 @@
 """Structural-schema validation and pruning, as the API server applies a CRD's openAPIV3Schema.
 
-Unknown fields are dropped (pruning) unless `x-kubernetes-preserve-unknown-fields`; wrong
-types, nulls where not `nullable`, missing `required` fields and values outside `enum`
-are errors (HTTP 422), each naming the field path like the real server does.
+Unknown fields are dropped (pruning) unless `x-kubernetes-preserve-unknown-fields`; so are
+object fields set to null where the schema is not `nullable` and has no default (the API
+server prunes those before validating, since 1.20). Wrong types (3.5 for an integer), a
+string that is not RFC 3339 where `format: date-time`, a null array item where not
+`nullable`, missing `required` fields and values outside `enum` are errors (HTTP 422), each
+naming the field path like the real server does.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -17,6 +21,15 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "number": (int, float),
     "boolean": (bool,),
 }
+
+
+#: strfmt's date-time: RFC 3339 with a time zone, fractional seconds optional
+_DATE_TIME = re.compile(r"\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
+
+
+def expected_format(schema: dict[str, Any]) -> str | None:
+    value = schema.get("format")
+    return str(value) if value else None
 
 
 def validate(value: Any, schema: dict[str, Any], path: str = "") -> tuple[Any, list[str]]:
@@ -30,6 +43,9 @@ def _check(value: Any, schema: dict[str, Any], path: str, errors: list[str]) -> 
     if value is None:
         if not schema.get("nullable", False) and schema:
             errors.append(f"{path}: Invalid value: \"null\": {path} in body must be of type {schema.get('type', 'object')}")
+        return value
+    if expected_format(schema) == "date-time" and isinstance(value, str) and not _DATE_TIME.fullmatch(value):
+        errors.append(f'{path}: Invalid value: "{value}": {path} in body must be of type date-time: "{value}"')
         return value
     expected = schema.get("type")
     if expected in _TYPES:
@@ -48,6 +64,9 @@ def _check(value: Any, schema: dict[str, Any], path: str, errors: list[str]) -> 
         result: dict[str, Any] = {}
         for key, item in value.items():
             child = f"{path}.{key}" if path != "<root>" else key
+            if item is None and key in properties and not properties[key].get("nullable", False) \
+                    and "default" not in properties[key]:
+                continue  # a null where null is not allowed is pruned before validation (Kubernetes >= 1.20)
             if key in properties:
                 result[key] = _check(item, properties[key], child, errors)
             elif isinstance(additional, dict):

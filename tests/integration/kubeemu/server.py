@@ -25,9 +25,11 @@ import yaml
 from aiohttp import web
 
 from . import patches
+from .errors import ApiError
 from .resources import BUILTIN, ResourceType, load_crd_files, types_from_crd
 from .schema import validate
-from .store import ApiError, ObjectStore, Watcher
+from .store import ObjectStore, Watcher, now_rfc3339
+from .validation import check_field_selector, validate_event
 
 
 @dataclass
@@ -53,8 +55,10 @@ class RequestRecord:
 
 
 class KubernetesEmulator:
-    def __init__(self, crd_directory: Path | None = None) -> None:
+    def __init__(self, crd_directory: Path | None = None, namespace_termination_seconds: float = 1.0) -> None:
         self.store = ObjectStore()
+        #: how long a deleted namespace stays Terminating (creates there: 403) before its content goes
+        self.namespace_termination_seconds = namespace_termination_seconds
         self.types: dict[tuple[str, str, str], ResourceType] = {}
         for rtype in BUILTIN:
             self.add_type(rtype)
@@ -150,18 +154,19 @@ class KubernetesEmulator:
                 return web.json_response(self._list(request, rtype, namespace))
             if method == "POST":
                 body = await self._body(request)
-                self._check_namespace(rtype, namespace)
                 self._check_identity(rtype, body)
+                self._check_namespace(rtype, namespace, body)
+                if rtype.plural == "events" and rtype.group in {"", "events.k8s.io"}:
+                    validate_event(rtype.group, namespace, body)
                 obj = self._prepare_create(rtype, body)
                 return web.json_response(self.store.create(rtype, namespace, obj, manager), status=201)
             raise ApiError(405, "MethodNotAllowed", f"{method} is not allowed on a collection")
         if method == "GET":
             return web.json_response(self.store.get(rtype, namespace, name))
         if method == "DELETE":
-            gone = self.store.delete(rtype, namespace, name)
             if rtype.plural == "namespaces" and not rtype.group:
-                self._delete_namespace_content(name)
-            return web.json_response(gone)
+                return web.json_response(self._terminate_namespace(rtype, name))
+            return web.json_response(self.store.delete(rtype, namespace, name))
         if method == "PUT":
             body = await self._body(request)
             self._check_identity(rtype, body, name)
@@ -198,6 +203,7 @@ class KubernetesEmulator:
                 "groupVersion": f"{group}/{version}" if group else version, "resources": resources}
 
     def _list(self, request: web.Request, rtype: ResourceType, namespace: str | None) -> dict[str, Any]:
+        check_field_selector(rtype.group, rtype.plural, request.query.get("fieldSelector"))
         items = self.store.select(rtype, namespace, request.query.get("labelSelector"), request.query.get("fieldSelector"))
         metadata: dict[str, Any] = {"resourceVersion": str(self.store.resource_version)}
         limit = int(request.query.get("limit") or 0)
@@ -209,6 +215,7 @@ class KubernetesEmulator:
         return {"kind": f"{rtype.kind}List", "apiVersion": rtype.api_version, "metadata": metadata, "items": items}
 
     async def _watch(self, request: web.Request, rtype: ResourceType, namespace: str | None) -> web.StreamResponse:
+        check_field_selector(rtype.group, rtype.plural, request.query.get("fieldSelector"))
         watcher = Watcher(rtype, namespace, request.query.get("labelSelector"), request.query.get("fieldSelector"))
         since = request.query.get("resourceVersion")
         if since in {None, "", "0"}:  # "any": the current state as ADDED events first, like the real server
@@ -258,13 +265,46 @@ class KubernetesEmulator:
         except (ValueError, yaml.YAMLError) as error:
             raise ApiError(400, "BadRequest", f"the request body is not valid: {error}") from None
 
-    def _check_namespace(self, rtype: ResourceType, namespace: str | None) -> None:
-        if rtype.namespaced:
-            if namespace is None:
-                raise ApiError(404, "NotFound", f"{rtype.plural} must be created in a namespace")
-            namespaces = self.types[("", "v1", "namespaces")]
-            if ("", namespace) not in self.store.bucket(namespaces):
-                raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found')
+    def _check_namespace(self, rtype: ResourceType, namespace: str | None, body: Any = None) -> None:
+        """The namespace exists, is not being terminated, and the body does not name another one."""
+        if not rtype.namespaced:
+            return
+        if namespace is None:
+            raise ApiError(404, "NotFound", f"{rtype.plural} must be created in a namespace")
+        metadata = (body.get("metadata") or {}) if isinstance(body, dict) else {}
+        if metadata.get("namespace") not in {None, "", namespace}:
+            raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the namespace "
+                                              "sent on the request")
+        found = self.store.bucket(self.types[("", "v1", "namespaces")]).get(("", namespace))
+        if found is None:
+            raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found')
+        if found["metadata"].get("deletionTimestamp"):
+            name = metadata.get("name") or metadata.get("generateName") or ""
+            raise ApiError(403, "Forbidden", f'{rtype.plural}{"." + rtype.group if rtype.group else ""} "{name}" is '
+                                             f"forbidden: unable to create new content in namespace {namespace} "
+                                             "because it is being terminated")
+
+    def _terminate_namespace(self, rtype: ResourceType, name: str) -> dict[str, Any]:
+        """DELETE of a namespace: Terminating first (creates get 403), content and namespace go later.
+
+        The real namespace controller empties the namespace after the DELETE returns; until it is
+        done the namespace has a deletionTimestamp and phase Terminating.
+        """
+        old = self.store.get(rtype, None, name)
+        if old["metadata"].get("deletionTimestamp"):
+            return old
+        terminating = self.store.mark_deleting(rtype, old, now_rfc3339(), status={"phase": "Terminating"})
+        if self.namespace_termination_seconds <= 0:
+            self._finish_namespace(rtype, name)
+        else:
+            asyncio.get_running_loop().call_later(self.namespace_termination_seconds, self._finish_namespace,
+                                                  rtype, name)
+        return terminating
+
+    def _finish_namespace(self, rtype: ResourceType, name: str) -> None:
+        self._delete_namespace_content(name)
+        if ("", name) in self.store.bucket(rtype):
+            self.store.remove(rtype, self.store.get(rtype, None, name))
 
     def _check_identity(self, rtype: ResourceType, body: Any, name: str | None = None) -> None:
         if not isinstance(body, dict):
@@ -310,8 +350,8 @@ class KubernetesEmulator:
             except ApiError:
                 if subresource:
                     raise
-                self._check_namespace(rtype, namespace)
                 self._check_identity(rtype, body, name)
+                self._check_namespace(rtype, namespace, body)
                 obj = self._prepare_create(rtype, body)
                 obj.setdefault("metadata", {})["name"] = name
                 return self.store.create(rtype, namespace, obj, manager)

@@ -12,19 +12,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from .errors import ApiError
 from .resources import ResourceType
-
-
-class ApiError(Exception):
-    """An API failure answered as a metav1.Status."""
-
-    def __init__(self, code: int, reason: str, message: str, retry_after: float | None = None) -> None:
-        super().__init__(message)
-        self.code, self.reason, self.message, self.retry_after = code, reason, message, retry_after
-
-    def status(self) -> dict[str, Any]:
-        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure", "message": self.message,
-                "reason": self.reason, "code": self.code}
+from .validation import generate_name, validate_object_meta
 
 
 def now_rfc3339() -> str:
@@ -166,14 +156,11 @@ class ObjectStore:
     def create(self, rtype: ResourceType, namespace: str | None, obj: dict[str, Any], manager: str | None) -> dict[str, Any]:
         metadata = obj.setdefault("metadata", {})
         if not metadata.get("name") and metadata.get("generateName"):
-            metadata["name"] = metadata["generateName"] + uuid.uuid4().hex[:5]
+            metadata["name"] = generate_name(str(metadata["generateName"]))
         name = metadata.get("name")
         if not name:
             raise ApiError(422, "Invalid", f"{rtype.kind} is invalid: metadata.name: Required value")
-        if not re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name) or len(name) > 253:
-            raise ApiError(422, "Invalid", f'{rtype.kind} "{name}" is invalid: metadata.name: Invalid value: "{name}": '
-                                           "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "
-                                           "characters, '-' or '.'")
+        validate_object_meta(rtype.kind, rtype.group, rtype.plural, metadata)
         key = (namespace or "", name)
         if key in self.bucket(rtype):
             raise ApiError(409, "AlreadyExists", f'{rtype.plural}.{rtype.group or "core"} "{name}" already exists')
@@ -207,6 +194,7 @@ class ObjectStore:
         for owned in ("uid", "creationTimestamp", "namespace", "name", "generation", "deletionTimestamp"):
             if owned in old_meta:
                 new_meta[owned] = old_meta[owned]
+        validate_object_meta(rtype.kind, rtype.group, rtype.plural, new_meta)
         if subresource == "status":  # only the status stanza changes through /status
             merged = copy.deepcopy(old)
             if "status" in new:
@@ -237,16 +225,28 @@ class ObjectStore:
         self._emit(rtype, "MODIFIED", new)
         return new
 
+    def mark_deleting(self, rtype: ResourceType, obj: dict[str, Any], when: str,
+                      status: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Set deletionTimestamp (and a status) on an object that is going but not gone yet."""
+        updated = copy.deepcopy(obj)
+        updated["metadata"]["deletionTimestamp"] = when
+        if status is not None:
+            updated["status"] = {**(updated.get("status") or {}), **status}
+        updated["metadata"]["resourceVersion"] = self._bump()
+        metadata = updated["metadata"]
+        self.bucket(rtype)[(metadata.get("namespace") or "", metadata["name"])] = updated
+        self._emit(rtype, "MODIFIED", updated)
+        return updated
+
+    def remove(self, rtype: ResourceType, obj: dict[str, Any]) -> dict[str, Any]:
+        """Remove an object whatever its finalizers (what the namespace controller's finalizer step ends in)."""
+        return self._remove(rtype, obj)
+
     def delete(self, rtype: ResourceType, namespace: str | None, name: str) -> dict[str, Any]:
         obj = self.get(rtype, namespace, name)
         if obj["metadata"].get("finalizers"):
             if not obj["metadata"].get("deletionTimestamp"):
-                updated = copy.deepcopy(obj)
-                updated["metadata"]["deletionTimestamp"] = now_rfc3339()
-                updated["metadata"]["resourceVersion"] = self._bump()
-                self.bucket(rtype)[(namespace or "", name)] = updated
-                self._emit(rtype, "MODIFIED", updated)
-                return updated
+                return self.mark_deleting(rtype, obj, now_rfc3339())
             return obj
         return self._remove(rtype, obj)
 

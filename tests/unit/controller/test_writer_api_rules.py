@@ -1,0 +1,105 @@
+"""The status writer against answers a real API server gives: generations, terminating namespaces."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+
+from gpuwm.controller.kube import KubeApiError
+from gpuwm.controller.ratelimit import TokenBucket
+from gpuwm.controller.writer import Desired, StatusWriter
+
+
+class GenerationClient:
+    """Answers like the API server: every response carries metadata.generation."""
+
+    def __init__(self, generation_after_patch: int = 1) -> None:
+        self.generation_after_patch = generation_after_patch
+        self.patches: list[tuple[str, dict[str, Any]]] = []
+
+    async def create(self, path: str, body: Any) -> dict[str, Any]:
+        return {"metadata": {"name": body["metadata"]["name"], "generation": 1}}
+
+    async def merge_patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.patches.append((path, body))
+        return {"metadata": {"generation": self.generation_after_patch}, **body}
+
+
+def _desired(name: str = "a", namespace: str = "ns") -> Desired:
+    return Desired(plural="gpuworkloadmetrics", namespace=namespace, name=name, spec={}, labels={},
+                   render=lambda: {"allocatedGpus": 1.0, "observedGeneration": None},
+                   signature=("Running", 1.0), counters=(0.0,))
+
+
+async def test_status_carries_the_generation_the_api_server_reported() -> None:
+    client = GenerationClient()
+    writer = StatusWriter(client, TokenBucket(1000), interval_seconds=15)  # type: ignore[arg-type]
+    await writer.write(_desired())
+    assert len(client.patches) == 1
+    assert client.patches[0][1]["status"]["observedGeneration"] == 1  # from the create's answer
+
+
+async def test_a_spec_changed_behind_our_back_gets_its_new_generation() -> None:
+    client = GenerationClient(generation_after_patch=3)
+    writer = StatusWriter(client, TokenBucket(1000), interval_seconds=15)  # type: ignore[arg-type]
+    writer.existing.add(("gpuworkloadmetrics", "ns", "a"))
+    writer.generations[("gpuworkloadmetrics", "ns", "a")] = 2
+    await writer.write(_desired())
+    sent = [body["status"]["observedGeneration"] for _, body in client.patches]
+    assert sent == [2, 3]  # the answer said 3: a second, small patch says so
+    assert writer.generations[("gpuworkloadmetrics", "ns", "a")] == 3
+
+
+class TerminatingClient(GenerationClient):
+    """The namespace `gone` is being terminated: creates there get the API server's 403."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.creates: list[str] = []
+
+    async def create(self, path: str, body: Any) -> dict[str, Any]:
+        self.creates.append(path)
+        if "/namespaces/gone/" in path:
+            raise KubeApiError(403, "POST", path, 'gpuworkloadmetrics.gpuwm.io "a" is forbidden: unable to create new '
+                               "content in namespace gone because it is being terminated", "Forbidden")
+        return await super().create(path, body)
+
+
+async def test_a_terminating_namespace_is_left_alone_for_a_while(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO)
+    now = [0.0]
+    client = TerminatingClient()
+    writer = StatusWriter(client, TokenBucket(1000), interval_seconds=15,  # type: ignore[arg-type]
+                          clock=lambda: now[0])
+    writer.offer(_desired("a", "gone"))
+    writer.offer(_desired("b", "gone"))
+    writer.offer(_desired("c", "live"))
+    task = asyncio.create_task(writer.run())
+    for _ in range(100):
+        await asyncio.sleep(0.01)
+        if writer.stats.writes:
+            break
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert client.creates.count("/apis/gpuwm.io/v1alpha1/namespaces/gone/gpuworkloadmetrics") == 1  # b was dropped
+    assert writer.stats.writes == 1 and "namespace gone is being terminated" in caplog.text
+    assert "CRDs installed" not in caplog.text  # not the missing-CRD hint
+    assert writer.offer(_desired("a", "gone")) == "none"
+    now[0] = 61.0  # later: maybe recreated, try again
+    assert writer.offer(_desired("a", "gone")) == "material"
+    writer.namespace_reopened("gone")
+    assert "gone" not in writer.closed_namespaces
+
+
+def test_namespace_gone_recognises_both_api_answers() -> None:
+    terminating = KubeApiError(403, "POST", "/x", "unable to create new content in namespace a because it is being "
+                                                  "terminated", "Forbidden")
+    missing = KubeApiError(404, "POST", "/x", 'namespaces "a" not found', "NotFound")
+    no_crd = KubeApiError(404, "POST", "/x", "the server could not find the requested resource", "NotFound")
+    rbac = KubeApiError(403, "POST", "/x", 'User "x" cannot create resource "gpuworkloadmetrics"', "Forbidden")
+    assert terminating.namespace_gone and missing.namespace_gone
+    assert not no_crd.namespace_gone and not rbac.namespace_gone
