@@ -14,6 +14,7 @@ import json
 import logging
 import time
 from collections.abc import Callable, Mapping
+from operator import attrgetter
 from typing import Any
 
 from gpuwm.accounting import Engine, EngineConfig
@@ -23,10 +24,10 @@ from gpuwm.controller.agents import (
     AgentPuller,
     DeviceHolder,
     PodAgents,
+    Snapshot,
     StaticAgents,
     index_holders,
     parse_agents_spec,
-    sorted_samples,
 )
 from gpuwm.controller.events import IdleEvents
 from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
@@ -57,6 +58,7 @@ from gpuwm.controller.units import replicas_from_node_labels
 from gpuwm.controller.writer import PROJECT_PLURAL, WORKLOAD_PLURAL, Desired, StatusWriter
 from gpuwm.model.crd import Condition
 from gpuwm.model.figures import ProjectFigures, WorkloadFigures
+from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import NamespaceEvent
 
 logger = logging.getLogger(__name__)
@@ -64,8 +66,6 @@ logger = logging.getLogger(__name__)
 NODE_CACHE_SECONDS = 600.0
 #: how often the engine state is saved; a restart re-reads the agents from the saved positions
 STATE_SAVE_SECONDS = 60.0
-#: samples fed to the engine between two yields to the event loop
-YIELD_EVERY = 2000
 
 
 class _PhaseTimer:
@@ -79,6 +79,43 @@ class _PhaseTimer:
         now = time.thread_time()
         self.phases[phase] = now - self._last
         self._last = now
+
+
+class _SampleIntake:
+    """Feeds each agent's snapshot to the engine as it arrives (see `AgentPuller.pull_all`).
+
+    Keeps what the rest of the cycle needs of the samples: each device's latest one (what the
+    store's rows and the CR's `gpus[]` read), the newest sample time, and the nodes whose
+    device holders changed. Samples of one agent go in time order; the engine places
+    samples of different agents exactly whatever their order (within its late window).
+    """
+
+    def __init__(self, engine: Engine, holders_by_node: dict[str, list[DeviceHolder]]) -> None:
+        self.engine = engine
+        self.holders_by_node = holders_by_node
+        self.latest: dict[str, GpuSample] = {}
+        self.latest_time: float | None = None
+        self.changed_nodes: set[str] = set()
+        self.samples = 0
+        self.cpu_seconds = 0.0
+
+    def take(self, snapshot: Snapshot) -> None:
+        started = time.thread_time()
+        if snapshot.holders != self.holders_by_node.get(snapshot.node):
+            self.changed_nodes.add(snapshot.node)
+            self.holders_by_node[snapshot.node] = snapshot.holders
+        observe, latest = self.engine.observe_sample, self.latest
+        for sample in snapshot.samples:
+            observe(sample)
+            known = latest.get(sample.uuid)
+            if known is None or sample.t >= known.t:
+                latest[sample.uuid] = sample
+        if snapshot.samples:
+            self.samples += len(snapshot.samples)
+            newest = snapshot.samples[-1].t
+            if self.latest_time is None or newest > self.latest_time:
+                self.latest_time = newest
+        self.cpu_seconds += time.thread_time() - started
 
 
 class ControllerRuntime:
@@ -207,27 +244,20 @@ class ControllerRuntime:
     async def cycle(self) -> None:
         """Pull, account, offer statuses, retention, save; CPU seconds per phase go to `cycle_cpu_seconds`."""
         timer = _PhaseTimer()
-        result = await self.puller.pull_all(self.agent_urls())
+        intake = _SampleIntake(self.engine, self.holders_by_node)
+        result = await self.puller.pull_all(self.agent_urls(), on_snapshot=intake.take)
         timer.mark("pull")
-        changed_nodes = set()
-        for snapshot in result.snapshots:
-            if snapshot.holders != self.holders_by_node.get(snapshot.node):
-                changed_nodes.add(snapshot.node)
-                self.holders_by_node[snapshot.node] = snapshot.holders
-        if changed_nodes:  # attribution changed: those nodes' pods get events with their devices
+        timer.phases["pull"] -= intake.cpu_seconds  # the engine's share of the pull, reported on its own
+        if intake.changed_nodes:  # attribution changed: those nodes' pods get events with their devices
             self.holders_by_pod = index_holders(self.holders_by_node)
             for pod in list(self.pods.values()):
-                if pod.node in changed_nodes:
+                if pod.node in intake.changed_nodes:
                     self._send(pod)
         timer.mark("attribution")
-        samples = sorted_samples(result.snapshots)
-        for index, sample in enumerate(samples):
-            self.engine.observe_sample(sample)
-            if index % YIELD_EVERY == YIELD_EVERY - 1:
-                await asyncio.sleep(0)  # let the writer and kopf's handlers run between chunks
-        if samples:
-            self.latest_sample_time = max(self.latest_sample_time or 0.0, samples[-1].t)
-        timer.mark("engine_samples")
+        timer.phases["engine_samples"] = intake.cpu_seconds
+        if intake.latest_time is not None:
+            self.latest_sample_time = max(self.latest_sample_time or 0.0, intake.latest_time)
+        samples = sorted(intake.latest.values(), key=attrgetter("t"))  # the store reads each device's latest
         now = self.clock()
         engine_workloads, projects, cluster = self.engine.report(now)
         workloads = [self._with_baseline(figures) for figures in engine_workloads]
@@ -238,6 +268,7 @@ class ControllerRuntime:
         self._offer_projects(projects, now)
         self.idle_events.announce(workloads)
         await self._apply_retention(workloads, now)
+        await self.writer.retire_projects(now, self.settings.retention)  # projects with no workload left
         timer.mark("offer")
         if self._last_save is None or now - self._last_save >= STATE_SAVE_SECONDS or self.cycles < 3:
             await self.save_in_background(now)
@@ -246,7 +277,7 @@ class ControllerRuntime:
         timer.mark("store")
         self.cycles += 1
         self.cycle_cpu_seconds = {**timer.phases, "store_thread": self.store_cpu_seconds}
-        logger.debug("status cycle %d: %d samples, %d workloads, CPU seconds %s", self.cycles, len(samples),
+        logger.debug("status cycle %d: %d samples, %d workloads, CPU seconds %s", self.cycles, intake.samples,
                      len(workloads), {k: round(v, 3) for k, v in timer.phases.items()})
 
     def _with_baseline(self, figures: WorkloadFigures) -> WorkloadFigures:

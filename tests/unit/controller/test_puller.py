@@ -82,3 +82,16 @@ async def test_timeout_gives_no_samples_and_one_warning(agent: tuple[Agent, str]
         assert result.snapshots == [] and sorted(result.failed_nodes) == ["gone", "n1"]
     assert sum("did not answer" in r.message and "n1" in r.message for r in caplog.records) == 1
     await puller.close()
+
+
+async def test_each_snapshot_is_handed_over_in_time_order_and_not_kept(agent: tuple[Agent, str]) -> None:
+    state, url = agent
+    state.samples = [state.sample(seq) for seq in (1, 2, 3)]
+    state.samples[0]["t"], state.samples[2]["t"] = 3.0, 1.0  # served in seq order, not time order
+    handed: list[list[float]] = []
+    puller = AgentPuller(timeout_seconds=2)
+    result = await puller.pull_all({"n1": url}, on_snapshot=lambda snapshot: handed.append([s.t for s in snapshot.samples]))
+    assert handed == [[1.0, 2.0, 3.0]]
+    assert result.snapshots[0].samples == [] and result.snapshots[0].seq == 3
+    assert puller.positions()["n1"]["since"] == 3
+    await puller.close()
