@@ -7,6 +7,7 @@ stopped (the order of every list is kept: float sums depend on it).
 
 from __future__ import annotations
 
+import binascii
 import math
 from typing import Any
 
@@ -15,7 +16,9 @@ from gpuwm.accounting.windows import WindowSums
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import NamespaceEvent, PodEvent
 
-STATE_VERSION = 1
+STATE_VERSION = 2
+#: versions `restore_state` reads: 1 saved each GPU's history as rows ("points"), 2 as columns ("history")
+READABLE_VERSIONS = (1, 2)
 
 
 class StateError(ValueError):
@@ -91,7 +94,7 @@ def save_state(core: Any) -> dict[str, Any]:
         {
             "uuid": gpu.uuid,
             "node": gpu.node,
-            "points": gpu.rows(),
+            "history": gpu.columns(),
             "pruned": gpu.pruned,
             "latest": None if gpu.latest is None else gpu.latest.model_dump(mode="json"),
             "stretches": [stretch_id(stretch) for stretch in gpu.stretches],
@@ -114,11 +117,12 @@ def save_state(core: Any) -> dict[str, Any]:
 
 def restore_state(core: Any, state: dict[str, Any]) -> None:
     """Fill an empty engine `core` from `state`; raises StateError naming what is wrong."""
-    if state.get("version") != STATE_VERSION:
-        raise StateError(f"engine state version {state.get('version')!r} is not {STATE_VERSION}; start afresh")
+    if state.get("version") not in READABLE_VERSIONS:
+        raise StateError(f"engine state version {state.get('version')!r} is not one of {READABLE_VERSIONS}; "
+                         "start afresh")
     try:
         _restore(core, state)
-    except (KeyError, TypeError, ValueError, IndexError) as error:
+    except (KeyError, TypeError, ValueError, IndexError, binascii.Error) as error:
         raise StateError(f"engine state is malformed: {type(error).__name__}: {error}") from None
 
 
@@ -192,7 +196,10 @@ def _restore(core: Any, state: dict[str, Any]) -> None:
             core.pods[pod_uid] = pod
     for raw in state["gpus"]:
         gpu = Gpu(raw["uuid"], raw["node"])
-        gpu.load_rows(raw["points"])
+        if "history" in raw:
+            gpu.load_columns(raw["history"])
+        else:
+            gpu.load_rows(raw["points"])
         gpu.pruned = bool(raw["pruned"])
         gpu.latest = None if raw["latest"] is None else GpuSample.model_validate(raw["latest"])
         gpu.stretches = [stretches[index] for index in raw["stretches"]]

@@ -1,0 +1,78 @@
+"""Saved GPU history as columns (state version 2): exact round trip, version-1 rows still read."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+
+from gpuwm.accounting import Engine, EngineConfig
+from gpuwm.accounting.persist import STATE_VERSION, StateError
+from gpuwm.model import GpuSample, ProcessSample
+
+from .helpers import pod, sample
+
+CONFIG = EngineConfig(interval_seconds=1.0, late_event_window_seconds=1000.0)
+
+
+def _engine() -> Engine:
+    engine = Engine(CONFIG)
+    engine.observe(pod(0.0, "train", devices=[("GPU-a", 1.0), ("GPU-b", 0.5)]))
+    for t in range(1, 8):
+        engine.observe(sample(float(t), "GPU-a", sm=None if t == 3 else 10.0 * t, energy_joules=100.0 * t))
+        engine.observe(sample(float(t), "GPU-b", sm=5.0, memory_used_bytes=None, device_units=1.0,
+                              processes=[ProcessSample(pid=1, pod_uid="pod-train", sm_percent=4.0)] if t % 2 else None))
+    engine.observe(GpuSample(t=2.5, node="n1", uuid="GPU-a", sm_percent=99.0, energy_joules=240.0))  # late: inserted
+    return engine
+
+
+def _figures(engine: Engine, now: float) -> list[dict[str, Any]]:
+    return [figures.model_dump() for figures in engine.workloads(now)]
+
+
+def test_columns_round_trip_keeps_every_value_and_nan() -> None:
+    engine = _engine()
+    state = json.loads(json.dumps(engine.save()))
+    assert state["version"] == STATE_VERSION == 2
+    assert all(isinstance(gpu["history"]["t"], str) for gpu in state["gpus"])
+    restored = Engine.restore(state, CONFIG)
+    for uuid, gpu in engine.gpu_records.items():
+        again = restored.gpu_records[uuid]
+        for column in ("times", "sm", "memory", "energy", "device_units"):
+            mine, theirs = getattr(gpu, column), getattr(again, column)
+            assert [math.isnan(v) for v in mine] == [math.isnan(v) for v in theirs]
+            assert [v for v in mine if v == v] == [v for v in theirs if v == v]
+        assert again.pod_sm == gpu.pod_sm
+    assert any(value is None for value in engine.gpu_records["GPU-b"].pod_sm)
+    assert any(value for value in engine.gpu_records["GPU-b"].pod_sm)
+    assert _figures(restored, 7.0) == _figures(engine, 7.0)
+    for later in (restored, engine):
+        later.observe(sample(8.0, "GPU-a", sm=50.0, energy_joules=900.0))
+    assert _figures(restored, 8.0) == _figures(engine, 8.0)
+
+
+def test_version_one_rows_are_still_restored() -> None:
+    engine = _engine()
+    state = engine.save()
+    state["version"] = 1
+    for raw in state["gpus"]:
+        del raw["history"]
+        raw["points"] = engine.gpu_records[raw["uuid"]].rows()
+    restored = Engine.restore(json.loads(json.dumps(state)), CONFIG)
+    assert _figures(restored, 7.0) == _figures(engine, 7.0)
+
+
+@pytest.mark.parametrize("damage", ["short column", "not base64", "unknown version"])
+def test_damaged_history_is_a_state_error(damage: str) -> None:
+    state = json.loads(json.dumps(_engine().save()))
+    history = state["gpus"][0]["history"]
+    if damage == "short column":
+        history["sm"] = history["sm"][:-12]
+    elif damage == "not base64":
+        history["t"] = "!!"
+    else:
+        state["version"] = 99
+    with pytest.raises(StateError):
+        Engine.restore(state, CONFIG)
