@@ -141,7 +141,13 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
     cycle_cpu: list[float] = []
     writes_before = 0
     t_writes = time.perf_counter()
+    profiler = None
     for cycle in range(args.cycles):
+        if args.profile and cycle == 1:  # the first cycle creates every CR: profile the steady ones
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
         start_wall, start_cpu = time.perf_counter(), time.process_time()
         await runtime.cycle()
         cpu_cycle = time.process_time() - start_cpu
@@ -158,6 +164,11 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
               f"queued {runtime.writer.pending}")
         print("    phases (CPU-s): " + ", ".join(f"{k} {v:.2f}" for k, v in runtime.cycle_cpu_seconds.items()))
     writer.cancel()
+    if profiler is not None:
+        import pstats
+
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats(args.profile).print_stats(args.profile_lines)
     lags = sorted(runtime.writer.stats.lag_seconds)
     if lags:
         p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))]
@@ -189,6 +200,9 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=4)
     parser.add_argument("--no-store", action="store_true", help="skip the embedded store (CR status only)")
     parser.add_argument("--memory-report", action="store_true", help="trace allocations (slow) and print the top files")
+    parser.add_argument("--profile", choices=("cumulative", "tottime"),
+                        help="cProfile the event loop's thread from cycle 2 on and print the top functions by this key")
+    parser.add_argument("--profile-lines", type=int, default=60)
     args = parser.parse_args()
     parent, child = multiprocessing.Pipe()
     if args.memory_report:
