@@ -75,6 +75,9 @@ def namespace_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None
     """Namespace labels and annotations: the project label and the GPU quota."""
     if RUNTIME is not None and event.get("type") != "DELETED":
         RUNTIME.on_namespace(body)
+        metadata = body.get("metadata") or {}
+        if not metadata.get("deletionTimestamp") and metadata.get("name"):
+            RUNTIME.writer.namespace_reopened(str(metadata["name"]))  # (re)created: write there again
 
 
 def tune_kopf(settings: kopf.OperatorSettings, gpuwm_settings: Settings) -> None:

@@ -34,7 +34,8 @@ REQUIRED_RULES: list[dict[str, Any]] = [
     # the CRs: created once, labels/spec merge-patched on adoption, deleted after retention
     {"apiGroups": ["gpuwm.io"], "resources": ["gpuworkloadmetrics"],
      "verbs": ["list", "create", "patch", "delete"]},
-    {"apiGroups": ["gpuwm.io"], "resources": ["gpuprojectmetrics"], "verbs": ["create", "patch"]},
+    # project CRs: adopted at start (list), deleted once the project has no workloads left
+    {"apiGroups": ["gpuwm.io"], "resources": ["gpuprojectmetrics"], "verbs": ["list", "create", "patch", "delete"]},
     # status only through the status subresource
     {"apiGroups": ["gpuwm.io"], "resources": ["gpuworkloadmetrics/status", "gpuprojectmetrics/status"],
      "verbs": ["patch"]},

@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 from gpuwm.accounting import Engine
 from gpuwm.controller.agents import DeviceHolder, index_holders
-from gpuwm.controller.kube import resource_path
+from gpuwm.controller.kube import KubeApiError, resource_path
 from gpuwm.controller.owners import parse_kubernetes_time
 from gpuwm.controller.persistence import load_state
 from gpuwm.controller.pods import TrackedPod
 from gpuwm.controller.status import MANAGED_BY, MANAGED_BY_LABEL
-from gpuwm.controller.writer import API_VERSION, WORKLOAD_PLURAL
+from gpuwm.controller.writer import API_VERSION, PROJECT_PLURAL, WORKLOAD_PLURAL
 from gpuwm.model.crd import Condition
 from gpuwm.model.trace import TraceWorkload
 
@@ -133,7 +133,30 @@ async def _end_vanished_pods(runtime: ControllerRuntime) -> None:
             runtime.sent.pop(uid, None)
 
 
+async def _adopt_project_crs(runtime: ControllerRuntime) -> None:
+    """Project CRs this controller did not write yet: known, so they can be retired (see retire_projects)."""
+    path = resource_path(API_VERSION, PROJECT_PLURAL)
+    try:
+        items = await runtime.client.list_items(path, {"labelSelector": f"{MANAGED_BY_LABEL}={MANAGED_BY}"})
+    except KubeApiError as error:  # an older chart without `list` on them: they are simply not retired
+        logger.warning("cannot list GPUProjectMetrics (%s); those of ended projects will not be deleted", error)
+        return
+    for item in items:
+        metadata, status = item.get("metadata") or {}, item.get("status") or {}
+        name = str(metadata.get("name") or "")
+        if not name:
+            continue
+        key = (PROJECT_PLURAL, None, name)
+        runtime.writer.existing.add(key)
+        if isinstance(metadata.get("generation"), int):
+            runtime.writer.generations[key] = metadata["generation"]
+        updated = parse_kubernetes_time(status.get("lastUpdateTime")) or parse_kubernetes_time(
+            metadata.get("creationTimestamp"))
+        runtime.writer.adopted_project_updates[name] = updated if updated is not None else runtime.clock()
+
+
 async def _adopt_existing_crs(runtime: ControllerRuntime) -> list[dict[str, Any]]:
+    await _adopt_project_crs(runtime)
     path = resource_path(API_VERSION, WORKLOAD_PLURAL, runtime.settings.namespace)
     items = await runtime.client.list_items(path, {"labelSelector": f"{MANAGED_BY_LABEL}={MANAGED_BY}"})
     for item in items:

@@ -269,6 +269,7 @@ class ControllerRuntime:
         self.idle_events.announce(workloads)
         await self._apply_retention(workloads, now)
         await self.writer.retire_projects(now, self.settings.retention)  # projects with no workload left
+        await self.writer.retire_projects(now, self.settings.retention)  # projects with no workload left
         timer.mark("offer")
         if self._last_save is None or now - self._last_save >= STATE_SAVE_SECONDS or self.cycles < 3:
             await self.save_in_background(now)

@@ -101,6 +101,9 @@ class StatusWriter:
         self.generations: dict[Key, int] = {}
         #: namespaces being terminated (or gone) -> when that was seen; no writes there for a while
         self.closed_namespaces: dict[str, float] = {}
+        #: GPUProjectMetrics offered since the last `retire_projects`, and adopted ones' last update
+        self._offered_projects: set[str] = set()
+        self.adopted_project_updates: dict[str, float] = {}
         self.stats = WriterStats()
 
     @property
@@ -110,6 +113,8 @@ class StatusWriter:
     def offer(self, desired: Desired) -> WriteReason:
         """Queue `desired` if it is worth a write; returns why (or "none")."""
         key: Key = (desired.plural, desired.namespace, desired.name)
+        if desired.plural == PROJECT_PLURAL:
+            self._offered_projects.add(desired.name)
         if key in self.skipped or self._namespace_closed(desired.namespace):
             return "none"
         last = self.written.get(key)
@@ -266,6 +271,33 @@ class StatusWriter:
         for queue in (self._material, self._due):
             for key in [key for key in queue if key[1] == namespace]:
                 del queue[key]
+
+    async def retire_projects(self, now: float, retention_seconds: float) -> list[str]:
+        """Delete the GPUProjectMetrics of projects with no workload left; returns their names.
+
+        A project is offered every cycle while the engine has any workload of it, running or
+        ended; it stops being offered when its last workload was forgotten, `retention` after
+        that workload ended. Its CR goes then. A CR adopted at start whose project was not
+        offered since goes once its own last update is `retention` old (its workloads ended
+        while no controller ran, or were never known to this one).
+        """
+        offered, self._offered_projects = self._offered_projects, set()
+        retired = []
+        for key in sorted(k for k in self.existing if k[0] == PROJECT_PLURAL and k[2] not in offered):
+            adopted_update = self.adopted_project_updates.get(key[2])
+            if key not in self.written and adopted_update is not None and now - adopted_update < retention_seconds:
+                continue
+            try:
+                await self.delete(PROJECT_PLURAL, None, key[2])
+            except KubeApiError as error:
+                logger.warning("cannot delete GPUProjectMetrics %s of a project without workloads: %s", key[2], error,
+                               extra={"resource": PROJECT_PLURAL, "object": key[2]})
+                continue
+            self.adopted_project_updates.pop(key[2], None)
+            retired.append(key[2])
+            logger.info("retention: deleted GPUProjectMetrics %s (no workloads left)", key[2],
+                        extra={"resource": PROJECT_PLURAL, "object": key[2]})
+        return retired
 
     async def delete(self, plural: str, namespace: str | None, name: str) -> None:
         """Delete a CR (retention ran out); gone already is fine."""

@@ -103,3 +103,44 @@ def test_namespace_gone_recognises_both_api_answers() -> None:
     rbac = KubeApiError(403, "POST", "/x", 'User "x" cannot create resource "gpuworkloadmetrics"', "Forbidden")
     assert terminating.namespace_gone and missing.namespace_gone
     assert not no_crd.namespace_gone and not rbac.namespace_gone
+
+
+class DeletingClient(GenerationClient):
+    def __init__(self) -> None:
+        super().__init__()
+        self.deleted: list[str] = []
+
+    async def delete(self, path: str) -> None:
+        self.deleted.append(path)
+
+
+def _project(name: str) -> Desired:
+    return Desired(plural="gpuprojectmetrics", namespace=None, name=name, spec={"project": name}, labels={},
+                   render=lambda: {"workloads": 1}, signature=(1,), counters=(0.0,))
+
+
+async def test_project_crs_go_when_their_project_has_no_workloads() -> None:
+    now = [1000.0]
+    client = DeletingClient()
+    writer = StatusWriter(client, TokenBucket(1000), interval_seconds=15,  # type: ignore[arg-type]
+                          clock=lambda: now[0])
+    for name in ("vision", "nlp"):
+        writer.offer(_project(name))
+        await writer.write(writer._next())  # type: ignore[arg-type]
+    assert await writer.retire_projects(now[0], retention_seconds=60) == []  # both offered this cycle
+    writer.offer(_project("vision"))  # nlp's last workload was forgotten (retention): no longer offered
+    assert await writer.retire_projects(now[0], retention_seconds=60) == ["nlp"]
+    assert client.deleted == ["/apis/gpuwm.io/v1alpha1/gpuprojectmetrics/nlp"]
+    assert ("gpuprojectmetrics", None, "nlp") not in writer.existing
+    # a project CR adopted at start and not offered since goes once its last update is a retention old
+    writer.existing.add(("gpuprojectmetrics", None, "old"))
+    writer.adopted_project_updates["old"] = now[0] - 30
+    writer.offer(_project("vision"))
+    assert await writer.retire_projects(now[0], retention_seconds=60) == []
+    now[0] += 31
+    writer.offer(_project("vision"))
+    assert await writer.retire_projects(now[0], retention_seconds=60) == ["old"]
+    # the project comes back: its CR is created again
+    writer.offer(_project("nlp"))
+    await writer.write(writer._next())  # type: ignore[arg-type]
+    assert ("gpuprojectmetrics", None, "nlp") in writer.existing
