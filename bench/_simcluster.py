@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT / "operator"))
 from aiohttp import web  # noqa: E402
 
 from gpuwm.accounting import Engine, EngineConfig  # noqa: E402
-from gpuwm.controller.agents import AgentPuller, sorted_samples  # noqa: E402
+from gpuwm.controller.agents import AgentPuller, SampleIntake  # noqa: E402
 from gpuwm.controller.status import build_project_status, build_workload_status  # noqa: E402
 from gpuwm.model.trace import NamespaceEvent, PodEvent, parse_trace_line  # noqa: E402
 from gpuwm.sim.simulator import SimConfig, Simulator  # noqa: E402
@@ -253,10 +253,9 @@ class SimulatedController:
         cpu_before = cpu_seconds()
         for event in events:
             self.engine.observe(event)
-        result = await self.puller.pull_all(self.agents.urls)
-        samples = sorted_samples(result.snapshots)
-        for sample in samples:
-            self.engine.observe_sample(sample)
+        intake = SampleIntake(self.engine)  # as the controller does: each agent's samples into the engine on arrival
+        result = await self.puller.pull_all(self.agents.urls, on_snapshot=intake.take)
+        samples = sorted(intake.latest.values(), key=lambda sample: sample.t)  # the store reads each device's latest
         now = self.clock
         workloads, projects, cluster = self.engine.report(now)
         changes, size = 0, 0
@@ -273,7 +272,7 @@ class SimulatedController:
                 changes, size = changes + 1, size + len(status)
         pod_stats = [stat for snapshot in result.snapshots for stat in snapshot.pod_stats]
         await asyncio.to_thread(self.store.record, now, samples, workloads, projects, cluster, pod_stats)
-        cycle = CycleFigures(cpu_seconds() - cpu_before, time.perf_counter() - interval_end, len(samples),
+        cycle = CycleFigures(cpu_seconds() - cpu_before, time.perf_counter() - interval_end, intake.samples,
                              changes, size)
         self.cycles.append(cycle)
         return cycle
@@ -292,9 +291,14 @@ class SimulatedController:
             connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             page_size = connection.execute("PRAGMA page_size").fetchone()[0]
             pages = connection.execute("PRAGMA page_count").fetchone()[0]
-            fine_rows = connection.execute("SELECT count(*) FROM points_15").fetchone()[0]
-            coarse_rows = connection.execute("SELECT count(*) FROM points_300").fetchone()[0]
             series = connection.execute("SELECT count(*) FROM series").fetchone()[0]
+            try:
+                fine_rows = connection.execute("SELECT count(*) FROM points_15").fetchone()[0]
+                coarse_rows = connection.execute("SELECT count(*) FROM points_300").fetchone()[0]
+            except sqlite3.OperationalError:  # a store layout without a table per tier: no row counts
+                nan = float("nan")
+                return {"file_bytes": float(page_size * pages), "bytes_per_row": nan, "series": float(series),
+                        "steady_bytes": nan}
         finally:
             connection.close()
         file_bytes = float(page_size * pages)

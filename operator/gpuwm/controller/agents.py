@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpuwm.accounting import Engine
 from gpuwm.model.podstats import PodStatsSample
 from gpuwm.model.sample import GpuSample
 
@@ -335,6 +336,43 @@ def agent_url_of_pod(pod: Mapping[str, Any], port: int) -> tuple[str, str] | Non
     if named or declared:  # the port the agent pod declares wins over the default
         port = int((named or declared)[0]["containerPort"])
     return str(node), f"http://{host}:{port}"
+
+
+class SampleIntake:
+    """Feeds each agent's snapshot to the engine as it arrives (see `AgentPuller.pull_all`).
+
+    Keeps what the rest of the cycle needs of the samples: each device's latest one (what the
+    store's rows and the CR's `gpus[]` read), the newest sample time, and the nodes whose
+    device holders changed. Samples of one agent go in time order; the engine places
+    samples of different agents exactly whatever their order (within its late window).
+    """
+
+    def __init__(self, engine: Engine, holders_by_node: dict[str, list[DeviceHolder]] | None = None) -> None:
+        self.engine = engine
+        self.holders_by_node = {} if holders_by_node is None else holders_by_node
+        self.latest: dict[str, GpuSample] = {}
+        self.latest_time: float | None = None
+        self.changed_nodes: set[str] = set()
+        self.samples = 0
+        self.cpu_seconds = 0.0
+
+    def take(self, snapshot: Snapshot) -> None:
+        started = time.thread_time()
+        if snapshot.holders != self.holders_by_node.get(snapshot.node):
+            self.changed_nodes.add(snapshot.node)
+            self.holders_by_node[snapshot.node] = snapshot.holders
+        observe, latest = self.engine.observe_sample, self.latest
+        for sample in snapshot.samples:
+            observe(sample)
+            known = latest.get(sample.uuid)
+            if known is None or sample.t >= known.t:
+                latest[sample.uuid] = sample
+        if snapshot.samples:
+            self.samples += len(snapshot.samples)
+            newest = snapshot.samples[-1].t
+            if self.latest_time is None or newest > self.latest_time:
+                self.latest_time = newest
+        self.cpu_seconds += time.thread_time() - started
 
 
 def sorted_samples(snapshots: Sequence[Snapshot]) -> list[GpuSample]:

@@ -24,7 +24,7 @@ from gpuwm.controller.agents import (
     AgentPuller,
     DeviceHolder,
     PodAgents,
-    Snapshot,
+    SampleIntake,
     StaticAgents,
     index_holders,
     parse_agents_spec,
@@ -58,7 +58,6 @@ from gpuwm.controller.units import replicas_from_node_labels
 from gpuwm.controller.writer import PROJECT_PLURAL, WORKLOAD_PLURAL, Desired, StatusWriter
 from gpuwm.model.crd import Condition
 from gpuwm.model.figures import ProjectFigures, WorkloadFigures
-from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import NamespaceEvent
 
 logger = logging.getLogger(__name__)
@@ -79,43 +78,6 @@ class _PhaseTimer:
         now = time.thread_time()
         self.phases[phase] = now - self._last
         self._last = now
-
-
-class _SampleIntake:
-    """Feeds each agent's snapshot to the engine as it arrives (see `AgentPuller.pull_all`).
-
-    Keeps what the rest of the cycle needs of the samples: each device's latest one (what the
-    store's rows and the CR's `gpus[]` read), the newest sample time, and the nodes whose
-    device holders changed. Samples of one agent go in time order; the engine places
-    samples of different agents exactly whatever their order (within its late window).
-    """
-
-    def __init__(self, engine: Engine, holders_by_node: dict[str, list[DeviceHolder]]) -> None:
-        self.engine = engine
-        self.holders_by_node = holders_by_node
-        self.latest: dict[str, GpuSample] = {}
-        self.latest_time: float | None = None
-        self.changed_nodes: set[str] = set()
-        self.samples = 0
-        self.cpu_seconds = 0.0
-
-    def take(self, snapshot: Snapshot) -> None:
-        started = time.thread_time()
-        if snapshot.holders != self.holders_by_node.get(snapshot.node):
-            self.changed_nodes.add(snapshot.node)
-            self.holders_by_node[snapshot.node] = snapshot.holders
-        observe, latest = self.engine.observe_sample, self.latest
-        for sample in snapshot.samples:
-            observe(sample)
-            known = latest.get(sample.uuid)
-            if known is None or sample.t >= known.t:
-                latest[sample.uuid] = sample
-        if snapshot.samples:
-            self.samples += len(snapshot.samples)
-            newest = snapshot.samples[-1].t
-            if self.latest_time is None or newest > self.latest_time:
-                self.latest_time = newest
-        self.cpu_seconds += time.thread_time() - started
 
 
 class ControllerRuntime:
@@ -244,7 +206,7 @@ class ControllerRuntime:
     async def cycle(self) -> None:
         """Pull, account, offer statuses, retention, save; CPU seconds per phase go to `cycle_cpu_seconds`."""
         timer = _PhaseTimer()
-        intake = _SampleIntake(self.engine, self.holders_by_node)
+        intake = SampleIntake(self.engine, self.holders_by_node)
         result = await self.puller.pull_all(self.agent_urls(), on_snapshot=intake.take)
         timer.mark("pull")
         timer.phases["pull"] -= intake.cpu_seconds  # the engine's share of the pull, reported on its own
@@ -268,7 +230,6 @@ class ControllerRuntime:
         self._offer_projects(projects, now)
         self.idle_events.announce(workloads)
         await self._apply_retention(workloads, now)
-        await self.writer.retire_projects(now, self.settings.retention)  # projects with no workload left
         await self.writer.retire_projects(now, self.settings.retention)  # projects with no workload left
         timer.mark("offer")
         if self._last_save is None or now - self._last_save >= STATE_SAVE_SECONDS or self.cycles < 3:
