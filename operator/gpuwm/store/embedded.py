@@ -1,12 +1,16 @@
 """The embedded store: one SQLite file (WAL) the controller writes each status interval.
 
-Layout (why): one row per (series, time) with one REAL column per metric, in a
-`WITHOUT ROWID` table clustered on (series_id, t), so a 24 h query of one series reads
-5,760 adjacent rows. Workload, project, node and cluster series are aggregated when
-written, so a project query over 1,000 workloads reads one series, not 8,000. One table
-per roll-up tier (`points_<step>`); older data lives only in coarser tiers. The file
-carries an application_id and a schema version so a foreign or newer file is refused
-and never written to.
+Layout (schema 2, why): each interval is one transaction that appends a *head* row per block
+of 64 series (all metrics of those series, compressed; codec.py), so the write is a few
+hundred small rows however many series there are, and the interval is durable when `record`
+returns. Once a chunk span (1 h at 15 s) is over, compaction moves the head rows into
+*chunks*: one row per (tier, series, span) with every metric's points delta-coded and
+compressed, a few blocks per `record` call so no interval pays for all of it; coarser tiers
+are rolled up from the fine chunks then (chunks.py). A 24 h query of one series reads about
+24 chunks plus the head of the current hour. Workload, project, node and cluster series are
+aggregated when written, so a project query over 1,000 workloads reads one series. Values are
+kept at a fixed per-metric resolution (codec.RESOLUTION). The file carries an application_id
+and a schema version, so a foreign, older or newer file is refused and never written to.
 """
 
 from __future__ import annotations
@@ -19,17 +23,13 @@ import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from gpuwm.model import GpuSample, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
-from gpuwm.store.base import (
-    METRIC_NAMES,
-    METRICS,
-    RangeQuery,
-    Rollup,
-    Series,
-    Store,
-    StoreError,
-)
+from gpuwm.store.base import METRIC_NAMES, RangeQuery, Series, Store, StoreError
+from gpuwm.store.chunks import ChunkWriter, chunk_spans
+from gpuwm.store.codec import BLOCK, METRIC_COUNT, MISSING, IntArray, decode_head, encode_head, quantize
 from gpuwm.store.rows import SeriesRow, build_rows
 from gpuwm.store.sqlite_read import read_range
 from gpuwm.store.tiers import Tier, parse_tiers
@@ -37,15 +37,16 @@ from gpuwm.store.tiers import Tier, parse_tiers
 log = logging.getLogger(__name__)
 
 APPLICATION_ID = 0x6770776D  # "gpwm"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _SQLITE_MAGIC = b"SQLite format 3\x00"
-_COLUMNS = [f"m{index}" for index in range(len(METRIC_NAMES))]
 #: page cache of the writing connection (readers keep the bigger cache and mmap of `_connect`)
 WRITER_CACHE_KIB = 16 * 1024
+#: compaction of a closed span is spread over this fraction of the next span's intervals
+_COMPACTION_SPREAD = 4
 
 
 def _check_file(path: Path) -> None:
-    """Refuse a file that is not a gpuwm store before SQLite touches it."""
+    """Refuse a file that is not a gpuwm store of this schema before SQLite touches it."""
     if not path.exists() or path.stat().st_size == 0:
         return
     if path.is_dir():
@@ -69,10 +70,17 @@ def _check_file(path: Path) -> None:
             f"store {path} has schema version {user_version}, newer than this gpuwm understands ({SCHEMA_VERSION}); "
             "upgrade gpuwm or point --store at a new path."
         )
+    if 0 < user_version < SCHEMA_VERSION:
+        raise StoreError(
+            f"store {path} has schema version {user_version} (one row per series and time, from an earlier gpuwm); "
+            f"this gpuwm writes the compact version {SCHEMA_VERSION} and will not convert or overwrite it. "
+            "Read it with the gpuwm that wrote it, or move it away / point --store at a new path: the latest "
+            "figures come back within one interval, the history before does not."
+        )
 
 
 class EmbeddedStore(Store):
-    """SQLite store: per-series points with roll-ups and retention, plus the latest figures."""
+    """SQLite store: per-series points in head rows and compressed chunks, roll-ups, retention, latest figures."""
 
     def __init__(
         self,
@@ -86,6 +94,7 @@ class EmbeddedStore(Store):
             if tiers and isinstance(tiers[0], Tier)
             else parse_tiers([str(tier) for tier in tiers])
         )
+        self.spans = chunk_spans(self.tiers)
         self.retention_seconds = retention_seconds
         _check_file(self.path)
         if not self.path.parent.exists():
@@ -95,11 +104,14 @@ class EmbeddedStore(Store):
         self._write_lock = threading.Lock()
         self._local = threading.local()
         self._series_ids: dict[tuple[str, str], int] = {}
+        self._latest_json: dict[str, str] = {}  # what latest_* holds now, so unchanged figures are not rewritten
+        self._head_blocks: set[int] = set()  # blocks with head rows
+        self._pending: list[int] = []  # blocks still to compact below `_target`
+        self._budget = 1  # blocks compacted per record call in this round
+        self._latest_bucket: int | None = None
         try:
             self._writer = self._connect()
-            # the writer's pages are the controller's RSS (issue 4: <= 256 MiB): a small cache, no mmap.
-            # Each interval touches one leaf page per series, more than any cache here holds, so a
-            # bigger cache bought no CPU (measured at 8,000 GPUs), only ~60 MiB more RSS
+            # the writer's pages are the controller's RSS (issue 4: <= 256 MiB): a small cache, no mmap
             self._writer.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
             self._writer.execute("PRAGMA mmap_size = 0")
             self._init_schema()
@@ -108,6 +120,8 @@ class EmbeddedStore(Store):
                 f"store {self.path} is corrupt or unreadable ({error}); refusing to overwrite it. "
                 "Move it away or point --store at a new path."
             ) from None
+        self._chunks = ChunkWriter(self._writer, self.spans)
+        self._target = int(self._get_meta("compacted_until") or 0)
         self._readers: list[sqlite3.Connection] = []
 
     # -- connections -------------------------------------------------------------------------
@@ -158,14 +172,14 @@ class EmbeddedStore(Store):
             "figures TEXT NOT NULL) WITHOUT ROWID",
             "CREATE TABLE IF NOT EXISTS latest_cluster (id INTEGER PRIMARY KEY CHECK (id = 1), at REAL NOT NULL, "
             "figures TEXT NOT NULL)",
+            # one row per interval and block of BLOCK series: what `record` appends
+            "CREATE TABLE IF NOT EXISTS head (block INTEGER NOT NULL, t INTEGER NOT NULL, data BLOB NOT NULL, "
+            "UNIQUE (block, t))",
+            # one row per tier (its step in seconds), series and span start: compacted points
+            "CREATE TABLE IF NOT EXISTS chunks (tier INTEGER NOT NULL, series_id INTEGER NOT NULL, "
+            "start INTEGER NOT NULL, points INTEGER NOT NULL, data BLOB NOT NULL, UNIQUE (tier, series_id, start))",
+            "CREATE INDEX IF NOT EXISTS chunks_by_start ON chunks (tier, start)",
         ]
-        columns = ", ".join(f"{column} REAL" for column in _COLUMNS)
-        for tier in self.tiers:
-            statements.append(
-                f"CREATE TABLE IF NOT EXISTS {tier.table} (series_id INTEGER NOT NULL, t INTEGER NOT NULL, "
-                f"{columns}, PRIMARY KEY (series_id, t)) WITHOUT ROWID"
-            )
-            statements.append(f"CREATE INDEX IF NOT EXISTS {tier.table}_by_time ON {tier.table} (t)")
         connection.execute("BEGIN IMMEDIATE")
         try:
             for statement in statements:
@@ -178,12 +192,16 @@ class EmbeddedStore(Store):
             connection.execute("ROLLBACK")
             raise
         stored = json.loads(connection.execute("SELECT value FROM meta WHERE key = 'metrics'").fetchone()[0])
-        if list(stored) != list(METRIC_NAMES)[: len(stored)]:
+        if list(stored) != list(METRIC_NAMES):
             raise StoreError(
                 f"store {self.path} has an incompatible metric layout; point --store at a new path"
             )
         for kind, key, series_id in connection.execute("SELECT kind, key, id FROM series"):
             self._series_ids[(kind, key)] = series_id
+        self._head_blocks = {block for (block,) in connection.execute("SELECT DISTINCT block FROM head")}
+        for table, column in (("latest_workloads", "uid"), ("latest_projects", "name")):
+            for key, figures in connection.execute(f"SELECT {column}, figures FROM {table}"):
+                self._latest_json[f"{table}:{key}"] = figures
 
     def close(self) -> None:
         for connection in self._readers:
@@ -203,40 +221,75 @@ class EmbeddedStore(Store):
         cluster: ClusterFigures,
         pod_stats: Sequence[PodStatsSample] = (),
     ) -> None:
-        """Write one interval: a row per series at the finest tier, the latest figures, then roll-ups."""
+        """Write one interval in one transaction: head rows, changed latest figures, a slice of compaction."""
         rows = build_rows(samples, workloads, projects, cluster, pod_stats)
         with self._write_lock:
             connection = self._writer
             connection.execute("BEGIN IMMEDIATE")
             try:
                 self.write_points(at, rows.items())
-                connection.executemany(
-                    "INSERT OR REPLACE INTO latest_workloads VALUES (?, ?, ?, ?, ?, ?)",
-                    [(w.uid, w.namespace, w.name, w.project, at, w.model_dump_json()) for w in workloads],
+                self._write_latest(
+                    "latest_workloads",
+                    [(w.uid, (w.uid, w.namespace, w.name, w.project, at), w.model_dump_json()) for w in workloads],
                 )
-                connection.executemany(
-                    "INSERT OR REPLACE INTO latest_projects VALUES (?, ?, ?)",
-                    [(p.name, at, p.model_dump_json()) for p in projects],
-                )
-                connection.execute(
-                    "INSERT OR REPLACE INTO latest_cluster VALUES (1, ?, ?)", (at, cluster.model_dump_json())
-                )
+                self._write_latest("latest_projects", [(p.name, (p.name, at), p.model_dump_json()) for p in projects])
+                self._write_latest("latest_cluster", [("1", (1, at), cluster.model_dump_json())])
                 self._set_meta("latest_time", at)
                 if self._get_meta("earliest_time") is None:
                     self._set_meta("earliest_time", at)
-                self._roll_up(at)
+                self._compact_slice(at)
                 connection.execute("COMMIT")
             except BaseException:
                 connection.execute("ROLLBACK")
+                self._latest_json.clear()  # the rolled-back rows may be gone: rewrite them next time
                 raise
 
+    def _write_latest(self, table: str, entries: list[tuple[str, tuple[object, ...], str]]) -> None:
+        """Rewrite the latest-figures rows whose JSON changed (most workloads' figures do each interval)."""
+        known = self._latest_json
+        changed = []
+        for key, columns, figures in entries:
+            cache_key = f"{table}:{key}"
+            if known.get(cache_key) != figures:
+                known[cache_key] = figures
+                changed.append((*columns, figures))
+        if changed:
+            placeholders = ", ".join("?" * len(changed[0]))
+            self._writer.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({placeholders})", changed)
+
     def write_points(self, at: float, rows: Iterable[tuple[tuple[str, str], SeriesRow]]) -> None:
-        """Insert rows at the finest tier (inside the caller's transaction); the bench loads data through this."""
-        base = self.tiers[0]
-        bucket = math.floor(at / base.step_seconds) * base.step_seconds
-        values = [(self._series_id(kind, key, row.labels), bucket, *row.values) for (kind, key), row in rows]
-        placeholders = ", ".join("?" * (2 + len(_COLUMNS)))
-        self._writer.executemany(f"INSERT OR REPLACE INTO {base.table} VALUES ({placeholders})", values)
+        """Append one interval of rows to the head (inside the caller's transaction)."""
+        entries = list(rows)
+        if not entries:
+            return
+        ids = np.fromiter(
+            (self._series_id(kind, key, row.labels) for (kind, key), row in entries), dtype=np.int64, count=len(entries)
+        )
+        values = np.array([row.values for _, row in entries], dtype=np.float64).reshape(len(entries), METRIC_COUNT)
+        step = self.tiers[0].step_seconds
+        self.write_head(int(math.floor(at / step) * step), ids, quantize(values))
+
+    def write_head(self, bucket: int, ids: IntArray, values: IntArray) -> None:
+        """Head rows of one interval: `values[i]` (quantized) is series `ids[i]`'s row at `bucket`."""
+        blocks, inverse = np.unique(ids // BLOCK, return_inverse=True)
+        grid = np.full((len(blocks), BLOCK, METRIC_COUNT), MISSING, dtype=np.int64)
+        grid[inverse, ids % BLOCK] = values
+        block_list = [int(block) for block in blocks]
+        if self._latest_bucket is None or bucket <= self._latest_bucket:
+            # a second write into an interval: series written before and absent now keep their row
+            placeholders = ",".join("?" * len(block_list))
+            for block, data in self._writer.execute(
+                f"SELECT block, data FROM head WHERE t = ? AND block IN ({placeholders})", (bucket, *block_list)
+            ).fetchall():
+                index = block_list.index(block)
+                fresh = (grid[index] != MISSING).any(axis=1)
+                grid[index][~fresh] = decode_head(data)[~fresh]
+        self._writer.executemany(
+            "INSERT OR REPLACE INTO head (block, t, data) VALUES (?, ?, ?)",
+            [(block, bucket, encode_head(grid[index])) for index, block in enumerate(block_list)],
+        )
+        self._head_blocks.update(block_list)
+        self._latest_bucket = bucket if self._latest_bucket is None else max(self._latest_bucket, bucket)
 
     def _series_id(self, kind: str, key: str, labels: dict[str, str]) -> int:
         found = self._series_ids.get((kind, key))
@@ -263,45 +316,68 @@ class EmbeddedStore(Store):
     def _set_meta(self, key: str, value: float) -> None:
         self._writer.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, repr(value)))
 
-    def _roll_up(self, at: float) -> None:
-        """Fill each coarser tier up to its last complete bucket, then drop what is past each tier's KEEP."""
-        connection = self._writer
-        complete_until = float(math.floor(at / self.tiers[0].step_seconds) * self.tiers[0].step_seconds)
-        for finer, coarser in zip(self.tiers, self.tiers[1:], strict=False):
-            step = coarser.step_seconds
-            until = int(complete_until // step) * step
-            watermark_key = f"rollup_until:{step}"
-            watermark = self._get_meta(watermark_key)
-            if watermark is None:
-                first = connection.execute(f"SELECT min(t) FROM {finer.table}").fetchone()[0]
-                watermark = float(int(first // step) * step) if first is not None else float(until)
-            if until > watermark:
-                aggregates = ", ".join(
-                    f"{'max' if metric.rollup is Rollup.MAX else 'avg'}({column})"
-                    for metric, column in zip(METRICS, _COLUMNS, strict=True)
-                )
-                connection.execute(
-                    f"INSERT OR REPLACE INTO {coarser.table} SELECT series_id, (t / {step}) * {step}, {aggregates} "
-                    f"FROM {finer.table} WHERE t >= ? AND t < ? GROUP BY series_id, t / {step}",
-                    (int(watermark), int(until)),
-                )
-                self._set_meta(watermark_key, float(until))
-                self._apply_retention(at)
-            complete_until = float(until)
-        if len(self.tiers) == 1 and int(at) % 300 < self.tiers[0].step_seconds:
-            self._apply_retention(at)
+    # -- compaction ----------------------------------------------------------------------------
 
-    def _apply_retention(self, at: float) -> None:
-        connection = self._writer
-        for tier in self.tiers:
-            connection.execute(f"DELETE FROM {tier.table} WHERE t < ?", (int(at - tier.keep_seconds),))
-        connection.execute("DELETE FROM latest_workloads WHERE at < ?", (at - self.retention_seconds,))
-        connection.execute("DELETE FROM latest_projects WHERE at < ?", (at - self.retention_seconds,))
+    def _compact_slice(self, at: float) -> None:
+        """Compact a few blocks of the closed spans (all of them over a quarter of the next span)."""
+        fine = self.spans[0]
+        bucket = int(math.floor(at / fine.step) * fine.step)
+        target = bucket // fine.span_seconds * fine.span_seconds
+        if target > self._target:
+            self._target = target
+            self._pending = sorted(self._head_blocks, reverse=True)
+            rounds = max(1, fine.points // _COMPACTION_SPREAD)
+            self._budget = max(1, math.ceil(len(self._pending) / rounds))
+        for _ in range(min(self._budget, len(self._pending))):
+            self._compact_block(self._pending.pop(), self._target)
+        if not self._pending:
+            self._finish_round(self._target, at)
+
+    def _compact_block(self, block: int, until: int) -> None:
+        self._chunks.compact_block(block, until)
+        if self._writer.execute("SELECT 1 FROM head WHERE block = ? LIMIT 1", (block,)).fetchone() is None:
+            self._head_blocks.discard(block)
+
+    def _finish_round(self, until: int, at: float) -> None:
+        done = self._get_meta("compacted_until")
+        if done is not None and done >= until:
+            return
+        self._set_meta("compacted_until", float(until))
+        for span in self.spans[1:]:
+            self._set_meta(f"rollup_until:{span.step}", float(until // span.step * span.step))
+        self._chunks.apply_retention(at)
+        self._writer.execute("DELETE FROM latest_workloads WHERE at < ?", (at - self.retention_seconds,))
+        self._writer.execute("DELETE FROM latest_projects WHERE at < ?", (at - self.retention_seconds,))
+
+    def compact(self, everything: bool = False) -> None:
+        """Compact every closed span now; `everything` also the open one (benchmarks, tests, shutdown tools).
+
+        A partly compacted span is completed by later compaction (chunks are overlaid, never replaced).
+        """
+        with self._write_lock:
+            latest = self._get_meta("latest_time")
+            if latest is None:
+                return
+            fine = self.spans[0]
+            bucket = int(math.floor(latest / fine.step) * fine.step)
+            until = bucket + fine.step if everything else bucket // fine.span_seconds * fine.span_seconds
+            self._writer.execute("BEGIN IMMEDIATE")
+            try:
+                for block in sorted(self._head_blocks):
+                    self._compact_block(block, until)
+                self._pending = []
+                self._target = max(self._target, bucket // fine.span_seconds * fine.span_seconds)
+                self._finish_round(until, latest)
+                self._writer.execute("COMMIT")
+            except BaseException:
+                self._writer.execute("ROLLBACK")
+                raise
 
     def forget_workload(self, uid: str) -> None:
         """Drop a workload's latest figures (its points age out with the tiers)."""
         with self._write_lock:
             self._writer.execute("DELETE FROM latest_workloads WHERE uid = ?", (uid,))
+            self._latest_json.pop(f"latest_workloads:{uid}", None)
 
     # -- reading: latest state ---------------------------------------------------------------
 
@@ -358,6 +434,4 @@ class EmbeddedStore(Store):
             tier.step_seconds: self._get_meta(f"rollup_until:{tier.step_seconds}", connection)
             for tier in self.tiers
         }
-        return read_range(
-            connection, self.tiers, self._get_meta("latest_time", connection), watermarks, query
-        )
+        return read_range(connection, self.spans, self._get_meta("latest_time", connection), watermarks, query)

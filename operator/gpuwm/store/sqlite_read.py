@@ -1,6 +1,6 @@
-"""Reading the embedded store's tier tables: which tier answers which part of a range, and the grid.
+"""Reading the embedded store: which tier answers which part of a range, its chunks and head rows, the grid.
 
-A point at t is the mean (or, for counters, the max) of the stored rows in [t, t + step).
+A point at t is the mean (or, for counters, the max) of the stored points in [t, t + step).
 """
 
 from __future__ import annotations
@@ -9,7 +9,10 @@ import itertools
 import json
 import math
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import numpy.typing as npt
 
 from gpuwm.store.base import (
     MAX_SERIES_PER_QUERY,
@@ -21,9 +24,9 @@ from gpuwm.store.base import (
     Series,
     check_range,
 )
+from gpuwm.store.chunks import TierSpan
+from gpuwm.store.codec import BLOCK, decode_chunk, decode_head, dequantize
 from gpuwm.store.tiers import Tier
-
-_COLUMNS = [f"m{index}" for index in range(len(METRICS))]
 
 #: (scope, by) -> (series kind, label column that selects it; None = all of that kind)
 _SELECTION: dict[tuple[str, str | None], tuple[str, str | None]] = {
@@ -100,104 +103,115 @@ def select_series(connection: sqlite3.Connection, query: RangeQuery) -> list[tup
     return [(int(series_id), json.loads(labels)) for series_id, labels in rows]
 
 
+def _contributions(
+    connection: sqlite3.Connection,
+    span: TierSpan,
+    ids: list[int],
+    metrics: npt.NDArray[np.intp],
+    low: int,
+    high: int,
+    with_head: bool,
+) -> Iterator[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float64]]]:
+    """(series id, times, values [metrics, n]) of one tier in [low, high): its chunks, then (finest tier) its head."""
+    id_list = ",".join("?" * len(ids))
+    rows = connection.execute(
+        f"SELECT series_id, start, points, data FROM chunks WHERE tier = ? AND series_id IN ({id_list}) "
+        "AND start > ? AND start < ?",
+        (span.step, *ids, low - span.span_seconds, high),
+    ).fetchall()
+    for series_id, start, points, data in rows:
+        times = start + span.step * np.arange(points, dtype=np.int64)
+        yield series_id, times, dequantize(decode_chunk(data, points, metrics).T, metrics).T
+    if not with_head:
+        return
+    by_block: dict[int, list[int]] = {}
+    for series_id in ids:
+        by_block.setdefault(series_id // BLOCK, []).append(series_id)
+    block_list = ",".join("?" * len(by_block))
+    head_rows = connection.execute(
+        f"SELECT block, t, data FROM head WHERE block IN ({block_list}) AND t >= ? AND t < ? ORDER BY block, t",
+        (*by_block, low, high),
+    ).fetchall()
+    for block, members in itertools.groupby(head_rows, key=lambda row: int(row[0])):
+        listed = list(members)
+        times = np.array([row[1] for row in listed], dtype=np.int64)
+        stacked = np.stack([decode_head(row[2]) for row in listed])  # [n, BLOCK, metrics]
+        for series_id in by_block[block]:
+            values = dequantize(stacked[:, series_id % BLOCK, metrics], metrics)
+            yield series_id, times, values.T
+
+
 def read_range(
     connection: sqlite3.Connection,
-    tiers: Sequence[Tier],
+    spans: Sequence[TierSpan],
     latest: float | None,
     watermarks: dict[int, float | None],
     query: RangeQuery,
 ) -> list[Series]:
-    """Series for `query` from the tier tables: one per metric and breakdown label set, points on its grid."""
+    """Series for `query` from head and chunks: one per metric and breakdown label set, points on its grid.
+
+    A cell is the mean (counters: the max) of the stored points in [t, t + step), each stored
+    point weighing one, whichever tier it comes from.
+    """
     check_range(query)
     grid = query.grid()
     selected = select_series(connection, query)
-    metric_columns = [METRIC_INDEX[name] for name in query.metrics]
-    is_max = [METRICS[column].rollup is Rollup.MAX for column in metric_columns]
+    metrics = np.array([METRIC_INDEX[name] for name in query.metrics], dtype=np.intp)
+    is_max = np.array([METRICS[column].rollup is Rollup.MAX for column in metrics], dtype=np.bool_)
     step = query.step_seconds
     cells = len(grid)
-    # per series, per metric: the value of each cell (None = no data) and, for means, how many rows made it
-    values: dict[int, list[list[float | None]]] = {}
-    weights: dict[int, list[list[int]]] = {}
-    seen: set[int] = set()
+    sums: dict[int, npt.NDArray[np.float64]] = {}
+    counts: dict[int, npt.NDArray[np.float64]] = {}
+    maxima: dict[int, npt.NDArray[np.float64]] = {}
     if selected:
         ids = [series_id for series_id, _ in selected]
-        for series_id in ids:
-            values[series_id] = [[None] * cells for _ in metric_columns]
-            weights[series_id] = [[0] * cells for _ in metric_columns]
-        grouped = ", ".join(
-            f"{'max' if maximum else 'avg'}({_COLUMNS[column]}), count({_COLUMNS[column]})"
-            for column, maximum in zip(metric_columns, is_max, strict=True)
-        )
-        plain = ", ".join(f"{_COLUMNS[column]}, 1" for column in metric_columns)
-        id_list = ",".join("?" * len(ids))
+        tiers = [span.tier for span in spans]
         segments = plan_segments(tiers, latest, watermarks, query.start, query.start + cells * step, step)
-        if len(ids) == 1 and len(segments) == 1 and step == segments[0][0].step_seconds:
-            # the common case (one series, one tier, its own step): one row per cell, no merging
-            tier, low, high = segments[0]
-            columns = ", ".join(_COLUMNS[column] for column in metric_columns)
-            rows = connection.execute(
-                f"SELECT t, {columns} FROM {tier.table} WHERE series_id = ? AND t >= ? AND t < ?",
-                (ids[0], low, high),
-            ).fetchall()
-            only = values[ids[0]]
-            start = query.start
-            cell_of = [int((row[0] - start) // step) for row in rows]
-            for position in range(len(metric_columns)):
-                target = only[position]
-                index = position + 1
-                for cell, row in zip(cell_of, rows, strict=True):
-                    target[cell] = row[index]
-            if rows:
-                seen.add(ids[0])
-            segments = []
         for tier, low, high in segments:
-            if step == tier.step_seconds:
-                # one stored row per cell at most: no GROUP BY (it doubles the cost of a 24 h read)
-                sql = (
-                    f"SELECT series_id, CAST((t - ?) / ? AS INTEGER), {plain} FROM {tier.table} "
-                    f"WHERE series_id IN ({id_list}) AND t >= ? AND t < ?"
-                )
-            else:
-                sql = (
-                    f"SELECT series_id, CAST((t - ?) / ? AS INTEGER) AS cell, {grouped} "
-                    f"FROM {tier.table} WHERE series_id IN ({id_list}) AND t >= ? AND t < ? "
-                    "GROUP BY series_id, cell"
-                )
-            rows = connection.execute(sql, (query.start, step, *ids, low, high)).fetchall()
-            for position, maximum in enumerate(is_max):
-                value_index, count_index = 2 + 2 * position, 3 + 2 * position
-                for row in rows:
-                    value = row[value_index]
-                    cell = row[1]
-                    if value is None or not 0 <= cell < cells:
+            span = next(span for span in spans if span.tier == tier)
+            with_head = tier == tiers[0]
+            for series_id, times, values in _contributions(connection, span, ids, metrics, low, high, with_head):
+                inside = (times >= low) & (times < high)
+                cell = np.floor((times - query.start) / step).astype(np.int64)
+                inside &= (cell >= 0) & (cell < cells)
+                if not inside.any():
+                    continue
+                cell = cell[inside]
+                values = values[:, inside]
+                present = ~np.isnan(values)
+                if series_id not in sums:
+                    sums[series_id] = np.zeros((len(metrics), cells))
+                    counts[series_id] = np.zeros((len(metrics), cells))
+                    maxima[series_id] = np.full((len(metrics), cells), -np.inf)
+                for position in range(len(metrics)):
+                    mask = present[position]
+                    if not mask.any():
                         continue
-                    series_id = row[0]
-                    seen.add(series_id)
-                    series_values = values[series_id][position]
-                    previous = series_values[cell]
-                    count = row[count_index]
-                    if previous is None:
-                        series_values[cell] = value
-                        weights[series_id][position][cell] = count
-                    elif maximum:  # a cell split between two tiers: combine
-                        series_values[cell] = max(previous, value)
+                    where = cell[mask]
+                    row = values[position][mask]
+                    counts[series_id][position] += np.bincount(where, minlength=cells)
+                    if is_max[position]:
+                        np.maximum.at(maxima[series_id][position], where, row)
                     else:
-                        weight = weights[series_id][position][cell]
-                        series_values[cell] = (previous * weight + value * count) / (weight + count)
-                        weights[series_id][position][cell] = weight + count
+                        sums[series_id][position] += np.bincount(where, weights=row, minlength=cells)
     result: list[Series] = []
     breakdown = query.by is not None and not (query.scope == "node" and query.by == "node")
+    empty: list[float | None] = [None] * cells
     for series_id, labels in selected:
-        if breakdown and series_id not in seen:
+        count = counts.get(series_id)
+        if breakdown and (count is None or not count.any()):
             continue
         for position, name in enumerate(query.metrics):
-            result.append(
-                Series(
-                    metric=name,
-                    labels=dict(labels),
-                    points=list(zip(grid, values[series_id][position], strict=True)),
-                )
-            )
+            if count is None or not count[position].any():
+                points = empty
+            else:
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    column = (
+                        maxima[series_id][position] if is_max[position] else sums[series_id][position] / count[position]
+                    )
+                column = np.where(count[position] > 0, column, np.nan)
+                points = [None if value != value else value for value in column.tolist()]
+            result.append(Series(metric=name, labels=dict(labels), points=list(zip(grid, points, strict=True))))
     if not selected and not breakdown:
         result = [Series(metric=name, labels={}, points=[(t, None) for t in grid]) for name in query.metrics]
     return result

@@ -1,0 +1,160 @@
+"""How the embedded store packs metric values into bytes: fixed per-metric resolution, then compression.
+
+Values are kept as integers in a fixed unit per metric (`RESOLUTION`): 0.000001 % for
+percentages, 1 byte, 1 mW, 1 mJ, 0.001 degC, 0.001 MHz, 1 byte/s, 1 millicore, 1e-6 GPU
+units, 1 ms. That is NVML's own resolution (mW, mJ, MiB, whole percent and degrees) or finer,
+and far below what any figure shows; a value with at most that many decimals (2.1 cores,
+12.345 W, 37.5 %) reads back as exactly the same float, since decoding divides by a power of
+ten. A missing value (None) is kept as missing, never as 0.
+
+Two encodings:
+- a head block: one interval, `BLOCK` series slots x all metrics, int64 with `MISSING` for
+  absent values, byte-planes compressed with zlib level 1 (written every interval: cheap);
+- a chunk: one series, all metrics, `n` points on a fixed grid. Per metric: missing points
+  are filled with the previous value and flagged in a presence bitmap; first differences
+  (second differences for cumulative counters), divided by their greatest common divisor,
+  zigzagged, byte-planes interleaved, then zlib. A constant metric costs a few bytes per chunk.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import numpy.typing as npt
+
+from gpuwm.store.base import METRICS, Rollup
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+BoolArray = npt.NDArray[np.bool_]
+
+#: series per head block: the head row of one interval holds this many series slots
+BLOCK = 64
+#: an absent value in a quantized array
+MISSING = np.iinfo(np.int64).min
+METRIC_COUNT = len(METRICS)
+
+#: integer units per metric unit: the stored resolution is 1 / RESOLUTION of the metric's unit
+_RESOLUTION_BY_UNIT = {
+    "percent": 1_000_000.0,
+    "bytes": 1.0,
+    "watts": 1_000.0,
+    "joules": 1_000.0,
+    "celsius": 1_000.0,
+    "MHz": 1_000.0,
+    "bytes/s": 1.0,
+    "GPU units": 1_000_000.0,
+    "seconds": 1_000.0,
+    "cores": 1_000.0,
+}
+RESOLUTION: FloatArray = np.array([_RESOLUTION_BY_UNIT[metric.unit] for metric in METRICS], dtype=np.float64)
+#: metrics kept as second differences: counters and durations that grow by about the same each step
+_SECOND_ORDER: BoolArray = np.array([metric.rollup is Rollup.MAX for metric in METRICS], dtype=np.bool_)
+#: the largest magnitude a quantized value may have (leaves room for differences without overflow)
+_LIMIT = float(2**58)
+
+
+def quantize(values: FloatArray) -> IntArray:
+    """Float values (NaN = missing) of shape [..., METRIC_COUNT] to integers in each metric's resolution."""
+    scaled = np.rint(values * RESOLUTION)
+    missing = ~np.isfinite(scaled)
+    np.clip(scaled, -_LIMIT, _LIMIT, out=scaled)
+    scaled[missing] = 0.0
+    result = scaled.astype(np.int64)
+    result[missing] = MISSING
+    return result
+
+
+def dequantize(values: IntArray, metrics: npt.NDArray[np.intp] | None = None) -> FloatArray:
+    """Integers (last axis: metrics, or the `metrics` given) back to floats; missing -> NaN."""
+    resolution = RESOLUTION if metrics is None else RESOLUTION[metrics]
+    result = values.astype(np.float64) / resolution
+    result[values == MISSING] = np.nan
+    return result
+
+
+# -- head blocks ---------------------------------------------------------------------------------
+
+
+def encode_head(block: IntArray) -> bytes:
+    """One interval of one block: [BLOCK, METRIC_COUNT] int64 -> compressed byte-planes."""
+    planes = np.ascontiguousarray(block).view(np.uint8).reshape(-1, 8).T
+    return zlib.compress(planes.tobytes(), 1)
+
+
+def decode_head(data: bytes) -> IntArray:
+    """The inverse of `encode_head`: [BLOCK, METRIC_COUNT] int64."""
+    planes = np.frombuffer(zlib.decompress(data), dtype=np.uint8).reshape(8, -1)
+    return np.ascontiguousarray(planes.T).view(np.int64).reshape(BLOCK, METRIC_COUNT)
+
+
+# -- chunks --------------------------------------------------------------------------------------
+
+
+def encode_chunks(values: IntArray) -> list[bytes]:
+    """Series x metrics x points (int64, MISSING = absent) -> one compressed chunk per series.
+
+    The arithmetic runs on the whole block at once; only zlib runs per series.
+    """
+    series, metrics, points = values.shape
+    present = values != MISSING
+    # fill each gap with the previous present value (0 before the first), so gaps cost no difference
+    index = np.where(present, np.arange(points), 0)
+    np.maximum.accumulate(index, axis=2, out=index)
+    filled = np.take_along_axis(values, index, axis=2)
+    filled[~np.take_along_axis(present, index, axis=2)] = 0
+    deltas = np.diff(filled, axis=2, prepend=0)
+    second = np.diff(deltas, axis=2, prepend=0)
+    deltas[:, _SECOND_ORDER, :] = second[:, _SECOND_ORDER, :]
+    divisor = np.gcd.reduce(deltas, axis=2)
+    divisor[divisor == 0] = 1
+    quotient = deltas // divisor[:, :, None]
+    zigzag = ((quotient << 1) ^ (quotient >> 63)).view(np.uint64)
+    planes = zigzag.view(np.uint8).reshape(series, metrics * points, 8).transpose(0, 2, 1)
+    bitmap = np.packbits(present.reshape(series, -1), axis=1)
+    header = divisor.astype("<i8")
+    result: list[bytes] = []
+    for index_in_block in range(series):
+        payload = b"".join(
+            (bitmap[index_in_block].tobytes(), header[index_in_block].tobytes(), planes[index_in_block].tobytes())
+        )
+        result.append(zlib.compress(payload, 6))
+    return result
+
+
+def decode_chunk(data: bytes, points: int, metrics: npt.NDArray[np.intp] | None = None) -> IntArray:
+    """One chunk back to [metrics, points] int64 (MISSING = absent); only the `metrics` asked for are rebuilt."""
+    raw = zlib.decompress(data)
+    bitmap_bytes = (METRIC_COUNT * points + 7) // 8
+    present = np.unpackbits(np.frombuffer(raw, dtype=np.uint8, count=bitmap_bytes))[: METRIC_COUNT * points]
+    present = present.reshape(METRIC_COUNT, points).astype(np.bool_)
+    divisor = np.frombuffer(raw, dtype="<i8", count=METRIC_COUNT, offset=bitmap_bytes)
+    planes = np.frombuffer(raw, dtype=np.uint8, offset=bitmap_bytes + 8 * METRIC_COUNT).reshape(8, METRIC_COUNT, points)
+    chosen = np.arange(METRIC_COUNT) if metrics is None else metrics
+    zigzag = np.ascontiguousarray(planes[:, chosen, :].transpose(1, 2, 0)).view(np.uint64)[:, :, 0]
+    quotient = (zigzag >> np.uint64(1)).view(np.int64) ^ -(zigzag & np.uint64(1)).view(np.int64)
+    deltas = quotient * divisor[chosen][:, None]
+    second = _SECOND_ORDER[chosen]
+    deltas[second] = np.cumsum(deltas[second], axis=1)
+    result = np.cumsum(deltas, axis=1)
+    result[~present[chosen]] = MISSING
+    return result
+
+
+def roll_up(values: IntArray, factor: int, rollups: BoolArray = _SECOND_ORDER) -> IntArray:
+    """Coarser points from [..., metrics, points]: the mean (or, where `rollups` is set, the max) of each
+    run of `factor` points, over the present ones; MISSING where none is present."""
+    shape = values.shape
+    grouped = values.reshape(*shape[:-1], shape[-1] // factor, factor)
+    present = grouped != MISSING
+    count = present.sum(axis=-1)
+    total = np.where(present, grouped, 0).astype(np.float64).sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.rint(total / count)
+    mean[count == 0] = 0
+    result = mean.astype(np.int64)
+    maximum = np.where(present, grouped, MISSING).max(axis=-1)
+    result[..., rollups, :] = maximum[..., rollups, :]
+    result[count == 0] = MISSING
+    return np.asarray(result, dtype=np.int64)
