@@ -48,6 +48,10 @@ def _split_list(value: object) -> object:
     return value
 
 
+def _empty_is_none(value: object) -> object:
+    return None if value == "" else value
+
+
 DurationSeconds = Annotated[float, BeforeValidator(parse_duration_seconds), Field(ge=0)]
 CommaList = Annotated[list[str], NoDecode, BeforeValidator(_split_list)]
 
@@ -117,6 +121,12 @@ class Settings(BaseSettings):
     status_writes_per_second: float = Field(default=20.0, gt=0, description="Token-bucket limit on status writes.")
     time_sliced_replicas: int = Field(
         default=4, ge=1, description="Replicas per GPU for shared resources when the device plugin config is unknown."
+    )
+    device_plugin_config: Annotated[str | None, BeforeValidator(_empty_is_none)] = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[-._a-zA-Z0-9]+)?$",
+        description="NVIDIA device plugin ConfigMap NAMESPACE/NAME[/DEFAULT-KEY] with sharing.timeSlicing replicas, "
+        "read for nodes without the nvidia.com/gpu.replicas label.",
     )
     standalone: bool = Field(default=False, description="Run without kopf peering (one replica only).")
     liveness: str | None = Field(

@@ -37,6 +37,7 @@ SAMPLES = {
     "namespace": "team-a",
     "agents": "static:gpu-node-1=http://10.0.0.1:9400",
     "cluster_id": "3f1c2a9e-0000-4000-8000-000000000001",
+    "device_plugin_config": "gpu-operator/time-slicing-config/any",
 }
 
 

@@ -13,7 +13,7 @@ FIELDS = (
     "log_format", "log_level", "namespace", "standalone", "peering_name", "liveness",
     "resource_names", "project_label", "idle_threshold_percent", "interval", "late_event_window",
     "status_interval", "retention", "agents", "store", "idle_condition_after", "underutilized_percent",
-    "status_writes_per_second", "time_sliced_replicas", "api_listen", "auth",
+    "status_writes_per_second", "time_sliced_replicas", "device_plugin_config", "api_listen", "auth",
     "runai_compatible_metrics", "cluster_id", "store_rollups",
 )
 

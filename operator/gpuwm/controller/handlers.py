@@ -70,6 +70,13 @@ async def gpu_pod_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> 
         await RUNTIME.on_pod(body, event.get("type"))
 
 
+@kopf.on.event("nodes")
+def node_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
+    """Node labels that say how its GPUs are shared (time-slicing replicas, device plugin config key)."""
+    if RUNTIME is not None:
+        RUNTIME.sharing.on_node(body, deleted=event.get("type") == "DELETED")
+
+
 @kopf.on.event("namespaces")
 def namespace_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
     """Namespace labels and annotations: the project label and the GPU quota."""

@@ -15,7 +15,7 @@ from typing import Any
 
 from gpuwm.controller.agents import DeviceHolder
 from gpuwm.controller.owners import parse_kubernetes_time
-from gpuwm.controller.units import requested_units
+from gpuwm.controller.units import NodeSharing, requested_units
 from gpuwm.model.trace import DeviceAllocation, PodEvent, PodPhase, TraceWorkload
 
 _PHASES: frozenset[str] = frozenset({"Pending", "Running", "Succeeded", "Failed", "Unknown"})
@@ -80,7 +80,7 @@ def track_pod(
     resource_patterns: Iterable[str],
     *,
     deleted: bool,
-    replicas: int = 1,
+    replicas: int | NodeSharing = 1,
     shared_replicas: int = 4,
 ) -> TrackedPod:
     """A TrackedPod from a Pod body; raises MalformedPodError naming what is missing."""

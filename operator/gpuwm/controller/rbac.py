@@ -27,8 +27,8 @@ REQUIRED_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]},
     # project label and quota annotation; kopf's namespace observation
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]},
-    # time-slicing replicas from the node label nvidia.com/gpu.replicas
-    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    # time-slicing replicas: node labels nvidia.com/gpu.replicas and nvidia.com/device-plugin.config (watched)
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
     # Idle events on workloads; kopf's warnings
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     # the CRs: created once, labels/spec merge-patched on adoption, deleted after retention
@@ -46,6 +46,11 @@ REQUIRED_RULES: list[dict[str, Any]] = [
     # the owner walk
     *({"apiGroups": [group], "resources": resources, "verbs": ["get"]} for group, resources in OWNER_KINDS.items()),
 ]
+
+
+#: with --device-plugin-config NAMESPACE/NAME: `get` on that one ConfigMap, granted by a Role in its
+#: namespace (the chart's devicePluginConfig), never cluster-wide: ConfigMaps may hold anything
+DEVICE_PLUGIN_CONFIG_RULE: dict[str, Any] = {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}
 
 
 def cluster_role(name: str = "gpuwm-controller") -> dict[str, Any]:

@@ -30,7 +30,7 @@ from gpuwm.controller.agents import (
     parse_agents_spec,
 )
 from gpuwm.controller.events import IdleEvents
-from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
+from gpuwm.controller.kube import KubeApiError, KubeClient
 from gpuwm.controller.owners import OwnerResolver
 from gpuwm.controller.persistence import encode_state, save_state, state_path_for_store, write_state
 from gpuwm.controller.pods import (
@@ -42,6 +42,7 @@ from gpuwm.controller.pods import (
     track_pod,
 )
 from gpuwm.controller.ratelimit import TokenBucket
+from gpuwm.controller.sharing import SharingSource
 from gpuwm.controller.status import (
     build_project_status,
     build_workload_status,
@@ -54,7 +55,7 @@ from gpuwm.controller.status import (
     workload_labels,
     workload_signature,
 )
-from gpuwm.controller.units import replicas_from_node_labels
+from gpuwm.controller.units import NodeSharing
 from gpuwm.controller.writer import PROJECT_PLURAL, WORKLOAD_PLURAL, Desired, StatusWriter
 from gpuwm.model.crd import Condition
 from gpuwm.model.figures import ProjectFigures, WorkloadFigures
@@ -62,7 +63,6 @@ from gpuwm.model.trace import NamespaceEvent
 
 logger = logging.getLogger(__name__)
 
-NODE_CACHE_SECONDS = 600.0
 #: how often the engine state is saved; a restart re-reads the agents from the saved positions
 STATE_SAVE_SECONDS = 60.0
 
@@ -114,7 +114,8 @@ class ControllerRuntime:
         self.latest_sample_time: float | None = None
         self.cycles = 0
         self.store: Any = None
-        self._node_replicas: dict[str, tuple[float, int]] = {}
+        self.sharing = SharingSource(client, default_shared_replicas=settings.time_sliced_replicas,
+                                     device_plugin_config=settings.device_plugin_config, clock=clock)
         self._warned: set[str] = set()
         self._last_save: float | None = None
         self.cycle_cpu_seconds: dict[str, float] = {}
@@ -180,21 +181,9 @@ class ControllerRuntime:
     async def _fetch_owner(self, api_version: str, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
         return await self.client.get_object(api_version, kind, namespace, name)
 
-    async def _replicas_of_node(self, node: str) -> int:
-        """Time-slicing replicas from the node's GPU feature discovery label (cached; 1 when unknown)."""
-        cached = self._node_replicas.get(node)
-        now = self.clock()
-        if cached is not None and now - cached[0] < NODE_CACHE_SECONDS:
-            return cached[1]
-        try:
-            obj = await self.client.get(resource_path("v1", "nodes", None, node))
-            replicas = replicas_from_node_labels(((obj or {}).get("metadata") or {}).get("labels"))
-        except KubeApiError as error:
-            if error.status not in {403, 404}:
-                logger.debug("cannot read node %s: %s", node, error)
-            replicas = 1
-        self._node_replicas[node] = (now, replicas)
-        return replicas
+    async def _replicas_of_node(self, node: str) -> NodeSharing:
+        """The node's GPU sharing: its replicas label, else the device plugin's ConfigMap, else the default."""
+        return await self.sharing.of_node(node)
 
     # ------------------------------------------------------------------ the status cycle
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 import fnmatch
 import re
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+import yaml
 
 #: compute slices of a whole GPU by memory per slice: the A30 (6 GB per slice) has 4, every other MIG GPU 7
 _SLICES_BY_SLICE_MEMORY_GB = {6: 4}
@@ -19,6 +22,96 @@ _DEFAULT_MIG_SLICES = 7
 _MIG_PROFILE = re.compile(r"(?:(\d+)c\.)?(\d+)g\.(\d+)gb")
 #: GPU feature discovery's node label with the time-slicing replica count
 REPLICAS_NODE_LABEL = "nvidia.com/gpu.replicas"
+#: the NVIDIA device plugin's per-node choice of configuration: a key of its ConfigMap
+DEVICE_PLUGIN_CONFIG_NODE_LABEL = "nvidia.com/device-plugin.config"
+#: the node labels the controller keeps (nothing else of a Node object)
+SHARING_NODE_LABELS = (REPLICAS_NODE_LABEL, DEVICE_PLUGIN_CONFIG_NODE_LABEL)
+
+
+@dataclass(frozen=True)
+class NodeSharing:
+    """How one node's GPUs are shared, from the most authoritative source that says.
+
+    1. GPU feature discovery's node label `nvidia.com/gpu.replicas` (what the node really
+       advertises; 1 where the GPUs are not shared);
+    2. else the device plugin's configuration (`sharing.timeSlicing` / `sharing.mps`
+       `resources[].{name, replicas}`), the node's own key or the default one;
+    3. else `nvidia.com/gpu` is whole and `*.shared` names use the configured default.
+    """
+
+    node_replicas: int | None = None
+    resource_replicas: Mapping[str, int] = field(default_factory=dict)
+    default_shared_replicas: int = 4
+    source: str = "default"
+
+    def replicas_for(self, resource_name: str) -> int:
+        """Replicas per physical GPU behind one item of `resource_name` on this node."""
+        if self.node_replicas is not None:
+            return self.node_replicas
+        if resource_name in self.resource_replicas:
+            return self.resource_replicas[resource_name]
+        return self.default_shared_replicas if is_shared_resource(resource_name) else 1
+
+
+def node_replicas_label(labels: Mapping[str, str] | None) -> int | None:
+    """The replica count GPU feature discovery put on the node; None when absent or not a positive integer."""
+    raw = (labels or {}).get(REPLICAS_NODE_LABEL)
+    if raw is None:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        return None
+    return value if value >= 1 else None
+
+
+def device_plugin_replicas(config_text: str) -> dict[str, int]:
+    """Replicas per advertised resource name from one device plugin config file (YAML or JSON).
+
+    `sharing.timeSlicing.resources[]` and `sharing.mps.resources[]` entries `{name, replicas,
+    rename}`; with `renameByDefault: true` a resource is advertised as `<name>.shared`.
+    Raises ValueError naming what is wrong.
+    """
+    try:
+        document = yaml.safe_load(config_text) or {}
+    except yaml.YAMLError as error:
+        raise ValueError(f"not YAML: {error}") from None
+    if not isinstance(document, Mapping):
+        raise ValueError("the config is not a mapping")
+    sharing = document.get("sharing") or {}
+    if not isinstance(sharing, Mapping):
+        raise ValueError("`sharing` is not a mapping")
+    replicas: dict[str, int] = {}
+    for strategy in ("timeSlicing", "mps"):
+        section = sharing.get(strategy) or {}
+        if not isinstance(section, Mapping):
+            raise ValueError(f"`sharing.{strategy}` is not a mapping")
+        rename_by_default = bool(section.get("renameByDefault", False))
+        for index, resource in enumerate(section.get("resources") or []):
+            where = f"sharing.{strategy}.resources[{index}]"
+            if not isinstance(resource, Mapping) or not resource.get("name"):
+                raise ValueError(f"{where} has no name")
+            count = resource.get("replicas")
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"{where}.replicas must be a positive integer, got {count!r}")
+            name = str(resource["name"])
+            advertised = str(resource.get("rename") or (f"{name}.shared" if rename_by_default else name))
+            replicas[advertised] = count
+    return replicas
+
+
+def device_plugin_config_key(
+    node_labels: Mapping[str, str] | None, keys: Iterable[str], default_key: str | None
+) -> str | None:
+    """Which ConfigMap key applies to a node: its `nvidia.com/device-plugin.config` label, else the
+    default key, else the only key there is; None when none applies."""
+    available = list(keys)
+    chosen = (node_labels or {}).get(DEVICE_PLUGIN_CONFIG_NODE_LABEL)
+    if chosen in available:
+        return chosen
+    if default_key is not None:
+        return default_key if default_key in available else None
+    return available[0] if len(available) == 1 else None
 
 
 def matches_resource(resource_name: str, patterns: Iterable[str]) -> bool:
@@ -90,12 +183,14 @@ def gpu_containers(pod_spec: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
 
 
 def requested_units(
-    pod_spec: Mapping[str, Any], resource_patterns: Iterable[str], replicas: int = 1, shared_replicas: int = 4
+    pod_spec: Mapping[str, Any], resource_patterns: Iterable[str], replicas: int | NodeSharing = 1,
+    shared_replicas: int = 4,
 ) -> dict[str, float]:
     """GPU units per container name, for the containers that request any.
 
-    `replicas` applies to plain GPU names on a time-sliced node; `shared_replicas` to `*.shared`
-    names when the node does not say (the configurable default).
+    `replicas` is the node's sharing (a NodeSharing), or a plain replica count that applies to
+    plain GPU names on a time-sliced node, with `shared_replicas` for `*.shared` names when
+    the node does not say (the configurable default).
     """
     patterns = list(resource_patterns)
     units: dict[str, float] = {}
@@ -104,7 +199,10 @@ def requested_units(
         for resource_name, quantity in _container_requests(container).items():
             if not matches_resource(resource_name, patterns):
                 continue
-            node_replicas = shared_replicas if is_shared_resource(resource_name) and replicas <= 1 else replicas
+            if isinstance(replicas, NodeSharing):
+                node_replicas = replicas.replicas_for(resource_name)
+            else:
+                node_replicas = shared_replicas if is_shared_resource(resource_name) and replicas <= 1 else replicas
             total += _quantity(quantity) * units_per_request(resource_name, node_replicas)
         if total > 0:
             units[str(container.get("name", ""))] = total

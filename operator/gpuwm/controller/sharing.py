@@ -1,0 +1,156 @@
+"""Where a node's time-slicing replica count comes from: node labels, the device plugin's ConfigMap.
+
+A pod asking for one `nvidia.com/gpu` on a node whose GPUs are time-sliced 4 ways holds a
+quarter of a GPU. The node says so itself when NVIDIA GPU feature discovery runs (label
+`nvidia.com/gpu.replicas`); else the device plugin's own configuration says it
+(`--device-plugin-config NAMESPACE/NAME[/KEY]`, a ConfigMap whose keys are config files, one
+chosen per node by the label `nvidia.com/device-plugin.config`); else the configured default
+applies to `*.shared` names and plain names are whole GPUs. The precedence lives in
+`units.NodeSharing`; this module fetches and caches the inputs.
+
+Node labels arrive through a watch on nodes (`on_node`, kopf keeps it) and only the two
+sharing labels are kept; a node not seen yet is read once with `get`. The ConfigMap is read
+again every `CONFIG_REFRESH_SECONDS`.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
+from gpuwm.controller.units import (
+    SHARING_NODE_LABELS,
+    NodeSharing,
+    device_plugin_config_key,
+    device_plugin_replicas,
+    node_replicas_label,
+)
+
+logger = logging.getLogger(__name__)
+
+#: a node read with `get` (no watch event yet) is read again after this long
+NODE_CACHE_SECONDS = 600.0
+CONFIG_REFRESH_SECONDS = 60.0
+_CONFIG_SPEC = re.compile(r"(?P<namespace>[a-z0-9]([-a-z0-9]*[a-z0-9])?)/(?P<name>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)"
+                          r"(/(?P<key>[-._a-zA-Z0-9]+))?")
+
+
+def parse_device_plugin_config(spec: str) -> tuple[str, str, str | None]:
+    """`NAMESPACE/NAME[/KEY]` -> (namespace, name, default key); ValueError naming the spec otherwise."""
+    match = _CONFIG_SPEC.fullmatch(spec.strip())
+    if match is None:
+        raise ValueError(f"device plugin config {spec!r} is not NAMESPACE/NAME or NAMESPACE/NAME/KEY "
+                         "(e.g. gpu-operator/time-slicing-config/any)")
+    return match.group("namespace"), match.group("name"), match.group("key")
+
+
+class SharingSource:
+    """Answers `of_node(node)` from cached node labels and the device plugin's ConfigMap."""
+
+    def __init__(
+        self,
+        client: KubeClient,
+        *,
+        default_shared_replicas: int,
+        device_plugin_config: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._client = client
+        self._default = default_shared_replicas
+        self._config_ref = parse_device_plugin_config(device_plugin_config) if device_plugin_config else None
+        self._clock = clock
+        #: node -> (when read, the sharing labels); watch events are stored with time +inf (always fresh)
+        self._labels: dict[str, tuple[float, dict[str, str]]] = {}
+        self._config: dict[str, dict[str, int]] = {}  # ConfigMap key -> replicas per resource name
+        self._config_read_at: float | None = None
+        self._warned: set[str] = set()
+
+    # ------------------------------------------------------------------ inputs
+
+    def on_node(self, body: Mapping[str, Any], deleted: bool = False) -> None:
+        """A node watch event: keep its sharing labels (or forget a deleted node)."""
+        metadata = body.get("metadata") or {}
+        name = metadata.get("name")
+        if not name:
+            return
+        if deleted:
+            self._labels.pop(str(name), None)
+            return
+        self._labels[str(name)] = (float("inf"), _sharing_labels(metadata.get("labels")))
+
+    async def _node_labels(self, node: str) -> dict[str, str]:
+        cached = self._labels.get(node)
+        now = self._clock()
+        if cached is not None and now - cached[0] < NODE_CACHE_SECONDS:
+            return cached[1]
+        try:
+            obj = await self._client.get(resource_path("v1", "nodes", None, node))
+            labels = _sharing_labels(((obj or {}).get("metadata") or {}).get("labels"))
+        except KubeApiError as error:
+            self._warn_once(f"node:{error.status}", f"cannot read node {node} for its time-slicing labels ({error}); "
+                            "the chart grants get/list/watch on nodes")
+            labels = {}
+        if node not in self._labels or self._labels[node][0] != float("inf"):  # a watch event meanwhile wins
+            self._labels[node] = (now, labels)
+        return labels
+
+    async def _device_plugin_config(self) -> dict[str, dict[str, int]]:
+        if self._config_ref is None:
+            return {}
+        now = self._clock()
+        if self._config_read_at is not None and now - self._config_read_at < CONFIG_REFRESH_SECONDS:
+            return self._config
+        self._config_read_at = now
+        namespace, name, _ = self._config_ref
+        try:
+            obj = await self._client.get(resource_path("v1", "configmaps", namespace, name))
+        except KubeApiError as error:
+            hint = (" (the chart grants it when devicePluginConfig is set; else grant get on that ConfigMap)"
+                    if error.status == 403 else "")
+            self._warn_once(f"config:{error.status}", f"cannot read the device plugin ConfigMap {namespace}/{name}: "
+                            f"{error}{hint}; using node labels and --time-sliced-replicas")
+            return self._config  # keep what was read before
+        if obj is None:
+            self._warn_once("config:404", f"device plugin ConfigMap {namespace}/{name} not found (--device-plugin-"
+                            "config); using node labels and --time-sliced-replicas")
+            self._config = {}
+            return self._config
+        config: dict[str, dict[str, int]] = {}
+        for key, text in (obj.get("data") or {}).items():
+            try:
+                config[str(key)] = device_plugin_replicas(str(text))
+            except ValueError as error:
+                self._warn_once(f"config-key:{key}", f"device plugin ConfigMap {namespace}/{name} key {key!r}: "
+                                f"{error}; that configuration is ignored")
+        self._config = config
+        return config
+
+    # ------------------------------------------------------------------ the answer
+
+    async def of_node(self, node: str) -> NodeSharing:
+        """The node's sharing: its replicas label, else its device plugin config, else the default."""
+        labels = await self._node_labels(node)
+        replicas = node_replicas_label(labels)
+        if replicas is not None:
+            return NodeSharing(node_replicas=replicas, default_shared_replicas=self._default,
+                               source=f"node label {SHARING_NODE_LABELS[0]}")
+        config = await self._device_plugin_config()
+        if self._config_ref is not None and config:
+            key = device_plugin_config_key(labels, config, self._config_ref[2])
+            if key is not None:
+                return NodeSharing(resource_replicas=config[key], default_shared_replicas=self._default,
+                                   source=f"ConfigMap {self._config_ref[0]}/{self._config_ref[1]} key {key}")
+        return NodeSharing(default_shared_replicas=self._default)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message)
+
+
+def _sharing_labels(labels: Mapping[str, Any] | None) -> dict[str, str]:
+    return {key: str(value) for key, value in (labels or {}).items() if key in SHARING_NODE_LABELS}
