@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import tempfile
 import time
 from collections.abc import Mapping
@@ -22,6 +23,7 @@ import kopf
 from gpuwm.config import Settings
 from gpuwm.controller import recovery
 from gpuwm.controller.agents import PodAgents, agent_url_of_pod, parse_agents_spec
+from gpuwm.controller.events import COMPONENT
 from gpuwm.controller.gctuning import tune_garbage_collector
 from gpuwm.controller.kube import KubeClient
 from gpuwm.controller.runtime import ControllerRuntime
@@ -90,6 +92,10 @@ def namespace_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None
 def tune_kopf(settings: kopf.OperatorSettings, gpuwm_settings: Settings) -> None:
     """kopf settings that let the controller ride out 429/5xx and dropped watches."""
     settings.posting.level = logging.WARNING  # no Event per handler log line on users' pods
+    # kopf's Events carry eventTime, so the API server requires a qualified-name component and an
+    # instance of at most 128 characters (its defaults are `kopf` and `dev`)
+    settings.posting.reporting_component = COMPONENT
+    settings.posting.reporting_instance = socket.gethostname()[:128] or "gpuwm"
     settings.watching.server_timeout = 300  # ask the API server to end idle watches itself
     settings.watching.client_timeout = 330  # ... and give up on a watch that hangs past that
     settings.watching.connect_timeout = 30

@@ -126,6 +126,8 @@ class KubeClient:
         self._session: aiohttp.ClientSession | None = None
         self._relogin = relogin
         self._plurals: dict[tuple[str, str], str] = dict(KNOWN_PLURALS)
+        self._served: dict[str, set[str]] = {}
+        self._warned_kinds: set[tuple[str, str]] = set()
         self.requests = 0
         self.retries = 0
 
@@ -258,17 +260,43 @@ class KubeClient:
                 self._plurals.setdefault((api_version, str(resource.get("kind"))), str(resource["name"]))
         return self._plurals.get(key)
 
+    async def served(self, api_version: str, plural: str) -> bool:
+        """Whether the API server serves `plural` in `api_version` (discovery, cached per group version)."""
+        if api_version not in self._served:
+            base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+            document = await self.get(base) or {}
+            self._served[api_version] = {str(resource.get("name")) for resource in document.get("resources") or []}
+        return plural in self._served[api_version]
+
     async def get_object(self, api_version: str, kind: str, namespace: str | None, name: str) -> dict[str, Any] | None:
-        """The object, or None when it does not exist or its kind is not served; 403 raises."""
+        """The object, or None when it does not exist, its kind is not served, or RBAC forbids reading it.
+
+        The last two are told once per kind in a warning (a CRD not installed, a kind the chart
+        does not grant): the owner walk stops there and the reference itself is the workload.
+        """
         plural = await self.plural(api_version, kind)
         if plural is None:
+            self._warn_kind(api_version, kind, "is not served by the API server (is its CRD installed?)")
             return None
         try:
-            return await self.get(resource_path(api_version, plural, namespace, name))
+            found = await self.get(resource_path(api_version, plural, namespace, name))
         except KubeApiError as error:
             if error.status == 403:
-                return None  # RBAC stops the walk here: the caller treats the reference as the workload
+                # RBAC stops the walk here: the caller treats the reference as the workload
+                self._warn_kind(api_version, kind, f"cannot be read ({error.message}); grant `get` on {plural} "
+                                "(chart value controller.extraOwnerRules)")
+                return None
             raise
+        if found is None and not await self.served(api_version, plural):
+            self._warn_kind(api_version, kind, "is not served by the API server (is its CRD installed?)")
+        return found
+
+    def _warn_kind(self, api_version: str, kind: str, problem: str) -> None:
+        if (api_version, kind) in self._warned_kinds:
+            return
+        self._warned_kinds.add((api_version, kind))
+        logger.warning("owner kind %s %s %s; pods it owns are accounted to the %s named in their ownerReferences",
+                       api_version, kind, problem, kind, extra={"kind": kind, "apiVersion": api_version})
 
 
 def _message_and_reason(text: str) -> tuple[str, str]:

@@ -93,3 +93,34 @@ def test_resource_path() -> None:
     assert resource_path("v1", "pods", "ns", "p") == "/api/v1/namespaces/ns/pods/p"
     assert resource_path("gpuwm.io/v1alpha1", "gpuprojectmetrics", None, "x", "status") == \
         "/apis/gpuwm.io/v1alpha1/gpuprojectmetrics/x/status"
+
+
+async def test_an_owner_kind_that_is_not_served_is_warned_about_once(
+    api: tuple[Api, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    state, url = api
+    not_found = {"kind": "Status", "reason": "NotFound", "message": "the server could not find the requested resource"}
+    # the object GET and then the discovery of kubeflow.org/v1: no CRD installed
+    state.answers = [(404, not_found, {}), (404, not_found, {}), (404, not_found, {})]
+    client = KubeClient(url, retry_backoffs_seconds=(0.01,))
+    assert await client.get_object("kubeflow.org/v1", "PyTorchJob", "ns", "pt") is None
+    assert await client.get_object("kubeflow.org/v1", "PyTorchJob", "ns", "pt2") is None
+    paths = [path for _, path, _ in state.seen]
+    assert paths == ["/apis/kubeflow.org/v1/namespaces/ns/pytorchjobs/pt", "/apis/kubeflow.org/v1",
+                     "/apis/kubeflow.org/v1/namespaces/ns/pytorchjobs/pt2"]  # discovery asked once
+    assert caplog.text.count("kubeflow.org/v1 PyTorchJob is not served") == 1
+    state.answers = [(403, {"reason": "Forbidden", "message": 'cannot get resource "jobs"'}, {})]
+    assert await client.get_object("batch/v1", "Job", "ns", "j") is None
+    assert "batch/v1 Job cannot be read" in caplog.text and "extraOwnerRules" in caplog.text
+    await client.close()
+
+
+async def test_a_served_kind_with_a_missing_object_is_not_warned_about(
+    api: tuple[Api, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    state, url = api
+    state.answers = [(404, {"reason": "NotFound", "message": 'widgets.example.com "w" not found'}, {})]
+    client = KubeClient(url, retry_backoffs_seconds=(0.01,))
+    assert await client.get_object("example.com/v1", "Widget", "ns", "w") is None
+    assert "not served" not in caplog.text
+    await client.close()
