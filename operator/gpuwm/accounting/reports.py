@@ -9,7 +9,7 @@ from typing import Any
 from gpuwm.accounting.engine import EngineCore
 from gpuwm.accounting.persist import restore_state, save_state
 from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Stretch, Workload
-from gpuwm.accounting.windows import WINDOW_SECONDS
+from gpuwm.accounting.windows import WINDOW_SECONDS, windows_of
 from gpuwm.model.figures import (
     ClusterFigures,
     GpuFigures,
@@ -33,8 +33,8 @@ class _Sums:
         self.current = [0.0, 0.0]  # units, units x util
         self.memory_current = [0.0, 0.0]
 
-    def add_workload(self, workload: Workload, now: float) -> None:
-        for name, values in zip(WINDOW_SECONDS, workload.windows.windows(now), strict=True):
+    def add_workload(self, workload: Workload, windows: tuple[list[float], list[float], list[float]]) -> None:
+        for name, values in zip(WINDOW_SECONDS, windows, strict=True):
             totals = self.memory[name]
             for index in range(4):
                 totals[index] += values[index]
@@ -186,9 +186,12 @@ class Engine(EngineCore):
 
     # ------------------------------------------------------------- reports
 
-    def _workload_figures(self, workload: Workload, now: float) -> tuple[WorkloadFigures, _Sums]:
+    def _workload_figures(
+        self, workload: Workload, now: float, windows: tuple[list[float], list[float], list[float]] | None = None
+    ) -> tuple[WorkloadFigures, _Sums]:
+        """`windows`: the workload's `windows.windows(now)` when the caller computed many at once (`windows_of`)."""
         sums = _Sums()
-        sums.add_workload(workload, now)
+        sums.add_workload(workload, workload.windows.windows(now) if windows is None else windows)
         unmonitored = workload.unmonitored_seconds
         allocated_gpus = 0.0
         idle_gpus = 0.0
@@ -313,7 +316,7 @@ class Engine(EngineCore):
 
     def workloads(self, now: float | None = None) -> list[WorkloadFigures]:
         at = self.clock if now is None else now
-        return [self._workload_figures(workload, at)[0] for workload in self._sorted_workloads()]
+        return [row[1] for row in self._rows(at)]
 
     def workload(self, uid: str, now: float | None = None) -> WorkloadFigures | None:
         workload = self.workload_records.get(uid)
@@ -322,9 +325,16 @@ class Engine(EngineCore):
     def _sorted_workloads(self) -> list[Workload]:
         return sorted(self.workload_records.values(), key=lambda w: (w.namespace, w.name, w.uid))
 
+    def _rows(self, now: float) -> list[tuple[Workload, WorkloadFigures, _Sums]]:
+        """Every workload's figures and window sums, the windows of all computed in one pass."""
+        ordered = self._sorted_workloads()
+        windows = windows_of([workload.windows for workload in ordered], now)
+        return [(workload, *self._workload_figures(workload, now, window))
+                for workload, window in zip(ordered, windows, strict=True)]
+
     def projects(self, now: float | None = None) -> list[ProjectFigures]:
         at = self.clock if now is None else now
-        return self._projects(at, ((w, *self._workload_figures(w, at)) for w in self._sorted_workloads()))
+        return self._projects(at, self._rows(at))
 
     def _projects(
         self, now: float, rows: Iterable[tuple[Workload, WorkloadFigures, _Sums]]
@@ -378,7 +388,7 @@ class Engine(EngineCore):
     def report(self, now: float | None = None) -> tuple[list[WorkloadFigures], list[ProjectFigures], ClusterFigures]:
         """Workloads, projects and cluster in one pass (what the controller writes each interval)."""
         at = self.clock if now is None else now
-        rows = [(w, *self._workload_figures(w, at)) for w in self._sorted_workloads()]
+        rows = self._rows(at)
         workloads = [row[1] for row in rows]
         projects = self._projects(at, rows)
         cluster_sums = _Sums()

@@ -13,6 +13,7 @@ boundaries, pro rata otherwise.
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 
 _STRIDE = 6  # start, end, units, units*util, mem_units, mem_units*mem
 WINDOW_SECONDS: dict[str, float] = {"avg1m": 60.0, "avg5m": 300.0, "avg1h": 3600.0}
@@ -96,12 +97,7 @@ class WindowSums:
         return units, util, mem_units, mem
 
     def windows(self, now: float) -> tuple[list[float], list[float], list[float]]:
-        """The 1m, 5m and 1h windows ending at `now` (what a report needs).
-
-        A busy workload holds a few hundred segments; a report covers thousands of
-        workloads every status interval, so large ones are summed with numpy over a
-        zero-copy view of the array.
-        """
+        """The 1m, 5m and 1h windows ending at `now` (what a report needs); see `windows_of`."""
         data = self._data
         if len(data) >= _NUMPY_FROM_SEGMENTS * _STRIDE:
             return self._windows_numpy(now)
@@ -131,17 +127,7 @@ class WindowSums:
         return minute, five, hour
 
     def _windows_numpy(self, now: float) -> tuple[list[float], list[float], list[float]]:
-        # imported here: the agent's process loads this module through the CLI and must stay small
-        import numpy
-
-        table = numpy.frombuffer(self._data, dtype=numpy.float64).reshape(-1, _STRIDE)
-        starts, ends, rates = table[:, 0], numpy.minimum(table[:, 1], now), table[:, 2:]
-        result = []
-        for seconds in (60.0, 300.0, 3600.0):
-            overlap = ends - numpy.maximum(starts, now - seconds)
-            numpy.maximum(overlap, 0.0, out=overlap)
-            result.append([float(value) for value in overlap @ rates])
-        return result[0], result[1], result[2]
+        return windows_of([self], now)[0]
 
     def maintain(self, now: float) -> None:
         """Drop what is older than the longest window; fold old segments when there are many."""
@@ -192,3 +178,37 @@ class WindowSums:
         sums._data = array("d", values)
         sums._capacity = max(_MIN_CAPACITY_SEGMENTS, 2 * len(sums))
         return sums
+
+
+def windows_of(many: Sequence[WindowSums], now: float) -> list[tuple[list[float], list[float], list[float]]]:
+    """`WindowSums.windows(now)` of many workloads in one numpy pass (a report covers thousands).
+
+    Per workload and column the products are summed in segment order, starting from 0.0, as
+    the plain loop in `windows` does, so the two agree to the bit whichever computes a
+    workload's figures; one pass over all segments replaces thousands of small numpy calls.
+    """
+    # imported here: the agent's process loads this module through the CLI and must stay small
+    import numpy
+
+    joined = array("d")
+    sizes = []
+    for sums in many:
+        joined.extend(sums._data)
+        sizes.append(len(sums._data) // _STRIDE)
+    count = len(sizes)
+    if not joined:
+        return [([0.0] * 4, [0.0] * 4, [0.0] * 4) for _ in range(count)]
+    table = numpy.frombuffer(joined, dtype=numpy.float64).reshape(-1, _STRIDE)
+    owner = numpy.repeat(numpy.arange(count), sizes)
+    starts, ends, rates = table[:, 0], numpy.minimum(table[:, 1], now), table[:, 2:]
+    columns = []
+    for seconds in (60.0, 300.0, 3600.0):
+        overlap = ends - numpy.maximum(starts, now - seconds)
+        numpy.maximum(overlap, 0.0, out=overlap)
+        columns.append([numpy.bincount(owner, weights=rates[:, index] * overlap, minlength=count).tolist()
+                        for index in range(4)])
+    minute, five, hour = columns
+    return [
+        ([column[row] for column in minute], [column[row] for column in five], [column[row] for column in hour])
+        for row in range(count)
+    ]
