@@ -320,3 +320,22 @@ def test_schema_integers_formats_and_nulls(emu: EmulatorThread) -> None:
     assert created["spec"] == {"maybe": None}
     status, error = http.request("POST", widgets, {"metadata": {"name": "w3"}, "spec": {"tags": ["a", None]}})
     assert status == 422 and "spec.tags[1]" in error["message"]
+
+
+def test_pod_spec_is_immutable_and_bound_through_binding(emu: EmulatorThread) -> None:
+    http = KubeHttp(emu.url)
+    pods = "/api/v1/namespaces/team-a/pods"
+    http.create(pods, {"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "a"}]}})
+    status, error = http.request("PATCH", f"{pods}/p", {"spec": {"nodeName": "n1"}}, "application/merge-patch+json")
+    assert status == 422 and "pod updates may not change fields" in error["message"]
+    status, _ = http.request("PATCH", f"{pods}/p/status", {"spec": {"nodeName": "n1"}, "status": {"phase": "Running"}},
+                             "application/merge-patch+json")
+    assert status == 200 and "nodeName" not in http.get(f"{pods}/p")["spec"]  # /status cannot set it either
+    assert http.ok("PATCH", f"{pods}/p", {"spec": {"containers": [{"name": "c", "image": "b"}]}},
+                   "application/merge-patch+json")["spec"]["containers"][0]["image"] == "b"  # images may change
+    binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "p"},
+               "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"}}
+    assert http.ok("POST", f"{pods}/p/binding", binding)["status"] == "Success"
+    assert http.get(f"{pods}/p")["spec"]["nodeName"] == "n1"
+    status, error = http.request("POST", f"{pods}/p/binding", {**binding, "target": {"kind": "Node", "name": "n2"}})
+    assert status == 409 and 'already assigned to node "n1"' in error["message"]

@@ -5,7 +5,9 @@ uid, creationTimestamp and generation on every object; list + watch from a resou
 without replaying older events (410 Gone when too old); label and field selectors; PUT with
 optimistic concurrency (409); a status subresource that is the only way to change status
 (and cannot change spec); merge, JSON and (approximate) server-side-apply patches, with
-fieldManager recorded in managedFields; CRD schema validation (422) and pruning; discovery.
+fieldManager recorded in managedFields; CRD schema validation (422) and pruning; discovery;
+ObjectMeta and Event validation (validation.py); namespaces that stay Terminating a while
+after DELETE (creates there: 403); pod specs immutable but through `pods/NAME/binding`.
 For fault tests it injects 429/5xx answers and drops watch streams.
 
 Not emulated: strategic-merge list merging by key (treated as a merge patch), apply's field
@@ -29,7 +31,7 @@ from .errors import ApiError
 from .resources import BUILTIN, ResourceType, load_crd_files, types_from_crd
 from .schema import validate
 from .store import ObjectStore, Watcher, now_rfc3339
-from .validation import check_field_selector, validate_event
+from .validation import check_field_selector, check_pod_spec_update, validate_event
 
 
 @dataclass
@@ -141,6 +143,8 @@ class KubernetesEmulator:
         rtype = self.types.get((group, version, plural))
         if rtype is None:
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
+        if subresource == "binding" and (rtype.group, rtype.plural) == ("", "pods") and request.method == "POST":
+            return web.json_response(self._bind(rtype, namespace, str(name), await self._body(request)), status=201)
         if subresource not in {None, "status"} or (subresource == "status" and not rtype.status_subresource):
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
         if rtype.namespaced and namespace is None and name is not None:
@@ -174,6 +178,8 @@ class KubernetesEmulator:
             if not (body.get("metadata") or {}).get("resourceVersion"):
                 raise ApiError(422, "Invalid", f'{rtype.kind} "{name}" is invalid: metadata.resourceVersion: '
                                                "Invalid value: 0x0: must be specified for an update")
+            if (rtype.group, rtype.plural) == ("", "pods") and subresource is None:
+                check_pod_spec_update(old, body)
             new = self._validated(rtype, body)
             return web.json_response(self.store.replace(rtype, old, new, manager, subresource))
         if method == "PATCH":
@@ -284,6 +290,21 @@ class KubernetesEmulator:
                                              f"forbidden: unable to create new content in namespace {namespace} "
                                              "because it is being terminated")
 
+    def _bind(self, rtype: ResourceType, namespace: str | None, name: str, body: Any) -> dict[str, Any]:
+        """POST pods/NAME/binding: what the scheduler does, the only way to set spec.nodeName after creation."""
+        target = (body.get("target") or {}) if isinstance(body, dict) else {}
+        if target.get("kind", "Node") != "Node" or not target.get("name"):
+            raise ApiError(422, "Invalid", 'Binding is invalid: target: Invalid value: must name a Node')
+        old = self.store.get(rtype, namespace, name)
+        bound = (old.get("spec") or {}).get("nodeName")
+        if bound:
+            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is '
+                                            f'already assigned to node "{bound}"')
+        new = copy.deepcopy(old)
+        new.setdefault("spec", {})["nodeName"] = str(target["name"])
+        self.store.replace(rtype, old, new, "kube-scheduler", "binding")
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
+
     def _terminate_namespace(self, rtype: ResourceType, name: str) -> dict[str, Any]:
         """DELETE of a namespace: Terminating first (creates get 403), content and namespace go later.
 
@@ -368,6 +389,8 @@ class KubernetesEmulator:
             new = patches.json_patch(old, body)
         else:
             raise ApiError(415, "UnsupportedMediaType", f"the body of the request was in an unknown format: {content_type}")
+        if (rtype.group, rtype.plural) == ("", "pods") and subresource is None:
+            check_pod_spec_update(old, new)
         return self.store.replace(rtype, old, self._validated(rtype, new), manager, subresource)
 
     def _delete_namespace_content(self, namespace: str) -> None:

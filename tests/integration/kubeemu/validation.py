@@ -207,3 +207,24 @@ def check_field_selector(group: str, plural: str, selector: str | None) -> None:
         if key not in supported:
             raise ApiError(400, "BadRequest", f'"{key}" is not a known field selector: only '
                                               f'"{", ".join(sorted(supported))}"')
+
+
+def _mutable_view(spec: dict[str, Any]) -> dict[str, Any]:
+    """A pod spec without what an update may change (images, deadline, tolerations, scheduling gates)."""
+    view = {k: v for k, v in spec.items() if k not in {"activeDeadlineSeconds", "tolerations", "schedulingGates"}}
+    for field in ("containers", "initContainers", "ephemeralContainers"):
+        if isinstance(view.get(field), list):
+            view[field] = [{k: v for k, v in c.items() if k != "image"} if isinstance(c, dict) else c
+                           for c in view[field]]
+    return view
+
+
+def check_pod_spec_update(old: dict[str, Any], new: dict[str, Any]) -> None:
+    """`ValidatePodUpdate`: a pod's spec is immutable but for a few fields; nodeName is set through binding."""
+    if _mutable_view(old.get("spec") or {}) != _mutable_view(new.get("spec") or {}):
+        name = (old.get("metadata") or {}).get("name")
+        raise ApiError(422, "Invalid", f'Pod "{name}" is invalid: spec: Forbidden: pod updates may not change fields '
+                                       "other than `spec.containers[*].image`, `spec.initContainers[*].image`, "
+                                       "`spec.activeDeadlineSeconds`, `spec.tolerations` (only additions to existing "
+                                       "tolerations), `spec.terminationGracePeriodSeconds` (allow it to be set to 1 "
+                                       "if it was previously negative)")
