@@ -109,6 +109,8 @@ class ControllerRuntime:
         self.cr_names: dict[str, str] = {}  # workload uid -> GPUWorkloadMetrics name ("" for none)
         self.cr_owner: dict[tuple[str, str], tuple[str, str, float | None]] = {}  # (ns, name) -> (uid, kind, created)
         self.conditions: dict[str, list[Condition]] = {}
+        #: workload uid -> (project, CR spec, CR labels): built once, not for each of thousands of CRs each cycle
+        self._cr_static: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {}
         self.baselines: dict[str, dict[str, float]] = {}  # from CR status when no engine state survived
         self.baseline_cutoff: float | None = None
         self.latest_sample_time: float | None = None
@@ -286,11 +288,15 @@ class ControllerRuntime:
             name = self.cr_name_for(figures)
             if name is None:
                 continue
+            static = self._cr_static.get(figures.uid)
+            if static is None or static[0] != figures.project:  # spec and labels change with the project only
+                static = self._cr_static[figures.uid] = (figures.project, {
+                    "workloadRef": {"apiVersion": figures.api_version, "kind": figures.kind, "name": figures.name,
+                                    "uid": figures.uid}, "project": figures.project,
+                }, workload_labels(figures))
             self.writer.offer(Desired(
                 plural=WORKLOAD_PLURAL, namespace=figures.namespace, name=name,
-                spec={"workloadRef": {"apiVersion": figures.api_version, "kind": figures.kind, "name": figures.name,
-                                      "uid": figures.uid}, "project": figures.project},
-                labels=workload_labels(figures),
+                spec=static[1], labels=static[2],
                 render=functools.partial(self._render_workload, figures, now),
                 signature=workload_signature(figures, idle_condition_after_seconds=idle_after,
                                              underutilized_percent=low),
@@ -340,6 +346,7 @@ class ControllerRuntime:
             self.cr_names.pop(figures.uid, None)
             self.engine.forget_workload(figures.uid)
             self.conditions.pop(figures.uid, None)
+            self._cr_static.pop(figures.uid, None)
             self.baselines.pop(figures.uid, None)
 
     def save(self, now: float) -> None:

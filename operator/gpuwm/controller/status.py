@@ -211,7 +211,7 @@ def workload_counters(figures: WorkloadFigures) -> tuple[float, ...]:
     """The figures that move with time; all equal means a refresh would say nothing new."""
     return (round(figures.allocated_gpu_seconds, 3), round(figures.unmonitored_gpu_seconds, 3),
             round(figures.idle_gpu_seconds, 3), round(figures.idle_seconds, 3), round(figures.energy_joules, 3),
-            *(round(value, 2) if value is not None else -1.0 for value in figures.utilization.model_dump().values()))
+            *_rounded_windows(figures.utilization))
 
 
 def project_signature(figures: ProjectFigures) -> tuple[Any, ...]:
@@ -222,7 +222,13 @@ def project_signature(figures: ProjectFigures) -> tuple[Any, ...]:
 def project_counters(figures: ProjectFigures) -> tuple[float, ...]:
     return (round(figures.allocated_gpu_seconds, 3), round(figures.idle_gpu_seconds, 3),
             round(figures.unmonitored_gpu_seconds, 3), round(figures.energy_joules, 3),
-            *(round(value, 2) if value is not None else -1.0 for value in figures.utilization.model_dump().values()))
+            *_rounded_windows(figures.utilization))
+
+
+def _rounded_windows(windows: Windows) -> tuple[float, ...]:
+    """Each window (in field order) to 0.01 %, -1 for none: read off the attributes, no model dump per CR."""
+    return tuple(-1.0 if value is None else round(value, 2)
+                 for value in (windows.current, windows.avg1m, windows.avg5m, windows.avg1h, windows.lifetime))
 
 
 def write_reason(

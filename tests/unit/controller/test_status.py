@@ -143,3 +143,11 @@ def test_token_bucket_limits_rate() -> None:
     assert sum(bucket.try_acquire() for _ in range(100)) == 20  # never more than the burst saved up
     with pytest.raises(ValueError, match="rate"):
         TokenBucket(0)
+
+
+def test_counters_carry_every_utilization_window_in_field_order() -> None:
+    windows = Windows(current=12.345, avg1m=None, avg5m=5.0, avg1h=0.004, lifetime=99.999)
+    expected = tuple(-1.0 if value is None else round(value, 2) for value in windows.model_dump().values())
+    assert workload_counters(figures(utilization=windows))[-len(Windows.model_fields):] == expected
+    project = ProjectFigures(name="vision", utilization=windows)
+    assert project_counters(project)[-len(Windows.model_fields):] == expected == (12.35, -1.0, 5.0, 0.0, 100.0)
