@@ -20,7 +20,7 @@ import logging
 import math
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,7 @@ from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
 from gpuwm.store.base import METRIC_NAMES, RangeQuery, Series, Store, StoreError
 from gpuwm.store.chunks import ChunkWriter, chunk_spans
 from gpuwm.store.codec import BLOCK, METRIC_COUNT, MISSING, IntArray, decode_head, encode_head, quantize
-from gpuwm.store.rows import SeriesRow, build_rows
+from gpuwm.store.rows import Rows, build_rows
 from gpuwm.store.sqlite_read import read_range
 from gpuwm.store.tiers import Tier, parse_tiers
 
@@ -222,12 +222,12 @@ class EmbeddedStore(Store):
         pod_stats: Sequence[PodStatsSample] = (),
     ) -> None:
         """Write one interval in one transaction: head rows, changed latest figures, a slice of compaction."""
-        rows = build_rows(samples, workloads, projects, cluster, pod_stats)
+        rows = build_rows(samples, workloads, projects, cluster, pod_stats, known=self._series_ids)
         with self._write_lock:
             connection = self._writer
             connection.execute("BEGIN IMMEDIATE")
             try:
-                self.write_points(at, rows.items())
+                self.write_points(at, rows)
                 self._write_latest(
                     "latest_workloads",
                     [(w.uid, (w.uid, w.namespace, w.name, w.project, at), w.model_dump_json()) for w in workloads],
@@ -257,17 +257,19 @@ class EmbeddedStore(Store):
             placeholders = ", ".join("?" * len(changed[0]))
             self._writer.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({placeholders})", changed)
 
-    def write_points(self, at: float, rows: Iterable[tuple[tuple[str, str], SeriesRow]]) -> None:
+    def write_points(self, at: float, rows: Rows) -> None:
         """Append one interval of rows to the head (inside the caller's transaction)."""
-        entries = list(rows)
-        if not entries:
+        if not rows.keys:
             return
+        series_id = self._series_id
+        labels = rows.labels
         ids = np.fromiter(
-            (self._series_id(kind, key, row.labels) for (kind, key), row in entries), dtype=np.int64, count=len(entries)
+            (series_id(kind, key, labels.get((kind, key))) for kind, key in rows.keys),
+            dtype=np.int64,
+            count=len(rows.keys),
         )
-        values = np.array([row.values for _, row in entries], dtype=np.float64).reshape(len(entries), METRIC_COUNT)
         step = self.tiers[0].step_seconds
-        self.write_head(int(math.floor(at / step) * step), ids, quantize(values))
+        self.write_head(int(math.floor(at / step) * step), ids, quantize(rows.values))
 
     def write_head(self, bucket: int, ids: IntArray, values: IntArray) -> None:
         """Head rows of one interval: `values[i]` (quantized) is series `ids[i]`'s row at `bucket`."""
@@ -291,9 +293,10 @@ class EmbeddedStore(Store):
         self._head_blocks.update(block_list)
         self._latest_bucket = bucket if self._latest_bucket is None else max(self._latest_bucket, bucket)
 
-    def _series_id(self, kind: str, key: str, labels: dict[str, str]) -> int:
+    def _series_id(self, kind: str, key: str, labels: dict[str, str] | None) -> int:
         found = self._series_ids.get((kind, key))
         if found is None:
+            labels = labels or {}
             cursor = self._writer.execute(
                 "INSERT INTO series (kind, key, workload_uid, project, node, labels) VALUES (?, ?, ?, ?, ?, ?)",
                 (

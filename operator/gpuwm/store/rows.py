@@ -1,7 +1,10 @@
-"""Turn one interval's samples and figures into one row of metric values per series.
+"""Turn one interval's samples and figures into one row of metric values per series, as one array.
 
-Pure functions, no I/O: the embedded store writes what this returns, and tests check the
-aggregation rules (unit-weighted utilisation, share-weighted bytes and watts, ...) directly.
+Pure functions, no I/O: the embedded store writes what this returns. One Python pass over the
+workloads' GPUs lists the *parts* (a device as held by one holder, or by nobody) and which
+series each part belongs to; the sums, means and maxima per series are then numpy reductions
+over those (series, part) pairs, in the same order as a part-by-part loop would add them.
+tests/unit/store/reference_rows.py keeps the part-by-part version the tests compare against.
 
 Series kinds and what their key is:
   gpu            uuid|pod_uid   one device as held by one pod (pod_uid empty when unallocated)
@@ -12,155 +15,59 @@ Series kinds and what their key is:
   project_node   project|node
   node           node name      every device on the node
   cluster        ""             every device
+
+Rules: utilisation is the mean weighted by units held (node and cluster: every device alike,
+so an idle unallocated device pulls the fleet's figure down); bytes, watts and PCIe rates are
+summed, a shared device counting by share; temperature is the hottest device; clocks are means;
+memory utilisation is used / total; energy is the workload's or project's energyJoules, or the
+devices' counters (each physical GPU once); idle seconds the workload's (the longest of its
+workloads for a project, node or cluster); pod stats are summed over the series' pods.
 """
+
+# ruff: noqa: B023 - the label builders (lambdas in loops) are called at once by _Series.get, never later
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Container, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
+
+import numpy as np
+import numpy.typing as npt
 
 from gpuwm.model import GpuSample, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
 from gpuwm.store.base import METRIC_INDEX, METRIC_NAMES
 
 SeriesKey = tuple[str, str]  # (kind, key)
-Values = list[float | None]
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
 
-
-@dataclass
-class SeriesRow:
-    labels: dict[str, str]
-    values: Values
-
-
-_SHARED = (
+_SHARED_COLUMNS = [
+    METRIC_INDEX[name]
+    for name in (
+        "gpu_memory_used_bytes",
+        "gpu_memory_total_bytes",
+        "gpu_power_watts",
+        "gpu_power_limit_watts",
+        "gpu_pcie_rx_bytes_per_second",
+        "gpu_pcie_tx_bytes_per_second",
+    )
+]
+#: per sample: the six shared figures, then temperature, SM clock, memory clock, SM %, energy
+_sample_figures = attrgetter(
     "memory_used_bytes",
     "memory_total_bytes",
     "power_watts",
     "power_limit_watts",
     "pcie_rx_bytes_per_second",
     "pcie_tx_bytes_per_second",
+    "temperature_celsius",
+    "sm_clock_mhz",
+    "memory_clock_mhz",
+    "sm_percent",
+    "energy_joules",
 )
-_SHARED_COLUMNS = (
-    METRIC_INDEX["gpu_memory_used_bytes"],
-    METRIC_INDEX["gpu_memory_total_bytes"],
-    METRIC_INDEX["gpu_power_watts"],
-    METRIC_INDEX["gpu_power_limit_watts"],
-    METRIC_INDEX["gpu_pcie_rx_bytes_per_second"],
-    METRIC_INDEX["gpu_pcie_tx_bytes_per_second"],
-)
-
-
-_shared_of = attrgetter(*_SHARED)
-
-
-@dataclass(slots=True)
-class _Part:
-    """A device as seen by one holder (or by nobody): the unit of every aggregation.
-
-    Its figures are read from the sample once (`shared` already multiplied by the share), since
-    each part is summed into up to eight series.
-    """
-
-    sample: GpuSample | None
-    node: str
-    uuid: str
-    units: float  # units held (0 when unallocated)
-    share: float  # fraction of the device's extensive figures (bytes, watts) that belong to this part
-    utilization_percent: float | None
-    idle_seconds: float | None = None
-    shared: tuple[float | None, ...] = ()
-    temperature_celsius: float | None = None
-    sm_clock_mhz: float | None = None
-    memory_clock_mhz: float | None = None
-
-    def __post_init__(self) -> None:
-        self.refresh()
-
-    def refresh(self) -> None:
-        sample = self.sample
-        if sample is None:
-            self.shared = (None,) * len(_SHARED)
-            return
-        share = self.share
-        self.shared = tuple(None if value is None else value * share for value in _shared_of(sample))
-        self.temperature_celsius = sample.temperature_celsius
-        self.sm_clock_mhz = sample.sm_clock_mhz
-        self.memory_clock_mhz = sample.memory_clock_mhz
-
-
-@dataclass
-class _Group:
-    labels: dict[str, str]
-    parts: list[_Part] = field(default_factory=list)
-    pods: set[str] = field(default_factory=set)
-    energy_joules: float | None = None
-    idle_seconds: float | None = None
-
-
-def _aggregate(parts: Sequence[_Part], per_device: bool = False) -> Values:
-    """Metric values over a set of device parts (pod-stats and energy columns are filled by the caller).
-
-    Utilisation is weighted by units held; `per_device` (node, cluster) weights every device alike,
-    so an unallocated device at 0 % pulls the fleet's figure down, as it should.
-    """
-    values: Values = [None] * len(METRIC_NAMES)
-    util_sum = util_weight = allocated = 0.0
-    shared = [0.0] * len(_SHARED)
-    seen = [False] * len(_SHARED)
-    temperature: float | None = None
-    sm_sum = memory_clock_sum = 0.0
-    sm_count = memory_clock_count = 0
-    for part in parts:
-        allocated += part.units
-        utilization = part.utilization_percent
-        if utilization is not None:
-            weight = 1.0 if per_device or part.units <= 0 else part.units
-            util_sum += utilization * weight
-            util_weight += weight
-        for index, value in enumerate(part.shared):
-            if value is not None:
-                shared[index] += value
-                seen[index] = True
-        if part.temperature_celsius is not None and (
-            temperature is None or part.temperature_celsius > temperature
-        ):
-            temperature = part.temperature_celsius
-        if part.sm_clock_mhz is not None:
-            sm_sum += part.sm_clock_mhz
-            sm_count += 1
-        if part.memory_clock_mhz is not None:
-            memory_clock_sum += part.memory_clock_mhz
-            memory_clock_count += 1
-    values[METRIC_INDEX["gpu_allocated"]] = allocated
-    if not parts:
-        return values
-    values[METRIC_INDEX["gpu_utilization_percent"]] = util_sum / util_weight if util_weight > 0 else None
-    for index, column in enumerate(_SHARED_COLUMNS):
-        values[column] = shared[index] if seen[index] else None
-    used, total = values[_SHARED_COLUMNS[0]], values[_SHARED_COLUMNS[1]]
-    if used is not None and total:
-        values[METRIC_INDEX["gpu_memory_utilization_percent"]] = min(100.0, 100.0 * used / total)
-    values[METRIC_INDEX["gpu_temperature_celsius"]] = temperature
-    values[METRIC_INDEX["gpu_sm_clock_mhz"]] = sm_sum / sm_count if sm_count else None
-    values[METRIC_INDEX["gpu_memory_clock_mhz"]] = (
-        memory_clock_sum / memory_clock_count if memory_clock_count else None
-    )
-    return values
-
-
-def _device_energy(parts: Sequence[_Part]) -> float | None:
-    """Sum of the devices' energy counters, each physical GPU once (MIG instances carry their parent's)."""
-    by_physical: dict[str, float] = {}
-    for part in parts:
-        sample = part.sample
-        if sample is None or sample.energy_joules is None:
-            continue
-        by_physical[sample.parent_uuid or sample.uuid] = sample.energy_joules
-    return sum(by_physical.values()) if by_physical else None
-
-
 _POD_STATS = (
     "cpu_usage_cores",
     "memory_used_bytes",
@@ -168,12 +75,54 @@ _POD_STATS = (
     "network_tx_bytes_per_second",
     "ephemeral_storage_used_bytes",
 )
+_pod_stat_figures = attrgetter(*_POD_STATS)
+_PER_DEVICE_KINDS = frozenset({"node", "cluster"})
 
 
-def _fill_pod_stats(values: Values, stats: Sequence[PodStatsSample]) -> None:
-    for name in _POD_STATS:
-        present = [getattr(sample, name) for sample in stats if getattr(sample, name) is not None]
-        values[METRIC_INDEX[name]] = sum(present) if present else None
+@dataclass
+class Rows:
+    """One interval: `values[i]` (NaN = no value) is series `keys[i]`'s row; `labels` only for keys not known."""
+
+    keys: list[SeriesKey]
+    values: FloatArray
+    labels: dict[SeriesKey, dict[str, str]] = field(default_factory=dict)
+
+    def items(self) -> list[tuple[SeriesKey, list[float | None]]]:
+        """(key, values with None for missing): for tests and tools, not the write path."""
+        return [
+            (key, [None if value != value else value for value in row])
+            for key, row in zip(self.keys, self.values.tolist(), strict=True)
+        ]
+
+
+class _Series:
+    """The series seen so far in this interval, in first-seen order, with their scalar figures."""
+
+    def __init__(self, known: Container[SeriesKey]) -> None:
+        self.known = known
+        self.index: dict[SeriesKey, int] = {}
+        self.keys: list[SeriesKey] = []
+        self.labels: dict[SeriesKey, dict[str, str]] = {}
+        self.energy: list[float | None] = []
+        self.idle: list[float | None] = []
+        self.pods: list[set[str]] = []
+
+    def get(self, kind: str, key: str, labels: Callable[[], dict[str, str]]) -> int:
+        """The series' index; `labels` is called only for a series the store does not know yet."""
+        found = self.index.get((kind, key))
+        if found is None:
+            found = self.index[(kind, key)] = len(self.keys)
+            self.keys.append((kind, key))
+            self.energy.append(None)
+            self.idle.append(None)
+            self.pods.append(set())
+            if (kind, key) not in self.known:
+                self.labels[(kind, key)] = labels()
+        return found
+
+    def raise_idle(self, series: int, seconds: float) -> None:
+        current = self.idle[series]
+        self.idle[series] = max(current or 0.0, seconds)
 
 
 def _index_label(index: int | None, sample: GpuSample | None) -> str:
@@ -183,8 +132,8 @@ def _index_label(index: int | None, sample: GpuSample | None) -> str:
     return "" if index is None else str(index)
 
 
-#: series kinds that often share one set of parts (and are aggregated per unit held, not per device)
-_SAME_PARTS_KINDS = frozenset({"pod", "workload", "workload_node"})
+def _as_array(rows: list[tuple[float | None, ...]], width: int) -> FloatArray:
+    return np.array(rows, dtype=np.float64).reshape(len(rows), width)
 
 
 def build_rows(
@@ -193,26 +142,35 @@ def build_rows(
     projects: Sequence[ProjectFigures],
     cluster: ClusterFigures,
     pod_stats: Sequence[PodStatsSample] = (),
-) -> dict[SeriesKey, SeriesRow]:
-    """One row per series for this interval."""
+    known: Container[SeriesKey] = frozenset(),
+) -> Rows:
+    """One row per series for this interval; labels are built only for series not in `known`."""
     del cluster  # the cluster row is aggregated from the devices; its figures are kept as latest state
     latest: dict[str, GpuSample] = {}
     for each in samples:
         if each.uuid not in latest or each.t >= latest[each.uuid].t:
             latest[each.uuid] = each
+    sample_row = {uuid: row for row, uuid in enumerate(latest)}
+    sample_list = list(latest.values())
+    figures = _as_array([_sample_figures(each) for each in sample_list], 11)
     stats_by_pod: dict[str, PodStatsSample] = {}
     for stat in pod_stats:
         if stat.pod_uid not in stats_by_pod or stat.t >= stats_by_pod[stat.pod_uid].t:
             stats_by_pod[stat.pod_uid] = stat
 
-    groups: dict[SeriesKey, _Group] = {}
-
-    def new_group(kind: str, key: str, labels: dict[str, str]) -> _Group:
-        found = groups[(kind, key)] = _Group(labels=labels)
-        return found
-
-    # `groups.get(...) or new_group(...)`: the labels are built only for a new series (a _Group is truthy)
+    series = _Series(known)
+    get = series.get
+    # parts: sample row (-1: none), units, share, utilisation (NaN: none)
+    part_sample: list[int] = []
+    part_units: list[float] = []
+    part_share: list[float] = []
+    part_util: list[float | None] = []
+    pair_series: list[int] = []
+    pair_part: list[int] = []
+    gpu_idle: dict[int, float | None] = {}  # a gpu series' idle seconds: its first part's
     held_uuids: set[str] = set()
+    index = series.index
+    energy_pairs: list[tuple[int, int]] = []  # (gpu, node or cluster series, part): device energy counters
     for workload in workloads:
         base = {
             "namespace": workload.namespace,
@@ -220,148 +178,230 @@ def build_rows(
             "workload_uid": workload.uid,
             "project": workload.project,
         }
-        workload_group = groups.get(("workload", workload.uid)) or new_group("workload", workload.uid, dict(base))
-        workload_group.energy_joules = workload.energy_joules
-        workload_group.idle_seconds = workload.idle_seconds
+        idle = workload.idle_seconds
+        workload_series = get("workload", workload.uid, lambda: dict(base))
+        series.energy[workload_series] = workload.energy_joules
+        series.idle[workload_series] = idle
         project_name = workload.project
-        project_group = groups.get(("project", project_name)) or new_group(
-            "project", project_name, {"project": project_name}
-        )
-        project_group.idle_seconds = max(project_group.idle_seconds or 0.0, workload.idle_seconds)
+        project_series = get("project", project_name, lambda: {"project": project_name})
+        series.raise_idle(project_series, idle)
         pod_names = {pod.uid: pod.name for pod in workload.pods}
+        # the pod, node, project-node and cluster series of each (pod, node) of this workload, found once
+        holders: dict[tuple[str, str], tuple[str, tuple[int, int, int, int, int]]] = {}
         for gpu in workload.gpus:
             held_uuids.add(gpu.uuid)
-            sample: GpuSample | None = latest.get(gpu.uuid)
-            device_units = sample.device_units if sample is not None else gpu.device_units
-            share = min(1.0, gpu.units / device_units) if device_units > 0 else 1.0
-            part = _Part(
-                sample=sample,
-                node=gpu.node,
-                uuid=gpu.uuid,
-                units=gpu.units,
-                share=share,
-                utilization_percent=gpu.utilization_percent
-                if gpu.utilization_percent is not None
-                else (sample.sm_percent if sample is not None else None),
-                idle_seconds=workload.idle_seconds,
-            )
+            sample = latest.get(gpu.uuid)
             pod_uid = gpu.pod_uid or ""
-            pod_name = gpu.pod or pod_names.get(pod_uid, "")
             node = gpu.node
+            holder = holders.get((pod_uid, node))
+            if holder is None:
+                pod_name = gpu.pod or pod_names.get(pod_uid, "")
+                pod_series = get("pod", pod_uid or f"{workload.uid}/{pod_name}", lambda: {**base, "pod": pod_name, "node": node})
+                node_series = get("workload_node", f"{workload.uid}|{node}", lambda: {**base, "node": node})
+                project_node = get("project_node", f"{project_name}|{node}", lambda: {"project": project_name, "node": node})
+                node_total = get("node", node, lambda: {"node": node})
+                cluster_series = get("cluster", "", lambda: {})
+                series.idle[pod_series] = idle
+                series.idle[node_series] = idle
+                for member in (project_node, node_total, cluster_series):
+                    series.raise_idle(member, idle)
+                for member in (pod_series, workload_series, node_series, project_series, project_node, node_total):
+                    series.pods[member].add(pod_uid)
+                series.pods[cluster_series].add(pod_uid)
+                holder = holders[(pod_uid, node)] = (
+                    pod_name, (pod_series, workload_series, node_series, project_series, project_node)
+                )
+            device_units = sample.device_units if sample is not None else gpu.device_units
+            part = len(part_units)
+            part_sample.append(sample_row[gpu.uuid] if sample is not None else -1)
+            part_units.append(gpu.units)
+            part_share.append(min(1.0, gpu.units / device_units) if device_units > 0 else 1.0)
+            part_util.append(
+                gpu.utilization_percent
+                if gpu.utilization_percent is not None
+                else (sample.sm_percent if sample is not None else None)
+            )
             gpu_key = f"{gpu.uuid}|{pod_uid}"
-            gpu_group = groups.get(("gpu", gpu_key)) or new_group("gpu", gpu_key, {
-                **base,
-                "node": node,
-                "pod": pod_name,
-                "gpu": _index_label(gpu.index, sample),
-                "uuid": gpu.uuid,
-                "model": gpu.model or (sample.model if sample is not None and sample.model else ""),
-            })
-            gpu_group.parts.append(part)
-            pod_key = pod_uid or f"{workload.uid}/{pod_name}"
-            pod_group = groups.get(("pod", pod_key)) or new_group(
-                "pod", pod_key, {**base, "pod": pod_name, "node": node}
-            )
-            pod_group.parts.append(part)
-            pod_group.pods.add(pod_uid)
-            pod_group.idle_seconds = workload.idle_seconds
-            workload_group.parts.append(part)
-            workload_group.pods.add(pod_uid)
-            node_key = f"{workload.uid}|{node}"
-            node_group = groups.get(("workload_node", node_key)) or new_group(
-                "workload_node", node_key, {**base, "node": node}
-            )
-            node_group.parts.append(part)
-            node_group.pods.add(pod_uid)
-            node_group.idle_seconds = workload.idle_seconds
-            project_group.parts.append(part)
-            project_group.pods.add(pod_uid)
-            project_node_key = f"{project_name}|{node}"
-            project_node = groups.get(("project_node", project_node_key)) or new_group(
-                "project_node", project_node_key, {"project": project_name, "node": node}
-            )
-            project_node.parts.append(part)
-            project_node.pods.add(pod_uid)
-            project_node.idle_seconds = max(project_node.idle_seconds or 0.0, workload.idle_seconds)
-            node_total = groups.get(("node", node)) or new_group("node", node, {"node": node})
-            node_total.idle_seconds = max(node_total.idle_seconds or 0.0, workload.idle_seconds)
-            node_total.pods.add(pod_uid)
-            cluster_group = groups.get(("cluster", "")) or new_group("cluster", "", {})
-            cluster_group.idle_seconds = max(cluster_group.idle_seconds or 0.0, workload.idle_seconds)
-            cluster_group.pods.add(pod_uid)
+            gpu_series = index.get(("gpu", gpu_key))
+            if gpu_series is None:
+                gpu_series = get("gpu", gpu_key, lambda: {
+                    **base,
+                    "node": node,
+                    "pod": gpu.pod or pod_names.get(pod_uid, ""),
+                    "gpu": _index_label(gpu.index, sample),
+                    "uuid": gpu.uuid,
+                    "model": gpu.model or (sample.model if sample is not None and sample.model else ""),
+                })
+                gpu_idle[gpu_series] = idle
+            pair_series.append(gpu_series)
+            pair_series.extend(holder[1])
+            pair_part.extend((part, part, part, part, part, part))
+            energy_pairs.append((gpu_series, part))
     for project in projects:
-        project_group = groups.get(("project", project.name)) or new_group(
-            "project", project.name, {"project": project.name}
-        )
-        project_group.energy_joules = project.energy_joules
+        series.energy[get("project", project.name, lambda: {"project": project.name})] = project.energy_joules
 
     # node and cluster rows see every device once, held or not, whole (share 1)
-    device_parts: dict[str, _Part] = {}
+    device_part: dict[str, int] = {}
     for workload in workloads:
         for gpu in workload.gpus:
-            known = device_parts.get(gpu.uuid)
-            if known is None:
-                device_sample = latest.get(gpu.uuid)
-                device_parts[gpu.uuid] = _Part(
-                    sample=device_sample,
-                    node=gpu.node,
-                    uuid=gpu.uuid,
-                    units=gpu.units,
-                    share=1.0,
-                    utilization_percent=device_sample.sm_percent
-                    if device_sample is not None
-                    else gpu.sm_percent,
-                )
+            known_part = device_part.get(gpu.uuid)
+            if known_part is None:
+                sample = latest.get(gpu.uuid)
+                device_part[gpu.uuid] = len(part_units)
+                part_sample.append(sample_row[gpu.uuid] if sample is not None else -1)
+                part_units.append(gpu.units)
+                part_share.append(1.0)
+                part_util.append(sample.sm_percent if sample is not None else gpu.sm_percent)
             else:
-                known.units += gpu.units
+                part_units[known_part] += gpu.units
+    device_nodes: dict[str, str] = {}
+    for workload in workloads:
+        for gpu in workload.gpus:
+            device_nodes.setdefault(gpu.uuid, gpu.node)
     for uuid, free in latest.items():
-        if uuid not in held_uuids:
-            device_parts[uuid] = _Part(
-                sample=free,
-                node=free.node,
-                uuid=uuid,
-                units=0.0,
-                share=1.0,
-                utilization_percent=free.sm_percent,
-            )
-            free_labels = {
-                "node": free.node,
-                "gpu": _index_label(None, free),
-                "uuid": uuid,
-                "pod": "",
-                "model": free.model or "",
-            }
-            (groups.get(("gpu", f"{uuid}|")) or new_group("gpu", f"{uuid}|", free_labels)).parts.append(
-                device_parts[uuid]
-            )
-    for part in device_parts.values():
-        (groups.get(("node", part.node)) or new_group("node", part.node, {"node": part.node})).parts.append(part)
-        (groups.get(("cluster", "")) or new_group("cluster", "", {})).parts.append(part)
+        if uuid in held_uuids:
+            continue
+        part = device_part[uuid] = len(part_units)
+        device_nodes[uuid] = free.node
+        part_sample.append(sample_row[uuid])
+        part_units.append(0.0)
+        part_share.append(1.0)
+        part_util.append(free.sm_percent)
+        free_series = get("gpu", f"{uuid}|", lambda: {
+            "node": free.node, "gpu": _index_label(None, free), "uuid": uuid, "pod": "", "model": free.model or ""
+        })
+        gpu_idle.setdefault(free_series, None)
+        pair_series.append(free_series)
+        pair_part.append(part)
+        energy_pairs.append((free_series, part))
+    for uuid, part in device_part.items():
+        node = device_nodes[uuid]
+        node_series = get("node", node, lambda: {"node": node})
+        cluster_series = get("cluster", "", lambda: {})
+        pair_series.extend((node_series, cluster_series))
+        pair_part.extend((part, part))
+        energy_pairs.append((node_series, part))
+        energy_pairs.append((cluster_series, part))
+    # series -> physical GPU -> counter (each GPU once; a MIG instance carries its parent's)
+    device_energy: dict[int, dict[str, float]] = {}
+    physical = [each.parent_uuid or each.uuid for each in sample_list]
+    sample_energy = [each.energy_joules for each in sample_list]
+    for member, part in energy_pairs:
+        row = part_sample[part]
+        if row >= 0:
+            counter = sample_energy[row]
+            if counter is not None:
+                device_energy.setdefault(member, {})[physical[row]] = counter
 
-    rows: dict[SeriesKey, SeriesRow] = {}
+    values = _aggregate(series, figures, part_sample, part_units, part_share, part_util, pair_series, pair_part)
     energy_column = METRIC_INDEX["gpu_energy_joules"]
     idle_column = METRIC_INDEX["gpu_idle_seconds"]
-    # a one-pod workload on one node has the same parts in its pod, workload and workload_node
-    # series: aggregate each distinct set of parts once
-    aggregated: dict[tuple[int, ...], Values] = {}
-    for (kind, key), found in groups.items():
-        if kind in _SAME_PARTS_KINDS:
-            identity = tuple(map(id, found.parts))
-            known_values = aggregated.get(identity)
-            if known_values is None:
-                known_values = aggregated[identity] = _aggregate(found.parts)
-            values = list(known_values)
-        else:
-            values = _aggregate(found.parts, per_device=kind in ("node", "cluster"))
+    nan = float("nan")
+    energies: list[float] = []
+    idles: list[float] = []
+    for position, (kind, _) in enumerate(series.keys):
         if kind in ("workload", "project"):
-            values[energy_column] = found.energy_joules
+            energy = series.energy[position]
         elif kind in ("gpu", "node", "cluster"):
-            values[energy_column] = _device_energy(found.parts)
-        if kind == "gpu":
-            values[idle_column] = found.parts[0].idle_seconds if found.parts else None
+            by_physical = device_energy.get(position)
+            energy = sum(by_physical.values()) if by_physical else None
         else:
-            values[idle_column] = found.idle_seconds
-        if kind != "gpu" and found.pods and stats_by_pod:
-            _fill_pod_stats(values, [stats_by_pod[uid] for uid in found.pods if uid in stats_by_pod])
-        rows[(kind, key)] = SeriesRow(labels=found.labels, values=values)
-    return rows
+            energy = None
+        energies.append(nan if energy is None else energy)
+        held_idle = gpu_idle.get(position) if kind == "gpu" else series.idle[position]
+        idles.append(nan if held_idle is None else held_idle)
+    values[:, energy_column] = energies
+    values[:, idle_column] = idles
+    if stats_by_pod:
+        _sum_pod_stats(series, stats_by_pod, values)
+    return Rows(keys=series.keys, values=values, labels=series.labels)
+
+
+def _aggregate(
+    series: _Series,
+    figures: FloatArray,
+    part_sample: list[int],
+    part_units: list[float],
+    part_share: list[float],
+    part_util: list[float | None],
+    pair_series: list[int],
+    pair_part: list[int],
+) -> FloatArray:
+    """The device figures of every series from its parts (energy, idle and pod stats are the caller's)."""
+    count = len(series.keys)
+    values = np.full((count, len(METRIC_NAMES)), np.nan)
+    pairs_s = np.array(pair_series, dtype=np.int64)
+    pairs_p = np.array(pair_part, dtype=np.int64)
+    units = np.array(part_units, dtype=np.float64)
+    values[:, METRIC_INDEX["gpu_allocated"]] = np.bincount(pairs_s, weights=units[pairs_p], minlength=count)
+    rows = np.array(part_sample, dtype=np.int64)[pairs_p]
+    sampled = rows >= 0
+    # per pair, the part's figures (NaN where the part has no sample)
+    pair_figures = np.full((len(pairs_p), figures.shape[1]), np.nan)
+    if len(figures):
+        pair_figures[sampled] = figures[rows[sampled]]
+    per_device = np.array([kind in _PER_DEVICE_KINDS for kind, _ in series.keys], dtype=np.bool_)[pairs_s]
+    pair_units = units[pairs_p]
+    weight = np.where(per_device | (pair_units <= 0), 1.0, pair_units)
+    util = np.array(part_util, dtype=np.float64)[pairs_p]
+    has = ~np.isnan(util)
+    util_sum = np.bincount(pairs_s[has], weights=util[has] * weight[has], minlength=count)
+    util_weight = np.bincount(pairs_s[has], weights=weight[has], minlength=count)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        values[:, METRIC_INDEX["gpu_utilization_percent"]] = np.where(
+            util_weight > 0, util_sum / util_weight, np.nan
+        )
+    share = np.array(part_share, dtype=np.float64)[pairs_p]
+    for position, column in enumerate(_SHARED_COLUMNS):
+        shared = pair_figures[:, position] * share
+        has = ~np.isnan(shared)
+        total = np.bincount(pairs_s[has], weights=shared[has], minlength=count)
+        seen = np.bincount(pairs_s[has], minlength=count) > 0
+        values[:, column] = np.where(seen, total, np.nan)
+    used = values[:, _SHARED_COLUMNS[0]]
+    total = values[:, _SHARED_COLUMNS[1]]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.minimum(100.0, 100.0 * used / total)
+    values[:, METRIC_INDEX["gpu_memory_utilization_percent"]] = np.where(
+        ~np.isnan(used) & ~np.isnan(total) & (total != 0), ratio, np.nan
+    )
+    temperature = pair_figures[:, 6]
+    has = ~np.isnan(temperature)
+    hottest = np.full(count, -np.inf)
+    np.maximum.at(hottest, pairs_s[has], temperature[has])
+    values[:, METRIC_INDEX["gpu_temperature_celsius"]] = np.where(np.isinf(hottest), np.nan, hottest)
+    for position, name in ((7, "gpu_sm_clock_mhz"), (8, "gpu_memory_clock_mhz")):
+        clock = pair_figures[:, position]
+        has = ~np.isnan(clock)
+        clock_sum = np.bincount(pairs_s[has], weights=clock[has], minlength=count)
+        clock_count = np.bincount(pairs_s[has], minlength=count)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            values[:, METRIC_INDEX[name]] = np.where(clock_count > 0, clock_sum / clock_count, np.nan)
+    return values
+
+
+def _sum_pod_stats(series: _Series, stats_by_pod: dict[str, PodStatsSample], values: FloatArray) -> None:
+    """Pod stats summed over each series' pods (not for gpu series); None where none of its pods has one."""
+    pod_row = {uid: row for row, uid in enumerate(stats_by_pod)}
+    stats = _as_array([_pod_stat_figures(stat) for stat in stats_by_pod.values()], len(_POD_STATS))
+    member_series: list[int] = []
+    member_rows: list[int] = []
+    for index, pods in enumerate(series.pods):
+        if series.keys[index][0] == "gpu":
+            continue
+        for uid in pods:
+            row = pod_row.get(uid)
+            if row is not None:
+                member_series.append(index)
+                member_rows.append(row)
+    if not member_series:
+        return
+    members = np.array(member_series, dtype=np.int64)
+    picked = stats[np.array(member_rows, dtype=np.int64)]
+    count = len(series.keys)
+    for position, name in enumerate(_POD_STATS):
+        column = picked[:, position]
+        has = ~np.isnan(column)
+        total = np.bincount(members[has], weights=column[has], minlength=count)
+        seen = np.bincount(members[has], minlength=count) > 0
+        values[:, METRIC_INDEX[name]] = np.where(seen, total, values[:, METRIC_INDEX[name]])
