@@ -17,7 +17,8 @@ from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import NamespaceEvent, PodEvent
 
 STATE_VERSION = 2
-#: versions `restore_state` reads: 1 saved each GPU's history as rows ("points"), 2 as columns ("history")
+#: versions `restore_state` reads: 1 saved each GPU's history as rows ("points") and window segments as
+#: a list of floats; 2 saves them as base64 columns ("history") and a base64 string (no Python float each)
 READABLE_VERSIONS = (1, 2)
 
 
@@ -70,7 +71,7 @@ def save_state(core: Any) -> dict[str, Any]:
                 "unmonitoredSeconds": workload.unmonitored_seconds,
                 "energyJoules": workload.energy_joules,
                 "life": [workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem],
-                "windows": workload.windows.to_list(),
+                "windows": workload.windows.to_base64(),
                 "firstRunStart": workload.first_run_start,
                 "retiredRuns": [list(run) for run in workload.retired_runs],
                 "retiredLastActive": _finite(workload.retired_last_active),
@@ -159,7 +160,8 @@ def _restore(core: Any, state: dict[str, Any]) -> None:
         workload.unmonitored_seconds = raw["unmonitoredSeconds"]
         workload.energy_joules = raw["energyJoules"]
         workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem = raw["life"]
-        workload.windows = WindowSums.from_list(raw["windows"])
+        windows = raw["windows"]  # version 1: a list of floats; 2: base64 of the doubles
+        workload.windows = WindowSums.from_list(windows) if isinstance(windows, list) else WindowSums.from_base64(windows)
         workload.first_run_start = raw["firstRunStart"]
         workload.retired_runs = [(run[0], run[1]) for run in raw["retiredRuns"]]
         retired = raw["retiredLastActive"]

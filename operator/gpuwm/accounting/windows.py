@@ -12,6 +12,8 @@ boundaries, pro rata otherwise.
 
 from __future__ import annotations
 
+import base64
+import sys
 from array import array
 from collections.abc import Sequence
 
@@ -171,6 +173,28 @@ class WindowSums:
 
     def to_list(self) -> list[float]:
         return self._data.tolist()
+
+    def to_base64(self) -> str:
+        """The segments as base64 of their little-endian doubles (what the engine state saves)."""
+        data = self._data
+        if sys.byteorder != "little":
+            data = array("d", data)
+            data.byteswap()
+        return base64.b64encode(data.tobytes()).decode("ascii")
+
+    @classmethod
+    def from_base64(cls, text: str) -> WindowSums:
+        """Inverse of `to_base64`; raises ValueError when it is not whole segments."""
+        values = array("d")
+        values.frombytes(base64.b64decode(text, validate=True))
+        if sys.byteorder != "little":
+            values.byteswap()
+        if len(values) % _STRIDE:
+            raise ValueError(f"saved window segments hold {len(values)} numbers, not a multiple of {_STRIDE}")
+        sums = cls()
+        sums._data = values
+        sums._capacity = max(_MIN_CAPACITY_SEGMENTS, 2 * len(sums))
+        return sums
 
     @classmethod
     def from_list(cls, values: list[float]) -> WindowSums:

@@ -1,9 +1,11 @@
-"""Saved GPU history as columns (state version 2): exact round trip, version-1 rows still read."""
+"""Saved GPU history and window segments as base64 (state version 2): exact round trip, version 1 still read."""
 
 from __future__ import annotations
 
+import base64
 import json
 import math
+import struct
 from typing import Any
 
 import pytest
@@ -37,7 +39,10 @@ def test_columns_round_trip_keeps_every_value_and_nan() -> None:
     state = json.loads(json.dumps(engine.save()))
     assert state["version"] == STATE_VERSION == 2
     assert all(isinstance(gpu["history"]["t"], str) for gpu in state["gpus"])
+    assert all(isinstance(workload["windows"], str) for workload in state["workloads"])
     restored = Engine.restore(state, CONFIG)
+    for uid, workload in engine.workload_records.items():
+        assert restored.workload_records[uid].windows.to_list() == workload.windows.to_list() != []
     for uuid, gpu in engine.gpu_records.items():
         again = restored.gpu_records[uuid]
         for column in ("times", "sm", "memory", "energy", "device_units"):
@@ -60,11 +65,13 @@ def test_version_one_rows_are_still_restored() -> None:
     for raw in state["gpus"]:
         del raw["history"]
         raw["points"] = engine.gpu_records[raw["uuid"]].rows()
+    for raw in state["workloads"]:
+        raw["windows"] = engine.workload_records[raw["uid"]].windows.to_list()
     restored = Engine.restore(json.loads(json.dumps(state)), CONFIG)
     assert _figures(restored, 7.0) == _figures(engine, 7.0)
 
 
-@pytest.mark.parametrize("damage", ["short column", "not base64", "unknown version"])
+@pytest.mark.parametrize("damage", ["short column", "not base64", "part of a segment", "unknown version"])
 def test_damaged_history_is_a_state_error(damage: str) -> None:
     state = json.loads(json.dumps(_engine().save()))
     history = state["gpus"][0]["history"]
@@ -72,6 +79,8 @@ def test_damaged_history_is_a_state_error(damage: str) -> None:
         history["sm"] = history["sm"][:-12]
     elif damage == "not base64":
         history["t"] = "!!"
+    elif damage == "part of a segment":
+        state["workloads"][0]["windows"] = base64.b64encode(struct.pack("<5d", 1, 2, 3, 4, 5)).decode()
     else:
         state["version"] = 99
     with pytest.raises(StateError):
