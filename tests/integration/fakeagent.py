@@ -34,7 +34,7 @@ class FakeNode:
     samples: list[dict[str, Any]] = field(default_factory=list)
     served: int = 0
 
-    def hold(self, gpu: str, namespace: str, pod: str, container: str = "main", units: float = 1.0,
+    def hold(self, gpu: str, namespace: str, pod: str, container: str = "main", units: float | None = 1.0,
              pod_uid: str | None = None) -> None:
         """Attribute `gpu` to a pod, as pod-resources would (namespace/name; the UID only when known)."""
         self.holders.append({"uuid": gpu, "device_id": gpu, "units": units, "resource_name": "nvidia.com/gpu",

@@ -72,7 +72,11 @@ async def gpu_pod_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> 
         await RUNTIME.on_pod(body, event.get("type"))
 
 
-@kopf.on.event("nodes")
+def _node_sharing_changed(body: kopf.Body, event: Mapping[str, Any], **_: Any) -> bool:
+    return RUNTIME is not None and (event.get("type") == "DELETED" or RUNTIME.sharing.changes(body))
+
+
+@kopf.on.event("nodes", when=_node_sharing_changed)
 def node_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
     """Node labels that say how its GPUs are shared (time-slicing replicas, device plugin config key)."""
     if RUNTIME is not None:

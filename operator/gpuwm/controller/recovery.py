@@ -96,6 +96,7 @@ async def restore(runtime: ControllerRuntime) -> str:
     else:
         _baselines_from_crs(runtime, existing)
         source = "crs" if runtime.baselines else "empty"
+    _conditions_from_crs(runtime, existing)
     await _expire_orphans(runtime, existing)
     logger.info("controller state restored from %s (%d workloads, %d pods)", source,
                 len(runtime.engine.workloads(runtime.clock())), len(runtime.pods))
@@ -171,6 +172,26 @@ async def _adopt_existing_crs(runtime: ControllerRuntime) -> list[dict[str, Any]
         runtime.cr_names[str(uid)] = str(name)
         runtime.cr_owner[(str(namespace), str(name))] = (str(uid), str(ref.get("kind")), None)
     return items
+
+
+def _conditions_from_crs(runtime: ControllerRuntime, items: list[dict[str, Any]]) -> None:
+    """The conditions last written win over the saved state's (saved up to a minute earlier).
+
+    They keep their transition times across the restart, and a workload whose CR says Idle
+    already had its GpuIdle Event for this idle spell: it is not posted a second time.
+    """
+    for item in items:
+        uid = ((item.get("spec") or {}).get("workloadRef") or {}).get("uid")
+        written = (item.get("status") or {}).get("conditions")
+        if not uid or not isinstance(written, list):
+            continue
+        try:
+            conditions = [Condition.model_validate(condition) for condition in written]
+        except ValueError:
+            continue  # not ours to judge: the next write replaces them
+        runtime.conditions[str(uid)] = conditions
+        if any(condition.type == "Idle" and condition.status == "True" for condition in conditions):
+            runtime.idle_events.announced.add(str(uid))
 
 
 def _baselines_from_crs(runtime: ControllerRuntime, items: list[dict[str, Any]]) -> None:

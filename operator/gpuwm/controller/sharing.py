@@ -82,6 +82,13 @@ class SharingSource:
             return
         self._labels[str(name)] = (float("inf"), _sharing_labels(metadata.get("labels")))
 
+    def changes(self, body: Mapping[str, Any]) -> bool:
+        """Whether a node event would change what is known of its sharing labels (kopf's `when=`: the
+        many node status updates then cost no handler call and no log line)."""
+        metadata = body.get("metadata") or {}
+        known = self._labels.get(str(metadata.get("name")))
+        return known is None or known[0] != float("inf") or known[1] != _sharing_labels(metadata.get("labels"))
+
     async def _node_labels(self, node: str) -> dict[str, str]:
         cached = self._labels.get(node)
         now = self._clock()

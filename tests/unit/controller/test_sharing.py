@@ -121,6 +121,8 @@ async def test_watched_node_labels_replace_a_get(caplog: pytest.LogCaptureFixtur
     assert (await sharing.of_node("n1")).node_replicas == 8 and api.gets == []
     sharing.on_node(node("n1", **{"nvidia.com/gpu.replicas": "2"}))
     assert (await sharing.of_node("n1")).node_replicas == 2
+    assert not sharing.changes(node("n1", **{"nvidia.com/gpu.replicas": "2"}))  # a status update: no news
+    assert sharing.changes(node("n1", **{"nvidia.com/gpu.replicas": "4"})) and sharing.changes(node("n9"))
     sharing.on_node(node("n1"), deleted=True)
     assert (await sharing.of_node("n1")).node_replicas is None  # forgotten: read again (403 here: default)
     assert (await sharing.of_node("n2")).source == "default"

@@ -1,0 +1,228 @@
+"""The real `gpuwm controller` through a workload scenario as a real API server would run it.
+
+Close to the acceptance scenario for issue 4: a namespace is created; pods are created
+Pending, without a node, owned by a Job and by a PyTorchJob (whose CRD is installed in one
+run and missing in the other); the scheduler's binding sets their node and their status is
+patched to Running; agents report busy then idle samples; every CR status field a user looks
+at is checked, with the Events on the workloads when they turn Idle. A time-sliced node
+(label nvidia.com/gpu.replicas=4) makes a one-GPU pod hold a quarter GPU. The controller is
+SIGKILLed and restarted; at the end the namespace is deleted with its pods still running,
+and the CRs go (project included) after retention.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.fakeagent import FakeAgents, FakeNode
+from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator, minimal_crd
+from tests.integration.kubeemu.runner import KubeHttp
+from tests.integration.test_controller import CRDS, Controller, epoch, rfc3339, wait_until
+
+pytestmark = pytest.mark.integration
+
+NS = "ml-team"
+GWM = f"/apis/gpuwm.io/v1alpha1/namespaces/{NS}/gpuworkloadmetrics"
+GPM = "/apis/gpuwm.io/v1alpha1/gpuprojectmetrics"
+RETENTION_SECONDS = 6
+
+
+class Scenario:
+    def __init__(self, thread: EmulatorThread) -> None:
+        self.thread = thread
+        self.http = KubeHttp(thread.url)
+
+    def job(self, name: str) -> dict[str, Any]:
+        created: dict[str, Any] = self.http.create(f"/apis/batch/v1/namespaces/{NS}/jobs", {
+            "apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+            "spec": {"template": {"spec": {"restartPolicy": "Never",
+                                           "containers": [{"name": "main", "image": "trainer"}]}}},
+        })
+        return created
+
+    def pod(self, name: str, owner: dict[str, Any], gpus: int = 1) -> dict[str, Any]:
+        """Created Pending and unscheduled, as a Job or training operator creates it."""
+        created: dict[str, Any] = self.http.create(f"/api/v1/namespaces/{NS}/pods", {
+            "metadata": {"name": name, "labels": {"app": name},
+                         "ownerReferences": [{**owner, "controller": True, "blockOwnerDeletion": True}]},
+            "spec": {"restartPolicy": "Never", "containers": [{
+                "name": "main", "image": "trainer", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]},
+        })
+        return created
+
+    def schedule_and_run(self, name: str, node: str, started: float) -> None:
+        """What the scheduler (binding) and the kubelet (status) do."""
+        self.http.ok("POST", f"/api/v1/namespaces/{NS}/pods/{name}/binding", {
+            "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+        self.http.ok("PATCH", f"/api/v1/namespaces/{NS}/pods/{name}/status", {"status": {
+            "phase": "Running", "startTime": rfc3339(started), "hostIP": "10.0.0.1", "podIP": "10.1.0.5",
+            "conditions": [{"type": "PodScheduled", "status": "True"}, {"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": "main", "ready": True, "restartCount": 0, "image": "trainer",
+                                   "imageID": "", "started": True,
+                                   "state": {"running": {"startedAt": rfc3339(started)}}}],
+        }}, "application/merge-patch+json")
+
+    def cr(self, name: str) -> dict[str, Any] | None:
+        status, body = self.http.request("GET", f"{GWM}/{name}")
+        return body if status == 200 else None
+
+    def project(self, name: str) -> dict[str, Any] | None:
+        status, body = self.http.request("GET", f"{GPM}/{name}")
+        return body if status == 200 else None
+
+    def idle_events(self, name: str) -> list[dict[str, Any]]:
+        return [event for event in self.http.get(f"/api/v1/namespaces/{NS}/events")["items"]
+                if event.get("reason") == "GpuIdle" and event["involvedObject"]["name"] == name]
+
+
+@pytest.fixture(params=[True, False], ids=["pytorchjob-crd", "no-pytorchjob-crd"])
+def scenario(request: pytest.FixtureRequest) -> Iterator[tuple[Scenario, bool]]:
+    emulator = KubernetesEmulator(CRDS)
+    if request.param:
+        emulator.install_crd(minimal_crd("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs"))
+    with EmulatorThread(emulator) as thread:
+        yield Scenario(thread), bool(request.param)
+
+
+def _conditions(cr: dict[str, Any]) -> dict[str, str]:
+    return {condition["type"]: condition["status"] for condition in cr["status"].get("conditions") or []}
+
+
+def test_workload_scenario_on_a_strict_api(scenario: tuple[Scenario, bool], tmp_path: Path) -> None:
+    s, crd_installed = scenario
+    http = s.http
+    http.create("/api/v1/namespaces", {"metadata": {"name": NS, "labels": {"gpuwm.io/project": "research"}}})
+    http.create("/api/v1/nodes", {"metadata": {"name": "gpu-a", "labels": {"nvidia.com/gpu.present": "true"}}})
+    http.create("/api/v1/nodes", {"metadata": {"name": "gpu-shared", "labels": {"nvidia.com/gpu.replicas": "4"}}})
+    train = s.job("train")
+    if crd_installed:
+        dist = http.create(f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs", {
+            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "dist"},
+            "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1}, "Worker": {"replicas": 1}}}})
+        dist_ref = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "dist",
+                    "uid": dist["metadata"]["uid"]}
+    else:  # the training operator is gone, its CRD with it: the pods still name their owner
+        dist_ref = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "dist",
+                    "uid": "0b6f4a56-6b53-4a8e-9d1e-4a3c3f0e0d11"}
+    notebook = s.job("notebook")
+    job_ref = {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": train["metadata"]["uid"]}
+    s.pod("train-0", job_ref)
+    s.pod("dist-master-0", dist_ref)
+    s.pod("dist-worker-0", dist_ref)
+    s.pod("notebook-0", {"apiVersion": "batch/v1", "kind": "Job", "name": "notebook",
+                         "uid": notebook["metadata"]["uid"]})
+
+    node_a = FakeNode("gpu-a", ["GPU-a0", "GPU-a1", "GPU-a2"], sm_percent=85.0)
+    shared = FakeNode("gpu-shared", ["GPU-s0"], sm_percent=85.0)
+    node_a.hold("GPU-a0", NS, "train-0")
+    node_a.hold("GPU-a1", NS, "dist-master-0")
+    node_a.hold("GPU-a2", NS, "dist-worker-0")
+    shared.hold("GPU-s0", NS, "notebook-0", units=None)  # the replica count comes from the node label
+    agents = FakeAgents(s.thread, [node_a, shared]).start()
+    log = tmp_path / "controller.log"
+    controller = Controller(s.thread.write_kubeconfig(tmp_path / "kubeconfig"), agents.spec(), tmp_path / "gpuwm.db",
+                            log, ("--retention", f"{RETENTION_SECONDS}s"))
+    controller.start()
+    try:
+        # Pending and unscheduled: a workload waiting for its GPUs
+        pending = wait_until("train pending", lambda: (cr := s.cr("train")) and cr.get("status", {}).get("phase")
+                             == "Pending" and cr, log=log)
+        assert pending["status"]["allocatedGpus"] == 0 and pending["status"].get("startTime") is None
+
+        started = time.time()
+        s.schedule_and_run("train-0", "gpu-a", started)
+        s.schedule_and_run("dist-master-0", "gpu-a", started)
+        s.schedule_and_run("dist-worker-0", "gpu-a", started)
+        s.schedule_and_run("notebook-0", "gpu-shared", started)
+
+        # busy
+        busy = wait_until("train busy", lambda: (cr := s.cr("train")) and cr["status"].get("activeGpuSeconds", 0)
+                          >= 2 and cr, log=log)
+        assert busy["spec"] == {"workloadRef": job_ref, "project": "research"}
+        status = busy["status"]
+        assert status["phase"] == "Running" and status["allocatedGpus"] == 1
+        assert status["gpuModel"] == "NVIDIA H100 80GB HBM3" and status["nodes"] == ["gpu-a"]
+        assert [(p["name"], p["node"], p["phase"], p["allocatedGpus"]) for p in status["pods"]] == [
+            ("train-0", "gpu-a", "Running", 1)]
+        assert [(g["uuid"], g["pod"], g["utilizationPercent"]) for g in status["gpus"]] == [("GPU-a0", "train-0", 85)]
+        assert status["utilization"]["current"] == pytest.approx(85.0)
+        assert status["utilization"]["avg1m"] == pytest.approx(85.0, abs=1.0)
+        assert status["idleSeconds"] == 0 and status["idleGpuSeconds"] == 0
+        assert status["allocatedGpuSeconds"] == pytest.approx(
+            status["activeGpuSeconds"] + status["idleGpuSeconds"] + status["unmonitoredGpuSeconds"], abs=0.01)
+        assert abs(epoch(status["startTime"]) - started) <= 1.0 and status["waitSeconds"] >= 0
+        assert epoch(status["lastActiveTime"]) <= epoch(status["lastUpdateTime"]) + 1
+        assert _conditions(busy) == {"Sampling": "True", "Idle": "False", "Underutilized": "False"}
+        assert status["observedGeneration"] == busy["metadata"]["generation"] == 1
+
+        dist = wait_until("dist running", lambda: (cr := s.cr("dist")) and cr["status"].get("allocatedGpus") == 2
+                          and cr, log=log)
+        assert dist["spec"]["workloadRef"] == dist_ref
+        assert sorted(p["name"] for p in dist["status"]["pods"]) == ["dist-master-0", "dist-worker-0"]
+        quarter = wait_until("notebook on the time-sliced node", lambda: (cr := s.cr("notebook")) and
+                             cr["status"].get("allocatedGpus") and cr, log=log)
+        assert quarter["status"]["allocatedGpus"] == 0.25  # nvidia.com/gpu.replicas=4 on its node
+        assert quarter["status"]["gpus"][0]["units"] == 0.25
+
+        # someone edits a CR's spec: the next status says which generation it saw
+        http.merge(f"{GWM}/train", {"spec": {"project": "edited"}})
+        wait_until("observedGeneration 2", lambda: (cr := s.cr("train")) and cr["metadata"]["generation"] == 2
+                   and cr["status"].get("observedGeneration") == 2, log=log)
+
+        # idle
+        agents.set(sm_percent=0.0)
+        idle = wait_until("train Idle", lambda: (cr := s.cr("train")) and _conditions(cr).get("Idle") == "True"
+                          and cr, log=log)
+        assert idle["status"]["idleSeconds"] >= 3 and idle["status"]["idleGpuSeconds"] > 0
+        assert idle["status"]["utilization"]["current"] == 0
+        for name, kind in (("train", "Job"), ("dist", "PyTorchJob")):
+            events = wait_until(f"GpuIdle event on {name}", functools.partial(s.idle_events, name), log=log)
+            assert len(events) == 1 and events[0]["type"] == "Warning"
+            assert events[0]["involvedObject"]["kind"] == kind and events[0]["involvedObject"]["namespace"] == NS
+        project = wait_until("project idle GPUs", lambda: (p := s.project("research")) and
+                             p["status"].get("idleGpus") == 3.25 and p, log=log)
+        assert project["status"]["allocatedGpus"] == 3.25 and project["status"]["workloads"] == 3
+        assert project["status"]["namespaces"] == [NS]
+        assert project["status"]["observedGeneration"] == project["metadata"]["generation"]
+
+        # SIGKILL and restart: the totals go on
+        before = s.cr("train")
+        assert before is not None
+        first_run_log = log.read_text()
+        controller.kill()
+        time.sleep(1.5)
+        controller.start()
+        after = wait_until("train after restart", lambda: (cr := s.cr("train")) and epoch(cr["status"][
+            "lastUpdateTime"]) >= epoch(before["status"]["lastUpdateTime"]) + 3 and cr, log=log, timeout=40)
+        held = after["status"]["allocatedGpuSeconds"]
+        assert held == pytest.approx(epoch(after["status"]["lastUpdateTime"]) - started, abs=2.5)
+        assert after["status"]["activeGpuSeconds"] == pytest.approx(before["status"]["activeGpuSeconds"], abs=1.5)
+        assert len(s.idle_events("train")) == 1  # still the same idle spell: no second Event
+
+        # the namespace is deleted with its pods still running: no writes resurrect it, the CRs go
+        http.ok("DELETE", f"/api/v1/namespaces/{NS}")
+        wait_until("namespace gone", lambda: http.request("GET", f"/api/v1/namespaces/{NS}")[0] == 404, log=log)
+        wait_until("the controller noticed", lambda: "is being terminated or is gone" in log.read_text(), log=log)
+        wait_until("project CR retired", lambda: s.project("research") is None, log=log,
+                   timeout=RETENTION_SECONDS + 20)
+        assert "retention: deleted GPUProjectMetrics research" in log.read_text()
+        assert controller.process is not None and controller.process.poll() is None
+    finally:
+        controller.stop()
+        agents.stop()
+
+    warned = first_run_log.count("kubeflow.org/v1 PyTorchJob is not served")
+    assert warned == (0 if crd_installed else 1), first_run_log[-3000:]  # once per controller process
+    requests = [r for r in s.thread.emulator.requests if "Python-urllib" not in r.user_agent]
+    refused = [r for r in requests if r.status >= 400 and r.status not in {404, 409}
+               and not (r.status == 403 and f"/namespaces/{NS}/" in r.path)]
+    assert not refused, [(r.method, r.path, r.status) for r in refused]  # nothing the API server rejected
+    creates_after_delete = [r for r in requests if r.method == "POST" and r.path == GWM and r.status in {403, 404}]
+    assert len(creates_after_delete) <= 6  # a few refusals, then the namespace is left alone
