@@ -339,3 +339,11 @@ def test_pod_spec_is_immutable_and_bound_through_binding(emu: EmulatorThread) ->
     assert http.get(f"{pods}/p")["spec"]["nodeName"] == "n1"
     status, error = http.request("POST", f"{pods}/p/binding", {**binding, "target": {"kind": "Node", "name": "n2"}})
     assert status == 409 and 'already assigned to node "n1"' in error["message"]
+
+
+def test_nan_is_not_json(emu: EmulatorThread) -> None:
+    http = KubeHttp(emu.url)
+    http.create(GWM, _workload_cr())
+    status, error = http.request("PATCH", f"{GWM}/train/status", b'{"status": {"allocatedGpus": NaN}}',
+                                 "application/merge-patch+json")
+    assert status == 400 and "NaN" in error["message"]

@@ -187,7 +187,8 @@ class KubeClient:
     ) -> dict[str, Any] | None:
         """One call with retries; None on 404 for GET/DELETE; KubeApiError for other failures."""
         session = await self._session_()
-        data = None if body is None else json.dumps(body)
+        # the API server's JSON has no NaN/Infinity: fail here, naming the call, not with a 400 later
+        data = None if body is None else json.dumps(body, allow_nan=False)
         attempt = 0
         relogged = False
         while True:

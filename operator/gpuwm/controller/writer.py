@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -208,7 +209,7 @@ class StatusWriter:
                 await self._create(desired, path)
             except ForeignObjectError:
                 return
-        status = desired.render()
+        status = finite(desired.render())
         status["observedGeneration"] = self.generations.get(key)
         try:
             answer = await self._client.merge_patch(path + "/status", {"status": status})
@@ -303,6 +304,18 @@ class StatusWriter:
         """Delete a CR (retention ran out); gone already is fine."""
         await self._client.delete(resource_path(API_VERSION, plural, namespace, name))
         self.forget(plural, namespace, name)
+
+
+def finite(value: Any) -> Any:
+    """`value` with NaN and infinities as null: JSON (and the API server) has no such numbers, and a
+    figure that is not a number is unknown."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: finite(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [finite(item) for item in value]
+    return value
 
 
 def existing_key(obj: Mapping[str, Any], plural: str) -> Key:

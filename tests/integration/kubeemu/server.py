@@ -34,6 +34,11 @@ from .store import ObjectStore, Watcher, now_rfc3339
 from .validation import check_field_selector, check_pod_spec_update, validate_event
 
 
+def _reject_constant(name: str) -> Any:
+    """Go's JSON decoder knows no NaN or Infinity: the real API server answers 400."""
+    raise ValueError(f"invalid character {name[0]!r} looking for beginning of value ({name})")
+
+
 @dataclass
 class Fault:
     """Answer `status` to matching requests `count` times (HTTP method and a path substring)."""
@@ -267,7 +272,7 @@ class KubernetesEmulator:
         try:
             if request.content_type == patches.APPLY:
                 return yaml.safe_load(text)
-            return json.loads(text)
+            return json.loads(text, parse_constant=_reject_constant)
         except (ValueError, yaml.YAMLError) as error:
             raise ApiError(400, "BadRequest", f"the request body is not valid: {error}") from None
 

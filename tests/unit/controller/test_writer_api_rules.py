@@ -144,3 +144,24 @@ async def test_project_crs_go_when_their_project_has_no_workloads() -> None:
     writer.offer(_project("nlp"))
     await writer.write(writer._next())  # type: ignore[arg-type]
     assert ("gpuprojectmetrics", None, "nlp") in writer.existing
+
+
+async def test_a_status_with_nan_goes_out_as_null() -> None:
+    client = GenerationClient()
+    writer = StatusWriter(client, TokenBucket(1000), interval_seconds=15)  # type: ignore[arg-type]
+    desired = _desired()
+    desired.render = lambda: {"allocatedGpus": 1.0, "utilization": {"current": float("nan"), "avg1m": 50.0},
+                              "gpus": [{"powerWatts": float("inf"), "uuid": "GPU-1"}]}
+    await writer.write(desired)
+    status = client.patches[0][1]["status"]
+    assert status["utilization"] == {"current": None, "avg1m": 50.0}
+    assert status["gpus"] == [{"powerWatts": None, "uuid": "GPU-1"}]
+
+
+async def test_the_client_refuses_to_send_nan() -> None:
+    from gpuwm.controller.kube import KubeClient
+
+    client = KubeClient("http://127.0.0.1:9")
+    with pytest.raises(ValueError, match="JSON compliant"):
+        await client.merge_patch("/x", {"status": {"v": float("nan")}})
+    await client.close()
