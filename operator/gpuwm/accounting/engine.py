@@ -364,6 +364,13 @@ class EngineCore:
         cut_end = end if end < high else high
         cached_key: tuple[Workload, float, float] | None = None
         utilization = 0.0
+        # without per-process data every holder's utilisation is the device's (see _workload_utilization):
+        # read once here, not per stretch
+        device_utilization = None
+        if monitored and gpu.pod_sm[index] is None:
+            device_utilization = sm
+        memory = gpu.memory[index]
+        threshold = self._threshold
         for stretch in stretches:
             piece_start = cut_start if cut_start > stretch.start else stretch.start
             piece_end = cut_end if cut_end < stretch.end else stretch.end
@@ -378,17 +385,19 @@ class EngineCore:
             if not monitored:
                 workload.unmonitored_seconds += unit_seconds
                 continue
-            key = (workload, piece_start, piece_end)
-            if key != cached_key:
-                cached_key = key
-                utilization = self._workload_utilization(gpu, index, workload, piece_start, piece_end)
-            if utilization >= self._threshold:
+            if device_utilization is not None:
+                utilization = device_utilization
+            else:
+                key = (workload, piece_start, piece_end)
+                if key != cached_key:
+                    cached_key = key
+                    utilization = self._workload_utilization(gpu, index, workload, piece_start, piece_end)
+            if utilization >= threshold:
                 workload.active_seconds += unit_seconds
                 if sign > 0 and piece_end > stretch.last_active:
                     stretch.last_active = piece_end
             else:
                 workload.idle_seconds += unit_seconds
-            memory = gpu.memory[index]
             workload.life_units += unit_seconds
             workload.life_util += unit_seconds * utilization
             if memory != memory:  # NaN: memory not reported
