@@ -6,13 +6,15 @@ a test checks the committed YAML against them field by field.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 GROUP = "gpuwm.io"
 VERSION = "v1alpha1"
+#: RFC 3339 times: the API server checks the format (and `kubectl` shows them as dates)
+DATE_TIME: dict[str, Any] = {"format": "date-time"}
 
 
 class _CamelModel(BaseModel):
@@ -78,7 +80,7 @@ class Condition(_CamelModel):
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason for the status.")
     message: str = Field(default="", description="Human-readable detail.")
-    last_transition_time: str | None = Field(default=None, description="RFC 3339 time the status last changed.")
+    last_transition_time: str | None = Field(default=None, json_schema_extra=DATE_TIME, description="RFC 3339 time the status last changed.")
 
 
 class WorkloadMetricsSpec(_CamelModel):
@@ -109,7 +111,7 @@ class WorkloadMetricsStatus(_CamelModel):
     idle_seconds: float = Field(
         default=0, description="now - max(lastActiveTime, start of the current allocation); 0 while active."
     )
-    last_active_time: str | None = Field(default=None, description="End of the latest interval in which it was active.")
+    last_active_time: str | None = Field(default=None, json_schema_extra=DATE_TIME, description="End of the latest interval in which it was active.")
     allocated_gpu_seconds: float = Field(default=0, description="Units x seconds held by running GPU containers.")
     active_gpu_seconds: float = Field(default=0, description="Part of allocatedGpuSeconds that was active.")
     idle_gpu_seconds: float = Field(default=0, description="Part of allocatedGpuSeconds that was monitored and idle.")
@@ -118,11 +120,11 @@ class WorkloadMetricsStatus(_CamelModel):
     energy_joules: float = Field(default=0, description="Energy of its devices, split by units.")
     wait_seconds: float = Field(default=0, description="Workload creation to its first running GPU container.")
     run_seconds: float = Field(default=0, description="Time with at least one running GPU container.")
-    start_time: str | None = Field(default=None, description="RFC 3339 time its first GPU container started.")
-    end_time: str | None = Field(default=None, description="RFC 3339 time its last GPU pod ended.")
+    start_time: str | None = Field(default=None, json_schema_extra=DATE_TIME, description="RFC 3339 time its first GPU container started.")
+    end_time: str | None = Field(default=None, json_schema_extra=DATE_TIME, description="RFC 3339 time its last GPU pod ended.")
     conditions: list[Condition] = Field(default_factory=list, description="Sampling, Idle, Underutilized.")
     observed_generation: int | None = Field(default=None, description="metadata.generation this status was written for.")
-    last_update_time: str | None = Field(default=None, description="RFC 3339 time the controller wrote this status.")
+    last_update_time: str | None = Field(default=None, json_schema_extra=DATE_TIME, description="RFC 3339 time the controller wrote this status.")
 
 
 class ProjectMetricsSpec(_CamelModel):
@@ -152,4 +154,4 @@ class ProjectMetricsStatus(_CamelModel):
     energy_joules: float = Field(default=0, description="Sum of workloads' energyJoules.")
     conditions: list[Condition] = Field(default_factory=list, description="Idle, Underutilized.")
     observed_generation: int | None = Field(default=None, description="metadata.generation this status was written for.")
-    last_update_time: str | None = Field(default=None, description="RFC 3339 time the controller wrote this status.")
+    last_update_time: str | None = Field(default=None, json_schema_extra=DATE_TIME, description="RFC 3339 time the controller wrote this status.")

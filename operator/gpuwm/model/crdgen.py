@@ -38,7 +38,7 @@ def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
             nullable = len(options) < len(node["anyOf"])
             if len(options) != 1:
                 raise ValueError(f"cannot express a union of {options} in a structural schema")
-            converted = convert(options[0])
+            converted = convert({**options[0], **({"format": node["format"]} if "format" in node else {})})
             if "description" in node:
                 converted["description"] = node["description"]
             if nullable:
@@ -67,6 +67,8 @@ def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
             result["items"] = convert(node.get("items", {}))
         elif kind in ("string", "integer", "number", "boolean"):
             result["type"] = kind
+            if kind == "string" and node.get("format") == "date-time":
+                result["format"] = "date-time"
         else:
             raise ValueError(f"unsupported schema node {node}")
         return result
