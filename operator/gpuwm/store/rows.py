@@ -103,9 +103,10 @@ class _Series:
         self.index: dict[SeriesKey, int] = {}
         self.keys: list[SeriesKey] = []
         self.labels: dict[SeriesKey, dict[str, str]] = {}
-        self.energy: list[float | None] = []
-        self.idle: list[float | None] = []
-        self.pods: list[set[str]] = []
+        # only the series that have one (most do not): cheaper than a slot per series
+        self.energy: dict[int, float | None] = {}
+        self.idle: dict[int, float] = {}
+        self.pods: dict[int, set[str]] = {}
 
     def get(self, kind: str, key: str, labels: Callable[[], dict[str, str]]) -> int:
         """The series' index; `labels` is called only for a series the store does not know yet."""
@@ -113,16 +114,12 @@ class _Series:
         if found is None:
             found = self.index[(kind, key)] = len(self.keys)
             self.keys.append((kind, key))
-            self.energy.append(None)
-            self.idle.append(None)
-            self.pods.append(set())
             if (kind, key) not in self.known:
                 self.labels[(kind, key)] = labels()
         return found
 
     def raise_idle(self, series: int, seconds: float) -> None:
-        current = self.idle[series]
-        self.idle[series] = max(current or 0.0, seconds)
+        self.idle[series] = max(self.idle.get(series) or 0.0, seconds)
 
 
 def _index_label(index: int | None, sample: GpuSample | None) -> str:
@@ -169,6 +166,8 @@ def build_rows(
     pair_part: list[int] = []
     gpu_idle: dict[int, float | None] = {}  # a gpu series' idle seconds: its first part's
     held_uuids: set[str] = set()
+    device_part: dict[str, int] = {}  # uuid -> its whole-device part (node and cluster series)
+    device_nodes: dict[str, str] = {}
     index = series.index
     energy_pairs: list[tuple[int, int]] = []  # (gpu, node or cluster series, part): device energy counters
     for workload in workloads:
@@ -206,8 +205,8 @@ def build_rows(
                 for member in (project_node, node_total, cluster_series):
                     series.raise_idle(member, idle)
                 for member in (pod_series, workload_series, node_series, project_series, project_node, node_total):
-                    series.pods[member].add(pod_uid)
-                series.pods[cluster_series].add(pod_uid)
+                    series.pods.setdefault(member, set()).add(pod_uid)
+                series.pods.setdefault(cluster_series, set()).add(pod_uid)
                 holder = holders[(pod_uid, node)] = (
                     pod_name, (pod_series, workload_series, node_series, project_series, project_node)
                 )
@@ -237,104 +236,138 @@ def build_rows(
             pair_series.extend(holder[1])
             pair_part.extend((part, part, part, part, part, part))
             energy_pairs.append((gpu_series, part))
-    for project in projects:
-        series.energy[get("project", project.name, lambda: {"project": project.name})] = project.energy_joules
-
-    # node and cluster rows see every device once, held or not, whole (share 1)
-    device_part: dict[str, int] = {}
-    for workload in workloads:
-        for gpu in workload.gpus:
-            known_part = device_part.get(gpu.uuid)
-            if known_part is None:
-                sample = latest.get(gpu.uuid)
+            # node and cluster rows see every device once, held or not, whole (share 1)
+            whole = device_part.get(gpu.uuid)
+            if whole is None:
                 device_part[gpu.uuid] = len(part_units)
-                part_sample.append(sample_row[gpu.uuid] if sample is not None else -1)
+                device_nodes[gpu.uuid] = node
+                part_sample.append(part_sample[part])
                 part_units.append(gpu.units)
                 part_share.append(1.0)
                 part_util.append(sample.sm_percent if sample is not None else gpu.sm_percent)
             else:
-                part_units[known_part] += gpu.units
-    device_nodes: dict[str, str] = {}
-    for workload in workloads:
-        for gpu in workload.gpus:
-            device_nodes.setdefault(gpu.uuid, gpu.node)
-    for uuid, free in latest.items():
-        if uuid in held_uuids:
-            continue
-        part = device_part[uuid] = len(part_units)
-        device_nodes[uuid] = free.node
-        part_sample.append(sample_row[uuid])
-        part_units.append(0.0)
-        part_share.append(1.0)
-        part_util.append(free.sm_percent)
-        free_series = get("gpu", f"{uuid}|", lambda: {
-            "node": free.node, "gpu": _index_label(None, free), "uuid": uuid, "pod": "", "model": free.model or ""
-        })
-        gpu_idle.setdefault(free_series, None)
-        pair_series.append(free_series)
-        pair_part.append(part)
-        energy_pairs.append((free_series, part))
-    for uuid, part in device_part.items():
-        node = device_nodes[uuid]
-        node_series = get("node", node, lambda: {"node": node})
-        cluster_series = get("cluster", "", lambda: {})
-        pair_series.extend((node_series, cluster_series))
-        pair_part.extend((part, part))
-        energy_pairs.append((node_series, part))
-        energy_pairs.append((cluster_series, part))
-    # series -> physical GPU -> counter (each GPU once; a MIG instance carries its parent's)
-    device_energy: dict[int, dict[str, float]] = {}
-    physical = [each.parent_uuid or each.uuid for each in sample_list]
-    sample_energy = [each.energy_joules for each in sample_list]
-    for member, part in energy_pairs:
-        row = part_sample[part]
-        if row >= 0:
-            counter = sample_energy[row]
-            if counter is not None:
-                device_energy.setdefault(member, {})[physical[row]] = counter
+                part_units[whole] += gpu.units
+    for project in projects:
+        series.energy[get("project", project.name, lambda: {"project": project.name})] = project.energy_joules
 
-    values = _aggregate(series, figures, part_sample, part_units, part_share, part_util, pair_series, pair_part)
-    energy_column = METRIC_INDEX["gpu_energy_joules"]
-    idle_column = METRIC_INDEX["gpu_idle_seconds"]
-    nan = float("nan")
-    energies: list[float] = []
-    idles: list[float] = []
-    for position, (kind, _) in enumerate(series.keys):
-        if kind in ("workload", "project"):
-            energy = series.energy[position]
-        elif kind in ("gpu", "node", "cluster"):
-            by_physical = device_energy.get(position)
-            energy = sum(by_physical.values()) if by_physical else None
-        else:
-            energy = None
-        energies.append(nan if energy is None else energy)
-        held_idle = gpu_idle.get(position) if kind == "gpu" else series.idle[position]
-        idles.append(nan if held_idle is None else held_idle)
-    values[:, energy_column] = energies
-    values[:, idle_column] = idles
+    # unallocated devices: a gpu series each (no pod), and a whole-device part for node and cluster
+    free_rows = [row for row, uuid in enumerate(latest) if uuid not in held_uuids]
+    free_series: list[int] = []
+    for row in free_rows:
+        free = sample_list[row]
+        free_key = ("gpu", f"{free.uuid}|")
+        found = index.get(free_key)
+        if found is None:
+            found = get("gpu", free_key[1], lambda: {
+                "node": free.node, "gpu": _index_label(None, free), "uuid": free.uuid, "pod": "",
+                "model": free.model or "",
+            })
+        free_series.append(found)
+    first_free = len(part_units)
+    free_parts = np.arange(first_free, first_free + len(free_rows), dtype=np.int64)
+    sample_of_part = np.concatenate((np.array(part_sample, dtype=np.int64), np.array(free_rows, dtype=np.int64)))
+    parts = _Parts(
+        sample=sample_of_part,
+        units=np.concatenate((np.array(part_units, dtype=np.float64), np.zeros(len(free_rows)))),
+        share=np.concatenate((np.array(part_share, dtype=np.float64), np.ones(len(free_rows)))),
+        util=np.concatenate((np.array(part_util, dtype=np.float64), figures[free_rows, 9])),
+    )
+    # every device once, in the order first seen: the node and cluster series' parts
+    device_parts = np.concatenate((np.array(list(device_part.values()), dtype=np.int64), free_parts))
+    node_names = [device_nodes[uuid] for uuid in device_part] + [sample_list[row].node for row in free_rows]
+    node_series_of: dict[str, int] = {}
+    for node in dict.fromkeys(node_names):
+        node_series_of[node] = get("node", node, lambda: {"node": node})
+    device_nodes_series = np.array([node_series_of[node] for node in node_names], dtype=np.int64)
+    cluster_series = get("cluster", "", lambda: {}) if len(device_parts) else -1
+    pairs_s = np.concatenate((
+        np.array(pair_series, dtype=np.int64),
+        np.array(free_series, dtype=np.int64),
+        device_nodes_series,
+        np.full(len(device_parts), cluster_series, dtype=np.int64),
+    ))
+    pairs_p = np.concatenate((np.array(pair_part, dtype=np.int64), free_parts, device_parts, device_parts))
+    values = _aggregate(series, figures, parts, pairs_s, pairs_p)
+
+    # energy: the workload's and project's own; for gpu, node and cluster the devices' counters,
+    # each physical GPU once (a MIG instance carries its parent's counter)
+    count = len(series.keys)
+    energy = np.full(count, np.nan)
+    _assign(energy, series.energy)
+    counter = figures[:, 10]
+    physical_code: dict[str, int] = {}
+    physical = np.array(
+        [physical_code.setdefault(each.parent_uuid or each.uuid, len(physical_code)) for each in sample_list],
+        dtype=np.int64,
+    )
+    gpu_pairs = np.concatenate((
+        np.array([member for member, _ in energy_pairs], dtype=np.int64), np.array(free_series, dtype=np.int64)
+    ))
+    gpu_parts = np.concatenate((np.array([part for _, part in energy_pairs], dtype=np.int64), free_parts))
+    gpu_rows = sample_of_part[gpu_parts]
+    energy[gpu_pairs] = np.nan
+    sampled = gpu_rows >= 0
+    energy[gpu_pairs[sampled]] = counter[gpu_rows[sampled]]  # one device: its own counter
+    device_rows = sample_of_part[device_parts]
+    for owners in (device_nodes_series, np.full(len(device_parts), cluster_series, dtype=np.int64)):
+        energy[owners] = np.nan
+        usable = (device_rows >= 0) & ~np.isnan(counter[np.maximum(device_rows, 0)])
+        _sum_once_per_physical(
+            energy, owners[usable], physical[device_rows[usable]], counter[device_rows[usable]], len(physical_code)
+        )
+    values[:, METRIC_INDEX["gpu_energy_joules"]] = energy
+    idle_seconds = np.full(count, np.nan)
+    _assign(idle_seconds, series.idle)
+    _assign(idle_seconds, gpu_idle)
+    values[:, METRIC_INDEX["gpu_idle_seconds"]] = idle_seconds
     if stats_by_pod:
         _sum_pod_stats(series, stats_by_pod, values)
     return Rows(keys=series.keys, values=values, labels=series.labels)
 
 
-def _aggregate(
-    series: _Series,
-    figures: FloatArray,
-    part_sample: list[int],
-    part_units: list[float],
-    part_share: list[float],
-    part_util: list[float | None],
-    pair_series: list[int],
-    pair_part: list[int],
-) -> FloatArray:
+def _assign(target: FloatArray, values: dict[int, float | None] | dict[int, float]) -> None:
+    """target[i] = v for each i: v of `values` (None: NaN)."""
+    if values:
+        target[np.fromiter(values, dtype=np.int64, count=len(values))] = np.array(
+            list(values.values()), dtype=np.float64
+        )
+
+
+@dataclass
+class _Parts:
+    """Per part: its sample's row (-1: none), units held, share of the device, utilisation (NaN: none)."""
+
+    sample: IntArray
+    units: FloatArray
+    share: FloatArray
+    util: FloatArray
+
+
+def _sum_once_per_physical(
+    target: FloatArray, holders: IntArray, physical: IntArray, counters: FloatArray, physical_count: int
+) -> None:
+    """target[s] = the sum over s's physical GPUs of their counter (the last one seen of each),
+    added in the order the GPUs were first seen (as a dict of them would)."""
+    if not len(holders):
+        return
+    keys = holders * physical_count + physical
+    unique, first = np.unique(keys, return_index=True)
+    _, last_reversed = np.unique(keys[::-1], return_index=True)
+    last = len(keys) - 1 - last_reversed
+    order = np.argsort(first, kind="stable")
+    owners = unique[order] // physical_count
+    sums = np.bincount(owners, weights=counters[last[order]], minlength=len(target))
+    present = np.bincount(owners, minlength=len(target)) > 0
+    target[present] = sums[present]
+
+
+def _aggregate(series: _Series, figures: FloatArray, parts: _Parts, pairs_s: IntArray, pairs_p: IntArray) -> FloatArray:
     """The device figures of every series from its parts (energy, idle and pod stats are the caller's)."""
     count = len(series.keys)
     values = np.full((count, len(METRIC_NAMES)), np.nan)
-    pairs_s = np.array(pair_series, dtype=np.int64)
-    pairs_p = np.array(pair_part, dtype=np.int64)
-    units = np.array(part_units, dtype=np.float64)
+    units = parts.units
     values[:, METRIC_INDEX["gpu_allocated"]] = np.bincount(pairs_s, weights=units[pairs_p], minlength=count)
-    rows = np.array(part_sample, dtype=np.int64)[pairs_p]
+    rows = parts.sample[pairs_p]
     sampled = rows >= 0
     # per pair, the part's figures (NaN where the part has no sample)
     pair_figures = np.full((len(pairs_p), figures.shape[1]), np.nan)
@@ -343,7 +376,7 @@ def _aggregate(
     per_device = np.array([kind in _PER_DEVICE_KINDS for kind, _ in series.keys], dtype=np.bool_)[pairs_s]
     pair_units = units[pairs_p]
     weight = np.where(per_device | (pair_units <= 0), 1.0, pair_units)
-    util = np.array(part_util, dtype=np.float64)[pairs_p]
+    util = parts.util[pairs_p]
     has = ~np.isnan(util)
     util_sum = np.bincount(pairs_s[has], weights=util[has] * weight[has], minlength=count)
     util_weight = np.bincount(pairs_s[has], weights=weight[has], minlength=count)
@@ -351,7 +384,7 @@ def _aggregate(
         values[:, METRIC_INDEX["gpu_utilization_percent"]] = np.where(
             util_weight > 0, util_sum / util_weight, np.nan
         )
-    share = np.array(part_share, dtype=np.float64)[pairs_p]
+    share = parts.share[pairs_p]
     for position, column in enumerate(_SHARED_COLUMNS):
         shared = pair_figures[:, position] * share
         has = ~np.isnan(shared)
@@ -386,7 +419,7 @@ def _sum_pod_stats(series: _Series, stats_by_pod: dict[str, PodStatsSample], val
     stats = _as_array([_pod_stat_figures(stat) for stat in stats_by_pod.values()], len(_POD_STATS))
     member_series: list[int] = []
     member_rows: list[int] = []
-    for index, pods in enumerate(series.pods):
+    for index, pods in series.pods.items():
         if series.keys[index][0] == "gpu":
             continue
         for uid in pods:
