@@ -11,6 +11,7 @@ import collections
 import logging
 import socket
 from collections.abc import Callable
+from datetime import UTC, datetime
 
 from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
 from gpuwm.controller.ratelimit import TokenBucket
@@ -20,19 +21,34 @@ from gpuwm.model.figures import WorkloadFigures
 logger = logging.getLogger(__name__)
 
 COMPONENT = "gpuwm-controller"
+#: the API server's limits on an Event with eventTime: message (note) 1 KiB; names are made from
+#: at most 58 characters of generateName anyway
+MAX_MESSAGE = 1024
+MAX_NAME_PREFIX = 57
+
+
+def micro_time(epoch_seconds: float) -> str:
+    """A MicroTime as the API server decodes it: exactly six fractional digits (`...05.000000Z`)."""
+    return datetime.fromtimestamp(epoch_seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def idle_event_body(figures: WorkloadFigures, message: str, now: float) -> dict[str, object]:
-    """A core/v1 Event on the workload (legacy form: no eventTime, namespace = the object's)."""
+    """A core/v1 Event on the workload, in the form with eventTime.
+
+    With eventTime set the API server requires reportingComponent (a qualified name),
+    reportingInstance and action (<= 128 characters) and a message of at most 1 KiB; the
+    Event then reads the same through events.k8s.io/v1, whose clients need eventTime. The
+    legacy first/lastTimestamp and count stay for older tools (`kubectl get events`).
+    """
     stamp = rfc3339(now)
     return {
-        "metadata": {"generateName": f"{figures.name}.", "namespace": figures.namespace},
+        "metadata": {"generateName": f"{figures.name[:MAX_NAME_PREFIX]}.", "namespace": figures.namespace},
         "involvedObject": {"apiVersion": figures.api_version, "kind": figures.kind, "name": figures.name,
                            "namespace": figures.namespace, "uid": figures.uid},
-        "reason": "GpuIdle", "message": message, "type": "Warning", "count": 1,
-        "firstTimestamp": stamp, "lastTimestamp": stamp,
+        "reason": "GpuIdle", "message": message[:MAX_MESSAGE], "type": "Warning", "action": "Observe",
+        "eventTime": micro_time(now), "count": 1, "firstTimestamp": stamp, "lastTimestamp": stamp,
         "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT, "reportingInstance": socket.gethostname(),
+        "reportingComponent": COMPONENT, "reportingInstance": (socket.gethostname() or COMPONENT)[:128],
     }
 
 

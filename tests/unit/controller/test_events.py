@@ -1,4 +1,4 @@
-"""Idle Events: one per idle spell, posted through the token bucket, in the legacy core/v1 form."""
+"""Idle Events: one per idle spell, posted through the token bucket, core/v1 with eventTime."""
 
 from __future__ import annotations
 
@@ -38,10 +38,14 @@ async def test_one_event_per_idle_spell() -> None:
     assert client.posted[0][0] == "/api/v1/namespaces/ns/events"
 
 
-def test_event_body_is_a_legacy_core_event_on_the_workload() -> None:
+def test_event_body_is_a_core_event_with_event_time_on_the_workload() -> None:
     body = idle_event_body(workload("a", 900), "1 GPU(s) idle", 1_767_225_600.0)
     assert body["involvedObject"] == {"apiVersion": "batch/v1", "kind": "Job", "name": "job-a", "namespace": "ns",
                                       "uid": "a"}
     assert body["metadata"] == {"generateName": "job-a.", "namespace": "ns"}
-    assert body["type"] == "Warning" and body["reason"] == "GpuIdle" and "eventTime" not in body
+    assert body["type"] == "Warning" and body["reason"] == "GpuIdle" and body["action"] == "Observe"
+    assert body["eventTime"] == "2026-01-01T00:00:00.000000Z"  # MicroTime: six digits even when zero
     assert body["firstTimestamp"] == "2026-01-01T00:00:00Z"
+    assert body["reportingComponent"] == "gpuwm-controller" and 0 < len(str(body["reportingInstance"])) <= 128
+    long = idle_event_body(workload("b", 900), "x" * 5000, 1_767_225_600.5)
+    assert len(str(long["message"])) == 1024 and str(long["eventTime"]).endswith(".500000Z")
