@@ -43,9 +43,10 @@ from gpuwm.controller.runtime import ControllerRuntime  # noqa: E402
 NAMESPACES = 40
 
 
-def rss_mib() -> float:
+def rss_mib(field: str = "VmRSS") -> float:
+    """This process's resident memory now (VmRSS) or at its peak so far (VmHWM), MiB."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -142,6 +143,7 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
     writes_before = 0
     t_writes = time.perf_counter()
     profiler = None
+    phases: list[dict[str, float]] = []
     for cycle in range(args.cycles):
         if args.profile and cycle == 1:  # the first cycle creates every CR: profile the steady ones
             import cProfile
@@ -160,9 +162,11 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         rate = (writes - writes_before) / (now - t_writes)
         writes_before, t_writes = writes, now
         print(f"cycle {cycle + 1}: cycle {cpu_cycle:.2f} CPU-s ({wall_cycle:.2f} s wall), with writes "
-              f"{total_cpu:.2f} CPU-s per interval; RSS {rss_mib():.0f} MiB; writes {rate:.1f}/s; "
+              f"{total_cpu:.2f} CPU-s per interval; RSS {rss_mib():.0f} MiB (peak {rss_mib('VmHWM'):.0f}); writes {rate:.1f}/s; "
               f"queued {runtime.writer.pending}")
-        print("    phases (CPU-s): " + ", ".join(f"{k} {v:.2f}" for k, v in runtime.cycle_cpu_seconds.items()))
+        writer_cpu = total_cpu - cpu_cycle  # the writer (and anything else on the loop) between cycles
+        phases.append({**runtime.cycle_cpu_seconds, "writes_between_cycles": writer_cpu})
+        print("    phases (CPU-s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases[-1].items()))
     writer.cancel()
     if profiler is not None:
         import pstats
@@ -175,8 +179,11 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         print(f"lag sample -> CR status: p50 {statistics.median(lags):.1f} s, p99 {p99:.1f} s "
               f"({p99 / args.status_interval:.2f} intervals) over {len(lags)} writes")
     steady = cycle_cpu[1:] or cycle_cpu
+    steady_phases = phases[1:] or phases
+    print("steady phases, mean CPU-s per cycle: " + ", ".join(
+        f"{name} {statistics.mean(p.get(name, 0.0) for p in steady_phases):.2f}" for name in steady_phases[0]))
     print(f"summary: CPU per {args.status_interval:g}s cycle mean {statistics.mean(steady):.2f} s, max {max(steady):.2f} s "
-          f"(steady cycles); RSS {rss_mib():.0f} MiB; state file {runtime.state_path.stat().st_size / 1e6:.1f} MB; "
+          f"(steady cycles); RSS {rss_mib():.0f} MiB, peak {rss_mib('VmHWM'):.0f} MiB; state file {runtime.state_path.stat().st_size / 1e6:.1f} MB; "
           f"API requests {client.requests}, retries {client.retries}")
     if args.memory_report:
         import tracemalloc

@@ -30,6 +30,7 @@ from gpuwm.controller.agents import (
     parse_agents_spec,
 )
 from gpuwm.controller.events import IdleEvents
+from gpuwm.controller.gctuning import release_free_memory
 from gpuwm.controller.kube import KubeApiError, KubeClient
 from gpuwm.controller.owners import OwnerResolver
 from gpuwm.controller.persistence import encode_state, save_state, state_path_for_store, write_state
@@ -228,10 +229,14 @@ class ControllerRuntime:
         timer.mark("save")
         await self._record(now, samples, workloads, projects, cluster, result)
         timer.mark("store")
+        workload_count = len(workloads)
+        del samples, workloads, projects, cluster, engine_workloads, result
+        release_free_memory()  # the cycle's figures and rows are garbage now: give their pages back
+        timer.mark("trim")
         self.cycles += 1
         self.cycle_cpu_seconds = {**timer.phases, "store_thread": self.store_cpu_seconds}
         logger.debug("status cycle %d: %d samples, %d workloads, CPU seconds %s", self.cycles, intake.samples,
-                     len(workloads), {k: round(v, 3) for k, v in timer.phases.items()})
+                     workload_count, {k: round(v, 3) for k, v in timer.phases.items()})
 
     def _with_baseline(self, figures: WorkloadFigures) -> WorkloadFigures:
         """Figures plus what the CR said before a restart that lost the engine state (see recovery)."""

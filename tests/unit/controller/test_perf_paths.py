@@ -63,3 +63,15 @@ def test_garbage_collector_tuning_raises_thresholds_and_freezes_startup_objects(
     cycle.append(cycle)
     del cycle
     assert gc.collect() >= 1  # cycles are still collected
+
+
+def test_free_memory_is_released_on_glibc_and_skipped_elsewhere() -> None:
+    import ctypes
+    import platform
+
+    from gpuwm.controller.gctuning import release_free_memory
+
+    glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+    assert release_free_memory() is glibc
+    if glibc:
+        assert hasattr(ctypes.CDLL(None), "malloc_trim")
