@@ -186,6 +186,11 @@ def test_workload_scenario_on_a_strict_api(scenario: tuple[Scenario, bool], tmp_
             events = wait_until(f"GpuIdle event on {name}", functools.partial(s.idle_events, name), log=log)
             assert len(events) == 1 and events[0]["type"] == "Warning"
             assert events[0]["involvedObject"]["kind"] == kind and events[0]["involvedObject"]["namespace"] == NS
+        # the same Events through events.k8s.io/v1, whose clients need eventTime
+        seen_v1 = [e for e in http.get(f"/apis/events.k8s.io/v1/namespaces/{NS}/events")["items"]
+                   if e["reason"] == "GpuIdle"]
+        assert {e["regarding"]["name"] for e in seen_v1} >= {"train", "dist"}
+        assert all(e["eventTime"] and e["reportingController"] == "gpuwm-controller" and e["action"] for e in seen_v1)
         project = wait_until("project idle GPUs", lambda: (p := s.project("research")) and
                              p["status"].get("idleGpus") == 3.25 and p, log=log)
         assert project["status"]["allocatedGpus"] == 3.25 and project["status"]["workloads"] == 3

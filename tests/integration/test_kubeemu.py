@@ -347,3 +347,24 @@ def test_nan_is_not_json(emu: EmulatorThread) -> None:
     status, error = http.request("PATCH", f"{GWM}/train/status", b'{"status": {"allocatedGpus": NaN}}',
                                  "application/merge-patch+json")
     assert status == 400 and "NaN" in error["message"]
+
+
+def test_events_are_one_kind_seen_through_two_apis(emu: EmulatorThread) -> None:
+    http = KubeHttp(emu.url)
+    core = "/api/v1/namespaces/team-a/events"
+    v1 = "/apis/events.k8s.io/v1/namespaces/team-a/events"
+    http.create(core, _legacy_event(eventTime="2026-01-02T03:04:05.000001Z", reportingComponent="gpuwm-controller",
+                                    reportingInstance="gpuwm-0", action="Observe"))
+    http.create(v1, {"metadata": {"name": "from-v1"}, "eventTime": "2026-01-02T03:04:06.000000Z",
+                     "regarding": {"kind": "Job", "name": "train", "namespace": "team-a"}, "reason": "GpuIdle",
+                     "note": "idle", "type": "Normal", "action": "Observe", "reportingController": "x.io/y",
+                     "reportingInstance": "y-0"})
+    http.create(core, _legacy_event())  # no eventTime
+    seen_v1 = http.get(v1)["items"]
+    assert len(seen_v1) == 3 and {e["regarding"]["name"] for e in seen_v1} == {"train"}
+    with_time = [e for e in seen_v1 if e["eventTime"]]
+    assert len(with_time) == 2 and {e["reportingController"] for e in with_time} == {"gpuwm-controller", "x.io/y"}
+    assert [e for e in seen_v1 if e["eventTime"] is None][0]["deprecatedCount"] == 1
+    seen_core = http.get(core)["items"]
+    assert [e["message"] for e in seen_core if e["metadata"]["name"] == "from-v1"] == ["idle"]
+    assert http.get(f"{v1}/from-v1")["note"] == "idle"

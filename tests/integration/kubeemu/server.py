@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,10 +29,18 @@ from aiohttp import web
 
 from . import patches
 from .errors import ApiError
+from .eventsview import core_to_v1, v1_to_core
+from .lifecycle import LifecycleRules
 from .resources import BUILTIN, ResourceType, load_crd_files, types_from_crd
 from .schema import validate
-from .store import ObjectStore, Watcher, now_rfc3339
+from .store import ObjectStore, Watcher
 from .validation import check_field_selector, check_pod_spec_update, validate_event
+
+
+def _converted(event: dict[str, Any], convert: Callable[[dict[str, Any]], dict[str, Any]] | None) -> dict[str, Any]:
+    if convert is None or event.get("type") == "ERROR":
+        return event
+    return {**event, "object": convert(event["object"])}
 
 
 def _reject_constant(name: str) -> Any:
@@ -61,7 +70,7 @@ class RequestRecord:
     status: int = 0
 
 
-class KubernetesEmulator:
+class KubernetesEmulator(LifecycleRules):
     def __init__(self, crd_directory: Path | None = None, namespace_termination_seconds: float = 1.0) -> None:
         self.store = ObjectStore()
         #: how long a deleted namespace stays Terminating (creates there: 403) before its content goes
@@ -156,6 +165,8 @@ class KubernetesEmulator:
             raise ApiError(404, "NotFound", f"{rtype.plural} is namespaced: use /namespaces/NS/{rtype.plural}/{name}")
         method = request.method
         manager = request.query.get("fieldManager")
+        if (rtype.group, rtype.plural) == ("events.k8s.io", "events"):
+            return await self._events_v1(request, namespace, name)
         if name is None:
             if method == "GET":
                 if request.query.get("watch") in {"true", "1"}:
@@ -225,7 +236,30 @@ class KubernetesEmulator:
             items = items[start:start + limit]
         return {"kind": f"{rtype.kind}List", "apiVersion": rtype.api_version, "metadata": metadata, "items": items}
 
-    async def _watch(self, request: web.Request, rtype: ResourceType, namespace: str | None) -> web.StreamResponse:
+    async def _events_v1(self, request: web.Request, namespace: str | None, name: str | None) -> web.StreamResponse:
+        """events.k8s.io/v1: validated as such, stored and read as core/v1 Events."""
+        core = self.types[("", "v1", "events")]
+        if request.method == "POST" and name is None:
+            body = await self._body(request)
+            self._check_identity(self.types[("events.k8s.io", "v1", "events")], body)
+            self._check_namespace(core, namespace, body)
+            validate_event("events.k8s.io", namespace, body)
+            stored = self.store.create(core, namespace, v1_to_core(copy.deepcopy(body)), request.query.get("fieldManager"))
+            return web.json_response(core_to_v1(stored), status=201)
+        if request.method == "GET" and name is None:
+            if request.query.get("watch") in {"true", "1"}:
+                return await self._watch(request, core, namespace, convert=core_to_v1)
+            listed = self._list(request, core, namespace)
+            return web.json_response({**listed, "kind": "EventList", "apiVersion": "events.k8s.io/v1",
+                                      "items": [core_to_v1(item) for item in listed["items"]]})
+        if request.method == "GET":
+            return web.json_response(core_to_v1(self.store.get(core, namespace, str(name))))
+        if request.method == "DELETE" and name is not None:
+            return web.json_response(core_to_v1(self.store.delete(core, namespace, name)))
+        raise ApiError(405, "MethodNotAllowed", f"{request.method} of events.k8s.io/v1 Events is not emulated")
+
+    async def _watch(self, request: web.Request, rtype: ResourceType, namespace: str | None,
+                     convert: Callable[[dict[str, Any]], dict[str, Any]] | None = None) -> web.StreamResponse:
         check_field_selector(rtype.group, rtype.plural, request.query.get("fieldSelector"))
         watcher = Watcher(rtype, namespace, request.query.get("labelSelector"), request.query.get("fieldSelector"))
         since = request.query.get("resourceVersion")
@@ -244,7 +278,7 @@ class KubernetesEmulator:
         timeout = float(request.query.get("timeoutSeconds") or 1800)
         try:
             for queued in backlog:
-                await response.write(json.dumps(queued).encode() + b"\n")
+                await response.write(json.dumps(_converted(queued, convert)).encode() + b"\n")
             if backlog and backlog[-1]["type"] == "ERROR":
                 return response
             loop = asyncio.get_running_loop()
@@ -259,7 +293,7 @@ class KubernetesEmulator:
                     break
                 if event is None:  # dropped by a fault test
                     break
-                await response.write(json.dumps(event).encode() + b"\n")
+                await response.write(json.dumps(_converted(event, convert)).encode() + b"\n")
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         finally:
@@ -275,62 +309,6 @@ class KubernetesEmulator:
             return json.loads(text, parse_constant=_reject_constant)
         except (ValueError, yaml.YAMLError) as error:
             raise ApiError(400, "BadRequest", f"the request body is not valid: {error}") from None
-
-    def _check_namespace(self, rtype: ResourceType, namespace: str | None, body: Any = None) -> None:
-        """The namespace exists, is not being terminated, and the body does not name another one."""
-        if not rtype.namespaced:
-            return
-        if namespace is None:
-            raise ApiError(404, "NotFound", f"{rtype.plural} must be created in a namespace")
-        metadata = (body.get("metadata") or {}) if isinstance(body, dict) else {}
-        if metadata.get("namespace") not in {None, "", namespace}:
-            raise ApiError(400, "BadRequest", "the namespace of the provided object does not match the namespace "
-                                              "sent on the request")
-        found = self.store.bucket(self.types[("", "v1", "namespaces")]).get(("", namespace))
-        if found is None:
-            raise ApiError(404, "NotFound", f'namespaces "{namespace}" not found')
-        if found["metadata"].get("deletionTimestamp"):
-            name = metadata.get("name") or metadata.get("generateName") or ""
-            raise ApiError(403, "Forbidden", f'{rtype.plural}{"." + rtype.group if rtype.group else ""} "{name}" is '
-                                             f"forbidden: unable to create new content in namespace {namespace} "
-                                             "because it is being terminated")
-
-    def _bind(self, rtype: ResourceType, namespace: str | None, name: str, body: Any) -> dict[str, Any]:
-        """POST pods/NAME/binding: what the scheduler does, the only way to set spec.nodeName after creation."""
-        target = (body.get("target") or {}) if isinstance(body, dict) else {}
-        if target.get("kind", "Node") != "Node" or not target.get("name"):
-            raise ApiError(422, "Invalid", 'Binding is invalid: target: Invalid value: must name a Node')
-        old = self.store.get(rtype, namespace, name)
-        bound = (old.get("spec") or {}).get("nodeName")
-        if bound:
-            raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is '
-                                            f'already assigned to node "{bound}"')
-        new = copy.deepcopy(old)
-        new.setdefault("spec", {})["nodeName"] = str(target["name"])
-        self.store.replace(rtype, old, new, "kube-scheduler", "binding")
-        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}
-
-    def _terminate_namespace(self, rtype: ResourceType, name: str) -> dict[str, Any]:
-        """DELETE of a namespace: Terminating first (creates get 403), content and namespace go later.
-
-        The real namespace controller empties the namespace after the DELETE returns; until it is
-        done the namespace has a deletionTimestamp and phase Terminating.
-        """
-        old = self.store.get(rtype, None, name)
-        if old["metadata"].get("deletionTimestamp"):
-            return old
-        terminating = self.store.mark_deleting(rtype, old, now_rfc3339(), status={"phase": "Terminating"})
-        if self.namespace_termination_seconds <= 0:
-            self._finish_namespace(rtype, name)
-        else:
-            asyncio.get_running_loop().call_later(self.namespace_termination_seconds, self._finish_namespace,
-                                                  rtype, name)
-        return terminating
-
-    def _finish_namespace(self, rtype: ResourceType, name: str) -> None:
-        self._delete_namespace_content(name)
-        if ("", name) in self.store.bucket(rtype):
-            self.store.remove(rtype, self.store.get(rtype, None, name))
 
     def _check_identity(self, rtype: ResourceType, body: Any, name: str | None = None) -> None:
         if not isinstance(body, dict):
@@ -397,11 +375,3 @@ class KubernetesEmulator:
         if (rtype.group, rtype.plural) == ("", "pods") and subresource is None:
             check_pod_spec_update(old, new)
         return self.store.replace(rtype, old, self._validated(rtype, new), manager, subresource)
-
-    def _delete_namespace_content(self, namespace: str) -> None:
-        seen: set[tuple[str, str]] = set()
-        for rtype in list(self.types.values()):
-            if rtype.namespaced and (rtype.group, rtype.plural) not in seen:
-                seen.add((rtype.group, rtype.plural))
-                for obj in self.store.select(rtype, namespace):
-                    self.store.delete(rtype, namespace, obj["metadata"]["name"])
