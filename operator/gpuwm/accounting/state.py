@@ -170,7 +170,8 @@ class Gpu:
         `podSm` is null when no sample carried per-process data.
         """
         columns: dict[str, Any] = {name: _encode(getattr(self, attribute)) for name, attribute in _COLUMNS}
-        columns["podSm"] = self.pod_sm if any(value is not None for value in self.pod_sm) else None
+        pod_sm = self.pod_sm
+        columns["podSm"] = None if pod_sm.count(None) == len(pod_sm) else pod_sm
         return columns
 
     def load_columns(self, columns: dict[str, Any]) -> None:
