@@ -231,3 +231,41 @@ def test_workload_scenario_on_a_strict_api(scenario: tuple[Scenario, bool], tmp_
     assert not refused, [(r.method, r.path, r.status) for r in refused]  # nothing the API server rejected
     creates_after_delete = [r for r in requests if r.method == "POST" and r.path == GWM and r.status in {403, 404}]
     assert len(creates_after_delete) <= 6  # a few refusals, then the namespace is left alone
+
+
+def test_a_state_file_from_another_cluster_is_not_restored(tmp_path: Path) -> None:
+    """Same --store path, a new API server (a fresh etcd, another test run): nothing of the old cluster comes back."""
+    store = tmp_path / "gpuwm.db"
+    log = tmp_path / "controller.log"
+    with EmulatorThread(KubernetesEmulator(CRDS)) as first:
+        s = Scenario(first)
+        s.http.create("/api/v1/namespaces", {"metadata": {"name": NS}})
+        s.http.create("/api/v1/namespaces", {"metadata": {"name": "kube-system"}})
+        job = s.job("train")
+        s.pod("train-0", {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": job["metadata"]["uid"]})
+        s.schedule_and_run("train-0", "gpu-a", time.time())
+        node = FakeNode("gpu-a", ["GPU-a0"], sm_percent=50.0)
+        node.hold("GPU-a0", NS, "train-0")
+        agents = FakeAgents(first, [node]).start()
+        controller = Controller(first.write_kubeconfig(tmp_path / "kubeconfig"), agents.spec(), store, log)
+        controller.start()
+        try:
+            wait_until("train written", lambda: (cr := s.cr("train")) and cr["status"].get("allocatedGpus") == 1,
+                       log=log)
+            wait_until("state saved", lambda: list(tmp_path.glob("gpuwm.db.engine.json")), log=log)
+        finally:
+            controller.kill()
+            agents.stop()
+    with EmulatorThread(KubernetesEmulator(CRDS)) as second:
+        s = Scenario(second)
+        s.http.create("/api/v1/namespaces", {"metadata": {"name": NS}})
+        s.http.create("/api/v1/namespaces", {"metadata": {"name": "kube-system"}})
+        controller = Controller(second.write_kubeconfig(tmp_path / "kubeconfig"), "static:gpu-a=http://127.0.0.1:9", store, log)
+        controller.start()
+        try:
+            wait_until("the old state refused", lambda: "was saved for another cluster" in log.read_text(), log=log)
+            time.sleep(3.0)  # a few status cycles
+            assert s.cr("train") is None and s.project(NS) is None
+            assert controller.process is not None and controller.process.poll() is None
+        finally:
+            controller.stop()

@@ -130,6 +130,8 @@ class KubeClient:
         self._warned_kinds: set[tuple[str, str]] = set()
         self.requests = 0
         self.retries = 0
+        #: which cluster this is (server and kube-system UID), set at start; saved with the engine state
+        self.cluster_identity: str | None = None
 
     @staticmethod
     def auth_headers(info: Any) -> dict[str, str]:

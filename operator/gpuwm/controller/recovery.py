@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from gpuwm.accounting import Engine
 from gpuwm.controller.agents import DeviceHolder, index_holders
-from gpuwm.controller.kube import KubeApiError, resource_path
+from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
 from gpuwm.controller.owners import parse_kubernetes_time
 from gpuwm.controller.persistence import load_state
 from gpuwm.controller.pods import TrackedPod
@@ -77,13 +77,35 @@ def snapshot_state(runtime: ControllerRuntime, now: float) -> dict[str, Any]:
         "idle_announced": sorted(runtime.idle_events.announced),
         "latest_sample_time": runtime.latest_sample_time,
         "baselines": runtime.baselines,
+        "cluster": runtime.client.cluster_identity,
     }
+
+
+async def cluster_identity(client: KubeClient) -> str:
+    """Which cluster this is: the API server's address and the UID of its kube-system namespace.
+
+    A state file from another cluster (a default path reused by another test run, a copied
+    volume) must not be restored: its workloads would get CRs here. The kube-system UID changes
+    with every new etcd; the address tells emulators and clusters without it apart.
+    """
+    uid = ""
+    try:
+        found = await client.list_items(resource_path("v1", "namespaces"), {"fieldSelector": "metadata.name=kube-system"})
+        uid = str((found[0].get("metadata") or {}).get("uid") or "") if found else ""
+    except KubeApiError as error:
+        logger.debug("cannot list namespace kube-system for the cluster identity: %s", error)
+    return f"{client.server} {uid}".strip()
 
 
 async def restore(runtime: ControllerRuntime) -> str:
     """Put the runtime back where the last controller stopped; returns which source was used."""
     existing = await _adopt_existing_crs(runtime)
+    runtime.client.cluster_identity = await cluster_identity(runtime.client)
     state = load_state(runtime.state_path)
+    if state is not None and state.get("cluster") != runtime.client.cluster_identity:
+        logger.warning("engine state %s was saved for another cluster (%s, this is %s); not restoring it",
+                       runtime.state_path, state.get("cluster"), runtime.client.cluster_identity)
+        state = None
     if state is not None:
         try:
             _restore_state(runtime, state)
