@@ -1,24 +1,32 @@
-"""Metrics API latency: the embedded store at full size, and embedded vs a real Prometheus on the same data.
+"""Metrics API latency at full size, embedded vs a real Prometheus, record() CPU, and the store's size.
 
     .venv/bin/python bench/api.py [--workloads 4000] [--gpus 8] [--hours 24] [--queries 200]
-                                  [--prom-workloads 1000] [--prom-hours 2] [--skip-prometheus]
+                                  [--prom-workloads 1000] [--prom-hours 24] [--skip-prometheus]
+                                  [--writer-nodes 1000] [--size-nodes 50] [--size-hours 6]
 
 Part 1 (full size): 4,000 workloads x 8 GPUs, 24 h of 15 s data in the embedded store: the
-workload, pod and project series of every workload (what a workload or project query reads),
-plus per-GPU series for `--gpu-series-workloads` of them. All 4,000 x 8 per-GPU series would be
-184 M rows (~25 GB), which this 2-core machine cannot write in the ~10 minutes allowed; the
-per-GPU rows sit in the same table, clustered by series, so they do not change the cost of
-the two benchmarked queries beyond one more B-tree level. Measures p50/p99 of a 24 h workload
-query at 15 s step and of a 24 h project query (a project of 1,000 workloads), at the store
-and through the HTTP API (real uvicorn on loopback).
+per-GPU series of every GPU, each workload's series and its project's (1,000 workloads a
+project); utilisation, memory, power and GPUs held filled. Loaded through the store's bulk path
+(`EmbeddedStore.load_history`), which writes the chunks and roll-ups that compaction writes,
+byte for byte. Measures p50/p99 of a 24 h workload query at 15 s step and of a 24 h project
+query, at the store and through the HTTP API (real uvicorn on loopback); prints the file size.
+
+Writer: `record()` CPU per 15 s interval at `--writer-nodes` simulated nodes (gpuwm.sim and the
+accounting engine make the inputs outside the clock; the controller's GC settings), through a
+chunk span's end, so the compaction slices that follow it are measured too.
+
+Size: `--size-nodes` simulated nodes for `--size-hours` through `record()` (the simulator's
+noisy utilisation, power, PCIe and pod stats), everything compacted, then bytes on disk per GPU
+for each tier, scaled to the default roll-ups (15 s for 2 days, 5 min for 30 days).
 
 Part 2 (same data, both backends): `--prom-workloads` workloads x 8 GPUs in one project,
 `--prom-hours` of 15 s data, written both into an embedded store (per-GPU, workload and project
-rows) and, as the agent's gpuwm_gpu_utilization_percent plus the controller's
+series) and, as the agent's gpuwm_gpu_utilization_percent plus the controller's
 gpuwm_workload_pod_info, into a real Prometheus (Debian package, backfilled with promtool).
 The same two queries through both `Store` backends; prints the ratio. Asserts nothing.
 
-Targets (issue 5): workload p99 <= 50 ms; project p99 <= 250 ms; no slower than Prometheus.
+Targets (issues 5 and 7): workload p99 <= 50 ms; project p99 <= 250 ms; no slower than
+Prometheus; store <= 1 GiB per 1,000 GPUs per 30 days at the default roll-ups.
 """
 
 from __future__ import annotations
@@ -28,18 +36,21 @@ import asyncio
 import math
 import random
 import shutil
+import sqlite3
 import statistics
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
+import numpy as np  # noqa: E402
 
 from gpuwm.api.app import create_app  # noqa: E402
 from gpuwm.api.server import ApiServer  # noqa: E402
@@ -61,9 +72,17 @@ def gpu_util(workload: int, gpu: int, tick: int) -> float:
     return float((workload * 37 + gpu * 11 + tick * (1 + workload % 5)) % 101)
 
 
-def _row(series_id: int, t: int, util: float, gpus: float) -> tuple[int, int, float, float, float, float]:
-    """(series_id, t, utilisation, memory used, power, allocated): the columns the bench fills."""
-    return (series_id, t, util, gpus * 40e9, gpus * (100 + 5 * util), gpus)
+BATCH = 64  # series per bulk write
+
+
+def _columns(util: np.ndarray, gpus: float) -> np.ndarray:
+    """[metrics, n] values of one series: utilisation, memory used, power, GPUs held; the rest missing."""
+    values = np.full((len(METRIC_INDEX), len(util)), np.nan)
+    values[UTIL] = util
+    values[MEMORY] = gpus * 40e9
+    values[POWER] = gpus * (100 + 5 * util)
+    values[ALLOCATED] = gpus
+    return values
 
 
 def load_embedded(
@@ -76,17 +95,26 @@ def load_embedded(
     gpu_series_workloads: int,
     with_pods: bool = False,
 ) -> None:
-    """Bulk-load rows series by series (append order of the clustered key); the store's own tables and ids."""
-    connection = store._writer
-    table = store.tiers[0].table
-    connection.execute(f"DROP INDEX IF EXISTS {table}_by_time")  # rebuilt once at the end, not per row
-    columns = ", ".join(f"m{index}" for index in (UTIL, MEMORY, POWER, ALLOCATED))
-    insert = f"INSERT INTO {table} (series_id, t, {columns}) VALUES (?, ?, ?, ?, ?, ?)"
-    connection.execute("PRAGMA synchronous = OFF")
+    """Bulk-load series through `load_history` (the chunks compaction would write), plus the latest figures."""
     per_project = math.ceil(workloads / projects)
-    project_sums = [[0.0] * ticks for _ in range(projects)]
+    project_sums = np.zeros((projects, ticks))
+    steps = np.arange(ticks)
+    ids: list[int] = []
+    batch: list[np.ndarray] = []
     started = time.monotonic()
-    connection.execute("BEGIN")
+
+    def add(series_id: int, values: np.ndarray) -> None:
+        ids.append(series_id)
+        batch.append(values)
+        if len(ids) == BATCH:
+            flush()
+
+    def flush() -> None:
+        if ids:
+            store.load_history(ids, t0, np.stack(batch))
+            ids.clear()
+            batch.clear()
+
     for w in range(workloads):
         project = w // per_project
         base = {
@@ -95,25 +123,19 @@ def load_embedded(
             "workload_uid": f"uid-{w}",
             "project": f"p{project}",
         }
-        workload_id = store._series_id("workload", f"uid-{w}", base)
-        pod_id = store._series_id("pod", f"pod-uid-{w}", {**base, "pod": f"job-{w}-0", "node": f"node-{w}"})
-        # the mean over a workload's GPUs depends only on (w * 37 + k * c) % 101: a table instead of 8 calls a point
-        by_base = [sum((base + 11 * g) % 101 for g in range(gpus)) / gpus for base in range(101)]
-        slope = 1 + w % 5
-        means = [by_base[(w * 37 + k * slope) % 101] for k in range(ticks)]
-        sums = project_sums[project]
-        for k in range(ticks):
-            sums[k] += means[k]
-        connection.executemany(
-            insert, (_row(workload_id, t0 + STEP * k, means[k], gpus) for k in range(ticks))
+        workload_id = store.register_series("workload", f"uid-{w}", base)
+        pod_id = store.register_series(
+            "pod", f"pod-uid-{w}", {**base, "pod": f"job-{w}-0", "node": f"node-{w}"}
         )
+        per_gpu = (np.array([(w * 37 + g * 11) for g in range(gpus)])[:, None] + steps * (1 + w % 5)) % 101
+        means = per_gpu.sum(axis=0) / gpus
+        project_sums[project] += means
+        add(workload_id, _columns(means, float(gpus)))
         if with_pods:
-            connection.executemany(
-                insert, (_row(pod_id, t0 + STEP * k, means[k], gpus) for k in range(ticks))
-            )
+            add(pod_id, _columns(means, float(gpus)))
         if w < gpu_series_workloads:
             for g in range(gpus):
-                gpu_id = store._series_id(
+                gpu_id = store.register_series(
                     "gpu",
                     f"GPU-{w}-{g}|pod-uid-{w}",
                     {
@@ -125,23 +147,18 @@ def load_embedded(
                         "model": "H100",
                     },
                 )
-                connection.executemany(
-                    insert, (_row(gpu_id, t0 + STEP * k, gpu_util(w, g, k), 1.0) for k in range(ticks))
-                )
+                add(gpu_id, _columns(per_gpu[g].astype(np.float64), 1.0))
         if w % 500 == 499:
-            connection.execute("COMMIT")
             print(f"  loaded {w + 1}/{workloads} workloads ({time.monotonic() - started:.0f} s)", flush=True)
-            connection.execute("BEGIN")
     for project in range(projects):
         members = min(per_project, workloads - project * per_project)
-        project_id = store._series_id("project", f"p{project}", {"project": f"p{project}"})
-        sums = project_sums[project]
-        connection.executemany(
-            insert,
-            (_row(project_id, t0 + STEP * k, sums[k] / members, float(members * gpus)) for k in range(ticks)),
-        )
+        project_id = store.register_series("project", f"p{project}", {"project": f"p{project}"})
+        add(project_id, _columns(project_sums[project] / members, float(members * gpus)))
+    flush()
     # latest figures, as record() keeps them, so the HTTP API finds each workload and project
     latest = float(t0 + STEP * (ticks - 1))
+    connection = store._writer
+    connection.execute("BEGIN")
     connection.executemany(
         "INSERT OR REPLACE INTO latest_workloads VALUES (?, ?, ?, ?, ?, ?)",
         (
@@ -178,12 +195,18 @@ def load_embedded(
             for p in range(projects)
         ),
     )
-    store._set_meta("latest_time", latest)
-    store._set_meta("earliest_time", float(t0))
     connection.execute("COMMIT")
-    connection.execute(f"CREATE INDEX IF NOT EXISTS {table}_by_time ON {table} (t)")
     connection.execute("ANALYZE")
-    connection.execute("PRAGMA synchronous = NORMAL")
+
+
+def file_bytes(path: Path) -> int:
+    """The store's bytes on disk after a WAL checkpoint (the main file; the WAL is then empty)."""
+    connection = sqlite3.connect(path)
+    try:
+        connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        connection.close()
+    return sum(p.stat().st_size for p in path.parent.glob(path.name + "*"))
 
 
 def percentiles(samples: list[float]) -> tuple[float, float]:
@@ -224,13 +247,12 @@ class BackgroundApi:
 
 def part_one(args: argparse.Namespace, workdir: Path) -> None:
     ticks = int(args.hours * 3600 // STEP)
-    t0 = 1_790_000_000 - (1_790_000_000 % STEP)
+    t0 = 1_790_000_000 - (1_790_000_000 % 3600)
+    gpu_series = min(args.gpu_series_workloads, args.workloads)
     print(
-        f"part 1: {args.workloads} workloads x {args.gpus} GPUs, {args.hours} h of {STEP} s data ({ticks} points/series)"
-    )
-    print(
-        f"  per-GPU series for {args.gpu_series_workloads} workloads ({args.gpu_series_workloads * args.gpus} series); "
-        f"the full {args.workloads * args.gpus} would be {args.workloads * args.gpus * ticks / 1e6:.0f} M rows"
+        f"part 1: {args.workloads} workloads x {args.gpus} GPUs, {args.hours} h of {STEP} s data ({ticks} points/series); "
+        f"per-GPU series for {gpu_series} workloads ({gpu_series * args.gpus} series, "
+        f"{gpu_series * args.gpus * ticks / 1e6:.0f} M points)"
     )
     reuse = args.reuse and (workdir / "full.db").exists()
     store = EmbeddedStore(workdir / "full.db")
@@ -238,11 +260,15 @@ def part_one(args: argparse.Namespace, workdir: Path) -> None:
     if reuse:
         print("  reusing the database already in --workdir")
     else:
-        load_embedded(store, args.workloads, args.gpus, ticks, t0, args.projects, args.gpu_series_workloads)
-    rows = store._writer.execute(f"SELECT count(*) FROM {store.tiers[0].table}").fetchone()[0]
-    size_gib = sum(p.stat().st_size for p in workdir.glob("full.db*")) / 2**30
+        load_embedded(store, args.workloads, args.gpus, ticks, t0, args.projects, gpu_series)
+    chunks = store._writer.execute("SELECT count(*) FROM chunks").fetchone()[0]
+    size = file_bytes(workdir / "full.db")
+    points = (gpu_series * args.gpus + args.workloads + args.projects) * ticks
     print(
-        f"  built in {time.monotonic() - started:.0f} s: {rows / 1e6:.1f} M rows, {size_gib:.2f} GiB on disk"
+        f"  built in {time.monotonic() - started:.0f} s: {chunks / 1e6:.2f} M chunks, {points / 1e6:.0f} M points, "
+        f"{size / 2**30:.2f} GiB on disk ({size / points:.2f} bytes per point, 4 of 19 metrics filled, "
+        "the 5 min roll-up included)",
+        flush=True,
     )
     end = t0 + STEP * (ticks - 1)
     rng = random.Random(5)
@@ -328,70 +354,117 @@ def write_openmetrics(path: Path, workloads: int, gpus: int, ticks: int, t0: int
     return lines
 
 
-def writer_cost(args: argparse.Namespace, workdir: Path) -> None:
-    """What the controller pays each status interval: record() of every workload's figures and samples."""
-    from gpuwm.model import GpuSample
-    from gpuwm.model.figures import ClusterFigures, GpuFigures, PodFigures
+def _simulated_intervals(nodes: int, start: float, count: int, warmup: int) -> Iterator[tuple[Any, ...]]:
+    """(t, samples, workloads, projects, cluster, pod stats) of `count` simulated 15 s intervals after `warmup`."""
+    from gpuwm.accounting import Engine, EngineConfig
+    from gpuwm.sim.simulator import SimConfig, Simulator
 
-    per_project = math.ceil(args.workloads / args.projects)
-    workloads: list[WorkloadFigures] = []
-    samples: list[GpuSample] = []
-    for w in range(args.workloads):
-        node = f"node-{w}"
-        gpus = [
-            GpuFigures(
-                node=node,
-                uuid=f"GPU-{w}-{g}",
-                index=g,
-                units=1.0,
-                utilization_percent=gpu_util(w, g, 0),
-                pod=f"job-{w}-0",
-                pod_uid=f"pod-uid-{w}",
-                namespace=f"ns-{w % 200}",
-            )
-            for g in range(args.gpus)
-        ]
-        workloads.append(
-            WorkloadFigures(
-                uid=f"uid-{w}",
-                namespace=f"ns-{w % 200}",
-                name=f"job-{w}",
-                kind="Job",
-                api_version="batch/v1",
-                project=f"p{w // per_project}",
-                phase="Running",
-                allocated_gpus=float(args.gpus),
-                gpus=gpus,
-                pods=[PodFigures(name=f"job-{w}-0", uid=f"pod-uid-{w}", node=node, phase="Running")],
-                nodes=[node],
-            )
-        )
-        samples.extend(
-            GpuSample(
-                t=0.0,
-                node=node,
-                uuid=f"GPU-{w}-{g}",
-                index=g,
-                sm_percent=gpu_util(w, g, 0),
-                memory_used_bytes=40e9,
-                memory_total_bytes=80e9,
-                power_watts=300.0,
-                energy_joules=1e6,
-                temperature_celsius=50.0,
-            )
-            for g in range(args.gpus)
-        )
-    projects = [ProjectFigures(name=f"p{p}") for p in range(args.projects)]
+    simulator = Simulator(SimConfig(seed=1, nodes=nodes, gpus_per_node=8, interval_seconds=STEP, start_time=start))
+    engine = Engine(EngineConfig(interval_seconds=STEP, idle_threshold_percent=1.0))
+    for index in range(warmup + count):
+        step = simulator.step()
+        for event in step.events:
+            engine.observe(event)
+        for sample in step.samples:
+            engine.observe_sample(sample)
+        if index >= warmup:
+            workloads, projects, cluster = engine.report(step.t)
+            yield step.t, step.samples, workloads, projects, cluster, step.pod_stats
+
+
+def writer_cost(args: argparse.Namespace, workdir: Path) -> None:
+    """What the controller pays each status interval: record() of every series, with compaction slices."""
+    from gpuwm.controller.gctuning import tune_garbage_collector
+
+    tune_garbage_collector()
+    span = 3600
+    warmup = 20
+    # the first chunk span ends after 10 measured intervals: the rest carry its compaction slices
+    start = float(1_790_000_000 - 1_790_000_000 % span + span - (warmup + 10) * STEP)
     store = EmbeddedStore(workdir / "writer.db")
-    timings = []
-    for k in range(4):
-        started = time.perf_counter()
-        store.record(1_790_000_000.0 + STEP * k, samples, workloads, projects, ClusterFigures())
-        timings.append(time.perf_counter() - started)
+    plain: list[float] = []
+    compacting: list[float] = []
+    series = 0
+    for t, samples, workloads, projects, cluster, stats in _simulated_intervals(
+        args.writer_nodes, start, args.writer_intervals, warmup
+    ):
+        pending = len(store._pending)
+        began = time.process_time()
+        store.record(t, samples, workloads, projects, cluster, stats)
+        cpu = time.process_time() - began
+        (compacting if pending or store._pending else plain).append(cpu)
+        series = len(store._series_ids)
     store.close()
     print(
-        f"writer: record() of {args.workloads} workloads x {args.gpus} GPUs: "
-        f"{', '.join(f'{t:.2f}' for t in timings)} s per interval (status interval 15 s)"
+        f"writer: record() at {args.writer_nodes} nodes x 8 GPUs ({len(workloads)} workloads, {series} series), "
+        f"CPU seconds per 15 s interval: plain mean {statistics.mean(plain[1:]):.3f} "
+        f"(first {plain[0]:.3f}, max {max(plain[1:]):.3f}, {len(plain) - 1} intervals); "
+        f"with a compaction slice mean {statistics.mean(compacting) if compacting else float('nan'):.3f} "
+        f"(max {max(compacting) if compacting else float('nan'):.3f}, {len(compacting)} intervals)",
+        flush=True,
+    )
+
+
+def size_projection(args: argparse.Namespace, workdir: Path) -> None:
+    """Bytes on disk per GPU for each tier after `--size-hours` of simulated data, scaled to the default roll-ups."""
+    from gpuwm.controller.gctuning import tune_garbage_collector
+
+    tune_garbage_collector()
+    path = workdir / "size.db"
+    store = EmbeddedStore(path)
+    count = int(args.size_hours * 3600 // STEP)
+    start = float(1_790_000_000 - 1_790_000_000 % 3600)
+    gpus = 0
+    for t, samples, workloads, projects, cluster, stats in _simulated_intervals(args.size_nodes, start, count, 0):
+        store.record(t, samples, workloads, projects, cluster, stats)
+        gpus = len({sample.parent_uuid or sample.uuid for sample in samples})
+    def page_bytes() -> dict[str, int]:
+        """Bytes of pages per table and index, as SQLite's dbstat counts them (free pages excluded)."""
+        rows = store._writer.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name").fetchall()
+        return {name: int(total) for name, total in rows}
+
+    before = page_bytes()
+    head_bytes = sum(v for k, v in before.items() if k == "head" or k.startswith("sqlite_autoindex_head"))
+    store.compact(everything=True)
+    pages = page_bytes()
+    tiers = store._writer.execute(
+        "SELECT tier, count(*), sum(length(data)) FROM chunks GROUP BY tier ORDER BY tier"
+    ).fetchall()
+    series = len(store._series_ids)
+    store.close()
+    size = file_bytes(path)
+    chunk_table = pages.get("chunks", 0)
+    chunk_indexes = sum(v for k, v in pages.items() if k.startswith(("sqlite_autoindex_chunks", "chunks_by_")))
+    fixed = sum(v for k, v in pages.items() if not k.startswith(("chunks", "sqlite_autoindex_chunks", "head")))
+    fixed += sum(v for k, v in pages.items() if k == "head" or k.startswith("sqlite_autoindex_head"))
+    payload = sum(row[2] for row in tiers)
+    rows_total = sum(row[1] for row in tiers)
+    seconds = count * STEP
+    print(
+        f"size: {args.size_nodes} nodes, {gpus} physical GPUs, {series} series, {args.size_hours:g} h simulated through "
+        f"record(); compacted file {size / 2**20:.1f} MiB, of which chunk pages {chunk_table / 2**20:.1f} MiB, "
+        f"chunk indexes {chunk_indexes / 2**20:.1f} MiB, series/latest/meta {fixed / 2**20:.1f} MiB; "
+        f"head before the final compaction {head_bytes / 2**20:.1f} MiB"
+    )
+    keep = {15: 2 * 86400, 300: 30 * 86400}
+    steady = 0.0
+    for tier, chunks, blob_bytes in tiers:
+        share = chunk_table * blob_bytes / payload + chunk_indexes * chunks / rows_total
+        per_gpu_second = share / gpus / seconds
+        steady += per_gpu_second * keep.get(tier, 0)
+        print(
+            f"  tier {tier:>3} s: {chunks} chunks, {blob_bytes / 2**20:.2f} MiB compressed, {share / 2**20:.2f} MiB "
+            f"of pages = {per_gpu_second * 86400 / 1024:.1f} KiB per GPU per day"
+        )
+    # the head at steady state: at most about 1.25 chunk spans of intervals (one span, then its compaction)
+    head_per_gpu = head_bytes / gpus / (seconds % 3600 or 3600) * 1.25 * 3600
+    fixed_per_gpu = fixed / gpus
+    total = steady + head_per_gpu + fixed_per_gpu
+    print(
+        f"  projection at 15s:2d,5m:30d per GPU: chunks {steady / 2**20:.3f} MiB + head {head_per_gpu / 2**20:.3f} MiB "
+        f"+ series and latest figures {fixed_per_gpu / 2**20:.3f} MiB = {total / 2**20:.3f} MiB "
+        f"= {total * 1000 / 2**30:.2f} GiB per 1,000 GPUs per 30 days (target <= 1)",
+        flush=True,
     )
 
 
@@ -405,7 +478,7 @@ def part_two(args: argparse.Namespace, workdir: Path) -> None:
         return
     ticks = int(args.prom_hours * 3600 // STEP)
     now = int(time.time())
-    t0 = now - now % STEP - STEP * ticks  # recent: inside Prometheus' retention
+    t0 = (now - STEP * ticks) // 3600 * 3600  # recent (inside Prometheus' retention), at a chunk span's start
     end = t0 + STEP * (ticks - 1)
     print(
         f"part 2: {args.prom_workloads} workloads x {args.gpus} GPUs in one project, {args.prom_hours} h of {STEP} s data, "
@@ -473,10 +546,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--projects", type=int, default=4, help="workloads are split evenly (4 -> 1,000 each)"
     )
-    parser.add_argument("--gpu-series-workloads", type=int, default=50)
+    parser.add_argument("--gpu-series-workloads", type=int, default=4000, help="workloads with per-GPU series")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--prom-workloads", type=int, default=1000)
-    parser.add_argument("--prom-hours", type=float, default=2.0)
+    parser.add_argument("--prom-hours", type=float, default=24.0)
+    parser.add_argument("--writer-nodes", type=int, default=1000)
+    parser.add_argument("--writer-intervals", type=int, default=80)
+    parser.add_argument("--size-nodes", type=int, default=50)
+    parser.add_argument("--size-hours", type=float, default=6.0)
+    parser.add_argument("--skip-size", action="store_true")
     parser.add_argument("--skip-prometheus", action="store_true")
     parser.add_argument("--skip-full", action="store_true")
     parser.add_argument("--skip-writer", action="store_true")
@@ -494,6 +572,8 @@ def main(argv: list[str] | None = None) -> int:
             part_one(args, directory)
         if not args.skip_writer:
             writer_cost(args, directory)
+        if not args.skip_size:
+            size_projection(args, directory)
         if not args.skip_prometheus:
             part_two(args, directory)
     finally:

@@ -85,22 +85,27 @@ class ChunkWriter:
         self.connection = connection
         self.spans = list(spans)
 
-    def _existing(self, span: TierSpan, start: int, series_ids: Sequence[int]) -> IntArray | None:
-        """The chunks already stored at (tier, start) for `series_ids`, as [S, M, points], or None if none."""
+    def _gather(
+        self, span: TierSpan, series_ids: Sequence[int], start: int, points: int
+    ) -> tuple[IntArray | None, bool]:
+        """The stored chunks of `span`'s tier within [start, start + points * step) laid onto one grid
+        [S, M, points] (None if there are none), and whether a whole-span chunk is among them."""
         placeholders = ",".join("?" * len(series_ids))
         rows = self.connection.execute(
-            f"SELECT series_id, start, points, data FROM chunks WHERE tier = ? AND start = ? "
+            f"SELECT series_id, start, points, data FROM chunks WHERE tier = ? AND start >= ? AND start < ? "
             f"AND series_id IN ({placeholders})",
-            (span.step, start, *series_ids),
+            (span.step, start, start + points * span.step, *series_ids),
         ).fetchall()
         if not rows:
-            return None
+            return None, False
         position = {series_id: index for index, series_id in enumerate(series_ids)}
-        result = np.full((len(series_ids), METRIC_COUNT, span.points), MISSING, dtype=np.int64)
-        for series_id, row_start, points, data in rows:
-            decoded = decode_chunk(data, points)
-            _overlay(result[position[series_id] : position[series_id] + 1], start, decoded[None], row_start, span.step)
-        return result
+        result = np.full((len(series_ids), METRIC_COUNT, points), MISSING, dtype=np.int64)
+        whole = False
+        for series_id, row_start, row_points, data in rows:
+            whole = whole or row_points == span.points
+            at = position[series_id]
+            _overlay(result[at : at + 1], start, decode_chunk(data, row_points)[None], row_start, span.step)
+        return result, whole
 
     def _store(self, span: TierSpan, start: int, series_ids: Sequence[int], values: IntArray) -> None:
         present = (values != MISSING).any(axis=(1, 2))
@@ -108,39 +113,71 @@ class ChunkWriter:
         if not chosen:
             return
         encoded = encode_chunks(values[chosen])
+        points = values.shape[2]
         self.connection.executemany(
             "INSERT OR REPLACE INTO chunks (tier, series_id, start, points, data) VALUES (?, ?, ?, ?, ?)",
             [
-                (span.step, series_ids[index], start, span.points, data)
+                (span.step, series_ids[index], start, points, data)
                 for index, data in zip(chosen, encoded, strict=True)
             ],
         )
 
     def write_fine(self, series_ids: Sequence[int], start: int, values: IntArray, complete_until: float) -> None:
-        """Overlay [S, M, points] of the finest tier's chunk at `start`, then roll the complete buckets up.
+        """Overlay [S, M, n] points of the finest tier from `start` (a span start; n a whole number of
+        spans), then roll the complete buckets up into every coarser tier.
 
         `complete_until`: coarse buckets ending after it are not rolled up yet (their fine points
-        may still come).
+        may still come). Compaction calls this one span at a time; a bulk load may pass many spans
+        at once and gets the same chunks.
+
+        A coarse chunk spans many fine spans: until its span is over, each fine span adds a small
+        *piece* chunk (its few coarse points), and the fine span that ends the coarse span merges
+        the pieces into the whole chunk, so each coarse point is compressed about twice, not once
+        per fine span.
         """
         fine = self.spans[0]
-        existing = self._existing(fine, start, series_ids)
-        if existing is not None:
-            _overlay(existing, start, values, start, fine.step)
-            values = existing
-        self._store(fine, start, series_ids, values)
+        merged_spans: list[IntArray] = []
+        for offset in range(0, values.shape[2], fine.points):
+            span_start = start + offset * fine.step
+            piece = values[:, :, offset : offset + fine.points]
+            existing, _ = self._gather(fine, series_ids, span_start, fine.points)
+            if existing is not None:
+                _overlay(existing, span_start, piece, span_start, fine.step)
+                piece = existing
+            self._store(fine, span_start, series_ids, piece)
+            merged_spans.append(piece)
+        merged = np.concatenate(merged_spans, axis=2)
+        end = start + merged.shape[2] * fine.step
         for span in self.spans[1:]:
-            factor = span.step // fine.step
-            coarse = roll_up(values, factor)
+            coarse = roll_up(merged, span.step // fine.step)
             buckets = start + span.step * np.arange(coarse.shape[2])
             coarse[:, :, buckets + span.step > complete_until] = MISSING
             if (coarse == MISSING).all():
                 continue
-            coarse_start = start // span.span_seconds * span.span_seconds
-            merged = self._existing(span, coarse_start, series_ids)
-            if merged is None:
-                merged = np.full((len(series_ids), METRIC_COUNT, span.points), MISSING, dtype=np.int64)
-            _overlay(merged, coarse_start, coarse, start, span.step)
-            self._store(span, coarse_start, series_ids, merged)
+            first = start // span.span_seconds * span.span_seconds
+            for coarse_start in range(first, end, span.span_seconds):
+                coarse_end = coarse_start + span.span_seconds
+                target, whole = self._gather(span, series_ids, coarse_start, span.points)
+                if whole or coarse_end <= end:
+                    # the coarse span is over (or was merged before): one whole chunk, pieces dropped
+                    if target is None:
+                        target = np.full((len(series_ids), METRIC_COUNT, span.points), MISSING, dtype=np.int64)
+                    _overlay(target, coarse_start, coarse, start, span.step)
+                    placeholders = ",".join("?" * len(series_ids))
+                    self.connection.execute(
+                        f"DELETE FROM chunks WHERE tier = ? AND start > ? AND start < ? "
+                        f"AND series_id IN ({placeholders})",
+                        (span.step, coarse_start, coarse_end, *series_ids),
+                    )
+                    self._store(span, coarse_start, series_ids, target)
+                    continue
+                piece_points = fine.span_seconds // span.step
+                for piece_start in range(max(start, coarse_start), min(end, coarse_end), fine.span_seconds):
+                    found, _ = self._gather(span, series_ids, piece_start, piece_points)
+                    if found is None:
+                        found = np.full((len(series_ids), METRIC_COUNT, piece_points), MISSING, dtype=np.int64)
+                    _overlay(found, piece_start, coarse, start, span.step)
+                    self._store(span, piece_start, series_ids, found)
 
     def compact_block(self, block: int, until: int) -> int:
         """Move the head rows of `block` before `until` into chunks; returns how many head rows moved."""

@@ -13,7 +13,8 @@ Two encodings:
 - a chunk: one series, all metrics, `n` points on a fixed grid. Per metric: missing points
   are filled with the previous value and flagged in a presence bitmap; first differences
   (second differences for cumulative counters), divided by their greatest common divisor,
-  zigzagged, byte-planes interleaved, then zlib. A constant metric costs a few bytes per chunk.
+  zigzagged, split into byte planes of which only the non-zero ones are kept, then zlib.
+  A constant metric costs a few bytes per chunk.
 """
 
 from __future__ import annotations
@@ -92,32 +93,60 @@ def decode_head(data: bytes) -> IntArray:
 # -- chunks --------------------------------------------------------------------------------------
 
 
+def _divide_out(deltas: IntArray) -> tuple[IntArray, IntArray]:
+    """Differences divided by each row's greatest common divisor (a value with 0.01 % steps kept at
+    1e-6 % costs no more than at 0.01 %). The gcd of the first points decides most rows at once: only
+    where it is above 1 is the whole row reduced."""
+    head = np.gcd.reduce(deltas[:, :, :16], axis=2)
+    divisor = head.copy()
+    wide = (head > 1) & deltas[:, :, 16:].any(axis=2)
+    if wide.any() and deltas.shape[2] > 16:
+        divisor[wide] = np.gcd(head[wide], np.gcd.reduce(deltas[wide][:, 16:], axis=1))
+    divisor[divisor == 0] = 1
+    return deltas // divisor[:, :, None], divisor
+
+
 def encode_chunks(values: IntArray) -> list[bytes]:
     """Series x metrics x points (int64, MISSING = absent) -> one compressed chunk per series.
 
-    The arithmetic runs on the whole block at once; only zlib runs per series.
+    Layout before zlib: presence bitmap (metrics x points bits), the divisor of each metric
+    (int64), a bitmap of which (byte plane, metric) rows follow, then those rows (`points` bytes
+    each, least significant plane first). All-zero planes are left out, so a small or constant
+    metric costs one or two rows at most. The arithmetic runs on the whole block at once; only
+    the selection of rows and zlib run per series.
     """
     series, metrics, points = values.shape
     present = values != MISSING
-    # fill each gap with the previous present value (0 before the first), so gaps cost no difference
-    index = np.where(present, np.arange(points), 0)
-    np.maximum.accumulate(index, axis=2, out=index)
-    filled = np.take_along_axis(values, index, axis=2)
-    filled[~np.take_along_axis(present, index, axis=2)] = 0
+    filled = np.where(present, values, 0)
+    counts = present.sum(axis=2)
+    partial: BoolArray = (counts > 0) & (counts < points)
+    if partial.any():
+        # fill each gap with the previous present value (0 before the first), so gaps cost no difference
+        rows = values[partial]
+        row_present = present[partial]
+        index = np.where(row_present, np.arange(points), 0)
+        np.maximum.accumulate(index, axis=1, out=index)
+        gap_filled = np.take_along_axis(rows, index, axis=1)
+        gap_filled[~np.take_along_axis(row_present, index, axis=1)] = 0
+        filled[partial] = gap_filled
     deltas = np.diff(filled, axis=2, prepend=0)
-    second = np.diff(deltas, axis=2, prepend=0)
-    deltas[:, _SECOND_ORDER, :] = second[:, _SECOND_ORDER, :]
-    divisor = np.gcd.reduce(deltas, axis=2)
-    divisor[divisor == 0] = 1
-    quotient = deltas // divisor[:, :, None]
+    deltas[:, _SECOND_ORDER, :] = np.diff(deltas[:, _SECOND_ORDER, :], axis=2, prepend=0)
+    quotient, divisor = _divide_out(deltas)
     zigzag = ((quotient << 1) ^ (quotient >> 63)).view(np.uint64)
-    planes = zigzag.view(np.uint8).reshape(series, metrics * points, 8).transpose(0, 2, 1)
+    planes = zigzag.view(np.uint8).reshape(series, metrics, points, 8).transpose(0, 3, 1, 2)  # [S, 8, M, n]
+    needed: BoolArray = planes.any(axis=3)  # [S, 8, M]
+    needed_bits = np.packbits(needed.reshape(series, -1), axis=1)
     bitmap = np.packbits(present.reshape(series, -1), axis=1)
     header = divisor.astype("<i8")
     result: list[bytes] = []
-    for index_in_block in range(series):
+    for position in range(series):
         payload = b"".join(
-            (bitmap[index_in_block].tobytes(), header[index_in_block].tobytes(), planes[index_in_block].tobytes())
+            (
+                bitmap[position].tobytes(),
+                header[position].tobytes(),
+                needed_bits[position].tobytes(),
+                np.ascontiguousarray(planes[position][needed[position]]).tobytes(),
+            )
         )
         result.append(zlib.compress(payload, 6))
     return result
@@ -126,11 +155,17 @@ def encode_chunks(values: IntArray) -> list[bytes]:
 def decode_chunk(data: bytes, points: int, metrics: npt.NDArray[np.intp] | None = None) -> IntArray:
     """One chunk back to [metrics, points] int64 (MISSING = absent); only the `metrics` asked for are rebuilt."""
     raw = zlib.decompress(data)
-    bitmap_bytes = (METRIC_COUNT * points + 7) // 8
-    present = np.unpackbits(np.frombuffer(raw, dtype=np.uint8, count=bitmap_bytes))[: METRIC_COUNT * points]
+    offset = (METRIC_COUNT * points + 7) // 8
+    present = np.unpackbits(np.frombuffer(raw, dtype=np.uint8, count=offset))[: METRIC_COUNT * points]
     present = present.reshape(METRIC_COUNT, points).astype(np.bool_)
-    divisor = np.frombuffer(raw, dtype="<i8", count=METRIC_COUNT, offset=bitmap_bytes)
-    planes = np.frombuffer(raw, dtype=np.uint8, offset=bitmap_bytes + 8 * METRIC_COUNT).reshape(8, METRIC_COUNT, points)
+    divisor = np.frombuffer(raw, dtype="<i8", count=METRIC_COUNT, offset=offset)
+    offset += 8 * METRIC_COUNT
+    needed_bytes = (8 * METRIC_COUNT + 7) // 8
+    needed_bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8, count=needed_bytes, offset=offset))
+    needed = needed_bits[: 8 * METRIC_COUNT].reshape(8, METRIC_COUNT).astype(np.bool_)
+    offset += needed_bytes
+    planes = np.zeros((8, METRIC_COUNT, points), dtype=np.uint8)
+    planes[needed] = np.frombuffer(raw, dtype=np.uint8, offset=offset).reshape(-1, points)
     chosen = np.arange(METRIC_COUNT) if metrics is None else metrics
     zigzag = np.ascontiguousarray(planes[:, chosen, :].transpose(1, 2, 0)).view(np.uint64)[:, :, 0]
     quotient = (zigzag >> np.uint64(1)).view(np.int64) ^ -(zigzag & np.uint64(1)).view(np.int64)

@@ -29,7 +29,16 @@ from gpuwm.model import GpuSample, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
 from gpuwm.store.base import METRIC_NAMES, RangeQuery, Series, Store, StoreError
 from gpuwm.store.chunks import ChunkWriter, chunk_spans
-from gpuwm.store.codec import BLOCK, METRIC_COUNT, MISSING, IntArray, decode_head, encode_head, quantize
+from gpuwm.store.codec import (
+    BLOCK,
+    METRIC_COUNT,
+    MISSING,
+    FloatArray,
+    IntArray,
+    decode_head,
+    encode_head,
+    quantize,
+)
 from gpuwm.store.rows import Rows, build_rows
 from gpuwm.store.sqlite_read import read_range
 from gpuwm.store.tiers import Tier, parse_tiers
@@ -41,8 +50,8 @@ SCHEMA_VERSION = 2
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 #: page cache of the writing connection (readers keep the bigger cache and mmap of `_connect`)
 WRITER_CACHE_KIB = 16 * 1024
-#: compaction of a closed span is spread over this fraction of the next span's intervals
-_COMPACTION_SPREAD = 4
+#: compaction of a closed span is spread over the first 1/_COMPACTION_SPREAD of the next span's intervals
+_COMPACTION_SPREAD = 2
 
 
 def _check_file(path: Path) -> None:
@@ -371,6 +380,45 @@ class EmbeddedStore(Store):
                 self._pending = []
                 self._target = max(self._target, bucket // fine.span_seconds * fine.span_seconds)
                 self._finish_round(until, latest)
+                self._writer.execute("COMMIT")
+            except BaseException:
+                self._writer.execute("ROLLBACK")
+                raise
+
+    def register_series(self, kind: str, key: str, labels: dict[str, str]) -> int:
+        """The id of a series (created if new); for bulk loads with `load_history`."""
+        with self._write_lock:
+            return self._series_id(kind, key, labels)
+
+    def load_history(self, series_ids: Sequence[int], start: int, values: FloatArray) -> None:
+        """Bulk path (benchmarks, imports): [S, metrics, n] points (NaN = missing) of the finest tier from
+        `start`, written straight into chunks and roll-ups exactly as compaction writes them.
+
+        `start` must be the start of a chunk span. The head and the latest figures are not touched.
+        """
+        fine = self.spans[0]
+        if start % fine.span_seconds:
+            raise ValueError(f"load_history: start {start} is not a multiple of the chunk span ({fine.span_seconds} s)")
+        points = values.shape[2]
+        padded = -(-points // fine.points) * fine.points
+        quantized = np.full((len(series_ids), METRIC_COUNT, padded), MISSING, dtype=np.int64)
+        quantized[:, :, :points] = quantize(values.transpose(0, 2, 1)).transpose(0, 2, 1)
+        end = start + points * fine.step
+        with self._write_lock:
+            self._writer.execute("BEGIN IMMEDIATE")
+            try:
+                self._chunks.write_fine(list(series_ids), start, quantized, end)
+                latest = self._get_meta("latest_time")
+                if latest is None or end - fine.step > latest:
+                    self._set_meta("latest_time", float(end - fine.step))
+                earliest = self._get_meta("earliest_time")
+                if earliest is None or start < earliest:
+                    self._set_meta("earliest_time", float(start))
+                done = self._get_meta("compacted_until")
+                if done is None or end > done:
+                    self._set_meta("compacted_until", float(end))
+                    for span in self.spans[1:]:
+                        self._set_meta(f"rollup_until:{span.step}", float(end // span.step * span.step))
                 self._writer.execute("COMMIT")
             except BaseException:
                 self._writer.execute("ROLLBACK")
