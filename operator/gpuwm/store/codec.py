@@ -134,7 +134,7 @@ def encode_chunks(values: IntArray) -> list[bytes]:
     quotient, divisor = _divide_out(deltas)
     zigzag = ((quotient << 1) ^ (quotient >> 63)).view(np.uint64)
     planes = zigzag.view(np.uint8).reshape(series, metrics, points, 8).transpose(0, 3, 1, 2)  # [S, 8, M, n]
-    needed: BoolArray = planes.any(axis=3)  # [S, 8, M]
+    needed: BoolArray = np.asarray(planes.any(axis=3), dtype=np.bool_)  # [S, 8, M]
     needed_bits = np.packbits(needed.reshape(series, -1), axis=1)
     bitmap = np.packbits(present.reshape(series, -1), axis=1)
     header = divisor.astype("<i8")
