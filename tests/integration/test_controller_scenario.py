@@ -23,6 +23,7 @@ import pytest
 from tests.integration.fakeagent import FakeAgents, FakeNode
 from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator, minimal_crd
 from tests.integration.kubeemu.runner import KubeHttp
+from tests.integration.kubeemu.tls import make_pki
 from tests.integration.test_controller import CRDS, Controller, epoch, rfc3339, wait_until
 
 pytestmark = pytest.mark.integration
@@ -36,7 +37,7 @@ RETENTION_SECONDS = 6
 class Scenario:
     def __init__(self, thread: EmulatorThread) -> None:
         self.thread = thread
-        self.http = KubeHttp(thread.url)
+        self.http = KubeHttp(thread.url, thread.pki.client_context() if thread.pki is not None else None)
 
     def job(self, name: str) -> dict[str, Any]:
         created: dict[str, Any] = self.http.create(f"/apis/batch/v1/namespaces/{NS}/jobs", {
@@ -269,3 +270,34 @@ def test_a_state_file_from_another_cluster_is_not_restored(tmp_path: Path) -> No
             assert controller.process is not None and controller.process.poll() is None
         finally:
             controller.stop()
+
+
+def test_the_controller_speaks_tls_with_a_client_certificate(tmp_path: Path) -> None:
+    """HTTPS with the cluster's own CA and client-certificate auth (kubeadm's admin.conf): kopf's watches
+    and the controller's own client both connect; nothing is sent in the clear."""
+    emulator = KubernetesEmulator(CRDS)
+    with EmulatorThread(emulator, make_pki(tmp_path / "pki")) as thread:
+        assert thread.url.startswith("https://")
+        s = Scenario(thread)
+        s.http.create("/api/v1/namespaces", {"metadata": {"name": NS, "labels": {"gpuwm.io/project": "secure"}}})
+        job = s.job("train")
+        s.pod("train-0", {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": job["metadata"]["uid"]})
+        s.schedule_and_run("train-0", "gpu-a", time.time())
+        node = FakeNode("gpu-a", ["GPU-a0"], sm_percent=60.0)
+        node.hold("GPU-a0", NS, "train-0")
+        agents = FakeAgents(thread, [node]).start()
+        log = tmp_path / "controller.log"
+        controller = Controller(thread.write_kubeconfig(tmp_path / "kubeconfig"), agents.spec(), tmp_path / "gpuwm.db",
+                                log)
+        controller.start()
+        try:
+            cr = wait_until("train over TLS", lambda: (c := s.cr("train")) and c["status"].get("activeGpuSeconds", 0)
+                            >= 1 and c, log=log)
+            assert cr["status"]["observedGeneration"] == 1
+            wait_until("project over TLS", lambda: s.project("secure"), log=log)
+        finally:
+            controller.stop()
+            agents.stop()
+        mine = [r for r in emulator.requests if "Python-urllib" not in r.user_agent]
+        assert any(r.query.get("watch") == "true" and r.path == "/api/v1/pods" for r in mine)  # kopf's watch
+        assert any(r.method == "PATCH" and r.path.endswith("/train/status") for r in mine)  # our client

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
+import ssl
 import threading
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aiohttp import web
 
 from .server import KubernetesEmulator
+
+if TYPE_CHECKING:
+    from .tls import TestPki
 
 T = TypeVar("T")
 
@@ -22,8 +27,9 @@ T = TypeVar("T")
 class EmulatorThread:
     """`with EmulatorThread(emulator) as emu: emu.url ...`; stops the server and the loop on exit."""
 
-    def __init__(self, emulator: KubernetesEmulator) -> None:
+    def __init__(self, emulator: KubernetesEmulator, pki: TestPki | None = None) -> None:
         self.emulator = emulator
+        self.pki = pki  # HTTPS with client certificates required, as a real API server is usually set up
         self.loop = asyncio.new_event_loop()
         self.url = ""
         self._runner: web.AppRunner | None = None
@@ -44,10 +50,11 @@ class EmulatorThread:
     async def _start(self) -> str:
         self._runner = web.AppRunner(self.emulator.app(), shutdown_timeout=1.0)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        context = self.pki.server_context() if self.pki is not None else None
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=context)
         await site.start()
         port = self._runner.addresses[0][1]
-        return f"http://127.0.0.1:{port}"
+        return f"{'https' if context else 'http'}://127.0.0.1:{port}"
 
     def run(self, coroutine: Any, timeout: float = 30.0) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
@@ -79,11 +86,18 @@ class EmulatorThread:
         await asyncio.gather(*rest, return_exceptions=True)
 
     def write_kubeconfig(self, path: Path) -> Path:
-        """A kubeconfig pointing at the emulator (plain HTTP, a dummy token)."""
+        """A kubeconfig pointing at the emulator: plain HTTP and a dummy token, or with TLS the CA and a
+        client certificate embedded as base64 data (kubeadm's admin.conf)."""
+        cluster: dict[str, Any] = {"server": self.url}
+        user: dict[str, Any] = {"token": "kubeemu-token"}
+        if self.pki is not None:
+            cluster["certificate-authority-data"] = base64.b64encode(self.pki.ca.certificate).decode()
+            user = {"client-certificate-data": base64.b64encode(self.pki.client.certificate).decode(),
+                    "client-key-data": base64.b64encode(self.pki.client.key).decode()}
         config = {
             "apiVersion": "v1", "kind": "Config", "current-context": "kubeemu",
-            "clusters": [{"name": "kubeemu", "cluster": {"server": self.url}}],
-            "users": [{"name": "kubeemu", "user": {"token": "kubeemu-token"}}],
+            "clusters": [{"name": "kubeemu", "cluster": cluster}],
+            "users": [{"name": "kubeemu", "user": user}],
             "contexts": [{"name": "kubeemu", "context": {"cluster": "kubeemu", "user": "kubeemu", "namespace": "default"}}],
         }
         path.write_text(json.dumps(config))
@@ -93,8 +107,9 @@ class EmulatorThread:
 class KubeHttp:
     """Blocking JSON calls for test code (the thing under test uses its own client)."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, context: ssl.SSLContext | None = None) -> None:
         self.base_url = base_url
+        self.context = context  # for an HTTPS emulator: TestPki.client_context()
 
     def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
                 params: dict[str, str] | None = None) -> tuple[int, Any]:
@@ -102,7 +117,7 @@ class KubeHttp:
         data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
         request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": content_type})
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
+            with urllib.request.urlopen(request, timeout=30, context=self.context) as response:
                 return response.status, json.loads(response.read() or b"null")
         except urllib.error.HTTPError as error:
             return error.code, json.loads(error.read() or b"null")
