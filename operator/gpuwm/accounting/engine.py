@@ -148,6 +148,7 @@ class EngineCore:
             workload = self.workload_records[event.workload.uid] = Workload(event.workload.uid, event)
         elif event.workload.created is not None and (workload.created is None or event.workload.created < workload.created):
             workload.created = event.workload.created
+        workload.revision += 1
         pod = self.pods.get(event.uid)
         if pod is None:
             pod = self.pods[event.uid] = Pod(event.uid, workload, event)

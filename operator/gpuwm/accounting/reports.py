@@ -72,6 +72,15 @@ class _Sums:
 class Engine(EngineCore):
     """The accounting engine with its reports. See `gpuwm.accounting.engine` for the rules."""
 
+    def __init__(self, config: EngineConfig | None = None) -> None:
+        super().__init__(config)
+        # uid -> ((revision, project), figures, sums) of settled workloads (see `_settled_key`)
+        self._settled: dict[str, tuple[tuple[int, str], WorkloadFigures, _Sums]] = {}
+
+    def forget_workload(self, uid: str) -> None:
+        self._settled.pop(uid, None)
+        super().forget_workload(uid)
+
     def save(self) -> dict[str, Any]:
         """The whole state as JSON-able data (see `gpuwm.accounting.persist`)."""
         return save_state(self)
@@ -186,10 +195,40 @@ class Engine(EngineCore):
 
     # ------------------------------------------------------------- reports
 
+    def _settled_key(self, workload: Workload) -> tuple[int, str] | None:
+        """What a settled workload's figures still depend on; None while it is not settled.
+
+        Settled: every pod ended, no allocation stretch left (all folded into the totals) and
+        nothing in the 1h window. Its figures no longer depend on `now` or on samples; only a
+        pod event (`revision`) or its namespace's project label can change them. Finished
+        workloads stay for the retention (7 days by default), so most of a large cluster's
+        workloads are settled: their figures are computed once, not every status interval.
+        """
+        if workload.stretches or len(workload.windows) or not workload.pods:
+            return None
+        for pod in workload.pods.values():
+            if pod.current.phase not in _TERMINAL_PHASES:
+                return None
+        return workload.revision, self.project_of(workload)
+
     def _workload_figures(
         self, workload: Workload, now: float, windows: tuple[list[float], list[float], list[float]] | None = None
     ) -> tuple[WorkloadFigures, _Sums]:
         """`windows`: the workload's `windows.windows(now)` when the caller computed many at once (`windows_of`)."""
+        key = self._settled_key(workload)
+        if key is None:
+            self._settled.pop(workload.uid, None)
+            return self._compute_figures(workload, now, windows)
+        cached = self._settled.get(workload.uid)
+        if cached is not None and cached[0] == key:
+            return cached[1], cached[2]
+        figures, sums = self._compute_figures(workload, now, windows)
+        self._settled[workload.uid] = (key, figures, sums)
+        return figures, sums
+
+    def _compute_figures(
+        self, workload: Workload, now: float, windows: tuple[list[float], list[float], list[float]] | None
+    ) -> tuple[WorkloadFigures, _Sums]:
         sums = _Sums()
         sums.add_workload(workload, workload.windows.windows(now) if windows is None else windows)
         unmonitored = workload.unmonitored_seconds

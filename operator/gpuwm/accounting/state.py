@@ -254,6 +254,7 @@ class Workload:
         "pods",
         "retired_last_active",
         "retired_runs",
+        "revision",
         "stretches",
         "uid",
         "unmonitored_seconds",
@@ -284,3 +285,4 @@ class Workload:
         self.first_run_start: float | None = None
         self.retired_runs: list[tuple[float, float]] = []  # merged runs of stretches no longer tracked
         self.retired_last_active = -INFINITY
+        self.revision = 0  # bumped by every pod event of the workload (reports reuse figures of settled ones)
