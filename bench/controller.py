@@ -63,6 +63,21 @@ def layout(nodes: int, gpus_per_node: int, gpus_per_workload: int) -> list[tuple
     return workloads
 
 
+def finished_layout(count: int) -> list[tuple[str, str, str, list[str]]]:
+    """Workloads that ran and ended before the bench (kept for the retention, as in a cluster after days)."""
+    return [(f"team-{index % NAMESPACES:02d}", f"done-{index:05d}", f"node-{index % 1000:04d}", [])
+            for index in range(count)]
+
+
+def finished_pod_body(namespace: str, name: str, node: str, job_uid: str) -> dict[str, Any]:
+    body = pod_body(namespace, name, node, 1, job_uid, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 7200)))
+    ended = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
+    body["status"] = {"phase": "Succeeded", "startTime": body["status"]["startTime"], "containerStatuses": [
+        {"name": "main", "state": {"terminated": {"startedAt": body["status"]["startTime"], "finishedAt": ended,
+                                                  "exitCode": 0}}}]}
+    return body
+
+
 def serve_cluster(args: argparse.Namespace, pipe: Any) -> None:
     """Child process: the API emulator with the Jobs and namespaces, and every node's agent on one port."""
     emulator = KubernetesEmulator(ROOT / "crds")
@@ -74,7 +89,7 @@ def serve_cluster(args: argparse.Namespace, pipe: Any) -> None:
                                                   "labels": {"gpuwm.io/project": f"project-{index % 10}"}}}, "bench")
     jobs = {}
     plan = layout(args.nodes, args.gpus_per_node, args.gpus_per_workload)
-    for namespace, name, _, _ in plan:
+    for namespace, name, _, _ in plan + finished_layout(args.finished):
         jobs[name] = store.create(job_type, namespace, {"metadata": {"name": name}, "spec": {}}, "bench")["metadata"]["uid"]
     nodes = {f"node-{i:04d}": FakeNode(f"node-{i:04d}", [f"GPU-{i:04d}-{g}" for g in range(args.gpus_per_node)],
                                        interval=args.interval, sm_percent=60.0) for i in range(args.nodes)}
@@ -131,9 +146,12 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
     tune_garbage_collector()  # as the controller's startup does, before the pods watch delivers the pods
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 5))
     cpu0, wall0 = time.process_time(), time.perf_counter()
+    for namespace, name, node, _ in finished_layout(args.finished):
+        await runtime.on_pod(finished_pod_body(namespace, name, node, jobs[name]), None)
     for namespace, name, node, gpus in plan:
         await runtime.on_pod(pod_body(namespace, name, node, len(gpus), jobs[name], started), None)
-    print(f"cluster: {args.nodes} nodes, {args.nodes * args.gpus_per_node} GPUs, {len(plan)} workloads; "
+    print(f"cluster: {args.nodes} nodes, {args.nodes * args.gpus_per_node} GPUs, {len(plan)} running workloads, "
+          f"{args.finished} finished ones; "
           f"status interval {args.status_interval:g}s, agent poll {args.interval:g}s, "
           f"write limit {args.writes_per_second:g}/s")
     print(f"pod intake (owner walk + engine): {time.process_time() - cpu0:.2f} CPU-s, "
@@ -205,6 +223,8 @@ def main() -> int:
     parser.add_argument("--interval", type=float, default=1.0, help="the agents' poll interval")
     parser.add_argument("--writes-per-second", type=float, default=20.0)
     parser.add_argument("--cycles", type=int, default=4)
+    parser.add_argument("--finished", type=int, default=0,
+                        help="workloads that ended before the bench (their CRs and figures are kept for the retention)")
     parser.add_argument("--no-store", action="store_true", help="skip the embedded store (CR status only)")
     parser.add_argument("--memory-report", action="store_true", help="trace allocations (slow) and print the top files")
     parser.add_argument("--profile", choices=("cumulative", "tottime"),
