@@ -86,6 +86,7 @@ class Scenario:
 @pytest.fixture(params=[True, False], ids=["pytorchjob-crd", "no-pytorchjob-crd"])
 def scenario(request: pytest.FixtureRequest) -> Iterator[tuple[Scenario, bool]]:
     emulator = KubernetesEmulator(CRDS)
+    emulator.bookmark_seconds = 1.0  # quiet watches get BOOKMARKs, as from a real API server
     if request.param:
         emulator.install_crd(minimal_crd("kubeflow.org", "v1", "PyTorchJob", "pytorchjobs"))
     with EmulatorThread(emulator) as thread:

@@ -364,7 +364,18 @@ def test_events_are_one_kind_seen_through_two_apis(emu: EmulatorThread) -> None:
     assert len(seen_v1) == 3 and {e["regarding"]["name"] for e in seen_v1} == {"train"}
     with_time = [e for e in seen_v1 if e["eventTime"]]
     assert len(with_time) == 2 and {e["reportingController"] for e in with_time} == {"gpuwm-controller", "x.io/y"}
-    assert [e for e in seen_v1 if e["eventTime"] is None][0]["deprecatedCount"] == 1
+    assert next(e for e in seen_v1 if e["eventTime"] is None)["deprecatedCount"] == 1
     seen_core = http.get(core)["items"]
     assert [e["message"] for e in seen_core if e["metadata"]["name"] == "from-v1"] == ["idle"]
     assert http.get(f"{v1}/from-v1")["note"] == "idle"
+
+
+async def test_quiet_watches_get_bookmarks(emu: EmulatorThread) -> None:
+    emu.emulator.bookmark_seconds = 0.2
+    version = emu.emulator.store.resource_version
+    url = f"{emu.url}/api/v1/pods?watch=true&allowWatchBookmarks=true&resourceVersion={version}&timeoutSeconds=5"
+    events = await _read_events(url, 2)
+    assert [e["type"] for e in events] == ["BOOKMARK", "BOOKMARK"]
+    assert events[0]["object"]["metadata"]["resourceVersion"] == str(version)  # type: ignore[index]
+    plain = f"{emu.url}/api/v1/pods?watch=true&resourceVersion={version}&timeoutSeconds=1"
+    assert await _read_events(plain, 1, timeout=3) == []  # not asked for: none

@@ -75,6 +75,8 @@ class KubernetesEmulator(LifecycleRules):
         self.store = ObjectStore()
         #: how long a deleted namespace stays Terminating (creates there: 403) before its content goes
         self.namespace_termination_seconds = namespace_termination_seconds
+        #: a watch with allowWatchBookmarks gets a BOOKMARK after this long without events (the real server: ~60 s)
+        self.bookmark_seconds = 60.0
         self.types: dict[tuple[str, str, str], ResourceType] = {}
         for rtype in BUILTIN:
             self.add_type(rtype)
@@ -283,13 +285,20 @@ class KubernetesEmulator(LifecycleRules):
                 return response
             loop = asyncio.get_running_loop()
             deadline = loop.time() + timeout
+            bookmarks = request.query.get("allowWatchBookmarks") == "true" and self.bookmark_seconds > 0
             while True:
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     break
                 try:
-                    event: dict[str, Any] | None = await asyncio.wait_for(watcher.queue.get(), timeout=remaining)
+                    event: dict[str, Any] | None = await asyncio.wait_for(
+                        watcher.queue.get(), timeout=min(remaining, self.bookmark_seconds) if bookmarks else remaining)
                 except TimeoutError:
+                    if bookmarks and deadline - loop.time() > 0:  # a quiet stream: the real server bookmarks it
+                        event = {"type": "BOOKMARK", "object": {"kind": rtype.kind, "apiVersion": rtype.api_version,
+                                 "metadata": {"resourceVersion": str(self.store.resource_version)}}}
+                        await response.write(json.dumps(event).encode() + b"\n")
+                        continue
                     break
                 if event is None:  # dropped by a fault test
                     break
