@@ -214,5 +214,6 @@ def test_controller_runs_under_the_charts_cluster_role(
     assert not rbac.denied, "the chart's ClusterRole denied the controller:\n" + "\n".join(sorted(set(rbac.denied)))
     exercised = {(verb, resource) for verb, _, resource in rbac.allowed}
     for needed in [("watch", "pods"), ("get", "jobs"), ("create", "gpuworkloadmetrics"),
-                   ("patch", "gpuworkloadmetrics/status"), ("patch", "clusterkopfpeerings")]:
+                   ("patch", "gpuworkloadmetrics/status"), ("patch", "clusterkopfpeerings"), ("watch", "nodes"),
+                   ("list", "gpuprojectmetrics"), ("create", "events")]:
         assert needed in exercised, f"the controller never did {needed}; it did {sorted(exercised)}"

@@ -350,6 +350,14 @@ def test_finished_workload_cr_is_deleted_after_retention(cluster: Cluster, tmp_p
         assert "retention: deleted GPUWorkloadMetrics team-a/train" in log.read_text()
         time.sleep(3 * STATUS_INTERVAL)
         assert cluster.cr("train") is None  # and not written again
+        # the project still has the PyTorchJob (pending): its CR stays until that workload is gone too
+        assert cluster.http.request("GET", f"{GPM}/vision")[0] == 200
+        for name in ("pt-master-0", "pt-worker-0"):
+            cluster.http.ok("DELETE", f"/api/v1/namespaces/{NS}/pods/{name}")
+        wait_until("pt CR deleted after retention", lambda: cluster.cr("pt") is None, log=log, timeout=30)
+        wait_until("project CR deleted with its last workload",
+                   lambda: cluster.http.request("GET", f"{GPM}/vision")[0] == 404, log=log, timeout=15)
+        assert "retention: deleted GPUProjectMetrics vision (no workloads left)" in log.read_text()
     finally:
         controller.stop()
         agents.stop()
