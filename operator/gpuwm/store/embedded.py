@@ -84,6 +84,7 @@ class EmbeddedStore(Store):
         self._pending: list[int] = []  # blocks still to compact below `_target`
         self._budget = 1  # blocks compacted per record call in this round
         self._latest_bucket: int | None = None
+        self.compacted_blocks = 0  # head blocks compacted since opened (benchmarks, logs)
         try:
             self._writer = self._connect()
             # the writer's pages are the controller's RSS (issue 4: <= 256 MiB): a small cache, no mmap
@@ -251,13 +252,18 @@ class EmbeddedStore(Store):
     # -- compaction ----------------------------------------------------------------------------
 
     def _compact_slice(self, at: float) -> None:
-        """Compact a few blocks of the closed spans (all of them over a quarter of the next span)."""
+        """Compact a few blocks of the closed spans (all of them within the first half of the next span)."""
         fine = self.spans[0]
         bucket = int(math.floor(at / fine.step) * fine.step)
         target = bucket // fine.span_seconds * fine.span_seconds
         if target > self._target:
             self._target = target
-            self._pending = sorted(self._head_blocks, reverse=True)
+            self._pending = [
+                block
+                for (block,) in self._writer.execute(
+                    "SELECT DISTINCT block FROM head WHERE t < ? ORDER BY block DESC", (target,)
+                )
+            ]
             rounds = max(1, fine.points // _COMPACTION_SPREAD)
             self._budget = max(1, math.ceil(len(self._pending) / rounds))
         for _ in range(min(self._budget, len(self._pending))):
@@ -267,6 +273,7 @@ class EmbeddedStore(Store):
 
     def _compact_block(self, block: int, until: int) -> None:
         self._chunks.compact_block(block, until)
+        self.compacted_blocks += 1
         if self._writer.execute("SELECT 1 FROM head WHERE block = ? LIMIT 1", (block,)).fetchone() is None:
             self._head_blocks.discard(block)
 
