@@ -408,8 +408,15 @@ class EmbeddedStore(Store):
 
     def query_range(self, query: RangeQuery) -> list[Series]:
         connection = self._reader()
-        watermarks = {
-            tier.step_seconds: self._get_meta(f"rollup_until:{tier.step_seconds}", connection)
-            for tier in self.tiers
-        }
-        return read_range(connection, self.spans, self._get_meta("latest_time", connection), watermarks, query)
+        # one read transaction: the watermarks, chunks and head rows of one snapshot, so an interval
+        # compacted meanwhile is read once, from the head or from its chunk
+        connection.execute("BEGIN")
+        try:
+            watermarks = {
+                tier.step_seconds: self._get_meta(f"rollup_until:{tier.step_seconds}", connection)
+                for tier in self.tiers
+            }
+            latest = self._get_meta("latest_time", connection)
+            return read_range(connection, self.spans, latest, watermarks, query)
+        finally:
+            connection.execute("COMMIT")

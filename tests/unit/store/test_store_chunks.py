@@ -241,3 +241,35 @@ def test_schema_1_store_is_refused_untouched(tmp_path: Path) -> None:
         EmbeddedStore(path)
     assert "point --store at a new path" in str(caught.value)
     assert path.read_bytes() == before
+
+
+def test_reads_during_compaction_see_every_interval_once(tmp_path: Path) -> None:
+    """A reader thread queries while record() compacts: each answer has every interval recorded so far."""
+    import threading
+
+    store = EmbeddedStore(tmp_path / "s.db", tiers=["15s:1h", "1m:1d"])  # 30-minute spans, nothing dropped
+    record(store, [float(t) for t in range(0, 1800, 15)])
+    failures: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:
+        reads = 0
+        while not done.is_set() or reads == 0:
+            (series,) = store.query_range(RangeQuery("workload", "uid-train", ("gpu_utilization_percent",), 0, 1785, 15))
+            values = [value for _, value in series.points]
+            if values != [util_at(t) for t in range(0, 1800, 15)]:
+                failures.append(f"read {reads}: {sum(v is None for v in values)} missing")
+            reads += 1
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        record(store, [float(t) for t in range(1800, 2100, 15)])  # the first span is compacted meanwhile
+    finally:
+        done.set()
+        reader.join(60)
+    try:
+        assert layout(store)[0] >= 1
+        assert failures == []
+    finally:
+        store.close()
