@@ -52,6 +52,8 @@ _RESOLUTION_BY_UNIT = {
 RESOLUTION: FloatArray = np.array([_RESOLUTION_BY_UNIT[metric.unit] for metric in METRICS], dtype=np.float64)
 #: metrics kept as second differences: counters and durations that grow by about the same each step
 _SECOND_ORDER: BoolArray = np.array([metric.rollup is Rollup.MAX for metric in METRICS], dtype=np.bool_)
+#: the smallest value that reaches byte plane k (plane 0: any value above 0)
+_PLANE_FLOOR = np.array([1] + [256**k for k in range(1, 8)], dtype=np.uint64)
 #: the largest magnitude a quantized value may have (leaves room for differences without overflow)
 _LIMIT = float(2**58)
 
@@ -134,7 +136,9 @@ def encode_chunks(values: IntArray) -> list[bytes]:
     quotient, divisor = _divide_out(deltas)
     zigzag = ((quotient << 1) ^ (quotient >> 63)).view(np.uint64)
     planes = zigzag.view(np.uint8).reshape(series, metrics, points, 8).transpose(0, 3, 1, 2)  # [S, 8, M, n]
-    needed: BoolArray = np.asarray(planes.any(axis=3), dtype=np.bool_)  # [S, 8, M]
+    # plane k of a row is kept when the row's largest value reaches it (zero planes below stay, as zeros)
+    largest = zigzag.max(axis=2) if points else np.zeros((series, metrics), dtype=np.uint64)
+    needed: BoolArray = largest[:, None, :] >= _PLANE_FLOOR[None, :, None]  # [S, 8, M]
     needed_bits = np.packbits(needed.reshape(series, -1), axis=1)
     bitmap = np.packbits(present.reshape(series, -1), axis=1)
     header = divisor.astype("<i8")
