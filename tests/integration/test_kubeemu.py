@@ -379,3 +379,27 @@ async def test_quiet_watches_get_bookmarks(emu: EmulatorThread) -> None:
     assert events[0]["object"]["metadata"]["resourceVersion"] == str(version)  # type: ignore[index]
     plain = f"{emu.url}/api/v1/pods?watch=true&resourceVersion={version}&timeoutSeconds=1"
     assert await _read_events(plain, 1, timeout=3) == []  # not asked for: none
+
+
+async def test_scheduled_pods_are_deleted_gracefully(emu: EmulatorThread) -> None:
+    http = KubeHttp(emu.url)
+    pods = "/api/v1/namespaces/team-a/pods"
+    emu.emulator.kubelet_delete_seconds = None  # no kubelet: nothing confirms a graceful deletion
+    for name, node in (("scheduled", "n1"), ("unscheduled", None), ("forced", "n1")):
+        http.create(pods, {"metadata": {"name": name}, "spec": {"containers": [{"name": "c", "image": "i"}],
+                                                                **({"nodeName": node} if node else {})}})
+    going = http.ok("DELETE", f"{pods}/scheduled")
+    assert going["metadata"]["deletionTimestamp"] and going["metadata"]["deletionGracePeriodSeconds"] == 30
+    assert http.get(f"{pods}/scheduled")["metadata"]["deletionTimestamp"]  # Terminating, still there
+    http.ok("DELETE", f"{pods}/unscheduled")
+    assert http.request("GET", f"{pods}/unscheduled")[0] == 404  # never scheduled: gone at once
+    http.ok("DELETE", f"{pods}/forced", params={"gracePeriodSeconds": "0"})
+    assert http.request("GET", f"{pods}/forced")[0] == 404
+    emu.emulator.kubelet_delete_seconds = 0.1  # with a kubelet: it confirms soon
+    http.create(pods, {"metadata": {"name": "run"}, "spec": {"nodeName": "n1", "containers": []}})
+    http.ok("DELETE", f"{pods}/run")
+    for _ in range(30):
+        await asyncio.sleep(0.05)
+        if http.request("GET", f"{pods}/run")[0] == 404:
+            break
+    assert http.request("GET", f"{pods}/run")[0] == 404

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from .errors import ApiError
@@ -22,6 +23,33 @@ class LifecycleRules:
     store: ObjectStore
     types: dict[tuple[str, str, str], ResourceType]
     namespace_termination_seconds: float
+    kubelet_delete_seconds: float | None
+
+    def _delete_pod(self, rtype: ResourceType, namespace: str | None, name: str, grace: str | None) -> dict[str, Any]:
+        """Graceful deletion (`CheckGracefulDelete`): a scheduled pod that has not finished gets a
+        deletionTimestamp `grace` seconds ahead and stays until its kubelet confirms (DELETE with
+        grace 0); unscheduled or finished pods, and `gracePeriodSeconds=0`, go at once."""
+        pod = self.store.get(rtype, namespace, name)
+        spec, metadata = pod.get("spec") or {}, pod["metadata"]
+        seconds = int(grace) if grace not in {None, ""} else int(spec.get("terminationGracePeriodSeconds", 30))
+        finished = (pod.get("status") or {}).get("phase") in {"Succeeded", "Failed"}
+        if seconds <= 0 or not spec.get("nodeName") or finished:
+            return self.store.delete(rtype, namespace, name)
+        if metadata.get("deletionTimestamp"):
+            return pod
+        deadline = datetime.now(tz=UTC) + timedelta(seconds=seconds)
+        going = copy.deepcopy(pod)
+        going["metadata"]["deletionGracePeriodSeconds"] = seconds
+        terminating = self.store.mark_deleting(rtype, going, deadline.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        if self.kubelet_delete_seconds is not None:
+            asyncio.get_running_loop().call_later(self.kubelet_delete_seconds, self._kubelet_confirms, rtype,
+                                                  namespace, name, metadata["uid"])
+        return terminating
+
+    def _kubelet_confirms(self, rtype: ResourceType, namespace: str | None, name: str, uid: str) -> None:
+        current = self.store.bucket(rtype).get((namespace or "", name))
+        if current is not None and current["metadata"]["uid"] == uid:
+            self.store.remove(rtype, current)
 
     def _check_namespace(self, rtype: ResourceType, namespace: str | None, body: Any = None) -> None:
         """The namespace exists, is not being terminated, and the body does not name another one."""

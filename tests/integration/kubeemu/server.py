@@ -7,7 +7,8 @@ optimistic concurrency (409); a status subresource that is the only way to chang
 (and cannot change spec); merge, JSON and (approximate) server-side-apply patches, with
 fieldManager recorded in managedFields; CRD schema validation (422) and pruning; discovery;
 ObjectMeta and Event validation (validation.py); namespaces that stay Terminating a while
-after DELETE (creates there: 403); pod specs immutable but through `pods/NAME/binding`.
+after DELETE (creates there: 403); pod specs immutable but through `pods/NAME/binding`;
+graceful deletion of scheduled pods (Terminating until a kubelet, emulated or not, confirms).
 For fault tests it injects 429/5xx answers and drops watch streams.
 
 Not emulated: strategic-merge list merging by key (treated as a merge patch), apply's field
@@ -77,6 +78,8 @@ class KubernetesEmulator(LifecycleRules):
         self.namespace_termination_seconds = namespace_termination_seconds
         #: a watch with allowWatchBookmarks gets a BOOKMARK after this long without events (the real server: ~60 s)
         self.bookmark_seconds = 60.0
+        #: how soon the emulated kubelet confirms a graceful pod deletion; None: no kubelet, pods stay Terminating
+        self.kubelet_delete_seconds: float | None = 0.2
         self.types: dict[tuple[str, str, str], ResourceType] = {}
         for rtype in BUILTIN:
             self.add_type(rtype)
@@ -188,6 +191,8 @@ class KubernetesEmulator(LifecycleRules):
         if method == "DELETE":
             if rtype.plural == "namespaces" and not rtype.group:
                 return web.json_response(self._terminate_namespace(rtype, name))
+            if (rtype.group, rtype.plural) == ("", "pods"):
+                return web.json_response(self._delete_pod(rtype, namespace, name, request.query.get("gracePeriodSeconds")))
             return web.json_response(self.store.delete(rtype, namespace, name))
         if method == "PUT":
             body = await self._body(request)
