@@ -273,3 +273,17 @@ def test_reads_during_compaction_see_every_interval_once(tmp_path: Path) -> None
         assert failures == []
     finally:
         store.close()
+
+
+def test_head_block_round_trip() -> None:
+    from gpuwm.store.codec import BLOCK, decode_head, encode_head
+
+    rng = np.random.default_rng(5)
+    block = rng.integers(-(2**40), 2**40, size=(BLOCK, 19), dtype=np.int64)
+    block[::3, 4] = MISSING
+    block[7] = MISSING
+    block[9, 1] = 2**58  # the largest value a metric may hold
+    assert np.array_equal(decode_head(encode_head(block)), block)
+    small = np.full((BLOCK, 19), MISSING, dtype=np.int64)
+    small[0, 0] = 0
+    assert np.array_equal(decode_head(encode_head(small)), small)
