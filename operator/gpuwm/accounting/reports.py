@@ -81,6 +81,14 @@ class Engine(EngineCore):
         self._settled.pop(uid, None)
         super().forget_workload(uid)
 
+    def settled_figures(self, uid: str) -> WorkloadFigures | None:
+        """The figures a report reuses for a settled workload (the same object each time), else None.
+
+        Lets a caller skip what it did with them last time: nothing in them has changed.
+        """
+        cached = self._settled.get(uid)
+        return None if cached is None else cached[1]
+
     def save(self) -> dict[str, Any]:
         """The whole state as JSON-able data (see `gpuwm.accounting.persist`)."""
         return save_state(self)

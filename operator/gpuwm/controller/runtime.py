@@ -112,6 +112,8 @@ class ControllerRuntime:
         self.conditions: dict[str, list[Condition]] = {}
         #: workload uid -> (project, CR spec, CR labels): built once, not for each of thousands of CRs each cycle
         self._cr_static: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {}
+        #: workload uid -> the settled figures last offered (the engine's own cached object, no extra memory)
+        self._offered_settled: dict[str, WorkloadFigures] = {}
         self.baselines: dict[str, dict[str, float]] = {}  # from CR status when no engine state survived
         self.baseline_cutoff: float | None = None
         self.latest_sample_time: float | None = None
@@ -290,9 +292,16 @@ class ControllerRuntime:
     def _offer_workloads(self, workloads: list[WorkloadFigures], now: float) -> None:
         idle_after, low = self.settings.idle_condition_after, self.settings.underutilized_percent
         for figures in workloads:
+            settled = self.engine.settled_figures(figures.uid) is figures
+            if settled and self._offered_settled.get(figures.uid) is figures:
+                continue  # a finished workload's unchanged figures: the writer has them already
             name = self.cr_name_for(figures)
             if name is None:
                 continue
+            if settled:
+                self._offered_settled[figures.uid] = figures
+            else:
+                self._offered_settled.pop(figures.uid, None)
             static = self._cr_static.get(figures.uid)
             if static is None or static[0] != figures.project:  # spec and labels change with the project only
                 static = self._cr_static[figures.uid] = (figures.project, {
@@ -361,6 +370,7 @@ class ControllerRuntime:
             self.engine.forget_workload(figures.uid)
             self.conditions.pop(figures.uid, None)
             self._cr_static.pop(figures.uid, None)
+            self._offered_settled.pop(figures.uid, None)
             self.baselines.pop(figures.uid, None)
 
     def save(self, now: float) -> None:
