@@ -223,13 +223,3 @@ def requests_gpu(pod_spec: Mapping[str, Any] | None, resource_patterns: Iterable
                 except ValueError:
                     return True  # malformed, but a GPU pod: the handler names it in a warning
     return False
-
-
-def replicas_from_node_labels(labels: Mapping[str, str] | None) -> int:
-    """Time-slicing replicas from GPU feature discovery's node label; 1 when absent or invalid."""
-    if not labels:
-        return 1
-    try:
-        return max(1, int(labels.get(REPLICAS_NODE_LABEL, "1")))
-    except ValueError:
-        return 1

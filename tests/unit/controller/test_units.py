@@ -9,7 +9,7 @@ from gpuwm.controller.units import (
     matches_resource,
     mig_fraction,
     mig_profile,
-    replicas_from_node_labels,
+    node_replicas_label,
     requested_units,
     requests_gpu,
     units_per_request,
@@ -82,7 +82,9 @@ def test_requests_gpu_filter() -> None:
     assert requests_gpu(_spec({"name": "a", "resources": {"limits": {"nvidia.com/gpu": "x"}}}), DEFAULT_RESOURCE_NAMES)
 
 
-def test_replicas_from_node_labels() -> None:
-    assert replicas_from_node_labels({"nvidia.com/gpu.replicas": "4"}) == 4
-    assert replicas_from_node_labels({"nvidia.com/gpu.replicas": "junk"}) == 1
-    assert replicas_from_node_labels(None) == 1
+def test_node_replicas_label() -> None:
+    assert node_replicas_label({"nvidia.com/gpu.replicas": "4"}) == 4
+    assert node_replicas_label({"nvidia.com/gpu.replicas": "1"}) == 1  # GFD's "not shared"
+    assert node_replicas_label({"nvidia.com/gpu.replicas": "junk"}) is None  # unreadable: the next source says
+    assert node_replicas_label({"nvidia.com/gpu.replicas": "0"}) is None
+    assert node_replicas_label(None) is None
