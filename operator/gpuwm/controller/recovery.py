@@ -103,8 +103,10 @@ async def restore(runtime: ControllerRuntime) -> str:
     runtime.client.cluster_identity = await cluster_identity(runtime.client)
     state = load_state(runtime.state_path)
     if state is not None and state.get("cluster") != runtime.client.cluster_identity:
-        logger.warning("engine state %s was saved for another cluster (%s, this is %s); not restoring it",
-                       runtime.state_path, state.get("cluster"), runtime.client.cluster_identity)
+        saved_for = state.get("cluster")
+        logger.warning("engine state %s %s; not restoring it (the CRs' status carries the totals over)",
+                       runtime.state_path, f"was saved for another cluster ({saved_for}, this is "
+                       f"{runtime.client.cluster_identity})" if saved_for else "does not say which cluster it is for")
         state = None
     if state is not None:
         try:
