@@ -19,12 +19,15 @@ from typing import Any
 
 import aiohttp
 
+from gpuwm import __version__
+
 logger = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 FIELD_MANAGER = "gpuwm"
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+USER_AGENT = f"gpuwm-controller/{__version__}"
 
 #: plural names of the owner kinds the chart grants `get` on; other kinds go through discovery
 KNOWN_PLURALS: dict[tuple[str, str], str] = {
@@ -118,7 +121,8 @@ class KubeClient:
         relogin: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         self.server = server.rstrip("/")
-        self._headers = dict(headers or {})
+        # a User-Agent of its own: the API server's audit log and priority-and-fairness rules can name it
+        self._headers = {"User-Agent": USER_AGENT, **dict(headers or {})}
         self._ssl = ssl_context
         self._timeout = aiohttp.ClientTimeout(total=request_timeout_seconds)
         self._backoffs = tuple(retry_backoffs_seconds)
@@ -210,7 +214,7 @@ class KubeClient:
                     if response.status == 401 and self._relogin is not None and not relogged:
                         # service-account tokens rotate: log in again once, then retry at once
                         relogged = True
-                        self._headers = dict(await asyncio.to_thread(self._relogin))
+                        self._headers = {"User-Agent": USER_AGENT, **dict(await asyncio.to_thread(self._relogin))}
                         await self.close()
                         session = await self._session_()
                         continue

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from gpuwm import __version__
 from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
 
 
@@ -15,9 +16,11 @@ class Api:
     def __init__(self) -> None:
         self.answers: list[tuple[int, dict[str, Any], dict[str, str]]] = []
         self.seen: list[tuple[str, str, str | None]] = []
+        self.agents: list[str] = []
 
     async def handle(self, request: web.Request) -> web.Response:
         self.seen.append((request.method, request.path_qs, request.headers.get("Authorization")))
+        self.agents.append(request.headers.get("User-Agent", ""))
         if request.path == "/apis/example.com/v1":
             return web.json_response({"resources": [{"name": "widgets", "kind": "Widget"},
                                                     {"name": "widgets/status", "kind": "Widget"}]})
@@ -124,3 +127,11 @@ async def test_a_served_kind_with_a_missing_object_is_not_warned_about(
     assert await client.get_object("example.com/v1", "Widget", "ns", "w") is None
     assert "not served" not in caplog.text
     await client.close()
+
+
+async def test_requests_name_the_controller(api: tuple[Api, str]) -> None:
+    state, url = api
+    client = KubeClient(url, headers={"Authorization": "Bearer t"})
+    await client.get("/api/v1/pods")
+    await client.close()
+    assert state.agents == [f"gpuwm-controller/{__version__}"]
