@@ -59,6 +59,7 @@ class Written:
     signature: tuple[Any, ...]
     counters: tuple[float, ...]
     at: float
+    uid: str | None = None  # the workload's (GPUWorkloadMetrics only)
 
 
 @dataclass
@@ -102,6 +103,9 @@ class StatusWriter:
         self.generations: dict[Key, int] = {}
         #: namespaces being terminated (or gone) -> when that was seen; no writes there for a while
         self.closed_namespaces: dict[str, float] = {}
+        #: CRs that went with their namespace -> their workload's uid: not written again if the
+        #: namespace is re-created (a new workload of the same name is written as usual)
+        self.buried: dict[Key, str] = {}
         #: GPUProjectMetrics offered since the last `retire_projects`, and adopted ones' last update
         self._offered_projects: set[str] = set()
         self.adopted_project_updates: dict[str, float] = {}
@@ -118,6 +122,10 @@ class StatusWriter:
             self._offered_projects.add(desired.name)
         if key in self.skipped or self._namespace_closed(desired.namespace):
             return "none"
+        if key in self.buried:
+            if self.buried[key] == _workload_uid(desired):
+                return "none"  # its CR went with the namespace it was in
+            del self.buried[key]
         last = self.written.get(key)
         reason = write_reason(
             (last.signature, last.counters, last.at) if last else None, desired.signature, desired.counters,
@@ -145,6 +153,7 @@ class StatusWriter:
         self.written.pop(key, None)
         self.existing.discard(key)
         self.generations.pop(key, None)
+        self.buried.pop(key, None)
 
     def _namespace_closed(self, namespace: str | None) -> bool:
         """Whether `namespace` was being terminated lately (creates there fail with 403 until it is gone)."""
@@ -225,7 +234,8 @@ class StatusWriter:
             # someone changed the spec since we last heard: say which generation this status is for
             await self._client.merge_patch(path + "/status", {"status": {"observedGeneration": generation}})
         now = self._clock()
-        self.written[key] = Written(signature=desired.signature, counters=desired.counters, at=now)
+        self.written[key] = Written(signature=desired.signature, counters=desired.counters, at=now,
+                                    uid=_workload_uid(desired))
         self.stats.writes += 1
         if desired.sample_time is not None:
             self.stats.lag_seconds.append(now - desired.sample_time)
@@ -272,6 +282,11 @@ class StatusWriter:
         for queue in (self._material, self._due):
             for key in [key for key in queue if key[1] == namespace]:
                 del queue[key]
+        for key in [key for key in self.written if key[1] == namespace]:
+            uid = self.written[key].uid
+            self.forget(*key)
+            if uid is not None:
+                self.buried[key] = uid
 
     async def retire_projects(self, now: float, retention_seconds: float) -> list[str]:
         """Delete the GPUProjectMetrics of projects with no workload left; returns their names.
@@ -304,6 +319,11 @@ class StatusWriter:
         """Delete a CR (retention ran out); gone already is fine."""
         await self._client.delete(resource_path(API_VERSION, plural, namespace, name))
         self.forget(plural, namespace, name)
+
+
+def _workload_uid(desired: Desired) -> str | None:
+    uid = (desired.spec.get("workloadRef") or {}).get("uid")
+    return str(uid) if uid else None
 
 
 def finite(value: Any) -> Any:

@@ -165,3 +165,52 @@ async def test_the_client_refuses_to_send_nan() -> None:
     with pytest.raises(ValueError, match="JSON compliant"):
         await client.merge_patch("/x", {"status": {"v": float("nan")}})
     await client.close()
+
+
+class NamespaceGoingClient(GenerationClient):
+    """The namespace lives, then is terminated: its CRs are gone (404) and creates are refused (403)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.terminating = False
+
+    async def create(self, path: str, body: Any) -> dict[str, Any]:
+        if self.terminating:
+            raise KubeApiError(403, "POST", path, "unable to create new content in namespace gone because it is being "
+                               "terminated", "Forbidden")
+        return await super().create(path, body)
+
+    async def merge_patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self.terminating:
+            raise KubeApiError(404, "PATCH", path, 'gpuworkloadmetrics.gpuwm.io "train" not found', "NotFound")
+        return await super().merge_patch(path, body)
+
+
+async def test_crs_gone_with_their_namespace_are_not_resurrected_when_it_is_recreated() -> None:
+    client = NamespaceGoingClient()
+    writer = StatusWriter(client, TokenBucket(1000), interval_seconds=15)  # type: ignore[arg-type]
+    key = ("gpuworkloadmetrics", "gone", "train")
+
+    def workload(uid: str, allocated: float) -> Desired:
+        return Desired(plural="gpuworkloadmetrics", namespace="gone", name="train",
+                       spec={"workloadRef": {"uid": uid}}, labels={},
+                       render=lambda: {"allocatedGpus": allocated}, signature=(allocated,), counters=(0.0,))
+
+    writer.offer(workload("old", 1.0))
+    await writer.write(writer._next())  # type: ignore[arg-type]
+    client.terminating = True
+    writer.offer(workload("old", 0.0))  # its pods went with the namespace: the workload ended
+    task = asyncio.create_task(writer.run())
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+        if writer.closed_namespaces:
+            break
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert writer.buried == {key: "old"} and key not in writer.existing
+    client.terminating = False
+    writer.namespace_reopened("gone")  # the namespace is created again
+    assert writer.offer(workload("old", 0.0)) == "none"  # the old workload's CR stays gone
+    assert writer.offer(workload("new", 1.0)) == "material"  # a new workload of that name is written
+    assert not writer.buried
