@@ -38,9 +38,10 @@ from gpuwm.sim.trace import truth_report  # noqa: E402
 from gpuwm.store.embedded import EmbeddedStore  # noqa: E402
 
 
-def rss_mib() -> float:
+def rss_mib(field: str = "VmRSS") -> float:
+    """Resident memory now (VmRSS) or the peak so far (VmHWM), MiB."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -221,6 +222,7 @@ class CycleFigures:
     samples: int
     status_changes: int
     status_bytes: int
+    store_cpu_seconds: float = 0.0  # part of cpu_seconds: the embedded store's record()
 
 
 class SimulatedController:
@@ -271,9 +273,14 @@ class SimulatedController:
                 self.recorder[project.name] = status
                 changes, size = changes + 1, size + len(status)
         pod_stats = [stat for snapshot in result.snapshots for stat in snapshot.pod_stats]
-        await asyncio.to_thread(self.store.record, now, samples, workloads, projects, cluster, pod_stats)
+        def record() -> float:
+            started = time.thread_time()
+            self.store.record(now, samples, workloads, projects, cluster, pod_stats)
+            return time.thread_time() - started
+
+        store_cpu = await asyncio.to_thread(record)  # the store's share, in its own thread
         cycle = CycleFigures(cpu_seconds() - cpu_before, time.perf_counter() - interval_end, intake.samples,
-                             changes, size)
+                             changes, size, store_cpu)
         self.cycles.append(cycle)
         return cycle
 
