@@ -239,6 +239,7 @@ class SimulatedController:
         self.store_path = store_path
         self.recorder: dict[str, str] = {}  # CR path -> last status written (JSON)
         self.cycles: list[CycleFigures] = []
+        self.store_failures = 0  # store.record calls that raised (counted, as the controller logs and goes on)
         self.clock = config.start_time - config.interval_seconds
         self._requested: float | None = None
 
@@ -275,7 +276,13 @@ class SimulatedController:
         pod_stats = [stat for snapshot in result.snapshots for stat in snapshot.pod_stats]
         def record() -> float:
             started = time.thread_time()
-            self.store.record(now, samples, workloads, projects, cluster, pod_stats)
+            try:
+                self.store.record(now, samples, workloads, projects, cluster, pod_stats)
+            except Exception as error:  # as the controller does: CR status goes on without the store
+                self.store_failures += 1
+                if self.store_failures == 1:
+                    print(f"store write failed at {now:.0f} ({len(samples)} samples, {len(workloads)} workloads): "
+                          f"{type(error).__name__}: {error}", flush=True)
             return time.thread_time() - started
 
         store_cpu = await asyncio.to_thread(record)  # the store's share, in its own thread

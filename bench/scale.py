@@ -77,6 +77,7 @@ async def measure(nodes: int, gpus_per_node: int, duration: float, interval: flo
         "series": projection["series"], "store_gib_per_1000_gpus_30d": per_1000 / GIB,
         "lost_allocated_gpu_s": lost["allocated"], "lost_active_gpu_s": lost["active"],
         "truth_allocated_gpu_s": lost["truth_allocated"], "missing_workloads": lost["missing_workloads"],
+        "store_failures": float(controller.store_failures),
     }
 
 
@@ -86,7 +87,7 @@ COLUMNS = (
     ("store_cpu_per_cycle_s", "{:.2f}"), ("rss_mib", "{:.0f}"), ("peak_rss_mib", "{:.0f}"), ("status_changes_per_s", "{:.1f}"), ("lag_p50_s", "{:.2f}"), ("lag_p99_s", "{:.2f}"),
     ("store_mib", "{:.1f}"), ("series", "{:.0f}"), ("bytes_per_row", "{:.0f}"),
     ("store_gib_per_1000_gpus_30d", "{:.2f}"), ("lost_allocated_gpu_s", "{:.3f}"),
-    ("lost_active_gpu_s", "{:.3f}"), ("truth_allocated_gpu_s", "{:.0f}"),
+    ("lost_active_gpu_s", "{:.3f}"), ("truth_allocated_gpu_s", "{:.0f}"), ("store_failures", "{:.0f}"),
 )
 
 
