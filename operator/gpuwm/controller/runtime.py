@@ -38,6 +38,7 @@ from gpuwm.controller.pods import (
     MalformedPodError,
     TrackedPod,
     device_allocations,
+    ended_by_deletion,
     pod_event,
     state_key,
     track_pod,
@@ -164,13 +165,19 @@ class ControllerRuntime:
         ))
 
     def _send(self, pod: TrackedPod) -> None:
+        now = self.clock()
+        ended = ended_by_deletion(pod, now)  # past its deletionTimestamp: its containers are gone
+        if ended is not None:
+            pod = ended
         holders = self.holders_by_pod.get(pod.uid, []) + self.holders_by_pod.get(f"{pod.namespace}/{pod.name}", [])
         devices = device_allocations(pod, holders, self.pods)
         key = json.dumps(state_key(pod, devices))
         if self.sent.get(pod.uid) == key:
             return
-        now = self.clock()
-        at = now if pod.phase in {"Deleted", "Unknown"} else (pod.phase_since or now)
+        if ended is not None:
+            at = ended.deletion_time or now
+        else:
+            at = now if pod.phase in {"Deleted", "Unknown"} else (pod.phase_since or now)
         baseline = self.baselines.get(pod.workload.uid)
         if baseline is not None and self.baseline_cutoff is not None:
             # the CR's figures (the baseline) already count the time up to its last update
@@ -209,6 +216,10 @@ class ControllerRuntime:
             for pod in list(self.pods.values()):
                 if pod.node in intake.changed_nodes:
                     self._send(pod)
+        terminating_now = self.clock()
+        for pod in [pod for pod in self.pods.values() if pod.deletion_time is not None]:
+            if pod.deletion_time is not None and pod.deletion_time <= terminating_now:
+                self._send(pod)  # past its grace period: ended there, whether or not the object is gone
         timer.mark("attribution")
         timer.phases["engine_samples"] = intake.cpu_seconds
         if intake.latest_time is not None:
@@ -315,7 +326,8 @@ class ControllerRuntime:
                 signature=workload_signature(figures, idle_condition_after_seconds=idle_after,
                                              underutilized_percent=low),
                 counters=workload_counters(figures),
-                sample_time=self.latest_sample_time,
+                # a settled workload's figures are final, no sample is behind them: not a sample -> status lag
+                sample_time=None if settled else self.latest_sample_time,
             ))
 
     def _render_workload(self, uid: str, now: float) -> dict[str, Any]:
