@@ -10,7 +10,7 @@ time the pod started, and the engine places it there (within its late-event wind
 from __future__ import annotations
 
 from collections.abc import Container, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpuwm.controller.agents import DeviceHolder
@@ -39,6 +39,7 @@ class TrackedPod:
     workload: TraceWorkload
     phase_since: float | None = None
     created: float | None = None
+    deletion_time: float | None = None  # metadata.deletionTimestamp: the kubelet has killed it by then
     sent: tuple[Any, ...] | None = field(default=None, repr=False)
 
     @property
@@ -111,7 +112,21 @@ def track_pod(
         workload=workload,
         phase_since=phase_start_time(pod, raw_phase),
         created=parse_kubernetes_time(metadata.get("creationTimestamp")),
+        deletion_time=parse_kubernetes_time(metadata.get("deletionTimestamp")),
     )
+
+
+def ended_by_deletion(pod: TrackedPod, now: float) -> TrackedPod | None:
+    """The pod as ended at its deletionTimestamp, once that has passed and the object still exists.
+
+    The API server sets deletionTimestamp to the request time plus the grace period; by then the
+    kubelet has killed the containers, so the GPUs are free even when the object lingers
+    (finalizers, a node that is gone, a cluster without kubelets). Counting on until the object is
+    removed would bill a pod stuck Terminating forever.
+    """
+    if pod.deletion_time is None or now < pod.deletion_time or pod.phase in ("Deleted", "Succeeded", "Failed"):
+        return None
+    return replace(pod, phase="Deleted", phase_since=pod.deletion_time)
 
 
 def device_allocations(
