@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, get_args
 
 from gpuwm.model.crd import (
+    MAX_LISTED,
     Condition,
     GpuStatus,
     PodStatus,
@@ -133,8 +134,10 @@ def build_workload_status(
         nodes=sorted(figures.nodes),
         pods=[
             PodStatus(name=pod.name, uid=pod.uid, node=pod.node, phase=pod.phase, allocated_gpus=round(pod.allocated_gpus, 4))
-            for pod in sorted(figures.pods, key=lambda pod: pod.name)
+            for pod in sorted(figures.pods, key=lambda pod: pod.name)[:MAX_LISTED]
         ],
+        pod_count=len(figures.pods),
+        gpu_count=len(figures.gpus),
         gpus=[
             GpuStatus(
                 node=gpu.node, uuid=gpu.uuid, index=gpu.index, mig_profile=gpu.mig_profile, pod=gpu.pod or "",
@@ -142,7 +145,7 @@ def build_workload_status(
                 utilization_percent=_round(gpu.utilization_percent, 2), memory_used_bytes=gpu.memory_used_bytes,
                 memory_total_bytes=gpu.memory_total_bytes, power_watts=_round(gpu.power_watts, 2), healthy=gpu.healthy,
             )
-            for gpu in sorted(figures.gpus, key=lambda gpu: (gpu.node, gpu.uuid))
+            for gpu in sorted(figures.gpus, key=lambda gpu: (gpu.node, gpu.uuid))[:MAX_LISTED]
         ],
         utilization=_windows(figures.utilization),
         memory_utilization=_windows(figures.memory_utilization),

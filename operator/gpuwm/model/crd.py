@@ -90,6 +90,10 @@ class WorkloadMetricsSpec(_CamelModel):
     project: str = Field(description="The workload's project (label gpuwm.io/project on pod or namespace, else namespace).")
 
 
+#: entries kept in status.pods and status.gpus: a 1,000-node job's full lists would pass etcd's
+#: 1.5 MiB object limit and every status write would be refused
+MAX_LISTED = 256
+
 WorkloadPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Ended"]
 
 
@@ -100,8 +104,18 @@ class WorkloadMetricsStatus(_CamelModel):
     allocated_gpus: float = Field(default=0, description="GPU units the workload holds now.")
     gpu_model: str | None = Field(default=None, description="GPU product name of its devices.")
     nodes: list[str] = Field(default_factory=list, description="Nodes its GPU pods run on.")
-    pods: list[PodStatus] = Field(default_factory=list, description="Its GPU pods.")
-    gpus: list[GpuStatus] = Field(default_factory=list, description="Devices it holds now.")
+    pods: list[PodStatus] = Field(
+        default_factory=list,
+        description=f"Its GPU pods, by name: the first {MAX_LISTED} (podCount counts them all).",
+        max_length=MAX_LISTED,
+    )
+    pod_count: int = Field(default=0, ge=0, description="How many GPU pods it has (pods lists at most the first ones).")
+    gpus: list[GpuStatus] = Field(
+        default_factory=list,
+        description=f"Devices it holds now, by node and UUID: the first {MAX_LISTED} (gpuCount counts them all).",
+        max_length=MAX_LISTED,
+    )
+    gpu_count: int = Field(default=0, ge=0, description="How many devices it holds now (gpus lists at most the first ones).")
     utilization: UtilizationWindows = Field(
         default_factory=UtilizationWindows, description="SM utilisation percent of its allocation."
     )

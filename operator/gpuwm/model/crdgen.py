@@ -65,6 +65,8 @@ def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
         elif kind == "array":
             result["type"] = "array"
             result["items"] = convert(node.get("items", {}))
+            if "maxItems" in node:  # the API server enforces it: a status that would outgrow etcd is refused early
+                result["maxItems"] = node["maxItems"]
         elif kind in ("string", "integer", "number", "boolean"):
             result["type"] = kind
             if kind == "string" and node.get("format") == "date-time":

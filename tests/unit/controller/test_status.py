@@ -57,6 +57,24 @@ def test_build_workload_status_fields() -> None:
     assert {c["type"] for c in status["conditions"]} == {"Sampling", "Idle", "Underutilized"}
 
 
+def test_big_workload_lists_are_capped_and_counted() -> None:
+    """A 1,000-node job: 1,000 pods and 8,000 devices would pass etcd's 1.5 MiB object limit."""
+    import json
+
+    many = figures(
+        pods=[PodFigures(name=f"train-{i:04d}", uid=f"p{i}", node=f"n{i}", phase="Running", allocated_gpus=8.0)
+              for i in range(1000)],
+        gpus=[GpuFigures(node=f"n{i // 8:04d}", uuid=f"GPU-{i:05d}", units=1.0, pod=f"train-{i // 8:04d}", monitored=True)
+              for i in range(8000)],
+    )
+    status = build_workload_status(many, NOW).model_dump(mode="json", by_alias=True)
+    assert status["podCount"] == 1000 and len(status["pods"]) == 256 and status["pods"][0]["name"] == "train-0000"
+    assert status["gpuCount"] == 8000 and len(status["gpus"]) == 256 and status["gpus"][-1]["uuid"] == "GPU-00255"
+    assert len(json.dumps(status)) < 256 * 1024
+    small = build_workload_status(figures(), NOW).model_dump(mode="json", by_alias=True)
+    assert small["podCount"] == 2 and small["gpuCount"] == 2
+
+
 def _conditions(f: WorkloadFigures, **kwargs: object) -> dict[str, tuple[str, str]]:
     return {c.type: (c.status, c.reason) for c in build_conditions(f, NOW, **kwargs)}  # type: ignore[arg-type]
 
