@@ -297,22 +297,35 @@ class SimulatedController:
     def store_projection(self, duration: float) -> dict[str, float]:
         """Bytes per stored row, and the steady-state size at the default roll-ups (15s:2d, 5m:30d).
 
-        Each series writes one 15 s row per interval and one 5 m row per 20 of those, so at steady
-        state the file holds 2 days of the fine rate plus 30 days of a twentieth of it.
+        A row is one series' figures for one step. Each series writes one 15 s row per interval
+        and one 5 m row per 20 of those, so at steady state the file holds 2 days of the fine rate
+        plus 30 days of a twentieth of it. A store that keeps points in compressed chunks (schema
+        2: `head` rows compacted into `chunks`) is compacted completely first and its rows are the
+        chunks' points per tier; one with a table per tier (`points_15`, `points_300`) is counted as is.
         """
         connection = sqlite3.connect(self.store_path)
+        tables = {name for (name,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "chunks" in tables:
+            connection.close()
+            store = EmbeddedStore(self.store_path)
+            try:
+                store.compact(everything=True)
+            finally:
+                store.close()
+            connection = sqlite3.connect(self.store_path)
         try:
+            connection.execute("VACUUM")  # pages freed by compaction are not the store's size
             connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             page_size = connection.execute("PRAGMA page_size").fetchone()[0]
             pages = connection.execute("PRAGMA page_count").fetchone()[0]
             series = connection.execute("SELECT count(*) FROM series").fetchone()[0]
-            try:
+            if "chunks" in tables:
+                fine_rows, coarse_rows = (connection.execute(
+                    "SELECT coalesce(sum(points), 0) FROM chunks WHERE tier = ?", (tier,)).fetchone()[0]
+                    for tier in (15, 300))
+            else:
                 fine_rows = connection.execute("SELECT count(*) FROM points_15").fetchone()[0]
                 coarse_rows = connection.execute("SELECT count(*) FROM points_300").fetchone()[0]
-            except sqlite3.OperationalError:  # a store layout without a table per tier: no row counts
-                nan = float("nan")
-                return {"file_bytes": float(page_size * pages), "bytes_per_row": nan, "series": float(series),
-                        "steady_bytes": nan}
         finally:
             connection.close()
         file_bytes = float(page_size * pages)
