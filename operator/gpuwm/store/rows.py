@@ -311,7 +311,9 @@ def build_rows(
     device_rows = sample_of_part[device_parts]
     for owners in (device_nodes_series, np.full(len(device_parts), cluster_series, dtype=np.int64)):
         energy[owners] = np.nan
-        usable = (device_rows >= 0) & ~np.isnan(counter[np.maximum(device_rows, 0)])
+        usable = device_rows >= 0
+        if counter.size:  # an interval with no sample at all has no counter to read
+            usable &= ~np.isnan(counter[np.maximum(device_rows, 0)])
         _sum_once_per_physical(
             energy, owners[usable], physical[device_rows[usable]], counter[device_rows[usable]], len(physical_code)
         )

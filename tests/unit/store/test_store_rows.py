@@ -51,6 +51,8 @@ def test_hand_made_edge_cases_are_identical() -> None:
     samples = [sample(10.0, "gpu-0", sm=60), sample(10.0, "gpu-1", sm=0, energy_joules=None), sample(5.0, "gpu-0")]
     _compare(samples, [a, b], [project("p", [a, b], 5.0), project("empty", [])], cluster(3))
     _compare([], [], [], cluster(0))
+    # an interval in which no agent answered: devices known from the workloads, no sample at all
+    _compare([], [a, b], [project("p", [a, b], 5.0)], cluster(3))
 
 
 def test_known_series_get_no_labels() -> None:
