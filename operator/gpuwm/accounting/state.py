@@ -167,25 +167,30 @@ class Gpu:
 
         What the engine state saves: rows would be a Python list per sample (10^6 of them for
         8,000 GPUs x 2 minutes at 1 Hz, ~200 MB while saving); columns are a few strings per GPU.
-        `podSm` is null when no sample carried per-process data.
+        `podSm` is null when no sample carried per-process data; `units` (a device's size, which
+        does not change) is a plain number when every sample has the same.
         """
-        columns: dict[str, Any] = {name: _encode(getattr(self, attribute)) for name, attribute in _COLUMNS}
+        columns: dict[str, Any] = {name: _encode(getattr(self, attribute)) for name, attribute in _COLUMNS[:-1]}
+        units = self.device_units
+        columns["units"] = units[0] if units and units.count(units[0]) == len(units) else _encode(units)
         pod_sm = self.pod_sm
         columns["podSm"] = None if pod_sm.count(None) == len(pod_sm) else pod_sm
         return columns
 
     def load_columns(self, columns: dict[str, Any]) -> None:
         """Inverse of `columns`; raises ValueError when the columns disagree in length."""
-        for name, attribute in _COLUMNS:
+        for name, attribute in _COLUMNS[:-1]:
             setattr(self, attribute, _decode(columns[name]))
         size = len(self.times)
+        units = columns["units"]
+        self.device_units = array("d", [float(units)] * size) if isinstance(units, int | float) else _decode(units)
         pod_sm = columns["podSm"]
         self.pod_sm = [None] * size if pod_sm is None else [None if value is None else dict(value) for value in pod_sm]
         if any(len(getattr(self, attribute)) != size for _, attribute in _COLUMNS) or len(self.pod_sm) != size:
             raise ValueError(f"GPU {self.uuid}: saved history columns differ in length")
 
 
-#: saved column name -> Gpu attribute
+#: saved column name -> Gpu attribute ("units" last: saved as one number when constant)
 _COLUMNS = (("t", "times"), ("sm", "sm"), ("memory", "memory"), ("energy", "energy"), ("units", "device_units"))
 
 

@@ -27,6 +27,8 @@ def _engine() -> Engine:
         engine.observe(sample(float(t), "GPU-b", sm=5.0, memory_used_bytes=None, device_units=1.0,
                               processes=[ProcessSample(pid=1, pod_uid="pod-train", sm_percent=4.0)] if t % 2 else None))
     engine.observe(GpuSample(t=2.5, node="n1", uuid="GPU-a", sm_percent=99.0, energy_joules=240.0))  # late: inserted
+    for when, units in ((1.0, 0.5), (2.0, 0.25)):  # a device whose size changed: its units saved as a column
+        engine.observe(GpuSample(t=when, node="n1", uuid="GPU-c", sm_percent=1.0, device_units=units))
     return engine
 
 
@@ -40,6 +42,8 @@ def test_columns_round_trip_keeps_every_value_and_nan() -> None:
     assert state["version"] == STATE_VERSION == 2
     assert all(isinstance(gpu["history"]["t"], str) for gpu in state["gpus"])
     assert all(isinstance(workload["windows"], str) for workload in state["workloads"])
+    units = {gpu["uuid"]: gpu["history"]["units"] for gpu in state["gpus"]}
+    assert units["GPU-a"] == units["GPU-b"] == 1.0 and isinstance(units["GPU-c"], str)
     restored = Engine.restore(state, CONFIG)
     for uid, workload in engine.workload_records.items():
         assert restored.workload_records[uid].windows.to_list() == workload.windows.to_list() != []
