@@ -405,6 +405,31 @@ def writer_cost(args: argparse.Namespace, workdir: Path) -> None:
     )
 
 
+def _whole_coarse_bytes(store: EmbeddedStore, start: int, seconds: int) -> dict[int, int]:
+    """Per coarse tier: the bytes this run's coarse points take when each series' points are one chunk
+    (as in a full span; this run's are 12-point pieces until a span ends), by the store's encoder."""
+    from gpuwm.store.chunks import _overlay
+    from gpuwm.store.codec import METRIC_COUNT, MISSING, decode_chunk, encode_chunks
+
+    result: dict[int, int] = {}
+    for span in store.spans[1:]:
+        points = seconds // span.step
+        grids: dict[int, np.ndarray] = {}
+        for series_id, row_start, row_points, data in store._writer.execute(
+            "SELECT series_id, start, points, data FROM chunks WHERE tier = ?", (span.step,)
+        ):
+            grid = grids.get(series_id)
+            if grid is None:
+                grid = grids[series_id] = np.full((1, METRIC_COUNT, points), MISSING, dtype=np.int64)
+            _overlay(grid, start, decode_chunk(data, row_points)[None], row_start, span.step)
+        stacked = list(grids.values())
+        total = 0
+        for offset in range(0, len(stacked), 256):
+            total += sum(len(data) for data in encode_chunks(np.concatenate(stacked[offset : offset + 256])))
+        result[span.step] = total
+    return result
+
+
 def size_projection(args: argparse.Namespace, workdir: Path) -> None:
     """Bytes on disk per GPU for each tier after `--size-hours` of simulated data, scaled to the default roll-ups."""
     from gpuwm.controller.gctuning import tune_garbage_collector
@@ -427,6 +452,7 @@ def size_projection(args: argparse.Namespace, workdir: Path) -> None:
     head_bytes = sum(v for k, v in before.items() if k == "head" or k.startswith("sqlite_autoindex_head"))
     store.compact(everything=True)
     pages = page_bytes()
+    whole = _whole_coarse_bytes(store, int(start), count * STEP)
     tiers = store._writer.execute(
         "SELECT tier, count(*), sum(length(data)) FROM chunks GROUP BY tier ORDER BY tier"
     ).fetchall()
@@ -448,14 +474,27 @@ def size_projection(args: argparse.Namespace, workdir: Path) -> None:
     )
     keep = {15: 2 * 86400, 300: 30 * 86400}
     steady = 0.0
+    fine_ratio = 1.0
     for tier, chunks, blob_bytes in tiers:
         share = chunk_table * blob_bytes / payload + chunk_indexes * chunks / rows_total
         per_gpu_second = share / gpus / seconds
-        steady += per_gpu_second * keep.get(tier, 0)
-        print(
+        line = (
             f"  tier {tier:>3} s: {chunks} chunks, {blob_bytes / 2**20:.2f} MiB compressed, {share / 2**20:.2f} MiB "
             f"of pages = {per_gpu_second * 86400 / 1024:.1f} KiB per GPU per day"
         )
+        if tier == store.spans[0].step:
+            fine_ratio = share / blob_bytes
+        elif tier in whole:
+            # at steady state this tier is whole chunks of 240 points (the last span's pieces are a small
+            # part): each series' points of this run as one chunk by the store's encoder (fewer points a
+            # chunk than at steady state, so an upper bound), with the fine tier's page overhead
+            per_gpu_second = whole[tier] * fine_ratio / gpus / seconds
+            line += (
+                f"; as whole chunks {whole[tier] / 2**20:.2f} MiB compressed = "
+                f"{per_gpu_second * 86400 / 1024:.1f} KiB per GPU per day (used below)"
+            )
+        steady += per_gpu_second * keep.get(tier, 0)
+        print(line)
     # the head at steady state: at most about 1.25 chunk spans of intervals (one span, then its compaction)
     head_per_gpu = head_bytes / gpus / (seconds % 3600 or 3600) * 1.25 * 3600
     fixed_per_gpu = fixed / gpus

@@ -50,6 +50,23 @@ _RESOLUTION_BY_UNIT = {
     "cores": 1_000.0,
 }
 RESOLUTION: FloatArray = np.array([_RESOLUTION_BY_UNIT[metric.unit] for metric in METRICS], dtype=np.float64)
+#: roll-ups (coarser tiers) keep means rounded to a multiple of this many stored units: 1/64 %, 1 KiB,
+#: 1/8 W, 1 J, 1/8 degC, 1 MHz, 1 KiB/s, 1/64 GPU unit, 1 s, 0.001 cores. A 5-minute mean's last
+#: digits are noise that would cost more than its whole fine-tier value; the finest tier keeps
+#: RESOLUTION. Binary fractions keep means of whole or half percents exact.
+_ROLLUP_QUANTUM_BY_UNIT = {
+    "percent": 15_625,
+    "bytes": 1_024,
+    "watts": 125,
+    "joules": 1_000,
+    "celsius": 125,
+    "MHz": 1_000,
+    "bytes/s": 1_024,
+    "GPU units": 15_625,
+    "seconds": 1_000,
+    "cores": 1,
+}
+ROLLUP_QUANTUM: IntArray = np.array([_ROLLUP_QUANTUM_BY_UNIT[metric.unit] for metric in METRICS], dtype=np.int64)
 #: metrics kept as second differences: counters and durations that grow by about the same each step
 _SECOND_ORDER: BoolArray = np.array([metric.rollup is Rollup.MAX for metric in METRICS], dtype=np.bool_)
 #: the smallest value that reaches byte plane k (plane 0: any value above 0)
@@ -186,7 +203,7 @@ def decode_chunk(data: bytes, points: int, metrics: npt.NDArray[np.intp] | None 
 
 def roll_up(values: IntArray, factor: int, rollups: BoolArray = _SECOND_ORDER) -> IntArray:
     """Coarser points from [..., metrics, points]: the mean (or, where `rollups` is set, the max) of each
-    run of `factor` points, over the present ones; MISSING where none is present."""
+    run of `factor` points, over the present ones, rounded to ROLLUP_QUANTUM; MISSING where none is."""
     shape = values.shape
     grouped = values.reshape(*shape[:-1], shape[-1] // factor, factor)
     present = grouped != MISSING
@@ -198,5 +215,7 @@ def roll_up(values: IntArray, factor: int, rollups: BoolArray = _SECOND_ORDER) -
     result = mean.astype(np.int64)
     maximum = np.where(present, grouped, MISSING).max(axis=-1)
     result[..., rollups, :] = maximum[..., rollups, :]
+    quantum = ROLLUP_QUANTUM.reshape((1,) * (result.ndim - 2) + (-1, 1))
+    result = (np.rint(result / quantum) * quantum).astype(np.int64)
     result[count == 0] = MISSING
     return np.asarray(result, dtype=np.int64)
