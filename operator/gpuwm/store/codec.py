@@ -5,7 +5,8 @@ percentages, 1 byte, 1 mW, 1 mJ, 0.001 degC, 0.001 MHz, 1 byte/s, 1 millicore, 1
 units, 1 ms. That is NVML's own resolution (mW, mJ, MiB, whole percent and degrees) or finer,
 and far below what any figure shows; a value with at most that many decimals (2.1 cores,
 12.345 W, 37.5 %) reads back as exactly the same float, since decoding divides by a power of
-ten. A missing value (None) is kept as missing, never as 0.
+ten. A missing value (None) is kept as missing, never as 0. Roll-ups (the coarser tiers) keep
+their means at the coarser `ROLLUP_QUANTUM` (1/64 %, 1 KiB, 1/8 W, 1 J, ...).
 
 Two encodings:
 - a head block: one interval, `BLOCK` series slots x all metrics, int64 with `MISSING` for

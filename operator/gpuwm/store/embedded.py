@@ -9,8 +9,9 @@ compressed, a few blocks per `record` call so no interval pays for all of it; co
 are rolled up from the fine chunks then (chunks.py). A 24 h query of one series reads about
 24 chunks plus the head of the current hour. Workload, project, node and cluster series are
 aggregated when written, so a project query over 1,000 workloads reads one series. Values are
-kept at a fixed per-metric resolution (codec.RESOLUTION). The file carries an application_id
-and a schema version, so a foreign, older or newer file is refused and never written to.
+kept at a fixed per-metric resolution (codec.RESOLUTION; roll-ups at codec.ROLLUP_QUANTUM).
+The file carries an application_id and a schema version, so a foreign, older or newer file is
+refused and never written to.
 """
 
 from __future__ import annotations
