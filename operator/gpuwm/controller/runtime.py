@@ -33,7 +33,13 @@ from gpuwm.controller.events import IdleEvents
 from gpuwm.controller.gctuning import release_free_memory
 from gpuwm.controller.kube import KubeApiError, KubeClient
 from gpuwm.controller.owners import OwnerResolver
-from gpuwm.controller.persistence import encode_state, save_state, state_path_for_store, write_state
+from gpuwm.controller.persistence import (
+    commit_state,
+    encode_state_chunks,
+    save_state,
+    stage_state,
+    state_path_for_store,
+)
 from gpuwm.controller.pods import (
     MalformedPodError,
     TrackedPod,
@@ -398,10 +404,10 @@ class ControllerRuntime:
             logger.warning("cannot save engine state to %s: %s", self.state_path, error)
 
     async def save_in_background(self, now: float) -> None:
-        """As `save`, with the file write and fsync off the event loop (the encoding stays on it: consistent)."""
-        payload = encode_state(recovery.snapshot_state(self, now))
+        """As `save`; the JSON streams to a temp file on the loop (consistent, never whole in memory), fsync in a thread."""
         try:
-            await asyncio.to_thread(write_state, self.state_path, payload)
+            temp = stage_state(self.state_path, encode_state_chunks(recovery.snapshot_state(self, now)))
+            await asyncio.to_thread(commit_state, temp, self.state_path)
             self._last_save = now
         except OSError as error:
             logger.warning("cannot save engine state to %s: %s", self.state_path, error)

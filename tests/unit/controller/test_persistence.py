@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,36 @@ def test_state_goes_elsewhere_when_the_store_directory_is_not_writable(tmp_path:
     blocker = tmp_path / "a-file"
     blocker.write_text("")
     assert state_path_for_store(str(blocker / "gpuwm.db")) == tmp_path / "gpuwm-controller.engine.json"
+
+
+def test_streamed_state_is_the_same_document_in_bounded_pieces(tmp_path: Path) -> None:
+    from gpuwm.controller.persistence import encode_state, encode_state_chunks
+
+    state = {
+        "engine": {"gpus": {f"GPU-{i}": {"history": "A" * 200, "units": i, 3: [1.5, None]} for i in range(2000)},
+                   "ids": {7: "seven", 1.5: True}, "empty": {}, "list": [[i, {"k": i}] for i in range(40)]},
+        "saved_at": 5.0,
+    }
+    whole = encode_state(state)
+    chunks = list(encode_state_chunks(state))
+    assert b"".join(chunks) == whole
+    assert max(map(len, chunks)) < len(whole) / 4  # never the whole document in one piece
+    path = tmp_path / "state.json"
+    save_state(path, state)
+    assert path.read_bytes() == whole
+
+
+def test_a_save_failing_mid_stream_keeps_the_previous_state(tmp_path: Path) -> None:
+    from gpuwm.controller.persistence import write_state
+
+    path = tmp_path / "state.json"
+    save_state(path, {"engine": {"a": [1]}})
+
+    def broken() -> Iterator[bytes]:
+        yield b'{"version":1,"engine":'
+        raise RuntimeError("engine changed during the save")
+
+    with pytest.raises(RuntimeError):
+        write_state(path, broken())
+    assert load_state(path) == {"version": 1, "engine": {"a": [1]}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
