@@ -17,10 +17,12 @@ class Api:
         self.answers: list[tuple[int, dict[str, Any], dict[str, str]]] = []
         self.seen: list[tuple[str, str, str | None]] = []
         self.agents: list[str] = []
+        self.peers: set[object] = set()  # client addresses: one per connection
 
     async def handle(self, request: web.Request) -> web.Response:
         self.seen.append((request.method, request.path_qs, request.headers.get("Authorization")))
         self.agents.append(request.headers.get("User-Agent", ""))
+        self.peers.add(request.transport.get_extra_info("peername") if request.transport else None)
         if request.path == "/apis/example.com/v1":
             return web.json_response({"resources": [{"name": "widgets", "kind": "Widget"},
                                                     {"name": "widgets/status", "kind": "Widget"}]})
@@ -135,3 +137,14 @@ async def test_requests_name_the_controller(api: tuple[Api, str]) -> None:
     await client.get("/api/v1/pods")
     await client.close()
     assert state.agents == [f"gpuwm-controller/{__version__}"]
+
+
+async def test_answers_are_parsed_whole_over_one_kept_alive_connection(api: tuple[Api, str]) -> None:
+    state, url = api
+    answer = {"metadata": {"generation": 3, "resourceVersion": "17"}, "status": {"v": [1.5, None, "é"]}}
+    state.answers = [(200, answer, {})] * 5
+    client = KubeClient(url)
+    for _ in range(5):
+        assert await client.merge_patch("/x/status", {"status": {"v": 1}}) == answer
+    assert len(state.peers) == 1  # one connection, reused
+    await client.close()
