@@ -220,10 +220,13 @@ MAX_PAGES_PER_PULL = 20
 class AgentPuller:
     """Pulls every agent's `/v1/snapshot?since=SEQ` concurrently, each with a timeout."""
 
-    def __init__(self, timeout_seconds: float = 5.0, max_concurrency: int = 64) -> None:
+    def __init__(self, timeout_seconds: float = 5.0, max_concurrency: int = 64, keepalive_seconds: float = 60.0) -> None:
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._limit = asyncio.Semaphore(max_concurrency)
         self._max_concurrency = max_concurrency
+        #: idle connections live this long: longer than a status interval (aiohttp's 15 s default is
+        #: one interval, so every pull paid a new TCP connection); one per agent
+        self._keepalive_seconds = keepalive_seconds
         self._session: aiohttp.ClientSession | None = None
         self.state: dict[str, AgentState] = {}
         self._holder_cache: HolderCache = {}
@@ -256,7 +259,7 @@ class AgentPuller:
         come instead of holding them all (hundreds of MiB) until the last agent answered.
         """
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._max_concurrency)
+            connector = aiohttp.TCPConnector(limit=self._max_concurrency, keepalive_timeout=self._keepalive_seconds)
             self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
         nodes = sorted(agents)
         for gone in self._holder_cache.keys() - agents.keys():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -95,3 +96,28 @@ async def test_each_snapshot_is_handed_over_in_time_order_and_not_kept(agent: tu
     assert result.snapshots[0].samples == [] and result.snapshots[0].seq == 3
     assert puller.positions()["n1"]["since"] == 3
     await puller.close()
+
+
+async def test_the_connection_to_an_agent_outlives_a_status_interval(monkeypatch: pytest.MonkeyPatch) -> None:
+    peers: list[object] = []
+
+    async def handle(request: web.Request) -> web.Response:
+        peers.append(request.transport.get_extra_info("peername") if request.transport else None)
+        return web.json_response({"node": "n1", "seq": 0, "samples": [], "devices": []})
+
+    app = web.Application()
+    app.router.add_get("/v1/snapshot", handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    puller = AgentPuller(timeout_seconds=2)
+    try:
+        await puller.pull_all({"n1": url})
+        # aiohttp ages idle connections by its module's `monotonic`: the next pull, 20 s on
+        monkeypatch.setattr("aiohttp.connector.monotonic", lambda: time.monotonic() + 20.0)
+        await puller.pull_all({"n1": url})
+        assert len(peers) == 2 and peers[0] == peers[1]  # the same kept-alive connection
+    finally:
+        await puller.close()
+        await runner.cleanup()
