@@ -155,6 +155,8 @@ def load_state(path: Path) -> dict[str, Any] | None:
         logger.warning("cannot read engine state %s (%s); rebuilding from CR status", path, error)
         return None
     try:
+        # json, not orjson: orjson.loads peaks ~120 MiB higher on a 100 MB state (measured), and the
+        # files json.dumps wrote before orjson may hold NaN/Infinity, which orjson rejects
         state = json.loads(raw)
     except ValueError as error:
         logger.warning("engine state %s is not valid JSON (%s); rebuilding from CR status", path, error)

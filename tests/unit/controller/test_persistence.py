@@ -82,3 +82,11 @@ def test_a_save_failing_mid_stream_keeps_the_previous_state(tmp_path: Path) -> N
         write_state(path, broken())
     assert load_state(path) == {"version": 1, "engine": {"a": [1]}}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+
+
+def test_an_older_state_file_with_nan_is_still_read(tmp_path: Path) -> None:
+    path = tmp_path / "state.json"
+    path.write_text('{"version": 1, "engine": {"power": NaN, "peak": Infinity}}')  # as json.dumps wrote it
+    loaded = load_state(path)
+    assert loaded is not None and loaded["engine"]["peak"] == float("inf")
+    assert loaded["engine"]["power"] != loaded["engine"]["power"]  # NaN
