@@ -53,6 +53,25 @@ def check_settings(settings: Settings) -> None:
         raise ConfigError("invalid option: --status-interval (env GPUWM_STATUS_INTERVAL): must be > 0")
 
 
+def raise_open_files_limit(wanted: int = 65536) -> int:
+    """Lift the soft open-files limit toward the hard one; returns the soft limit in force.
+
+    The agent puller keeps one idle connection per agent between pulls, so a 1,000-node cluster
+    holds about 1,000 sockets besides kopf's watches: a runtime's 1,024 default would be too few.
+    """
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError) as error:
+            logging.getLogger(__name__).warning("could not raise the open-files limit from %d: %s", soft, error)
+    return soft
+
+
 def run(arguments: argparse.Namespace) -> int:
     settings = settings_from_arguments(arguments, [name for name in FIELDS if name in Settings.model_fields])
     check_settings(settings)
@@ -61,6 +80,7 @@ def run(arguments: argparse.Namespace) -> int:
     from gpuwm.controller import handlers
 
     _configure_logging(settings)
+    raise_open_files_limit()
     handlers.configure(settings)
     operator_settings = kopf.OperatorSettings()
     handlers.tune_kopf(operator_settings, settings)

@@ -54,3 +54,23 @@ def test_agent_pods_index_and_filters() -> None:
     gpu_spec = {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
     assert handlers._is_gpu_pod(spec=gpu_spec)  # type: ignore[arg-type]
     assert not handlers._is_gpu_pod(spec={"containers": [{"name": "c"}]})  # type: ignore[arg-type]
+
+
+def test_open_files_limit_is_raised_toward_the_hard_limit() -> None:
+    """One idle connection per agent between pulls: 1,024 open files would not hold 1,000 agents."""
+    import resource
+    import subprocess
+    import sys
+
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    if hard != resource.RLIM_INFINITY and hard < 2048:
+        pytest.skip(f"this machine's hard open-files limit is {hard}")
+    # in a child, so this test process keeps its own limits
+    code = (
+        "import resource\n"
+        "from gpuwm.controller.command import raise_open_files_limit\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (1024, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+        "print(raise_open_files_limit(2048), resource.getrlimit(resource.RLIMIT_NOFILE)[0])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.split()
+    assert out == ["2048", "2048"]
