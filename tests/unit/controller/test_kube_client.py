@@ -11,6 +11,8 @@ from aiohttp import web
 from gpuwm import __version__
 from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
 
+from .loopback import serving
+
 
 class Api:
     def __init__(self) -> None:
@@ -35,12 +37,8 @@ async def api() -> AsyncIterator[tuple[Api, str]]:
     state = Api()
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", state.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield state, f"http://127.0.0.1:{runner.addresses[0][1]}"
-    await runner.cleanup()
+    async with serving(app) as url:
+        yield state, url
 
 
 async def test_retries_429_and_5xx_then_succeeds(api: tuple[Api, str]) -> None:

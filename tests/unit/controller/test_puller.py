@@ -12,6 +12,8 @@ from aiohttp import web
 
 from gpuwm.controller.agents import AgentPuller
 
+from .loopback import serving
+
 
 class Agent:
     """Pages of at most 2 samples, like the real agent's `limit`, with `more` when there is a rest."""
@@ -43,12 +45,8 @@ async def agent() -> AsyncIterator[tuple[Agent, str]]:
     state = Agent()
     app = web.Application()
     app.router.add_get("/v1/snapshot", state.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    yield state, f"http://127.0.0.1:{runner.addresses[0][1]}"
-    await runner.cleanup()
+    async with serving(app) as url:
+        yield state, url
 
 
 async def test_pages_then_tracks_since(agent: tuple[Agent, str]) -> None:
@@ -107,17 +105,13 @@ async def test_the_connection_to_an_agent_outlives_a_status_interval(monkeypatch
 
     app = web.Application()
     app.router.add_get("/v1/snapshot", handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
     puller = AgentPuller(timeout_seconds=2)
-    try:
-        await puller.pull_all({"n1": url})
-        # aiohttp ages idle connections by its module's `monotonic`: the next pull, 20 s on
-        monkeypatch.setattr("aiohttp.connector.monotonic", lambda: time.monotonic() + 20.0)
-        await puller.pull_all({"n1": url})
-        assert len(peers) == 2 and peers[0] == peers[1]  # the same kept-alive connection
-    finally:
-        await puller.close()
-        await runner.cleanup()
+    async with serving(app) as url:
+        try:
+            await puller.pull_all({"n1": url})
+            # aiohttp ages idle connections by its module's `monotonic`: the next pull, 20 s on
+            monkeypatch.setattr("aiohttp.connector.monotonic", lambda: time.monotonic() + 20.0)
+            await puller.pull_all({"n1": url})
+            assert len(peers) == 2 and peers[0] == peers[1]  # the same kept-alive connection
+        finally:
+            await puller.close()
