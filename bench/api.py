@@ -59,6 +59,7 @@ from gpuwm.model.figures import ProjectFigures, WorkloadFigures  # noqa: E402
 from gpuwm.store import RangeQuery, Store  # noqa: E402
 from gpuwm.store.base import METRIC_INDEX  # noqa: E402
 from gpuwm.store.embedded import EmbeddedStore  # noqa: E402
+from gpuwm.store.tiers import parse_tiers  # noqa: E402
 
 STEP = 15
 UTIL = METRIC_INDEX["gpu_utilization_percent"]
@@ -436,7 +437,8 @@ def size_projection(args: argparse.Namespace, workdir: Path) -> None:
 
     tune_garbage_collector()
     path = workdir / "size.db"
-    store = EmbeddedStore(path)
+    rollups = list(args.size_rollups)
+    store = EmbeddedStore(path, tiers=rollups)
     count = int(args.size_hours * 3600 // STEP)
     start = float(1_790_000_000 - 1_790_000_000 % 3600)
     gpus = 0
@@ -472,7 +474,7 @@ def size_projection(args: argparse.Namespace, workdir: Path) -> None:
         f"chunk indexes {chunk_indexes / 2**20:.1f} MiB, series/latest/meta {fixed / 2**20:.1f} MiB; "
         f"head before the final compaction {head_bytes / 2**20:.1f} MiB"
     )
-    keep = {15: 2 * 86400, 300: 30 * 86400}
+    keep = {tier.step_seconds: tier.keep_seconds for tier in parse_tiers(rollups)}
     steady = 0.0
     fine_ratio = 1.0
     for tier, chunks, blob_bytes in tiers:
@@ -500,7 +502,7 @@ def size_projection(args: argparse.Namespace, workdir: Path) -> None:
     fixed_per_gpu = fixed / gpus
     total = steady + head_per_gpu + fixed_per_gpu
     print(
-        f"  projection at 15s:2d,5m:30d per GPU: chunks {steady / 2**20:.3f} MiB + head {head_per_gpu / 2**20:.3f} MiB "
+        f"  projection at {','.join(rollups)} per GPU: chunks {steady / 2**20:.3f} MiB + head {head_per_gpu / 2**20:.3f} MiB "
         f"+ series and latest figures {fixed_per_gpu / 2**20:.3f} MiB = {total / 2**20:.3f} MiB "
         f"= {total * 1000 / 2**30:.2f} GiB per 1,000 GPUs per 30 days (target <= 1)",
         flush=True,
@@ -593,6 +595,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--writer-intervals", type=int, default=80)
     parser.add_argument("--size-nodes", type=int, default=50)
     parser.add_argument("--size-hours", type=float, default=6.0)
+    parser.add_argument(
+        "--size-rollups",
+        type=lambda text: [part.strip() for part in text.split(",") if part.strip()],
+        default=list(Settings().store_rollups),
+        help="roll-up tiers the size part projects for (default: the store's default, Settings.store_rollups)",
+    )
     parser.add_argument("--skip-size", action="store_true")
     parser.add_argument("--skip-prometheus", action="store_true")
     parser.add_argument("--skip-full", action="store_true")
