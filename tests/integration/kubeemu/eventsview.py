@@ -18,22 +18,21 @@ _V1_TO_CORE = {v1: core for core, v1 in _CORE_TO_V1.items()}
 _SHARED = ("metadata", "eventTime", "series", "related", "action", "reason", "type", "reportingInstance")
 
 
-def core_to_v1(event: dict[str, Any]) -> dict[str, Any]:
-    converted: dict[str, Any] = {"apiVersion": "events.k8s.io/v1", "kind": "Event"}
+def _renamed(event: dict[str, Any], renames: dict[str, str], api_version: str) -> dict[str, Any]:
+    converted: dict[str, Any] = {"apiVersion": api_version, "kind": "Event"}
     for field, value in event.items():
-        if field in _CORE_TO_V1:
-            converted[_CORE_TO_V1[field]] = value
+        if field in renames:
+            converted[renames[field]] = value
         elif field in _SHARED:
             converted[field] = value
+    return converted
+
+
+def core_to_v1(event: dict[str, Any]) -> dict[str, Any]:
+    converted = _renamed(event, _CORE_TO_V1, "events.k8s.io/v1")
     converted.setdefault("eventTime", None)  # a legacy Event has none: clients that need it see null
     return converted
 
 
 def v1_to_core(event: dict[str, Any]) -> dict[str, Any]:
-    converted: dict[str, Any] = {"apiVersion": "v1", "kind": "Event"}
-    for field, value in event.items():
-        if field in _V1_TO_CORE:
-            converted[_V1_TO_CORE[field]] = value
-        elif field in _SHARED:
-            converted[field] = value
-    return converted
+    return _renamed(event, _V1_TO_CORE, "v1")
