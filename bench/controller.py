@@ -96,6 +96,15 @@ def serve_cluster(args: argparse.Namespace, pipe: Any) -> None:
     for namespace, name, node, gpus in plan:
         for gpu in gpus:
             nodes[node].hold(gpu, namespace, f"{name}-0", pod_uid=f"pod-{name}")
+    if args.existing_crs:  # as after an earlier controller ran: every CR exists, status writes are PATCHes only
+        cr_type = emulator.types[("gpuwm.io", "v1alpha1", "gpuworkloadmetrics")]
+        for namespace, name, _, _ in plan:
+            store.create(cr_type, namespace, {
+                "apiVersion": "gpuwm.io/v1alpha1", "kind": "GPUWorkloadMetrics",
+                "metadata": {"name": name, "labels": {"app.kubernetes.io/managed-by": "gpuwm"}},
+                "spec": {"workloadRef": {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": jobs[name]},
+                         "project": f"project-{int(namespace[-2:]) % 10}"},
+            }, "gpuwm")
     thread = EmulatorThread(emulator)
     thread.start()
 
@@ -144,6 +153,10 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
 
         runtime.store = open_store(settings.store)
     tune_garbage_collector()  # as the controller's startup does, before the pods watch delivers the pods
+    if args.existing_crs:
+        from gpuwm.controller import recovery
+
+        print(f"restored from: {await recovery.restore(runtime)} ({len(runtime.writer.existing)} CRs adopted)")
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 5))
     cpu0, wall0 = time.process_time(), time.perf_counter()
     for namespace, name, node, _ in finished_layout(args.finished):
@@ -225,6 +238,9 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=4)
     parser.add_argument("--finished", type=int, default=0,
                         help="workloads that ended before the bench (their CRs and figures are kept for the retention)")
+    parser.add_argument("--existing-crs", action=argparse.BooleanOptionalAction, default=True,
+                        help="the CRs exist already, as in a controller's steady state (--no-existing-crs: the "
+                             "first start, every write also creates its CR)")
     parser.add_argument("--no-store", action="store_true", help="skip the embedded store (CR status only)")
     parser.add_argument("--memory-report", action="store_true", help="trace allocations (slow) and print the top files")
     parser.add_argument("--profile", choices=("cumulative", "tottime"),

@@ -191,11 +191,21 @@ class KubeClient:
         params: Mapping[str, str] | None = None,
         body: Any = None,
         content_type: str = "application/json",
+        nan_as_null: bool = False,
     ) -> dict[str, Any] | None:
-        """One call with retries; None on 404 for GET/DELETE; KubeApiError for other failures."""
+        """One call with retries; None on 404 for GET/DELETE; KubeApiError for other failures.
+
+        The API server's JSON has no NaN/Infinity: a body holding one fails here, naming the
+        call, not with a 400 later; `nan_as_null` sends them as null instead (a figure that is
+        not a number is unknown), which is also the cheap path (orjson) for status writes.
+        """
         session = await self._session_()
-        # the API server's JSON has no NaN/Infinity: fail here, naming the call, not with a 400 later
-        data = None if body is None else json.dumps(body, allow_nan=False)
+        if body is None:
+            data: str | bytes | None = None
+        elif nan_as_null:
+            data = orjson.dumps(body)  # orjson writes NaN and the infinities as null
+        else:
+            data = json.dumps(body, allow_nan=False)
         attempt = 0
         relogged = False
         while True:
@@ -236,8 +246,9 @@ class KubeClient:
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
         return await self.request("POST", path, params={"fieldManager": FIELD_MANAGER}, body=body)
 
-    async def merge_patch(self, path: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        return await self.request("PATCH", path, params={"fieldManager": FIELD_MANAGER}, body=body, content_type=MERGE_PATCH)
+    async def merge_patch(self, path: str, body: Mapping[str, Any], *, nan_as_null: bool = False) -> dict[str, Any] | None:
+        return await self.request("PATCH", path, params={"fieldManager": FIELD_MANAGER}, body=body,
+                                  content_type=MERGE_PATCH, nan_as_null=nan_as_null)
 
     async def delete(self, path: str) -> dict[str, Any] | None:
         return await self.request("DELETE", path)

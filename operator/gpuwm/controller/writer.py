@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -218,17 +217,18 @@ class StatusWriter:
                 await self._create(desired, path)
             except ForeignObjectError:
                 return
-        status = finite(desired.render())
+        status = desired.render()
         status["observedGeneration"] = self.generations.get(key)
         try:
-            answer = await self._client.merge_patch(path + "/status", {"status": status})
+            # NaN and the infinities go as null: JSON has no such numbers, and such a figure is unknown
+            answer = await self._client.merge_patch(path + "/status", {"status": status}, nan_as_null=True)
         except KubeApiError as error:
             if error.status != 404:
                 raise
             self.existing.discard(key)  # deleted behind our back: create it again, then write
             await self._create(desired, path)
             status["observedGeneration"] = self.generations.get(key)
-            answer = await self._client.merge_patch(path + "/status", {"status": status})
+            answer = await self._client.merge_patch(path + "/status", {"status": status}, nan_as_null=True)
         generation = self._remember_generation(key, answer)
         if generation is not None and generation != status["observedGeneration"]:
             # someone changed the spec since we last heard: say which generation this status is for
@@ -324,18 +324,6 @@ class StatusWriter:
 def _workload_uid(desired: Desired) -> str | None:
     uid = (desired.spec.get("workloadRef") or {}).get("uid")
     return str(uid) if uid else None
-
-
-def finite(value: Any) -> Any:
-    """`value` with NaN and infinities as null: JSON (and the API server) has no such numbers, and a
-    figure that is not a number is unknown."""
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, dict):
-        return {key: finite(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [finite(item) for item in value]
-    return value
 
 
 def existing_key(obj: Mapping[str, Any], plural: str) -> Key:

@@ -107,7 +107,7 @@ class RecordingClient:
         self.calls.append(("POST", path))
         return {}
 
-    async def merge_patch(self, path: str, body: Any) -> dict[str, Any]:
+    async def merge_patch(self, path: str, body: Any, **_: Any) -> dict[str, Any]:
         self.calls.append(("PATCH", path))
         if self.fail_first:
             self.fail_first -= 1
@@ -217,7 +217,7 @@ async def test_writer_adopts_its_own_cr_on_conflict() -> None:
 
 
 class FailingClient(RecordingClient):
-    async def merge_patch(self, path: str, body: Any) -> dict[str, Any]:
+    async def merge_patch(self, path: str, body: Any, **_: Any) -> dict[str, Any]:
         self.calls.append(("PATCH", path))
         if "/bad/" in path:
             raise KubeApiError(422, "PATCH", path, "status.allocatedGpus: Invalid value")

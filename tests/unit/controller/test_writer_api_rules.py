@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -23,7 +24,7 @@ class GenerationClient:
     async def create(self, path: str, body: Any) -> dict[str, Any]:
         return {"metadata": {"name": body["metadata"]["name"], "generation": 1}}
 
-    async def merge_patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def merge_patch(self, path: str, body: dict[str, Any], **_: Any) -> dict[str, Any]:
         self.patches.append((path, body))
         return {"metadata": {"generation": self.generation_after_patch}, **body}
 
@@ -147,15 +148,33 @@ async def test_project_crs_go_when_their_project_has_no_workloads() -> None:
 
 
 async def test_a_status_with_nan_goes_out_as_null() -> None:
-    client = GenerationClient()
-    writer = StatusWriter(client, TokenBucket(1000), interval_seconds=15)  # type: ignore[arg-type]
-    desired = _desired()
-    desired.render = lambda: {"allocatedGpus": 1.0, "utilization": {"current": float("nan"), "avg1m": 50.0},
-                              "gpus": [{"powerWatts": float("inf"), "uuid": "GPU-1"}]}
-    await writer.write(desired)
-    status = client.patches[0][1]["status"]
+    """Through the real client to a loopback server: what reaches the API server is JSON, NaN as null."""
+    from aiohttp import web
+
+    from gpuwm.controller.kube import KubeClient
+    from tests.unit.controller.loopback import serving
+
+    bodies: list[bytes] = []
+
+    async def patch(request: web.Request) -> web.Response:
+        bodies.append(await request.read())
+        return web.json_response({"metadata": {"generation": 1}})
+
+    app = web.Application()
+    app.router.add_patch("/{path:.*}", patch)
+    async with serving(app) as url:
+        client = KubeClient(url)
+        writer = StatusWriter(client, TokenBucket(1000), interval_seconds=15)
+        writer.existing.add(("gpuworkloadmetrics", "ns", "a"))
+        desired = _desired()
+        desired.render = lambda: {"allocatedGpus": 1.0, "utilization": {"current": float("nan"), "avg1m": 50.0},
+                                  "gpus": [{"powerWatts": float("inf"), "uuid": "GPU-1"}]}
+        await writer.write(desired)
+        await client.close()
+    status = json.loads(bodies[0])["status"]  # the stdlib parser: it would take NaN, so check for null
     assert status["utilization"] == {"current": None, "avg1m": 50.0}
     assert status["gpus"] == [{"powerWatts": None, "uuid": "GPU-1"}]
+    assert b"NaN" not in bodies[0] and b"Infinity" not in bodies[0]
 
 
 async def test_the_client_refuses_to_send_nan() -> None:
@@ -180,7 +199,7 @@ class NamespaceGoingClient(GenerationClient):
                                "terminated", "Forbidden")
         return await super().create(path, body)
 
-    async def merge_patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def merge_patch(self, path: str, body: dict[str, Any], **_: Any) -> dict[str, Any]:
         if self.terminating:
             raise KubeApiError(404, "PATCH", path, 'gpuworkloadmetrics.gpuwm.io "train" not found', "NotFound")
         return await super().merge_patch(path, body)
