@@ -6,7 +6,8 @@ block of series) once their span is over; every coarser tier is rolled up from t
 at that moment (the fine span is a multiple of every coarser step, so its buckets are complete)
 and overlaid onto the coarse chunk, which fills up over many fine spans. Every write here is an
 overlay by time, so compacting the same interval twice, or a late interval after its chunk,
-gives the same chunk.
+gives the same chunk. A chunk row names its encoded bytes in `payloads` (schema.py): chunks with
+the same bytes (a one-pod workload's pod, workload and workload_node series) share one copy.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from gpuwm.store.codec import (
     encode_chunks,
     roll_up,
 )
+from gpuwm.store.schema import store_payloads, sweep_payloads
 from gpuwm.store.tiers import Tier
 
 #: points per chunk aimed at (15 s x 240 = 1 h; 5 min x 240 = 20 h)
@@ -92,8 +94,9 @@ class ChunkWriter:
         [S, M, points] (None if there are none), and whether a whole-span chunk is among them."""
         placeholders = ",".join("?" * len(series_ids))
         rows = self.connection.execute(
-            f"SELECT series_id, start, points, data FROM chunks WHERE tier = ? AND start >= ? AND start < ? "
-            f"AND series_id IN ({placeholders})",
+            f"SELECT c.series_id, c.start, c.points, c.payload, p.data FROM chunks c "
+            f"JOIN payloads p ON p.id = c.payload WHERE c.tier = ? AND c.start >= ? AND c.start < ? "
+            f"AND c.series_id IN ({placeholders})",
             (span.step, start, start + points * span.step, *series_ids),
         ).fetchall()
         if not rows:
@@ -101,10 +104,14 @@ class ChunkWriter:
         position = {series_id: index for index, series_id in enumerate(series_ids)}
         result = np.full((len(series_ids), METRIC_COUNT, points), MISSING, dtype=np.int64)
         whole = False
-        for series_id, row_start, row_points, data in rows:
+        decoded: dict[tuple[int, int], IntArray] = {}  # shared payloads are decoded once
+        for series_id, row_start, row_points, payload, data in rows:
             whole = whole or row_points == span.points
             at = position[series_id]
-            _overlay(result[at : at + 1], start, decode_chunk(data, row_points)[None], row_start, span.step)
+            values = decoded.get((payload, row_points))
+            if values is None:
+                values = decoded[(payload, row_points)] = decode_chunk(data, row_points)
+            _overlay(result[at : at + 1], start, values[None], row_start, span.step)
         return result, whole
 
     def _store(self, span: TierSpan, start: int, series_ids: Sequence[int], values: IntArray) -> None:
@@ -112,13 +119,14 @@ class ChunkWriter:
         chosen = [index for index in range(len(series_ids)) if present[index]]
         if not chosen:
             return
-        encoded = encode_chunks(values[chosen])
+        payloads = store_payloads(self.connection, encode_chunks(values[chosen]))
         points = values.shape[2]
         self.connection.executemany(
-            "INSERT OR REPLACE INTO chunks (tier, series_id, start, points, data) VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO chunks (tier, series_id, start, points, payload) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (tier, series_id, start) DO UPDATE SET points = excluded.points, payload = excluded.payload",
             [
-                (span.step, series_ids[index], start, points, data)
-                for index, data in zip(chosen, encoded, strict=True)
+                (span.step, series_ids[index], start, points, payload)
+                for index, payload in zip(chosen, payloads, strict=True)
             ],
         )
 
@@ -178,6 +186,7 @@ class ChunkWriter:
                         found = np.full((len(series_ids), METRIC_COUNT, piece_points), MISSING, dtype=np.int64)
                     _overlay(found, piece_start, coarse, start, span.step)
                     self._store(span, piece_start, series_ids, found)
+        sweep_payloads(self.connection)  # the bytes of replaced chunks and merged pieces no chunk names now
 
     def compact_block(self, block: int, until: int) -> int:
         """Move the head rows of `block` before `until` into chunks; returns how many head rows moved."""
@@ -210,6 +219,7 @@ class ChunkWriter:
                 "DELETE FROM chunks WHERE tier = ? AND start < ? AND start + points * ? <= ?",
                 (span.step, cut, span.step, cut),
             )
+        sweep_payloads(self.connection)  # bytes another chunk still names stay
 
 
 def head_blocks(series_ids: Iterable[int]) -> set[int]:

@@ -1,15 +1,21 @@
 """The embedded store's file: what makes a file ours (application id, schema version) and its tables.
 
-Schema 2 (why each table): `series` names every series once; `head` holds one row per interval
+Schema 3 (why each table): `series` names every series once; `head` holds one row per interval
 and block of series (what `record` appends); `chunks` one row per tier, series and span
-(compacted points); `latest_*` the latest figures; `meta` the metric layout and watermarks.
+(compacted points) naming its bytes in `payloads`, where identical chunk bytes are kept once
+(a one-pod workload's pod, workload and workload_node series often hold the same points),
+counted by triggers so the bytes go when the last chunk naming them does; `latest_*` the latest
+figures; `meta` the metric layout and watermarks. A schema-2 file (the bytes inline in `chunks`)
+is migrated in place, in one transaction, when opened.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import sqlite3
+from collections.abc import Sequence
 from pathlib import Path
 
 from gpuwm.store.base import METRIC_NAMES, StoreError
@@ -17,7 +23,9 @@ from gpuwm.store.base import METRIC_NAMES, StoreError
 log = logging.getLogger(__name__)
 
 APPLICATION_ID = 0x6770776D  # "gpwm"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+#: the oldest schema this gpuwm converts when it opens the file
+MIGRATABLE_VERSION = 2
 PAGE_SIZE = 16384
 _SQLITE_MAGIC = b"SQLite format 3\x00"
 
@@ -47,17 +55,108 @@ def check_file(path: Path) -> None:
             f"store {path} has schema version {user_version}, newer than this gpuwm understands ({SCHEMA_VERSION}); "
             "upgrade gpuwm or point --store at a new path."
         )
-    if 0 < user_version < SCHEMA_VERSION:
+    if 0 < user_version < MIGRATABLE_VERSION:
         raise StoreError(
             f"store {path} has schema version {user_version} (one row per series and time, from an earlier gpuwm); "
-            f"this gpuwm writes the compact version {SCHEMA_VERSION} and will not convert or overwrite it. "
+            f"this gpuwm writes the compact version {SCHEMA_VERSION} and converts only {MIGRATABLE_VERSION} and later, "
+            "so it will not convert or overwrite it. "
             "Read it with the gpuwm that wrote it, or move it away / point --store at a new path: the latest "
             "figures come back within one interval, the history before does not."
         )
 
 
+#: the chunk tables of schema 3; `chunks` rows are small, so the table is its own primary-key index
+_CHUNK_TABLES = [
+    # one row per tier (its step in seconds), series and span start: compacted points, by payload id
+    "CREATE TABLE IF NOT EXISTS chunks (tier INTEGER NOT NULL, series_id INTEGER NOT NULL, "
+    "start INTEGER NOT NULL, points INTEGER NOT NULL, payload INTEGER NOT NULL, "
+    "PRIMARY KEY (tier, series_id, start)) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS chunks_by_start ON chunks (tier, start)",
+    # encoded chunk bytes, once however many chunks hold them; id: their hash (probed on a collision)
+    "CREATE TABLE IF NOT EXISTS payloads (id INTEGER PRIMARY KEY, refs INTEGER NOT NULL, data BLOB NOT NULL)",
+    # refs counts the chunks naming a payload, kept by the file itself so no write path can forget it;
+    # bytes whose count fell to 0 go in `sweep_payloads` (not in the trigger: a later row of the same
+    # statement may name them again), found through this small partial index
+    "CREATE INDEX IF NOT EXISTS payloads_unreferenced ON payloads (id) WHERE refs <= 0",
+    "CREATE TRIGGER IF NOT EXISTS chunks_ref AFTER INSERT ON chunks BEGIN "
+    "UPDATE payloads SET refs = refs + 1 WHERE id = new.payload; END",
+    "CREATE TRIGGER IF NOT EXISTS chunks_unref AFTER DELETE ON chunks BEGIN "
+    "UPDATE payloads SET refs = refs - 1 WHERE id = old.payload; END",
+    "CREATE TRIGGER IF NOT EXISTS chunks_reref AFTER UPDATE OF payload ON chunks "
+    "WHEN old.payload != new.payload BEGIN "
+    "UPDATE payloads SET refs = refs + 1 WHERE id = new.payload; "
+    "UPDATE payloads SET refs = refs - 1 WHERE id = old.payload; END",
+]
+
+
+def payload_hash(data: bytes) -> int:
+    """A chunk payload's id before probing: 64 bits of BLAKE2b as SQLite's signed integer."""
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "big", signed=True)
+
+
+def store_payloads(connection: sqlite3.Connection, payloads: Sequence[bytes]) -> list[int]:
+    """The payload id of each of `payloads`, inserting the bytes not stored yet (inside the caller's
+    transaction). Identical bytes get one id; a hash collision with other bytes probes the next id."""
+    wanted = {data: payload_hash(data) for data in payloads}
+    chosen: dict[bytes, int] = {}
+    taken: dict[int, bytes] = {}  # ids given out in this call
+    candidates = dict(wanted)
+    while candidates:
+        ids = sorted(set(candidates.values()) - taken.keys())
+        stored: dict[int, bytes] = {}
+        for offset in range(0, len(ids), 500):
+            batch = ids[offset : offset + 500]
+            stored.update(
+                connection.execute(
+                    f"SELECT id, data FROM payloads WHERE id IN ({','.join('?' * len(batch))})", batch
+                ).fetchall()
+            )
+        retry: dict[bytes, int] = {}
+        new: list[tuple[int, bytes]] = []
+        for data, payload_id in candidates.items():
+            holder = taken.get(payload_id, stored.get(payload_id))
+            if holder is None or holder == data:
+                chosen[data] = payload_id
+                if holder is None:
+                    new.append((payload_id, data))
+                taken[payload_id] = data
+            else:  # another payload holds this id (a 64-bit collision): try the next one
+                retry[data] = payload_id + 1 if payload_id < 2**63 - 1 else -(2**63)
+        connection.executemany("INSERT INTO payloads (id, refs, data) VALUES (?, 0, ?)", new)
+        candidates = retry
+    return [chosen[data] for data in payloads]
+
+
+def sweep_payloads(connection: sqlite3.Connection) -> int:
+    """Drop the payloads no chunk names any more (inside the caller's transaction); returns how many."""
+    return connection.execute("DELETE FROM payloads WHERE refs <= 0").rowcount
+
+
+def _migrate_from_2(connection: sqlite3.Connection, path: Path) -> None:
+    """Schema 2 -> 3 inside the caller's transaction: chunk bytes move into `payloads`, once each."""
+    connection.execute("DROP INDEX IF EXISTS chunks_by_start")
+    connection.execute("ALTER TABLE chunks RENAME TO chunks_schema2")
+    for statement in _CHUNK_TABLES:
+        connection.execute(statement)
+    rows = connection.execute("SELECT tier, series_id, start, points, data FROM chunks_schema2")
+    moved = 0
+    while batch := rows.fetchmany(1000):
+        ids = store_payloads(connection, [row[4] for row in batch])
+        connection.executemany(
+            "INSERT INTO chunks (tier, series_id, start, points, payload) VALUES (?, ?, ?, ?, ?)",
+            [(*row[:4], payload_id) for row, payload_id in zip(batch, ids, strict=True)],
+        )
+        moved += len(batch)
+    connection.execute("DROP TABLE chunks_schema2")
+    payloads = connection.execute("SELECT count(*) FROM payloads").fetchone()[0]
+    log.info(
+        "migrated store to schema 3",
+        extra={"store": str(path), "chunks": moved, "payloads": payloads, "schema_version": SCHEMA_VERSION},
+    )
+
+
 def create_schema(connection: sqlite3.Connection, path: Path) -> None:
-    """Create the tables of a new file (or check an existing one is ours), in WAL mode."""
+    """Create the tables of a new file (or check an existing one is ours, migrating schema 2), in WAL mode."""
     version = connection.execute("PRAGMA user_version").fetchone()[0]
     if version == 0:
         tables = connection.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]
@@ -91,14 +190,13 @@ def create_schema(connection: sqlite3.Connection, path: Path) -> None:
         # one row per interval and block of BLOCK series: what `record` appends
         "CREATE TABLE IF NOT EXISTS head (block INTEGER NOT NULL, t INTEGER NOT NULL, data BLOB NOT NULL, "
         "UNIQUE (block, t))",
-        # one row per tier (its step in seconds), series and span start: compacted points
-        "CREATE TABLE IF NOT EXISTS chunks (tier INTEGER NOT NULL, series_id INTEGER NOT NULL, "
-        "start INTEGER NOT NULL, points INTEGER NOT NULL, data BLOB NOT NULL, UNIQUE (tier, series_id, start))",
-        "CREATE INDEX IF NOT EXISTS chunks_by_start ON chunks (tier, start)",
     ]
     connection.execute("BEGIN IMMEDIATE")
     try:
-        for statement in statements:
+        if version == MIGRATABLE_VERSION:
+            _migrate_from_2(connection, path)
+            connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        for statement in statements + _CHUNK_TABLES:
             connection.execute(statement)
         connection.execute(
             "INSERT OR IGNORE INTO meta VALUES ('metrics', ?)", (json.dumps(METRIC_NAMES),)

@@ -115,13 +115,17 @@ def _contributions(
     """(series id, times, values [metrics, n]) of one tier in [low, high): its chunks, then (finest tier) its head."""
     id_list = ",".join("?" * len(ids))
     rows = connection.execute(
-        f"SELECT series_id, start, points, data FROM chunks WHERE tier = ? AND series_id IN ({id_list}) "
-        "AND start > ? AND start < ?",
+        f"SELECT c.series_id, c.start, c.points, c.payload, p.data FROM chunks c JOIN payloads p ON p.id = c.payload "
+        f"WHERE c.tier = ? AND c.series_id IN ({id_list}) AND c.start > ? AND c.start < ?",
         (span.step, *ids, low - span.span_seconds, high),
     ).fetchall()
-    for series_id, start, points, data in rows:
+    decoded: dict[tuple[int, int], npt.NDArray[np.float64]] = {}  # a payload shared by series decoded once
+    for series_id, start, points, payload, data in rows:
         times = start + span.step * np.arange(points, dtype=np.int64)
-        yield series_id, times, dequantize(decode_chunk(data, points, metrics).T, metrics).T
+        values = decoded.get((payload, points))
+        if values is None:
+            values = decoded[(payload, points)] = dequantize(decode_chunk(data, points, metrics).T, metrics).T
+        yield series_id, times, values
     if not with_head:
         return
     by_block: dict[int, list[int]] = {}

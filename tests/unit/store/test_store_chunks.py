@@ -184,7 +184,10 @@ def test_bulk_load_writes_the_chunks_compaction_writes(tmp_path: Path) -> None:
         bulk._writer.execute("BEGIN")
         bulk._chunks.apply_retention(15.0 * (ticks - 1))  # what compaction's round did in the other store
         bulk._writer.execute("COMMIT")
-        query = "SELECT tier, series_id, start, points, data FROM chunks ORDER BY tier, series_id, start"
+        query = (
+            "SELECT tier, series_id, start, points, data FROM chunks JOIN payloads ON payloads.id = chunks.payload "
+            "ORDER BY tier, series_id, start"
+        )
         assert compacted._reader().execute(query).fetchall() == bulk._reader().execute(query).fetchall()
         got = bulk.query_range(RangeQuery("node", "n1", ("gpu_memory_utilization_percent",), 0, 15.0 * (ticks - 1), 15))
         assert [v for _, v in got[0].points][-8:] == [None if np.isnan(v) else v for v in values[1, 3]][-8:]

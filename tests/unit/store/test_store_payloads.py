@@ -1,0 +1,227 @@
+"""Chunk bytes stored once (schema 3): sharing, reads through it, retention, restart mid-round, migration."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuwm.store import RangeQuery
+from gpuwm.store.codec import BLOCK, METRIC_COUNT, quantize
+from gpuwm.store.embedded import APPLICATION_ID, SCHEMA_VERSION, EmbeddedStore
+from gpuwm.store.schema import payload_hash, store_payloads
+
+from .store_data import cluster, project, sample, workload
+
+#: 15 s points kept 4 minutes in 2-minute chunks; 1 min roll-ups kept 10 minutes in 4-minute chunks
+SMALL_TIERS = ["15s:4m", "1m:10m"]
+JOBS = 16  # one-pod, one-GPU workloads: with their pods, GPUs and node parts, more than one block of series
+CHUNK_ROWS = "SELECT tier, series_id, start, points, data FROM chunks JOIN payloads ON payloads.id = chunks.payload"
+
+
+def util(job: int, t: float) -> float:
+    return float((t * 7 + 13 * job) % 100) + 0.25
+
+
+def record_jobs(store: EmbeddedStore, times: list[float]) -> None:
+    for t in times:
+        jobs = [
+            workload(f"job{j}", [(f"gpu-{j:02d}", 1.0, util(j, t))], energy_joules=10.0 * t, idle_seconds=t)
+            for j in range(JOBS)
+        ]
+        samples = [sample(t, f"gpu-{j:02d}", sm=util(j, t)) for j in range(JOBS)]
+        store.record(t, samples, jobs, [project("alpha", jobs)], cluster(JOBS))
+
+
+def chunk_rows(store: EmbeddedStore) -> list[tuple[int, int, int, int, bytes]]:
+    return store._reader().execute(CHUNK_ROWS + " ORDER BY tier, series_id, start").fetchall()
+
+
+def check_counts(store: EmbeddedStore) -> None:
+    """Every payload is named by exactly `refs` chunks, every chunk's payload exists, no bytes twice."""
+    connection = store._reader()
+    counted = connection.execute(
+        "SELECT p.id, p.refs, count(c.payload) FROM payloads p LEFT JOIN chunks c ON c.payload = p.id GROUP BY p.id"
+    ).fetchall()
+    assert all(refs == named and named > 0 for _, refs, named in counted)
+    dangling = connection.execute("SELECT count(*) FROM chunks WHERE payload NOT IN (SELECT id FROM payloads)")
+    assert dangling.fetchone()[0] == 0
+    distinct = connection.execute("SELECT count(DISTINCT data), count(*) FROM payloads").fetchone()
+    assert distinct[0] == distinct[1]
+
+
+def test_identical_chunks_share_their_bytes_and_read_back_exactly(tmp_path: Path) -> None:
+    store = EmbeddedStore(tmp_path / "s.db", tiers=SMALL_TIERS)
+    try:
+        times = [float(t) for t in range(0, 600, 15)]
+        record_jobs(store, times)
+        store.compact(everything=True)
+        connection = store._reader()
+        assert len(store._series_ids) > BLOCK  # the copies lie in two head blocks, compacted apart
+        chunks, named_bytes = connection.execute(
+            "SELECT count(*), sum(length(data)) FROM chunks JOIN payloads ON payloads.id = chunks.payload"
+        ).fetchone()
+        payloads, stored_bytes = connection.execute("SELECT count(*), sum(length(data)) FROM payloads").fetchone()
+        assert payloads < chunks and stored_bytes < named_bytes
+        check_counts(store)
+        # a one-pod workload's pod and workload_node series hold the same points: one payload
+        for job in range(JOBS):
+            shared = connection.execute(
+                "SELECT count(DISTINCT c.payload), count(*) FROM chunks c JOIN series s ON s.id = c.series_id "
+                "WHERE s.workload_uid = ? AND s.kind IN ('pod', 'workload_node') AND c.tier = 15",
+                (f"uid-job{job}",),
+            ).fetchone()
+            assert shared[1] == 2 * shared[0] and shared[0] > 0
+        # reads through a shared payload: every series its own exact values
+        for job in (0, 5, JOBS - 1):
+            for by in ("pod", "node", "gpu"):
+                (series,) = store.query_range(  # the 15 s tier keeps the last 4 minutes
+                    RangeQuery("workload", f"uid-job{job}", ("gpu_utilization_percent",), 360, 585, 15, by)
+                )
+                assert [v for _, v in series.points] == [util(job, t) for t in times[24:]]
+            (coarse,) = store.query_range(
+                RangeQuery("workload", f"uid-job{job}", ("gpu_utilization_percent",), 360, 540, 60, "pod")
+            )
+            means = [sum(util(job, m + k) for k in (0, 15, 30, 45)) / 4 for m in range(360, 600, 60)]
+            assert [v for _, v in coarse.points] == pytest.approx(means, abs=1 / 64)
+    finally:
+        store.close()
+
+
+def test_retention_keeps_bytes_a_later_chunk_still_names(tmp_path: Path) -> None:
+    """A constant series' chunks are the same bytes span after span: dropping the old ones keeps the bytes."""
+    store = EmbeddedStore(tmp_path / "s.db", tiers=SMALL_TIERS)
+    try:
+        node = store.register_series("node", "n0", {"node": "n0"})
+        values = np.full((1, METRIC_COUNT, 16), 5.0)  # two 2-minute fine spans, every metric constant
+        store.load_history([node], 0, values)
+        connection = store._reader()
+        fine = connection.execute("SELECT start, payload FROM chunks WHERE tier = 15 ORDER BY start").fetchall()
+        assert [start for start, _ in fine] == [0, 120] and fine[0][1] == fine[1][1]
+        assert connection.execute("SELECT refs FROM payloads WHERE id = ?", (fine[0][1],)).fetchone() == (2,)
+        store._writer.execute("BEGIN")
+        store._chunks.apply_retention(360.0)  # 15 s keeps 4 minutes: the chunk of [0, 120) goes
+        store._writer.execute("COMMIT")
+        assert connection.execute("SELECT start FROM chunks WHERE tier = 15").fetchall() == [(120,)]
+        assert connection.execute("SELECT refs FROM payloads WHERE id = ?", (fine[0][1],)).fetchone() == (1,)
+        (series,) = store.query_range(RangeQuery("node", "n0", ("gpu_power_watts",), 120, 225, 15))
+        assert [v for _, v in series.points] == [5.0] * 8
+        check_counts(store)
+        store._writer.execute("BEGIN")
+        store._chunks.apply_retention(480.0)  # and now the one of [120, 240): nobody names the bytes
+        store._writer.execute("COMMIT")
+        assert connection.execute("SELECT count(*) FROM payloads WHERE id = ?", (fine[0][1],)).fetchone() == (0,)
+        check_counts(store)
+    finally:
+        store.close()
+
+
+def test_a_restart_in_the_middle_of_a_compaction_round_gives_the_same_chunks(tmp_path: Path) -> None:
+    times = [float(t) for t in range(0, 135, 15)]  # the 120 s interval closes the first span
+    steady = EmbeddedStore(tmp_path / "a.db", tiers=SMALL_TIERS)
+    restarted = EmbeddedStore(tmp_path / "b.db", tiers=SMALL_TIERS)
+    try:
+        record_jobs(steady, times)
+        record_jobs(restarted, times)
+        # one of the two blocks compacted by the 120 s interval, the other still in the head
+        assert restarted.compacted_blocks == 1
+        blocks_left = restarted._reader().execute("SELECT count(DISTINCT block) FROM head WHERE t < 120").fetchone()
+        assert blocks_left == (1,)
+        restarted.close()
+        restarted = EmbeddedStore(tmp_path / "b.db", tiers=SMALL_TIERS)
+        later = [float(t) for t in range(135, 300, 15)]
+        record_jobs(steady, later)
+        record_jobs(restarted, later)
+        steady.compact(everything=True)
+        restarted.compact(everything=True)
+        assert chunk_rows(restarted) == chunk_rows(steady)
+        count = "SELECT count(*), sum(refs) FROM payloads"
+        assert restarted._reader().execute(count).fetchone() == steady._reader().execute(count).fetchone()
+        check_counts(restarted)
+        (series,) = restarted.query_range(RangeQuery("workload", "uid-job7", ("gpu_utilization_percent",), 120, 285, 15))
+        assert [v for _, v in series.points] == [util(7, t) for t in range(120, 300, 15)]
+    finally:
+        steady.close()
+        restarted.close()
+
+
+def test_a_hash_collision_gets_its_own_payload(tmp_path: Path) -> None:
+    store = EmbeddedStore(tmp_path / "s.db", tiers=SMALL_TIERS)
+    try:
+        connection = store._writer
+        connection.execute("BEGIN")
+        # other bytes already under the id the new bytes hash to, as a 64-bit collision would leave them
+        connection.execute("INSERT INTO payloads (id, refs, data) VALUES (?, 1, ?)", (payload_hash(b"new"), b"other"))
+        ids = store_payloads(connection, [b"new", b"new", b"other"])
+        connection.execute("COMMIT")
+        assert ids[0] == ids[1] == payload_hash(b"new") + 1 and ids[2] == payload_hash(b"other")
+        assert connection.execute("SELECT data FROM payloads WHERE id = ?", (ids[0],)).fetchone() == (b"new",)
+    finally:
+        store.close()
+
+
+def _as_schema_2(path: Path) -> None:
+    """Rewrite a schema-3 file as the schema-2 layout (chunk bytes inline), as an older gpuwm left it."""
+    connection = sqlite3.connect(path, isolation_level=None)
+    connection.execute("BEGIN")
+    connection.execute(
+        "CREATE TABLE chunks2 (tier INTEGER NOT NULL, series_id INTEGER NOT NULL, start INTEGER NOT NULL, "
+        "points INTEGER NOT NULL, data BLOB NOT NULL, UNIQUE (tier, series_id, start))"
+    )
+    connection.execute(f"INSERT INTO chunks2 {CHUNK_ROWS}")
+    for name in ("chunks_ref", "chunks_unref", "chunks_reref"):
+        connection.execute(f"DROP TRIGGER {name}")
+    connection.execute("DROP TABLE chunks")
+    connection.execute("DROP TABLE payloads")
+    connection.execute("ALTER TABLE chunks2 RENAME TO chunks")
+    connection.execute("CREATE INDEX chunks_by_start ON chunks (tier, start)")
+    connection.execute("PRAGMA user_version = 2")
+    connection.execute("COMMIT")
+    connection.close()
+
+
+def test_a_schema_2_file_is_migrated_in_place_and_keeps_every_point(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = EmbeddedStore(path, tiers=SMALL_TIERS)
+    times = [float(t) for t in range(0, 450, 15)]
+    record_jobs(store, times)
+    before_rows = chunk_rows(store)
+    before = store.query_range(RangeQuery("cluster", "", ("gpu_utilization_percent",), 0, 435, 15, "pod"))
+    store.close()
+    _as_schema_2(path)
+    connection = sqlite3.connect(path)
+    assert connection.execute("PRAGMA user_version").fetchone() == (2,)
+    assert connection.execute("SELECT count(*) FROM chunks").fetchone()[0] == len(before_rows)
+    connection.close()
+    migrated = EmbeddedStore(path, tiers=SMALL_TIERS)
+    try:
+        connection = migrated._reader()
+        assert connection.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
+        assert connection.execute("PRAGMA application_id").fetchone() == (APPLICATION_ID,)
+        assert chunk_rows(migrated) == before_rows
+        check_counts(migrated)
+        assert connection.execute("SELECT count(*) FROM payloads").fetchone()[0] < len(before_rows)
+        after = migrated.query_range(RangeQuery("cluster", "", ("gpu_utilization_percent",), 0, 435, 15, "pod"))
+        assert [(s.labels, s.points) for s in after] == [(s.labels, s.points) for s in before]
+        # and it goes on: the head left by the old file is compacted into the new layout
+        record_jobs(migrated, [450.0, 465.0])
+        migrated.compact(everything=True)
+        check_counts(migrated)
+        (series,) = migrated.query_range(RangeQuery("workload", "uid-job3", ("gpu_utilization_percent",), 240, 465, 15))
+        assert [v for _, v in series.points] == [util(3, t) for t in range(240, 480, 15)]
+    finally:
+        migrated.close()
+
+
+def test_payloads_of_quantized_values_are_deterministic() -> None:
+    """The same points give the same bytes (what sharing relies on): encode twice, compare."""
+    from gpuwm.store.codec import encode_chunks
+
+    rng = np.random.default_rng(2)
+    values = quantize(rng.normal(50, 20, size=(3, 8, METRIC_COUNT))).transpose(0, 2, 1)
+    values = np.ascontiguousarray(np.concatenate([values, values[:1]]))
+    encoded = encode_chunks(values)
+    assert encoded[0] == encoded[3] and encoded == encode_chunks(values.copy())
+    assert len(set(encoded)) == 3
