@@ -212,13 +212,18 @@ class ChunkWriter:
         return len(rows)
 
     def apply_retention(self, latest: float) -> None:
-        """Drop the chunks each tier no longer keeps (whole chunks only)."""
+        """Drop the chunks each tier no longer keeps (whole chunks only), series by series through the
+        primary key (tier, series_id, start)."""
+        series_ids = [series_id for (series_id,) in self.connection.execute("SELECT id FROM series ORDER BY id")]
         for span in self.spans:
             cut = int(latest - span.tier.keep_seconds)
-            self.connection.execute(
-                "DELETE FROM chunks WHERE tier = ? AND start < ? AND start + points * ? <= ?",
-                (span.step, cut, span.step, cut),
-            )
+            for offset in range(0, len(series_ids), 500):
+                batch = series_ids[offset : offset + 500]
+                self.connection.execute(
+                    f"DELETE FROM chunks WHERE tier = ? AND series_id IN ({','.join('?' * len(batch))}) "
+                    "AND start < ? AND start + points * ? <= ?",
+                    (span.step, *batch, cut, span.step, cut),
+                )
         sweep_payloads(self.connection)  # bytes another chunk still names stay
 
 

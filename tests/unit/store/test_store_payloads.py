@@ -152,12 +152,16 @@ def test_a_hash_collision_gets_its_own_payload(tmp_path: Path) -> None:
     try:
         connection = store._writer
         connection.execute("BEGIN")
-        # other bytes already under the id the new bytes hash to, as a 64-bit collision would leave them
-        connection.execute("INSERT INTO payloads (id, refs, data) VALUES (?, 1, ?)", (payload_hash(b"new"), b"other"))
-        ids = store_payloads(connection, [b"new", b"new", b"other"])
+        # other bytes under the hash of the new ones, as a (32-bit) collision leaves them
+        planted = connection.execute(
+            "INSERT INTO payloads (hash, refs, data) VALUES (?, 1, ?)", (payload_hash(b"new"), b"other")
+        ).lastrowid
+        ids = store_payloads(connection, [b"new", b"new"])
+        again = store_payloads(connection, [b"new"])
         connection.execute("COMMIT")
-        assert ids[0] == ids[1] == payload_hash(b"new") + 1 and ids[2] == payload_hash(b"other")
+        assert ids[0] == ids[1] == again[0] != planted
         assert connection.execute("SELECT data FROM payloads WHERE id = ?", (ids[0],)).fetchone() == (b"new",)
+        assert connection.execute("SELECT data FROM payloads WHERE id = ?", (planted,)).fetchone() == (b"other",)
     finally:
         store.close()
 
