@@ -232,6 +232,10 @@ class ControllerRuntime:
             self.latest_sample_time = max(self.latest_sample_time or 0.0, intake.latest_time)
         samples = sorted(intake.latest.values(), key=attrgetter("t"))  # the store reads each device's latest
         now = self.clock()
+        if self._last_save is None or now - self._last_save >= STATE_SAVE_SECONDS or self.cycles < 3:
+            # before the report: the state's encoding and the report's figures are never in memory together
+            await self.save_in_background(now)
+        timer.mark("save")
         engine_workloads, projects, cluster = self.engine.report(now)
         workloads = [self._with_baseline(figures) for figures in engine_workloads]
         projects = self._projects_with_baselines(projects, engine_workloads)
@@ -243,9 +247,6 @@ class ControllerRuntime:
         await self._apply_retention(workloads, now)
         await self.writer.retire_projects(now, self.settings.retention)  # projects with no workload left
         timer.mark("offer")
-        if self._last_save is None or now - self._last_save >= STATE_SAVE_SECONDS or self.cycles < 3:
-            await self.save_in_background(now)
-        timer.mark("save")
         await self._record(now, samples, workloads, projects, cluster, result)
         timer.mark("store")
         workload_count = len(workloads)
