@@ -33,11 +33,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
+import json
 import math
 import random
 import shutil
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -51,26 +54,46 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 import numpy as np  # noqa: E402
+from bench._remote_write import (  # noqa: E402
+    SeriesBlock,
+    encode_labels,
+    instant_value,
+    process_memory,
+    remote_write,
+    wait_settled,
+)
 
 from gpuwm.api.app import create_app  # noqa: E402
 from gpuwm.api.server import ApiServer  # noqa: E402
 from gpuwm.config import Settings  # noqa: E402
 from gpuwm.model.figures import ProjectFigures, WorkloadFigures  # noqa: E402
-from gpuwm.store import RangeQuery, Store  # noqa: E402
+from gpuwm.store import RangeQuery, Series, Store  # noqa: E402
 from gpuwm.store.base import METRIC_INDEX  # noqa: E402
 from gpuwm.store.embedded import EmbeddedStore  # noqa: E402
 from gpuwm.store.tiers import parse_tiers  # noqa: E402
 
 STEP = 15
+T0 = 1_790_000_000 - (1_790_000_000 % 3600)  # parts 1 and 2: the same data, at a chunk span's start
 UTIL = METRIC_INDEX["gpu_utilization_percent"]
 ALLOCATED = METRIC_INDEX["gpu_allocated"]
 MEMORY = METRIC_INDEX["gpu_memory_used_bytes"]
 POWER = METRIC_INDEX["gpu_power_watts"]
 
 
-def gpu_util(workload: int, gpu: int, tick: int) -> float:
-    """Deterministic, varied utilisation: a per-workload phase and a per-GPU offset."""
-    return float((workload * 37 + gpu * 11 + tick * (1 + workload % 5)) % 101)
+def gpu_util(workloads: np.ndarray, gpus: np.ndarray, ticks: np.ndarray) -> np.ndarray:
+    """[series, ticks] utilisation of GPU `gpus[i]` of workload `workloads[i]`: deterministic and varied
+    (a per-workload phase and a per-GPU offset); both backends are loaded from this one function."""
+    phase = (workloads * 37 + gpus * 11)[:, None]
+    values: np.ndarray = ((phase + ticks[None, :] * (1 + workloads % 5)[:, None]) % 101).astype(np.float64)
+    return values
+
+
+def namespace_of(workload: int) -> str:
+    """20 workloads a namespace, so a project of 1,000 owns 50 namespaces and shares none: the project
+    comes from a namespace label by default (DESIGN: pod label, else namespace label, else name). The
+    Prometheus store narrows a project query to its namespaces; were every project spread over every
+    namespace (this bench's layout before), Prometheus would read 4x the GPU series it needs."""
+    return f"ns-{workload // 20}"
 
 
 BATCH = 64  # series per bulk write
@@ -119,7 +142,7 @@ def load_embedded(
     for w in range(workloads):
         project = w // per_project
         base = {
-            "namespace": f"ns-{w % 200}",
+            "namespace": namespace_of(w),
             "workload": f"job-{w}",
             "workload_uid": f"uid-{w}",
             "project": f"p{project}",
@@ -128,7 +151,7 @@ def load_embedded(
         pod_id = store.register_series(
             "pod", f"pod-uid-{w}", {**base, "pod": f"job-{w}-0", "node": f"node-{w}"}
         )
-        per_gpu = (np.array([(w * 37 + g * 11) for g in range(gpus)])[:, None] + steps * (1 + w % 5)) % 101
+        per_gpu = gpu_util(np.full(gpus, w), np.arange(gpus), steps)
         means = per_gpu.sum(axis=0) / gpus
         project_sums[project] += means
         add(workload_id, _columns(means, float(gpus)))
@@ -148,7 +171,7 @@ def load_embedded(
                         "model": "H100",
                     },
                 )
-                add(gpu_id, _columns(per_gpu[g].astype(np.float64), 1.0))
+                add(gpu_id, _columns(per_gpu[g], 1.0))
         if w % 500 == 499:
             print(f"  loaded {w + 1}/{workloads} workloads ({time.monotonic() - started:.0f} s)", flush=True)
     for project in range(projects):
@@ -165,13 +188,13 @@ def load_embedded(
         (
             (
                 f"uid-{w}",
-                f"ns-{w % 200}",
+                namespace_of(w),
                 f"job-{w}",
                 f"p{w // per_project}",
                 latest,
                 WorkloadFigures(
                     uid=f"uid-{w}",
-                    namespace=f"ns-{w % 200}",
+                    namespace=namespace_of(w),
                     name=f"job-{w}",
                     kind="Job",
                     api_version="batch/v1",
@@ -246,22 +269,47 @@ class BackgroundApi:
         self.thread.join(10)
 
 
+def _shape(workloads: int, gpus: int, ticks: int, projects: int, gpu_series: int) -> dict[str, int]:
+    """What a bench database holds (T0 is fixed): part 2 reuses part 1's database when these match."""
+    return {"workloads": workloads, "gpus": gpus, "ticks": ticks, "projects": projects, "gpu_series": gpu_series,
+            "t0": T0}
+
+
+def _marker(database: Path) -> Path:
+    return database.with_name(database.name + ".shape.json")
+
+
+def _built_with(database: Path, shape: dict[str, int]) -> bool:
+    marker = _marker(database)
+    return database.exists() and marker.exists() and json.loads(marker.read_text()) == shape
+
+
+def _remove_database(database: Path) -> None:
+    """An earlier run's database and its marker (load_history writes into an empty store only)."""
+    for path in [*database.parent.glob(database.name + "*")]:
+        path.unlink()
+
+
 def part_one(args: argparse.Namespace, workdir: Path) -> None:
     ticks = int(args.hours * 3600 // STEP)
-    t0 = 1_790_000_000 - (1_790_000_000 % 3600)
+    t0 = T0
     gpu_series = min(args.gpu_series_workloads, args.workloads)
     print(
         f"part 1: {args.workloads} workloads x {args.gpus} GPUs, {args.hours} h of {STEP} s data ({ticks} points/series); "
         f"per-GPU series for {gpu_series} workloads ({gpu_series * args.gpus} series, "
         f"{gpu_series * args.gpus * ticks / 1e6:.0f} M points)"
     )
-    reuse = args.reuse and (workdir / "full.db").exists()
+    shape = _shape(args.workloads, args.gpus, ticks, args.projects, gpu_series)
+    reuse = args.reuse and _built_with(workdir / "full.db", shape)
+    if not reuse:
+        _remove_database(workdir / "full.db")
     store = EmbeddedStore(workdir / "full.db")
     started = time.monotonic()
     if reuse:
         print("  reusing the database already in --workdir")
     else:
         load_embedded(store, args.workloads, args.gpus, ticks, t0, args.projects, gpu_series)
+        _marker(workdir / "full.db").write_text(json.dumps(shape))
     chunks = store._writer.execute("SELECT count(*) FROM chunks").fetchone()[0]
     size = file_bytes(workdir / "full.db")
     points = (gpu_series * args.gpus + args.workloads + args.projects) * ticks
@@ -302,7 +350,7 @@ def part_one(args: argparse.Namespace, workdir: Path) -> None:
             def http_workload(index: int) -> object:
                 w = picks[index]
                 response = http.get(
-                    f"/api/v1/namespaces/ns-{w % 200}/workloads/job-{w}/metrics",
+                    f"/api/v1/namespaces/{namespace_of(w)}/workloads/job-{w}/metrics",
                     params={"metric": metric[0], "start": t0, "end": end, "step": "15s"},
                 )
                 response.raise_for_status()
@@ -327,32 +375,55 @@ def part_one(args: argparse.Namespace, workdir: Path) -> None:
         store.close()
 
 
-def write_openmetrics(path: Path, workloads: int, gpus: int, ticks: int, t0: int) -> int:
-    """The agent's utilisation series and the controller's pod-info series, as Prometheus would have scraped them."""
-    lines = 0
-    with path.open("w") as handle:
-        handle.write("# TYPE gpuwm_gpu_utilization_percent gauge\n")
-        for w in range(workloads):
-            for g in range(gpus):
-                labels = (
-                    f'{{container="main",gpu="{g}",mig_profile="",model="H100",namespace="ns-{w % 200}",'
-                    f'node="node-{w}",pod="job-{w}-0",uuid="GPU-{w}-{g}"}}'
-                )
-                handle.writelines(
-                    f"gpuwm_gpu_utilization_percent{labels} {gpu_util(w, g, k)} {t0 + STEP * k}\n"
-                    for k in range(ticks)
-                )
-                lines += ticks
-        handle.write("# TYPE gpuwm_workload_pod_info gauge\n")
-        for w in range(workloads):
-            labels = (
-                f'{{namespace="ns-{w % 200}",node="node-{w}",pod="job-{w}-0",project="p0",workload="job-{w}",'
-                f'workload_uid="uid-{w}"}}'
+def _ones(count: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Values of `count` info series (always 1) at the given ticks."""
+    return lambda ticks: np.ones((count, len(ticks)))
+
+
+def prometheus_blocks(workloads: int, gpus: int, projects: int, series_per_request: int = 1000) -> list[SeriesBlock]:
+    """Part 1's data as Prometheus would have scraped it, labelled as the Prometheus store's PromQL reads it
+    (gpuwm.store.promql): the agent's gpuwm_gpu_utilization_percent of every GPU and the controller's
+    gpuwm_workload_pod_info of every workload, about `series_per_request` series per block."""
+    per_project = math.ceil(workloads / projects)
+    blocks: list[SeriesBlock] = []
+    per_block = max(1, series_per_request // gpus)
+    for first in range(0, workloads, per_block):
+        members = np.repeat(np.arange(first, min(workloads, first + per_block)), gpus)
+        devices = np.tile(np.arange(gpus), len(members) // gpus)
+        labels = [
+            encode_labels(
+                {
+                    "__name__": "gpuwm_gpu_utilization_percent",
+                    "container": "main",
+                    "gpu": str(g),
+                    "model": "H100",
+                    "namespace": namespace_of(w),
+                    "node": f"node-{w}",
+                    "pod": f"job-{w}-0",
+                    "uuid": f"GPU-{w}-{g}",
+                }
             )
-            handle.writelines(f"gpuwm_workload_pod_info{labels} 1.0 {t0 + STEP * k}\n" for k in range(ticks))
-            lines += ticks
-        handle.write("# EOF\n")
-    return lines
+            for w, g in zip(members.tolist(), devices.tolist(), strict=True)
+        ]
+        blocks.append(SeriesBlock(labels, functools.partial(gpu_util, members, devices)))
+    for first in range(0, workloads, series_per_request):
+        members_list = range(first, min(workloads, first + series_per_request))
+        labels = [
+            encode_labels(
+                {
+                    "__name__": "gpuwm_workload_pod_info",
+                    "namespace": namespace_of(w),
+                    "node": f"node-{w}",
+                    "pod": f"job-{w}-0",
+                    "project": f"p{w // per_project}",
+                    "workload": f"job-{w}",
+                    "workload_uid": f"uid-{w}",
+                }
+            )
+            for w in members_list
+        ]
+        blocks.append(SeriesBlock(labels, _ones(len(labels))))
+    return blocks
 
 
 def _simulated_intervals(nodes: int, start: float, count: int, warmup: int) -> Iterator[tuple[Any, ...]]:
@@ -509,71 +580,162 @@ def size_projection(args: argparse.Namespace, workdir: Path) -> None:
     )
 
 
+def _difference(a: list[Series], b: list[Series]) -> float:
+    """Largest absolute difference between two single-series answers (inf where grids or gaps differ)."""
+    if len(a) != 1 or len(b) != 1 or len(a[0].points) != len(b[0].points):
+        return math.inf
+    worst = 0.0
+    for (ta, va), (tb, vb) in zip(a[0].points, b[0].points, strict=True):
+        if ta != tb or (va is None) != (vb is None):
+            return math.inf
+        if va is not None and vb is not None:
+            worst = max(worst, abs(va - vb))
+    return worst
+
+
+def _prometheus_loaded(base: str, workloads: int, gpus: int, ticks: int, end: int) -> None:
+    """Count what Prometheus answers for: every series and sample written must be queryable."""
+    window = f"{ticks * STEP}s"
+    for metric, series in (("gpuwm_gpu_utilization_percent", workloads * gpus), ("gpuwm_workload_pod_info", workloads)):
+        started = time.monotonic()
+        found = instant_value(base, f"count({metric})", end) or 0.0
+        points = instant_value(base, f"sum(count_over_time({metric}[{window}]))", end) or 0.0
+        print(
+            f"  prometheus holds {found:.0f} {metric} series, {points / 1e6:.2f} M samples "
+            f"(expected {series}, {series * ticks / 1e6:.2f} M; counted in {time.monotonic() - started:.0f} s)",
+            flush=True,
+        )
+        if found != series or points != series * ticks:
+            raise RuntimeError(
+                f"Prometheus holds {found:.0f} series / {points:.0f} samples of {metric}, expected {series} / "
+                f"{series * ticks}: the load was incomplete (see prometheus.log in --workdir)"
+            )
+
+
 def part_two(args: argparse.Namespace, workdir: Path) -> None:
-    from tests.integration.store.prometheus_fixture import PROMETHEUS, PROMTOOL, backfill, running_prometheus
+    """Both backends over the same data, the same two queries, in one run; Prometheus loaded by remote write."""
+    from tests.integration.store.prometheus_fixture import PROMETHEUS, running_prometheus
 
     from gpuwm.store.prometheus import PrometheusStore
 
-    if PROMETHEUS is None or PROMTOOL is None:
-        print("part 2 skipped: prometheus/promtool not installed (apt-get install prometheus)")
+    if PROMETHEUS is None:
+        print("part 2 skipped: prometheus not installed (apt-get install prometheus)")
         return
-    ticks = int(args.prom_hours * 3600 // STEP)
-    now = int(time.time())
-    t0 = (now - STEP * ticks) // 3600 * 3600  # recent (inside Prometheus' retention), at a chunk span's start
-    end = t0 + STEP * (ticks - 1)
+    workloads = args.prom_workloads or args.workloads
+    hours = args.prom_hours or args.hours
+    projects = args.prom_projects or (args.projects if workloads == args.workloads else 1)
+    ticks = int(hours * 3600 // STEP)
+    end = T0 + STEP * (ticks - 1)
+    per_project = math.ceil(workloads / projects)
     print(
-        f"part 2: {args.prom_workloads} workloads x {args.gpus} GPUs in one project, {args.prom_hours} h of {STEP} s data, "
-        "in both backends"
+        f"part 2: {workloads} workloads x {args.gpus} GPUs in {projects} project(s) of {per_project}, {hours:g} h of "
+        f"{STEP} s data ({ticks} points/series), in both backends"
     )
-    store = EmbeddedStore(workdir / "same.db")
-    started = time.monotonic()
-    load_embedded(store, args.prom_workloads, args.gpus, ticks, t0, 1, args.prom_workloads)
-    print(f"  embedded built in {time.monotonic() - started:.0f} s")
-    started = time.monotonic()
-    samples = write_openmetrics(workdir / "same.om", args.prom_workloads, args.gpus, ticks, t0)
-    backfill(workdir / "same.om", workdir / "tsdb")
-    (workdir / "same.om").unlink()
-    print(f"  prometheus backfilled {samples / 1e6:.1f} M samples in {time.monotonic() - started:.0f} s")
-    metric = ("gpu_utilization_percent",)
-    rng = random.Random(7)
-    picks = [rng.randrange(args.prom_workloads) for _ in range(args.queries + 10)]
-    with running_prometheus(workdir / "tsdb", workdir) as base:
-        prometheus = PrometheusStore(base, timeout_seconds=120)
-        results: dict[str, dict[str, tuple[float, float]]] = {}
-        for name, backend in (("embedded", store), ("prometheus", prometheus)):
-
-            def workload_query(index: int, backend: Store = backend) -> object:
-                series = backend.query_range(
-                    RangeQuery("workload", f"uid-{picks[index]}", metric, t0, end, STEP)
-                )
-                assert series and series[0].points[len(series[0].points) // 2][1] is not None, "no data"
-                return series
-
-            def project_query(index: int, backend: Store = backend) -> object:
-                series = backend.query_range(RangeQuery("project", "p0", metric, t0, end, STEP))
-                assert series and series[0].points[len(series[0].points) // 2][1] is not None, "no data"
-                return series
-
-            project_count = max(10, args.queries // 10) if name == "prometheus" else args.queries
-            results[name] = {
-                "workload": measure(workload_query, args.queries),
-                "project": measure(project_query, project_count, warmup=2),
-            }
-        # both must answer the same numbers
-        a = store.query_range(RangeQuery("project", "p0", metric, t0, end, STEP))[0].points
-        b = prometheus.query_range(RangeQuery("project", "p0", metric, t0, end, STEP))[0].points
-        same = all(
-            x[1] is not None and y[1] is not None and abs(x[1] - y[1]) < 1e-6
-            for x, y in zip(a, b, strict=True)
-        )
-        print(f"  answers identical: {same}")
-    store.close()
-    for query in ("workload", "project"):
-        e50, e99 = results["embedded"][query]
-        p50, p99 = results["prometheus"][query]
+    shape = _shape(workloads, args.gpus, ticks, projects, workloads)
+    database = workdir / "full.db"
+    if _built_with(database, shape):
+        print("  embedded: part 1's database (the same data)")
+    else:
+        database = workdir / "same.db"
+        if args.reuse and _built_with(database, shape):
+            print("  embedded: reusing same.db from an earlier run")
+        else:
+            _remove_database(database)
+            started = time.monotonic()
+            building = EmbeddedStore(database)
+            try:
+                load_embedded(building, workloads, args.gpus, ticks, T0, projects, workloads)
+            finally:
+                building.close()
+            _marker(database).write_text(json.dumps(shape))
+            print(f"  embedded built in {time.monotonic() - started:.0f} s")
+    store = EmbeddedStore(database)
+    tsdb = workdir / "prom-tsdb"
+    loaded = tsdb.with_name("prom-tsdb.shape.json")
+    reuse = args.reuse and loaded.exists() and json.loads(loaded.read_text()) == shape
+    if not reuse:
+        shutil.rmtree(tsdb, ignore_errors=True)
+        loaded.unlink(missing_ok=True)
+    processes: list[subprocess.Popen[bytes]] = []
+    with running_prometheus(
+        tsdb, workdir, remote_write=True, query_timeout="3h", max_samples=4_000_000_000, processes=processes
+    ) as base:
+        pid = processes[0].pid
+        if reuse:
+            print("  prometheus: reusing the TSDB loaded by an earlier run")
+        else:
+            blocks = prometheus_blocks(workloads, args.gpus, projects)
+            done = remote_write(f"{base}/api/v1/write", blocks, ticks, T0, STEP, in_flight=args.prom_in_flight)
+            resident, peak = process_memory(pid)
+            print(
+                f"  prometheus loaded by remote write: {done.samples / 1e6:.1f} M samples in {done.requests} requests, "
+                f"{done.seconds:.0f} s ({done.samples / done.seconds / 1e6:.2f} M samples/s; protobuf "
+                f"{done.raw_bytes / 2**30:.2f} GiB, snappy {done.compressed_bytes / 2**30:.2f} GiB); "
+                f"RSS {resident / 2**30:.2f} GiB, peak {peak / 2**30:.2f} GiB",
+                flush=True,
+            )
+        _prometheus_loaded(base, workloads, args.gpus, ticks, end)
+        started = time.monotonic()
+        metrics = wait_settled(base)
+        loaded.write_text(json.dumps(shape))
+        resident, peak = process_memory(pid)
         print(
-            f"  {query:8s} {args.prom_hours} h@15s: embedded p50 {e50:7.1f} ms p99 {e99:7.1f} ms | "
-            f"prometheus p50 {p50:7.1f} ms p99 {p99:7.1f} ms | prometheus/embedded p99 ratio {p99 / e99:5.1f}x"
+            f"  prometheus at rest after {time.monotonic() - started:.0f} s: {metrics.get('prometheus_tsdb_blocks_loaded', 0):.0f} "
+            f"blocks + head of {metrics.get('prometheus_tsdb_head_series', 0):.0f} series, "
+            f"{metrics.get('prometheus_tsdb_compactions_total', 0):.0f} compactions; RSS {resident / 2**30:.2f} GiB",
+            flush=True,
+        )
+        prometheus = PrometheusStore(base, timeout_seconds=3 * 3600)
+        metric = ("gpu_utilization_percent",)
+        rng = random.Random(7)
+        picks = [rng.randrange(workloads) for _ in range(args.queries + 10)]
+
+        def workload(backend: Store, index: int) -> list[Series]:
+            series = backend.query_range(RangeQuery("workload", f"uid-{picks[index]}", metric, T0, end, STEP))
+            assert series and series[0].points[len(series[0].points) // 2][1] is not None, "no data"
+            return series
+
+        def project(backend: Store) -> list[Series]:
+            series = backend.query_range(RangeQuery("project", "p0", metric, T0, end, STEP))
+            assert series and series[0].points[len(series[0].points) // 2][1] is not None, "no data"
+            return series
+
+        figures = {
+            "embedded": (
+                measure(lambda index: workload(store, index), args.queries),
+                measure(lambda index: project(store), args.queries),
+            )
+        }
+        print(f"  embedded measured ({args.queries} workload and {args.queries} project queries)", flush=True)
+        prometheus_workload = measure(lambda index: workload(prometheus, index), args.queries)
+        print(f"  prometheus: {args.queries} workload queries measured", flush=True)
+        started = time.monotonic()
+        prometheus_answer = project(prometheus)  # the warm-up, kept for the identity check
+        print(f"  prometheus: first project query {time.monotonic() - started:.1f} s", flush=True)
+        figures["prometheus"] = (
+            prometheus_workload,
+            measure(lambda index: project(prometheus), args.prom_project_queries, warmup=0),
+        )
+        resident, peak = process_memory(pid)
+        checked = min(args.queries, 20)
+        workload_differences = [_difference(workload(store, i), workload(prometheus, i)) for i in range(checked)]
+        project_difference = _difference(project(store), prometheus_answer)
+    store.close()
+    same = sum(1 for difference in workload_differences if difference < 1e-6)
+    print(
+        f"  answers identical (within 1e-6): workload {same}/{checked} (largest difference "
+        f"{max(workload_differences):.2g}); project p0 {project_difference < 1e-6} (largest difference "
+        f"{project_difference:.2g})"
+    )
+    print(f"  prometheus RSS after the queries {resident / 2**30:.2f} GiB, peak {peak / 2**30:.2f} GiB")
+    counts = {"workload": (args.queries, args.queries), "project": (args.queries, args.prom_project_queries)}
+    for number, query in enumerate(("workload", "project")):
+        e50, e99 = figures["embedded"][number]
+        p50, p99 = figures["prometheus"][number]
+        print(
+            f"  {query:8s} {hours:g} h@15s: embedded p50 {e50:8.1f} ms p99 {e99:8.1f} ms ({counts[query][0]} queries) | "
+            f"prometheus p50 {p50:9.1f} ms p99 {p99:9.1f} ms ({counts[query][1]} queries) | "
+            f"prometheus/embedded p50 {p50 / e50:7.1f}x p99 {p99 / e99:7.1f}x"
         )
 
 
@@ -589,8 +751,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--gpu-series-workloads", type=int, default=4000, help="workloads with per-GPU series")
     parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--prom-workloads", type=int, default=1000)
-    parser.add_argument("--prom-hours", type=float, default=24.0)
+    parser.add_argument(
+        "--prom-workloads", type=int, default=None, help="part 2's workloads (default: --workloads, part 1's data)"
+    )
+    parser.add_argument("--prom-hours", type=float, default=None, help="part 2's hours (default: --hours)")
+    parser.add_argument(
+        "--prom-projects",
+        type=int,
+        default=None,
+        help="part 2's projects (default: --projects when part 2 has part 1's workloads, else 1)",
+    )
+    parser.add_argument(
+        "--prom-project-queries", type=int, default=5, help="timed project queries on Prometheus (each takes minutes)"
+    )
+    parser.add_argument("--prom-in-flight", type=int, default=4, help="remote-write requests in flight")
     parser.add_argument("--writer-nodes", type=int, default=1000)
     parser.add_argument("--writer-intervals", type=int, default=80)
     parser.add_argument("--size-nodes", type=int, default=50)

@@ -1,4 +1,4 @@
-"""Start the Debian `prometheus` binary on loopback over a TSDB backfilled with `promtool`."""
+"""Start the Debian `prometheus` binary on loopback over a TSDB backfilled with `promtool` (or written to)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -38,9 +38,30 @@ def backfill(openmetrics: Path, tsdb: Path) -> None:
 
 
 @contextmanager
-def running_prometheus(tsdb: Path, workdir: Path) -> Iterator[str]:
-    """Prometheus over `tsdb` on 127.0.0.1:<free port>; yields its base URL; stopped on exit."""
+def running_prometheus(
+    tsdb: Path,
+    workdir: Path,
+    *,
+    remote_write: bool = False,
+    query_timeout: str | None = None,
+    max_samples: int | None = None,
+    extra_args: Sequence[str] = (),
+    processes: list[subprocess.Popen[bytes]] | None = None,
+) -> Iterator[str]:
+    """Prometheus over `tsdb` on 127.0.0.1:<free port>; yields its base URL; stopped on exit.
+
+    `remote_write` accepts remote-write requests at /api/v1/write (bench/api.py loads through it);
+    `query_timeout` ("30m") and `max_samples` raise the query limits for big queries; the process
+    is appended to `processes` for callers that read its memory.
+    """
     assert PROMETHEUS is not None
+    options = list(extra_args)
+    if remote_write:
+        options.append("--web.enable-remote-write-receiver")
+    if query_timeout is not None:
+        options.append(f"--query.timeout={query_timeout}")
+    if max_samples is not None:
+        options.append(f"--query.max-samples={max_samples}")
     config = workdir / "prometheus.yml"
     config.write_text("global:\n  scrape_interval: 1h\nscrape_configs: []\n")
     port = free_port()
@@ -54,10 +75,13 @@ def running_prometheus(tsdb: Path, workdir: Path) -> Iterator[str]:
                 f"--web.listen-address=127.0.0.1:{port}",
                 "--storage.tsdb.retention.time=3650d",
                 "--query.lookback-delta=20s",
+                *options,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
         )
+    if processes is not None:
+        processes.append(process)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
