@@ -1,8 +1,9 @@
 """Metrics API latency at full size, embedded vs a real Prometheus, record() CPU, and the store's size.
 
     .venv/bin/python bench/api.py [--workloads 4000] [--gpus 8] [--hours 24] [--queries 200]
-                                  [--prom-workloads 1000] [--prom-hours 24] [--skip-prometheus]
-                                  [--writer-nodes 1000] [--size-nodes 50] [--size-hours 6]
+                                  [--prom-workloads N] [--prom-hours H] [--prom-project-queries 5]
+                                  [--skip-prometheus] [--writer-nodes 1000] [--size-nodes 50] [--size-hours 6]
+                                  [--workdir DIR [--reuse]]
 
 Part 1 (full size): 4,000 workloads x 8 GPUs, 24 h of 15 s data in the embedded store: the
 per-GPU series of every GPU, each workload's series and its project's (1,000 workloads a
@@ -19,11 +20,16 @@ Size: `--size-nodes` simulated nodes for `--size-hours` through `record()` (the 
 noisy utilisation, power, PCIe and pod stats), everything compacted, then bytes on disk per GPU
 for each tier, scaled to the default roll-ups (15 s for 2 days, 5 min for 30 days).
 
-Part 2 (same data, both backends): `--prom-workloads` workloads x 8 GPUs in one project,
-`--prom-hours` of 15 s data, written both into an embedded store (per-GPU, workload and project
-series) and, as the agent's gpuwm_gpu_utilization_percent plus the controller's
-gpuwm_workload_pod_info, into a real Prometheus (Debian package, backfilled with promtool).
-The same two queries through both `Store` backends; prints the ratio. Asserts nothing.
+Part 2 (same data, both backends): part 1's data (by default; `--prom-workloads/--prom-hours` for
+a smaller set) in the embedded store (part 1's database when the shapes match, else its own) and,
+as the agent's gpuwm_gpu_utilization_percent of every GPU plus the controller's
+gpuwm_workload_pod_info of every workload, in a real Prometheus (Debian package), loaded through
+its remote-write receiver (bench/_remote_write.py: protobuf written with numpy, snappy, in time
+order); waits until Prometheus answers for every sample and has finished compacting. The same
+two queries through both `Store` backends in the same run (`--prom-project-queries` timed
+project queries on Prometheus, after one warm-up); prints p50/p99, the ratios, Prometheus' RSS,
+and whether both answer the same numbers (20 workloads and the project). Asserts nothing.
+With `--workdir` and `--reuse`, a rerun reuses both databases.
 
 Targets (issues 5 and 7): workload p99 <= 50 ms; project p99 <= 250 ms; no slower than
 Prometheus; store <= 1 GiB per 1,000 GPUs per 30 days at the default roll-ups.
@@ -34,6 +40,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import importlib.util
 import json
 import math
 import random
@@ -620,6 +627,9 @@ def part_two(args: argparse.Namespace, workdir: Path) -> None:
 
     if PROMETHEUS is None:
         print("part 2 skipped: prometheus not installed (apt-get install prometheus)")
+        return
+    if importlib.util.find_spec("cramjam") is None:
+        print("part 2 skipped: cramjam (snappy) not installed (pip install -e .[bench])")
         return
     workloads = args.prom_workloads or args.workloads
     hours = args.prom_hours or args.hours
