@@ -241,3 +241,72 @@ async def test_scheduled_pods_are_deleted_gracefully(emu: EmulatorThread) -> Non
         if http.request("GET", f"{pods}/run")[0] == 404:
             break
     assert http.request("GET", f"{pods}/run")[0] == 404
+
+
+READ_METRICS = [{"apiGroups": ["gpuwm.io"], "resources": ["gpuworkloadmetrics"], "verbs": ["get", "list"]}]
+
+
+def _review_cluster(emu: EmulatorThread) -> None:
+    """alice reads team-a through her group; admin everything; the gpuwm service account may ask reviews."""
+    from tests.integration.kubeemu.reviews import UserInfo, rbac_objects, service_account_user
+
+    emu.emulator.reviews.tokens.update({
+        "sa-token": service_account_user("gpuwm", "gpuwm-controller"),
+        "alice-token": UserInfo("alice", groups=["team-a-devs"]),
+        "admin-token": UserInfo("admin"),
+        "bob-token": UserInfo("bob"),
+    })
+    http = KubeHttp(emu.url)
+    for path, _, body in rbac_objects(
+        {"team-a": [{"kind": "Group", "name": "team-a-devs", "apiGroup": "rbac.authorization.k8s.io"}]},
+        [{"kind": "User", "name": "admin", "apiGroup": "rbac.authorization.k8s.io"}], READ_METRICS,
+        reviewer={"kind": "ServiceAccount", "name": "gpuwm-controller", "namespace": "gpuwm"},
+    ):
+        http.create(path, body)
+
+
+def _access(http: KubeHttp, user: str, groups: list[str], **attributes: str) -> Any:
+    return http.create("/apis/authorization.k8s.io/v1/subjectaccessreviews", {
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": user, "groups": groups, "resourceAttributes": attributes}})["status"]
+
+
+def test_token_reviews_authenticate_from_the_token_file(emu: EmulatorThread) -> None:
+    _review_cluster(emu)
+    http = KubeHttp(emu.url, token="sa-token")
+    review = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": "alice-token"}}
+    status = http.create("/apis/authentication.k8s.io/v1/tokenreviews", review)["status"]
+    assert status["authenticated"] is True and status["user"]["username"] == "alice"
+    assert set(status["user"]["groups"]) == {"team-a-devs", "system:authenticated"}
+    unknown = http.create("/apis/authentication.k8s.io/v1/tokenreviews", {**review, "spec": {"token": "nope"}})
+    assert not unknown["status"].get("authenticated") and unknown["status"]["user"] == {}
+    # who asks must be allowed to: no token is 401, a user without auth-delegator's rules 403
+    assert KubeHttp(emu.url).request("POST", "/apis/authentication.k8s.io/v1/tokenreviews", review)[0] == 401
+    status_code, error = KubeHttp(emu.url, token="bob-token").request(
+        "POST", "/apis/authentication.k8s.io/v1/tokenreviews", review)
+    assert status_code == 403 and 'cannot create resource "tokenreviews"' in error["message"]
+    assert http.request("GET", "/apis/authentication.k8s.io/v1/tokenreviews")[0] == 405
+
+
+def test_access_reviews_follow_rbac(emu: EmulatorThread) -> None:
+    _review_cluster(emu)
+    http = KubeHttp(emu.url, token="sa-token")
+    get = {"verb": "get", "group": "gpuwm.io", "resource": "gpuworkloadmetrics"}
+    allowed = _access(http, "alice", ["team-a-devs", "system:authenticated"], namespace="team-a", **get)
+    assert allowed["allowed"] is True and 'RoleBinding "reader/team-a"' in allowed["reason"]
+    # a RoleBinding grants in its own namespace only, never at the cluster scope
+    assert _access(http, "alice", ["team-a-devs"], namespace="team-b", **get) == {"allowed": False}
+    assert _access(http, "alice", ["team-a-devs"], **get) == {"allowed": False}
+    # the group is what binds alice: without it, nothing
+    assert _access(http, "alice", [], namespace="team-a", **get) == {"allowed": False}
+    # verb, group and resource must all match a rule
+    assert not _access(http, "alice", ["team-a-devs"], namespace="team-a", **{**get, "verb": "delete"})["allowed"]
+    assert not _access(http, "alice", ["team-a-devs"], namespace="team-a", **{**get, "group": ""})["allowed"]
+    assert not _access(http, "alice", ["team-a-devs"], namespace="team-a",
+                       **{**get, "resource": "gpuprojectmetrics"})["allowed"]
+    # a ClusterRoleBinding grants everywhere and at the cluster scope
+    assert _access(http, "admin", [], **get)["allowed"] is True
+    assert _access(http, "admin", [], namespace="team-b", **get)["allowed"] is True
+    status_code, error = http.request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", {
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "spec": {"resourceAttributes": get}})
+    assert status_code == 422 and "at least one of user or group" in error["message"]

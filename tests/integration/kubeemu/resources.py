@@ -20,13 +20,14 @@ class ResourceType:
     short_names: list[str] = field(default_factory=list)
     status_subresource: bool = False
     schema: dict[str, Any] | None = None
+    verbs: list[str] = field(default_factory=lambda: ["create", "delete", "get", "list", "patch", "update", "watch"])
 
     @property
     def api_version(self) -> str:
         return f"{self.group}/{self.version}" if self.group else self.version
 
     def discovery(self) -> list[dict[str, Any]]:
-        verbs = ["create", "delete", "get", "list", "patch", "update", "watch"]
+        verbs = self.verbs
         entries = [{
             "name": self.plural, "singularName": self.singular or self.kind.lower(), "namespaced": self.namespaced,
             "kind": self.kind, "verbs": verbs, **({"shortNames": self.short_names} if self.short_names else {}),
@@ -53,6 +54,14 @@ BUILTIN: list[ResourceType] = [
     ResourceType("events.k8s.io", "v1", "events", "Event", True),
     ResourceType("apiextensions.k8s.io", "v1", "customresourcedefinitions", "CustomResourceDefinition", False,
                  status_subresource=True),
+    ResourceType("rbac.authorization.k8s.io", "v1", "roles", "Role", True),
+    ResourceType("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding", True),
+    ResourceType("rbac.authorization.k8s.io", "v1", "clusterroles", "ClusterRole", False),
+    ResourceType("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "ClusterRoleBinding", False),
+    ResourceType("", "v1", "serviceaccounts", "ServiceAccount", True),
+    # create-only: answered by reviews.py, never stored
+    ResourceType("authentication.k8s.io", "v1", "tokenreviews", "TokenReview", False, verbs=["create"]),
+    ResourceType("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview", False, verbs=["create"]),
 ]
 
 

@@ -107,15 +107,17 @@ class EmulatorThread:
 class KubeHttp:
     """Blocking JSON calls for test code (the thing under test uses its own client)."""
 
-    def __init__(self, base_url: str, context: ssl.SSLContext | None = None) -> None:
+    def __init__(self, base_url: str, context: ssl.SSLContext | None = None, token: str | None = None) -> None:
         self.base_url = base_url
         self.context = context  # for an HTTPS emulator: TestPki.client_context()
+        self.token = token  # a bearer token (the review APIs check who asks)
 
     def request(self, method: str, path: str, body: Any = None, content_type: str = "application/json",
                 params: dict[str, str] | None = None) -> tuple[int, Any]:
         url = self.base_url + path + ("?" + urllib.parse.urlencode(params) if params else "")
         data = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": content_type})
+        headers = {"Content-Type": content_type, **({"Authorization": f"Bearer {self.token}"} if self.token else {})}
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=30, context=self.context) as response:
                 return response.status, json.loads(response.read() or b"null")

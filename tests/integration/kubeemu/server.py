@@ -6,13 +6,15 @@ without replaying older events (410 Gone when too old); label and field selector
 optimistic concurrency (409); a status subresource that is the only way to change status
 (and cannot change spec); merge, JSON and (approximate) server-side-apply patches, with
 fieldManager recorded in managedFields; CRD schema validation (422) and pruning; discovery;
-ObjectMeta and Event validation (validation.py); namespaces that stay Terminating a while
-after DELETE (creates there: 403); pod specs immutable but through `pods/NAME/binding`;
+ObjectMeta and Event validation (validation.py); TokenReview against a static token file and
+SubjectAccessReview evaluated with RBAC over the stored Roles and bindings (reviews.py);
+namespaces that stay Terminating a while after DELETE (creates there: 403); pod specs
+immutable but through `pods/NAME/binding`;
 graceful deletion of scheduled pods (Terminating until a kubelet, emulated or not, confirms).
 For fault tests it injects 429/5xx answers and drops watch streams.
 
 Not emulated: strategic-merge list merging by key (treated as a merge patch), apply's field
-ownership and conflicts, admission, authn/authz, garbage collection.
+ownership and conflicts, admission, authn/authz of ordinary requests, garbage collection.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from .errors import ApiError
 from .eventsview import core_to_v1, v1_to_core
 from .lifecycle import LifecycleRules
 from .resources import BUILTIN, ResourceType, load_crd_files, types_from_crd
+from .reviews import Reviews
 from .schema import validate
 from .store import ObjectStore, Watcher
 from .validation import check_field_selector, check_pod_spec_update, validate_event
@@ -83,6 +86,8 @@ class KubernetesEmulator(LifecycleRules):
         self.types: dict[tuple[str, str, str], ResourceType] = {}
         for rtype in BUILTIN:
             self.add_type(rtype)
+        #: TokenReview (a static token file: `reviews.tokens`) and SubjectAccessReview (RBAC over the stored roles)
+        self.reviews = Reviews(self.store, self.types)
         self.faults: list[Fault] = []
         self.requests: list[RequestRecord] = []
         self._watch_tasks: set[asyncio.Task[Any]] = set()
@@ -162,6 +167,12 @@ class KubernetesEmulator(LifecycleRules):
         rtype = self.types.get((group, version, plural))
         if rtype is None:
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
+        if (rtype.group, rtype.plural) in {("authentication.k8s.io", "tokenreviews"),
+                                            ("authorization.k8s.io", "subjectaccessreviews")}:
+            if request.method != "POST" or name is not None:
+                raise ApiError(405, "MethodNotAllowed", f"{rtype.plural} can only be created")
+            review = self.reviews.handle(rtype.kind, request.headers.get("Authorization"), await self._body(request))
+            return web.json_response(review, status=201)
         if subresource == "binding" and (rtype.group, rtype.plural) == ("", "pods") and request.method == "POST":
             return web.json_response(self._bind(rtype, namespace, str(name), await self._body(request)), status=201)
         if subresource not in {None, "status"} or (subresource == "status" and not rtype.status_subresource):
