@@ -17,8 +17,10 @@ accounting engine make the inputs outside the clock; the controller's GC setting
 chunk span's end, so the compaction slices that follow it are measured too.
 
 Size: `--size-nodes` simulated nodes for `--size-hours` through `record()` (the simulator's
-noisy utilisation, power, PCIe and pod stats), everything compacted, then bytes on disk per GPU
-for each tier, scaled to the default roll-ups (15 s for 2 days, 5 min for 30 days).
+noisy utilisation, power, PCIe and pod stats), retention off, everything compacted, then bytes
+on disk per GPU for each tier from the chunk spans that ended inside the run (whole chunks as
+the store wrote them, shared bytes once), projected to `--size-rollups` and each `--size-also`.
+A tier is at steady state when the run holds a few of its spans (5 min: 20 h, 1 h: 10 days).
 
 Part 2 (same data, both backends): part 1's data (by default; `--prom-workloads/--prom-hours` for
 a smaller set) in the embedded store (part 1's database when the shapes match, else its own) and,
@@ -484,107 +486,154 @@ def writer_cost(args: argparse.Namespace, workdir: Path) -> None:
     )
 
 
-def _whole_coarse_bytes(store: EmbeddedStore, start: int, seconds: int) -> dict[int, int]:
-    """Per coarse tier: the bytes this run's coarse points take when each series' points are one chunk
-    (as in a full span; this run's are 12-point pieces until a span ends), by the store's encoder."""
-    from gpuwm.store.chunks import _overlay
-    from gpuwm.store.codec import METRIC_COUNT, MISSING, decode_chunk, encode_chunks
-
-    result: dict[int, int] = {}
-    for span in store.spans[1:]:
-        points = seconds // span.step
-        grids: dict[int, np.ndarray] = {}
-        for series_id, row_start, row_points, data in store._writer.execute(
-            "SELECT series_id, start, points, data FROM chunks WHERE tier = ?", (span.step,)
-        ):
-            grid = grids.get(series_id)
-            if grid is None:
-                grid = grids[series_id] = np.full((1, METRIC_COUNT, points), MISSING, dtype=np.int64)
-            _overlay(grid, start, decode_chunk(data, row_points)[None], row_start, span.step)
-        stacked = list(grids.values())
-        total = 0
-        for offset in range(0, len(stacked), 256):
-            total += sum(len(data) for data in encode_chunks(np.concatenate(stacked[offset : offset + 256])))
-        result[span.step] = total
+def _complete_span_bytes(store: EmbeddedStore, start: int, end: int) -> dict[int, tuple[int, int, int, int]]:
+    """Per tier: (chunks, bytes as named by the chunks, bytes stored once, seconds) of the chunk spans that
+    lie wholly inside [start, end): whole chunks as the store wrote them when their span ended, each
+    distinct payload counted once (the last coarse span, still in pieces, and the edges are left out)."""
+    result: dict[int, tuple[int, int, int, int]] = {}
+    for span in store.spans:
+        first = -(-start // span.span_seconds) * span.span_seconds
+        last = end // span.span_seconds * span.span_seconds
+        if last <= first:
+            continue
+        chunks, named, stored = store._writer.execute(
+            "SELECT count(*), coalesce(sum(length(p.data)), 0), "
+            "coalesce((SELECT sum(length(data)) FROM payloads WHERE id IN (SELECT payload FROM chunks "
+            "WHERE tier = ? AND start >= ? AND start < ?)), 0) "
+            "FROM chunks c JOIN payloads p ON p.id = c.payload WHERE c.tier = ? AND c.start >= ? AND c.start < ?",
+            (span.step, first, last, span.step, first, last),
+        ).fetchone()
+        result[span.step] = (int(chunks), int(named), int(stored), last - first)
     return result
 
 
+def _project(
+    rollups: list[str],
+    measured: dict[int, tuple[int, int, int, int]],
+    gpus: int,
+    payload_page_ratio: float,
+    index_bytes_per_chunk: float,
+    head_per_gpu: float,
+    fixed_per_gpu: float,
+) -> str:
+    """One projection line: each tier's bytes per GPU-second (pages: payload bytes x the payloads table's
+    page overhead, plus each chunk's index rows) times its KEEP, plus the head and the fixed tables."""
+    parts = []
+    steady = 0.0
+    for tier in parse_tiers(rollups):
+        if tier.step_seconds not in measured:
+            return f"  projection at {','.join(rollups)}: tier {tier.step_seconds} s not measured in this run"
+        chunks, _, stored, seconds = measured[tier.step_seconds]
+        per_gpu_second = (stored * payload_page_ratio + chunks * index_bytes_per_chunk) / gpus / seconds
+        steady += per_gpu_second * tier.keep_seconds
+        parts.append(f"{tier.step_seconds} s {per_gpu_second * tier.keep_seconds / 2**20:.3f}")
+    total = steady + head_per_gpu + fixed_per_gpu
+    return (
+        f"  projection at {','.join(rollups)} per GPU: chunks {steady / 2**20:.3f} MiB ({' + '.join(parts)}) "
+        f"+ head {head_per_gpu / 2**20:.3f} MiB + series and latest figures {fixed_per_gpu / 2**20:.3f} MiB "
+        f"= {total / 2**20:.3f} MiB = {total * 1000 / 2**30:.2f} GiB per 1,000 GPUs per 30 days (target <= 1)"
+    )
+
+
 def size_projection(args: argparse.Namespace, workdir: Path) -> None:
-    """Bytes on disk per GPU for each tier after `--size-hours` of simulated data, scaled to the default roll-ups."""
+    """Bytes on disk per GPU for each tier from `--size-hours` of simulated data, projected to roll-ups.
+
+    Nothing is dropped during the run (retention off), so every chunk span that ends inside it is
+    measured as the store wrote it; the run starts on a span of the coarsest tier, so a run of one
+    such span (5 min: 20 h; 1 h: 10 days) measures every tier at steady state.
+    """
     from gpuwm.controller.gctuning import tune_garbage_collector
 
     tune_garbage_collector()
     path = workdir / "size.db"
     rollups = list(args.size_rollups)
     store = EmbeddedStore(path, tiers=rollups)
+    store._chunks.apply_retention = lambda latest: None  # type: ignore[method-assign]  # measure every span
     count = int(args.size_hours * 3600 // STEP)
-    start = float(1_790_000_000 - 1_790_000_000 % 3600)
+    # aligned to the coarsest tier's chunk span, so a run of n such spans holds n whole ones
+    coarsest_span = store.spans[-1].span_seconds
+    start = 1_790_000_000 - 1_790_000_000 % coarsest_span
     gpus = 0
-    for t, samples, workloads, projects, cluster, stats in _simulated_intervals(args.size_nodes, start, count, 0):
-        store.record(t, samples, workloads, projects, cluster, stats)
-        gpus = len({sample.parent_uuid or sample.uuid for sample in samples})
+    began = time.monotonic()
+
     def page_bytes() -> dict[str, int]:
         """Bytes of pages per table and index, as SQLite's dbstat counts them (free pages excluded)."""
         rows = store._writer.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name").fetchall()
         return {name: int(total) for name, total in rows}
 
+    half: dict[str, int] = {}
+    for index, (t, samples, workloads, projects, cluster, stats) in enumerate(
+        _simulated_intervals(args.size_nodes, start, count, 0)
+    ):
+        store.record(t, samples, workloads, projects, cluster, stats)
+        gpus = len({sample.parent_uuid or sample.uuid for sample in samples})
+        if index == count // 2:
+            half = page_bytes()  # how fast the series and latest-figures tables grow: second half of the run
     before = page_bytes()
     head_bytes = sum(v for k, v in before.items() if k == "head" or k.startswith("sqlite_autoindex_head"))
     store.compact(everything=True)
     pages = page_bytes()
-    whole = _whole_coarse_bytes(store, int(start), count * STEP)
-    tiers = store._writer.execute(
-        "SELECT tier, count(*), sum(length(data)) FROM chunks GROUP BY tier ORDER BY tier"
-    ).fetchall()
+    seconds = count * STEP
+    measured = _complete_span_bytes(store, start, start + seconds)
+    chunk_rows, payload_rows, payload_bytes = store._writer.execute(
+        "SELECT (SELECT count(*) FROM chunks), count(*), coalesce(sum(length(data)), 0) FROM payloads"
+    ).fetchone()
     series = len(store._series_ids)
     store.close()
     size = file_bytes(path)
-    chunk_table = pages.get("chunks", 0)
-    chunk_indexes = sum(v for k, v in pages.items() if k.startswith(("sqlite_autoindex_chunks", "chunks_by_")))
-    fixed = sum(v for k, v in pages.items() if not k.startswith(("chunks", "sqlite_autoindex_chunks", "head")))
-    fixed += sum(v for k, v in pages.items() if k == "head" or k.startswith("sqlite_autoindex_head"))
-    payload = sum(row[2] for row in tiers)
-    rows_total = sum(row[1] for row in tiers)
-    seconds = count * STEP
+    payload_pages = pages.get("payloads", 0)
+    index_pages = sum(pages.get(name, 0) for name in ("chunks", "payloads_by_hash", "payloads_unreferenced"))
+
+    def series_and_latest(measured_pages: dict[str, int]) -> tuple[int, int]:
+        series = sum(v for k, v in measured_pages.items() if k.startswith(("series", "sqlite_autoindex_series")))
+        latest = sum(v for k, v in measured_pages.items() if k.startswith("latest"))
+        return series, latest
+
+    series_pages, latest_pages = series_and_latest(pages)
+    half_series, half_latest = series_and_latest(half)
+    chunk_names = ("chunks", "payloads", "head", "sqlite_autoindex_chunks", "sqlite_autoindex_head", "series")
+    other_pages = sum(v for k, v in pages.items() if not k.startswith((*chunk_names, "latest", "sqlite_autoindex_series")))
     print(
         f"size: {args.size_nodes} nodes, {gpus} physical GPUs, {series} series, {args.size_hours:g} h simulated through "
-        f"record(); compacted file {size / 2**20:.1f} MiB, of which chunk pages {chunk_table / 2**20:.1f} MiB, "
-        f"chunk indexes {chunk_indexes / 2**20:.1f} MiB, series/latest/meta {fixed / 2**20:.1f} MiB; "
+        f"record() in {time.monotonic() - began:.0f} s (retention off); compacted file {size / 2**20:.1f} MiB: "
+        f"payload pages {payload_pages / 2**20:.1f} MiB ({payload_rows} payloads, {payload_bytes / 2**20:.1f} MiB), "
+        f"chunk rows and indexes {index_pages / 2**20:.1f} MiB ({chunk_rows} chunks), "
+        f"series {series_pages / 2**20:.1f} MiB ({half_series / 2**20:.1f} half-way), latest figures "
+        f"{latest_pages / 2**20:.1f} MiB ({half_latest / 2**20:.1f} half-way), meta {other_pages / 2**20:.1f} MiB; "
         f"head before the final compaction {head_bytes / 2**20:.1f} MiB"
     )
-    keep = {tier.step_seconds: tier.keep_seconds for tier in parse_tiers(rollups)}
-    steady = 0.0
-    fine_ratio = 1.0
-    for tier, chunks, blob_bytes in tiers:
-        share = chunk_table * blob_bytes / payload + chunk_indexes * chunks / rows_total
-        per_gpu_second = share / gpus / seconds
-        line = (
-            f"  tier {tier:>3} s: {chunks} chunks, {blob_bytes / 2**20:.2f} MiB compressed, {share / 2**20:.2f} MiB "
-            f"of pages = {per_gpu_second * 86400 / 1024:.1f} KiB per GPU per day"
+    payload_page_ratio = payload_pages / max(1, payload_bytes)
+    index_bytes_per_chunk = index_pages / max(1, chunk_rows)
+    for tier, (chunks, named, stored, covered) in sorted(measured.items()):
+        per_gpu_day = (stored * payload_page_ratio + chunks * index_bytes_per_chunk) / gpus / covered * 86400
+        print(
+            f"  tier {tier:>4} s: {covered / 3600:g} h of whole spans, {chunks} chunks, {named / 2**20:.2f} MiB "
+            f"named, {stored / 2**20:.2f} MiB stored once ({100 * (1 - stored / max(1, named)):.0f} % shared) "
+            f"= {per_gpu_day / 1024:.1f} KiB of pages per GPU per day"
         )
-        if tier == store.spans[0].step:
-            fine_ratio = share / blob_bytes
-        elif tier in whole:
-            # at steady state this tier is whole chunks of 240 points (the last span's pieces are a small
-            # part): each series' points of this run as one chunk by the store's encoder (fewer points a
-            # chunk than at steady state, so an upper bound), with the fine tier's page overhead
-            per_gpu_second = whole[tier] * fine_ratio / gpus / seconds
-            line += (
-                f"; as whole chunks {whole[tier] / 2**20:.2f} MiB compressed = "
-                f"{per_gpu_second * 86400 / 1024:.1f} KiB per GPU per day (used below)"
-            )
-        steady += per_gpu_second * keep.get(tier, 0)
-        print(line)
     # the head at steady state: at most about 1.25 chunk spans of intervals (one span, then its compaction)
     head_per_gpu = head_bytes / gpus / (seconds % 3600 or 3600) * 1.25 * 3600
-    fixed_per_gpu = fixed / gpus
-    total = steady + head_per_gpu + fixed_per_gpu
+    # series rows stay (at least as long as their chunks: 30 days) and finished workloads' latest figures
+    # 7 days: both grow on from the end of a shorter run at the rate of its second half
+    second_half = seconds - (count // 2 + 1) * STEP
+    series_30d = series_pages + max(0, series_pages - half_series) / second_half * max(0, 30 * 86400 - seconds)
+    latest_7d = latest_pages + max(0, latest_pages - half_latest) / second_half * max(0, 7 * 86400 - seconds)
+    fixed_per_gpu = (series_30d + latest_7d + other_pages) / gpus
     print(
-        f"  projection at {','.join(rollups)} per GPU: chunks {steady / 2**20:.3f} MiB + head {head_per_gpu / 2**20:.3f} MiB "
-        f"+ series and latest figures {fixed_per_gpu / 2**20:.3f} MiB = {total / 2**20:.3f} MiB "
-        f"= {total * 1000 / 2**30:.2f} GiB per 1,000 GPUs per 30 days (target <= 1)",
-        flush=True,
+        f"  series tables after 30 days {series_30d / gpus / 1024:.1f} KiB per GPU, latest figures after 7 days "
+        f"{latest_7d / gpus / 1024:.1f} KiB per GPU (extrapolated from the second half of the run)"
     )
+    print(
+        f"  page overhead: payloads {payload_page_ratio:.3f} x their bytes, {index_bytes_per_chunk:.1f} bytes of "
+        f"chunk rows and indexes per chunk"
+    )
+    for projected in [rollups, *args.size_also]:
+        print(
+            _project(
+                projected, measured, gpus, payload_page_ratio, index_bytes_per_chunk, head_per_gpu, fixed_per_gpu
+            ),
+            flush=True,
+        )
 
 
 def _difference(a: list[Series], b: list[Series]) -> float:
@@ -784,6 +833,13 @@ def main(argv: list[str] | None = None) -> int:
         type=lambda text: [part.strip() for part in text.split(",") if part.strip()],
         default=list(Settings().store_rollups),
         help="roll-up tiers the size part projects for (default: the store's default, Settings.store_rollups)",
+    )
+    parser.add_argument(
+        "--size-also",
+        type=lambda text: [part.strip() for part in text.split(",") if part.strip()],
+        action="append",
+        default=[],
+        help="more roll-ups to project from the same run (their steps must be among --size-rollups')",
     )
     parser.add_argument("--skip-size", action="store_true")
     parser.add_argument("--skip-prometheus", action="store_true")
