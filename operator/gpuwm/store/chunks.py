@@ -119,8 +119,9 @@ class ChunkWriter:
         chosen = [index for index in range(len(series_ids)) if present[index]]
         if not chosen:
             return
-        payloads = store_payloads(self.connection, encode_chunks(values[chosen]))
         points = values.shape[2]
+        piece = span.step != self.spans[0].step and points < span.points
+        payloads = store_payloads(self.connection, encode_chunks(values[chosen]), transient=piece)
         self.connection.executemany(
             "INSERT INTO chunks (tier, series_id, start, points, payload) VALUES (?, ?, ?, ?, ?) "
             "ON CONFLICT (tier, series_id, start) DO UPDATE SET points = excluded.points, payload = excluded.payload",

@@ -98,9 +98,14 @@ def payload_hash(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=4).digest(), "big", signed=True)
 
 
-def store_payloads(connection: sqlite3.Connection, payloads: Sequence[bytes]) -> list[int]:
+def store_payloads(connection: sqlite3.Connection, payloads: Sequence[bytes], transient: bool = False) -> list[int]:
     """The payload id of each of `payloads`, inserting the bytes not stored yet (inside the caller's
-    transaction). Identical bytes get one id, found by hash and confirmed byte for byte."""
+    transaction). Identical bytes get one id, found by hash and confirmed byte for byte.
+
+    `transient` bytes (a coarse span's pieces, replaced by the whole chunk when the span ends) get
+    ids below zero, counting down, so they fill pages of their own: mixed in with the chunks that
+    stay, their deletion left ~17 % of the payload pages empty.
+    """
     hashes = {data: payload_hash(data) for data in payloads}
     found: dict[bytes, int] = {}
     unique = sorted(set(hashes.values()))
@@ -111,8 +116,17 @@ def store_payloads(connection: sqlite3.Connection, payloads: Sequence[bytes]) ->
         ):
             if data in hashes:
                 found.setdefault(data, payload_id)
+    lowest: int | None = None
     for data, digest in hashes.items():
-        if data not in found:
+        if data in found:
+            continue
+        if transient:
+            if lowest is None:
+                lowest = min(0, connection.execute("SELECT coalesce(min(id), 0) FROM payloads").fetchone()[0])
+            lowest -= 1
+            connection.execute("INSERT INTO payloads (id, hash, refs, data) VALUES (?, ?, 0, ?)", (lowest, digest, data))
+            found[data] = lowest
+        else:
             cursor = connection.execute("INSERT INTO payloads (hash, refs, data) VALUES (?, 0, ?)", (digest, data))
             found[data] = int(cursor.lastrowid or 0)
     return [found[data] for data in payloads]

@@ -229,3 +229,23 @@ def test_payloads_of_quantized_values_are_deterministic() -> None:
     encoded = encode_chunks(values)
     assert encoded[0] == encoded[3] and encoded == encode_chunks(values.copy())
     assert len(set(encoded)) == 3
+
+
+def test_pieces_of_an_open_coarse_span_fill_pages_of_their_own_and_go_when_it_ends(tmp_path: Path) -> None:
+    """Coarse pieces get payload ids below zero (apart from the chunks that stay); the merge drops them."""
+    store = EmbeddedStore(tmp_path / "s.db", tiers=SMALL_TIERS)  # fine spans 120 s, coarse spans 240 s
+    try:
+        record_jobs(store, [float(t) for t in range(0, 150, 15)])  # the first fine span compacted
+        connection = store._reader()
+        pieces = connection.execute("SELECT payload FROM chunks WHERE tier = 60 AND points < 4").fetchall()
+        assert pieces and all(payload < 0 for (payload,) in pieces)
+        assert connection.execute("SELECT min(payload) FROM chunks WHERE tier = 15").fetchone()[0] > 0
+        record_jobs(store, [float(t) for t in range(150, 270, 15)])  # the second fine span ends the coarse one
+        assert connection.execute("SELECT count(*) FROM chunks WHERE tier = 60 AND points < 4").fetchone() == (0,)
+        assert connection.execute("SELECT count(*) FROM payloads WHERE id < 0").fetchone() == (0,)
+        check_counts(store)
+        (series,) = store.query_range(RangeQuery("workload", "uid-job2", ("gpu_utilization_percent",), 0, 180, 60))
+        means = [sum(util(2, m + k) for k in (0, 15, 30, 45)) / 4 for m in range(0, 240, 60)]
+        assert [v for _, v in series.points] == pytest.approx(means, abs=1 / 64)
+    finally:
+        store.close()
