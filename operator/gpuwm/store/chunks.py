@@ -189,6 +189,39 @@ class ChunkWriter:
                     self._store(span, piece_start, series_ids, found)
         sweep_payloads(self.connection)  # the bytes of replaced chunks and merged pieces no chunk names now
 
+    def merge_ended_pieces(self, until: int) -> int:
+        """Merge the pieces of coarse spans that ended by `until` into whole chunks: those of series with
+        no point in the fine span that ended the coarse span (a workload that ended before), which
+        `write_fine` never saw then. Pieces have payload ids below zero (`chunks_pieces` finds them).
+        Returns how many (series, span) chunks were merged."""
+        merged = 0
+        for span in self.spans[1:]:
+            cut = until // span.span_seconds * span.span_seconds
+            rows = self.connection.execute(
+                "SELECT DISTINCT series_id, start FROM chunks WHERE payload < 0 AND tier = ? AND start < ?",
+                (span.step, cut),
+            ).fetchall()
+            by_span: dict[int, set[int]] = {}
+            for series_id, start in rows:
+                by_span.setdefault(start // span.span_seconds * span.span_seconds, set()).add(series_id)
+            for coarse_start, members in sorted(by_span.items()):
+                ordered = sorted(members)
+                for offset in range(0, len(ordered), BLOCK):
+                    series_ids = ordered[offset : offset + BLOCK]
+                    target, _ = self._gather(span, series_ids, coarse_start, span.points)
+                    if target is None:
+                        continue
+                    placeholders = ",".join("?" * len(series_ids))
+                    self.connection.execute(
+                        f"DELETE FROM chunks WHERE tier = ? AND start > ? AND start < ? "
+                        f"AND series_id IN ({placeholders})",
+                        (span.step, coarse_start, coarse_start + span.span_seconds, *series_ids),
+                    )
+                    self._store(span, coarse_start, series_ids, target)
+                    merged += len(series_ids)
+        sweep_payloads(self.connection)
+        return merged
+
     def compact_block(self, block: int, until: int) -> int:
         """Move the head rows of `block` before `until` into chunks; returns how many head rows moved."""
         rows = self.connection.execute(

@@ -286,6 +286,7 @@ class EmbeddedStore(Store):
         self._set_meta("compacted_until", float(until))
         for span in self.spans[1:]:
             self._set_meta(f"rollup_until:{span.step}", float(until // span.step * span.step))
+        self._chunks.merge_ended_pieces(until)
         self._chunks.apply_retention(at)
         self._writer.execute("DELETE FROM latest_workloads WHERE at < ?", (at - self.retention_seconds,))
         self._writer.execute("DELETE FROM latest_projects WHERE at < ?", (at - self.retention_seconds,))
@@ -337,6 +338,7 @@ class EmbeddedStore(Store):
             self._writer.execute("BEGIN IMMEDIATE")
             try:
                 self._chunks.write_fine(list(series_ids), start, quantized, end)
+                self._chunks.merge_ended_pieces(end)
                 latest = self._get_meta("latest_time")
                 if latest is None or end - fine.step > latest:
                     self._set_meta("latest_time", float(end - fine.step))

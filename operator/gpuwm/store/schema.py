@@ -82,6 +82,8 @@ _CHUNK_TABLES = [
     # bytes whose count fell to 0 go in `sweep_payloads` (not in the trigger: a later row of the same
     # statement may name them again), found through this small partial index
     "CREATE INDEX IF NOT EXISTS payloads_unreferenced ON payloads (id) WHERE refs <= 0",
+    # the coarse pieces (payload ids below zero) of spans not merged yet: few rows, found without a scan
+    "CREATE INDEX IF NOT EXISTS chunks_pieces ON chunks (tier, start) WHERE payload < 0",
     "CREATE TRIGGER IF NOT EXISTS chunks_ref AFTER INSERT ON chunks BEGIN "
     "UPDATE payloads SET refs = refs + 1 WHERE id = new.payload; END",
     "CREATE TRIGGER IF NOT EXISTS chunks_unref AFTER DELETE ON chunks BEGIN "
@@ -143,14 +145,19 @@ def _migrate_from_2(connection: sqlite3.Connection, path: Path) -> None:
     connection.execute("ALTER TABLE chunks RENAME TO chunks_schema2")
     for statement in _CHUNK_TABLES:
         connection.execute(statement)
+    # a coarse tier's pieces: fewer points than its whole chunks (the finest tier has none)
+    whole = dict(connection.execute("SELECT tier, max(points) FROM chunks_schema2 GROUP BY tier").fetchall())
+    finest = min(whole, default=0)
     rows = connection.execute("SELECT tier, series_id, start, points, data FROM chunks_schema2")
     moved = 0
     while batch := rows.fetchmany(1000):
-        ids = store_payloads(connection, [row[4] for row in batch])
-        connection.executemany(
-            "INSERT INTO chunks (tier, series_id, start, points, payload) VALUES (?, ?, ?, ?, ?)",
-            [(*row[:4], payload_id) for row, payload_id in zip(batch, ids, strict=True)],
-        )
+        for transient in (False, True):
+            chosen = [row for row in batch if (row[0] != finest and row[3] < whole[row[0]]) == transient]
+            ids = store_payloads(connection, [row[4] for row in chosen], transient=transient)
+            connection.executemany(
+                "INSERT INTO chunks (tier, series_id, start, points, payload) VALUES (?, ?, ?, ?, ?)",
+                [(*row[:4], payload_id) for row, payload_id in zip(chosen, ids, strict=True)],
+            )
         moved += len(batch)
     connection.execute("DROP TABLE chunks_schema2")
     payloads = connection.execute("SELECT count(*) FROM payloads").fetchone()[0]

@@ -25,13 +25,13 @@ def util(job: int, t: float) -> float:
     return float((t * 7 + 13 * job) % 100) + 0.25
 
 
-def record_jobs(store: EmbeddedStore, times: list[float]) -> None:
+def record_jobs(store: EmbeddedStore, times: list[float], running: range = range(JOBS)) -> None:
     for t in times:
         jobs = [
             workload(f"job{j}", [(f"gpu-{j:02d}", 1.0, util(j, t))], energy_joules=10.0 * t, idle_seconds=t)
-            for j in range(JOBS)
+            for j in running
         ]
-        samples = [sample(t, f"gpu-{j:02d}", sm=util(j, t)) for j in range(JOBS)]
+        samples = [sample(t, f"gpu-{j:02d}", sm=util(j, t)) for j in running]
         store.record(t, samples, jobs, [project("alpha", jobs)], cluster(JOBS))
 
 
@@ -247,5 +247,26 @@ def test_pieces_of_an_open_coarse_span_fill_pages_of_their_own_and_go_when_it_en
         (series,) = store.query_range(RangeQuery("workload", "uid-job2", ("gpu_utilization_percent",), 0, 180, 60))
         means = [sum(util(2, m + k) for k in (0, 15, 30, 45)) / 4 for m in range(0, 240, 60)]
         assert [v for _, v in series.points] == pytest.approx(means, abs=1 / 64)
+    finally:
+        store.close()
+
+
+def test_a_series_that_stops_inside_a_coarse_span_gets_one_whole_chunk_when_the_span_ends(tmp_path: Path) -> None:
+    """Its pieces are merged at the end of the round that closes the span, though it had no point then."""
+    store = EmbeddedStore(tmp_path / "s.db", tiers=SMALL_TIERS)  # fine spans 120 s, coarse spans 240 s
+    try:
+        record_jobs(store, [float(t) for t in range(0, 120, 15)])  # jobs 0-15 in the first fine span only
+        record_jobs(store, [float(t) for t in range(120, 300, 15)], running=range(8))  # jobs 8-15 stopped
+        connection = store._reader()
+        stopped = connection.execute(
+            "SELECT c.start, c.points, c.payload FROM chunks c JOIN series s ON s.id = c.series_id "
+            "WHERE s.kind = 'workload' AND s.key = 'uid-job12' AND c.tier = 60"
+        ).fetchall()
+        assert len(stopped) == 1 and stopped[0][:2] == (0, 4) and stopped[0][2] > 0
+        assert connection.execute("SELECT count(*) FROM chunks WHERE payload < 0 AND start < 240").fetchone() == (0,)
+        check_counts(store)
+        (series,) = store.query_range(RangeQuery("workload", "uid-job12", ("gpu_utilization_percent",), 0, 180, 60))
+        means = [sum(util(12, m + k) for k in (0, 15, 30, 45)) / 4 for m in (0, 60)]
+        assert [v for _, v in series.points] == pytest.approx([*means, None, None], abs=1 / 64)
     finally:
         store.close()
