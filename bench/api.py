@@ -488,12 +488,15 @@ def writer_cost(args: argparse.Namespace, workdir: Path) -> None:
 
 def _complete_span_bytes(store: EmbeddedStore, start: int, end: int) -> dict[int, tuple[int, int, int, int]]:
     """Per tier: (chunks, bytes as named by the chunks, bytes stored once, seconds) of the chunk spans that
-    lie wholly inside [start, end): whole chunks as the store wrote them when their span ended, each
-    distinct payload counted once (the last coarse span, still in pieces, and the edges are left out)."""
+    lie wholly inside [start, end), the last KEEP of them: whole chunks as the store wrote them when
+    their span ended, each distinct payload counted once (the last coarse span, still in pieces, and the
+    edges are left out). The last KEEP, as a store holds them: finished workloads' series are written
+    for the engine's 7-day retention, so a tier's first days hold fewer series than its later ones."""
     result: dict[int, tuple[int, int, int, int]] = {}
     for span in store.spans:
-        first = -(-start // span.span_seconds) * span.span_seconds
         last = end // span.span_seconds * span.span_seconds
+        kept = -(-int(span.tier.keep_seconds) // span.span_seconds) * span.span_seconds
+        first = max(-(-start // span.span_seconds) * span.span_seconds, last - kept)
         if last <= first:
             continue
         chunks, named, stored = store._writer.execute(
