@@ -22,6 +22,8 @@ from .store import ObjectStore
 
 AUTHENTICATION = ("authentication.k8s.io", "v1", "tokenreviews", "TokenReview")
 AUTHORIZATION = ("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectAccessReview")
+#: (group, plural) of the two create-only review resources
+REVIEW_RESOURCES = {(AUTHENTICATION[0], AUTHENTICATION[2]), (AUTHORIZATION[0], AUTHORIZATION[2])}
 
 
 @dataclass
@@ -71,8 +73,8 @@ class Reviews:
     def _check_caller(self, authorization: str | None, group: str, plural: str) -> None:
         if not self.tokens:
             return
-        token = (authorization or "").removeprefix("Bearer ").strip()
-        caller = self.tokens.get(token) if authorization and authorization.startswith("Bearer ") else None
+        scheme, _, token = (authorization or "").partition(" ")
+        caller = self.tokens.get(token.strip()) if scheme == "Bearer" else None
         if caller is None:
             raise ApiError(401, "Unauthorized", "Unauthorized")
         if not self.allowed(caller.username, [*caller.groups, "system:authenticated"],

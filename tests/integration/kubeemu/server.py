@@ -35,7 +35,7 @@ from .errors import ApiError
 from .eventsview import core_to_v1, v1_to_core
 from .lifecycle import LifecycleRules
 from .resources import BUILTIN, ResourceType, load_crd_files, types_from_crd
-from .reviews import Reviews
+from .reviews import REVIEW_RESOURCES, Reviews
 from .schema import validate
 from .store import ObjectStore, Watcher
 from .validation import check_field_selector, check_pod_spec_update, validate_event
@@ -167,8 +167,7 @@ class KubernetesEmulator(LifecycleRules):
         rtype = self.types.get((group, version, plural))
         if rtype is None:
             raise ApiError(404, "NotFound", f"the server could not find the requested resource ({request.path})")
-        if (rtype.group, rtype.plural) in {("authentication.k8s.io", "tokenreviews"),
-                                            ("authorization.k8s.io", "subjectaccessreviews")}:
+        if (rtype.group, rtype.plural) in REVIEW_RESOURCES:
             if request.method != "POST" or name is not None:
                 raise ApiError(405, "MethodNotAllowed", f"{rtype.plural} can only be created")
             review = self.reviews.handle(rtype.kind, request.headers.get("Authorization"), await self._body(request))
