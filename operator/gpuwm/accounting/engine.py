@@ -20,8 +20,20 @@ from __future__ import annotations
 
 import bisect
 import logging
+from itertools import accumulate
 
-from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Pod, Stretch, Workload, sample_values
+from gpuwm.accounting.state import (
+    INFINITY,
+    NOTHING,
+    EngineConfig,
+    Gpu,
+    Pod,
+    SampleBatch,
+    SampleValues,
+    Stretch,
+    Workload,
+    sample_values,
+)
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import NamespaceEvent, PodEvent, SampleEvent
 
@@ -104,7 +116,8 @@ class EngineCore:
             if t < self.boundary:
                 self.late_samples_dropped += 1
                 return
-            self._insert_late_point(gpu, sample)
+            if self._insert_late_point(gpu, sample_values(sample)):
+                gpu.latest = sample
         else:
             gpu.append(sample_values(sample))
             gpu.latest = sample
@@ -117,9 +130,10 @@ class EngineCore:
         if t > self.clock:
             self._advance(t)
 
-    def _insert_late_point(self, gpu: Gpu, sample: GpuSample) -> None:
+    def _insert_late_point(self, gpu: Gpu, values: SampleValues) -> bool:
+        """Place a sample at or before the GPU's last one; True when it replaced the last (it is the latest)."""
         times = gpu.times
-        t = sample.t
+        t = values[0]
         index = bisect.bisect_left(times, t)
         low = times[index - 1] if index > 0 else -INFINITY
         replacing = times[index] == t
@@ -132,15 +146,151 @@ class EngineCore:
         self._apply_range(gpu, low, high, stretches, -1.0)
         self._apply_parent_energy(gpu, low, high, children, -1.0)
         self._settle_last_active(gpu, stretches, low, high)
-        values = sample_values(sample)
+        latest = False
         if replacing:
             gpu.replace(index, values)
-            if index == len(times) - 1:
-                gpu.latest = sample
+            latest = index == len(times) - 1
         else:
             gpu.insert(index, values)
         self._apply_range(gpu, low, high, stretches, 1.0)
         self._apply_parent_energy(gpu, low, high, children, 1.0)
+        return latest
+
+    def observe_samples(self, batch: SampleBatch) -> None:
+        """Each row of `batch` exactly as `observe_sample` takes it, in row order, without a GpuSample per row.
+
+        The same figures to the bit: the same arithmetic in the same order (late and duplicate
+        rows, MIG parent energy and children, the clock and its maintenance). The rows between
+        two maintenance runs go in as one chunk: each device's rows that simply extend its
+        history are appended at once, and only what reads them (its holders' intervals, a MIG
+        parent's energy) runs per row. A device's `latest` is built (`batch.sample`) only for the
+        row that ends up as its latest.
+        """
+        count = len(batch.t)
+        uuids = [physical_uuid(uuid) for uuid in batch.uuids]
+        row_uuids = [uuids[entry] for entry in batch.device]
+        latest_rows: dict[str, tuple[Gpu, int]] = {}
+        start = 0
+        clock, last_maintenance = self.clock, self._last_maintenance
+        for row, t in enumerate(batch.t):  # where `_advance` would maintain: a chunk ends after that row
+            if t > clock:
+                clock = t
+                if t - last_maintenance >= _MAINTENANCE_EVERY_SECONDS:
+                    last_maintenance = t
+                    self._observe_chunk(batch, row_uuids, start, row + 1, latest_rows)
+                    self._advance(t)
+                    start = row + 1
+        if start < count:
+            self._observe_chunk(batch, row_uuids, start, count, latest_rows)
+            self.clock = max(self.clock, clock)  # no maintenance due, or the loop would have cut there
+        for gpu, row in latest_rows.values():
+            gpu.latest = batch.sample(row)
+
+    def _observe_chunk(
+        self, batch: SampleBatch, row_uuids: list[str], start: int, end: int, latest_rows: dict[str, tuple[Gpu, int]]
+    ) -> None:
+        """Rows start..end-1 of `batch`, during which no maintenance falls due (see `observe_samples`)."""
+        ts, device, parents, energies = batch.t, batch.device, batch.parent_uuids, batch.energy
+        records, children = self.gpu_records, self.mig_children
+        groups: dict[str, list[int]] = {}  # device -> its rows, devices in order of first appearance
+        for row in range(start, end):
+            rows = groups.get(row_uuids[row])
+            if rows is None:
+                groups[row_uuids[row]] = [row]
+            else:
+                rows.append(row)
+        # a MIG instance registered now applies its parent's whole history, so the parent's rows go in
+        # one by one (registered before them: they apply to it; after: they are in the history)
+        registering: set[int] = set()
+        slow: set[str] = set()
+        for row in range(start, end):
+            parent = parents[device[row]]
+            if parent is not None and energies[row] != energies[row] and row_uuids[row] not in children.get(parent, ()):
+                registering.add(row)
+                slow.add(parent)
+        positions: dict[int, int] = {}
+        work: list[int] = []  # rows that need more than their append, in row order once sorted
+        nodes, units = batch.nodes, batch.device_units
+        sms, memories, pod_sms = batch.sm, batch.memory, batch.pod_sm
+        for uuid, rows in groups.items():
+            gpu = records.get(uuid)
+            if gpu is None:
+                gpu = records[uuid] = Gpu(uuid, nodes[device[rows[0]]])
+            gpu.node = nodes[device[rows[-1]]]  # as each row sets it; nothing reads it in between
+            times = gpu.times
+            previous = times[-1] if times else -INFINITY
+            appending = uuid not in slow
+            if appending:
+                for row in rows:
+                    t = ts[row]
+                    if t <= previous:
+                        appending = False
+                        break
+                    previous = t
+            if not appending:
+                slow.add(uuid)
+                work.extend(rows)
+                continue
+            base = len(times)
+            times.extend([ts[row] for row in rows])
+            gpu.sm.extend([sms[row] for row in rows])
+            gpu.memory.extend([memories[row] for row in rows])
+            gpu.energy.extend([energies[row] for row in rows])
+            gpu.pod_sm.extend([pod_sms[row] for row in rows])
+            gpu.device_units.extend([units[device[row]] for row in rows])
+            latest_rows[uuid] = (gpu, rows[-1])
+            if gpu.stretches or uuid in children:
+                for offset, row in enumerate(rows):
+                    positions[row] = base + offset
+                work.extend(rows)
+            else:
+                for row in rows:
+                    if row in registering:
+                        positions[row] = -1
+                        work.append(row)
+        if not work:
+            return
+        work.sort()
+        clocks = list(accumulate(ts[start:end], max, initial=self.clock)) if slow else []
+        for row in work:
+            uuid = row_uuids[row]
+            gpu = records[uuid]
+            t = ts[row]
+            if uuid in slow:
+                self.clock = clocks[row - start]  # the clock as the rows before this one left it
+                entry = device[row]
+                values = (t, sms[row], memories[row], energies[row], pod_sms[row], units[entry])
+                times = gpu.times
+                if times and t <= times[-1]:
+                    if t < self.boundary:
+                        self.late_samples_dropped += 1
+                        continue
+                    if self._insert_late_point(gpu, values):
+                        latest_rows[uuid] = (gpu, row)
+                else:
+                    gpu.append(values)
+                    latest_rows[uuid] = (gpu, row)
+                    if gpu.stretches:
+                        self._apply_interval(gpu, len(times) - 1, -INFINITY, INFINITY, gpu.stretches, 1.0)
+                    if uuid in children:
+                        self._apply_parent_energy(
+                            gpu, times[-2] if len(times) > 1 else t, t, self._child_stretches(uuid), 1.0
+                        )
+                parent = parents[entry]
+                if parent is not None and energies[row] != energies[row]:  # NaN: no energy counter of its own
+                    self._register_mig_child(parent, uuid)
+                continue
+            index = positions[row]
+            if index >= 0:
+                if gpu.stretches:
+                    self._apply_appended(gpu, index, gpu.stretches)
+                if uuid in children:
+                    low = gpu.times[index - 1] if index > 0 else t
+                    self._apply_parent_energy(gpu, low, t, self._child_stretches(uuid), 1.0)
+            if row in registering:
+                parent = parents[device[row]]
+                assert parent is not None
+                self._register_mig_child(parent, uuid)
 
     def observe_pod(self, event: PodEvent) -> None:
         workload = self.workload_records.get(event.workload.uid)
@@ -402,6 +552,65 @@ class EngineCore:
             workload.life_units += unit_seconds
             workload.life_util += unit_seconds * utilization
             if memory != memory:  # NaN: memory not reported
+                workload.windows.add(piece_start, piece_end, units, units * utilization, 0.0, 0.0)
+            else:
+                workload.life_mem_units += unit_seconds
+                workload.life_mem += unit_seconds * memory
+                workload.windows.add(piece_start, piece_end, units, units * utilization, units, units * memory)
+
+    def _apply_appended(self, gpu: Gpu, index: int, stretches: list[Stretch]) -> None:
+        """`_apply_interval(gpu, index, -inf, inf, stretches, 1.0)`, the same arithmetic to the bit, for a new point.
+
+        What `observe_samples` runs per appended row: the whole interval, nothing taken back (x * 1.0
+        is x, and a cut at -inf/inf is the interval itself), the per-stretch work inlined.
+        """
+        times = gpu.times
+        end = times[index]
+        energy = NOTHING
+        if index == 0:
+            start = -INFINITY
+            monitored = False
+            sm = NOTHING
+        else:
+            start = times[index - 1]
+            sm = gpu.sm[index]
+            monitored = sm == sm and end - start <= self._gap
+            joules, previous_joules = gpu.energy[index], gpu.energy[index - 1]
+            if joules == joules and previous_joules == previous_joules:
+                energy = max(0.0, joules - previous_joules) / (end - start)
+        per_process = monitored and gpu.pod_sm[index] is not None
+        memory = gpu.memory[index]
+        threshold = self._threshold
+        cached_key: tuple[Workload, float, float] | None = None
+        utilization = sm
+        for stretch in stretches:
+            stretch_start, stretch_end = stretch.start, stretch.end
+            piece_start = start if start > stretch_start else stretch_start
+            piece_end = end if end < stretch_end else stretch_end
+            if piece_end <= piece_start:
+                continue
+            workload = stretch.workload
+            units = stretch.units
+            unit_seconds = units * (piece_end - piece_start)
+            if energy == energy:
+                workload.energy_joules += energy * unit_seconds
+            if not monitored:
+                workload.unmonitored_seconds += unit_seconds
+                continue
+            if per_process:
+                key = (workload, piece_start, piece_end)
+                if key != cached_key:
+                    cached_key = key
+                    utilization = self._workload_utilization(gpu, index, workload, piece_start, piece_end)
+            if utilization >= threshold:
+                workload.active_seconds += unit_seconds
+                if piece_end > stretch.last_active:
+                    stretch.last_active = piece_end
+            else:
+                workload.idle_seconds += unit_seconds
+            workload.life_units += unit_seconds
+            workload.life_util += unit_seconds * utilization
+            if memory != memory:
                 workload.windows.add(piece_start, piece_end, units, units * utilization, 0.0, 0.0)
             else:
                 workload.life_mem_units += unit_seconds

@@ -10,6 +10,7 @@ import base64
 import math
 import sys
 from array import array
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +40,11 @@ class EngineConfig:
 NOTHING = math.nan  # "not reported" inside the float arrays of a GPU's history
 
 
-def sample_values(sample: GpuSample) -> tuple[float, float, float, float, dict[str, float] | None, float]:
+#: (t, sm %, memory %, energy J, SM % per pod uid, device units): one point of a GPU's history
+SampleValues = tuple[float, float, float, float, dict[str, float] | None, float]
+
+
+def sample_values(sample: GpuSample) -> SampleValues:
     """(t, sm %, memory %, energy J, SM % per pod uid, device units) of a sample; NaN where not reported.
 
     The per-pod SM map is None without per-process data; `processes: []` is per-process
@@ -59,6 +64,50 @@ def sample_values(sample: GpuSample) -> tuple[float, float, float, float, dict[s
     sm = sample.sm_percent if sample.healthy and sample.sm_percent is not None else NOTHING
     energy = NOTHING if sample.energy_joules is None else sample.energy_joules
     return sample.t, sm, memory, energy, pod_sm, sample.device_units
+
+
+@dataclass(frozen=True)
+class SampleBatch:
+    """Samples as columns for `Engine.observe_samples`: one agent snapshot without a GpuSample per sample.
+
+    A row is one sample; its device-constant fields live once per device entry (`device[row]`
+    indexes `uuids`, `nodes`, `parent_uuids`, `device_units`). The float columns hold what
+    `sample_values` derives: NaN where not reported, `sm` NaN also for an unhealthy device,
+    `memory` already a percent. `sample(row)` builds the row's GpuSample; the engine asks only
+    for the rows that end up as a device's latest (the reports read those).
+    """
+
+    uuids: Sequence[str]
+    nodes: Sequence[str]
+    parent_uuids: Sequence[str | None]
+    device_units: Sequence[float]
+    device: Sequence[int]
+    t: Sequence[float]
+    sm: Sequence[float]
+    memory: Sequence[float]
+    energy: Sequence[float]
+    pod_sm: Sequence[dict[str, float] | None]
+    sample: Callable[[int], GpuSample]
+
+    def __len__(self) -> int:
+        return len(self.t)
+
+
+def batch_of_samples(samples: Sequence[GpuSample]) -> SampleBatch:
+    """The batch `Engine.observe_samples` takes for these samples (tests; the agent feed builds its own)."""
+    entries: dict[tuple[str, str, str | None, float], int] = {}
+    device: list[int] = []
+    rows = [sample_values(sample) for sample in samples]
+    for sample in samples:
+        key = (sample.uuid, sample.node, sample.parent_uuid, sample.device_units)
+        device.append(entries.setdefault(key, len(entries)))
+    keys = list(entries)
+    return SampleBatch(
+        uuids=[key[0] for key in keys], nodes=[key[1] for key in keys], parent_uuids=[key[2] for key in keys],
+        device_units=[key[3] for key in keys], device=device, t=[row[0] for row in rows], sm=[row[1] for row in rows],
+        memory=[row[2] for row in rows], energy=[row[3] for row in rows], pod_sm=[row[4] for row in rows],
+        sample=samples.__getitem__,
+    )
 
 
 class Stretch:
@@ -115,7 +164,7 @@ class Gpu:
     def last_time(self) -> float | None:
         return self.times[-1] if self.times else None
 
-    def append(self, values: tuple[float, float, float, float, dict[str, float] | None, float]) -> None:
+    def append(self, values: SampleValues) -> None:
         t, sm, memory, energy, pod_sm, device_units = values
         self.times.append(t)
         self.sm.append(sm)
@@ -124,7 +173,7 @@ class Gpu:
         self.pod_sm.append(pod_sm)
         self.device_units.append(device_units)
 
-    def insert(self, index: int, values: tuple[float, float, float, float, dict[str, float] | None, float]) -> None:
+    def insert(self, index: int, values: SampleValues) -> None:
         t, sm, memory, energy, pod_sm, device_units = values
         self.times.insert(index, t)
         self.sm.insert(index, sm)
@@ -133,7 +182,7 @@ class Gpu:
         self.pod_sm.insert(index, pod_sm)
         self.device_units.insert(index, device_units)
 
-    def replace(self, index: int, values: tuple[float, float, float, float, dict[str, float] | None, float]) -> None:
+    def replace(self, index: int, values: SampleValues) -> None:
         t, sm, memory, energy, pod_sm, device_units = values
         self.times[index] = t
         self.sm[index] = sm
