@@ -6,7 +6,6 @@ calls NVML, the kubelet or gRPC.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -15,11 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from pydantic import BaseModel, TypeAdapter
 
 from gpuwm.agent.attribution import attribute
 from gpuwm.agent.buffer import POD_STATS, SAMPLE, RecordBuffer
 from gpuwm.agent.cgroup import CgroupReader
+from gpuwm.agent.columns import sample_columns
 from gpuwm.agent.kubelet import KubeletStatsClient
 from gpuwm.agent.nvml import NvmlSampler, NvmlUnavailable
 from gpuwm.agent.podresources import PodResourcesClient
@@ -202,19 +203,26 @@ class Agent:
 
     # --- reads for HTTP -----------------------------------------------------------------------------
 
-    def snapshot_json(self, since: int, limit: int = SNAPSHOT_LIMIT_RECORDS) -> bytes:
+    def snapshot_json(self, since: int, limit: int = SNAPSHOT_LIMIT_RECORDS, columns: bool = False) -> bytes:
         """`/v1/snapshot?since=SEQ` as JSON: records after `since` (at most `limit`) and the devices now.
 
-        The records' JSON comes from the buffer as stored, spliced in without parsing it again.
+        Rows (the default): the records' JSON comes from the buffer as stored, spliced in without
+        parsing it again. `columns` (`format=columns`): the samples as one array per field
+        (see `gpuwm.agent.columns`), what the controller pulls.
         """
         with self.lock:
             records = self._records.since(since, limit)
             devices = list(self.state.devices)
         head = {"node": self.node, "seq": records.last_seq, "agent_id": self.agent_id,
                 "truncated": records.truncated, "more": records.more}
+        if columns:
+            head["format"] = "columns"
+            head.update(sample_columns(orjson.loads(b"[" + b",".join(records.samples) + b"]")))
+            samples = b""
+        else:
+            samples = b',"samples":[' + b",".join(records.samples) + b"]"
         return b"".join((
-            json.dumps(head, separators=(",", ":"))[:-1].encode(),
-            b',"samples":[', b",".join(records.samples), b"]",
+            orjson.dumps(head)[:-1], samples,
             b',"pod_stats":[', b",".join(records.pod_stats), b"]",
             b',"devices":', _DEVICES.dump_json(devices), b"}",
         ))

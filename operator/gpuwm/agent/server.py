@@ -22,6 +22,9 @@ from gpuwm.agent.core import SNAPSHOT_LIMIT_RECORDS, Agent
 
 log = logging.getLogger(__name__)
 
+#: `/v1/snapshot?format=`: rows (one JSON object per sample, the default) or columns (see gpuwm.agent.columns)
+SNAPSHOT_FORMATS = ("rows", "columns")
+
 
 def parse_listen(listen: str) -> tuple[str, int]:
     """`HOST:PORT` (or `[v6]:PORT`) -> (host, port); raises ValueError naming the option."""
@@ -79,7 +82,11 @@ class _Handler(BaseHTTPRequestHandler):
                 if isinstance(since, str) or isinstance(limit, str):
                     self._json(400, {"error": since if isinstance(since, str) else limit})
                     return
-                self._send(200, agent.snapshot_json(since, max(1, limit)), "application/json")
+                form = (query.get("format") or ["rows"])[-1]
+                if form not in SNAPSHOT_FORMATS:
+                    self._json(400, {"error": f"format={form!r}: expected rows (the default) or columns"})
+                    return
+                self._send(200, agent.snapshot_json(since, max(1, limit), form == "columns"), "application/json")
             elif url.path in ("/healthz", "/readyz"):
                 ok, reason = agent.liveness() if url.path == "/healthz" else agent.readiness()
                 self._send(200 if ok else 503, (reason + "\n").encode(), "text/plain; charset=utf-8")

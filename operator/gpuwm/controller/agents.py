@@ -13,14 +13,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any
 
 import aiohttp
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+import numpy
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from gpuwm.accounting import Engine
+from gpuwm.controller.columns import SampleColumns, concat, parse_columns
 from gpuwm.model.podstats import PodStatsSample
 from gpuwm.model.sample import GpuSample
 
@@ -93,6 +96,27 @@ class Snapshot:
     pod_stats: list[PodStatsSample]
     more: bool = False  # the agent has records past `seq` (it pages large backlogs)
     truncated: bool = False  # records after `since` had already left the agent's buffer
+    columns: SampleColumns | None = None  # the samples, from an agent that answered `format=columns`
+
+    @property
+    def sample_count(self) -> int:
+        return len(self.samples) + (len(self.columns) if self.columns is not None else 0)
+
+    @property
+    def max_seq(self) -> int:
+        """The highest `seq` among its records (0 without any)."""
+        return max(self.seq, max((s.seq or 0 for s in self.samples), default=0),
+                   max((s.seq or 0 for s in self.pod_stats), default=0),
+                   self.columns.max_seq if self.columns is not None else 0)
+
+    def extend(self, following: Snapshot) -> Snapshot:
+        """The next page of the same pull: `following` with this page's records in front."""
+        following.samples[:0] = self.samples
+        following.pod_stats[:0] = self.pod_stats
+        following.truncated = following.truncated or self.truncated
+        if self.columns is not None:
+            following.columns = self.columns if following.columns is None else concat(self.columns, following.columns)
+        return following
 
 
 class _SnapshotPayload(BaseModel):
@@ -114,7 +138,28 @@ class _SnapshotPayload(BaseModel):
 HolderCache = dict[str, tuple[str, list[dict[str, Any]], list[DeviceHolder]]]
 
 
-def _snapshot(payload: _SnapshotPayload, expected_node: str, holder_cache: HolderCache | None = None) -> Snapshot:
+class _ColumnsEnvelope(BaseModel):
+    """A `format=columns` snapshot's members besides the samples (parsed by `parse_columns`)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    node: str | None = None
+    seq: int = Field(default=0, ge=0)
+    agent_id: str | None = None
+    more: bool = False
+    truncated: bool = False
+    pod_stats: list[PodStatsSample] = Field(default_factory=list)
+    devices: list[dict[str, Any]] = Field(default_factory=list)
+
+
+_ENVELOPE_FIELDS = frozenset(_ColumnsEnvelope.model_fields)
+_ENVELOPE = TypeAdapter(_ColumnsEnvelope)
+
+
+def _snapshot(
+    payload: _SnapshotPayload | _ColumnsEnvelope, expected_node: str, holder_cache: HolderCache | None = None,
+    columns: SampleColumns | None = None,
+) -> Snapshot:
     node = payload.node or expected_node
     cached = holder_cache.get(expected_node) if holder_cache is not None else None
     if cached is not None and cached[0] == node and cached[1] == payload.devices:
@@ -123,8 +168,9 @@ def _snapshot(payload: _SnapshotPayload, expected_node: str, holder_cache: Holde
         holders = [holder for item in payload.devices for holder in _holders(item, node)]
         if holder_cache is not None:
             holder_cache[expected_node] = (node, payload.devices, holders)
-    return Snapshot(node=node, seq=payload.seq, agent_id=payload.agent_id, samples=payload.samples,
-                    holders=holders, pod_stats=payload.pod_stats, more=payload.more, truncated=payload.truncated)
+    samples = payload.samples if isinstance(payload, _SnapshotPayload) else []
+    return Snapshot(node=node, seq=payload.seq, agent_id=payload.agent_id, samples=samples, holders=holders,
+                    pod_stats=payload.pod_stats, more=payload.more, truncated=payload.truncated, columns=columns)
 
 
 def parse_snapshot(
@@ -132,15 +178,22 @@ def parse_snapshot(
 ) -> Snapshot:
     """Validate an agent's JSON (parsed or raw bytes); raises ValueError naming the node and the field at fault.
 
-    `holder_cache` (kept by the puller) skips re-validating device holders an agent repeats unchanged.
+    Either form: samples as rows (pydantic validates each), or as columns (`"format": "columns"`,
+    read into numpy arrays by `parse_columns`; no object per sample). `holder_cache` (kept by the
+    puller) skips re-validating device holders an agent repeats unchanged.
     """
     try:
         if isinstance(payload, bytes | bytearray):
-            parsed = _SnapshotPayload.model_validate_json(payload)
-        else:
-            parsed = _SnapshotPayload.model_validate(payload)
-        return _snapshot(parsed, expected_node, holder_cache)
-    except (ValidationError, TypeError, ValueError, AttributeError) as error:
+            if b'"columns"' not in payload:  # rows: pydantic parses and checks them in one pass
+                return _snapshot(_SnapshotPayload.model_validate_json(payload), expected_node, holder_cache)
+            payload = orjson.loads(payload)
+        if not isinstance(payload, Mapping):
+            raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
+        if payload.get("format") == "columns":
+            envelope = _ENVELOPE.validate_python({key: payload[key] for key in _ENVELOPE_FIELDS if key in payload})
+            return _snapshot(envelope, expected_node, holder_cache, parse_columns(payload))
+        return _snapshot(_SnapshotPayload.model_validate(payload), expected_node, holder_cache)
+    except (ValidationError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as error:
         raise ValueError(f"agent for node {expected_node!r} sent a malformed snapshot: {error}") from None
 
 
@@ -289,11 +342,7 @@ class AgentPuller:
                     snapshot = await self._fetch(node, base_url, 0)
                 pages = 1
                 while snapshot.more and pages < MAX_PAGES_PER_PULL:  # the agent pages large backlogs
-                    following = await self._fetch(node, base_url, snapshot.seq)
-                    following.samples[:0] = snapshot.samples
-                    following.pod_stats[:0] = snapshot.pod_stats
-                    following.truncated = following.truncated or snapshot.truncated
-                    snapshot, pages = following, pages + 1
+                    snapshot, pages = snapshot.extend(await self._fetch(node, base_url, snapshot.seq)), pages + 1
                 if snapshot.truncated:
                     logger.warning("agent on %s dropped samples before the controller read them (seq %d); "
                                    "that time is unmonitored", node, state.since, extra={"node": node})
@@ -306,21 +355,22 @@ class AgentPuller:
                 return None
         if state.warned:
             logger.info("agent on %s answers again", node, extra={"node": node})
-        state.since = max(snapshot.seq, max((s.seq or 0 for s in snapshot.samples), default=0),
-                          max((s.seq or 0 for s in snapshot.pod_stats), default=0))
+        state.since = snapshot.max_seq
         state.agent_id = snapshot.agent_id
         state.last_success = time.time()
         state.failures = 0
         state.warned = False
         if on_snapshot is not None:
             snapshot.samples.sort(key=_sample_time)  # an agent serves in seq order; the engine wants time order
-            on_snapshot(snapshot)
-            snapshot.samples = []
+            on_snapshot(snapshot)  # columns: `SampleIntake.take` puts them in time order
+            snapshot.samples, snapshot.columns = [], None
         return snapshot
 
     async def _fetch(self, node: str, base_url: str, since: int) -> Snapshot:
         assert self._session is not None
-        async with self._session.get(f"{base_url}/v1/snapshot", params={"since": str(since)}) as response:
+        # an agent older than the columnar feed ignores `format` and answers rows: parse_snapshot reads both
+        params = {"since": str(since), "format": "columns"}
+        async with self._session.get(f"{base_url}/v1/snapshot", params=params) as response:
             if response.status != 200:
                 raise ValueError(f"HTTP {response.status} from {base_url}/v1/snapshot")
             payload = await response.read()
@@ -372,10 +422,43 @@ class SampleIntake:
                 latest[sample.uuid] = sample
         if snapshot.samples:
             self.samples += len(snapshot.samples)
-            newest = snapshot.samples[-1].t
-            if self.latest_time is None or newest > self.latest_time:
-                self.latest_time = newest
+            self._newest(snapshot.samples[-1].t)
+        if snapshot.columns is not None and len(snapshot.columns):
+            self._take_columns(snapshot.columns)
         self.cpu_seconds += time.thread_time() - started
+
+    def _take_columns(self, columns: SampleColumns) -> None:
+        """The rows in time order into the engine at once; GpuSample objects only for each device's latest."""
+        order = columns.time_order()
+        built: dict[int, GpuSample] = {}
+
+        def sample(index: int) -> GpuSample:  # the engine and `latest` share one object per row
+            found = built.get(index)
+            if found is None:
+                found = built[index] = columns.sample(int(order[index]))
+            return found
+
+        batch = columns.batch(order)
+        self.engine.observe_samples(replace(batch, sample=sample))
+        uuids = [device.uuid for device in columns.devices]
+        by_uuid = {uuid: position for position, uuid in enumerate(dict.fromkeys(uuids))}
+        entry_uuid = numpy.array([by_uuid[uuid] for uuid in uuids], dtype=numpy.int64)
+        ids = entry_uuid[columns.gpu[order]]
+        # the last row of each device in time order is its latest (of equal times, the later one)
+        _, last_reversed = numpy.unique(ids[::-1], return_index=True)
+        ts = batch.t
+        latest = self.latest
+        for index in (len(ids) - 1 - last_reversed).tolist():
+            uuid = uuids[int(columns.gpu[order[index]])]
+            known = latest.get(uuid)
+            if known is None or ts[index] >= known.t:
+                latest[uuid] = sample(index)
+        self.samples += len(ids)
+        self._newest(ts[-1])
+
+    def _newest(self, t: float) -> None:
+        if self.latest_time is None or t > self.latest_time:
+            self.latest_time = t
 
 
 def sorted_samples(snapshots: Sequence[Snapshot]) -> list[GpuSample]:

@@ -1,0 +1,151 @@
+"""The columnar snapshot feed: the agent's encoding, the controller's parsing and its intake.
+
+Every GpuSample field survives agent -> JSON -> controller; a malformed column is named with
+its row; the engine fed from columns reports exactly what it reports fed sample by sample.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import orjson
+import pytest
+
+from gpuwm.accounting import Engine, EngineConfig
+from gpuwm.agent.columns import sample_columns
+from gpuwm.controller.agents import SampleIntake, Snapshot, parse_snapshot
+from gpuwm.model import GpuSample
+from tests.unit.accounting.helpers import pod
+
+
+def _random_sample(rng: random.Random, t: float, seq: int, uuid: str) -> GpuSample:
+    values: dict[str, Any] = {"t": t, "seq": seq, "node": "n1", "uuid": uuid, "index": int(uuid[-1]),
+                              "model": rng.choice(["NVIDIA H100 80GB HBM3", None])}
+    if uuid.startswith("MIG"):
+        values.update(parent_uuid="GPU-0", mig_profile="3g.40gb", device_units=3 / 7)
+    for name, high in (("sm_percent", 100.0), ("memory_activity_percent", 100.0), ("memory_used_bytes", 8e10),
+                       ("memory_total_bytes", 8e10), ("power_watts", 700.0), ("power_limit_watts", 700.0),
+                       ("energy_joules", 1e9), ("temperature_celsius", 90.0), ("sm_clock_mhz", 2000.0),
+                       ("memory_clock_mhz", 2600.0), ("pcie_rx_bytes_per_second", 1e9),
+                       ("pcie_tx_bytes_per_second", 1e9)):
+        if rng.random() < 0.8:
+            values[name] = rng.choice([0.0, high, round(rng.uniform(0, high), 3)])
+    if rng.random() < 0.1:
+        values.update(healthy=False, error="GPU is lost", sm_percent=None)
+    kind = rng.random()
+    if kind < 0.2:
+        values["processes"] = []
+    elif kind < 0.6:
+        values["processes"] = [
+            {"pid": rng.randint(1, 10**6), "pod_uid": rng.choice(["pod-a", "pod-b", None]),
+             "container": rng.choice(["main", None]), "sm_percent": rng.choice([None, 0.0, 12.5, 100.0]),
+             "memory_used_bytes": rng.choice([None, 1e9])}
+            for _ in range(rng.randint(1, 3))
+        ]
+    return GpuSample.model_validate(values)
+
+
+def _snapshot_bytes(samples: list[GpuSample], **head: Any) -> bytes:
+    """What the agent serves for `format=columns` (records are the samples' JSON, as in its buffer)."""
+    rows = [orjson.loads(sample.model_dump_json()) for sample in samples]
+    body = {"node": "n1", "seq": max((s.seq or 0 for s in samples), default=0), "agent_id": "a", "more": False,
+            "truncated": False, "format": "columns", **sample_columns(rows), "pod_stats": [], "devices": [], **head}
+    return orjson.dumps(body)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_field_of_every_sample_survives_the_round_trip(seed: int) -> None:
+    rng = random.Random(seed)
+    samples = [_random_sample(rng, 100.0 + step + rng.random() * 0.01, step * 3 + index + 1, uuid)
+               for step in range(20) for index, uuid in enumerate(("GPU-0", "GPU-1", "MIG-2"))]
+    snapshot = parse_snapshot(_snapshot_bytes(samples), "n1")
+    assert snapshot.columns is not None and snapshot.samples == []
+    assert [snapshot.columns.sample(row) for row in range(len(samples))] == samples
+    assert snapshot.max_seq == max(s.seq or 0 for s in samples)
+
+
+def test_a_device_field_that_changes_within_a_snapshot_gets_its_own_entry() -> None:
+    samples = [GpuSample(t=1.0, node="n1", uuid="GPU-0", power_limit_watts=700.0),
+               GpuSample(t=2.0, node="n1", uuid="GPU-0", power_limit_watts=500.0)]
+    body = orjson.loads(_snapshot_bytes(samples))
+    assert [entry["power_limit_watts"] for entry in body["gpus"]] == [700.0, 500.0]
+    assert body["columns"]["gpu"] == [0, 1] and "healthy" not in body["columns"] and "processes" not in body
+    snapshot = parse_snapshot(orjson.dumps(body), "n1")
+    assert snapshot.columns is not None
+    assert [snapshot.columns.sample(row) for row in range(2)] == samples
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    (lambda body: body["columns"].update(t=[1.0]), "column 'gpu': 2 values for 1 rows"),
+    (lambda body: body["columns"].update(t=[1.0, None]), "column 't' row 1: None is not a finite time"),
+    (lambda body: body["columns"].update(sm_percent=[5.0, "busy"]), "column 'sm_percent' row 1: 'busy' is not a number"),
+    (lambda body: body["columns"].update(sm_percent=[5.0, 130.0]), "column 'sm_percent' row 1: 130 is above 100"),
+    (lambda body: body["columns"].update(power_watts=[-1.0, None]), "column 'power_watts' row 0: -1 is below 0"),
+    (lambda body: body["columns"].update(gpu=[0, 3]), "column 'gpu' row 1: 3 is not an entry of 'gpus' (1)"),
+    (lambda body: body["columns"].update(seq=[1, 2.5]), "column 'seq' row 1: expected an integer"),
+    (lambda body: body["columns"].update(healthy=[True, 1]), "column 'healthy': expected 2 booleans"),
+    (lambda body: body["gpus"][0].update(device_units=2), "gpus[0].device_units"),
+    (lambda body: body.update(processes={"row": [5], "pid": [1]}), "column 'processes.row'"),
+    (lambda body: body.update(errors={"7": "x"}), "errors['7']"),
+])
+def test_a_malformed_column_is_named_with_its_row(change: Any, says: str) -> None:
+    body = orjson.loads(_snapshot_bytes([GpuSample(t=1.0, node="n1", uuid="GPU-0", seq=1, sm_percent=5.0),
+                                         GpuSample(t=2.0, node="n1", uuid="GPU-0", seq=2, sm_percent=6.0)]))
+    change(body)
+    with pytest.raises(ValueError, match="agent for node 'n9' sent a malformed snapshot") as raised:
+        parse_snapshot(orjson.dumps(body), "n9")
+    assert says in str(raised.value)
+
+
+def test_rows_still_parse_and_pages_of_columns_join() -> None:
+    first = [GpuSample(t=2.0, node="n1", uuid="GPU-0", seq=1, processes=[{"pid": 1, "sm_percent": 3.0}])]
+    second = [GpuSample(t=1.0, node="n1", uuid="GPU-1", seq=2, error="x", healthy=False,
+                        processes=[{"pid": 2, "pod_uid": "p"}])]
+    rows = parse_snapshot({"node": "n1", "seq": 1, "samples": [first[0].model_dump()]}, "n1")
+    assert rows.columns is None and rows.samples == first
+    joined = parse_snapshot(_snapshot_bytes(first, more=True), "n1").extend(parse_snapshot(_snapshot_bytes(second), "n1"))
+    assert joined.columns is not None and joined.sample_count == 2 and joined.max_seq == 2
+    assert [joined.columns.sample(row) for row in range(2)] == first + second
+    assert joined.columns.time_order().tolist() == [1, 0]
+
+
+def _node_samples(rng: random.Random, node: str, start: float, seconds: int) -> list[GpuSample]:
+    samples = []
+    for step in range(seconds):
+        for index in range(4):
+            uuid = f"GPU-{node}-{index}"
+            values: dict[str, Any] = {"t": start + step + rng.choice([0.0, 0.0, -5.0]), "node": node, "uuid": uuid,
+                                      "seq": len(samples) + 1, "sm_percent": rng.choice([0.0, 50.0, None]),
+                                      "memory_used_bytes": 1.0, "memory_total_bytes": rng.choice([0.0, 4.0]),
+                                      "energy_joules": 10.0 * (start + step)}
+            if index == 3:
+                values.update(uuid=f"MIG-{node}", parent_uuid=f"GPU-{node}-0", device_units=1 / 7, energy_joules=None)
+            if index == 2:
+                values["processes"] = [{"pid": 1, "pod_uid": "pod-shared-0", "sm_percent": rng.choice([5.0, None])}]
+            samples.append(GpuSample.model_validate(values))
+    return samples
+
+
+def test_intake_from_columns_equals_intake_from_rows() -> None:
+    rng = random.Random(3)
+    engines = [Engine(EngineConfig()), Engine(EngineConfig())]
+    for engine in engines:
+        for node in ("a", "b"):
+            engine.observe(pod(0.0, f"job-{node}", node=node, devices=[(f"GPU-{node}-0", 1.0), (f"GPU-{node}-1", 1.0)]))
+            engine.observe(pod(0.0, f"shared-{node}", uid="pod-shared-0", node=node, devices=[(f"GPU-{node}-2", 0.5)]))
+            engine.observe(pod(0.0, f"mig-{node}", node=node, devices=[(f"MIG-{node}", 1 / 7)]))
+    intakes = [SampleIntake(engine) for engine in engines]
+    for cycle in range(4):
+        for node in ("a", "b"):
+            samples = _node_samples(rng, node, 1.0 + 15 * cycle, 15)
+            rows = Snapshot(node=node, seq=0, agent_id=None, samples=sorted(samples, key=lambda s: s.t), holders=[],
+                            pod_stats=[])
+            intakes[0].take(rows)
+            intakes[1].take(parse_snapshot(_snapshot_bytes(samples), node))
+    assert engines[1].report(70.0) == engines[0].report(70.0)
+    assert engines[1].gpus(70.0) == engines[0].gpus(70.0)
+    assert intakes[1].latest == intakes[0].latest and len(intakes[1].latest) == 8
+    assert (intakes[1].samples, intakes[1].latest_time) == (intakes[0].samples, intakes[0].latest_time)
+    assert {uuid: gpu.latest for uuid, gpu in engines[1].gpu_records.items()} == {
+        uuid: gpu.latest for uuid, gpu in engines[0].gpu_records.items()}
