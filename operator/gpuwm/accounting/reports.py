@@ -9,7 +9,7 @@ from typing import Any
 from gpuwm.accounting.engine import EngineCore
 from gpuwm.accounting.persist import restore_state, save_state
 from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Stretch, Workload
-from gpuwm.accounting.windows import WINDOW_SECONDS, windows_of
+from gpuwm.accounting.windows import windows_of
 from gpuwm.model.figures import (
     ClusterFigures,
     GpuFigures,
@@ -17,56 +17,67 @@ from gpuwm.model.figures import (
     ProjectFigures,
     Windows,
     WorkloadFigures,
+    trusted,
 )
 
 _TERMINAL_PHASES = ("Succeeded", "Failed", "Deleted")
 
 
+def _optional_float(value: float | None) -> float | None:
+    """As validation of a `float | None` field leaves it (an int becomes a float)."""
+    return None if value is None else float(value)
+
+
+def _gpu_order(item: GpuFigures) -> tuple[str, str, str, str]:
+    return item.node, item.uuid, item.pod or "", item.container or ""
+
+
 class _Sums:
-    """Window integrals of one or more workloads, turned into allocation-weighted means."""
+    """Window integrals of one or more workloads, turned into allocation-weighted means.
 
-    __slots__ = ("current", "memory", "memory_current")
+    One flat list (a report merges thousands: one comprehension per merge, not nested loops):
+    per window avg1m, avg5m, avg1h, lifetime (in that order) units, util, mem_units, mem at
+    4 * window + column; then at 16 the latest samples' (units, units x util) and at 18
+    (units, units x memory %). Every element is summed in the same order as before, so the figures
+    are the same to the bit.
+    """
 
-    def __init__(self) -> None:
-        # per window name: [units, util, mem_units, mem]
-        self.memory: dict[str, list[float]] = {name: [0.0, 0.0, 0.0, 0.0] for name in (*WINDOW_SECONDS, "lifetime")}
-        self.current = [0.0, 0.0]  # units, units x util
-        self.memory_current = [0.0, 0.0]
+    __slots__ = ("values",)
 
-    def add_workload(self, workload: Workload, windows: tuple[list[float], list[float], list[float]]) -> None:
-        for name, values in zip(WINDOW_SECONDS, windows, strict=True):
-            totals = self.memory[name]
-            for index in range(4):
-                totals[index] += values[index]
-        lifetime = self.memory["lifetime"]
-        lifetime[0] += workload.life_units
-        lifetime[1] += workload.life_util
-        lifetime[2] += workload.life_mem_units
-        lifetime[3] += workload.life_mem
+    def __init__(self, values: list[float] | None = None) -> None:
+        self.values = [0.0] * 20 if values is None else values
+
+    @classmethod
+    def of_workload(cls, workload: Workload, windows: tuple[list[float], list[float], list[float]]) -> _Sums:
+        """One workload's sums (`windows`: its `windows.windows(now)`); 0.0 + x as adding to fresh sums did."""
+        minute, five, hour = windows
+        return cls([
+            0.0 + minute[0], 0.0 + minute[1], 0.0 + minute[2], 0.0 + minute[3],
+            0.0 + five[0], 0.0 + five[1], 0.0 + five[2], 0.0 + five[3],
+            0.0 + hour[0], 0.0 + hour[1], 0.0 + hour[2], 0.0 + hour[3],
+            0.0 + workload.life_units, 0.0 + workload.life_util, 0.0 + workload.life_mem_units,
+            0.0 + workload.life_mem, 0.0, 0.0, 0.0, 0.0,
+        ])
 
     def merge(self, other: _Sums) -> None:
-        for name, totals in other.memory.items():
-            mine = self.memory[name]
-            for index in range(4):
-                mine[index] += totals[index]
-        for index in range(2):
-            self.current[index] += other.current[index]
-            self.memory_current[index] += other.memory_current[index]
-
-    @staticmethod
-    def _mean(weighted: float, weight: float) -> float | None:
-        # 1e-9: what is left of a window after taking back late input is rounding, not time
-        return weighted / weight if weight > 1e-9 else None
+        self.values = [mine + theirs for mine, theirs in zip(self.values, other.values, strict=True)]
 
     def windows(self) -> tuple[Windows, Windows]:
-        utilization: dict[str, float | None] = {}
-        memory: dict[str, float | None] = {}
-        for name, (units, util, mem_units, mem) in self.memory.items():
-            utilization[name] = self._mean(util, units)
-            memory[name] = self._mean(mem, mem_units)
-        utilization["current"] = self._mean(self.current[1], self.current[0])
-        memory["current"] = self._mean(self.memory_current[1], self.memory_current[0])
-        return Windows(**utilization), Windows(**memory)
+        # 1e-9: what is left of a window after taking back late input is rounding, not time
+        v = self.values
+        return trusted(Windows, {
+            "current": v[17] / v[16] if v[16] > 1e-9 else None,
+            "avg1m": v[1] / v[0] if v[0] > 1e-9 else None,
+            "avg5m": v[5] / v[4] if v[4] > 1e-9 else None,
+            "avg1h": v[9] / v[8] if v[8] > 1e-9 else None,
+            "lifetime": v[13] / v[12] if v[12] > 1e-9 else None,
+        }), trusted(Windows, {
+            "current": v[19] / v[18] if v[18] > 1e-9 else None,
+            "avg1m": v[3] / v[2] if v[2] > 1e-9 else None,
+            "avg5m": v[7] / v[6] if v[6] > 1e-9 else None,
+            "avg1h": v[11] / v[10] if v[10] > 1e-9 else None,
+            "lifetime": v[15] / v[14] if v[14] > 1e-9 else None,
+        })
 
 
 class Engine(EngineCore):
@@ -187,19 +198,19 @@ class Engine(EngineCore):
         fields = self._device_fields(gpu)
         if stretch.node:
             fields["node"] = stretch.node
-        return GpuFigures(
+        fields.update(
             namespace=workload.namespace,
             workload=workload.name,
             workload_uid=workload.uid,
             pod=pod.name if pod else stretch.pod_uid,
             pod_uid=stretch.pod_uid,
             container=stretch.container,
-            units=stretch.units,
+            units=float(stretch.units),
             utilization_percent=utilization,
             monitored=monitored,
             active=None if utilization is None else utilization >= self._threshold,
-            **fields,
         )
+        return trusted(GpuFigures, fields)
 
     # ------------------------------------------------------------- reports
 
@@ -237,8 +248,8 @@ class Engine(EngineCore):
     def _compute_figures(
         self, workload: Workload, now: float, windows: tuple[list[float], list[float], list[float]] | None
     ) -> tuple[WorkloadFigures, _Sums]:
-        sums = _Sums()
-        sums.add_workload(workload, workload.windows.windows(now) if windows is None else windows)
+        sums = _Sums.of_workload(workload, workload.windows.windows(now) if windows is None else windows)
+        values = sums.values
         unmonitored = workload.unmonitored_seconds
         allocated_gpus = 0.0
         idle_gpus = 0.0
@@ -267,15 +278,15 @@ class Engine(EngineCore):
             utilization, memory, monitored = self._stretch_current(gpu, stretch, now)
             sampling = sampling and monitored
             if utilization is not None:
-                sums.current[0] += stretch.units
-                sums.current[1] += stretch.units * utilization
+                values[16] += stretch.units
+                values[17] += stretch.units * utilization
                 if utilization >= self._threshold:
                     active_now = active_now or monitored
                 else:
                     idle_gpus += stretch.units
             if memory is not None:
-                sums.memory_current[0] += stretch.units
-                sums.memory_current[1] += stretch.units * memory
+                values[18] += stretch.units
+                values[19] += stretch.units * memory
             latest = gpu.latest
             if latest is not None and latest.model:
                 models.add(latest.model)
@@ -291,10 +302,9 @@ class Engine(EngineCore):
         end_phase = "Ended"
         for pod in sorted(workload.pods.values(), key=lambda item: (item.name, item.uid)):
             current = pod.current
-            pod_units = sum(s.units for s in pod.stretches if s.start <= now < s.end)
-            pods.append(
-                PodFigures(name=pod.name, uid=pod.uid, node=current.node, phase=current.phase, allocated_gpus=pod_units)
-            )
+            pod_units = float(sum(s.units for s in pod.stretches if s.start <= now < s.end))
+            pods.append(trusted(PodFigures, {"name": pod.name, "uid": pod.uid, "node": current.node,
+                                             "phase": current.phase, "allocated_gpus": pod_units}))
             if current.phase in _TERMINAL_PHASES:
                 terminal_time = pod.timeline[-1][0]
                 if end_time is None or terminal_time >= end_time:
@@ -329,36 +339,37 @@ class Engine(EngineCore):
             wait_seconds = max(0.0, (end_time if end_time is not None else now) - created)
 
         utilization_windows, memory_windows = sums.windows()
-        figures = WorkloadFigures(
-            uid=workload.uid,
-            namespace=workload.namespace,
-            name=workload.name,
-            kind=workload.kind,
-            api_version=workload.api_version,
-            project=self.project_of(workload),
-            phase=phase,
-            allocated_gpus=allocated_gpus,
-            allocated_gpu_seconds=workload.active_seconds + workload.idle_seconds + unmonitored,
-            active_gpu_seconds=workload.active_seconds,
-            idle_gpu_seconds=workload.idle_seconds,
-            unmonitored_gpu_seconds=unmonitored,
-            idle_gpus=idle_gpus,
-            last_active_time=last_active_time,
-            idle_seconds=idle_seconds,
-            wait_seconds=wait_seconds,
-            run_seconds=run_seconds,
-            energy_joules=workload.energy_joules,
-            utilization=utilization_windows,
-            memory_utilization=memory_windows,
-            created_time=created,
-            start_time=workload.first_run_start,
-            end_time=end_time,
-            sampling=running and sampling,
-            gpu_model=sorted(models)[0] if models else None,
-            nodes=sorted(nodes),
-            pods=pods,
-            gpus=sorted(gpus, key=lambda item: (item.node, item.uuid, item.pod or "", item.container or "")),
-        )
+        # the engine's own numbers: no validation (see `trusted`), float() where an int could come in
+        figures = trusted(WorkloadFigures, {
+            "uid": workload.uid,
+            "namespace": workload.namespace,
+            "name": workload.name,
+            "kind": workload.kind,
+            "api_version": workload.api_version,
+            "project": self.project_of(workload),
+            "phase": phase,
+            "allocated_gpus": float(allocated_gpus),
+            "allocated_gpu_seconds": float(workload.active_seconds + workload.idle_seconds + unmonitored),
+            "active_gpu_seconds": float(workload.active_seconds),
+            "idle_gpu_seconds": float(workload.idle_seconds),
+            "unmonitored_gpu_seconds": float(unmonitored),
+            "idle_gpus": float(idle_gpus),
+            "last_active_time": _optional_float(last_active_time),
+            "idle_seconds": float(idle_seconds),
+            "wait_seconds": float(wait_seconds),
+            "run_seconds": float(run_seconds),
+            "energy_joules": float(workload.energy_joules),
+            "utilization": utilization_windows,
+            "memory_utilization": memory_windows,
+            "created_time": _optional_float(created),
+            "start_time": _optional_float(workload.first_run_start),
+            "end_time": _optional_float(end_time),
+            "sampling": running and sampling,
+            "gpu_model": min(models) if models else None,
+            "nodes": sorted(nodes),
+            "pods": pods,
+            "gpus": sorted(gpus, key=_gpu_order),
+        })
         return figures, sums
 
     def workloads(self, now: float | None = None) -> list[WorkloadFigures]:
@@ -396,24 +407,23 @@ class Engine(EngineCore):
             members, sums = grouped[name]
             utilization, memory = sums.windows()
             namespaces = sorted({figures.namespace for figures in members})
-            projects.append(
-                ProjectFigures(
-                    name=name,
-                    workloads=len(members),
-                    running_workloads=sum(1 for figures in members if figures.allocated_gpus > 0),
-                    namespaces=namespaces,
-                    allocated_gpus=sum(figures.allocated_gpus for figures in members),
-                    idle_gpus=sum(figures.idle_gpus for figures in members),
-                    quota=self._quota(namespaces),
-                    allocated_gpu_seconds=sum(figures.allocated_gpu_seconds for figures in members),
-                    active_gpu_seconds=sum(figures.active_gpu_seconds for figures in members),
-                    idle_gpu_seconds=sum(figures.idle_gpu_seconds for figures in members),
-                    unmonitored_gpu_seconds=sum(figures.unmonitored_gpu_seconds for figures in members),
-                    energy_joules=sum(figures.energy_joules for figures in members),
-                    utilization=utilization,
-                    memory_utilization=memory,
-                )
-            )
+            quota = self._quota(namespaces)
+            projects.append(trusted(ProjectFigures, {
+                "name": name,
+                "workloads": len(members),
+                "running_workloads": sum(1 for figures in members if figures.allocated_gpus > 0),
+                "namespaces": namespaces,
+                "allocated_gpus": float(sum(figures.allocated_gpus for figures in members)),
+                "idle_gpus": float(sum(figures.idle_gpus for figures in members)),
+                "quota": _optional_float(quota),
+                "allocated_gpu_seconds": float(sum(figures.allocated_gpu_seconds for figures in members)),
+                "active_gpu_seconds": float(sum(figures.active_gpu_seconds for figures in members)),
+                "idle_gpu_seconds": float(sum(figures.idle_gpu_seconds for figures in members)),
+                "unmonitored_gpu_seconds": float(sum(figures.unmonitored_gpu_seconds for figures in members)),
+                "energy_joules": float(sum(figures.energy_joules for figures in members)),
+                "utilization": utilization,
+                "memory_utilization": memory,
+            }))
         return projects
 
     def _quota(self, namespaces: list[str]) -> float | None:
@@ -453,22 +463,22 @@ class Engine(EngineCore):
         mig_parents = {sample.parent_uuid for sample in samples if sample.parent_uuid}
         # a MIG parent's own samples are not capacity: its instances are
         total_units = sum(sample.device_units for sample in samples if sample.uuid not in mig_parents)
-        return ClusterFigures(
-            gpus=sum(1 for gpu in self.gpu_records.values() if gpu.latest is not None),
-            healthy_gpus=healthy,
-            total_gpu_units=total_units,
-            allocated_gpus=sum(w.allocated_gpus for w in workloads),
-            idle_gpus=sum(w.idle_gpus for w in workloads),
-            workloads=len(workloads),
-            running_workloads=sum(1 for w in workloads if w.allocated_gpus > 0),
-            allocated_gpu_seconds=sum(w.allocated_gpu_seconds for w in workloads),
-            active_gpu_seconds=sum(w.active_gpu_seconds for w in workloads),
-            idle_gpu_seconds=sum(w.idle_gpu_seconds for w in workloads),
-            unmonitored_gpu_seconds=sum(w.unmonitored_gpu_seconds for w in workloads),
-            energy_joules=sum(w.energy_joules for w in workloads),
-            utilization=utilization,
-            memory_utilization=memory,
-        )
+        return trusted(ClusterFigures, {
+            "gpus": sum(1 for gpu in self.gpu_records.values() if gpu.latest is not None),
+            "healthy_gpus": healthy,
+            "total_gpu_units": float(total_units),
+            "allocated_gpus": float(sum(w.allocated_gpus for w in workloads)),
+            "idle_gpus": float(sum(w.idle_gpus for w in workloads)),
+            "workloads": len(workloads),
+            "running_workloads": sum(1 for w in workloads if w.allocated_gpus > 0),
+            "allocated_gpu_seconds": float(sum(w.allocated_gpu_seconds for w in workloads)),
+            "active_gpu_seconds": float(sum(w.active_gpu_seconds for w in workloads)),
+            "idle_gpu_seconds": float(sum(w.idle_gpu_seconds for w in workloads)),
+            "unmonitored_gpu_seconds": float(sum(w.unmonitored_gpu_seconds for w in workloads)),
+            "energy_joules": float(sum(w.energy_joules for w in workloads)),
+            "utilization": utilization,
+            "memory_utilization": memory,
+        })
 
     def gpus(self, now: float | None = None) -> list[GpuFigures]:
         """Every device by its latest sample, once per holder (a shared GPU has several)."""

@@ -52,16 +52,16 @@ from gpuwm.controller.pods import (
 from gpuwm.controller.ratelimit import TokenBucket
 from gpuwm.controller.sharing import SharingSource
 from gpuwm.controller.status import (
-    build_project_status,
-    build_workload_status,
     dns_name,
     label_value,
     project_counters,
     project_signature,
+    project_status_body,
     workload_counters,
     workload_cr_name,
     workload_labels,
     workload_signature,
+    workload_status_body,
 )
 from gpuwm.controller.units import NodeSharing
 from gpuwm.controller.writer import PROJECT_PLURAL, WORKLOAD_PLURAL, Desired, StatusWriter
@@ -348,23 +348,22 @@ class ControllerRuntime:
         if engine_figures is None:  # retention forgets the CR with the workload, so this is not expected
             raise LookupError(f"workload {uid} is no longer in the engine; its GPUWorkloadMetrics is not rendered")
         figures = self._with_baseline(engine_figures)
-        status = build_workload_status(
+        # the JSON of build_workload_status(...) built directly: no pydantic status per write
+        status, conditions = workload_status_body(
             figures, now,
             idle_condition_after_seconds=self.settings.idle_condition_after,
             underutilized_percent=self.settings.underutilized_percent,
             previous_conditions=self.conditions.get(figures.uid, ()),
         )
-        self.conditions[figures.uid] = status.conditions
-        return status.model_dump(mode="json", by_alias=True)
+        self.conditions[figures.uid] = conditions
+        return status
 
     def _offer_projects(self, projects: list[ProjectFigures], now: float) -> None:
         for figures in projects:
             self.writer.offer(Desired(
                 plural=PROJECT_PLURAL, namespace=None, name=dns_name(figures.name),
                 spec={"project": figures.name}, labels={"gpuwm.io/project": label_value(figures.name)},
-                render=functools.partial(
-                    lambda f, at: build_project_status(f, at).model_dump(mode="json", by_alias=True), figures, now
-                ),
+                render=functools.partial(project_status_body, figures, now),
                 signature=project_signature(figures), counters=project_counters(figures),
                 sample_time=self.latest_sample_time,
             ))
