@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import bisect
 import logging
+from collections.abc import Iterable
 from itertools import accumulate
 
+from gpuwm.accounting.batch import BatchArrays, observe_appending_chunk
 from gpuwm.accounting.state import (
     INFINITY,
     NOTHING,
@@ -40,6 +42,8 @@ from gpuwm.model.trace import NamespaceEvent, PodEvent, SampleEvent
 logger = logging.getLogger(__name__)
 
 _MAINTENANCE_EVERY_SECONDS = 30.0
+#: a batch this long takes the vectorised path where it can (numpy's fixed cost pays from about here)
+_VECTORISED_FROM_ROWS = 64
 
 
 def physical_uuid(uuid: str) -> str:
@@ -167,21 +171,34 @@ class EngineCore:
         row that ends up as its latest.
         """
         count = len(batch.t)
-        uuids = [physical_uuid(uuid) for uuid in batch.uuids]
-        row_uuids = [uuids[entry] for entry in batch.device]
+        physical = [physical_uuid(uuid) for uuid in batch.uuids]
+        uuids = list(dict.fromkeys(physical))
+        entry_uids = [uuids.index(uuid) for uuid in physical] if len(uuids) < len(physical) else list(range(len(uuids)))
+        arrays = BatchArrays(batch, entry_uids, uuids) if count >= _VECTORISED_FROM_ROWS else None
         latest_rows: dict[str, tuple[Gpu, int]] = {}
+        row_uuids: list[str] = []
+
+        def chunk(start: int, end: int) -> None:
+            if arrays is None or not observe_appending_chunk(self, batch, arrays, start, end, latest_rows):
+                if not row_uuids:
+                    row_uuids.extend(physical[entry] for entry in batch.device)
+                self._observe_chunk(batch, row_uuids, start, end, latest_rows)
+
         start = 0
         clock, last_maintenance = self.clock, self._last_maintenance
-        for row, t in enumerate(batch.t):  # where `_advance` would maintain: a chunk ends after that row
+        ts = batch.t
+        rising: Iterable[int] = range(count) if arrays is None else arrays.rising(clock)
+        for row in rising:  # where `_advance` would maintain: a chunk ends after that row
+            t = ts[row]
             if t > clock:
                 clock = t
                 if t - last_maintenance >= _MAINTENANCE_EVERY_SECONDS:
                     last_maintenance = t
-                    self._observe_chunk(batch, row_uuids, start, row + 1, latest_rows)
+                    chunk(start, row + 1)
                     self._advance(t)
                     start = row + 1
         if start < count:
-            self._observe_chunk(batch, row_uuids, start, count, latest_rows)
+            chunk(start, count)
             self.clock = max(self.clock, clock)  # no maintenance due, or the loop would have cut there
         for gpu, row in latest_rows.values():
             gpu.latest = batch.sample(row)

@@ -66,6 +66,56 @@ class WindowSums:
                 return
         data.extend((start, end, units, util_units, mem_units, mem_mem_units))
 
+    def add_many(
+        self, starts: list[float], ends: list[float], units: list[float], util_units: list[float],
+        mem_units: list[float], mem_mem_units: list[float],
+    ) -> None:
+        """`add` of each segment in order, to the bit, without a call per segment (the engine's batch intake).
+
+        `add` only ever reads and changes the last two segments: those move to a Python list
+        for the loop (its items are cheaper to read and update than the array's) and back after.
+        """
+        data = self._data
+        keep = min(len(data), 2 * _STRIDE)
+        tail = data[len(data) - keep :].tolist()
+        del data[len(data) - keep :]
+        for start, end, unit, util, mem_unit, mem in zip(
+            starts, ends, units, util_units, mem_units, mem_mem_units, strict=True
+        ):
+            if end <= start:
+                continue
+            size = len(tail)
+            if size:
+                last = size - _STRIDE
+                if tail[last] == start and tail[last + 1] == end:  # same interval on another device
+                    tail[last + 2] += unit
+                    tail[last + 3] += util
+                    tail[last + 4] += mem_unit
+                    tail[last + 5] += mem
+                    if size >= 2 * _STRIDE:  # what _merge_tail does
+                        before = size - 2 * _STRIDE
+                        if (
+                            tail[before + 1] == tail[last]
+                            and tail[before + 2] == tail[last + 2]
+                            and tail[before + 3] == tail[last + 3]
+                            and tail[before + 4] == tail[last + 4]
+                            and tail[before + 5] == tail[last + 5]
+                        ):
+                            tail[before + 1] = tail[last + 1]
+                            del tail[last:]
+                    continue
+                if (
+                    tail[last + 1] == start
+                    and tail[last + 2] == unit
+                    and tail[last + 3] == util
+                    and tail[last + 4] == mem_unit
+                    and tail[last + 5] == mem
+                ):
+                    tail[last + 1] = end
+                    continue
+            tail += (start, end, unit, util, mem_unit, mem)
+        data.extend(tail)
+
     def _merge_tail(self) -> None:
         data = self._data
         size = len(data)

@@ -71,20 +71,51 @@ class SampleColumns:
         """Rows in time order, rows of equal time in sequence order (what the engine wants)."""
         return numpy.argsort(self.t, kind="stable")
 
+    def take(self, order: Ints) -> SampleColumns:
+        """The rows in `order` (a permutation), the device table as it is."""
+        position = numpy.empty_like(order)
+        position[order] = numpy.arange(len(order))  # old row -> new row
+        processes = self.processes
+        if processes is not None:
+            moved = position[processes.row]
+            by_row = numpy.argsort(moved, kind="stable")  # a row's processes keep their order
+            processes = Processes(
+                moved[by_row], processes.pid[by_row], [processes.pod_uid[index] for index in by_row.tolist()],
+                [processes.container[index] for index in by_row.tolist()], processes.sm_percent[by_row],
+                processes.memory_used_bytes[by_row], {int(position[row]) for row in processes.empty},
+            )
+        return SampleColumns(
+            devices=self.devices, gpu=self.gpu[order], t=self.t[order], healthy=self.healthy[order],
+            numbers={name: column[order] for name, column in self.numbers.items()},
+            errors={int(position[row]): error for row, error in self.errors.items()}, processes=processes,
+        )
+
     def sample(self, row: int) -> GpuSample:
         """Row `row` as the GpuSample the agent took (the values are validated already)."""
-        device = self.devices[int(self.gpu[row])]
-        fields: dict[str, Any] = {name: getattr(device, name) for name in DEVICE_FIELDS}
-        fields["t"] = float(self.t[row])
-        for name, column in self.numbers.items():
-            value = float(column[row])
-            fields[name] = None if value != value else value
-        if fields["seq"] is not None:
-            fields["seq"] = int(fields["seq"])
-        fields["healthy"] = bool(self.healthy[row])
-        fields["error"] = self.errors.get(row)
-        fields["processes"] = self._processes_of(row)
-        return GpuSample.model_validate(fields)
+        return self.samples([row])[0]
+
+    def samples(self, rows: list[int]) -> list[GpuSample]:
+        """`sample` of each row, the columns read once for all of them."""
+        index = numpy.asarray(rows, dtype=numpy.int64)
+        gpus, times, healthy = self.gpu[index].tolist(), self.t[index].tolist(), self.healthy[index].tolist()
+        values = numpy.stack([self.numbers[name][index] for name in NUMBER_COLUMNS], axis=1)
+        reported = values.astype(object)
+        reported[numpy.isnan(values)] = None  # null where not reported
+        figures = reported.tolist()
+        seq = NUMBER_COLUMNS.index("seq")
+        devices, errors, processes = self.devices, self.errors, self.processes
+        built = []
+        for row, gpu, t, ok, numbers in zip(rows, gpus, times, healthy, figures, strict=True):
+            fields = dict(devices[gpu].__dict__)  # its device fields (and placeholders for the rest)
+            fields.update(zip(NUMBER_COLUMNS, numbers, strict=True))
+            if numbers[seq] is not None:
+                fields["seq"] = int(numbers[seq])
+            fields["t"] = t
+            fields["healthy"] = ok
+            fields["error"] = errors.get(row)
+            fields["processes"] = None if processes is None else self._processes_of(row)
+            built.append(GpuSample.model_validate(fields))
+        return built
 
     def _processes_of(self, row: int) -> list[dict[str, Any]] | None:
         processes = self.processes
@@ -150,25 +181,36 @@ def _none(value: float) -> float | None:
 
 def concat(first: SampleColumns, second: SampleColumns) -> SampleColumns:
     """`first`'s rows then `second`'s (pages of one pull)."""
-    count = len(first.t)
-    errors = {**first.errors, **{row + count: error for row, error in second.errors.items()}}
-    processes = first.processes
-    if second.processes is not None:
-        later = second.processes
-        moved = Processes(later.row + count, later.pid, later.pod_uid, later.container, later.sm_percent,
-                          later.memory_used_bytes, {row + count for row in later.empty})
-        processes = moved if processes is None else Processes(
-            numpy.concatenate([processes.row, moved.row]), numpy.concatenate([processes.pid, moved.pid]),
-            processes.pod_uid + moved.pod_uid, processes.container + moved.container,
-            numpy.concatenate([processes.sm_percent, moved.sm_percent]),
-            numpy.concatenate([processes.memory_used_bytes, moved.memory_used_bytes]), processes.empty | moved.empty,
+    return join([first, second])
+
+
+def join(parts: list[SampleColumns]) -> SampleColumns:
+    """The parts' rows one after the other, each part's device table kept (entries renumbered)."""
+    if len(parts) == 1:
+        return parts[0]
+    row_offsets = numpy.cumsum([0] + [len(part.t) for part in parts[:-1]]).tolist()
+    device_offsets = numpy.cumsum([0] + [len(part.devices) for part in parts[:-1]]).tolist()
+    errors = {row + offset: error for part, offset in zip(parts, row_offsets, strict=True)
+              for row, error in part.errors.items()}
+    with_processes = [(part.processes, offset) for part, offset in zip(parts, row_offsets, strict=True)
+                      if part.processes is not None]
+    processes = None
+    if with_processes:
+        processes = Processes(
+            numpy.concatenate([listed.row + offset for listed, offset in with_processes]),
+            numpy.concatenate([listed.pid for listed, _ in with_processes]),
+            [uid for listed, _ in with_processes for uid in listed.pod_uid],
+            [name for listed, _ in with_processes for name in listed.container],
+            numpy.concatenate([listed.sm_percent for listed, _ in with_processes]),
+            numpy.concatenate([listed.memory_used_bytes for listed, _ in with_processes]),
+            {row + offset for listed, offset in with_processes for row in listed.empty},
         )
     return SampleColumns(
-        devices=first.devices + second.devices,
-        gpu=numpy.concatenate([first.gpu, second.gpu + len(first.devices)]),
-        t=numpy.concatenate([first.t, second.t]),
-        healthy=numpy.concatenate([first.healthy, second.healthy]),
-        numbers={name: numpy.concatenate([first.numbers[name], second.numbers[name]]) for name in first.numbers},
+        devices=[device for part in parts for device in part.devices],
+        gpu=numpy.concatenate([part.gpu + offset for part, offset in zip(parts, device_offsets, strict=True)]),
+        t=numpy.concatenate([part.t for part in parts]),
+        healthy=numpy.concatenate([part.healthy for part in parts]),
+        numbers={name: numpy.concatenate([part.numbers[name] for part in parts]) for name in parts[0].numbers},
         errors=errors, processes=processes,
     )
 
@@ -176,35 +218,32 @@ def concat(first: SampleColumns, second: SampleColumns) -> SampleColumns:
 # ----------------------------------------------------------------------------- parsing
 
 
+#: validated `gpus` entries by their values: agents repeat the same entries in every pull
+_DEVICES: dict[tuple[Any, ...], GpuSample] = {}
+_DEVICES_KEPT = 100_000
+#: the fast path's table rows: `gpu`, `t`, then NUMBER_COLUMNS
+_TABLE = ("gpu", "t", *NUMBER_COLUMNS)
+_LOW = numpy.array([0.0, -numpy.inf] + [-numpy.inf if _BOUNDS[name][0] is None else _BOUNDS[name][0]
+                                        for name in NUMBER_COLUMNS])
+_HIGH = numpy.array([numpy.inf, numpy.inf] + [numpy.inf if _BOUNDS[name][1] is None else _BOUNDS[name][1]
+                                              for name in NUMBER_COLUMNS])
+
+
 def parse_columns(payload: Mapping[str, Any]) -> SampleColumns:
-    """The samples of a `format=columns` snapshot; raises ValueError naming the field and the row at fault."""
+    """The samples of a `format=columns` snapshot; raises ValueError naming the field and the row at fault.
+
+    The columns are read in one numpy call and checked at once; where that finds anything
+    wrong (or cannot read them), each column is read on its own to name the field and the row.
+    """
     raw_devices = payload.get("gpus") or []
     raw = payload.get("columns")
     if not isinstance(raw_devices, list) or not isinstance(raw, dict):
         raise ValueError("'gpus' must be a list and 'columns' an object")
-    devices = []
-    for position, entry in enumerate(raw_devices):
-        if not isinstance(entry, dict):
-            raise ValueError(f"gpus[{position}]: expected an object")
-        try:
-            devices.append(GpuSample.model_validate({name: entry.get(name) for name in DEVICE_FIELDS
-                                                     if entry.get(name) is not None} | {"t": 0.0}))
-        except ValidationError as error:
-            first = error.errors()[0]
-            raise ValueError(f"gpus[{position}].{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    devices = [_device(position, entry) for position, entry in enumerate(raw_devices)]
     t_list = raw.get("t")
     if not isinstance(t_list, list):
         raise ValueError("column 't': expected a list")
     count = len(t_list)
-    gpu = _integers(raw.get("gpu"), "gpu", count)
-    outside = numpy.flatnonzero((gpu < 0) | (gpu >= len(devices)))
-    if len(outside):
-        row = int(outside[0])
-        raise ValueError(f"column 'gpu' row {row}: {int(gpu[row])} is not an entry of 'gpus' ({len(devices)})")
-    t = _floats(t_list, "t", count)
-    not_finite = numpy.flatnonzero(~numpy.isfinite(t))
-    if len(not_finite):
-        raise ValueError(f"column 't' row {int(not_finite[0])}: {t_list[int(not_finite[0])]!r} is not a finite time")
     healthy_list = raw.get("healthy")
     healthy = numpy.ones(count, dtype=numpy.bool_)
     if healthy_list is not None:
@@ -212,14 +251,73 @@ def parse_columns(payload: Mapping[str, Any]) -> SampleColumns:
         if len(given) != count or given.dtype != numpy.bool_:
             raise ValueError(f"column 'healthy': expected {count} booleans")
         healthy = given
-    numbers = {name: _checked(raw.get(name), name, count, _BOUNDS[name]) for name in NUMBER_COLUMNS}
-    seq = numbers["seq"]
-    fractional = numpy.flatnonzero(seq != numpy.floor(seq))  # NaN (no seq) compares unequal to itself: not here
-    fractional = fractional[~numpy.isnan(seq[fractional])]
-    if len(fractional):
-        raise ValueError(f"column 'seq' row {int(fractional[0])}: expected an integer")
+    table = _table(raw, count, len(devices))
+    if table is None:
+        gpu = _integers(raw.get("gpu"), "gpu", count)
+        outside = numpy.flatnonzero((gpu < 0) | (gpu >= len(devices)))
+        if len(outside):
+            row = int(outside[0])
+            raise ValueError(f"column 'gpu' row {row}: {int(gpu[row])} is not an entry of 'gpus' ({len(devices)})")
+        t = _floats(t_list, "t", count)
+        not_finite = numpy.flatnonzero(~numpy.isfinite(t))
+        if len(not_finite):
+            raise ValueError(f"column 't' row {int(not_finite[0])}: {t_list[int(not_finite[0])]!r} is not a finite time")
+        numbers = {name: _checked(raw.get(name), name, count, _BOUNDS[name]) for name in NUMBER_COLUMNS}
+        seq = numbers["seq"]
+        fractional = numpy.flatnonzero(seq != numpy.floor(seq))  # NaN (no seq) compares unequal to itself: not here
+        fractional = fractional[~numpy.isnan(seq[fractional])]
+        if len(fractional):
+            raise ValueError(f"column 'seq' row {int(fractional[0])}: expected an integer")
+    else:
+        gpu, t = table[0].astype(numpy.int64), table[1]
+        numbers = {name: table[index] for index, name in enumerate(NUMBER_COLUMNS, start=2)}
     return SampleColumns(devices, gpu, t, healthy, numbers, _errors(payload.get("errors"), count),
                          _processes(payload.get("processes"), count))
+
+
+def _table(raw: Mapping[str, Any], count: int, devices: int) -> Floats | None:
+    """`gpu`, `t` and the number columns as one float table (NaN for null), or None if anything is off."""
+    present = [index for index, name in enumerate(_TABLE) if raw.get(name) is not None]
+    lists = [raw[_TABLE[index]] for index in present]
+    if present[:2] != [0, 1] or not all(type(values) is list and len(values) == count for values in lists):
+        return None
+    table = numpy.full((len(_TABLE), count), numpy.nan)
+    try:
+        table[present] = numpy.array(lists, dtype=numpy.float64)
+    except (TypeError, ValueError):
+        return None
+    with numpy.errstate(invalid="ignore"):
+        gpu, t, seq = table[0], table[1], table[2]
+        wrong = bool(
+            (table < _LOW[:, None]).any() or (table > _HIGH[:, None]).any() or not numpy.isfinite(t).all()
+            or (gpu != numpy.floor(gpu)).any() or (gpu >= devices).any()
+            or ((seq != numpy.floor(seq)) & ~numpy.isnan(seq)).any()
+        )
+    return None if wrong else table
+
+
+def _device(position: int, entry: Any) -> GpuSample:
+    """A `gpus` entry, validated as GpuSample validates those fields (once per distinct entry)."""
+    if not isinstance(entry, dict):
+        raise ValueError(f"gpus[{position}]: expected an object")
+    try:
+        key = tuple(entry.get(name) for name in DEVICE_FIELDS)
+        known = _DEVICES.get(key)
+    except TypeError:  # a value that is not hashable: not valid either, validation says why
+        key, known = (), None
+    if known is not None:
+        return known
+    try:
+        device = GpuSample.model_validate({name: entry.get(name) for name in DEVICE_FIELDS
+                                           if entry.get(name) is not None} | {"t": 0.0})
+    except ValidationError as error:
+        first = error.errors()[0]
+        raise ValueError(f"gpus[{position}].{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
+    if key:
+        if len(_DEVICES) >= _DEVICES_KEPT:
+            _DEVICES.clear()
+        _DEVICES[key] = device
+    return device
 
 
 def _errors(raw: Any, count: int) -> dict[int, str]:

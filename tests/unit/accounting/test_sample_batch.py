@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from gpuwm.accounting import Engine, EngineConfig
+from gpuwm.accounting.batch import observe_appending_chunk
 from gpuwm.accounting.state import batch_of_samples
 from gpuwm.model import GpuSample, PodEvent
 from tests.unit.accounting.helpers import pod
@@ -56,12 +57,17 @@ def _sample(rng: random.Random, t: float, uuid: str, energy: dict[str, float], p
     return GpuSample.model_validate(values)
 
 
-def _trace(seed: int) -> list[list[PodEvent] | list[GpuSample]]:
-    """Batches of samples (one agent snapshot each) with pod events in between, in arrival order."""
+def _trace(seed: int, late: bool = True) -> list[list[PodEvent] | list[GpuSample]]:
+    """Batches of samples (one agent snapshot each) with pod events in between, in arrival order.
+
+    Without `late`, each device's samples only extend its history: the vectorised path's case.
+    """
     rng = random.Random(seed)
     pods = rng.randint(1, 5)
-    devices = [*WHOLE, SHARED, PARENT, *CHILDREN]
-    holdable = [(uuid, 1.0) for uuid in WHOLE] + [(SHARED, 0.25), (SHARED, 0.5), ("MIG-1", 3 / 7), ("MIG-2", 1 / 7)]
+    mig = late or seed % 2 == 1  # a MIG parent's rows go row by row: leave it out of half the clean traces
+    devices = [*WHOLE, SHARED, *([PARENT, *CHILDREN] if mig else [])]
+    holdable = [(uuid, 1.0) for uuid in WHOLE] + [(SHARED, 0.25), (SHARED, 0.5)]
+    holdable += [("MIG-1", 3 / 7), ("MIG-2", 1 / 7)] if mig else []
     energy: dict[str, float] = {}
     pod_times = {
         f"p{index}": sorted(rng.sample(range(0, 400), rng.randint(1, 4))) for index in range(pods)
@@ -88,10 +94,10 @@ def _trace(seed: int) -> list[list[PodEvent] | list[GpuSample]]:
                 if rng.random() < 0.1:
                     continue  # a hole; several in a row make a gap
                 sample_t = t
-                if rng.random() < 0.05:
+                if late and rng.random() < 0.05:
                     sample_t = t - rng.choice([step, 3.0, 30.0, 150.0])  # late (or too late), maybe a duplicate time
                 samples.append(_sample(rng, sample_t, uuid, energy, pods))
-        if rng.random() < 0.5:
+        if rng.random() < 0.5 or not late:
             samples.sort(key=lambda sample: sample.t)  # what the puller hands over; unsorted also works
         batches.append(samples)
         now += span
@@ -120,15 +126,29 @@ def _state(engine: Engine) -> dict[str, Any]:
     }
 
 
+@pytest.mark.parametrize("late", [True, False])
 @pytest.mark.parametrize("seed", range(60))
-def test_columns_equal_samples_one_by_one(seed: int) -> None:
-    batches = _trace(seed)
+def test_columns_equal_samples_one_by_one(seed: int, late: bool) -> None:
+    batches = _trace(seed, late)
     one_by_one, columns = _run(batches, columns=False), _run(batches, columns=True)
     for now in (300.0, 460.0):
         workloads, projects, cluster = one_by_one.report(now)
         assert columns.report(now) == (workloads, projects, cluster)  # pydantic ==: every field, floats exactly
     assert columns.gpus(460.0) == one_by_one.gpus(460.0)
     assert _state(columns) == _state(one_by_one)
+
+
+def test_the_vectorised_path_takes_most_chunks_of_traces_without_late_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    taken: list[bool] = []
+
+    def spy(*args: Any) -> bool:
+        taken.append(observe_appending_chunk(*args))
+        return taken[-1]
+
+    monkeypatch.setattr("gpuwm.accounting.engine.observe_appending_chunk", spy)
+    for seed in range(20):
+        _run(_trace(seed, late=False), columns=True)
+    assert sum(taken) > len(taken) / 3, (sum(taken), len(taken))  # half the traces have a MIG parent
 
 
 def test_the_traces_cover_what_they_claim() -> None:

@@ -1,0 +1,244 @@
+"""The vectorised path of `Engine.observe_samples`: a chunk of rows that only extend device histories.
+
+The common case at 1 Hz: every device's rows in a pull come after its last point and in
+time order, no MIG instance registers, no MIG parent shares its energy. Then the rows'
+effects are independent of each other except for the sums they add to, and numpy computes
+every (row, holder) piece at once with the arithmetic of `EngineCore._apply_appended`,
+element for element. The sums go in with `numpy.bincount`, which adds its weights in input
+order, each workload's current value first: the same additions in the same order as the
+row-by-row path, so the figures are the same to the bit. Window segments go in per
+workload in row order (`WindowSums.add_many`). Anything else returns False before changing
+anything, and the chunk takes the row-by-row path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gpuwm.accounting.state import INFINITY, Gpu, SampleBatch, Stretch, Workload
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from gpuwm.accounting.engine import EngineCore
+
+
+class BatchArrays:
+    """A batch's columns as numpy arrays (made once per batch, sliced per chunk)."""
+
+    def __init__(self, batch: SampleBatch, entry_uids: list[int], uuids: list[str]) -> None:
+        import numpy
+
+        self.t = numpy.asarray(batch.t, dtype=numpy.float64)
+        self.sm = numpy.asarray(batch.sm, dtype=numpy.float64)
+        self.memory = numpy.asarray(batch.memory, dtype=numpy.float64)
+        self.energy = numpy.asarray(batch.energy, dtype=numpy.float64)
+        self.device = numpy.asarray(batch.device, dtype=numpy.int64)
+        pod_sm = batch.pod_sm
+        self.any_per_process = list(pod_sm).count(None) != len(pod_sm)
+        self.per_process = (numpy.array([value is not None for value in pod_sm], dtype=numpy.bool_)
+                            if self.any_per_process else numpy.zeros(len(pod_sm), dtype=numpy.bool_))
+        self.device_units = numpy.asarray(batch.device_units, dtype=numpy.float64)
+        self.entry_uids = entry_uids  # index into `uuids` (physical devices) of each batch entry
+        self.row_uids = numpy.asarray(entry_uids, dtype=numpy.int64)[self.device]
+        self.uuids = uuids
+
+    def rising(self, clock: float) -> list[int]:
+        """The rows whose time is past every earlier row's and `clock`: the only ones that move the clock."""
+        import numpy
+
+        before = numpy.maximum.accumulate(numpy.concatenate(([clock], self.t)))[:-1]
+        rows: list[int] = numpy.flatnonzero(self.t > before).tolist()
+        return rows
+
+
+def observe_appending_chunk(
+    core: EngineCore, batch: SampleBatch, arrays: BatchArrays, start: int, end: int,
+    latest_rows: dict[str, tuple[Gpu, int]],
+) -> bool:
+    """Rows start..end-1 at once if each only extends its device's history; False (nothing done) otherwise."""
+    import numpy
+
+    count = end - start
+    uid = arrays.row_uids[start:end]
+    order = numpy.argsort(uid, kind="stable")  # chunk rows grouped by device, each device's in row order
+    grouped_uid = uid[order]
+    t = arrays.t[start:end][order]
+    same = grouped_uid[1:] == grouped_uid[:-1]
+    if (same & ~(t[1:] > t[:-1])).any():
+        return False  # a device's rows out of order or twice: late rows
+    cuts = numpy.flatnonzero(~same) + 1
+    group_start = numpy.concatenate(([0], cuts))
+    group_end = numpy.concatenate((cuts, [count]))
+    records, children = core.gpu_records, core.mig_children
+    device = arrays.device[start:end]
+    energy = arrays.energy[start:end]
+    for entry, parent in enumerate(batch.parent_uuids):  # a MIG instance to register: row by row
+        registered = parent is None or arrays.uuids[arrays.entry_uids[entry]] in children.get(parent, ())
+        if not registered and (numpy.isnan(energy) & (device == entry)).any():
+            return False
+    uuids = [arrays.uuids[u] for u in grouped_uid[group_start].tolist()]
+    first_times = t[group_start].tolist()
+    for uuid, first in zip(uuids, first_times, strict=True):
+        if uuid in children:
+            return False  # a MIG parent shares each interval's energy: row by row
+        gpu = records.get(uuid)
+        if gpu is not None and gpu.times and first <= gpu.times[-1]:
+            return False
+    # --- from here on the chunk is taken: append every device's rows
+    order_list = order.tolist()
+    starts, ends = group_start.tolist(), group_end.tolist()
+    nodes = batch.nodes
+    device_list = device.tolist()
+    for position in sorted(range(len(uuids)), key=lambda index: order_list[starts[index]]):
+        if uuids[position] not in records:  # created in order of first appearance, as row by row
+            records[uuids[position]] = Gpu(uuids[position], nodes[device_list[order_list[starts[position]]]])
+    t_list = t.tolist()
+    sm = arrays.sm[start:end][order]
+    memory = arrays.memory[start:end][order]
+    energy = energy[order]
+    sm_list, memory_list, energy_list = sm.tolist(), memory.tolist(), energy.tolist()
+    units_list = arrays.device_units[device[order]].tolist()
+    pod_sm = batch.pod_sm
+    pod_sm_list = [pod_sm[start + row] for row in order_list] if arrays.any_per_process else [None] * count
+    gpus: list[Gpu] = []
+    previous_t = numpy.full(len(uuids), -INFINITY)
+    previous_energy = numpy.full(len(uuids), numpy.nan)
+    bases = []
+    for position, uuid in enumerate(uuids):
+        gpu = records[uuid]
+        low, high = starts[position], ends[position]
+        gpu.node = nodes[device_list[order_list[high - 1]]]
+        if gpu.times:
+            previous_t[position] = gpu.times[-1]
+            previous_energy[position] = gpu.energy[-1]
+        bases.append(len(gpu.times))
+        gpu.times.extend(t_list[low:high])
+        gpu.sm.extend(sm_list[low:high])
+        gpu.memory.extend(memory_list[low:high])
+        gpu.energy.extend(energy_list[low:high])
+        gpu.pod_sm.extend(pod_sm_list[low:high])
+        gpu.device_units.extend(units_list[low:high])
+        latest_rows[uuid] = (gpu, start + order_list[high - 1])
+        gpus.append(gpu)
+    _apply_pieces(core, gpus, bases, group_start, group_end, order, t, sm, memory, energy, previous_t,
+                  previous_energy, arrays.per_process[start:end][order])
+    return True
+
+
+def _apply_pieces(
+    core: EngineCore, gpus: list[Gpu], bases: list[int], group_start: npt.NDArray[Any], group_end: npt.NDArray[Any],
+    order: npt.NDArray[Any], t: npt.NDArray[Any], sm: npt.NDArray[Any], memory: npt.NDArray[Any],
+    energy: npt.NDArray[Any], previous_t: npt.NDArray[Any], previous_energy: npt.NDArray[Any],
+    per_process: npt.NDArray[Any],
+) -> None:
+    """`_apply_appended` of every appended row (grouped by device) on its holders, in row order."""
+    import numpy
+
+    combo_group: list[int] = []
+    stretches: list[Stretch] = []
+    workload_ids: dict[Workload, int] = {}
+    combo_workload: list[int] = []
+    for position, gpu in enumerate(gpus):
+        for stretch in gpu.stretches:
+            combo_group.append(position)
+            stretches.append(stretch)
+            combo_workload.append(workload_ids.setdefault(stretch.workload, len(workload_ids)))
+    if not stretches:
+        return
+    groups = numpy.array(combo_group, dtype=numpy.int64)
+    sizes = (group_end - group_start)[groups]
+    total = int(sizes.sum())
+    pair_combo = numpy.repeat(numpy.arange(len(stretches)), sizes)
+    offset = numpy.arange(total) - numpy.repeat(numpy.cumsum(sizes) - sizes, sizes)
+    pair_position = group_start[groups][pair_combo] + offset  # grouped position of each pair's row
+    # the row-by-row order: rows in order, a row's holders in the device's stretch order
+    by_row = numpy.lexsort((pair_combo, order[pair_position]))
+    pair_combo, pair_position = pair_combo[by_row], pair_position[by_row]
+    # each row's interval (previous point, this point]; a device's first row continues its history
+    start_t = numpy.empty_like(t)
+    start_t[1:] = t[:-1]
+    start_t[group_start] = previous_t
+    start_energy = numpy.empty_like(energy)
+    start_energy[1:] = energy[:-1]
+    start_energy[group_start] = previous_energy
+    has_previous = numpy.isfinite(start_t)
+    with numpy.errstate(invalid="ignore", divide="ignore"):
+        monitored = has_previous & ~numpy.isnan(sm) & (t - start_t <= core._gap)
+        rate = numpy.maximum(0.0, energy - start_energy) / (t - start_t)  # NaN where either is not reported
+    stretch_start = numpy.array([stretch.start for stretch in stretches])[pair_combo]
+    stretch_end = numpy.array([stretch.end for stretch in stretches])[pair_combo]
+    units = numpy.array([stretch.units for stretch in stretches])[pair_combo]
+    low, high = start_t[pair_position], t[pair_position]
+    piece_start = numpy.where(low > stretch_start, low, stretch_start)
+    piece_end = numpy.where(high < stretch_end, high, stretch_end)
+    valid = piece_end > piece_start
+    unit_seconds = units * (piece_end - piece_start)
+    pair_workload = numpy.array(combo_workload, dtype=numpy.int64)[pair_combo]
+    pair_rate = rate[pair_position]
+    pair_monitored = monitored[pair_position] & valid
+    utilization = sm[pair_position].copy()
+    per_process_pairs = numpy.flatnonzero(pair_monitored & per_process[pair_position])
+    if len(per_process_pairs):
+        group_of = numpy.array(combo_group, dtype=numpy.int64)[pair_combo]
+        index = numpy.array(bases, dtype=numpy.int64)[group_of] + (pair_position - group_start[group_of])
+        cached: tuple[Any, ...] | None = None
+        value = 0.0
+        for pair, gpu_position, point, start, end in zip(
+            per_process_pairs.tolist(), group_of[per_process_pairs].tolist(), index[per_process_pairs].tolist(),
+            piece_start[per_process_pairs].tolist(), piece_end[per_process_pairs].tolist(), strict=True,
+        ):
+            stretch = stretches[int(pair_combo[pair])]
+            key = (gpu_position, point, stretch.workload, start, end)
+            if key != cached:
+                cached = key
+                value = core._workload_utilization(gpus[gpu_position], point, stretch.workload, start, end)
+            utilization[pair] = value
+    active = pair_monitored & (utilization >= core._threshold)
+    idle = pair_monitored & ~(utilization >= core._threshold)
+    memory_known = pair_monitored & ~numpy.isnan(memory[pair_position])
+    pair_memory = memory[pair_position]
+    workloads = list(workload_ids)
+    count = len(workloads)
+    every = numpy.arange(count)
+
+    def summed(attribute: str, mask: npt.NDArray[Any], values: npt.NDArray[Any]) -> None:
+        if not mask.any():
+            return
+        initial = numpy.array([getattr(workload, attribute) for workload in workloads])
+        sums = numpy.bincount(numpy.concatenate((every, pair_workload[mask])),
+                              weights=numpy.concatenate((initial, values[mask])), minlength=count).tolist()
+        for workload, value in zip(workloads, sums, strict=True):
+            setattr(workload, attribute, value)
+
+    with numpy.errstate(invalid="ignore"):
+        summed("energy_joules", valid & ~numpy.isnan(pair_rate), pair_rate * unit_seconds)
+        summed("unmonitored_seconds", valid & ~monitored[pair_position], unit_seconds)
+        summed("active_seconds", active, unit_seconds)
+        summed("idle_seconds", idle, unit_seconds)
+        summed("life_units", pair_monitored, unit_seconds)
+        summed("life_util", pair_monitored, unit_seconds * utilization)
+        summed("life_mem_units", memory_known, unit_seconds)
+        summed("life_mem", memory_known, unit_seconds * pair_memory)
+    if active.any():
+        latest_active = numpy.full(len(stretches), -INFINITY)
+        numpy.maximum.at(latest_active, pair_combo[active], piece_end[active])
+        for stretch, value in zip(stretches, latest_active.tolist(), strict=True):
+            if value > stretch.last_active:
+                stretch.last_active = value
+    windowed = numpy.flatnonzero(pair_monitored)
+    if not len(windowed):
+        return
+    by_workload = windowed[numpy.argsort(pair_workload[windowed], kind="stable")]
+    segment_units = units[by_workload]
+    known = memory_known[by_workload]
+    columns = (
+        piece_start[by_workload].tolist(), piece_end[by_workload].tolist(), segment_units.tolist(),
+        (segment_units * utilization[by_workload]).tolist(),
+        numpy.where(known, segment_units, 0.0).tolist(),
+        numpy.where(known, segment_units * pair_memory[by_workload], 0.0).tolist(),
+    )
+    owners = pair_workload[by_workload]
+    cuts = (numpy.flatnonzero(owners[1:] != owners[:-1]) + 1).tolist()
+    for low_index, high_index in zip([0, *cuts], [*cuts, len(owners)], strict=True):
+        workloads[int(owners[low_index])].windows.add_many(*(column[low_index:high_index] for column in columns))
