@@ -165,9 +165,17 @@ def trusted(cls: type[_Model], values: dict[str, Any]) -> _Model:
     to the byte; tests check this against validated construction.
     """
     template = _TEMPLATES.get(cls) or _template(cls)
+    return trusted_complete(cls, {**template, **values}, set(values))
+
+
+def trusted_complete(cls: type[_Model], values: dict[str, Any], fields_set: set[str] | None = None) -> _Model:
+    """As `trusted` for `values` that hold every field of `cls` in field order (no defaults to merge).
+
+    `fields_set`: the fields given (as validation would record them); all of them by default.
+    """
     instance = _new_object(cls)
-    _set(instance, "__dict__", {**template, **values})
-    _set(instance, "__pydantic_fields_set__", set(values))
+    _set(instance, "__dict__", values)
+    _set(instance, "__pydantic_fields_set__", set(values) if fields_set is None else fields_set)
     _set(instance, "__pydantic_extra__", None)
     _set(instance, "__pydantic_private__", None)
     return instance
