@@ -323,7 +323,7 @@ class Engine(EngineCore):
         for pod in ordered_pods:
             current = pod.current
             any_running = any_running or current.phase == "Running"
-            pod_units = 0  # summed from an int 0, as sum() did: the same float
+            pod_units: float = 0  # summed from an int 0, as sum() did: the same float
             for pod_stretch in pod.stretches:
                 if pod_stretch.start <= now < pod_stretch.end:
                     pod_units += pod_stretch.units
