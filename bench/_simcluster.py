@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import json
 import multiprocessing
 import os
 import resource
@@ -27,9 +26,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
 
+import orjson  # noqa: E402
 from aiohttp import web  # noqa: E402
 
 from gpuwm.accounting import Engine, EngineConfig  # noqa: E402
+from gpuwm.agent.columns import sample_columns  # noqa: E402
 from gpuwm.controller.agents import AgentPuller, SampleIntake  # noqa: E402
 from gpuwm.controller.status import build_project_status, build_workload_status  # noqa: E402
 from gpuwm.model.trace import NamespaceEvent, PodEvent, parse_trace_line  # noqa: E402
@@ -86,9 +87,14 @@ async def _agents_main(config: SimConfig, pipe: Connection) -> None:
             return web.Response(status=failing[node], text="injected failure")
         buffer = buffers[node]
         since = int(request.query.get("since", "0"))
-        body = {"node": node, "seq": buffer.seq, "agent_id": buffer.agent_id, "truncated": False,
-                "samples": _after(buffer.samples, since), "pod_stats": _after(buffer.pod_stats, since), "devices": []}
-        return web.Response(body=json.dumps(body, separators=(",", ":")), content_type="application/json")
+        samples = _after(buffer.samples, since)
+        body: dict[str, Any] = {"node": node, "seq": buffer.seq, "agent_id": buffer.agent_id, "truncated": False}
+        if request.query.get("format") == "columns":  # what the controller asks for, encoded as the agent does
+            body.update(format="columns", **sample_columns(samples))
+        else:
+            body["samples"] = samples
+        body.update(pod_stats=_after(buffer.pod_stats, since), devices=[])
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
 
     app = web.Application()
     app.router.add_get("/nodes/{node}/v1/snapshot", snapshot)
@@ -258,6 +264,7 @@ class SimulatedController:
             self.engine.observe(event)
         intake = SampleIntake(self.engine)  # as the controller does: each agent's samples into the engine on arrival
         result = await self.puller.pull_all(self.agents.urls, on_snapshot=intake.take)
+        intake.flush()  # columnar snapshots go to the engine as one batch
         samples = sorted(intake.latest.values(), key=lambda sample: sample.t)  # the store reads each device's latest
         now = self.clock
         workloads, projects, cluster = self.engine.report(now)

@@ -31,6 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import orjson  # noqa: E402
 from aiohttp import web  # noqa: E402
 from tests.integration.fakeagent import FakeNode  # noqa: E402
 from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator  # noqa: E402
@@ -110,8 +111,9 @@ def serve_cluster(args: argparse.Namespace, pipe: Any) -> None:
 
     async def start_agents() -> str:
         async def snapshot(request: web.Request) -> web.Response:
-            node = nodes[request.match_info["node"]]
-            return web.json_response(node.snapshot(int(request.query.get("since", "0"))))
+            node = nodes[request.match_info["node"]]  # the agent's JSON, in the format asked for (columns)
+            body = orjson.dumps(node.snapshot(int(request.query.get("since", "0")), request.query.get("format")))
+            return web.Response(body=body, content_type="application/json")
         app = web.Application()
         app.router.add_get("/{node}/v1/snapshot", snapshot)
         runner = web.AppRunner(app)

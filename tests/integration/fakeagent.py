@@ -16,6 +16,7 @@ from typing import Any
 
 from aiohttp import web
 
+from gpuwm.agent.columns import sample_columns
 from tests.integration.kubeemu import EmulatorThread
 
 
@@ -60,11 +61,14 @@ class FakeNode:
                     "power_watts": power, "energy_joules": self.energy_joules, "healthy": True,
                 })
 
-    def snapshot(self, since: int) -> dict[str, Any]:
+    def snapshot(self, since: int, form: str | None = None) -> dict[str, Any]:
+        """The agent's answer to `?since=SEQ&format=FORM`: rows by default, columns as the real agent encodes them."""
         self._advance(time.time())
         self.served += 1
-        return {"node": self.name, "seq": self.seq, "agent_id": self.agent_id, "truncated": False,
-                "samples": [s for s in self.samples if s["seq"] > since], "pod_stats": [], "devices": self.holders}
+        samples = [s for s in self.samples if s["seq"] > since]
+        head = {"node": self.name, "seq": self.seq, "agent_id": self.agent_id, "truncated": False}
+        body = {**head, "format": "columns", **sample_columns(samples)} if form == "columns" else {**head, "samples": samples}
+        return {**body, "pod_stats": [], "devices": self.holders}
 
 
 class FakeAgents:
@@ -85,7 +89,7 @@ class FakeAgents:
         async def snapshot(request: web.Request) -> web.Response:
             if node.down:
                 await asyncio.sleep(30)  # longer than the controller's pull timeout
-            return web.json_response(node.snapshot(int(request.query.get("since", "0"))))
+            return web.json_response(node.snapshot(int(request.query.get("since", "0")), request.query.get("format")))
 
         app = web.Application()
         app.router.add_get("/v1/snapshot", snapshot)

@@ -215,6 +215,7 @@ class ControllerRuntime:
         timer = _PhaseTimer()
         intake = SampleIntake(self.engine, self.holders_by_node)
         result = await self.puller.pull_all(self.agent_urls(), on_snapshot=intake.take)
+        intake.flush()  # columnar snapshots go to the engine as one batch
         timer.mark("pull")
         timer.phases["pull"] -= intake.cpu_seconds  # the engine's share of the pull, reported on its own
         if intake.changed_nodes:  # attribution changed: those nodes' pods get events with their devices

@@ -1,0 +1,52 @@
+"""`/v1/snapshot?format=columns` from the agent's own buffer: the same samples as the row format."""
+
+from __future__ import annotations
+
+import urllib.error
+import urllib.request
+
+import orjson
+
+from gpuwm.agent.buffer import SAMPLE
+from gpuwm.agent.core import Agent
+from gpuwm.agent.metrics import MetricsRenderer
+from gpuwm.agent.server import AgentHTTPServer, serve_in_thread
+from gpuwm.config import Settings
+from gpuwm.controller.agents import parse_snapshot
+from gpuwm.model import GpuSample
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_columns_and_rows_carry_the_same_samples() -> None:
+    agent = Agent(Settings(pod_resources_socket="/nonexistent.sock", proc_root="/nonexistent"), "node-1")
+    samples = [
+        GpuSample(t=10.0 + step, node="node-1", uuid=f"GPU-{index}", seq=2 * step + index + 1, index=index,
+                  sm_percent=None if index else 40.0, healthy=index == 0, error=None if index == 0 else "GPU is lost",
+                  energy_joules=100.0 * step, processes=[{"pid": 7, "pod_uid": "p", "sm_percent": 40.0}] if index == 0 else None)
+        for step in range(3) for index in range(2)
+    ]
+    agent._records.append([(SAMPLE, sample) for sample in samples])
+    server = AgentHTTPServer(("127.0.0.1", 0), agent, MetricsRenderer(agent, process_metrics=False).render)
+    thread = serve_in_thread(server)
+    try:
+        base = f"http://127.0.0.1:{server.server_address[1]}/v1/snapshot"
+        status, rows = _get(base + "?since=2")
+        assert status == 200 and b'"samples":[' in rows
+        status, columns = _get(base + "?since=2&format=columns")
+        assert status == 200 and orjson.loads(columns)["format"] == "columns"
+        from_rows, from_columns = parse_snapshot(rows, "node-1"), parse_snapshot(columns, "node-1")
+        assert from_columns.columns is not None and from_columns.seq == from_rows.seq == 6
+        assert [from_columns.columns.sample(row) for row in range(4)] == from_rows.samples == samples[2:]
+        status, body = _get(base + "?format=parquet")
+        assert status == 400 and b"format='parquet'" in body
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+        server.server_close()
