@@ -43,13 +43,13 @@ class BatchArrays:
         self.row_uids = numpy.asarray(entry_uids, dtype=numpy.int64)[self.device]
         self.uuids = uuids
 
-    def rising(self, clock: float) -> list[int]:
-        """The rows whose time is past every earlier row's and `clock`: the only ones that move the clock."""
+    def rising(self, clock: float) -> list[tuple[int, float]]:
+        """(row, t) of the rows whose time is past every earlier row's and `clock`: the only ones that move the clock."""
         import numpy
 
         before = numpy.maximum.accumulate(numpy.concatenate(([clock], self.t)))[:-1]
-        rows: list[int] = numpy.flatnonzero(self.t > before).tolist()
-        return rows
+        rows = numpy.flatnonzero(self.t > before)
+        return list(zip(rows.tolist(), self.t[rows].tolist(), strict=True))
 
 
 def observe_appending_chunk(

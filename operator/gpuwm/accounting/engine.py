@@ -21,7 +21,9 @@ from __future__ import annotations
 import bisect
 import logging
 from collections.abc import Iterable
+from dataclasses import replace
 from itertools import accumulate
+from typing import Any
 
 from gpuwm.accounting.batch import BatchArrays, observe_appending_chunk
 from gpuwm.accounting.state import (
@@ -42,8 +44,15 @@ from gpuwm.model.trace import NamespaceEvent, PodEvent, SampleEvent
 logger = logging.getLogger(__name__)
 
 _MAINTENANCE_EVERY_SECONDS = 30.0
+#: SampleBatch's per-row columns (numpy arrays from the controller, lists elsewhere)
+_COLUMNS = ("device", "t", "sm", "memory", "energy")
 #: a batch this long takes the vectorised path where it can (numpy's fixed cost pays from about here)
 _VECTORISED_FROM_ROWS = 64
+
+
+def _python(column: Any) -> Any:
+    """A numpy column as a list of Python numbers (what the row-by-row path adds up); a list as it is."""
+    return column.tolist() if hasattr(column, "tolist") else column
 
 
 def physical_uuid(uuid: str) -> str:
@@ -172,24 +181,26 @@ class EngineCore:
         """
         count = len(batch.t)
         physical = [physical_uuid(uuid) for uuid in batch.uuids]
-        uuids = list(dict.fromkeys(physical))
-        entry_uids = [uuids.index(uuid) for uuid in physical] if len(uuids) < len(physical) else list(range(len(uuids)))
-        arrays = BatchArrays(batch, entry_uids, uuids) if count >= _VECTORISED_FROM_ROWS else None
+        uids: dict[str, int] = {}
+        entry_uids = [uids.setdefault(uuid, len(uids)) for uuid in physical]
+        given_arrays = hasattr(batch.t, "tolist")  # numpy columns (the controller's); else lists
+        arrays = BatchArrays(batch, entry_uids, list(uids)) if given_arrays or count >= _VECTORISED_FROM_ROWS else None
+        as_lists: list[SampleBatch] = [] if given_arrays else [batch]  # the row-by-row path reads Python floats
         latest_rows: dict[str, tuple[Gpu, int]] = {}
         row_uuids: list[str] = []
 
         def chunk(start: int, end: int) -> None:
             if arrays is None or not observe_appending_chunk(self, batch, arrays, start, end, latest_rows):
+                if not as_lists:
+                    as_lists.append(replace(batch, **{name: _python(getattr(batch, name)) for name in _COLUMNS}))
                 if not row_uuids:
-                    row_uuids.extend(physical[entry] for entry in batch.device)
-                self._observe_chunk(batch, row_uuids, start, end, latest_rows)
+                    row_uuids.extend(physical[entry] for entry in as_lists[0].device)
+                self._observe_chunk(as_lists[0], row_uuids, start, end, latest_rows)
 
         start = 0
         clock, last_maintenance = self.clock, self._last_maintenance
-        ts = batch.t
-        rising: Iterable[int] = range(count) if arrays is None else arrays.rising(clock)
-        for row in rising:  # where `_advance` would maintain: a chunk ends after that row
-            t = ts[row]
+        rising: Iterable[tuple[int, float]] = enumerate(batch.t) if arrays is None else arrays.rising(clock)
+        for row, t in rising:  # where `_advance` would maintain: a chunk ends after that row
             if t > clock:
                 clock = t
                 if t - last_maintenance >= _MAINTENANCE_EVERY_SECONDS:

@@ -12,11 +12,14 @@ import sys
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuwm.accounting.windows import WindowSums
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import PodEvent
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 INFINITY = math.inf
 
@@ -81,11 +84,11 @@ class SampleBatch:
     nodes: Sequence[str]
     parent_uuids: Sequence[str | None]
     device_units: Sequence[float]
-    device: Sequence[int]
-    t: Sequence[float]
-    sm: Sequence[float]
-    memory: Sequence[float]
-    energy: Sequence[float]
+    device: Sequence[int] | npt.NDArray[Any]  # the per-row columns: lists, or numpy arrays (int64, float64)
+    t: Sequence[float] | npt.NDArray[Any]
+    sm: Sequence[float] | npt.NDArray[Any]
+    memory: Sequence[float] | npt.NDArray[Any]
+    energy: Sequence[float] | npt.NDArray[Any]
     pod_sm: Sequence[dict[str, float] | None]
     sample: Callable[[int], GpuSample]
 

@@ -145,9 +145,9 @@ class SampleColumns:
             uuids=[device.uuid for device in devices], nodes=[device.node for device in devices],
             parent_uuids=[device.parent_uuid for device in devices],
             device_units=[device.device_units for device in devices],
-            device=self.gpu[order].tolist(), t=self.t[order].tolist(), sm=sm[order].tolist(),
-            memory=memory[order].tolist(), energy=self.numbers["energy_joules"][order].tolist(),
-            pod_sm=self._pod_sm(order), sample=lambda index: self.sample(int(order[index])),
+            device=self.gpu[order], t=self.t[order], sm=sm[order], memory=memory[order],
+            energy=self.numbers["energy_joules"][order], pod_sm=self._pod_sm(order),
+            sample=lambda index: self.sample(int(order[index])),
         )
 
     def _pod_sm(self, order: Ints) -> list[dict[str, float] | None]:

@@ -9,8 +9,10 @@ identical reports (every figure, compared with ==) and identical engine state.
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
+import numpy
 import pytest
 
 from gpuwm.accounting import Engine, EngineConfig
@@ -104,11 +106,16 @@ def _trace(seed: int, late: bool = True) -> list[list[PodEvent] | list[GpuSample
     return batches
 
 
-def _run(batches: list[list[PodEvent] | list[GpuSample]], columns: bool) -> Engine:
+def _run(batches: list[list[PodEvent] | list[GpuSample]], columns: bool, arrays: bool = False) -> Engine:
+    """Fed one by one, or as batches (`arrays`: their columns as numpy arrays, as the controller gives them)."""
     engine = Engine(EngineConfig(interval_seconds=1.0, late_event_window_seconds=120.0))
     for batch in batches:
         if batch and isinstance(batch[0], GpuSample) and columns:
-            engine.observe_samples(batch_of_samples([item for item in batch if isinstance(item, GpuSample)]))
+            given = batch_of_samples([item for item in batch if isinstance(item, GpuSample)])
+            if arrays:
+                given = replace(given, device=numpy.array(given.device, dtype=numpy.int64),
+                                **{name: numpy.array(getattr(given, name)) for name in ("t", "sm", "memory", "energy")})
+            engine.observe_samples(given)
         else:
             for item in batch:
                 engine.observe(item)
@@ -130,12 +137,15 @@ def _state(engine: Engine) -> dict[str, Any]:
 @pytest.mark.parametrize("seed", range(60))
 def test_columns_equal_samples_one_by_one(seed: int, late: bool) -> None:
     batches = _trace(seed, late)
-    one_by_one, columns = _run(batches, columns=False), _run(batches, columns=True)
+    one_by_one, columns = _run(batches, columns=False), _run(batches, columns=True, arrays=seed % 2 == 1)
     for now in (300.0, 460.0):
         workloads, projects, cluster = one_by_one.report(now)
         assert columns.report(now) == (workloads, projects, cluster)  # pydantic ==: every field, floats exactly
     assert columns.gpus(460.0) == one_by_one.gpus(460.0)
     assert _state(columns) == _state(one_by_one)
+    numbers = [columns.clock, *(getattr(workload, name) for workload in columns.workload_records.values()
+                                for name in ("active_seconds", "idle_seconds", "energy_joules", "life_util"))]
+    assert all(type(value) is float for value in numbers)  # no numpy scalar leaks into the state
 
 
 def test_the_vectorised_path_takes_most_chunks_of_traces_without_late_rows(monkeypatch: pytest.MonkeyPatch) -> None:
