@@ -12,6 +12,7 @@ import asyncio
 import base64
 import json
 import logging
+import re
 import ssl
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -19,6 +20,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from gpuwm import __version__
 
@@ -28,6 +30,10 @@ MERGE_PATCH = "application/merge-patch+json"
 APPLY_PATCH = "application/apply-patch+yaml"
 FIELD_MANAGER = "gpuwm"
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
+#: the query of every create and patch (one object: `request` recognises it and skips encoding it)
+FIELD_MANAGER_PARAMS: Mapping[str, str] = {"fieldManager": FIELD_MANAGER}
+#: a server URL or path that needs no percent-encoding (DNS names, ports, resource paths)
+_PLAIN_URL = re.compile(r"[A-Za-z0-9._~:/-]*")
 USER_AGENT = f"gpuwm-controller/{__version__}"
 
 #: plural names of the owner kinds the chart grants `get` on; other kinds go through discovery
@@ -122,6 +128,7 @@ class KubeClient:
         relogin: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         self.server = server.rstrip("/")
+        self._plain_server = _PLAIN_URL.fullmatch(self.server) is not None
         # a User-Agent of its own: the API server's audit log and priority-and-fairness rules can name it
         self._headers = {"User-Agent": USER_AGENT, **dict(headers or {})}
         self._ssl = ssl_context
@@ -206,6 +213,7 @@ class KubeClient:
             data = orjson.dumps(body)  # orjson writes NaN and the infinities as null
         else:
             data = json.dumps(body, allow_nan=False)
+        url, query = self._url(path, params)
         attempt = 0
         relogged = False
         while True:
@@ -213,7 +221,7 @@ class KubeClient:
             delay: float | None = None
             try:
                 async with session.request(
-                    method, self.server + path, params=params, data=data,
+                    method, url, params=query, data=data,
                     headers={"Content-Type": content_type} if data is not None else None,
                 ) as response:
                     if response.status < 300:
@@ -240,14 +248,28 @@ class KubeClient:
             logger.debug("retrying %s %s in %.2fs (attempt %d)", method, path, delay, attempt)
             await asyncio.sleep(delay)
 
+    def _url(self, path: str, params: Mapping[str, str] | None) -> tuple[str | URL, Mapping[str, str] | None]:
+        """The URL and query to hand aiohttp: built once, unparsed and unquoted, where nothing needs quoting.
+
+        Status writes and creates (plain resource paths, the field manager query) skip yarl's
+        parse and encoding of the URL each time (~10 % of a status write's client CPU); the
+        bytes sent are the same (a test compares them).
+        """
+        if self._plain_server and _PLAIN_URL.fullmatch(path) is not None:
+            if params is None:
+                return URL(self.server + path, encoded=True), None
+            if params is FIELD_MANAGER_PARAMS:
+                return URL(f"{self.server}{path}?fieldManager={FIELD_MANAGER}", encoded=True), None
+        return self.server + path, params
+
     async def get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any] | None:
         return await self.request("GET", path, params=params)
 
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any] | None:
-        return await self.request("POST", path, params={"fieldManager": FIELD_MANAGER}, body=body)
+        return await self.request("POST", path, params=FIELD_MANAGER_PARAMS, body=body)
 
     async def merge_patch(self, path: str, body: Mapping[str, Any], *, nan_as_null: bool = False) -> dict[str, Any] | None:
-        return await self.request("PATCH", path, params={"fieldManager": FIELD_MANAGER}, body=body,
+        return await self.request("PATCH", path, params=FIELD_MANAGER_PARAMS, body=body,
                                   content_type=MERGE_PATCH, nan_as_null=nan_as_null)
 
     async def delete(self, path: str) -> dict[str, Any] | None:
