@@ -18,6 +18,8 @@ _new_object = object.__new__
 _set = object.__setattr__
 #: per model class: every field name -> its plain default, in field order (see `trusted`)
 _TEMPLATES: dict[type[BaseModel], dict[str, Any]] = {}
+#: per model class: the set of all its field names (see `trusted_complete`)
+_ALL_FIELDS: dict[type[BaseModel], set[str]] = {}
 
 
 class _Figures(BaseModel):
@@ -154,6 +156,11 @@ def _template(cls: type[BaseModel]) -> dict[str, Any]:
     return template
 
 
+def _all_fields(cls: type[BaseModel]) -> set[str]:
+    fields = _ALL_FIELDS[cls] = set(cls.model_fields)
+    return fields
+
+
 def trusted(cls: type[_Model], values: dict[str, Any]) -> _Model:
     """`cls(**values)` without validation, for figures the engine computed itself (~4x cheaper).
 
@@ -171,11 +178,16 @@ def trusted(cls: type[_Model], values: dict[str, Any]) -> _Model:
 def trusted_complete(cls: type[_Model], values: dict[str, Any], fields_set: set[str] | None = None) -> _Model:
     """As `trusted` for `values` that hold every field of `cls` in field order (no defaults to merge).
 
-    `fields_set`: the fields given (as validation would record them); all of them by default.
+    `fields_set`: the fields given (as validation would record them); by default every field,
+    as one set per class shared by its instances: pydantic only ever adds field names to it
+    (on assignment), which it holds already, so it never changes. A report keeps ~24,000 of
+    these models; one set less each is ~20 % fewer objects for the garbage collector to scan.
     """
     instance = _new_object(cls)
     _set(instance, "__dict__", values)
-    _set(instance, "__pydantic_fields_set__", set(values) if fields_set is None else fields_set)
+    if fields_set is None:
+        fields_set = _ALL_FIELDS.get(cls) or _all_fields(cls)
+    _set(instance, "__pydantic_fields_set__", fields_set)
     _set(instance, "__pydantic_extra__", None)
     _set(instance, "__pydantic_private__", None)
     return instance

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from gpuwm.accounting import Engine
 from gpuwm.accounting.reports import _Sums
-from gpuwm.model.figures import GpuFigures, PodFigures, Windows, WorkloadFigures, trusted
+from gpuwm.model.figures import GpuFigures, PodFigures, Windows, WorkloadFigures, trusted, trusted_complete
 from tests.unit.accounting.test_properties import HORIZON, PROPERTY_SETTINGS, Event, traces
 
 
@@ -145,3 +145,15 @@ def test_flat_sums_equal_the_nested_sums_to_the_bit(workloads: list[tuple[list[f
                 assert _bits(getattr(utilization, name)) == _bits(want_utilization[name]), name
                 assert _bits(getattr(memory, name)) == _bits(want_memory[name]), name
 
+
+
+def test_complete_figures_share_one_fields_set_that_never_changes() -> None:
+    values = {"current": 1.0, "avg1m": None, "avg5m": None, "avg1h": None, "lifetime": None}
+    first, second = trusted_complete(Windows, dict(values)), trusted_complete(Windows, dict(values))
+    assert first.model_fields_set is second.model_fields_set
+    assert first.model_fields_set == set(Windows.model_fields)
+    first.current = 5.0  # pydantic adds the name to the fields set: it is there already
+    copied = first.model_copy(update={"avg1m": 2.0})
+    assert second.current == 1.0 and copied.avg1m == 2.0 and first.avg1m is None
+    assert first.model_fields_set == set(Windows.model_fields)
+    assert copied.model_fields_set is not first.model_fields_set
