@@ -491,8 +491,12 @@ class SampleIntake:
 
 
 def sorted_samples(snapshots: Sequence[Snapshot]) -> list[GpuSample]:
-    """All samples of one pull in time order, the order the engine wants them."""
-    return sorted((sample for snap in snapshots for sample in snap.samples), key=_sample_time)
+    """All samples of one pull in time order, the order the engine wants them (columns made GpuSample objects)."""
+    samples = [sample for snap in snapshots for sample in snap.samples]
+    for snap in snapshots:
+        if snap.columns is not None:
+            samples += snap.columns.samples(list(range(len(snap.columns))))
+    return sorted(samples, key=_sample_time)
 
 
 def index_holders(holders_by_node: Mapping[str, list[DeviceHolder]]) -> dict[str, list[DeviceHolder]]:

@@ -11,12 +11,15 @@ from typing import Any
 
 import orjson
 import pytest
+from aiohttp import web
 
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.agent.columns import sample_columns
-from gpuwm.controller.agents import SampleIntake, Snapshot, parse_snapshot
+from gpuwm.controller.agents import AgentPuller, SampleIntake, Snapshot, parse_snapshot
 from gpuwm.model import GpuSample
 from tests.unit.accounting.helpers import pod
+
+from .loopback import serving
 
 
 def _random_sample(rng: random.Random, t: float, seq: int, uuid: str) -> GpuSample:
@@ -150,3 +153,40 @@ def test_intake_from_columns_equals_intake_from_rows() -> None:
     assert (intakes[1].samples, intakes[1].latest_time) == (intakes[0].samples, intakes[0].latest_time)
     assert {uuid: gpu.latest for uuid, gpu in engines[1].gpu_records.items()} == {
         uuid: gpu.latest for uuid, gpu in engines[0].gpu_records.items()}
+
+
+async def test_the_puller_asks_for_columns_pages_them_and_tracks_since(caplog: pytest.LogCaptureFixture) -> None:
+    samples = [GpuSample(t=float(seq), node="n1", uuid=f"GPU-{seq % 2}", seq=seq, sm_percent=50.0) for seq in range(1, 6)]
+    asked: list[tuple[str, str | None]] = []
+    broken = {"on": False}
+
+    async def handle(request: web.Request) -> web.Response:
+        since = int(request.query["since"])
+        asked.append((request.query["since"], request.query.get("format")))
+        page = [sample for sample in samples if (sample.seq or 0) > since][:2]
+        more = len([sample for sample in samples if (sample.seq or 0) > since]) > 2
+        body = orjson.loads(_snapshot_bytes(page, more=more, seq=(page[-1].seq if page else since) or 0))
+        if broken["on"]:
+            body["columns"]["sm_percent"][0] = 250.0
+        return web.Response(body=orjson.dumps(body), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/v1/snapshot", handle)
+    engine = Engine(EngineConfig())
+    puller = AgentPuller(timeout_seconds=2)
+    async with serving(app) as url:
+        try:
+            intake = SampleIntake(engine)
+            result = await puller.pull_all({"n1": url}, on_snapshot=intake.take)
+            intake.flush()
+            assert asked == [("0", "columns"), ("2", "columns"), ("4", "columns")]
+            assert intake.samples == 5 and puller.positions()["n1"]["since"] == 5
+            assert result.snapshots[0].columns is None  # handed over, not kept
+            assert {uuid: sample.seq for uuid, sample in intake.latest.items()} == {"GPU-0": 4, "GPU-1": 5}
+            samples.append(GpuSample(t=6.0, node="n1", uuid="GPU-0", seq=6, sm_percent=50.0))
+            broken["on"] = True
+            result = await puller.pull_all({"n1": url}, on_snapshot=intake.take)
+            assert result.failed_nodes == ["n1"] and puller.positions()["n1"]["since"] == 5
+            assert any("column 'sm_percent' row 0: 250 is above 100" in record.message for record in caplog.records)
+        finally:
+            await puller.close()
