@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from gpuwm.accounting.state import SampleBatch
 from gpuwm.agent.columns import DEVICE_FIELDS, NUMBER_COLUMNS
-from gpuwm.model.sample import GpuSample
+from gpuwm.model.sample import GpuSample, ProcessSample
 
 Floats = npt.NDArray[numpy.float64]
 Ints = npt.NDArray[numpy.int64]
@@ -113,8 +113,9 @@ class SampleColumns:
             fields["t"] = t
             fields["healthy"] = ok
             fields["error"] = errors.get(row)
-            fields["processes"] = None if processes is None else self._processes_of(row)
-            built.append(GpuSample.model_validate(fields))
+            listed = None if processes is None else self._processes_of(row)
+            fields["processes"] = None if listed is None else [ProcessSample.model_validate(item) for item in listed]
+            built.append(_validated(fields))
         return built
 
     def _processes_of(self, row: int) -> list[dict[str, Any]] | None:
@@ -173,6 +174,21 @@ class SampleColumns:
             if uid is not None and sm[index] == sm[index]:
                 pod_sm[uid] = pod_sm.get(uid, 0.0) + sm[index]
         return [by_row[row] for row in order.tolist()]
+
+
+_FIELDS = frozenset(GpuSample.model_fields)
+
+
+def _validated(fields: dict[str, Any]) -> GpuSample:
+    """A GpuSample of every field's value, checked already (column by column): built as `model_construct`
+    builds it, without its per-field defaults and alias lookups (~1 us instead of ~6 us for `model_validate`).
+    """
+    sample = GpuSample.__new__(GpuSample)
+    object.__setattr__(sample, "__dict__", fields)
+    object.__setattr__(sample, "__pydantic_fields_set__", set(_FIELDS))
+    object.__setattr__(sample, "__pydantic_extra__", None)
+    object.__setattr__(sample, "__pydantic_private__", None)
+    return sample
 
 
 def _none(value: float) -> float | None:
@@ -301,7 +317,7 @@ def _device(position: int, entry: Any) -> GpuSample:
     if not isinstance(entry, dict):
         raise ValueError(f"gpus[{position}]: expected an object")
     try:
-        key = tuple(entry.get(name) for name in DEVICE_FIELDS)
+        key = tuple(map(entry.get, DEVICE_FIELDS))
         known = _DEVICES.get(key)
     except TypeError:  # a value that is not hashable: not valid either, validation says why
         key, known = (), None

@@ -64,7 +64,9 @@ def test_every_field_of_every_sample_survives_the_round_trip(seed: int) -> None:
                for step in range(20) for index, uuid in enumerate(("GPU-0", "GPU-1", "MIG-2"))]
     snapshot = parse_snapshot(_snapshot_bytes(samples), "n1")
     assert snapshot.columns is not None and snapshot.samples == []
-    assert [snapshot.columns.sample(row) for row in range(len(samples))] == samples
+    rebuilt = snapshot.columns.samples(list(range(len(samples))))
+    assert rebuilt == samples
+    assert [s.model_dump_json() for s in rebuilt] == [s.model_dump_json() for s in samples]  # types too (5 != 5.0)
     assert snapshot.max_seq == max(s.seq or 0 for s in samples)
 
 
