@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from pydantic import BaseModel
 
 from gpuwm.model import GpuSample, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
@@ -41,7 +42,7 @@ from gpuwm.store.codec import (
     encode_head,
     quantize,
 )
-from gpuwm.store.rows import Rows, build_rows
+from gpuwm.store.rows import RowBuilder, Rows
 from gpuwm.store.schema import APPLICATION_ID as APPLICATION_ID  # re-exported: the file's identity
 from gpuwm.store.schema import SCHEMA_VERSION as SCHEMA_VERSION
 from gpuwm.store.schema import check_file, create_schema
@@ -82,6 +83,10 @@ class EmbeddedStore(Store):
         self._local = threading.local()
         self._series_ids: dict[tuple[str, str], int] = {}
         self._latest_json: dict[str, str] = {}  # what latest_* holds now, so unchanged figures are not rewritten
+        # the figures objects those rows were dumped from: the engine hands the same object again for a
+        # settled workload (figures never change in place), which then needs no JSON at all
+        self._latest_objects: dict[str, object] = {}
+        self._rows = RowBuilder()  # each workload's series and pairs, kept between intervals
         self._head_blocks: set[int] = set()  # blocks with head rows
         self._pending: list[int] = []  # blocks still to compact below `_target`
         self._budget = 1  # blocks compacted per record call in this round
@@ -154,18 +159,17 @@ class EmbeddedStore(Store):
         pod_stats: Sequence[PodStatsSample] = (),
     ) -> None:
         """Write one interval in one transaction: head rows, changed latest figures, a slice of compaction."""
-        rows = build_rows(samples, workloads, projects, cluster, pod_stats, known=self._series_ids)
+        rows = self._rows.build(samples, workloads, projects, cluster, pod_stats, known=self._series_ids)
         with self._write_lock:
             connection = self._writer
             connection.execute("BEGIN IMMEDIATE")
             try:
                 self.write_points(at, rows)
                 self._write_latest(
-                    "latest_workloads",
-                    [(w.uid, (w.uid, w.namespace, w.name, w.project, at), w.model_dump_json()) for w in workloads],
+                    "latest_workloads", [(w.uid, (w.uid, w.namespace, w.name, w.project, at), w) for w in workloads]
                 )
-                self._write_latest("latest_projects", [(p.name, (p.name, at), p.model_dump_json()) for p in projects])
-                self._write_latest("latest_cluster", [("1", (1, at), cluster.model_dump_json())])
+                self._write_latest("latest_projects", [(p.name, (p.name, at), p) for p in projects])
+                self._write_latest("latest_cluster", [("1", (1, at), cluster)])
                 self._set_meta("latest_time", at)
                 if self._get_meta("earliest_time") is None:
                     self._set_meta("earliest_time", at)
@@ -173,18 +177,42 @@ class EmbeddedStore(Store):
                 connection.execute("COMMIT")
             except BaseException:
                 connection.execute("ROLLBACK")
-                self._latest_json.clear()  # the rolled-back rows may be gone: rewrite them next time
+                self._forget_uncommitted()
                 raise
 
-    def _write_latest(self, table: str, entries: list[tuple[str, tuple[object, ...], str]]) -> None:
-        """Rewrite the latest-figures rows whose JSON changed (most workloads' figures do each interval)."""
+    def _forget_uncommitted(self) -> None:
+        """After a rollback: what this process remembers of the file is read again from it."""
+        self._latest_json.clear()  # the rolled-back rows may be gone: rewrite them next time
+        self._latest_objects.clear()
+        # series inserted by the rolled-back transaction are gone (their ids may be given again)
+        self._series_ids.clear()
+        for kind, key, series_id in self._writer.execute("SELECT kind, key, id FROM series"):
+            self._series_ids[(kind, key)] = series_id
+        self._rows.clear()  # its entries hold labels only for series unknown when they were built
+
+    def _write_latest(self, table: str, entries: list[tuple[str, tuple[object, ...], BaseModel]]) -> None:
+        """Rewrite the latest-figures rows whose JSON changed (most workloads' figures do each interval).
+
+        The very object written last time is not dumped again (a settled workload's figures); only
+        the objects of this call are kept (`entries` is all the table's figures of this interval).
+        """
         known = self._latest_json
+        objects = self._latest_objects
+        kept: dict[str, object] = {}
         changed = []
         for key, columns, figures in entries:
             cache_key = f"{table}:{key}"
-            if known.get(cache_key) != figures:
-                known[cache_key] = figures
-                changed.append((*columns, figures))
+            kept[cache_key] = figures
+            if objects.get(cache_key) is figures:
+                continue
+            dumped = figures.__pydantic_serializer__.to_json(figures).decode()  # model_dump_json, less wrapping
+            if known.get(cache_key) != dumped:
+                known[cache_key] = dumped
+                changed.append((*columns, dumped))
+        prefix = f"{table}:"
+        for cache_key in [cache_key for cache_key in objects if cache_key.startswith(prefix)]:
+            del objects[cache_key]
+        objects.update(kept)
         if changed:
             placeholders = ", ".join("?" * len(changed[0]))
             self._writer.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({placeholders})", changed)
@@ -193,13 +221,14 @@ class EmbeddedStore(Store):
         """Append one interval of rows to the head (inside the caller's transaction)."""
         if not rows.keys:
             return
-        series_id = self._series_id
-        labels = rows.labels
-        ids = np.fromiter(
-            (series_id(kind, key, labels.get((kind, key))) for kind, key in rows.keys),
-            dtype=np.int64,
-            count=len(rows.keys),
-        )
+        found = self._series_ids.get
+        ids_found = [found(key) for key in rows.keys]
+        if None in ids_found:  # new series: inserted with their labels
+            labels = rows.labels
+            for position, key in enumerate(rows.keys):
+                if ids_found[position] is None:
+                    ids_found[position] = self._series_id(key[0], key[1], labels.get(key))
+        ids = np.array(ids_found, dtype=np.int64)
         step = self.tiers[0].step_seconds
         self.write_head(int(math.floor(at / step) * step), ids, quantize(rows.values))
 

@@ -1,9 +1,11 @@
 """Turn one interval's samples and figures into one row of metric values per series, as one array.
 
-Pure functions, no I/O: the embedded store writes what this returns. One Python pass over the
-workloads' GPUs lists the *parts* (a device as held by one holder, or by nobody) and which
-series each part belongs to; the sums, means and maxima per series are then numpy reductions
-over those (series, part) pairs, in the same order as a part-by-part loop would add them.
+No I/O: the embedded store writes what this returns. Each workload's *structure* (its series and
+which of them each of its GPUs feeds) is found by one Python pass over its GPUs; `RowBuilder`
+keeps it between intervals and redoes it only for a workload whose pods or GPUs changed, so a
+steady interval reads just the figures. The *parts* (a device as held by one holder, or by
+nobody) and the (series, part) pairs are arrays; the sums, means and maxima per series are
+numpy reductions over the pairs, in the same order as a part-by-part loop would add them.
 tests/unit/store/reference_rows.py keeps the part-by-part version the tests compare against.
 
 Series kinds and what their key is:
@@ -24,11 +26,11 @@ devices' counters (each physical GPU once); idle seconds the workload's (the lon
 workloads for a project, node or cluster); pod stats are summed over the series' pods.
 """
 
-# ruff: noqa: B023 - the label builders (lambdas in loops) are called at once by _Series.get, never later
+# ruff: noqa: B023 - the label builders (lambdas in loops) are called at once by `get`, never later
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
@@ -54,8 +56,8 @@ _SHARED_COLUMNS = [
         "gpu_pcie_tx_bytes_per_second",
     )
 ]
-#: per sample: the six shared figures, then temperature, SM clock, memory clock, SM %, energy
-_sample_figures = attrgetter(
+#: per sample: the six shared figures, then temperature, SM clock, memory clock, SM %, energy, device units
+_sample_figures_units = attrgetter(
     "memory_used_bytes",
     "memory_total_bytes",
     "power_watts",
@@ -67,6 +69,7 @@ _sample_figures = attrgetter(
     "memory_clock_mhz",
     "sm_percent",
     "energy_joules",
+    "device_units",
 )
 _POD_STATS = (
     "cpu_usage_cores",
@@ -95,33 +98,6 @@ class Rows:
         ]
 
 
-class _Series:
-    """The series seen so far in this interval, in first-seen order, with their scalar figures."""
-
-    def __init__(self, known: Container[SeriesKey]) -> None:
-        self.known = known
-        self.index: dict[SeriesKey, int] = {}
-        self.keys: list[SeriesKey] = []
-        self.labels: dict[SeriesKey, dict[str, str]] = {}
-        # only the series that have one (most do not): cheaper than a slot per series
-        self.energy: dict[int, float | None] = {}
-        self.idle: dict[int, float] = {}
-        self.pods: dict[int, set[str]] = {}
-
-    def get(self, kind: str, key: str, labels: Callable[[], dict[str, str]]) -> int:
-        """The series' index; `labels` is called only for a series the store does not know yet."""
-        found = self.index.get((kind, key))
-        if found is None:
-            found = self.index[(kind, key)] = len(self.keys)
-            self.keys.append((kind, key))
-            if (kind, key) not in self.known:
-                self.labels[(kind, key)] = labels()
-        return found
-
-    def raise_idle(self, series: int, seconds: float) -> None:
-        self.idle[series] = max(self.idle.get(series) or 0.0, seconds)
-
-
 def _index_label(index: int | None, sample: GpuSample | None) -> str:
     """The `gpu` label as the agent writes it: the NVML index on the node."""
     if index is None and sample is not None:
@@ -133,6 +109,432 @@ def _as_array(rows: list[tuple[float | None, ...]], width: int) -> FloatArray:
     return np.array(rows, dtype=np.float64).reshape(len(rows), width)
 
 
+_gpu_structure = attrgetter("uuid", "pod_uid", "node", "pod")  # what a workload's series and pairs depend on
+_gpu_values = attrgetter("units", "utilization_percent", "sm_percent", "device_units")  # read each interval
+_pod_key = attrgetter("uid", "name")
+_NO_LABELS: dict[SeriesKey, dict[str, str]] = {}
+
+
+@dataclass(slots=True, eq=False)
+class _Entry:
+    """One workload's series and (series, GPU) pairs as slots: rebuilt only when its structure changes."""
+
+    structure: tuple[object, ...]
+    own: tuple[int, int]  # its workload and project series
+    pair_slots: list[int]  # per GPU: its gpu, pod, workload, workload_node, project, project_node series
+    gpu_slots: list[int]
+    node_slots: list[int]  # per GPU: its node series
+    uuids: list[str]
+    set_slots: list[int]  # idle seconds set to the workload's: workload, pod and workload_node series
+    raise_slots: list[int]  # idle seconds raised to at least the workload's: project, project_node, node, cluster
+    pod_members: list[tuple[int, str]]  # (series, pod uid) in the order a series' pod set is filled
+    labels: dict[SeriesKey, dict[str, str]] | None  # of its series the store did not know when it was built
+
+
+class RowBuilder:
+    """`build_rows` interval after interval, keeping each workload's series and pairs between calls.
+
+    A workload whose structure (namespace, name, project, pods, and each GPU's uuid, pod and node)
+    is the one of the previous call reuses its entry; only the figures are read again. Series get
+    a *slot* that lasts between calls (the table is rebuilt once it holds twice the series in use).
+    The rows are those `build_rows` gives, the same bits: the same additions in the same order.
+    Labels come for series not in `known` when a workload's entry is built or while they stay unknown;
+    a caller that makes `known` forget series (a rolled-back write) calls `clear`.
+    """
+
+    #: slots kept beyond twice those in use before the table is rebuilt (series of ended workloads)
+    SLACK = 4096
+
+    def __init__(self) -> None:
+        self.clear()
+
+    def clear(self) -> None:
+        """Forget every entry and slot (the next call builds everything)."""
+        self._slots: dict[SeriesKey, int] = {}
+        self._keys: list[SeriesKey] = []
+        self._per_device = bytearray()  # per slot: a node or cluster series (utilisation not weighted)
+        self._entries: dict[str, _Entry] = {}
+        self._layout: _Layout | None = None
+        self._in_use = 0
+
+    def _slot(self, kind: str, key: str) -> int:
+        found = self._slots.get((kind, key))
+        if found is None:
+            found = self._slots[(kind, key)] = len(self._keys)
+            self._keys.append((kind, key))
+            self._per_device.append(kind in _PER_DEVICE_KINDS)
+        return found
+
+    def _entry(
+        self, workload: WorkloadFigures, structure: tuple[object, ...], latest: dict[str, GpuSample],
+        known: Container[SeriesKey],
+    ) -> _Entry:
+        """The series and pairs of one workload, as the part-by-part loop finds them."""
+        labels: dict[SeriesKey, dict[str, str]] = {}
+
+        def get(kind: str, key: str, make: Callable[[], dict[str, str]]) -> int:
+            found = self._slot(kind, key)
+            if (kind, key) not in known and (kind, key) not in labels:
+                labels[(kind, key)] = make()
+            return found
+
+        uid = workload.uid
+        base = {"namespace": workload.namespace, "workload": workload.name, "workload_uid": uid,
+                "project": workload.project}
+        project_name = workload.project
+        workload_series = get("workload", uid, lambda: dict(base))
+        project_series = get("project", project_name, lambda: {"project": project_name})
+        entry = _Entry(structure, (workload_series, project_series), [], [], [], [], [workload_series],
+                       [project_series], [], None)
+        pod_names = {pod.uid: pod.name for pod in workload.pods}
+        holders: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {}
+        for gpu in workload.gpus:
+            pod_uid = gpu.pod_uid or ""
+            node = gpu.node
+            holder = holders.get((pod_uid, node))
+            if holder is None:
+                pod_name = gpu.pod or pod_names.get(pod_uid, "")
+                pod_series = get("pod", pod_uid or f"{uid}/{pod_name}", lambda: {**base, "pod": pod_name, "node": node})
+                node_series = get("workload_node", f"{uid}|{node}", lambda: {**base, "node": node})
+                project_node = get("project_node", f"{project_name}|{node}", lambda: {"project": project_name, "node": node})
+                node_total = get("node", node, lambda: {"node": node})
+                cluster_series = get("cluster", "", lambda: {})
+                entry.set_slots += (pod_series, node_series)
+                entry.raise_slots += (project_node, node_total, cluster_series)
+                for member in (pod_series, workload_series, node_series, project_series, project_node, node_total,
+                               cluster_series):
+                    entry.pod_members.append((member, pod_uid))
+                holder = holders[(pod_uid, node)] = (
+                    pod_series, workload_series, node_series, project_series, project_node, node_total
+                )
+            sample = latest.get(gpu.uuid)
+            gpu_series = get("gpu", f"{gpu.uuid}|{pod_uid}", lambda: {
+                **base,
+                "node": node,
+                "pod": gpu.pod or pod_names.get(pod_uid, ""),
+                "gpu": _index_label(gpu.index, sample),
+                "uuid": gpu.uuid,
+                "model": gpu.model or (sample.model if sample is not None and sample.model else ""),
+            })
+            entry.pair_slots += (gpu_series, *holder[:5])
+            entry.gpu_slots.append(gpu_series)
+            entry.node_slots.append(holder[5])
+            entry.uuids.append(gpu.uuid)
+        entry.labels = labels or None
+        return entry
+
+    def build(
+        self,
+        samples: Sequence[GpuSample],
+        workloads: Sequence[WorkloadFigures],
+        projects: Sequence[ProjectFigures],
+        cluster: ClusterFigures,
+        pod_stats: Sequence[PodStatsSample] = (),
+        known: Container[SeriesKey] = frozenset(),
+    ) -> Rows:
+        """One row per series for this interval (see `build_rows`)."""
+        del cluster  # the cluster row is aggregated from the devices; its figures are kept as latest state
+        if len(self._keys) > 2 * self._in_use + self.SLACK:
+            self.clear()  # slots of series gone long ago: start a fresh table
+        latest: dict[str, GpuSample] = {}
+        for each in samples:
+            if each.uuid not in latest or each.t >= latest[each.uuid].t:
+                latest[each.uuid] = each
+        sample_list = list(latest.values())
+        # per sample: the 11 figures, then device units; a last row of NaN for "no sample" (row -1)
+        figures = np.vstack((_as_array([_sample_figures_units(each) for each in sample_list], 12), np.full((1, 12), np.nan)))
+        stats_by_pod: dict[str, PodStatsSample] = {}
+        for stat in pod_stats:
+            if stat.pod_uid not in stats_by_pod or stat.t >= stats_by_pod[stat.pod_uid].t:
+                stats_by_pod[stat.pod_uid] = stat
+
+        # each workload's entry (reused while its structure holds) and this interval's figures
+        before = self._entries
+        entries: dict[str, _Entry] = {}
+        in_order: list[_Entry] = []
+        labels: dict[SeriesKey, dict[str, str]] = {}
+        gpu_values: list[tuple[float, float | None, float | None, float]] = []
+        idle_of: list[float] = []
+        energy_of: list[float | None] = []
+        for workload in workloads:
+            gpus = workload.gpus
+            structure = (workload.uid, workload.namespace, workload.name, workload.project,
+                         tuple(map(_pod_key, workload.pods)), tuple(map(_gpu_structure, gpus)))
+            entry = before.get(workload.uid)
+            if entry is None or entry.structure != structure:
+                entry = self._entry(workload, structure, latest, known)
+            entries[workload.uid] = entry
+            in_order.append(entry)
+            if entry.labels is not None:
+                pending = {key: value for key, value in entry.labels.items() if key not in known}
+                for key, value in pending.items():
+                    labels.setdefault(key, value)
+                entry.labels = pending or None
+            idle_of.append(workload.idle_seconds)
+            energy_of.append(workload.energy_joules)
+            gpu_values += map(_gpu_values, gpus)
+        self._entries = entries
+
+        def get(kind: str, key: str, make: Callable[[], dict[str, str]]) -> int:
+            found = self._slot(kind, key)
+            if (kind, key) not in known and (kind, key) not in labels:
+                labels[(kind, key)] = make()
+            return found
+
+        project_slots = [get("project", project.name, lambda: {"project": project.name}) for project in projects]
+        # unallocated devices: a gpu series each (no pod), and a whole-device part for node and cluster
+        layout = self._layout
+        held_uuids: Mapping[str, object]
+        if layout is not None and layout.entries == in_order:
+            held_uuids = layout.first
+        else:
+            held_uuids = dict.fromkeys(uuid for entry in in_order for uuid in entry.uuids)
+        if len(latest) == len(held_uuids) and latest.keys() == held_uuids.keys():
+            free_rows: list[int] = []
+        else:
+            free_rows = [row for row, uuid in enumerate(latest) if uuid not in held_uuids]
+        free_series: list[int] = []
+        free_nodes: list[int] = []
+        for row in free_rows:
+            free = sample_list[row]
+            free_series.append(get("gpu", f"{free.uuid}|", lambda: {
+                "node": free.node, "gpu": _index_label(None, free), "uuid": free.uuid, "pod": "",
+                "model": free.model or "",
+            }))
+            free_nodes.append(get("node", free.node, lambda: {"node": free.node}))
+        any_device = bool(held_uuids) or bool(free_rows)
+        cluster_slot = get("cluster", "", lambda: {}) if any_device else -1
+        extra = (tuple(project_slots), tuple(free_series), tuple(free_nodes), cluster_slot)
+        if layout is None or layout.entries != in_order or layout.extra != extra:
+            layout = self._layout = self._assemble(in_order, extra)
+        self._in_use = layout.count
+        return layout.fill(
+            latest, sample_list, figures, gpu_values, idle_of, energy_of, [each.energy_joules for each in projects],
+            free_rows, stats_by_pod, labels,
+        )
+
+    def _assemble(self, entries: list[_Entry], extra: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]) -> _Layout:
+        """The parts, pairs and series of an interval's entries (reused while they and `extra` stay the same)."""
+        project_slots, free_series, free_nodes, cluster_slot = extra
+        own: list[int] = []
+        pair_slots: list[int] = []
+        gpu_slots: list[int] = []
+        node_slots: list[int] = []
+        uuids: list[str] = []
+        gpu_workload: list[int] = []
+        set_workload: dict[int, int] = {}  # idle set: the last workload's
+        raise_slots: list[int] = []
+        raise_workload: list[int] = []
+        energy_workload: dict[int, int] = {}
+        for position, entry in enumerate(entries):
+            for slot in entry.set_slots:
+                set_workload[slot] = position
+            raise_slots += entry.raise_slots
+            raise_workload += [position] * len(entry.raise_slots)
+            energy_workload[entry.own[0]] = position
+            own += entry.own
+            pair_slots += entry.pair_slots
+            gpu_slots += entry.gpu_slots
+            node_slots += entry.node_slots
+            uuids += entry.uuids
+            gpu_workload += [position] * len(entry.uuids)
+        energy_project = {slot: position for position, slot in enumerate(project_slots)}
+
+        # held parts 0..G-1 (one per workload GPU), whole-device parts G..G+D-1, free devices after
+        held = len(uuids)
+        first: dict[str, int] = {}  # uuid -> its first GPU position: node and cluster see each device once
+        for position, uuid in enumerate(uuids):
+            first.setdefault(uuid, position)
+        device_first = np.fromiter(first.values(), dtype=np.int64, count=len(first))
+        devices = len(device_first)
+        device_of_position = np.zeros(held, dtype=np.int64)
+        device_of_position[device_first] = np.arange(devices)
+        device_of_gpu = device_of_position[np.fromiter((first[uuid] for uuid in uuids), dtype=np.int64, count=held)]
+        free_count = len(free_series)
+        first_free = held + devices
+        free_parts = np.arange(first_free, first_free + free_count, dtype=np.int64)
+        device_parts = np.concatenate((np.arange(held, held + devices, dtype=np.int64), free_parts))
+        all_devices = devices + free_count
+        node_slot_array = np.array(node_slots, dtype=np.int64)
+        device_node_slots = np.concatenate((node_slot_array[device_first], np.array(free_nodes, dtype=np.int64)))
+        gpu_slot_array = np.array(gpu_slots, dtype=np.int64)
+        free_slot_array = np.array(free_series, dtype=np.int64)
+        slots_of_pairs = np.concatenate((
+            np.array(pair_slots, dtype=np.int64),
+            free_slot_array,
+            device_node_slots,
+            np.full(all_devices, cluster_slot, dtype=np.int64),
+        ))
+        pairs_p = np.concatenate((np.repeat(np.arange(held, dtype=np.int64), 6), free_parts, device_parts, device_parts))
+
+        # the series of this interval, in slot order, and each slot's row
+        raise_array = np.array(raise_slots, dtype=np.int64)
+        present = np.unique(np.concatenate((
+            slots_of_pairs, np.array(own, dtype=np.int64), raise_array, np.array(project_slots, dtype=np.int64)
+        )))
+        count = len(present)
+        row_of = np.full(len(self._keys), -1, dtype=np.int64)
+        row_of[present] = np.arange(count)
+        keys = self._keys
+        gpu_series_slots, first_holder = np.unique(gpu_slot_array, return_index=True)
+        return _Layout(
+            entries=entries,
+            extra=extra,
+            first=first,
+            uuids=uuids,
+            held=held,
+            devices=devices,
+            device_first=device_first,
+            device_of_gpu=device_of_gpu,
+            count=count,
+            keys=[keys[slot] for slot in present.tolist()],
+            row_of=row_of,
+            per_device=np.frombuffer(bytes(self._per_device), dtype=np.uint8)[present].astype(np.bool_),
+            pairs_s=row_of[slots_of_pairs],
+            pairs_p=pairs_p,
+            gpu_rows=row_of[np.concatenate((gpu_slot_array, free_slot_array))],
+            gpu_parts=np.concatenate((np.arange(held, dtype=np.int64), free_parts)),
+            device_parts=device_parts,
+            device_rows=row_of[device_node_slots],
+            cluster_rows=np.full(all_devices, row_of[cluster_slot] if all_devices else -1, dtype=np.int64),
+            set_rows=row_of[np.fromiter(set_workload, dtype=np.int64, count=len(set_workload))],
+            set_workload=np.fromiter(set_workload.values(), dtype=np.int64, count=len(set_workload)),
+            raise_rows=row_of[raise_array],
+            raise_workload=np.array(raise_workload, dtype=np.int64),
+            gpu_idle_rows=row_of[gpu_series_slots],
+            gpu_idle_workload=np.array(gpu_workload, dtype=np.int64)[first_holder],
+            energy_rows=row_of[np.fromiter(energy_workload, dtype=np.int64, count=len(energy_workload))],
+            energy_workload=np.fromiter(energy_workload.values(), dtype=np.int64, count=len(energy_workload)),
+            energy_project_rows=row_of[np.fromiter(energy_project, dtype=np.int64, count=len(energy_project))],
+            energy_project=np.fromiter(energy_project.values(), dtype=np.int64, count=len(energy_project)),
+        )
+
+
+@dataclass(eq=False)
+class _Layout:
+    """An interval's parts, (series, part) pairs and series rows, for given entries: only figures change."""
+
+    entries: list[_Entry]
+    extra: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]  # projects', free devices', cluster slots
+    first: dict[str, int]  # held uuid -> its first GPU position
+    uuids: list[str]  # per GPU
+    held: int
+    devices: int
+    device_first: IntArray
+    device_of_gpu: IntArray
+    count: int
+    keys: list[SeriesKey]
+    row_of: IntArray  # slot -> row (-1: not in this interval)
+    per_device: npt.NDArray[np.bool_]
+    pairs_s: IntArray
+    pairs_p: IntArray
+    gpu_rows: IntArray  # the gpu series' rows, held GPUs then free devices ...
+    gpu_parts: IntArray  # ... and their parts
+    device_parts: IntArray  # every device once (held, then free) ...
+    device_rows: IntArray  # ... its node series' row
+    cluster_rows: IntArray
+    set_rows: IntArray  # idle seconds: the workload's (the last one setting it) ...
+    set_workload: IntArray
+    raise_rows: IntArray  # ... the longest of its workloads' but at least 0 ...
+    raise_workload: IntArray
+    gpu_idle_rows: IntArray  # ... its first holder's
+    gpu_idle_workload: IntArray
+    energy_rows: IntArray
+    energy_workload: IntArray
+    energy_project_rows: IntArray
+    energy_project: IntArray
+    members: list[tuple[int, str]] | None = None  # (series slot, pod uid), built when pod stats come
+
+    def fill(
+        self,
+        latest: dict[str, GpuSample],
+        sample_list: list[GpuSample],
+        figures: FloatArray,
+        gpu_values: list[tuple[float, float | None, float | None, float]],
+        idle_of: list[float],
+        energy_of: list[float | None],
+        project_energy: list[float | None],
+        free_rows: list[int],
+        stats_by_pod: dict[str, PodStatsSample],
+        labels: dict[SeriesKey, dict[str, str]],
+    ) -> Rows:
+        """This interval's rows from its samples and figures."""
+        held, devices = self.held, self.devices
+        sample_row = {uuid: row for row, uuid in enumerate(latest)}
+        rows = np.fromiter((sample_row.get(uuid, -1) for uuid in self.uuids), dtype=np.int64, count=held)
+        values_of_gpu = np.array(gpu_values, dtype=np.float64).reshape(held, 4)
+        units = values_of_gpu[:, 0]
+        sampled = rows >= 0
+        device_units = np.where(sampled, figures[rows, 11], values_of_gpu[:, 3])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            share = np.where(device_units > 0, np.fmin(1.0, units / device_units), 1.0)
+        no_util = np.fromiter((each[1] is None for each in gpu_values), dtype=np.bool_, count=held)
+        util = np.where(no_util, figures[rows, 9], values_of_gpu[:, 1])
+        device_first = self.device_first
+        device_rows = rows[device_first]
+        device_util = np.where(device_rows >= 0, figures[device_rows, 9], values_of_gpu[device_first, 2])
+        free_count = len(free_rows)
+        free_row_array = np.array(free_rows, dtype=np.int64)
+        sample_of_part = np.concatenate((rows, device_rows, free_row_array))
+        parts = _Parts(
+            sample=sample_of_part,
+            units=np.concatenate((units, np.bincount(self.device_of_gpu, weights=units, minlength=devices),
+                                  np.zeros(free_count))),
+            share=np.concatenate((share, np.ones(devices + free_count))),
+            util=np.concatenate((util, device_util, figures[free_row_array, 9])),
+        )
+        count = self.count
+        values = _aggregate(count, self.per_device, np.ascontiguousarray(figures.T), parts, self.pairs_s, self.pairs_p)
+
+        # energy: the workload's and project's own; for gpu, node and cluster the devices' counters,
+        # each physical GPU once (a MIG instance carries its parent's counter)
+        energy = np.full(count, np.nan)
+        if len(self.energy_rows):
+            energy[self.energy_rows] = np.array(energy_of, dtype=np.float64)[self.energy_workload]
+        if len(self.energy_project_rows):
+            energy[self.energy_project_rows] = np.array(project_energy, dtype=np.float64)[self.energy_project]
+        counter = figures[:-1, 10]
+        physical_code: dict[str, int] = {}
+        physical = np.array(
+            [physical_code.setdefault(each.parent_uuid or each.uuid, len(physical_code)) for each in sample_list],
+            dtype=np.int64,
+        )
+        gpu_pairs = self.gpu_rows
+        gpu_rows = sample_of_part[self.gpu_parts]
+        energy[gpu_pairs] = np.nan
+        has_sample = gpu_rows >= 0
+        energy[gpu_pairs[has_sample]] = counter[gpu_rows[has_sample]]  # one device: its own counter
+        device_sample_rows = sample_of_part[self.device_parts]
+        for owners in (self.device_rows, self.cluster_rows):
+            energy[owners] = np.nan
+            usable = device_sample_rows >= 0
+            if counter.size:  # an interval with no sample at all has no counter to read
+                usable &= ~np.isnan(counter[np.maximum(device_sample_rows, 0)])
+            _sum_once_per_physical(
+                energy, owners[usable], physical[device_sample_rows[usable]], counter[device_sample_rows[usable]],
+                len(physical_code),
+            )
+        values[:, METRIC_INDEX["gpu_energy_joules"]] = energy
+        # idle seconds: the workload's (workload, pod, workload_node), the longest of the workloads'
+        # but at least 0 (project, project_node, node, cluster), a gpu series' first holder's
+        idle_seconds = np.full(count, np.nan)
+        idle = np.array(idle_of, dtype=np.float64)
+        if len(idle):
+            idle_seconds[self.set_rows] = idle[self.set_workload]
+            idle_seconds[self.raise_rows] = 0.0
+            np.fmax.at(idle_seconds, self.raise_rows, idle[self.raise_workload])
+            idle_seconds[self.gpu_idle_rows] = idle[self.gpu_idle_workload]
+        values[:, METRIC_INDEX["gpu_idle_seconds"]] = idle_seconds
+        if stats_by_pod:
+            if self.members is None:
+                self.members = [member for entry in self.entries for member in entry.pod_members]
+            pods: dict[int, set[str]] = {}
+            for slot, pod_uid in self.members:
+                pods.setdefault(slot, set()).add(pod_uid)
+            _sum_pod_stats(pods, self.row_of, stats_by_pod, values)
+        return Rows(keys=self.keys, values=values, labels=labels)
+
+
 def build_rows(
     samples: Sequence[GpuSample],
     workloads: Sequence[WorkloadFigures],
@@ -142,195 +544,13 @@ def build_rows(
     known: Container[SeriesKey] = frozenset(),
 ) -> Rows:
     """One row per series for this interval; labels are built only for series not in `known`."""
-    del cluster  # the cluster row is aggregated from the devices; its figures are kept as latest state
-    latest: dict[str, GpuSample] = {}
-    for each in samples:
-        if each.uuid not in latest or each.t >= latest[each.uuid].t:
-            latest[each.uuid] = each
-    sample_row = {uuid: row for row, uuid in enumerate(latest)}
-    sample_list = list(latest.values())
-    figures = _as_array([_sample_figures(each) for each in sample_list], 11)
-    stats_by_pod: dict[str, PodStatsSample] = {}
-    for stat in pod_stats:
-        if stat.pod_uid not in stats_by_pod or stat.t >= stats_by_pod[stat.pod_uid].t:
-            stats_by_pod[stat.pod_uid] = stat
-
-    series = _Series(known)
-    get = series.get
-    # parts: sample row (-1: none), units, share, utilisation (NaN: none)
-    part_sample: list[int] = []
-    part_units: list[float] = []
-    part_share: list[float] = []
-    part_util: list[float | None] = []
-    pair_series: list[int] = []
-    pair_part: list[int] = []
-    gpu_idle: dict[int, float | None] = {}  # a gpu series' idle seconds: its first part's
-    held_uuids: set[str] = set()
-    device_part: dict[str, int] = {}  # uuid -> its whole-device part (node and cluster series)
-    device_nodes: dict[str, str] = {}
-    index = series.index
-    energy_pairs: list[tuple[int, int]] = []  # (gpu, node or cluster series, part): device energy counters
-    for workload in workloads:
-        base = {
-            "namespace": workload.namespace,
-            "workload": workload.name,
-            "workload_uid": workload.uid,
-            "project": workload.project,
-        }
-        idle = workload.idle_seconds
-        workload_series = get("workload", workload.uid, lambda: dict(base))
-        series.energy[workload_series] = workload.energy_joules
-        series.idle[workload_series] = idle
-        project_name = workload.project
-        project_series = get("project", project_name, lambda: {"project": project_name})
-        series.raise_idle(project_series, idle)
-        pod_names = {pod.uid: pod.name for pod in workload.pods}
-        # the pod, node, project-node and cluster series of each (pod, node) of this workload, found once
-        holders: dict[tuple[str, str], tuple[str, tuple[int, int, int, int, int]]] = {}
-        for gpu in workload.gpus:
-            held_uuids.add(gpu.uuid)
-            sample = latest.get(gpu.uuid)
-            pod_uid = gpu.pod_uid or ""
-            node = gpu.node
-            holder = holders.get((pod_uid, node))
-            if holder is None:
-                pod_name = gpu.pod or pod_names.get(pod_uid, "")
-                pod_series = get("pod", pod_uid or f"{workload.uid}/{pod_name}", lambda: {**base, "pod": pod_name, "node": node})
-                node_series = get("workload_node", f"{workload.uid}|{node}", lambda: {**base, "node": node})
-                project_node = get("project_node", f"{project_name}|{node}", lambda: {"project": project_name, "node": node})
-                node_total = get("node", node, lambda: {"node": node})
-                cluster_series = get("cluster", "", lambda: {})
-                series.idle[pod_series] = idle
-                series.idle[node_series] = idle
-                for member in (project_node, node_total, cluster_series):
-                    series.raise_idle(member, idle)
-                for member in (pod_series, workload_series, node_series, project_series, project_node, node_total):
-                    series.pods.setdefault(member, set()).add(pod_uid)
-                series.pods.setdefault(cluster_series, set()).add(pod_uid)
-                holder = holders[(pod_uid, node)] = (
-                    pod_name, (pod_series, workload_series, node_series, project_series, project_node)
-                )
-            device_units = sample.device_units if sample is not None else gpu.device_units
-            part = len(part_units)
-            part_sample.append(sample_row[gpu.uuid] if sample is not None else -1)
-            part_units.append(gpu.units)
-            part_share.append(min(1.0, gpu.units / device_units) if device_units > 0 else 1.0)
-            part_util.append(
-                gpu.utilization_percent
-                if gpu.utilization_percent is not None
-                else (sample.sm_percent if sample is not None else None)
-            )
-            gpu_key = f"{gpu.uuid}|{pod_uid}"
-            gpu_series = index.get(("gpu", gpu_key))
-            if gpu_series is None:
-                gpu_series = get("gpu", gpu_key, lambda: {
-                    **base,
-                    "node": node,
-                    "pod": gpu.pod or pod_names.get(pod_uid, ""),
-                    "gpu": _index_label(gpu.index, sample),
-                    "uuid": gpu.uuid,
-                    "model": gpu.model or (sample.model if sample is not None and sample.model else ""),
-                })
-                gpu_idle[gpu_series] = idle
-            pair_series.append(gpu_series)
-            pair_series.extend(holder[1])
-            pair_part.extend((part, part, part, part, part, part))
-            energy_pairs.append((gpu_series, part))
-            # node and cluster rows see every device once, held or not, whole (share 1)
-            whole = device_part.get(gpu.uuid)
-            if whole is None:
-                device_part[gpu.uuid] = len(part_units)
-                device_nodes[gpu.uuid] = node
-                part_sample.append(part_sample[part])
-                part_units.append(gpu.units)
-                part_share.append(1.0)
-                part_util.append(sample.sm_percent if sample is not None else gpu.sm_percent)
-            else:
-                part_units[whole] += gpu.units
-    for project in projects:
-        series.energy[get("project", project.name, lambda: {"project": project.name})] = project.energy_joules
-
-    # unallocated devices: a gpu series each (no pod), and a whole-device part for node and cluster
-    free_rows = [row for row, uuid in enumerate(latest) if uuid not in held_uuids]
-    free_series: list[int] = []
-    for row in free_rows:
-        free = sample_list[row]
-        free_key = ("gpu", f"{free.uuid}|")
-        found = index.get(free_key)
-        if found is None:
-            found = get("gpu", free_key[1], lambda: {
-                "node": free.node, "gpu": _index_label(None, free), "uuid": free.uuid, "pod": "",
-                "model": free.model or "",
-            })
-        free_series.append(found)
-    first_free = len(part_units)
-    free_parts = np.arange(first_free, first_free + len(free_rows), dtype=np.int64)
-    sample_of_part = np.concatenate((np.array(part_sample, dtype=np.int64), np.array(free_rows, dtype=np.int64)))
-    parts = _Parts(
-        sample=sample_of_part,
-        units=np.concatenate((np.array(part_units, dtype=np.float64), np.zeros(len(free_rows)))),
-        share=np.concatenate((np.array(part_share, dtype=np.float64), np.ones(len(free_rows)))),
-        util=np.concatenate((np.array(part_util, dtype=np.float64), figures[free_rows, 9])),
-    )
-    # every device once, in the order first seen: the node and cluster series' parts
-    device_parts = np.concatenate((np.array(list(device_part.values()), dtype=np.int64), free_parts))
-    node_names = [device_nodes[uuid] for uuid in device_part] + [sample_list[row].node for row in free_rows]
-    node_series_of: dict[str, int] = {}
-    for node in dict.fromkeys(node_names):
-        node_series_of[node] = get("node", node, lambda: {"node": node})
-    device_nodes_series = np.array([node_series_of[node] for node in node_names], dtype=np.int64)
-    cluster_series = get("cluster", "", lambda: {}) if len(device_parts) else -1
-    pairs_s = np.concatenate((
-        np.array(pair_series, dtype=np.int64),
-        np.array(free_series, dtype=np.int64),
-        device_nodes_series,
-        np.full(len(device_parts), cluster_series, dtype=np.int64),
-    ))
-    pairs_p = np.concatenate((np.array(pair_part, dtype=np.int64), free_parts, device_parts, device_parts))
-    values = _aggregate(series, figures, parts, pairs_s, pairs_p)
-
-    # energy: the workload's and project's own; for gpu, node and cluster the devices' counters,
-    # each physical GPU once (a MIG instance carries its parent's counter)
-    count = len(series.keys)
-    energy = np.full(count, np.nan)
-    _assign(energy, series.energy)
-    counter = figures[:, 10]
-    physical_code: dict[str, int] = {}
-    physical = np.array(
-        [physical_code.setdefault(each.parent_uuid or each.uuid, len(physical_code)) for each in sample_list],
-        dtype=np.int64,
-    )
-    gpu_pairs = np.concatenate((
-        np.array([member for member, _ in energy_pairs], dtype=np.int64), np.array(free_series, dtype=np.int64)
-    ))
-    gpu_parts = np.concatenate((np.array([part for _, part in energy_pairs], dtype=np.int64), free_parts))
-    gpu_rows = sample_of_part[gpu_parts]
-    energy[gpu_pairs] = np.nan
-    sampled = gpu_rows >= 0
-    energy[gpu_pairs[sampled]] = counter[gpu_rows[sampled]]  # one device: its own counter
-    device_rows = sample_of_part[device_parts]
-    for owners in (device_nodes_series, np.full(len(device_parts), cluster_series, dtype=np.int64)):
-        energy[owners] = np.nan
-        usable = device_rows >= 0
-        if counter.size:  # an interval with no sample at all has no counter to read
-            usable &= ~np.isnan(counter[np.maximum(device_rows, 0)])
-        _sum_once_per_physical(
-            energy, owners[usable], physical[device_rows[usable]], counter[device_rows[usable]], len(physical_code)
-        )
-    values[:, METRIC_INDEX["gpu_energy_joules"]] = energy
-    idle_seconds = np.full(count, np.nan)
-    _assign(idle_seconds, series.idle)
-    _assign(idle_seconds, gpu_idle)
-    values[:, METRIC_INDEX["gpu_idle_seconds"]] = idle_seconds
-    if stats_by_pod:
-        _sum_pod_stats(series, stats_by_pod, values)
-    return Rows(keys=series.keys, values=values, labels=series.labels)
+    return RowBuilder().build(samples, workloads, projects, cluster, pod_stats, known)
 
 
-def _assign(target: FloatArray, values: dict[int, float | None] | dict[int, float]) -> None:
-    """target[i] = v for each i: v of `values` (None: NaN)."""
+def _assign(target: FloatArray, values: dict[int, float | None] | dict[int, float], row_of: IntArray) -> None:
+    """target[row_of[slot]] = v for each slot: v of `values` (None: NaN)."""
     if values:
-        target[np.fromiter(values, dtype=np.int64, count=len(values))] = np.array(
+        target[row_of[np.fromiter(values, dtype=np.int64, count=len(values))]] = np.array(
             list(values.values()), dtype=np.float64
         )
 
@@ -363,36 +583,40 @@ def _sum_once_per_physical(
     target[present] = sums[present]
 
 
-def _aggregate(series: _Series, figures: FloatArray, parts: _Parts, pairs_s: IntArray, pairs_p: IntArray) -> FloatArray:
-    """The device figures of every series from its parts (energy, idle and pod stats are the caller's)."""
-    count = len(series.keys)
+def _aggregate(
+    count: int, per_device_series: npt.NDArray[np.bool_], columns: FloatArray, parts: _Parts, pairs_s: IntArray,
+    pairs_p: IntArray,
+) -> FloatArray:
+    """The device figures of every series from its parts (energy, idle and pod stats are the caller's).
+
+    `columns[figure, row]`: the samples' figures, with a last column of NaN for parts without one.
+    A NaN term is added as 0.0 (x + 0.0 is x: the sums are those of the non-NaN terms, same order).
+    """
     values = np.full((count, len(METRIC_NAMES)), np.nan)
-    units = parts.units
-    values[:, METRIC_INDEX["gpu_allocated"]] = np.bincount(pairs_s, weights=units[pairs_p], minlength=count)
-    rows = parts.sample[pairs_p]
-    sampled = rows >= 0
-    # per pair, the part's figures (NaN where the part has no sample)
-    pair_figures = np.full((len(pairs_p), figures.shape[1]), np.nan)
-    if len(figures):
-        pair_figures[sampled] = figures[rows[sampled]]
-    per_device = np.array([kind in _PER_DEVICE_KINDS for kind, _ in series.keys], dtype=np.bool_)[pairs_s]
-    pair_units = units[pairs_p]
+    pair_units = parts.units[pairs_p]
+    values[:, METRIC_INDEX["gpu_allocated"]] = np.bincount(pairs_s, weights=pair_units, minlength=count)
+    rows = parts.sample[pairs_p]  # -1 (no sample): the NaN column
+
+    def sums(terms: FloatArray) -> tuple[FloatArray, FloatArray]:
+        """Per series: the sum of its non-NaN terms, and how many there are."""
+        has = ~np.isnan(terms)
+        total: FloatArray = np.bincount(pairs_s, weights=np.where(has, terms, 0.0), minlength=count).astype(np.float64, copy=False)
+        seen: FloatArray = np.bincount(pairs_s, weights=has, minlength=count).astype(np.float64, copy=False)
+        return total, seen
+
+    per_device = per_device_series[pairs_s]
     weight = np.where(per_device | (pair_units <= 0), 1.0, pair_units)
     util = parts.util[pairs_p]
-    has = ~np.isnan(util)
-    util_sum = np.bincount(pairs_s[has], weights=util[has] * weight[has], minlength=count)
-    util_weight = np.bincount(pairs_s[has], weights=weight[has], minlength=count)
+    util_sum, _ = sums(util * weight)
+    util_weight, _ = sums(np.where(np.isnan(util), np.nan, weight))
     with np.errstate(invalid="ignore", divide="ignore"):
         values[:, METRIC_INDEX["gpu_utilization_percent"]] = np.where(
             util_weight > 0, util_sum / util_weight, np.nan
         )
     share = parts.share[pairs_p]
     for position, column in enumerate(_SHARED_COLUMNS):
-        shared = pair_figures[:, position] * share
-        has = ~np.isnan(shared)
-        total = np.bincount(pairs_s[has], weights=shared[has], minlength=count)
-        seen = np.bincount(pairs_s[has], minlength=count) > 0
-        values[:, column] = np.where(seen, total, np.nan)
+        total, seen = sums(columns[position][rows] * share)
+        values[:, column] = np.where(seen > 0, total, np.nan)
     used = values[:, _SHARED_COLUMNS[0]]
     total = values[:, _SHARED_COLUMNS[1]]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -400,40 +624,36 @@ def _aggregate(series: _Series, figures: FloatArray, parts: _Parts, pairs_s: Int
     values[:, METRIC_INDEX["gpu_memory_utilization_percent"]] = np.where(
         ~np.isnan(used) & ~np.isnan(total) & (total != 0), ratio, np.nan
     )
-    temperature = pair_figures[:, 6]
-    has = ~np.isnan(temperature)
+    temperature = columns[6][rows]
     hottest = np.full(count, -np.inf)
-    np.maximum.at(hottest, pairs_s[has], temperature[has])
+    np.maximum.at(hottest, pairs_s, np.where(np.isnan(temperature), -np.inf, temperature))
     values[:, METRIC_INDEX["gpu_temperature_celsius"]] = np.where(np.isinf(hottest), np.nan, hottest)
     for position, name in ((7, "gpu_sm_clock_mhz"), (8, "gpu_memory_clock_mhz")):
-        clock = pair_figures[:, position]
-        has = ~np.isnan(clock)
-        clock_sum = np.bincount(pairs_s[has], weights=clock[has], minlength=count)
-        clock_count = np.bincount(pairs_s[has], minlength=count)
+        clock_sum, clock_count = sums(columns[position][rows])
         with np.errstate(invalid="ignore", divide="ignore"):
             values[:, METRIC_INDEX[name]] = np.where(clock_count > 0, clock_sum / clock_count, np.nan)
     return values
 
 
-def _sum_pod_stats(series: _Series, stats_by_pod: dict[str, PodStatsSample], values: FloatArray) -> None:
-    """Pod stats summed over each series' pods (not for gpu series); None where none of its pods has one."""
+def _sum_pod_stats(
+    pods: dict[int, set[str]], row_of: IntArray, stats_by_pod: dict[str, PodStatsSample], values: FloatArray
+) -> None:
+    """Pod stats summed over each series' pods (gpu series have none); None where none of its pods has one."""
     pod_row = {uid: row for row, uid in enumerate(stats_by_pod)}
     stats = _as_array([_pod_stat_figures(stat) for stat in stats_by_pod.values()], len(_POD_STATS))
     member_series: list[int] = []
     member_rows: list[int] = []
-    for index, pods in series.pods.items():
-        if series.keys[index][0] == "gpu":
-            continue
-        for uid in pods:
+    for slot, uids in pods.items():
+        for uid in uids:
             row = pod_row.get(uid)
             if row is not None:
-                member_series.append(index)
+                member_series.append(slot)
                 member_rows.append(row)
     if not member_series:
         return
-    members = np.array(member_series, dtype=np.int64)
+    members = row_of[np.array(member_series, dtype=np.int64)]
     picked = stats[np.array(member_rows, dtype=np.int64)]
-    count = len(series.keys)
+    count = len(values)
     for position, name in enumerate(_POD_STATS):
         column = picked[:, position]
         has = ~np.isnan(column)

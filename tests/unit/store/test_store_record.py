@@ -1,0 +1,155 @@
+"""EmbeddedStore.record's write path against the one it replaced: the same file contents, interval after interval.
+
+The old path (kept here) built the rows afresh each interval and dumped every figures object to
+JSON to see whether it changed; the new one keeps each workload's structure (RowBuilder) and
+skips the JSON of the very object written last time. Both write the same simulated intervals
+(workloads arriving and ending, settled ones handed back as the same object, an agent outage,
+a lost GPU, pod stats); every series' head points, its labels and every latest-figures row must
+be the same. A rolled-back interval leaves the store consistent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gpuwm.accounting import Engine, EngineConfig
+from gpuwm.model import GpuSample, PodStatsSample
+from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
+from gpuwm.sim.scenario import default_faults
+from gpuwm.sim.simulator import SimConfig, Simulator
+from gpuwm.store.codec import MISSING, decode_head, quantize
+from gpuwm.store.embedded import EmbeddedStore
+from gpuwm.store.rows import build_rows
+
+from .store_data import cluster, project, sample, workload
+
+
+class _OldPathStore(EmbeddedStore):
+    """The write path before RowBuilder and the identity check (series in first-seen order, every JSON dumped)."""
+
+    def record(
+        self,
+        at: float,
+        samples: Sequence[GpuSample],
+        workloads: Sequence[WorkloadFigures],
+        projects: Sequence[ProjectFigures],
+        cluster: ClusterFigures,
+        pod_stats: Sequence[PodStatsSample] = (),
+    ) -> None:
+        rows = build_rows(samples, workloads, projects, cluster, pod_stats, known=self._series_ids)
+        connection = self._writer
+        connection.execute("BEGIN IMMEDIATE")
+        step = self.tiers[0].step_seconds
+        ids = np.array([self._series_id(kind, key, rows.labels.get((kind, key))) for kind, key in rows.keys])
+        self.write_head(int(math.floor(at / step) * step), ids, quantize(rows.values))
+        for table, entries in (
+            ("latest_workloads", [(w.uid, (w.uid, w.namespace, w.name, w.project, at), w) for w in workloads]),
+            ("latest_projects", [(p.name, (p.name, at), p) for p in projects]),
+            ("latest_cluster", [("1", (1, at), cluster)]),
+        ):
+            changed = []
+            for key, columns, figures in entries:
+                dumped = figures.model_dump_json()
+                if self._latest_json.get(f"{table}:{key}") != dumped:
+                    self._latest_json[f"{table}:{key}"] = dumped
+                    changed.append((*columns, dumped))
+            if changed:
+                placeholders = ", ".join("?" * len(changed[0]))
+                connection.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({placeholders})", changed)
+        self._set_meta("latest_time", at)
+        if self._get_meta("earliest_time") is None:
+            self._set_meta("earliest_time", at)
+        self._compact_slice(at)
+        connection.execute("COMMIT")
+
+
+def _contents(path: Path) -> tuple[dict[tuple[str, str, int], list[int]], dict[tuple[str, str], object], list[tuple[object, ...]]]:
+    """Head points by (kind, key, t), labels by series, and every latest-figures row of a store file."""
+    connection = sqlite3.connect(path)
+    try:
+        series = {row[0]: row[1:] for row in connection.execute("SELECT id, kind, key, labels FROM series")}
+        points: dict[tuple[str, str, int], list[int]] = {}
+        for block, t, data in connection.execute("SELECT block, t, data FROM head"):
+            grid = decode_head(data)
+            for offset in range(len(grid)):
+                found = series.get(block * len(grid) + offset)
+                if found is not None and (grid[offset] != MISSING).any():
+                    points[(str(found[0]), str(found[1]), int(t))] = grid[offset].tolist()
+        labels = {(str(kind), str(key)): json.loads(str(text)) for kind, key, text in series.values()}
+        latest = [
+            (table, *row)
+            for table in ("latest_workloads", "latest_projects", "latest_cluster")
+            for row in connection.execute(f"SELECT * FROM {table} ORDER BY 1")
+        ]
+        return points, labels, latest
+    finally:
+        connection.close()
+
+
+def test_simulated_run_writes_what_the_old_path_wrote(tmp_path: Path) -> None:
+    start = 1_000_800.0  # on the hour: the 15 minutes stay in the head
+    steps = 60
+    nodes = [f"sim-node-{index:03d}" for index in range(12)]
+    outages, losses = default_faults(nodes, start, steps * 15.0)
+    simulator = Simulator(SimConfig(seed=5, nodes=12, gpus_per_node=8, interval_seconds=15.0, start_time=start,
+                                    outages=outages, gpu_losses=losses))
+    engine = Engine(EngineConfig(interval_seconds=15.0, idle_threshold_percent=1.0))
+    new = EmbeddedStore(tmp_path / "new.db")
+    old = _OldPathStore(tmp_path / "old.db")
+    reported: tuple[list[WorkloadFigures], list[ProjectFigures], ClusterFigures] | None = None
+    try:
+        for index in range(steps):
+            step = simulator.step()
+            for event in step.events:
+                engine.observe(event)
+            for each in step.samples:
+                engine.observe_sample(each)
+            if reported is None or index % 3:
+                reported = engine.report(step.t)
+            # every third interval the same objects again, as the engine hands back settled workloads'
+            workloads, projects, figures = reported
+            for store in (new, old):
+                store.record(step.t, step.samples, workloads, projects, figures, step.pod_stats)
+    finally:
+        new.close()
+        old.close()
+    new_points, new_labels, new_latest = _contents(tmp_path / "new.db")
+    old_points, old_labels, old_latest = _contents(tmp_path / "old.db")
+    assert new_points == old_points and len(new_points) > 1000
+    assert new_labels == old_labels
+    assert new_latest == old_latest
+
+
+def test_rolled_back_interval_leaves_a_consistent_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Series created by a failed interval are gone with it; the next interval creates them again, labelled."""
+    store = EmbeddedStore(tmp_path / "gpuwm.db")
+    first = workload("a", [("gpu-0", 1.0, 40.0)])
+    store.record(1000.0, [sample(1000.0, "gpu-0")], [first], [project("alpha", [first])], cluster(1))
+    second = workload("b", [("gpu-1", 1.0, 60.0)], project="beta")
+
+    def fail(at: float) -> None:
+        raise RuntimeError("disk full")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(store, "_compact_slice", fail)
+        with pytest.raises(RuntimeError):
+            store.record(1015.0, [sample(1015.0, "gpu-0"), sample(1015.0, "gpu-1")], [first, second],
+                         [project("alpha", [first]), project("beta", [second])], cluster(2))
+    store.record(1030.0, [sample(1030.0, "gpu-0"), sample(1030.0, "gpu-1")], [first, second],
+                 [project("alpha", [first]), project("beta", [second])], cluster(2))
+    try:
+        assert store.workload("team-a", "b") is not None
+        rows = store._writer.execute("SELECT kind, key, labels FROM series WHERE key LIKE '%uid-b%'").fetchall()
+        assert {kind for kind, _, _ in rows} == {"workload", "workload_node", "pod", "gpu"}
+        assert all(json.loads(labels).get("workload") == "b" for _, _, labels in rows)
+        ids = {series_id for (series_id,) in store._writer.execute("SELECT id FROM series")}
+        assert set(store._series_ids.values()) == ids
+    finally:
+        store.close()
