@@ -236,7 +236,7 @@ def join(parts: list[SampleColumns]) -> SampleColumns:
 
 #: validated `gpus` entries by their values: agents repeat the same entries in every pull
 _DEVICES: dict[tuple[Any, ...], GpuSample] = {}
-_DEVICES_KEPT = 100_000
+_DEVICES_KEPT = 20_000  # ~1 KiB each; a fleet with more distinct entries re-validates (as without the cache)
 #: the fast path's table rows: `gpu`, `t`, then NUMBER_COLUMNS
 _TABLE = ("gpu", "t", *NUMBER_COLUMNS)
 _LOW = numpy.array([0.0, -numpy.inf] + [-numpy.inf if _BOUNDS[name][0] is None else _BOUNDS[name][0]
