@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
+from functools import reduce
+from operator import add
 from typing import Any
 
 from gpuwm.accounting.engine import EngineCore
@@ -65,6 +67,12 @@ class _Sums:
 
     def merge(self, other: _Sums) -> None:
         self.values = [mine + theirs for mine, theirs in zip(self.values, other.values, strict=True)]
+
+    @classmethod
+    def total(cls, many: Iterable[_Sums]) -> _Sums:
+        """Fresh sums with each of `many` merged in turn: per element 0.0 + a + b + ... in that order, as `merge` adds."""
+        columns = zip(*(sums.values for sums in many), strict=True)
+        return cls([reduce(add, column, 0.0) for column in columns] or None)
 
     def windows(self) -> tuple[Windows, Windows]:
         # 1e-9: what is left of a window after taking back late input is rounding, not time
@@ -422,15 +430,15 @@ class Engine(EngineCore):
     def _projects(
         self, now: float, rows: Iterable[tuple[Workload, WorkloadFigures, _Sums]]
     ) -> list[ProjectFigures]:
-        grouped: dict[str, tuple[list[WorkloadFigures], _Sums]] = {}
+        grouped: dict[str, tuple[list[WorkloadFigures], list[_Sums]]] = {}
         for _workload, figures, sums in rows:
-            entry = grouped.setdefault(figures.project, ([], _Sums()))
+            entry = grouped.setdefault(figures.project, ([], []))
             entry[0].append(figures)
-            entry[1].merge(sums)
+            entry[1].append(sums)
         projects = []
         for name in sorted(grouped):
-            members, sums = grouped[name]
-            utilization, memory = sums.windows()
+            members, member_sums = grouped[name]
+            utilization, memory = _Sums.total(member_sums).windows()
             namespaces = sorted({figures.namespace for figures in members})
             quota = self._quota(namespaces)
             projects.append(trusted_complete(ProjectFigures, {
@@ -473,9 +481,7 @@ class Engine(EngineCore):
         rows = self._rows(at)
         workloads = [row[1] for row in rows]
         projects = self._projects(at, rows)
-        cluster_sums = _Sums()
-        for row in rows:
-            cluster_sums.merge(row[2])
+        cluster_sums = _Sums.total(row[2] for row in rows)
         return workloads, projects, self._cluster(at, workloads, cluster_sums)
 
     def cluster(self, now: float | None = None) -> ClusterFigures:

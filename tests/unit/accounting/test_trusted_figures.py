@@ -157,3 +157,13 @@ def test_complete_figures_share_one_fields_set_that_never_changes() -> None:
     assert second.current == 1.0 and copied.avg1m == 2.0 and first.avg1m is None
     assert first.model_fields_set == set(Windows.model_fields)
     assert copied.model_fields_set is not first.model_fields_set
+
+
+@PROPERTY_SETTINGS
+@given(st.lists(st.lists(_FLOATS, min_size=20, max_size=20), max_size=8))
+def test_total_equals_merging_one_by_one_to_the_bit(many: list[list[float]]) -> None:
+    merged = _Sums()
+    for values in many:
+        merged.merge(_Sums(list(values)))
+    total = _Sums.total(_Sums(list(values)) for values in many)
+    assert [_bits(value) for value in total.values] == [_bits(value) for value in merged.values]
