@@ -20,8 +20,10 @@ import numpy as np
 
 from gpuwm.store.codec import (
     BLOCK,
+    FINE_ZLIB_LEVEL,
     METRIC_COUNT,
     MISSING,
+    ROLLUP_ZLIB_LEVEL,
     IntArray,
     decode_chunk,
     decode_head,
@@ -120,8 +122,10 @@ class ChunkWriter:
         if not chosen:
             return
         points = values.shape[2]
-        piece = span.step != self.spans[0].step and points < span.points
-        payloads = store_payloads(self.connection, encode_chunks(values[chosen]), transient=piece)
+        coarse = span.step != self.spans[0].step
+        piece = coarse and points < span.points
+        level = ROLLUP_ZLIB_LEVEL if coarse else FINE_ZLIB_LEVEL
+        payloads = store_payloads(self.connection, encode_chunks(values[chosen], level), transient=piece)
         self.connection.executemany(
             "INSERT INTO chunks (tier, series_id, start, points, payload) VALUES (?, ?, ?, ?, ?) "
             "ON CONFLICT (tier, series_id, start) DO UPDATE SET points = excluded.points, payload = excluded.payload",

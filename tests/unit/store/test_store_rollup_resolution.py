@@ -1,0 +1,167 @@
+"""The roll-ups' declared resolution: each coarse value within half its quantum of the exact mean (or
+max), values already on the grid kept, and a file whose roll-ups were written at the finer
+resolution of before reads back unchanged and goes on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import gpuwm.store.chunks as chunks_module
+from gpuwm.store import RangeQuery
+from gpuwm.store.base import METRICS, Rollup
+from gpuwm.store.codec import (
+    MISSING,
+    ROLLUP_DIGITS,
+    ROLLUP_QUANTUM,
+    IntArray,
+    decode_chunk,
+    encode_chunks,
+    quantize,
+    roll_up,
+    round_to_rollup,
+)
+from gpuwm.store.embedded import EmbeddedStore
+
+from .test_store_chunks import SMALL_TIERS, record, util_at
+
+_MAX = np.array([metric.rollup is Rollup.MAX for metric in METRICS], dtype=np.bool_)
+#: the roll-up quanta of the store before (schema 3 as first written): 1/64 %, 1 KiB, 1/8 W, 1 J, ...
+_OLD_QUANTUM = np.array(
+    [
+        {
+            "percent": 15_625,
+            "bytes": 1_024,
+            "watts": 125,
+            "joules": 1_000,
+            "celsius": 125,
+            "MHz": 1_000,
+            "bytes/s": 1_024,
+            "GPU units": 15_625,
+            "seconds": 1_000,
+            "cores": 1,
+        }[metric.unit]
+        for metric in METRICS
+    ],
+    dtype=np.int64,
+)
+
+
+def _old_roll_up(values: IntArray, factor: int, rollups: np.ndarray = _MAX) -> IntArray:
+    """The roll-up as the store wrote it before the declared resolution (a copy, the reference)."""
+    shape = values.shape
+    grouped = values.reshape(*shape[:-1], shape[-1] // factor, factor)
+    present = grouped != MISSING
+    count = present.sum(axis=-1)
+    total = np.where(present, grouped, 0).astype(np.float64).sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.rint(total / count)
+    mean[count == 0] = 0
+    result = mean.astype(np.int64)
+    maximum = np.where(present, grouped, MISSING).max(axis=-1)
+    result[..., rollups, :] = maximum[..., rollups, :]
+    quantum = _OLD_QUANTUM.reshape((1,) * (result.ndim - 2) + (-1, 1))
+    result = (np.rint(result / quantum) * quantum).astype(np.int64)
+    result[count == 0] = MISSING
+    return np.asarray(result, dtype=np.int64)
+
+
+def _random_fine(seed: int, series: int = 6, points: int = 240) -> IntArray:
+    """Quantized fine points of every metric at realistic magnitudes, with gaps and whole missing buckets."""
+    rng = np.random.default_rng(seed)
+    scale = {
+        "percent": 100.0,
+        "bytes": 8e10,
+        "watts": 700.0,
+        "celsius": 90.0,
+        "MHz": 2000.0,
+        "bytes/s": 3e10,
+        "GPU units": 8.0,
+        "cores": 64.0,
+    }
+    floats = np.empty((series, points, len(METRICS)))
+    for index, metric in enumerate(METRICS):
+        if metric.rollup is Rollup.MAX:
+            steps = rng.uniform(0, 700 * 15 if metric.unit == "joules" else 15, size=(series, points))
+            floats[:, :, index] = rng.uniform(0, 1e9, size=(series, 1)) + np.cumsum(steps, axis=1)
+        else:
+            top = scale[metric.unit] * 10.0 ** rng.integers(-6, 1, size=(series, 1))  # small and large series
+            floats[:, :, index] = np.round(rng.uniform(0, 1, size=(series, points)) * top, 3)
+    floats[rng.uniform(size=floats.shape) < 0.2] = np.nan
+    floats[0, 40:80, :] = np.nan  # whole coarse buckets missing
+    return quantize(floats).transpose(0, 2, 1).copy()
+
+
+@pytest.mark.parametrize("seed", range(8))
+@pytest.mark.parametrize("factor", [4, 20, 240])
+def test_roll_up_is_within_half_a_quantum_of_the_exact_mean(seed: int, factor: int) -> None:
+    values = _random_fine(seed)
+    rolled = roll_up(values, factor)
+    grouped = values.reshape(*values.shape[:2], -1, factor)
+    present = grouped != MISSING
+    count = present.sum(axis=-1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        exact = np.where(present, grouped, 0).astype(np.float64).sum(axis=-1) / count
+    exact[:, _MAX, :] = np.where(present, grouped, MISSING).max(axis=-1)[:, _MAX, :]
+    assert ((rolled == MISSING) == (count == 0)).all()
+    kept = count > 0
+    # the quantum, worked out independently: the absolute one, or 10^(digits of the value - declared digits)
+    quantum = np.broadcast_to(ROLLUP_QUANTUM[None, :, None], exact.shape).astype(np.float64)
+    for index in np.flatnonzero(ROLLUP_DIGITS):
+        magnitude = np.abs(np.nan_to_num(exact[:, index, :]))
+        digits = np.floor(np.log10(np.maximum(magnitude, 1.0))) + 1
+        relative = 10.0 ** np.maximum(digits - ROLLUP_DIGITS[index], 0)
+        quantum[:, index, :] = np.maximum(quantum[:, index, :], relative)
+        # a rate keeps its declared significant digits: within 0.05 % of itself (or 1 byte/s)
+        error = np.abs(rolled[:, index, :] - exact[:, index, :])[kept[:, index, :]]
+        assert (error <= np.maximum(0.5, 0.5 * 10.0 ** -(ROLLUP_DIGITS[index] - 1) * magnitude[kept[:, index, :]])).all()
+    error = np.abs(rolled - exact)
+    assert (error[kept] <= quantum[kept] / 2 + 1e-6 * np.abs(exact[kept])).all()
+    assert (rolled[kept] % quantum[kept].astype(np.int64) == 0).all()
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_values_on_the_grid_stay_and_round_trip_through_a_chunk(seed: int) -> None:
+    rolled = roll_up(_random_fine(seed), 20)
+    present = rolled != MISSING
+    again = round_to_rollup(np.where(present, rolled, 0).astype(np.float64)).astype(np.int64)
+    assert (again[present] == rolled[present]).all()
+    for row, data in zip(rolled, encode_chunks(rolled, level=9), strict=True):
+        assert (decode_chunk(data, rolled.shape[2]) == row).all()
+
+
+def test_a_file_with_finer_rollups_reads_back_unchanged_and_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "s.db"
+    with monkeypatch.context() as patched:
+        patched.setattr(chunks_module, "roll_up", _old_roll_up)  # the store as it wrote roll-ups before
+        store = EmbeddedStore(path, tiers=SMALL_TIERS)
+        try:
+            record(store, [float(t) for t in range(0, 480, 15)])  # two whole 4-minute coarse chunks
+            store.compact(everything=True)  # every minute to 480 rolled up the old way
+            (before,) = store.query_range(
+                RangeQuery("workload", "uid-train", ("gpu_utilization_percent",), 0, 420, 60)
+            )
+        finally:
+            store.close()
+    means = [sum(util_at(m + k) for k in (0, 15, 30, 45)) / 4 for m in range(0, 480, 60)]
+    old = [v for _, v in before.points]
+    assert old == pytest.approx(means, abs=1 / 128)
+    assert any(round(v * 10) != v * 10 for v in old if v is not None)  # finer than 0.1 %: the old grid
+    store = EmbeddedStore(path, tiers=SMALL_TIERS)
+    try:
+        (reread,) = store.query_range(RangeQuery("workload", "uid-train", ("gpu_utilization_percent",), 0, 420, 60))
+        assert reread.points == before.points
+        record(store, [float(t) for t in range(480, 735, 15)])
+        store.compact()
+        (after,) = store.query_range(RangeQuery("workload", "uid-train", ("gpu_utilization_percent",), 0, 660, 60))
+        # the old chunks' points are kept as written; the new ones are at the declared 0.1 %
+        assert after.points[:8] == before.points
+        newer = [sum(util_at(m + k) for k in (0, 15, 30, 45)) / 4 for m in range(480, 720, 60)]
+        assert [v for _, v in after.points[8:]] == pytest.approx(newer, abs=0.05 + 1e-9)
+        assert all(abs(v * 10 - round(v * 10)) < 1e-9 for _, v in after.points[8:] if v is not None)
+    finally:
+        store.close()
