@@ -232,13 +232,95 @@ def _apply_pieces(
     by_workload = windowed[numpy.argsort(pair_workload[windowed], kind="stable")]
     segment_units = units[by_workload]
     known = memory_known[by_workload]
-    columns = (
-        piece_start[by_workload].tolist(), piece_end[by_workload].tolist(), segment_units.tolist(),
-        (segment_units * utilization[by_workload]).tolist(),
-        numpy.where(known, segment_units, 0.0).tolist(),
-        numpy.where(known, segment_units * pair_memory[by_workload], 0.0).tolist(),
-    )
-    owners = pair_workload[by_workload]
-    cuts = (numpy.flatnonzero(owners[1:] != owners[:-1]) + 1).tolist()
-    for low_index, high_index in zip([0, *cuts], [*cuts, len(owners)], strict=True):
-        workloads[int(owners[low_index])].windows.add_many(*(column[low_index:high_index] for column in columns))
+    rates = numpy.stack((
+        segment_units, segment_units * utilization[by_workload], numpy.where(known, segment_units, 0.0),
+        numpy.where(known, segment_units * pair_memory[by_workload], 0.0),
+    ), axis=1)
+    _add_segments(workloads, pair_workload[by_workload], piece_start[by_workload], piece_end[by_workload], rates)
+
+
+def _add_segments(
+    workloads: list[Workload], owners: npt.NDArray[Any], starts: npt.NDArray[Any], ends: npt.NDArray[Any],
+    rates: npt.NDArray[Any],
+) -> None:
+    """`windows.add` of each piece, per workload in order, with the segments `add` would leave, to the bit.
+
+    Within a workload, pieces of one interval in a row (one per device) are a group: `add` sums
+    their rates into one segment (in order: a cumsum along the group), and a group continues the
+    segment before it when it is contiguous with equal rates. That holds unless a group's first
+    piece, or a partial sum, equals the rates of the segment before it (then `add` would extend
+    or merge early), or a group's interval is that of the merged segment before it: such
+    workloads, and one whose first piece has the interval of its last segment, go piece by
+    piece through `WindowSums.add_many`.
+    """
+    import numpy
+
+    count = len(owners)
+    new_group = numpy.ones(count, dtype=numpy.bool_)
+    new_group[1:] = (owners[1:] != owners[:-1]) | (starts[1:] != starts[:-1]) | (ends[1:] != ends[:-1])
+    group_first = numpy.flatnonzero(new_group)
+    group_of = numpy.cumsum(new_group) - 1
+    groups = len(group_first)
+    sizes = numpy.diff(numpy.append(group_first, count))
+    place = numpy.arange(count) - group_first[group_of]
+    padded = numpy.zeros((groups, int(sizes.max()), 4))
+    padded[group_of, place] = rates
+    partial = numpy.cumsum(padded, axis=1)  # in order along each group: (a1 + a2) + a3 ...; + 0.0 after its end
+    sums = partial[numpy.arange(groups), sizes - 1]
+    owner = owners[group_first]
+    start, end = starts[group_first], ends[group_first]
+    first = numpy.ones(groups, dtype=numpy.bool_)
+    first[1:] = owner[1:] != owner[:-1]
+    # the segment before each group: the previous group's, or the workload's last one now (NaN: none)
+    before_rates = numpy.empty((groups, 4))
+    before_rates[1:] = sums[:-1]
+    before_end = numpy.empty(groups)
+    before_end[1:] = end[:-1]
+    firsts = numpy.flatnonzero(first).tolist()
+    piece_by_piece: set[int] = set()
+    last_start = numpy.full(groups, numpy.nan)  # a workload's first group: where its last segment starts
+    for group, workload_id in zip(firsts, owner[first].tolist(), strict=True):
+        data = workloads[workload_id].windows._data
+        if data:
+            last = data[len(data) - 6 :].tolist()
+            last_start[group], before_end[group], before_rates[group] = last[0], last[1], last[2:]
+            if last[0] == start[group] and last[1] == end[group]:
+                piece_by_piece.add(workload_id)
+        else:
+            before_end[group], before_rates[group] = numpy.nan, numpy.nan
+    contiguous = before_end == start
+    early = contiguous & (sizes >= 2) & (rates[group_first] == before_rates).all(axis=1)
+    for step in range(1, int(sizes.max()) - 1):  # partial sums after 2..k-1 pieces
+        early |= contiguous & (step < sizes - 1) & (partial[:, step] == before_rates).all(axis=1)
+    piece_by_piece.update(owner[early].tolist())
+    extends = contiguous & (sums == before_rates).all(axis=1)
+    boundary = first | ~extends
+    run_first = numpy.flatnonzero(boundary)
+    # a group whose interval is that of the merged segment before it (from the run's start): `add` sums into it
+    continues = first & extends  # a workload's first run going on from its last segment: that one's start
+    run_start = numpy.where(continues, last_start, start)[run_first][numpy.cumsum(boundary) - 1]
+    same = numpy.zeros(groups, dtype=numpy.bool_)
+    same[1:] = ~first[1:] & (start[1:] == run_start[:-1]) & (end[1:] == end[:-1])
+    piece_by_piece.update(owner[same].tolist())
+    run_last = numpy.append(run_first[1:], groups) - 1
+    runs = numpy.column_stack((start[run_first], end[run_last], sums[run_first]))
+    run_flat = runs.ravel().tolist()  # six numbers a segment, as WindowSums keeps them
+    run_owner = owner[run_first].tolist()
+    run_extends = continues[run_first].tolist()
+    cuts = numpy.flatnonzero(numpy.diff(owner[run_first]) != 0) + 1
+    pieces = numpy.flatnonzero(numpy.diff(owners) != 0) + 1
+    piece_ranges = zip(numpy.append(0, pieces).tolist(), numpy.append(pieces, count).tolist(), strict=True)
+    for low, high in zip(numpy.append(0, cuts).tolist(), numpy.append(cuts, len(run_first)).tolist(), strict=True):
+        workload_id = run_owner[low]
+        piece_low, piece_high = next(piece_ranges)
+        windows = workloads[workload_id].windows
+        if workload_id in piece_by_piece:
+            columns = (starts[piece_low:piece_high].tolist(), ends[piece_low:piece_high].tolist(),
+                       *(rates[piece_low:piece_high, index].tolist() for index in range(4)))
+            windows.add_many(*columns)
+            continue
+        data = windows._data
+        if run_extends[low]:
+            data[len(data) - 5] = run_flat[6 * low + 1]  # the last segment now ends where the run ends
+            low += 1
+        data.extend(run_flat[6 * low : 6 * high])

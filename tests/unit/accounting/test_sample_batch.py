@@ -175,3 +175,28 @@ def test_the_traces_cover_what_they_claim() -> None:
             keys = [(sample.uuid, sample.t) for sample in samples]
             seen["duplicates"] += len(keys) - len(set(keys))
     assert all(count > 0 for count in seen.values()), seen
+
+
+def test_a_piece_with_the_interval_of_the_merged_segment_before_it() -> None:
+    """GPU a's pieces (0,1], (1,2], (2,3] merge into one segment (0,3]; GPU b's single piece (0,3] then has its
+    interval, and `add` sums into it: the batch must too (b's rows come after a's, as from another agent)."""
+    events: list[list[PodEvent] | list[GpuSample]] = [[pod(0.0, "job", devices=[("GPU-a", 1.0), ("GPU-b", 1.0)])]]
+    rows = [GpuSample(t=float(t), node="n1", uuid="GPU-a", sm_percent=50.0) for t in range(0, 4)]
+    rows += [GpuSample(t=float(t), node="n2", uuid="GPU-b", sm_percent=50.0) for t in (0, 3)]
+    events.append(rows)
+    one_by_one, columns = _run(events, columns=False), _run(events, columns=True, arrays=True)  # arrays: vectorised
+    assert len(one_by_one.workload_records["wl-job"].windows) == 1  # b's piece went into a's merged segment
+    assert _state(columns) == _state(one_by_one)
+    assert columns.report(10.0) == one_by_one.report(10.0)
+
+
+def test_a_piece_with_the_interval_of_a_segment_continued_from_the_last_batch() -> None:
+    """The segment (0,2] from an earlier batch goes on to (0,3] with a's piece (2,3]; b's piece (0,3] sums into it."""
+    events: list[list[PodEvent] | list[GpuSample]] = [[pod(0.0, "job", devices=[("GPU-a", 1.0), ("GPU-b", 1.0)])]]
+    events.append([GpuSample(t=float(t), node="n1", uuid="GPU-a", sm_percent=50.0) for t in range(0, 3)]
+                  + [GpuSample(t=0.0, node="n2", uuid="GPU-b", sm_percent=50.0)])
+    events.append([GpuSample(t=3.0, node="n1", uuid="GPU-a", sm_percent=50.0),
+                   GpuSample(t=3.0, node="n2", uuid="GPU-b", sm_percent=50.0)])
+    one_by_one, columns = _run(events, columns=False), _run(events, columns=True, arrays=True)
+    assert one_by_one.workload_records["wl-job"].windows.to_list()[:3] == [0.0, 3.0, 2.0]
+    assert _state(columns) == _state(one_by_one)
