@@ -24,6 +24,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.controller.gctuning import tune_garbage_collector
@@ -81,6 +82,19 @@ def pod_stats_at(rng: random.Random, t: float, workloads: int, gpu_nodes: list[s
     ]
 
 
+def fill_head(store: EmbeddedStore, at: float, samples: list[GpuSample], workloads: list[Any],
+              projects: list[Any], cluster: Any, stats: list[PodStatsSample]) -> None:
+    """Head rows for every interval of the chunk span `at` is in, before `at` (the same figures each time)."""
+    rows = rows_module.build_rows(samples, workloads, projects, cluster, stats, known=store._series_ids)
+    step = int(store.tiers[0].step_seconds)
+    span = store.spans[0].span_seconds
+    with store._write_lock:
+        store._writer.execute("BEGIN IMMEDIATE")
+        for bucket in range(int(at) // span * span, int(at) // step * step, step):
+            store.write_points(float(bucket), rows)
+        store._writer.execute("COMMIT")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
@@ -92,6 +106,9 @@ def main() -> None:
     parser.add_argument("--start", type=float, default=1_800_000_000.0 - 15 * 6,
                         help="epoch seconds of the first interval (default: 6 intervals before an hour)")
     parser.add_argument("--pod-stats", action="store_true", help="a pod-stats sample per pod each interval")
+    parser.add_argument("--fill-head", action="store_true",
+                        help="the chunk span before the first interval filled with its rows first (so the compaction "
+                             "slices after the hour compact full blocks, as a store running for hours does)")
     parser.add_argument("--profile", choices=("cumulative", "tottime"), help="profile record() after the first")
     parser.add_argument("--profile-lines", type=int, default=40)
     args = parser.parse_args()
@@ -105,6 +122,9 @@ def main() -> None:
     first = 0.0
     steady: list[float] = []
     build: list[float] = []  # CPU of the rows alone
+    plain: list[float] = []  # intervals without compaction ...
+    compacting: list[float] = []  # ... and with a compaction slice
+    compacted = 0
     with tempfile.TemporaryDirectory() as directory:
         store = EmbeddedStore(Path(directory) / "bench.db")
         # rows alone: a builder of its own fed the same intervals (or the stateless function of older code)
@@ -123,6 +143,8 @@ def main() -> None:
             t = end
             workloads, projects, cluster = engine.report(end)
             stats = pod_stats_at(rng, end, workload_count, gpu_nodes, args.gpus_per_workload) if args.pod_stats else []
+            if interval == 0 and args.fill_head:
+                fill_head(store, end, latest, workloads, projects, cluster, stats)
             gc.collect()
             started = time.thread_time()
             build_alone(latest, workloads, projects, cluster, stats, known=store._series_ids)
@@ -137,8 +159,10 @@ def main() -> None:
                 profiler.disable()
             if interval:
                 steady.append(elapsed)
+                (compacting if store.compacted_blocks > compacted else plain).append(elapsed)
             else:
                 first = elapsed
+            compacted = store.compacted_blocks
             print(f"interval {interval}: record {elapsed * 1000:.0f} ms CPU"
                   f"{'' if not interval else f' (building the rows alone {build[-1] * 1000:.0f} ms)'}"
                   f"; compacted blocks so far {store.compacted_blocks}", flush=True)
@@ -150,6 +174,9 @@ def main() -> None:
           f"{statistics.mean(steady) * 1000:.0f} ms, median {statistics.median(steady) * 1000:.0f} ms, "
           f"max {max(steady) * 1000:.0f} ms over {len(steady)}; rows alone mean {statistics.mean(build) * 1000:.0f} ms; "
           f"files {size / 1e6:.1f} MB")
+    for label, figures in (("without compaction", plain), ("with a compaction slice", compacting)):
+        if figures:
+            print(f"  {label}: mean {statistics.mean(figures) * 1000:.0f} ms over {len(figures)}")
     if profiler is not None:
         pstats.Stats(profiler).sort_stats(args.profile).print_stats(args.profile_lines)
 

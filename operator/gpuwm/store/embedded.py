@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 WRITER_CACHE_KIB = 16 * 1024
 #: compaction of a closed span is spread over the first 1/_COMPACTION_SPREAD of the next span's intervals
 _COMPACTION_SPREAD = 2
+#: workload phases whose figures change every interval (new objects: not worth keeping to compare)
+_LIVE_PHASES = frozenset({"Running", "Pending"})
 
 
 class EmbeddedStore(Store):
@@ -83,10 +85,13 @@ class EmbeddedStore(Store):
         self._local = threading.local()
         self._series_ids: dict[tuple[str, str], int] = {}
         self._latest_json: dict[str, str] = {}  # what latest_* holds now, so unchanged figures are not rewritten
-        # the figures objects those rows were dumped from: the engine hands the same object again for a
-        # settled workload (figures never change in place), which then needs no JSON at all
+        # the figures objects those rows were dumped from (ended workloads, projects, cluster): the engine
+        # hands the same object again for a settled workload (never changed in place): no JSON needed
         self._latest_objects: dict[str, object] = {}
         self._rows = RowBuilder()  # each workload's series and pairs, kept between intervals
+        # the ids of the series of the last rows (the same list while no workload changed), and their blocks
+        self._ids_of: tuple[object, IntArray] = (None, np.zeros(0, dtype=np.int64))
+        self._blocks_of: tuple[object, tuple[IntArray, IntArray]] = (None, (self._ids_of[1], self._ids_of[1]))
         self._head_blocks: set[int] = set()  # blocks with head rows
         self._pending: list[int] = []  # blocks still to compact below `_target`
         self._budget = 1  # blocks compacted per record call in this round
@@ -189,12 +194,14 @@ class EmbeddedStore(Store):
         for kind, key, series_id in self._writer.execute("SELECT kind, key, id FROM series"):
             self._series_ids[(kind, key)] = series_id
         self._rows.clear()  # its entries hold labels only for series unknown when they were built
+        self._ids_of = (None, self._ids_of[1])
 
     def _write_latest(self, table: str, entries: list[tuple[str, tuple[object, ...], BaseModel]]) -> None:
         """Rewrite the latest-figures rows whose JSON changed (most workloads' figures do each interval).
 
-        The very object written last time is not dumped again (a settled workload's figures); only
-        the objects of this call are kept (`entries` is all the table's figures of this interval).
+        The very object written last time is not dumped again (a settled workload's figures). Only
+        this call's objects are kept (`entries` is all the table's figures of this interval), and of
+        workloads only ended ones' (the engine keeps settled ones anyway: no memory of their own).
         """
         known = self._latest_json
         objects = self._latest_objects
@@ -202,7 +209,8 @@ class EmbeddedStore(Store):
         changed = []
         for key, columns, figures in entries:
             cache_key = f"{table}:{key}"
-            kept[cache_key] = figures
+            if getattr(figures, "phase", None) not in _LIVE_PHASES:  # a live workload's figures are new each time
+                kept[cache_key] = figures
             if objects.get(cache_key) is figures:
                 continue
             dumped = figures.__pydantic_serializer__.to_json(figures).decode()  # model_dump_json, less wrapping
@@ -221,20 +229,28 @@ class EmbeddedStore(Store):
         """Append one interval of rows to the head (inside the caller's transaction)."""
         if not rows.keys:
             return
-        found = self._series_ids.get
-        ids_found = [found(key) for key in rows.keys]
-        if None in ids_found:  # new series: inserted with their labels
-            labels = rows.labels
-            for position, key in enumerate(rows.keys):
-                if ids_found[position] is None:
-                    ids_found[position] = self._series_id(key[0], key[1], labels.get(key))
-        ids = np.array(ids_found, dtype=np.int64)
+        if rows.keys is self._ids_of[0]:  # the row builder's series of the last interval: their ids again
+            ids = self._ids_of[1]
+        else:
+            found = self._series_ids.get
+            ids_found = [found(key) for key in rows.keys]
+            if None in ids_found:  # new series: inserted with their labels
+                labels = rows.labels
+                for position, key in enumerate(rows.keys):
+                    if ids_found[position] is None:
+                        ids_found[position] = self._series_id(key[0], key[1], labels.get(key))
+            ids = np.array(ids_found, dtype=np.int64)
+            self._ids_of = (rows.keys, ids)
         step = self.tiers[0].step_seconds
         self.write_head(int(math.floor(at / step) * step), ids, quantize(rows.values))
 
     def write_head(self, bucket: int, ids: IntArray, values: IntArray) -> None:
         """Head rows of one interval: `values[i]` (quantized) is series `ids[i]`'s row at `bucket`."""
-        blocks, inverse = np.unique(ids // BLOCK, return_inverse=True)
+        if ids is self._blocks_of[0]:
+            blocks, inverse = self._blocks_of[1]
+        else:
+            blocks, inverse = np.unique(ids // BLOCK, return_inverse=True)
+            self._blocks_of = (ids, (blocks, inverse))
         grid = np.full((len(blocks), BLOCK, METRIC_COUNT), MISSING, dtype=np.int64)
         grid[inverse, ids % BLOCK] = values
         block_list = [int(block) for block in blocks]

@@ -112,7 +112,7 @@ def _as_array(rows: list[tuple[float | None, ...]], width: int) -> FloatArray:
 _gpu_structure = attrgetter("uuid", "pod_uid", "node", "pod")  # what a workload's series and pairs depend on
 _gpu_values = attrgetter("units", "utilization_percent", "sm_percent", "device_units")  # read each interval
 _pod_key = attrgetter("uid", "name")
-_NO_LABELS: dict[SeriesKey, dict[str, str]] = {}
+_workload_key = attrgetter("uid", "namespace", "name", "project")
 
 
 @dataclass(slots=True, eq=False)
@@ -121,13 +121,13 @@ class _Entry:
 
     structure: tuple[object, ...]
     own: tuple[int, int]  # its workload and project series
-    pair_slots: list[int]  # per GPU: its gpu, pod, workload, workload_node, project, project_node series
-    gpu_slots: list[int]
-    node_slots: list[int]  # per GPU: its node series
-    uuids: list[str]
-    set_slots: list[int]  # idle seconds set to the workload's: workload, pod and workload_node series
-    raise_slots: list[int]  # idle seconds raised to at least the workload's: project, project_node, node, cluster
-    pod_members: list[tuple[int, str]]  # (series, pod uid) in the order a series' pod set is filled
+    pair_slots: Sequence[int]  # per GPU: its gpu, pod, workload, workload_node, project, project_node series
+    gpu_slots: Sequence[int]
+    node_slots: Sequence[int]  # per GPU: its node series
+    uuids: Sequence[str]
+    set_slots: Sequence[int]  # idle seconds set to the workload's: workload, pod and workload_node series
+    raise_slots: Sequence[int]  # idle seconds raised to at least the workload's: project, project_node, node, cluster
+    pod_members: Sequence[tuple[str, tuple[int, ...]]]  # (pod uid, its series) in the order pod sets are filled
     labels: dict[SeriesKey, dict[str, str]] | None  # of its series the store did not know when it was built
 
 
@@ -153,15 +153,18 @@ class RowBuilder:
         self._slots: dict[SeriesKey, int] = {}
         self._keys: list[SeriesKey] = []
         self._per_device = bytearray()  # per slot: a node or cluster series (utilisation not weighted)
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, _Entry] = {}  # by workload uid
+        self._in_order: list[_Entry] = []  # the entries of the last call's workloads, in order ...
+        self._signature: object = None  # ... and their structure (see `build`)
         self._layout: _Layout | None = None
         self._in_use = 0
 
     def _slot(self, kind: str, key: str) -> int:
-        found = self._slots.get((kind, key))
+        series = (kind, key)
+        found = self._slots.get(series)
         if found is None:
-            found = self._slots[(kind, key)] = len(self._keys)
-            self._keys.append((kind, key))
+            found = self._slots[series] = len(self._keys)
+            self._keys.append(series)
             self._per_device.append(kind in _PER_DEVICE_KINDS)
         return found
 
@@ -184,8 +187,13 @@ class RowBuilder:
         project_name = workload.project
         workload_series = get("workload", uid, lambda: dict(base))
         project_series = get("project", project_name, lambda: {"project": project_name})
-        entry = _Entry(structure, (workload_series, project_series), [], [], [], [], [workload_series],
-                       [project_series], [], None)
+        pair_slots: list[int] = []
+        gpu_slots: list[int] = []
+        node_slots: list[int] = []
+        uuids: list[str] = []
+        set_slots = [workload_series]
+        raise_slots = [project_series]
+        pod_members: list[tuple[str, tuple[int, ...]]] = []
         pod_names = {pod.uid: pod.name for pod in workload.pods}
         holders: dict[tuple[str, str], tuple[int, int, int, int, int, int]] = {}
         for gpu in workload.gpus:
@@ -199,11 +207,10 @@ class RowBuilder:
                 project_node = get("project_node", f"{project_name}|{node}", lambda: {"project": project_name, "node": node})
                 node_total = get("node", node, lambda: {"node": node})
                 cluster_series = get("cluster", "", lambda: {})
-                entry.set_slots += (pod_series, node_series)
-                entry.raise_slots += (project_node, node_total, cluster_series)
-                for member in (pod_series, workload_series, node_series, project_series, project_node, node_total,
-                               cluster_series):
-                    entry.pod_members.append((member, pod_uid))
+                set_slots += (pod_series, node_series)
+                raise_slots += (project_node, node_total, cluster_series)
+                pod_members.append((pod_uid, (pod_series, workload_series, node_series, project_series,
+                                                    project_node, node_total, cluster_series)))
                 holder = holders[(pod_uid, node)] = (
                     pod_series, workload_series, node_series, project_series, project_node, node_total
                 )
@@ -216,12 +223,15 @@ class RowBuilder:
                 "uuid": gpu.uuid,
                 "model": gpu.model or (sample.model if sample is not None and sample.model else ""),
             })
-            entry.pair_slots += (gpu_series, *holder[:5])
-            entry.gpu_slots.append(gpu_series)
-            entry.node_slots.append(holder[5])
-            entry.uuids.append(gpu.uuid)
-        entry.labels = labels or None
-        return entry
+            pair_slots += (gpu_series, *holder[:5])
+            gpu_slots.append(gpu_series)
+            node_slots.append(holder[5])
+            uuids.append(gpu.uuid)
+        # tuples: one allocation each instead of two (4,000 entries of 8 sequences stay in memory)
+        return _Entry(
+            structure, (workload_series, project_series), tuple(pair_slots), tuple(gpu_slots), tuple(node_slots),
+            tuple(uuids), tuple(set_slots), tuple(raise_slots), tuple(pod_members), labels or None,
+        )
 
     def build(
         self,
@@ -249,31 +259,47 @@ class RowBuilder:
                 stats_by_pod[stat.pod_uid] = stat
 
         # each workload's entry (reused while its structure holds) and this interval's figures
-        before = self._entries
-        entries: dict[str, _Entry] = {}
-        in_order: list[_Entry] = []
         labels: dict[SeriesKey, dict[str, str]] = {}
-        gpu_values: list[tuple[float, float | None, float | None, float]] = []
-        idle_of: list[float] = []
-        energy_of: list[float | None] = []
-        for workload in workloads:
-            gpus = workload.gpus
-            structure = (workload.uid, workload.namespace, workload.name, workload.project,
-                         tuple(map(_pod_key, workload.pods)), tuple(map(_gpu_structure, gpus)))
-            entry = before.get(workload.uid)
-            if entry is None or entry.structure != structure:
-                entry = self._entry(workload, structure, latest, known)
-            entries[workload.uid] = entry
-            in_order.append(entry)
+        gpu_lists = [workload.gpus for workload in workloads]
+        # the structure of every workload at once: while it is the previous interval's, every entry is reused
+        signature = (
+            list(map(_workload_key, workloads)),
+            list(map(len, gpu_lists)),
+            [_gpu_structure(gpu) for gpus in gpu_lists for gpu in gpus],
+            [_pod_key(pod) for workload in workloads for pod in workload.pods],
+            [len(workload.pods) for workload in workloads],
+        )
+        if signature == self._signature:
+            in_order = self._in_order
+        else:
+            before = self._entries
+            entries: dict[str, _Entry] = {}
+            in_order = []
+            workload_keys, gpu_counts, gpu_structures, pod_keys, pod_counts = signature
+            gpu_at = pod_at = 0
+            for position, workload in enumerate(workloads):
+                # the signature's tuples, shared
+                gpu_end, pod_end = gpu_at + gpu_counts[position], pod_at + pod_counts[position]
+                structure = (*workload_keys[position], tuple(pod_keys[pod_at:pod_end]),
+                             tuple(gpu_structures[gpu_at:gpu_end]))
+                gpu_at, pod_at = gpu_end, pod_end
+                entry = before.get(workload.uid)
+                if entry is None or entry.structure != structure:
+                    entry = self._entry(workload, structure, latest, known)
+                entries[workload.uid] = entry
+                in_order.append(entry)
+            self._entries = entries
+            self._in_order = in_order
+            self._signature = signature
+        for entry in in_order:
             if entry.labels is not None:
                 pending = {key: value for key, value in entry.labels.items() if key not in known}
                 for key, value in pending.items():
                     labels.setdefault(key, value)
                 entry.labels = pending or None
-            idle_of.append(workload.idle_seconds)
-            energy_of.append(workload.energy_joules)
-            gpu_values += map(_gpu_values, gpus)
-        self._entries = entries
+        idle_of = [workload.idle_seconds for workload in workloads]
+        energy_of = [workload.energy_joules for workload in workloads]
+        gpu_values = [_gpu_values(gpu) for gpus in gpu_lists for gpu in gpus]
 
         def get(kind: str, key: str, make: Callable[[], dict[str, str]]) -> int:
             found = self._slot(kind, key)
@@ -443,7 +469,11 @@ class _Layout:
     energy_workload: IntArray
     energy_project_rows: IntArray
     energy_project: IntArray
-    members: list[tuple[int, str]] | None = None  # (series slot, pod uid), built when pod stats come
+    members: list[tuple[str, tuple[int, ...]]] | None = None  # (pod uid, its series), built when pod stats come
+    sample_order: tuple[list[str], list[str | None]] | None = None  # the last samples' uuids and parents ...
+    sample_rows: IntArray | None = None  # ... each GPU's sample row (-1: none) ...
+    physical: IntArray | None = None  # ... each sample's physical GPU
+    physical_count: int = 0
 
     def fill(
         self,
@@ -452,16 +482,29 @@ class _Layout:
         figures: FloatArray,
         gpu_values: list[tuple[float, float | None, float | None, float]],
         idle_of: list[float],
-        energy_of: list[float | None],
-        project_energy: list[float | None],
+        energy_of: Sequence[float | None],
+        project_energy: Sequence[float | None],
         free_rows: list[int],
         stats_by_pod: dict[str, PodStatsSample],
         labels: dict[SeriesKey, dict[str, str]],
     ) -> Rows:
         """This interval's rows from its samples and figures."""
         held, devices = self.held, self.devices
-        sample_row = {uuid: row for row, uuid in enumerate(latest)}
-        rows = np.fromiter((sample_row.get(uuid, -1) for uuid in self.uuids), dtype=np.int64, count=held)
+        # each GPU's sample row and each sample's physical GPU: the last interval's while the samples'
+        # devices come in the same order
+        order = (list(latest), [each.parent_uuid for each in sample_list])
+        if order == self.sample_order and self.sample_rows is not None and self.physical is not None:
+            rows, physical, physical_count = self.sample_rows, self.physical, self.physical_count
+        else:
+            sample_row = {uuid: row for row, uuid in enumerate(latest)}
+            rows = np.fromiter((sample_row.get(uuid, -1) for uuid in self.uuids), dtype=np.int64, count=held)
+            physical_code: dict[str, int] = {}
+            physical = np.array(
+                [physical_code.setdefault(each.parent_uuid or each.uuid, len(physical_code)) for each in sample_list],
+                dtype=np.int64,
+            )
+            physical_count = len(physical_code)
+            self.sample_order, self.sample_rows, self.physical, self.physical_count = order, rows, physical, physical_count
         values_of_gpu = np.array(gpu_values, dtype=np.float64).reshape(held, 4)
         units = values_of_gpu[:, 0]
         sampled = rows >= 0
@@ -494,11 +537,6 @@ class _Layout:
         if len(self.energy_project_rows):
             energy[self.energy_project_rows] = np.array(project_energy, dtype=np.float64)[self.energy_project]
         counter = figures[:-1, 10]
-        physical_code: dict[str, int] = {}
-        physical = np.array(
-            [physical_code.setdefault(each.parent_uuid or each.uuid, len(physical_code)) for each in sample_list],
-            dtype=np.int64,
-        )
         gpu_pairs = self.gpu_rows
         gpu_rows = sample_of_part[self.gpu_parts]
         energy[gpu_pairs] = np.nan
@@ -512,7 +550,7 @@ class _Layout:
                 usable &= ~np.isnan(counter[np.maximum(device_sample_rows, 0)])
             _sum_once_per_physical(
                 energy, owners[usable], physical[device_sample_rows[usable]], counter[device_sample_rows[usable]],
-                len(physical_code),
+                physical_count,
             )
         values[:, METRIC_INDEX["gpu_energy_joules"]] = energy
         # idle seconds: the workload's (workload, pod, workload_node), the longest of the workloads'
@@ -529,8 +567,9 @@ class _Layout:
             if self.members is None:
                 self.members = [member for entry in self.entries for member in entry.pod_members]
             pods: dict[int, set[str]] = {}
-            for slot, pod_uid in self.members:
-                pods.setdefault(slot, set()).add(pod_uid)
+            for pod_uid, slots in self.members:
+                for slot in slots:
+                    pods.setdefault(slot, set()).add(pod_uid)
             _sum_pod_stats(pods, self.row_of, stats_by_pod, values)
         return Rows(keys=self.keys, values=values, labels=labels)
 

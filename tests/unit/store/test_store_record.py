@@ -117,6 +117,8 @@ def test_simulated_run_writes_what_the_old_path_wrote(tmp_path: Path) -> None:
             workloads, projects, figures = reported
             for store in (new, old):
                 store.record(step.t, step.samples, workloads, projects, figures, step.pod_stats)
+        # ended workloads' figures are kept to be recognised when they come again
+        assert any(key.startswith("latest_workloads:") for key in new._latest_objects)
     finally:
         new.close()
         old.close()
