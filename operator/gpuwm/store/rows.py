@@ -30,9 +30,12 @@ workloads for a project, node or cluster); pod stats are summed over the series'
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Mapping, Sequence
+from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
+from functools import partial
+from itertools import chain
+from operator import attrgetter, is_, itemgetter
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -57,7 +60,7 @@ _SHARED_COLUMNS = [
     )
 ]
 #: per sample: the six shared figures, then temperature, SM clock, memory clock, SM %, energy, device units
-_sample_figures_units = attrgetter(
+_SAMPLE_FIGURES_UNITS = (
     "memory_used_bytes",
     "memory_total_bytes",
     "power_watts",
@@ -109,10 +112,32 @@ def _as_array(rows: list[tuple[float | None, ...]], width: int) -> FloatArray:
     return np.array(rows, dtype=np.float64).reshape(len(rows), width)
 
 
-_gpu_structure = attrgetter("uuid", "pod_uid", "node", "pod")  # what a workload's series and pairs depend on
-_gpu_values = attrgetter("units", "utilization_percent", "sm_percent", "device_units")  # read each interval
-_pod_key = attrgetter("uid", "name")
-_workload_key = attrgetter("uid", "namespace", "name", "project")
+class _Fields:
+    """Read some fields of many models at once: from each one's `__dict__` (where pydantic keeps field
+    values: a dict lookup, not an attribute lookup through the class), by attribute if one lacks them."""
+
+    def __init__(self, *names: str) -> None:
+        self._by_name = itemgetter(*names)
+        self._by_attribute = attrgetter(*names)
+
+    def read(self, models: Iterable[object]) -> list[Any]:
+        models = models if isinstance(models, list) else list(models)
+        try:
+            return list(map(self._by_name, map(_dict_of, models)))
+        except (KeyError, AttributeError):
+            return list(map(self._by_attribute, models))
+
+
+_dict_of = attrgetter("__dict__")
+_sample_figures_units = _Fields(*_SAMPLE_FIGURES_UNITS)
+_gpu_structure = _Fields("uuid", "pod_uid", "node", "pod")  # what a workload's series and pairs depend on
+_gpu_values = _Fields("units", "utilization_percent", "sm_percent", "device_units")  # read each interval
+_pod_key = _Fields("uid", "name")
+_workload_key = _Fields("uid", "namespace", "name", "project")
+_workload_parts = _Fields("gpus", "pods", "idle_seconds", "energy_joules")
+_parent_of = _Fields("parent_uuid")
+_second = itemgetter(1)
+_is_none = partial(is_, None)
 
 
 @dataclass(slots=True, eq=False)
@@ -252,7 +277,7 @@ class RowBuilder:
                 latest[each.uuid] = each
         sample_list = list(latest.values())
         # per sample: the 11 figures, then device units; a last row of NaN for "no sample" (row -1)
-        figures = np.vstack((_as_array([_sample_figures_units(each) for each in sample_list], 12), np.full((1, 12), np.nan)))
+        figures = np.vstack((_as_array(_sample_figures_units.read(sample_list), 12), np.full((1, 12), np.nan)))
         stats_by_pod: dict[str, PodStatsSample] = {}
         for stat in pod_stats:
             if stat.pod_uid not in stats_by_pod or stat.t >= stats_by_pod[stat.pod_uid].t:
@@ -260,14 +285,17 @@ class RowBuilder:
 
         # each workload's entry (reused while its structure holds) and this interval's figures
         labels: dict[SeriesKey, dict[str, str]] = {}
-        gpu_lists = [workload.gpus for workload in workloads]
+        # whole columns at once, by C loops (a comprehension per GPU costs as much as reading its fields)
+        columns: list[list[Any]] = [list(column) for column in zip(*_workload_parts.read(workloads), strict=True)]
+        gpu_lists, pod_lists, idle_of, energy_of = columns if columns else ([], [], [], [])
+        gpus = list(chain.from_iterable(gpu_lists))
         # the structure of every workload at once: while it is the previous interval's, every entry is reused
         signature = (
-            list(map(_workload_key, workloads)),
+            _workload_key.read(workloads),
             list(map(len, gpu_lists)),
-            [_gpu_structure(gpu) for gpus in gpu_lists for gpu in gpus],
-            [_pod_key(pod) for workload in workloads for pod in workload.pods],
-            [len(workload.pods) for workload in workloads],
+            _gpu_structure.read(gpus),
+            _pod_key.read(chain.from_iterable(pod_lists)),
+            list(map(len, pod_lists)),
         )
         if signature == self._signature:
             in_order = self._in_order
@@ -297,9 +325,7 @@ class RowBuilder:
                 for key, value in pending.items():
                     labels.setdefault(key, value)
                 entry.labels = pending or None
-        idle_of = [workload.idle_seconds for workload in workloads]
-        energy_of = [workload.energy_joules for workload in workloads]
-        gpu_values = [_gpu_values(gpu) for gpus in gpu_lists for gpu in gpus]
+        gpu_values = _gpu_values.read(gpus)
 
         def get(kind: str, key: str, make: Callable[[], dict[str, str]]) -> int:
             found = self._slot(kind, key)
@@ -492,7 +518,7 @@ class _Layout:
         held, devices = self.held, self.devices
         # each GPU's sample row and each sample's physical GPU: the last interval's while the samples'
         # devices come in the same order
-        order = (list(latest), [each.parent_uuid for each in sample_list])
+        order = (list(latest), _parent_of.read(sample_list))
         if order == self.sample_order and self.sample_rows is not None and self.physical is not None:
             rows, physical, physical_count = self.sample_rows, self.physical, self.physical_count
         else:
@@ -511,7 +537,7 @@ class _Layout:
         device_units = np.where(sampled, figures[rows, 11], values_of_gpu[:, 3])
         with np.errstate(invalid="ignore", divide="ignore"):
             share = np.where(device_units > 0, np.fmin(1.0, units / device_units), 1.0)
-        no_util = np.fromiter((each[1] is None for each in gpu_values), dtype=np.bool_, count=held)
+        no_util = np.fromiter(map(_is_none, map(_second, gpu_values)), dtype=np.bool_, count=held)
         util = np.where(no_util, figures[rows, 9], values_of_gpu[:, 1])
         device_first = self.device_first
         device_rows = rows[device_first]

@@ -19,7 +19,7 @@ from gpuwm.model import GpuSample, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
 from gpuwm.sim.scenario import default_faults
 from gpuwm.sim.simulator import SimConfig, Simulator
-from gpuwm.store.rows import RowBuilder, Rows, SeriesKey
+from gpuwm.store.rows import RowBuilder, Rows, SeriesKey, _pod_key
 
 from .reference_rows import build_rows as reference_rows
 from .store_data import cluster, project, sample, workload
@@ -118,3 +118,24 @@ def test_labels_wait_for_the_store() -> None:
     builder.clear()
     rows = builder.build([sample(4.0, "gpu-0")], [job], [project("alpha", [job])], cluster(1), known=known)
     assert rows.labels == {("workload", "uid-train"): first.labels[("workload", "uid-train")]}
+
+
+def test_fields_are_read_by_attribute_where_the_dict_lacks_them() -> None:
+    """Models keep fields in `__dict__`; anything else (a property, slots) is read by attribute."""
+
+    class Slotted:
+        __slots__ = ("name", "uid")
+
+        def __init__(self, uid: str, name: str) -> None:
+            self.uid, self.name = uid, name
+
+    class Computed:
+        uid = "u-2"
+
+        @property
+        def name(self) -> str:
+            return "computed"
+
+    job = workload("train", [("gpu-0", 1.0, 50.0)])
+    assert _pod_key.read(job.pods) == [("pod-uid-train", "train-0")]
+    assert _pod_key.read([Slotted("u-1", "one"), Computed()]) == [("u-1", "one"), ("u-2", "computed")]
