@@ -130,13 +130,16 @@ class _Fields:
 
 _dict_of = attrgetter("__dict__")
 _sample_figures_units = _Fields(*_SAMPLE_FIGURES_UNITS)
-_gpu_structure = _Fields("uuid", "pod_uid", "node", "pod")  # what a workload's series and pairs depend on
-_gpu_values = _Fields("units", "utilization_percent", "sm_percent", "device_units")  # read each interval
-_pod_key = _Fields("uid", "name")
-_workload_key = _Fields("uid", "namespace", "name", "project")
-_workload_parts = _Fields("gpus", "pods", "idle_seconds", "energy_joules")
+#: per GPU: what a workload's series and pairs depend on (4), then what is read each interval
+_gpu_fields = _Fields("uuid", "pod_uid", "node", "pod", "units", "utilization_percent", "sm_percent", "device_units")
+_pod_fields = _Fields("uid", "name")
+_workload_fields = _Fields("uid", "namespace", "name", "project", "gpus", "pods", "idle_seconds", "energy_joules")
+
+
+def _columns(rows: list[Any], width: int) -> tuple[tuple[Any, ...], ...]:
+    """Rows of `width` fields as `width` columns (empty columns for no rows)."""
+    return tuple(zip(*rows, strict=True)) if rows else ((),) * width
 _parent_of = _Fields("parent_uuid")
-_second = itemgetter(1)
 _is_none = partial(is_, None)
 
 
@@ -286,30 +289,29 @@ class RowBuilder:
         # each workload's entry (reused while its structure holds) and this interval's figures
         labels: dict[SeriesKey, dict[str, str]] = {}
         # whole columns at once, by C loops (a comprehension per GPU costs as much as reading its fields)
-        columns: list[list[Any]] = [list(column) for column in zip(*_workload_parts.read(workloads), strict=True)]
-        gpu_lists, pod_lists, idle_of, energy_of = columns if columns else ([], [], [], [])
-        gpus = list(chain.from_iterable(gpu_lists))
-        # the structure of every workload at once: while it is the previous interval's, every entry is reused
-        signature = (
-            _workload_key.read(workloads),
-            list(map(len, gpu_lists)),
-            _gpu_structure.read(gpus),
-            _pod_key.read(chain.from_iterable(pod_lists)),
-            list(map(len, pod_lists)),
+        uids, namespaces, names, project_names, gpu_lists, pod_lists, idle_of, energy_of = _columns(
+            _workload_fields.read(workloads), 8
         )
+        gpu_columns = _columns(_gpu_fields.read(list(chain.from_iterable(gpu_lists))), 8)
+        pod_columns = _columns(_pod_fields.read(list(chain.from_iterable(pod_lists))), 2)
+        # the structure of every workload at once: while it is the previous interval's, every entry is reused
+        gpu_counts = tuple(map(len, gpu_lists))
+        pod_counts = tuple(map(len, pod_lists))
+        signature = (uids, namespaces, names, project_names, gpu_counts, gpu_columns[:4], pod_counts, pod_columns)
         if signature == self._signature:
             in_order = self._in_order
         else:
             before = self._entries
             entries: dict[str, _Entry] = {}
             in_order = []
-            workload_keys, gpu_counts, gpu_structures, pod_keys, pod_counts = signature
             gpu_at = pod_at = 0
             for position, workload in enumerate(workloads):
-                # the signature's tuples, shared
                 gpu_end, pod_end = gpu_at + gpu_counts[position], pod_at + pod_counts[position]
-                structure = (*workload_keys[position], tuple(pod_keys[pod_at:pod_end]),
-                             tuple(gpu_structures[gpu_at:gpu_end]))
+                structure = (
+                    uids[position], namespaces[position], names[position], project_names[position],
+                    tuple(zip(*(column[pod_at:pod_end] for column in pod_columns), strict=True)),
+                    tuple(zip(*(column[gpu_at:gpu_end] for column in gpu_columns[:4]), strict=True)),
+                )
                 gpu_at, pod_at = gpu_end, pod_end
                 entry = before.get(workload.uid)
                 if entry is None or entry.structure != structure:
@@ -325,7 +327,6 @@ class RowBuilder:
                 for key, value in pending.items():
                     labels.setdefault(key, value)
                 entry.labels = pending or None
-        gpu_values = _gpu_values.read(gpus)
 
         def get(kind: str, key: str, make: Callable[[], dict[str, str]]) -> int:
             found = self._slot(kind, key)
@@ -361,7 +362,7 @@ class RowBuilder:
             layout = self._layout = self._assemble(in_order, extra)
         self._in_use = layout.count
         return layout.fill(
-            latest, sample_list, figures, gpu_values, idle_of, energy_of, [each.energy_joules for each in projects],
+            latest, sample_list, figures, gpu_columns[4:], idle_of, energy_of, [each.energy_joules for each in projects],
             free_rows, stats_by_pod, labels,
         )
 
@@ -506,8 +507,8 @@ class _Layout:
         latest: dict[str, GpuSample],
         sample_list: list[GpuSample],
         figures: FloatArray,
-        gpu_values: list[tuple[float, float | None, float | None, float]],
-        idle_of: list[float],
+        gpu_values: Sequence[Sequence[Any]],  # per GPU field: units, utilisation, SM %, device units
+        idle_of: Sequence[float],
         energy_of: Sequence[float | None],
         project_energy: Sequence[float | None],
         free_rows: list[int],
@@ -531,13 +532,13 @@ class _Layout:
             )
             physical_count = len(physical_code)
             self.sample_order, self.sample_rows, self.physical, self.physical_count = order, rows, physical, physical_count
-        values_of_gpu = np.array(gpu_values, dtype=np.float64).reshape(held, 4)
+        values_of_gpu = np.array(gpu_values, dtype=np.float64).reshape(4, held).T
         units = values_of_gpu[:, 0]
         sampled = rows >= 0
         device_units = np.where(sampled, figures[rows, 11], values_of_gpu[:, 3])
         with np.errstate(invalid="ignore", divide="ignore"):
             share = np.where(device_units > 0, np.fmin(1.0, units / device_units), 1.0)
-        no_util = np.fromiter(map(_is_none, map(_second, gpu_values)), dtype=np.bool_, count=held)
+        no_util = np.fromiter(map(_is_none, gpu_values[1]), dtype=np.bool_, count=held)
         util = np.where(no_util, figures[rows, 9], values_of_gpu[:, 1])
         device_first = self.device_first
         device_rows = rows[device_first]

@@ -19,7 +19,7 @@ from gpuwm.model import GpuSample, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
 from gpuwm.sim.scenario import default_faults
 from gpuwm.sim.simulator import SimConfig, Simulator
-from gpuwm.store.rows import RowBuilder, Rows, SeriesKey, _pod_key
+from gpuwm.store.rows import RowBuilder, Rows, SeriesKey, _pod_fields
 
 from .reference_rows import build_rows as reference_rows
 from .store_data import cluster, project, sample, workload
@@ -137,5 +137,5 @@ def test_fields_are_read_by_attribute_where_the_dict_lacks_them() -> None:
             return "computed"
 
     job = workload("train", [("gpu-0", 1.0, 50.0)])
-    assert _pod_key.read(job.pods) == [("pod-uid-train", "train-0")]
-    assert _pod_key.read([Slotted("u-1", "one"), Computed()]) == [("u-1", "one"), ("u-2", "computed")]
+    assert _pod_fields.read(job.pods) == [("pod-uid-train", "train-0")]
+    assert _pod_fields.read([Slotted("u-1", "one"), Computed()]) == [("u-1", "one"), ("u-2", "computed")]
