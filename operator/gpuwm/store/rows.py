@@ -304,14 +304,13 @@ class RowBuilder:
             before = self._entries
             entries: dict[str, _Entry] = {}
             in_order = []
+            gpu_structures = list(zip(*gpu_columns[:4], strict=True))
+            pod_keys = list(zip(*pod_columns, strict=True))
             gpu_at = pod_at = 0
             for position, workload in enumerate(workloads):
                 gpu_end, pod_end = gpu_at + gpu_counts[position], pod_at + pod_counts[position]
-                structure = (
-                    uids[position], namespaces[position], names[position], project_names[position],
-                    tuple(zip(*(column[pod_at:pod_end] for column in pod_columns), strict=True)),
-                    tuple(zip(*(column[gpu_at:gpu_end] for column in gpu_columns[:4]), strict=True)),
-                )
+                structure = (uids[position], namespaces[position], names[position], project_names[position],
+                             tuple(pod_keys[pod_at:pod_end]), tuple(gpu_structures[gpu_at:gpu_end]))
                 gpu_at, pod_at = gpu_end, pod_end
                 entry = before.get(workload.uid)
                 if entry is None or entry.structure != structure:
