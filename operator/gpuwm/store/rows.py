@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from itertools import chain
+from itertools import chain, repeat
 from operator import attrgetter, is_, itemgetter
 from typing import Any
 
@@ -81,7 +81,6 @@ _POD_STATS = (
     "network_tx_bytes_per_second",
     "ephemeral_storage_used_bytes",
 )
-_pod_stat_figures = attrgetter(*_POD_STATS)
 _PER_DEVICE_KINDS = frozenset({"node", "cluster"})
 
 
@@ -129,6 +128,7 @@ class _Fields:
 
 
 _dict_of = attrgetter("__dict__")
+_pod_stat_fields = _Fields(*_POD_STATS)
 _sample_figures_units = _Fields(*_SAMPLE_FIGURES_UNITS)
 #: per GPU: what a workload's series and pairs depend on (4), then what is read each interval
 _gpu_fields = _Fields("uuid", "pod_uid", "node", "pod", "units", "utilization_percent", "sm_percent", "device_units")
@@ -495,7 +495,7 @@ class _Layout:
     energy_workload: IntArray
     energy_project_rows: IntArray
     energy_project: IntArray
-    members: list[tuple[str, tuple[int, ...]]] | None = None  # (pod uid, its series), built when pod stats come
+    members: tuple[IntArray, list[str]] | None = None  # (series row, pod uid) of each series' pods, when pod stats come
     sample_order: tuple[list[str], list[str | None]] | None = None  # the last samples' uuids and parents ...
     sample_rows: IntArray | None = None  # ... each GPU's sample row (-1: none) ...
     physical: IntArray | None = None  # ... each sample's physical GPU
@@ -591,12 +591,16 @@ class _Layout:
         values[:, METRIC_INDEX["gpu_idle_seconds"]] = idle_seconds
         if stats_by_pod:
             if self.members is None:
-                self.members = [member for entry in self.entries for member in entry.pod_members]
-            pods: dict[int, set[str]] = {}
-            for pod_uid, slots in self.members:
-                for slot in slots:
-                    pods.setdefault(slot, set()).add(pod_uid)
-            _sum_pod_stats(pods, self.row_of, stats_by_pod, values)
+                # each series' pods as a set filled in workload order (sums go in the set's order, as ever)
+                pods: dict[int, set[str]] = {}
+                for entry in self.entries:
+                    for pod_uid, slots in entry.pod_members:
+                        for slot in slots:
+                            pods.setdefault(slot, set()).add(pod_uid)
+                member_slots = [slot for slot, uids in pods.items() for _ in uids]
+                self.members = (self.row_of[np.array(member_slots, dtype=np.int64)],
+                                [uid for uids in pods.values() for uid in uids])
+            _sum_pod_stats(*self.members, stats_by_pod, values)
         return Rows(keys=self.keys, values=values, labels=labels)
 
 
@@ -701,23 +705,17 @@ def _aggregate(
 
 
 def _sum_pod_stats(
-    pods: dict[int, set[str]], row_of: IntArray, stats_by_pod: dict[str, PodStatsSample], values: FloatArray
+    member_series: IntArray, member_uids: list[str], stats_by_pod: dict[str, PodStatsSample], values: FloatArray
 ) -> None:
     """Pod stats summed over each series' pods (gpu series have none); None where none of its pods has one."""
     pod_row = {uid: row for row, uid in enumerate(stats_by_pod)}
-    stats = _as_array([_pod_stat_figures(stat) for stat in stats_by_pod.values()], len(_POD_STATS))
-    member_series: list[int] = []
-    member_rows: list[int] = []
-    for slot, uids in pods.items():
-        for uid in uids:
-            row = pod_row.get(uid)
-            if row is not None:
-                member_series.append(slot)
-                member_rows.append(row)
-    if not member_series:
+    stats = _as_array(_pod_stat_fields.read(list(stats_by_pod.values())), len(_POD_STATS))
+    rows = np.fromiter(map(pod_row.get, member_uids, repeat(-1)), dtype=np.int64, count=len(member_uids))
+    kept = rows >= 0
+    if not kept.any():
         return
-    members = row_of[np.array(member_series, dtype=np.int64)]
-    picked = stats[np.array(member_rows, dtype=np.int64)]
+    members = member_series[kept]
+    picked = stats[rows[kept]]
     count = len(values)
     for position, name in enumerate(_POD_STATS):
         column = picked[:, position]
