@@ -144,7 +144,7 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
     if args.process_modules:
         # what `gpuwm controller` holds besides the runtime: kopf (and the kubernetes client it
         # loads for its login), the kopf handlers and the metrics API it serves (~20 MiB of RSS)
-        import gpuwm.api.app  # noqa: F401
+        import gpuwm.api.app
         import gpuwm.controller.handlers  # noqa: F401
     plan = layout(args.nodes, args.gpus_per_node, args.gpus_per_workload)
     state_dir = Path(tempfile.mkdtemp(prefix="gpuwm-bench-"))
