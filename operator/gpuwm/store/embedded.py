@@ -202,13 +202,18 @@ class EmbeddedStore(Store):
         The very object written last time is not dumped again (a settled workload's figures). Only
         this call's objects are kept (`entries` is all the table's figures of this interval), and of
         workloads only ended ones' (the engine keeps settled ones anyway: no memory of their own).
+        The JSON remembered for a key that is no longer reported (a workload the controller forgot
+        after its retention) is dropped too: its row stays until the store's own retention, and the
+        cache no longer grows with every workload the cluster ever ran.
         """
         known = self._latest_json
         objects = self._latest_objects
         kept: dict[str, object] = {}
         changed = []
+        reported: set[str] = set()
         for key, columns, figures in entries:
             cache_key = f"{table}:{key}"
+            reported.add(cache_key)
             if getattr(figures, "phase", None) not in _LIVE_PHASES:  # a live workload's figures are new each time
                 kept[cache_key] = figures
             if objects.get(cache_key) is figures:
@@ -221,6 +226,8 @@ class EmbeddedStore(Store):
         for cache_key in [cache_key for cache_key in objects if cache_key.startswith(prefix)]:
             del objects[cache_key]
         objects.update(kept)
+        for cache_key in [cache_key for cache_key in known if cache_key.startswith(prefix) and cache_key not in reported]:
+            del known[cache_key]
         if changed:
             placeholders = ", ".join("?" * len(changed[0]))
             self._writer.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({placeholders})", changed)

@@ -155,3 +155,28 @@ def test_rolled_back_interval_leaves_a_consistent_store(tmp_path: Path, monkeypa
         assert set(store._series_ids.values()) == ids
     finally:
         store.close()
+
+
+def test_latest_json_cache_forgets_workloads_no_longer_reported(tmp_path: Path) -> None:
+    """The cache of written JSON holds what the last interval reported, not every workload ever seen.
+
+    The row of a workload the controller forgot stays readable (the store's own retention drops it);
+    if it is reported again, it is written again.
+    """
+    store = EmbeddedStore(tmp_path / "gpuwm.db")
+    first = workload("a", [("gpu-0", 1.0, 40.0)])
+    ended = workload("b", [("gpu-1", 1.0, 0.0)], phase="Succeeded", end_time=990.0)
+    try:
+        store.record(1000.0, [sample(1000.0, "gpu-0")], [first, ended], [project("alpha", [first, ended])], cluster(2))
+        assert {"latest_workloads:uid-a", "latest_workloads:uid-b"} <= set(store._latest_json)
+        store.record(1015.0, [sample(1015.0, "gpu-0")], [first], [project("alpha", [first])], cluster(2))
+        assert "latest_workloads:uid-a" in store._latest_json
+        assert "latest_workloads:uid-b" not in store._latest_json
+        assert store.workload("team-a", "b") is not None  # its row is still there
+        again = workload("b", [("gpu-1", 1.0, 0.0)], phase="Succeeded", end_time=990.0, energy_joules=5.0)
+        store.record(1030.0, [sample(1030.0, "gpu-0")], [first, again], [project("alpha", [first, again])], cluster(2))
+        found = store.workload("team-a", "b")
+        assert found is not None and found.energy_joules == 5.0
+        assert "latest_workloads:uid-b" in store._latest_json
+    finally:
+        store.close()
