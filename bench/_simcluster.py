@@ -32,7 +32,11 @@ from aiohttp import web  # noqa: E402
 from gpuwm.accounting import Engine, EngineConfig  # noqa: E402
 from gpuwm.agent.columns import sample_columns  # noqa: E402
 from gpuwm.controller.agents import AgentPuller, SampleIntake  # noqa: E402
+from gpuwm.controller.gctuning import release_free_memory, tune_garbage_collector  # noqa: E402
 from gpuwm.controller.status import build_project_status, build_workload_status  # noqa: E402
+from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures  # noqa: E402
+from gpuwm.model.podstats import PodStatsSample  # noqa: E402
+from gpuwm.model.sample import GpuSample  # noqa: E402
 from gpuwm.model.trace import NamespaceEvent, PodEvent, parse_trace_line  # noqa: E402
 from gpuwm.sim.simulator import SimConfig, Simulator  # noqa: E402
 from gpuwm.sim.trace import truth_report  # noqa: E402
@@ -248,6 +252,7 @@ class SimulatedController:
         self.store_failures = 0  # store.record calls that raised (counted, as the controller logs and goes on)
         self.clock = config.start_time - config.interval_seconds
         self._requested: float | None = None
+        tune_garbage_collector()  # the controller's garbage-collector settings, as its startup sets them
 
     async def cycle(self, end: float) -> CycleFigures:
         """One status interval; the agents simulate the next one meanwhile (unless it would pass `end`)."""
@@ -281,7 +286,8 @@ class SimulatedController:
                 self.recorder[project.name] = status
                 changes, size = changes + 1, size + len(status)
         pod_stats = [stat for snapshot in result.snapshots for stat in snapshot.pod_stats]
-        def record() -> float:
+        def record(samples: list[GpuSample], workloads: list[WorkloadFigures], projects: list[ProjectFigures],
+                   cluster: ClusterFigures, pod_stats: list[PodStatsSample]) -> float:
             started = time.thread_time()
             try:
                 self.store.record(now, samples, workloads, projects, cluster, pod_stats)
@@ -292,7 +298,9 @@ class SimulatedController:
                           f"{type(error).__name__}: {error}", flush=True)
             return time.thread_time() - started
 
-        store_cpu = await asyncio.to_thread(record)  # the store's share, in its own thread
+        store_cpu = await asyncio.to_thread(record, samples, workloads, projects, cluster, pod_stats)  # its own thread
+        del samples, workloads, projects, cluster, result, pod_stats
+        release_free_memory()  # as the controller does after each cycle (malloc_trim)
         cycle = CycleFigures(cpu_seconds() - cpu_before, time.perf_counter() - interval_end, intake.samples,
                              changes, size, store_cpu)
         self.cycles.append(cycle)
