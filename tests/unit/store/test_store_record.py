@@ -180,3 +180,48 @@ def test_latest_json_cache_forgets_workloads_no_longer_reported(tmp_path: Path) 
         assert "latest_workloads:uid-b" in store._latest_json
     finally:
         store.close()
+
+
+def _page_cache_mib(connection: sqlite3.Connection) -> float:
+    """SQLITE_DBSTATUS_CACHE_USED of a connection, through the C API (the sqlite3 module does not expose it)."""
+    import _sqlite3
+    import ctypes
+
+    try:
+        db_status = ctypes.CDLL(_sqlite3.__file__).sqlite3_db_status
+    except (OSError, AttributeError):
+        pytest.skip("sqlite3_db_status is not reachable from this Python's _sqlite3 module")
+    # pysqlite_Connection starts with PyObject_HEAD (two pointers), then `sqlite3 *db`
+    handle = ctypes.c_void_p.from_address(id(connection) + 2 * ctypes.sizeof(ctypes.c_void_p)).value
+    current, highest = ctypes.c_int(), ctypes.c_int()
+    assert db_status(ctypes.c_void_p(handle), 1, ctypes.byref(current), ctypes.byref(highest), 0) == 0
+    return current.value / 2**20
+
+
+@pytest.mark.parametrize("reopened", [False, True])
+def test_writer_page_cache_stays_within_its_size(tmp_path: Path, reopened: bool) -> None:
+    """The writer's page cache (controller RSS) is capped at WRITER_CACHE_KIB, for a new file too.
+
+    A new file's `page_size` pragma used to come after the cache size was set, which left the cap
+    unenforced: the cache kept every page written.
+    """
+    from gpuwm.store.embedded import WRITER_CACHE_KIB
+
+    path = tmp_path / "gpuwm.db"
+    if reopened:
+        EmbeddedStore(path).close()
+    store = EmbeddedStore(path)
+    try:
+        writer = store._writer
+        writer.execute("CREATE TABLE scratch (id INTEGER PRIMARY KEY, payload BLOB)")
+        rng = np.random.default_rng(1)
+        for batch in range(40):  # ~2.5x the cache, in transactions as the store writes
+            writer.execute("BEGIN IMMEDIATE")
+            writer.executemany("INSERT INTO scratch VALUES (?, ?)",
+                               ((batch * 1000 + row, rng.bytes(1000)) for row in range(1000)))
+            writer.execute("COMMIT")
+        assert path.stat().st_size + (tmp_path / "gpuwm.db-wal").stat().st_size > 2 * WRITER_CACHE_KIB * 1024
+        cache_mib = _page_cache_mib(writer)
+        assert cache_mib <= 1.2 * WRITER_CACHE_KIB / 1024, f"writer page cache {cache_mib:.1f} MiB"
+    finally:
+        store.close()
