@@ -112,7 +112,10 @@ class EmbeddedStore(Store):
             ) from None
         self._chunks = ChunkWriter(self._writer, self.spans)
         self._target = int(self._get_meta("compacted_until") or 0)
-        self._readers: list[sqlite3.Connection] = []
+        # each reading thread's connection, with its thread: the API's worker threads come and go
+        # (anyio retires one idle for 10 s), and a dead thread's connection is closed on the next opening
+        self._readers: list[tuple[threading.Thread, sqlite3.Connection]] = []
+        self._readers_lock = threading.Lock()
 
     # -- connections -------------------------------------------------------------------------
 
@@ -129,7 +132,12 @@ class EmbeddedStore(Store):
             connection = self._connect()
             connection.execute("PRAGMA query_only = 1")
             self._local.connection = connection
-            self._readers.append(connection)
+            with self._readers_lock:
+                dead = [each for each in self._readers if not each[0].is_alive()]
+                self._readers = [each for each in self._readers if each[0].is_alive()]
+                self._readers.append((threading.current_thread(), connection))
+            for _, gone in dead:  # its thread ended mid-nothing: no statement of it is running
+                gone.close()
         return connection
 
     def _init_schema(self) -> None:
@@ -148,9 +156,10 @@ class EmbeddedStore(Store):
                 self._latest_json[f"{table}:{key}"] = figures
 
     def close(self) -> None:
-        for connection in self._readers:
+        with self._readers_lock:
+            readers, self._readers = self._readers, []
+        for _, connection in readers:
             connection.close()
-        self._readers.clear()
         self._local = threading.local()
         self._writer.close()
 

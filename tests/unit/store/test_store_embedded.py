@@ -299,3 +299,28 @@ def test_pod_stats_are_summed_per_pod_workload_and_node(store: EmbeddedStore) ->
     assert [s.points[0][1] for s in node] == [2.0, 2e9, 1e6]
     (alpha_cpu,) = store.query_range(RangeQuery("project", "alpha", ("cpu_usage_cores",), 1005, 1005, 15))
     assert alpha_cpu.points == [(1005, 2.0)]
+
+
+def test_connections_of_ended_reading_threads_are_closed(store: EmbeddedStore) -> None:
+    """The API reads from worker threads that come and go; their connections do not pile up.
+
+    Each burst of concurrent queries after the pool's threads retired used to open a connection
+    per thread (each with its page cache and file descriptor) that stayed open until the store closed.
+    """
+    import threading
+
+    _record_two_gpu_job(store, [1000.0])
+    opened: list[sqlite3.Connection] = []
+    for _burst in range(3):
+        threads = [threading.Thread(target=lambda: opened.append(store._reader()) or store.latest_time())
+                   for _ in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert store.latest_time() == 1000.0  # a new reader (this thread's) sweeps the ended threads' ones
+    assert len(store._readers) == 1
+    assert len(opened) == 12
+    for connection in opened:
+        with pytest.raises(sqlite3.ProgrammingError):
+            connection.execute("SELECT 1")
