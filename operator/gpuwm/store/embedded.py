@@ -133,10 +133,12 @@ class EmbeddedStore(Store):
             connection.execute("PRAGMA query_only = 1")
             self._local.connection = connection
             with self._readers_lock:
-                dead = [each for each in self._readers if not each[0].is_alive()]
-                self._readers = [each for each in self._readers if each[0].is_alive()]
-                self._readers.append((threading.current_thread(), connection))
-            for _, gone in dead:  # its thread ended mid-nothing: no statement of it is running
+                live: list[tuple[threading.Thread, sqlite3.Connection]] = []
+                ended: list[tuple[threading.Thread, sqlite3.Connection]] = []
+                for each in self._readers:
+                    (live if each[0].is_alive() else ended).append(each)
+                self._readers = [*live, (threading.current_thread(), connection)]
+            for _, gone in ended:  # its thread has ended: nothing runs on it any more
                 gone.close()
         return connection
 
