@@ -8,12 +8,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
+import anyio.to_thread
 from fastapi import FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from starlette.concurrency import run_in_threadpool
 
 from gpuwm import __version__
 from gpuwm.api.auth import AllowAll, AuthError, Authorizer, require
@@ -101,8 +101,12 @@ def create_app(
     app.state.store = store
     app.state.authorizer = authorizer
 
+    # store reads share one limiter: at most `concurrent_reads` worker threads ever hold a store
+    # connection, however many queries arrive together (the rest wait their turn)
+    limiter = anyio.CapacityLimiter(store.concurrent_reads) if store.concurrent_reads else None
+
     async def blocking(function: Callable[..., T], *arguments: Any) -> T:
-        return await run_in_threadpool(function, *arguments)
+        return await anyio.to_thread.run_sync(function, *arguments, limiter=limiter)
 
     async def guard(request: Request, namespaces: Sequence[str] | None) -> None:
         await require(authorizer, bearer_token(request), namespaces)

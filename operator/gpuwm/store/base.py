@@ -158,6 +158,10 @@ class Store(abc.ABC):
     """One interface over the embedded and Prometheus backends."""
 
     read_only: bool = False
+    #: how many reads the API runs at once (None: as many as its worker threads). The embedded
+    #: store keeps a connection, page cache and file mapping per reading thread, so a burst of 40
+    #: concurrent queries would hold 40 of each; more readers than cores buys no speed there.
+    concurrent_reads: int | None = None
 
     @abc.abstractmethod
     def record(

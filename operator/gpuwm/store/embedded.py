@@ -62,6 +62,8 @@ _LIVE_PHASES = frozenset({"Running", "Pending"})
 class EmbeddedStore(Store):
     """SQLite store: per-series points in head rows and compressed chunks, roll-ups, retention, latest figures."""
 
+    concurrent_reads = 4
+
     def __init__(
         self,
         path: str | Path,

@@ -307,3 +307,39 @@ def test_runai_workload_type_and_memory_by_share() -> None:
     )
     assert _memory_used_mebibytes(workload) == 4 * 1024 + 2 * 1024
     assert _memory_used_mebibytes(workload.model_copy(update={"gpus": [unsampled]})) is None
+
+
+async def test_concurrent_queries_share_a_few_store_connections(store: EmbeddedStore) -> None:
+    """40 queries at once run at most `concurrent_reads` store reads together, on as many connections."""
+    import asyncio
+    import threading
+    import time
+
+    running = 0
+    most = 0
+    lock = threading.Lock()
+    query_range = store.query_range
+
+    def slow_query(query: object) -> object:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.02)  # long enough that unlimited readers would overlap
+        try:
+            return query_range(query)  # type: ignore[arg-type]
+        finally:
+            with lock:
+                running -= 1
+
+    store.query_range = slow_query  # type: ignore[method-assign]
+    app = create_app(store, Settings(auth="none"))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gpuwm") as http:
+        responses = await asyncio.gather(*(
+            http.get("/api/v1/cluster/metrics", params={"metric": "gpu_allocated"})
+            for _ in range(40)
+        ))
+    assert [response.status_code for response in responses] == [200] * 40
+    assert store.concurrent_reads == 4
+    assert 1 < most <= store.concurrent_reads
+    assert len(store._readers) <= store.concurrent_reads + 1  # +1: the fixture's own reads on the test's thread
