@@ -11,6 +11,7 @@ from rich.text import Text
 from gpuwm.model.figures import ClusterFigures, WorkloadFigures
 
 COLUMNS = ("NAMESPACE", "NAME", "PROJECT", "GPUS", "UTIL", "MEM", "IDLE", "WASTED-GPU-H", "AGE")
+NAME_COLUMNS = frozenset({"NAMESPACE", "NAME", "PROJECT"})
 
 
 def short_duration(seconds: float) -> str:
@@ -74,14 +75,18 @@ def render(
     header: str, workloads: list[WorkloadFigures], cluster: ClusterFigures | None, now: float, max_rows: int
 ) -> RenderableType:
     """Header line, the workload table (at most `max_rows` rows) and the cluster summary."""
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    for column in COLUMNS:
-        table.add_column(column, justify="right" if column in {"GPUS", "UTIL", "MEM", "WASTED-GPU-H"} else "left",
-                         no_wrap=True)
     rows, hidden = visible_workloads(workloads, max_rows)
-    for figures in rows:
+    cells = [workload_row(figures, now) for figures in rows]
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for index, column in enumerate(COLUMNS):
+        # on a narrow terminal only the names shrink (with an ellipsis); a figure is never cut
+        widest = max([len(column), *(len(row[index]) for row in cells)])
+        table.add_column(column, justify="right" if column in {"GPUS", "UTIL", "MEM", "WASTED-GPU-H"} else "left",
+                         no_wrap=column not in NAME_COLUMNS, overflow="ellipsis",
+                         min_width=None if column in NAME_COLUMNS else widest)
+    for figures, row in zip(rows, cells, strict=True):
         style = "yellow" if figures.allocated_gpus > 0 and figures.idle_seconds >= 600 else None
-        table.add_row(*workload_row(figures, now), style=style)
+        table.add_row(*row, style=style)
     parts: list[RenderableType] = [Text(header, style="bold"), table]
     if hidden:
         parts.append(Text(f"... {hidden} more (see the dashboard)", style="dim"))

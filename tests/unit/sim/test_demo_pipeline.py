@@ -7,6 +7,7 @@ from typing import Any
 
 import httpx
 import pytest
+from rich.console import Console
 
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.api.app import create_app
@@ -90,4 +91,14 @@ def test_terminal_table(pipeline: tuple[Simulator, SimulatedController, Embedded
     assert row[0] == shown[0].namespace and row[1] == shown[0].name
     assert row[7] == f"{shown[0].idle_gpu_seconds / 3600:.2f}"
     assert render("header", controller.workloads, controller.cluster, simulator.clock, 10) is not None
+    # an 80-column terminal: names may shrink, but every figure is printed whole
+    console = Console(width=80, record=True, color_system=None)
+    console.print(render("header", controller.workloads, controller.cluster, simulator.clock, 10))
+    text = console.export_text()
+    lines = text.splitlines()
+    assert lines[1].split() == ["NAMESPACE", "NAME", "PROJECT", "GPUS", "UTIL", "MEM", "IDLE", "WASTED-GPU-H", "AGE"]
+    shown = visible_workloads(controller.workloads, 10)[0]
+    assert shown
+    for figures, line in zip(shown, lines[2:], strict=False):
+        assert line.split()[-6:] == list(workload_row(figures, simulator.clock)[3:]), line
     assert [short_duration(s) for s in (5, 125, 3 * 3600 + 300, 2 * 86400 + 3600)] == ["5s", "2m", "3h5m", "2d1h"]
