@@ -95,6 +95,10 @@ class EmbeddedStore(Store):
         self._ids_of: tuple[object, IntArray] = (None, np.zeros(0, dtype=np.int64))
         self._blocks_of: tuple[object, tuple[IntArray, IntArray]] = (None, (self._ids_of[1], self._ids_of[1]))
         self._head_blocks: set[int] = set()  # blocks with head rows
+        # series that may hold points in the head, not yet in chunks: those written since the last
+        # compaction round (and, when opened, every series of a block with head rows)
+        self._written: set[int] = set()
+        self.forgotten_series = 0  # series rows deleted since opened (their points all past retention)
         self._pending: list[int] = []  # blocks still to compact below `_target`
         self._budget = 1  # blocks compacted per record call in this round
         self._latest_bucket: int | None = None
@@ -154,7 +158,9 @@ class EmbeddedStore(Store):
             )
         for kind, key, series_id in connection.execute("SELECT kind, key, id FROM series"):
             self._series_ids[(kind, key)] = series_id
+        self._next_series_id = self._first_free_id()
         self._head_blocks = {block for (block,) in connection.execute("SELECT DISTINCT block FROM head")}
+        self._written = self._ids_in_head()
         for table, column in (("latest_workloads", "uid"), ("latest_projects", "name")):
             for key, figures in connection.execute(f"SELECT {column}, figures FROM {table}"):
                 self._latest_json[f"{table}:{key}"] = figures
@@ -208,8 +214,22 @@ class EmbeddedStore(Store):
         self._series_ids.clear()
         for kind, key, series_id in self._writer.execute("SELECT kind, key, id FROM series"):
             self._series_ids[(kind, key)] = series_id
+        self._next_series_id = self._first_free_id()
         self._rows.clear()  # its entries hold labels only for series unknown when they were built
         self._ids_of = (None, self._ids_of[1])
+        # a rolled-back round may have reset which series the head holds: count every head block's in
+        self._written.update(self._ids_in_head())
+
+    def _first_free_id(self) -> int:
+        """Above every id given out, deleted ones included: a deleted id is never given again (head
+        blocks are ids // BLOCK, and a reader may still hold the old id)."""
+        (newest,) = self._writer.execute("SELECT max(id) FROM series").fetchone()
+        return max(int(newest or 0), int(self._get_meta("series_id_high") or 0)) + 1
+
+    def _ids_in_head(self) -> set[int]:
+        """Every series id of a block with head rows (a superset of those with points there)."""
+        blocks = [block for (block,) in self._writer.execute("SELECT DISTINCT block FROM head")]
+        return {block * BLOCK + slot for block in blocks for slot in range(BLOCK)}
 
     def _write_latest(self, table: str, entries: list[tuple[str, tuple[object, ...], BaseModel]]) -> None:
         """Rewrite the latest-figures rows whose JSON changed (most workloads' figures do each interval).
@@ -263,6 +283,7 @@ class EmbeddedStore(Store):
                         ids_found[position] = self._series_id(key[0], key[1], labels.get(key))
             ids = np.array(ids_found, dtype=np.int64)
             self._ids_of = (rows.keys, ids)
+            self._written.update(ids_found)  # type: ignore[arg-type]  # no None left
         step = self.tiers[0].step_seconds
         self.write_head(int(math.floor(at / step) * step), ids, quantize(rows.values))
 
@@ -296,9 +317,11 @@ class EmbeddedStore(Store):
         found = self._series_ids.get((kind, key))
         if found is None:
             labels = labels or {}
-            cursor = self._writer.execute(
-                "INSERT INTO series (kind, key, workload_uid, project, node, labels) VALUES (?, ?, ?, ?, ?, ?)",
+            found = self._next_series_id
+            self._writer.execute(
+                "INSERT INTO series (id, kind, key, workload_uid, project, node, labels) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
+                    found,
                     kind,
                     key,
                     labels.get("workload_uid"),
@@ -307,7 +330,7 @@ class EmbeddedStore(Store):
                     json.dumps(labels, sort_keys=True),
                 ),
             )
-            found = int(cursor.lastrowid or 0)
+            self._next_series_id = found + 1
             self._series_ids[(kind, key)] = found
         return found
 
@@ -355,8 +378,42 @@ class EmbeddedStore(Store):
             self._set_meta(f"rollup_until:{span.step}", float(until // span.step * span.step))
         self._chunks.merge_ended_pieces(until)
         self._chunks.apply_retention(at)
+        self._forget_empty_series()
         self._writer.execute("DELETE FROM latest_workloads WHERE at < ?", (at - self.retention_seconds,))
         self._writer.execute("DELETE FROM latest_projects WHERE at < ?", (at - self.retention_seconds,))
+
+    def _forget_empty_series(self) -> None:
+        """Delete the series rows left without a point: no chunk in any tier, nothing in the head.
+
+        Workloads and pods come and go, and each leaves a few series behind; without this the
+        series table (and this process's map of it, read whole at start) grows for as long as the
+        store lives, past every tier's retention. Called at the end of a compaction round, when
+        the head holds only what was written since the round before (`_written`). The
+        highest id given out is kept in `meta` (`_first_free_id`): a deleted id is never given again.
+        """
+        connection = self._writer
+        written, self._written = self._written, set(self._ids_of[1].tolist())
+        without_chunks = " AND ".join(
+            "NOT EXISTS (SELECT 1 FROM chunks c WHERE c.tier = ? AND c.series_id = s.id)" for _ in self.spans
+        )
+        empty = [
+            (series_id, kind, key)
+            for series_id, kind, key in connection.execute(
+                f"SELECT id, kind, key FROM series s WHERE {without_chunks}", [span.step for span in self.spans]
+            )
+            if series_id not in written
+        ]
+        if not empty:
+            return
+        self._set_meta("series_id_high", float(self._next_series_id - 1))
+        for offset in range(0, len(empty), 500):
+            batch = [series_id for series_id, _, _ in empty[offset : offset + 500]]
+            connection.execute(f"DELETE FROM series WHERE id IN ({','.join('?' * len(batch))})", batch)
+        for _, kind, key in empty:
+            self._series_ids.pop((kind, key), None)
+        self._rows.clear()  # its entries carry labels only for series that were unknown when built
+        self._ids_of = (None, self._ids_of[1])
+        self.forgotten_series += len(empty)
 
     def compact(self, everything: bool = False) -> None:
         """Compact every closed span now; `everything` also the open one (benchmarks, tests, shutdown tools).
