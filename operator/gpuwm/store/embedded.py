@@ -59,6 +59,11 @@ _COMPACTION_SPREAD = 2
 _LIVE_PHASES = frozenset({"Running", "Pending"})
 
 
+#: series rows deleted per compaction round at most (~11 us each): a store that kept every series
+#: before this was deleted is cleaned over several hourly rounds, not in one long transaction
+FORGET_SERIES_PER_ROUND = 50_000
+
+
 class EmbeddedStore(Store):
     """SQLite store: per-series points in head rows and compressed chunks, roll-ups, retention, latest figures."""
 
@@ -402,7 +407,7 @@ class EmbeddedStore(Store):
                 f"SELECT id, kind, key FROM series s WHERE {without_chunks}", [span.step for span in self.spans]
             )
             if series_id not in written
-        ]
+        ][:FORGET_SERIES_PER_ROUND]
         if not empty:
             return
         self._set_meta("series_id_high", float(self._next_series_id - 1))

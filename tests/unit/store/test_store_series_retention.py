@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 
-from gpuwm.store import RangeQuery
+import pytest
+
+from gpuwm.store import RangeQuery, embedded
 from gpuwm.store.embedded import EmbeddedStore
 
 from .store_data import cluster, project, sample, workload
@@ -127,5 +130,22 @@ def test_a_series_written_in_the_round_that_expires_its_last_chunk_stays(tmp_pat
             _interval(store, float(t), ["serve"])
         (util,) = store.query_range(RangeQuery("workload", "uid-train", ("gpu_utilization_percent",), at, at, 15))
         assert [value for _, value in util.points] == [40.0]
+    finally:
+        store.close()
+
+
+def test_a_long_backlog_is_deleted_over_several_rounds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(embedded, "FORGET_SERIES_PER_ROUND", 2)
+    store = EmbeddedStore(tmp_path / "s.db", tiers=SMALL_TIERS)
+    try:
+        for t in range(0, 120, 15):
+            _interval(store, float(t), ["serve", "train"])
+        counts = []
+        for t in range(120, 2400, 15):
+            _interval(store, float(t), ["serve"])
+            counts.append(len(_workload_series(store, "uid-train")))
+        assert counts[-1] == 0 and store.forgotten_series == counts[0]
+        drops = [before - after for before, after in pairwise(counts) if before != after]
+        assert len(drops) >= 2 and max(drops) <= 2  # two a round
     finally:
         store.close()
