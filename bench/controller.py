@@ -226,10 +226,19 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
     if args.memory_report:
         import tracemalloc
 
-        top = tracemalloc.take_snapshot().statistics("filename")[:12]
+        snapshot = tracemalloc.take_snapshot()
         print("memory by file (tracemalloc):")
-        for stat in top:
+        for stat in snapshot.statistics("filename")[:12]:
             print(f"    {stat.size / 2**20:7.1f} MiB  {stat.traceback[0].filename}")
+        print("memory by line (tracemalloc):")
+        for stat in snapshot.statistics("lineno")[:25]:
+            frame = stat.traceback[0]
+            print(f"    {stat.size / 2**20:7.1f} MiB  {stat.count:9d} blocks  {frame.filename}:{frame.lineno}")
+        if tracemalloc.get_traceback_limit() > 1:  # BENCH_TRACE_FRAMES=N: where the top lines were called from
+            for stat in snapshot.statistics("traceback")[:8]:
+                print(f"    {stat.size / 2**20:7.1f} MiB  {stat.count:9d} blocks")
+                for line in stat.traceback.format()[-2 * tracemalloc.get_traceback_limit():]:
+                    print(f"        {line}")
     await runtime.puller.close()
     await client.close()
 
@@ -261,7 +270,7 @@ def main() -> int:
     if args.memory_report:
         import tracemalloc
 
-        tracemalloc.start()
+        tracemalloc.start(int(os.environ.get("BENCH_TRACE_FRAMES", "1")))
     cluster = multiprocessing.Process(target=serve_cluster, args=(args, child), daemon=True)
     cluster.start()
     api_url, agents_url, jobs = parent.recv()

@@ -11,6 +11,7 @@ import pytest
 from gpuwm.api.app import create_app
 from gpuwm.api.params import parse_time
 from gpuwm.config import Settings
+from gpuwm.store import RangeQuery, Series
 from gpuwm.store.embedded import EmbeddedStore
 
 from .api_data import GIB, populate
@@ -320,19 +321,19 @@ async def test_concurrent_queries_share_a_few_store_connections(store: EmbeddedS
     lock = threading.Lock()
     query_range = store.query_range
 
-    def slow_query(query: object) -> object:
+    def slow_query(query: RangeQuery) -> list[Series]:
         nonlocal running, most
         with lock:
             running += 1
             most = max(most, running)
         time.sleep(0.02)  # long enough that unlimited readers would overlap
         try:
-            return query_range(query)  # type: ignore[arg-type]
+            return query_range(query)
         finally:
             with lock:
                 running -= 1
 
-    store.query_range = slow_query  # type: ignore[method-assign]
+    store.query_range = slow_query  # type: ignore[method-assign]  # counts the reads running at once
     app = create_app(store, Settings(auth="none"))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gpuwm") as http:
         responses = await asyncio.gather(*(

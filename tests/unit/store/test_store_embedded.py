@@ -311,9 +311,13 @@ def test_connections_of_ended_reading_threads_are_closed(store: EmbeddedStore) -
 
     _record_two_gpu_job(store, [1000.0])
     opened: list[sqlite3.Connection] = []
+
+    def read() -> None:
+        opened.append(store._reader())
+        store.latest_time()
+
     for _burst in range(3):
-        threads = [threading.Thread(target=lambda: opened.append(store._reader()) or store.latest_time())
-                   for _ in range(4)]
+        threads = [threading.Thread(target=read) for _ in range(4)]
         for thread in threads:
             thread.start()
         for thread in threads:

@@ -58,8 +58,8 @@ class _OldPathStore(EmbeddedStore):
             changed = []
             for key, columns, figures in entries:
                 dumped = figures.model_dump_json()
-                if self._latest_json.get(f"{table}:{key}") != dumped:
-                    self._latest_json[f"{table}:{key}"] = dumped
+                if self._latest_json.get(f"{table}:{key}") != hash(dumped.encode()):
+                    self._latest_json[f"{table}:{key}"] = hash(dumped.encode())
                     changed.append((*columns, dumped))
             if changed:
                 placeholders = ", ".join("?" * len(changed[0]))
