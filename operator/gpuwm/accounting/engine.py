@@ -38,6 +38,7 @@ from gpuwm.accounting.state import (
     Workload,
     sample_values,
 )
+from gpuwm.model.compact import compact_pod_event
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import NamespaceEvent, PodEvent, SampleEvent
 
@@ -321,6 +322,7 @@ class EngineCore:
                 self._register_mig_child(parent, uuid)
 
     def observe_pod(self, event: PodEvent) -> None:
+        compact_pod_event(event)  # kept in the pod's timeline, for a finished pod as long as the retention
         workload = self.workload_records.get(event.workload.uid)
         if workload is None:
             workload = self.workload_records[event.workload.uid] = Workload(event.workload.uid, event)
@@ -342,10 +344,11 @@ class EngineCore:
         else:
             timeline.insert(index, (t, event))
         if index == len(timeline) - 1:
-            pod.name, pod.namespace, pod.labels = event.name, event.namespace, dict(event.labels)
+            # the event's own labels, not copies: events are frozen and nothing here changes the dicts
+            pod.name, pod.namespace, pod.labels = event.name, event.namespace, event.labels
         if (event.t, event.uid) >= workload.labels_key:  # the newest pod event names the project
             workload.labels_key = (event.t, event.uid)
-            workload.labels = dict(event.labels)
+            workload.labels = event.labels
         self._reconcile_pod(pod, t)
 
     # ------------------------------------------------------- pod -> stretches

@@ -13,6 +13,7 @@ from typing import Any
 
 from gpuwm.accounting.state import INFINITY, Gpu, Pod, Stretch, Workload
 from gpuwm.accounting.windows import WindowSums
+from gpuwm.model.compact import compact_pod_event
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import NamespaceEvent, PodEvent
 
@@ -139,7 +140,8 @@ def _restore(core: Any, state: dict[str, Any]) -> None:
         core.namespaces[event.name] = event
     workloads: dict[str, Workload] = {}
     pod_events: dict[str, list[tuple[float, PodEvent]]] = {
-        raw["uid"]: [(float(t), PodEvent.model_validate(event)) for t, event in raw["timeline"]] for raw in state["pods"]
+        raw["uid"]: [(float(t), compact_pod_event(PodEvent.model_validate(event))) for t, event in raw["timeline"]]
+        for raw in state["pods"]
     }
     pods_raw = {raw["uid"]: raw for raw in state["pods"]}
     for raw in state["workloads"]:

@@ -404,7 +404,7 @@ class Pod:
         self.workload = workload
         self.name = event.name
         self.namespace = event.namespace
-        self.labels: dict[str, str] = dict(event.labels)
+        self.labels: dict[str, str] = event.labels  # the frozen event's own: never changed here
         self.timeline: list[tuple[float, PodEvent]] = []
         self.stretches: list[Stretch] = []
 
@@ -451,7 +451,7 @@ class Workload:
         self.api_version = event.workload.api_version
         self.created = event.workload.created
         self.first_seen = event.t
-        self.labels: dict[str, str] = dict(event.labels)  # of the newest pod event, for the project
+        self.labels: dict[str, str] = event.labels  # of the newest pod event, for the project (not a copy)
         self.labels_key = (event.t, event.uid)  # which pod event `labels` came from
         self.pods: dict[str, Pod] = {}
         self.stretches: list[Stretch] = []

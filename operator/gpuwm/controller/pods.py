@@ -9,7 +9,7 @@ time the pod started, and the engine places it there (within its late-event wind
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable, Mapping
+from collections.abc import Collection, Container, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -83,8 +83,13 @@ def track_pod(
     deleted: bool,
     replicas: int | NodeSharing = 1,
     shared_replicas: int = 4,
+    labels_kept: Collection[str] | None = None,
 ) -> TrackedPod:
-    """A TrackedPod from a Pod body; raises MalformedPodError naming what is missing."""
+    """A TrackedPod from a Pod body; raises MalformedPodError naming what is missing.
+
+    `labels_kept`: the only labels the pod keeps (the controller keeps the project label: the
+    engine reads no other, and a finished pod is held for the retention, labels and all).
+    """
     metadata = pod.get("metadata")
     if not isinstance(metadata, Mapping) or not metadata.get("name") or not metadata.get("uid"):
         raise MalformedPodError("pod without metadata.name/uid")
@@ -107,7 +112,8 @@ def track_pod(
         uid=str(metadata["uid"]),
         phase=phase,
         node=str(spec["nodeName"]) if spec.get("nodeName") else None,
-        labels={str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {},
+        labels={str(k): str(v) for k, v in labels.items() if labels_kept is None or k in labels_kept}
+        if isinstance(labels, Mapping) else {},
         units_by_container=units,
         workload=workload,
         phase_since=phase_start_time(pod, raw_phase),

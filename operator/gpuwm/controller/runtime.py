@@ -147,6 +147,7 @@ class ControllerRuntime:
             pod = track_pod(
                 body, workload, self.settings.resource_names, deleted=event_type == "DELETED",
                 replicas=replicas, shared_replicas=self.settings.time_sliced_replicas,
+                labels_kept=(self.settings.project_label,),
             )
         except (MalformedPodError, KeyError, TypeError, ValueError) as error:
             self._warn_once(uid or repr(metadata.get("name")), f"skipping a malformed pod: {error}")

@@ -237,3 +237,20 @@ async def test_writer_logs_a_failed_write_and_goes_on(caplog: pytest.LogCaptureF
     task.cancel()
     assert writer.stats.failures == 1 and writer.stats.writes == 1
     assert "could not write gpuworkloadmetrics ns/bad" in caplog.text and "Invalid value" in caplog.text
+
+
+def test_a_pod_keeps_only_the_labels_it_is_told_to() -> None:
+    """The engine reads the project label only; a finished pod is held for the retention, so no more."""
+    body = pod_body({"nvidia.com/gpu": "1"})
+    body["metadata"]["labels"] = {"gpuwm.io/project": "vision", "job-name": "train", "controller-uid": "c-1"}
+    pod = track_pod(body, JOB, DEFAULT_RESOURCE_NAMES, deleted=False, labels_kept=("gpuwm.io/project",))
+    assert pod.labels == {"gpuwm.io/project": "vision"}
+    assert pod_event(pod, [], 10.0).labels == {"gpuwm.io/project": "vision"}
+    assert track_pod(body, JOB, DEFAULT_RESOURCE_NAMES, deleted=False).labels == body["metadata"]["labels"]
+    # a label the engine does not read changes nothing it is told; the project label does
+    body["metadata"]["labels"]["controller-uid"] = "c-2"
+    again = track_pod(body, JOB, DEFAULT_RESOURCE_NAMES, deleted=False, labels_kept=("gpuwm.io/project",))
+    assert state_key(again, []) == state_key(pod, [])
+    body["metadata"]["labels"]["gpuwm.io/project"] = "nlp"
+    moved = track_pod(body, JOB, DEFAULT_RESOURCE_NAMES, deleted=False, labels_kept=("gpuwm.io/project",))
+    assert state_key(moved, []) != state_key(pod, [])
