@@ -686,6 +686,7 @@ class EngineCore:
             if gpu.stretches:
                 for stretch in [s for s in gpu.stretches if s.end < boundary]:
                     self._retire(gpu, stretch)
+        self._forget_gone_gpus()
         for workload in self.workload_records.values():
             workload.windows.maintain(self.clock)
         for pod in self.pods.values():
@@ -694,6 +695,30 @@ class EngineCore:
                 keep = bisect.bisect_left([entry[0] for entry in timeline], boundary) - 1
                 if keep > 0:
                     del timeline[:keep]
+
+    def _forget_gone_gpus(self) -> None:
+        """Drop the GPUs silent for `gpu_gone_seconds` that nothing holds (see EngineConfig).
+
+        A MIG parent stays while one of its instances does (their energy is its samples'); a
+        forgotten instance leaves its parent's list. A GPU that reports again starts afresh:
+        its first new sample begins its history, as after any gap longer than 3 intervals.
+        """
+        gone_before = self.clock - self.config.gpu_gone_seconds
+        records = self.gpu_records
+        gone = [
+            uuid for uuid, gpu in records.items()
+            if not gpu.stretches and (gpu.last_time is None or gpu.last_time < gone_before)
+        ]
+        for uuid in gone:
+            if any(child in records and child not in gone for child in self.mig_children.get(uuid, ())):
+                continue
+            del records[uuid]
+        for parent_uuid in list(self.mig_children):
+            children = [child for child in self.mig_children[parent_uuid] if child in records]
+            if children:
+                self.mig_children[parent_uuid] = children
+            else:
+                del self.mig_children[parent_uuid]
 
     def _retire(self, gpu: Gpu, stretch: Stretch) -> None:
         """Fold a stretch that ended before the late window into its workload's totals."""

@@ -32,6 +32,10 @@ class EngineConfig:
     idle_threshold_percent: float = 1.0
     project_label: str = "gpuwm.io/project"
     late_event_window_seconds: float = 120.0
+    #: a GPU that has sent no sample for this long and that no pod holds is forgotten: a node the
+    #: autoscaler removed, a MIG layout replaced. Kept, it would count in the cluster's GPUs and
+    #: units for ever, and its record would stay in memory (autoscaled fleets see new GPUs daily).
+    gpu_gone_seconds: float = 3600.0
     quota_annotation: str = "gpuwm.io/gpu-quota"
 
     @property
