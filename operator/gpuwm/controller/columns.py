@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from gpuwm.accounting.state import SampleBatch
 from gpuwm.agent.columns import DEVICE_FIELDS, NUMBER_COLUMNS
+from gpuwm.model.compact import share_fields_set
 from gpuwm.model.sample import GpuSample, ProcessSample
 
 Floats = npt.NDArray[numpy.float64]
@@ -180,8 +181,6 @@ class SampleColumns:
 #: latest samples and 8,000 device templates held one each). GpuSample is frozen, so nothing adds to it in
 #: place; `model_copy(update=...)` copies it before adding.
 _FIELDS_SET = set(GpuSample.model_fields)
-#: the device templates' fields-sets (which fields an agent sent), one shared set per distinct content
-_TEMPLATE_FIELDS_SETS: dict[frozenset[str], set[str]] = {}
 
 
 def _validated(fields: dict[str, Any]) -> GpuSample:
@@ -334,9 +333,7 @@ def _device(position: int, entry: Any) -> GpuSample:
     except ValidationError as error:
         first = error.errors()[0]
         raise ValueError(f"gpus[{position}].{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
-    fields_set = device.__pydantic_fields_set__
-    shared = _TEMPLATE_FIELDS_SETS.setdefault(frozenset(fields_set), fields_set)
-    object.__setattr__(device, "__pydantic_fields_set__", shared)
+    share_fields_set(device)  # which fields the agent sent: one set per distinct content
     if key:
         if len(_DEVICES) >= _DEVICES_KEPT:
             _DEVICES.clear()
