@@ -22,7 +22,7 @@ import logging
 import math
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -167,7 +167,7 @@ class EmbeddedStore(Store):
             self._series_ids[(kind, key)] = series_id
         self._next_series_id = self._first_free_id()
         self._head_blocks = {block for (block,) in connection.execute("SELECT DISTINCT block FROM head")}
-        self._written = self._ids_in_head()
+        self._written = self._ids_in_head(self._head_blocks)
         for table, column in (("latest_workloads", "uid"), ("latest_projects", "name")):
             for key, figures in connection.execute(f"SELECT {column}, figures FROM {table}"):
                 self._latest_json[f"{table}:{key}"] = hash(figures.encode())
@@ -233,9 +233,12 @@ class EmbeddedStore(Store):
         (newest,) = self._writer.execute("SELECT max(id) FROM series").fetchone()
         return max(int(newest or 0), int(self._get_meta("series_id_high") or 0)) + 1
 
-    def _ids_in_head(self) -> set[int]:
-        """Every series id of a block with head rows (a superset of those with points there)."""
-        blocks = [block for (block,) in self._writer.execute("SELECT DISTINCT block FROM head")]
+    def _ids_in_head(self, blocks: Iterable[int] | None = None) -> set[int]:
+        """Every series id of a block with head rows (a superset of those with points there); `blocks`:
+        those blocks when just read from the file, else they are read (after a rollback the in-memory
+        `_head_blocks` may miss blocks whose compaction was undone)."""
+        if blocks is None:
+            blocks = [block for (block,) in self._writer.execute("SELECT DISTINCT block FROM head")]
         return {block * BLOCK + slot for block in blocks for slot in range(BLOCK)}
 
     def _write_latest(self, table: str, entries: list[tuple[str, tuple[object, ...], BaseModel]]) -> None:
