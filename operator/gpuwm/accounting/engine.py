@@ -709,10 +709,14 @@ class EngineCore:
             uuid for uuid, gpu in records.items()
             if not gpu.stretches and (gpu.last_time is None or gpu.last_time < gone_before)
         ]
+        forgotten = False
         for uuid in gone:
             if any(child in records and child not in gone for child in self.mig_children.get(uuid, ())):
                 continue
             del records[uuid]
+            forgotten = True
+        if not forgotten:  # the usual case: no MIG list names a missing GPU, nothing to rebuild
+            return
         for parent_uuid in list(self.mig_children):
             children = [child for child in self.mig_children[parent_uuid] if child in records]
             if children:
