@@ -17,12 +17,12 @@ from dataclasses import dataclass, field, replace
 from operator import attrgetter
 from typing import Any
 
-import aiohttp
 import numpy
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from gpuwm.accounting import Engine
+from gpuwm.controller.agenthttp import AgentHttpClient, AgentHttpError
 from gpuwm.controller.columns import SampleColumns, concat, join, parse_columns
 from gpuwm.model.podstats import PodStatsSample
 from gpuwm.model.sample import GpuSample
@@ -274,20 +274,15 @@ class AgentPuller:
     """Pulls every agent's `/v1/snapshot?since=SEQ` concurrently, each with a timeout."""
 
     def __init__(self, timeout_seconds: float = 5.0, max_concurrency: int = 64, keepalive_seconds: float = 60.0) -> None:
-        self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._limit = asyncio.Semaphore(max_concurrency)
-        self._max_concurrency = max_concurrency
-        #: idle connections live this long: longer than a status interval (aiohttp's 15 s default is
-        #: one interval, so every pull paid a new TCP connection); one per agent
-        self._keepalive_seconds = keepalive_seconds
-        self._session: aiohttp.ClientSession | None = None
+        #: idle connections live longer than a status interval (aiohttp's 15 s default was one
+        #: interval, so every pull paid a new TCP connection); one per agent
+        self.http = AgentHttpClient(timeout_seconds, keepalive_seconds=keepalive_seconds)
         self.state: dict[str, AgentState] = {}
         self._holder_cache: HolderCache = {}
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.http.close()
 
     def restore_positions(self, positions: Mapping[str, Any]) -> None:
         """Resume from saved positions, so samples already accounted for are not fed twice."""
@@ -311,9 +306,6 @@ class AgentPuller:
         a 1,000-node pull is ~10^5 samples, which the controller feeds to the engine as they
         come instead of holding them all (hundreds of MiB) until the last agent answered.
         """
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._max_concurrency, keepalive_timeout=self._keepalive_seconds)
-            self._session = aiohttp.ClientSession(timeout=self._timeout, connector=connector)
         nodes = sorted(agents)
         for gone in self._holder_cache.keys() - agents.keys():
             del self._holder_cache[gone]
@@ -346,7 +338,7 @@ class AgentPuller:
                 if snapshot.truncated:
                     logger.warning("agent on %s dropped samples before the controller read them (seq %d); "
                                    "that time is unmonitored", node, state.since, extra={"node": node})
-            except (TimeoutError, aiohttp.ClientError, ValueError) as error:
+            except (TimeoutError, AgentHttpError, OSError, ValueError) as error:
                 state.failures += 1
                 if not state.warned:  # one warning per outage, not one per interval
                     logger.warning("agent on %s at %s did not answer (%r); its GPUs are unmonitored until it does",
@@ -367,13 +359,10 @@ class AgentPuller:
         return snapshot
 
     async def _fetch(self, node: str, base_url: str, since: int) -> Snapshot:
-        assert self._session is not None
         # an agent older than the columnar feed ignores `format` and answers rows: parse_snapshot reads both
-        params = {"since": str(since), "format": "columns"}
-        async with self._session.get(f"{base_url}/v1/snapshot", params=params) as response:
-            if response.status != 200:
-                raise ValueError(f"HTTP {response.status} from {base_url}/v1/snapshot")
-            payload = await response.read()
+        status, payload = await self.http.get(f"{base_url}/v1/snapshot?since={since}&format=columns")
+        if status != 200:
+            raise ValueError(f"HTTP {status} from {base_url}/v1/snapshot")
         return parse_snapshot(payload, node, self._holder_cache)
 
 

@@ -109,9 +109,10 @@ async def test_the_connection_to_an_agent_outlives_a_status_interval(monkeypatch
     async with serving(app) as url:
         try:
             await puller.pull_all({"n1": url})
-            # aiohttp ages idle connections by its module's `monotonic`: the next pull, 20 s on
-            monkeypatch.setattr("aiohttp.connector.monotonic", lambda: time.monotonic() + 20.0)
+            # the client ages idle connections by its clock: the next pull, 20 s on
+            monkeypatch.setattr(puller.http, "_clock", lambda: time.monotonic() + 20.0)
             await puller.pull_all({"n1": url})
             assert len(peers) == 2 and peers[0] == peers[1]  # the same kept-alive connection
+            assert puller.http.connections_opened == 1
         finally:
             await puller.close()
