@@ -112,9 +112,9 @@ class Engine(EngineCore):
         cached = self._settled.get(uid)
         return None if cached is None else cached[1]
 
-    def save(self) -> dict[str, Any]:
-        """The whole state as JSON-able data (see `gpuwm.accounting.persist`)."""
-        return save_state(self)
+    def save(self, lazy: bool = False) -> dict[str, Any]:
+        """The whole state as JSON-able data (see `gpuwm.accounting.persist`); `lazy`: built as it is read."""
+        return save_state(self, lazy)
 
     @classmethod
     def restore(cls, state: dict[str, Any], config: EngineConfig | None = None) -> Engine:

@@ -28,6 +28,8 @@ from urllib.parse import urlsplit
 MAX_BODY_BYTES = 256 * 2**20
 #: the largest status line and header block accepted
 MAX_HEAD_BYTES = 64 * 2**10
+#: base URLs kept parsed (one per agent)
+MAX_ORIGINS_KEPT = 20_000
 
 
 class AgentHttpError(Exception):
@@ -44,13 +46,13 @@ class _Connection:
         self.writer.close()
 
 
-@dataclass(frozen=True)
-class _Target:
-    scheme: str
-    host: str
-    port: int
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    """What a base URL says once parsed: (scheme, host, port), the Host header, a path prefix."""
+
+    key: tuple[str, str, int]
     host_header: str
-    path: str
+    path_prefix: str
 
 
 class AgentHttpClient:
@@ -68,19 +70,24 @@ class AgentHttpClient:
         self._max_body_bytes = max_body_bytes
         self._clock = clock
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
-        self._targets: dict[str, _Target] = {}
+        self._origins: dict[str, _Origin] = {}
         self._ssl: ssl.SSLContext | None = None
         #: connections opened (for tests and the benchmark: kept-alive connections are reused)
         self.connections_opened = 0
 
-    async def get(self, url: str) -> tuple[int, bytes]:
-        """(status, body) of GET `url`; raises AgentHttpError or TimeoutError."""
-        target = self._target(url)
+    async def get(self, base_url: str, target: str = "/") -> tuple[int, bytes]:
+        """(status, body) of GET `base_url` + `target` (a path and query); raises AgentHttpError or TimeoutError.
+
+        `base_url` (scheme, host, port and any path prefix) is parsed once and kept; `target`
+        changes from one request to the next (`?since=SEQ`) and is never kept.
+        """
+        origin = self._origin(base_url)
+        url = base_url + target
         request = (
-            f"GET {target.path} HTTP/1.1\r\nHost: {target.host_header}\r\n"
+            f"GET {origin.path_prefix}{target} HTTP/1.1\r\nHost: {origin.host_header}\r\n"
             "Accept: application/json\r\nAccept-Encoding: identity\r\nUser-Agent: gpuwm-controller\r\n\r\n"
         ).encode("latin-1")
-        key = (target.scheme, target.host, target.port)
+        key = origin.key
         async with asyncio.timeout(self._timeout_seconds):
             connection = self._take_idle(key)
             if connection is not None:
@@ -88,7 +95,7 @@ class AgentHttpClient:
                     return await self._exchange(key, connection, request, url)
                 except _StaleConnection:
                     pass  # the agent closed it while it was idle: once more on a new connection
-            connection = await self._open(target, url)
+            connection = await self._open(origin, url)
             try:
                 return await self._exchange(key, connection, request, url)
             except _StaleConnection as error:
@@ -107,24 +114,22 @@ class AgentHttpClient:
 
     # ------------------------------------------------------------------ inside
 
-    def _target(self, url: str) -> _Target:
-        target = self._targets.get(url)
-        if target is not None:
-            return target
-        parts = urlsplit(url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise AgentHttpError(f"{url}: expected an http:// or https:// URL with a host")
+    def _origin(self, base_url: str) -> _Origin:
+        origin = self._origins.get(base_url)
+        if origin is not None:
+            return origin
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise AgentHttpError(f"{base_url}: expected an http:// or https:// URL with a host (and no query)")
         try:
             port = parts.port or (443 if parts.scheme == "https" else 80)
         except ValueError as error:
-            raise AgentHttpError(f"{url}: {error}") from error
-        host_header = parts.netloc.rpartition("@")[2]
-        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        target = _Target(parts.scheme, parts.hostname, port, host_header, path)
-        if len(self._targets) > 100_000:  # URLs carry `since`, so they change: keep this a cache, not a record
-            self._targets.clear()
-        self._targets[url] = target
-        return target
+            raise AgentHttpError(f"{base_url}: {error}") from error
+        origin = _Origin((parts.scheme, parts.hostname, port), parts.netloc.rpartition("@")[2], parts.path.rstrip("/"))
+        if len(self._origins) >= MAX_ORIGINS_KEPT:  # agents come and go: a cache, not a record
+            self._origins.clear()
+        self._origins[base_url] = origin
+        return origin
 
     def _take_idle(self, key: tuple[str, str, int]) -> _Connection | None:
         connections = self._idle.get(key)
@@ -136,16 +141,16 @@ class AgentHttpClient:
             connection.close()
         return None
 
-    async def _open(self, target: _Target, url: str) -> _Connection:
+    async def _open(self, origin: _Origin, url: str) -> _Connection:
+        scheme, host, port = origin.key
         context: ssl.SSLContext | None = None
-        if target.scheme == "https":
+        if scheme == "https":
             if self._ssl is None:
                 self._ssl = ssl.create_default_context()
             context = self._ssl
         try:
             reader, writer = await asyncio.open_connection(
-                target.host, target.port, ssl=context, limit=MAX_HEAD_BYTES,
-                server_hostname=target.host if context is not None else None,
+                host, port, ssl=context, limit=MAX_HEAD_BYTES, server_hostname=host if context is not None else None,
             )
         except OSError as error:
             raise AgentHttpError(f"{url}: cannot connect: {error}") from error

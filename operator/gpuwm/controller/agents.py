@@ -360,7 +360,7 @@ class AgentPuller:
 
     async def _fetch(self, node: str, base_url: str, since: int) -> Snapshot:
         # an agent older than the columnar feed ignores `format` and answers rows: parse_snapshot reads both
-        status, payload = await self.http.get(f"{base_url}/v1/snapshot?since={since}&format=columns")
+        status, payload = await self.http.get(base_url, f"/v1/snapshot?since={since}&format=columns")
         if status != 200:
             raise ValueError(f"HTTP {status} from {base_url}/v1/snapshot")
         return parse_snapshot(payload, node, self._holder_cache)

@@ -18,6 +18,8 @@ from typing import Any
 
 import orjson
 
+from gpuwm.accounting.persist import LazyEntries
+
 logger = logging.getLogger(__name__)
 
 STATE_VERSION = 1
@@ -62,13 +64,20 @@ def encode_state(state: dict[str, Any]) -> bytes:
     `json.dumps`; non-string keys become strings as `json.dumps` makes them, so `load_state`
     reads back what it always did.
     """
-    return orjson.dumps({"version": STATE_VERSION, **state}, option=_OPTIONS)
+    return orjson.dumps({"version": STATE_VERSION, **state}, default=_entries, option=_OPTIONS)
+
+
+def _entries(value: Any) -> list[Any]:
+    """orjson's fallback: a lazily built list of the engine's state (`save_state(lazy=True)`) as a list."""
+    if isinstance(value, LazyEntries):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
 def _chunks(value: Any, depth: int) -> Iterator[bytes]:
     """`value` as JSON in pieces of at most a batch of children, never the whole document at once."""
-    if depth <= 0 or not isinstance(value, dict | list) or not value:
-        yield orjson.dumps(value, option=_OPTIONS)
+    if depth <= 0 or not isinstance(value, dict | list | LazyEntries) or not value:
+        yield orjson.dumps(value, default=_entries, option=_OPTIONS)
         return
     if isinstance(value, dict):
         yield b"{"
@@ -76,7 +85,8 @@ def _chunks(value: Any, depth: int) -> Iterator[bytes]:
         if len(items) > STREAM_SPLIT:
             for start in range(0, len(items), STREAM_BATCH):
                 # `{"k":v,...}` without its braces: orjson writes the keys exactly as for the whole dict
-                yield (b"," if start else b"") + orjson.dumps(dict(items[start:start + STREAM_BATCH]), option=_OPTIONS)[1:-1]
+                yield (b"," if start else b"") + orjson.dumps(
+                    dict(items[start:start + STREAM_BATCH]), default=_entries, option=_OPTIONS)[1:-1]
         else:
             for index, (key, child) in enumerate(items):
                 yield (b"," if index else b"") + orjson.dumps({key: None}, option=_OPTIONS)[1:-5]  # `"key":`
@@ -86,7 +96,9 @@ def _chunks(value: Any, depth: int) -> Iterator[bytes]:
     yield b"["
     if len(value) > STREAM_SPLIT:
         for start in range(0, len(value), STREAM_BATCH):
-            yield (b"," if start else b"") + orjson.dumps(value[start:start + STREAM_BATCH], option=_OPTIONS)[1:-1]
+            # a LazyEntries slice builds just these entries: only a batch of them is ever alive
+            yield (b"," if start else b"") + orjson.dumps(
+                value[start:start + STREAM_BATCH], default=_entries, option=_OPTIONS)[1:-1]
     else:
         for index, child in enumerate(value):
             if index:

@@ -17,6 +17,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from gpuwm.accounting import Engine
+from gpuwm.accounting.persist import LazyEntries
 from gpuwm.controller.agents import DeviceHolder, index_holders
 from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
 from gpuwm.controller.owners import parse_kubernetes_time
@@ -61,15 +62,20 @@ def _pod_from_json(data: dict[str, Any]) -> TrackedPod:
     )
 
 
-def snapshot_state(runtime: ControllerRuntime, now: float) -> dict[str, Any]:
-    """Everything a restarted controller needs to carry on exactly (JSON-serialisable)."""
+def snapshot_state(runtime: ControllerRuntime, now: float, lazy: bool = False) -> dict[str, Any]:
+    """Everything a restarted controller needs to carry on exactly (JSON-serialisable).
+
+    `lazy`: the engine's big lists are built as they are encoded (`persistence.encode_state_chunks`
+    in batches), which must happen before the engine changes again.
+    """
     return {
         "saved_at": now,
-        "engine": runtime.engine.save(),
+        "engine": runtime.engine.save(lazy),
         "agents": runtime.puller.positions(),
         "holders": {node: [h.model_dump(exclude_none=True) for h in holders]
                     for node, holders in runtime.holders_by_node.items()},
-        "pods": [_pod_to_json(pod) for pod in runtime.pods.values()],
+        "pods": (LazyEntries(list(runtime.pods.values()), _pod_to_json) if lazy
+                 else [_pod_to_json(pod) for pod in runtime.pods.values()]),
         "sent": runtime.sent,
         "cr_names": runtime.cr_names,
         "conditions": {uid: [c.model_dump(mode="json", by_alias=True) for c in conditions]

@@ -408,7 +408,8 @@ class ControllerRuntime:
     async def save_in_background(self, now: float) -> None:
         """As `save`; the JSON streams to a temp file on the loop (consistent, never whole in memory), fsync in a thread."""
         try:
-            temp = stage_state(self.state_path, encode_state_chunks(recovery.snapshot_state(self, now)))
+            # lazy: each batch of the engine's entries is built, encoded and dropped in turn (no await in between)
+            temp = stage_state(self.state_path, encode_state_chunks(recovery.snapshot_state(self, now, lazy=True)))
             await asyncio.to_thread(commit_state, temp, self.state_path)
             self._last_save = now
         except OSError as error:

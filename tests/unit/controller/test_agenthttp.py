@@ -72,10 +72,10 @@ async def test_bodies_by_length_and_by_chunks_on_one_kept_alive_connection() -> 
     client = AgentHttpClient(timeout_seconds=2)
     async with serving(app) as url:
         try:
-            assert await client.get(f"{url}/v1/snapshot?since=3") == (200, b'{"since": "3"}')
-            assert await client.get(f"{url}/v1/snapshot?since=4&chunked=1") == (200, b'{"a": 1}')
-            assert await client.get(f"{url}/v1/snapshot?since=5") == (200, b'{"since": "5"}')
-            assert await client.get(f"{url}/nowhere") == (404, b"404: Not Found")
+            assert await client.get(url, "/v1/snapshot?since=3") == (200, b'{"since": "3"}')
+            assert await client.get(url, "/v1/snapshot?since=4&chunked=1") == (200, b'{"a": 1}')
+            assert await client.get(url, "/v1/snapshot?since=5") == (200, b'{"since": "5"}')
+            assert await client.get(url, "/nowhere") == (404, b"404: Not Found")
             assert client.connections_opened == 1
         finally:
             await client.close()
@@ -84,7 +84,7 @@ async def test_bodies_by_length_and_by_chunks_on_one_kept_alive_connection() -> 
 async def test_a_body_without_length_ends_with_the_connection() -> None:
     async with raw_server(answering(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n{\"x\": 1}", close=True)) as url:
         client = AgentHttpClient(timeout_seconds=2)
-        assert await client.get(f"{url}/v1/snapshot") == (200, b'{"x": 1}')
+        assert await client.get(url, "/v1/snapshot") == (200, b'{"x": 1}')
         assert client._idle.get(("http", "127.0.0.1", int(url.rsplit(":", 1)[1]))) in (None, [])
         await client.close()
 
@@ -93,16 +93,16 @@ async def test_connection_close_is_honoured_and_an_idle_close_is_retried_once() 
     ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
     async with raw_server(answering(ok, close=True)) as url:  # closes each connection after one answer
         client = AgentHttpClient(timeout_seconds=2)
-        assert await client.get(f"{url}/a") == (200, b"ok")
+        assert await client.get(url, "/a") == (200, b"ok")
         await asyncio.sleep(0.05)  # the server's close arrives while the connection is idle
-        assert await client.get(f"{url}/b") == (200, b"ok")
+        assert await client.get(url, "/b") == (200, b"ok")
         assert client.connections_opened == 2
         await client.close()
     closing = b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 2\r\n\r\nok"
     async with raw_server(answering(closing, closing)) as url:
         client = AgentHttpClient(timeout_seconds=2)
         for _ in range(2):
-            assert await client.get(f"{url}/a") == (200, b"ok")
+            assert await client.get(url, "/a") == (200, b"ok")
         assert client.connections_opened == 2  # "Connection: close" is never reused
         await client.close()
 
@@ -112,9 +112,9 @@ async def test_idle_connections_expire() -> None:
     async with raw_server(answering(ok, ok)) as url:
         now = [time.monotonic()]
         client = AgentHttpClient(timeout_seconds=2, keepalive_seconds=60, clock=lambda: now[0])
-        await client.get(f"{url}/a")
+        await client.get(url, "/a")
         now[0] += 61
-        await client.get(f"{url}/a")
+        await client.get(url, "/a")
         assert client.connections_opened == 2
         await client.close()
 
@@ -137,7 +137,7 @@ async def test_a_bad_answer_is_an_error_naming_the_url_and_the_connection_is_dro
     async with raw_server(answering(answer, close=True)) as url:
         client = AgentHttpClient(timeout_seconds=2, max_body_bytes=1000)
         with pytest.raises(AgentHttpError, match=message) as raised:
-            await client.get(f"{url}/v1/snapshot?since=0")
+            await client.get(url, "/v1/snapshot?since=0")
         assert f"{url}/v1/snapshot?since=0" in str(raised.value)
         assert not any(client._idle.values())
         await client.close()
@@ -152,7 +152,7 @@ async def test_a_silent_agent_times_out_and_its_connection_is_not_reused() -> No
     async with raw_server(silent) as url:
         client = AgentHttpClient(timeout_seconds=0.2)
         with pytest.raises(TimeoutError):
-            await client.get(f"{url}/v1/snapshot")
+            await client.get(url, "/v1/snapshot")
         assert not any(client._idle.values())
         await client.close()
 
@@ -160,11 +160,11 @@ async def test_a_silent_agent_times_out_and_its_connection_is_not_reused() -> No
 async def test_unreachable_and_malformed_urls_are_named() -> None:
     client = AgentHttpClient(timeout_seconds=2)
     with pytest.raises(AgentHttpError, match=re.escape("http://127.0.0.1:9/v1/snapshot: cannot connect")):
-        await client.get("http://127.0.0.1:9/v1/snapshot")
+        await client.get("http://127.0.0.1:9", "/v1/snapshot")
     with pytest.raises(AgentHttpError, match="expected an http:// or https:// URL"):
-        await client.get("ftp://agent/v1/snapshot")
+        await client.get("ftp://agent", "/v1/snapshot")
     with pytest.raises(AgentHttpError, match="agent:99999"):
-        await client.get("http://agent:99999/v1/snapshot")
+        await client.get("http://agent:99999", "/v1/snapshot")
 
     async def plain(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         writer.write(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")  # what a plain server says to TLS
@@ -173,5 +173,27 @@ async def test_unreachable_and_malformed_urls_are_named() -> None:
 
     async with raw_server(plain) as url:  # https:// to an agent that serves plain HTTP
         with pytest.raises(AgentHttpError, match="cannot connect"):
-            await client.get(url.replace("http://", "https://") + "/v1/snapshot")
+            await client.get(url.replace("http://", "https://"), "/v1/snapshot")
     await client.close()
+
+
+async def test_a_path_prefix_is_kept_and_nothing_is_kept_per_request() -> None:
+    lines: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                request = await read_request(reader)
+                lines.append(request.split(b"\r\n", 1)[0])
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async with raw_server(handle) as url:
+        client = AgentHttpClient(timeout_seconds=2)
+        for since in range(200):  # every pull asks from another `since`
+            assert await client.get(f"{url}/agents/n1/", f"/v1/snapshot?since={since}") == (200, b"ok")
+        assert lines[0] == b"GET /agents/n1/v1/snapshot?since=0 HTTP/1.1" and len(lines) == 200
+        assert len(client._origins) == 1 and client.connections_opened == 1  # one parsed origin, one connection
+        await client.close()

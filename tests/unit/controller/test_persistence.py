@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -90,3 +91,43 @@ def test_an_older_state_file_with_nan_is_still_read(tmp_path: Path) -> None:
     loaded = load_state(path)
     assert loaded is not None and loaded["engine"]["peak"] == float("inf")
     assert loaded["engine"]["power"] != loaded["engine"]["power"]  # NaN
+
+
+def test_a_lazy_engine_state_encodes_to_the_same_bytes_built_a_batch_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`save(lazy=True)`, what the controller streams: the eager state's bytes, entries built per batch."""
+    from gpuwm.accounting import Engine, EngineConfig
+    from gpuwm.accounting.persist import LazyEntries
+    from gpuwm.controller import persistence
+    from gpuwm.controller.persistence import encode_state, encode_state_chunks
+    from tests.unit.accounting.helpers import pod, sample
+
+    engine = Engine(EngineConfig(interval_seconds=1.0))
+    for index in range(40):  # more entries than a batch, each list: several batches
+        devices = [(f"GPU-{index}-{gpu}", 1.0) for gpu in range(2)]
+        engine.observe(pod(0.0, f"job-{index}", node=f"n{index % 3}", devices=devices))
+    for t in range(1, 6):
+        for index in range(40):
+            for gpu in range(2):
+                engine.observe(sample(float(t), f"GPU-{index}-{gpu}", sm=float((index * t) % 100), energy_joules=10.0 * t))
+    engine.observe(pod(5.5, "job-3", phase="Succeeded", devices=[("GPU-3-0", 1.0), ("GPU-3-1", 1.0)]))
+    engine.report(6.0)
+
+    eager = {"engine": engine.save(), "saved_at": 6.0}
+    lazy = {"engine": engine.save(lazy=True), "saved_at": 6.0}
+    assert all(isinstance(lazy["engine"][name], LazyEntries) for name in ("workloads", "pods", "gpus"))
+    assert len(lazy["engine"]["gpus"]) == 80 and lazy["engine"]["stretches"] == eager["engine"]["stretches"]
+
+    built: list[int] = []  # how many entries each read of a lazy list built
+    real_getitem = LazyEntries.__getitem__
+
+    def counting(self: LazyEntries, index: Any) -> Any:
+        value = real_getitem(self, index)
+        built.append(len(value) if isinstance(index, slice) else 1)
+        return value
+
+    monkeypatch.setattr(LazyEntries, "__getitem__", counting)
+    monkeypatch.setattr(persistence, "STREAM_BATCH", 16)
+    whole = encode_state(eager)
+    assert b"".join(encode_state_chunks(lazy)) == whole
+    assert built and max(built) <= 16 and sum(built) == 40 + 40 + 80  # every entry once, 16 at most at a time
+    assert encode_state(lazy) == whole  # orjson in one piece reads a lazy list whole
