@@ -101,6 +101,27 @@ class AgentHttpClient:
             except _StaleConnection as error:
                 raise AgentHttpError(f"{url}: the connection closed before an answer") from error
 
+    def prune_idle(self) -> int:
+        """Close idle connections past the keep-alive time or closed by their agent; how many were closed.
+
+        A connection is otherwise looked at only when its agent is asked again: one to an agent
+        that is gone (a node scaled away) would stay open, a socket and a file descriptor each.
+        """
+        now, closed = self._clock(), 0
+        for key in list(self._idle):
+            kept = []
+            for connection in self._idle[key]:
+                if now - connection.idle_since < self._keepalive_seconds and not connection.reader.at_eof():
+                    kept.append(connection)
+                else:
+                    connection.close()
+                    closed += 1
+            if kept:
+                self._idle[key] = kept
+            else:
+                del self._idle[key]
+        return closed
+
     async def close(self) -> None:
         """Close every idle connection."""
         idle, self._idle = self._idle, {}

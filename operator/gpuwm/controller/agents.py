@@ -307,6 +307,7 @@ class AgentPuller:
         come instead of holding them all (hundreds of MiB) until the last agent answered.
         """
         nodes = sorted(agents)
+        self.http.prune_idle()  # connections to agents that are gone
         for gone in self._holder_cache.keys() - agents.keys():
             del self._holder_cache[gone]
         outcomes = await asyncio.gather(*(self._pull(node, agents[node], on_snapshot) for node in nodes))

@@ -116,6 +116,9 @@ async def test_idle_connections_expire() -> None:
         now[0] += 61
         await client.get(url, "/a")
         assert client.connections_opened == 2
+        assert client.prune_idle() == 0 and len(client._idle) == 1  # the second is fresh
+        now[0] += 61  # its agent is never asked again (a node scaled away): pruning closes it
+        assert client.prune_idle() == 1 and client._idle == {}
         await client.close()
 
 
