@@ -27,7 +27,7 @@ from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]
 from aiohttp import web
-from jsonschema import Draft7Validator  # type: ignore[import-untyped]
+from jsonschema import Draft7Validator
 
 from tests.chart.validation import Invalid, structural_to_jsonschema, validate_metadata
 

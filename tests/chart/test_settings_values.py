@@ -71,7 +71,7 @@ def test_value_default_is_the_settings_default(field: str) -> None:
 
 
 def test_values_yaml_passes_its_own_schema() -> None:
-    from jsonschema import Draft7Validator  # type: ignore[import-untyped]
+    from jsonschema import Draft7Validator
 
     errors = [f"{list(e.path)}: {e.message}" for e in Draft7Validator(SCHEMA).iter_errors(VALUES)]
     assert not errors, errors

@@ -48,7 +48,7 @@ def test_e2e_files_are_consistent() -> None:
     import json
 
     import yaml
-    from jsonschema import Draft7Validator  # type: ignore[import-untyped]
+    from jsonschema import Draft7Validator
 
     assert subprocess.run(["bash", "-n", str(RUN)]).returncode == 0
     root = RUN.parents[2]

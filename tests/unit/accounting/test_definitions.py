@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpuwm.model import GpuSample, PodEvent
 from tests.unit.accounting.helpers import engine, figures, namespace, pod, sample, samples
 
 
@@ -330,7 +331,7 @@ def test_mig_instances_without_energy_share_the_parents_counter_by_units() -> No
 
 
 def test_mig_parent_energy_is_order_independent() -> None:
-    events = [pod(0, "small", devices=[("MIG-1", 1 / 7)])]
+    events: list[PodEvent | GpuSample] = [pod(0, "small", devices=[("MIG-1", 1 / 7)])]
     for t in range(0, 11):
         events.append(sample(t, "GPU-p", sm=None, energy_joules=700.0 * t))
         events.append(sample(t, "MIG-1", sm=50, parent_uuid="GPU-p", device_units=1 / 7))

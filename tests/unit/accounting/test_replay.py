@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +50,7 @@ def test_shared_basic_example_matches_expected(capsys: pytest.CaptureFixture[str
     _assert_matches(json.loads(out), expected)
 
 
-def _write(tmp_path: Path, lines: list[dict[str, Any] | str]) -> Path:
+def _write(tmp_path: Path, lines: Sequence[Mapping[str, Any] | str]) -> Path:
     path = tmp_path / "trace.jsonl"
     path.write_text("\n".join(line if isinstance(line, str) else json.dumps(line) for line in lines) + "\n")
     return path

@@ -113,8 +113,8 @@ def _run(batches: list[list[PodEvent] | list[GpuSample]], columns: bool, arrays:
         if batch and isinstance(batch[0], GpuSample) and columns:
             given = batch_of_samples([item for item in batch if isinstance(item, GpuSample)])
             if arrays:
-                given = replace(given, device=numpy.array(given.device, dtype=numpy.int64),
-                                **{name: numpy.array(getattr(given, name)) for name in ("t", "sm", "memory", "energy")})
+                as_arrays: dict[str, Any] = {name: numpy.array(getattr(given, name)) for name in ("t", "sm", "memory", "energy")}
+                given = replace(given, device=numpy.array(given.device, dtype=numpy.int64), **as_arrays)
             engine.observe_samples(given)
         else:
             for item in batch:

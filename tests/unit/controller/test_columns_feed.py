@@ -116,7 +116,7 @@ def test_rows_still_parse_and_pages_of_columns_join() -> None:
 
 
 def _node_samples(rng: random.Random, node: str, start: float, seconds: int) -> list[GpuSample]:
-    samples = []
+    samples: list[GpuSample] = []
     for step in range(seconds):
         for index in range(4):
             uuid = f"GPU-{node}-{index}"

@@ -112,10 +112,11 @@ def test_a_lazy_engine_state_encodes_to_the_same_bytes_built_a_batch_at_a_time(m
     engine.observe(pod(5.5, "job-3", phase="Succeeded", devices=[("GPU-3-0", 1.0), ("GPU-3-1", 1.0)]))
     engine.report(6.0)
 
-    eager = {"engine": engine.save(), "saved_at": 6.0}
-    lazy = {"engine": engine.save(lazy=True), "saved_at": 6.0}
-    assert all(isinstance(lazy["engine"][name], LazyEntries) for name in ("workloads", "pods", "gpus"))
-    assert len(lazy["engine"]["gpus"]) == 80 and lazy["engine"]["stretches"] == eager["engine"]["stretches"]
+    eager_engine, lazy_engine = engine.save(), engine.save(lazy=True)
+    assert all(isinstance(lazy_engine[name], LazyEntries) for name in ("workloads", "pods", "gpus"))
+    assert len(lazy_engine["gpus"]) == 80 and lazy_engine["stretches"] == eager_engine["stretches"]
+    eager: dict[str, Any] = {"engine": eager_engine, "saved_at": 6.0}
+    lazy: dict[str, Any] = {"engine": lazy_engine, "saved_at": 6.0}
 
     built: list[int] = []  # how many entries each read of a lazy list built
     real_getitem = LazyEntries.__getitem__

@@ -142,7 +142,7 @@ def test_a_status_built_from_the_model_validates_against_the_crd() -> None:
     spec = WorkloadMetricsSpec.model_validate(
         {"workloadRef": {"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u"}, "project": "vision"}
     )
-    document = {
+    document: dict[str, Any] = {
         "apiVersion": "gpuwm.io/v1alpha1",
         "kind": "GPUWorkloadMetrics",
         "metadata": {"name": "j", "namespace": "ml"},
