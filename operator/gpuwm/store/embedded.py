@@ -222,8 +222,7 @@ class EmbeddedStore(Store):
         for kind, key, series_id in self._writer.execute("SELECT kind, key, id FROM series"):
             self._series_ids[(kind, key)] = series_id
         self._next_series_id = self._first_free_id()
-        self._rows.clear()  # its entries hold labels only for series unknown when they were built
-        self._ids_of = (None, self._ids_of[1])
+        self._drop_row_layouts()
         # a rolled-back round may have reset which series the head holds: count every head block's in
         self._written.update(self._ids_in_head())
 
@@ -422,9 +421,17 @@ class EmbeddedStore(Store):
             connection.execute(f"DELETE FROM series WHERE id IN ({','.join('?' * len(batch))})", batch)
         for _, kind, key in empty:
             self._series_ids.pop((kind, key), None)
-        self._rows.clear()  # its entries carry labels only for series that were unknown when built
-        self._ids_of = (None, self._ids_of[1])
+        self._drop_row_layouts()
         self.forgotten_series += len(empty)
+
+    def _drop_row_layouts(self) -> None:
+        """Forget the row builder's kept series layouts and their ids, after the series table changed under them.
+
+        Its entries carry labels only for series that were unknown when they were built, and the
+        ids of the last interval's series may name rows that are gone: both are built again.
+        """
+        self._rows.clear()
+        self._ids_of = (None, self._ids_of[1])
 
     def compact(self, everything: bool = False) -> None:
         """Compact every closed span now; `everything` also the open one (benchmarks, tests, shutdown tools).
