@@ -200,7 +200,8 @@ class AgentHttpClient:
                 reusable = keep_alive
                 return status, b""
             body = await self._body(connection.reader, headers, url)
-            reusable = keep_alive and ("content-length" in headers or "chunked" in headers.get("transfer-encoding", ""))
+            # a body that ended with the connection leaves nothing to reuse
+            reusable = keep_alive and ("content-length" in headers or _chunked(headers))
             return status, body
         except asyncio.LimitOverrunError as error:
             raise AgentHttpError(f"{url}: the answer's headers are over {MAX_HEAD_BYTES} bytes") from error
@@ -221,7 +222,7 @@ class AgentHttpClient:
         encoding = headers.get("content-encoding", "identity").strip().lower()
         if encoding not in ("", "identity"):
             raise AgentHttpError(f"{url}: the answer is {encoding}-encoded; none was asked for")
-        if "chunked" in headers.get("transfer-encoding", "").lower():
+        if _chunked(headers):
             return await self._chunked(reader, url)
         length_text = headers.get("content-length")
         if length_text is not None:
@@ -261,6 +262,10 @@ class AgentHttpClient:
             parts.append(await reader.readexactly(size))
             if await reader.readexactly(2) != b"\r\n":
                 raise AgentHttpError(f"{url}: a chunk does not end with CRLF")
+
+
+def _chunked(headers: dict[str, str]) -> bool:
+    return "chunked" in headers.get("transfer-encoding", "").lower()
 
 
 class _StaleConnection(Exception):

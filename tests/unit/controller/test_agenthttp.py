@@ -200,3 +200,13 @@ async def test_a_path_prefix_is_kept_and_nothing_is_kept_per_request() -> None:
         assert lines[0] == b"GET /agents/n1/v1/snapshot?since=0 HTTP/1.1" and len(lines) == 200
         assert len(client._origins) == 1 and client.connections_opened == 1  # one parsed origin, one connection
         await client.close()
+
+
+async def test_header_names_and_values_are_read_without_regard_to_case() -> None:
+    chunked = b"HTTP/1.1 200 OK\r\nTRANSFER-ENCODING: Chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"
+    async with raw_server(answering(chunked, chunked)) as url:
+        client = AgentHttpClient(timeout_seconds=2)
+        for _ in range(2):
+            assert await client.get(url, "/a") == (200, b"ok")
+        assert client.connections_opened == 1  # a whole chunked body: the connection is kept
+        await client.close()
