@@ -147,10 +147,9 @@ def save_state(core: Any, lazy: bool = False) -> dict[str, Any]:
             "stretches": [stretch_ids[id(stretch)] for stretch in gpu.stretches],
         }
 
-    entries: list[Sequence[dict[str, Any]]] = [
-        LazyEntries(records, build) if lazy else [build(record) for record in records]
-        for records, build in ((workload_records, workload_entry), (pod_records, pod_entry), (gpu_records, gpu_entry))
-    ]
+    def listed(records: list[Any], build: Callable[[Any], dict[str, Any]]) -> Sequence[dict[str, Any]]:
+        return LazyEntries(records, build) if lazy else [build(record) for record in records]
+
     return {
         "version": STATE_VERSION,
         "clock": _finite(core.clock),
@@ -158,9 +157,9 @@ def save_state(core: Any, lazy: bool = False) -> dict[str, Any]:
         "lateSamplesDropped": core.late_samples_dropped,
         "namespaces": [event.model_dump(by_alias=True, mode="json") for event in core.namespaces.values()],
         "migChildren": core.mig_children,
-        "workloads": entries[0],
-        "pods": entries[1],
-        "gpus": entries[2],
+        "workloads": listed(workload_records, workload_entry),
+        "pods": listed(pod_records, pod_entry),
+        "gpus": listed(gpu_records, gpu_entry),
         "stretches": stretches,
     }
 
