@@ -111,7 +111,7 @@ class AgentHttpClient:
         for key in list(self._idle):
             kept = []
             for connection in self._idle[key]:
-                if now - connection.idle_since < self._keepalive_seconds and not connection.reader.at_eof():
+                if self._reusable(connection, now):
                     kept.append(connection)
                 else:
                     connection.close()
@@ -152,12 +152,16 @@ class AgentHttpClient:
         self._origins[base_url] = origin
         return origin
 
+    def _reusable(self, connection: _Connection, now: float) -> bool:
+        """Idle for less than the keep-alive time, and not closed by its agent."""
+        return now - connection.idle_since < self._keepalive_seconds and not connection.reader.at_eof()
+
     def _take_idle(self, key: tuple[str, str, int]) -> _Connection | None:
         connections = self._idle.get(key)
         now = self._clock()
         while connections:
             connection = connections.pop()
-            if now - connection.idle_since < self._keepalive_seconds and not connection.reader.at_eof():
+            if self._reusable(connection, now):
                 return connection
             connection.close()
         return None
