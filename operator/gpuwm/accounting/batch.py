@@ -93,11 +93,14 @@ def observe_appending_chunk(
     for position in sorted(range(len(uuids)), key=lambda index: order_list[starts[index]]):
         if uuids[position] not in records:  # created in order of first appearance, as row by row
             records[uuids[position]] = Gpu(uuids[position], nodes[device_list[order_list[starts[position]]]])
-    t_list = t.tolist()
     sm = arrays.sm[start:end][order]
     memory = arrays.memory[start:end][order]
     energy = energy[order]
-    sm_list, memory_list, energy_list = sm.tolist(), memory.tolist(), energy.tolist()
+    # each device's rows go into its history columns as raw doubles (array.frombytes of a slice of one
+    # buffer per column): no Python float per value, the same bits
+    t_bytes, sm_bytes, memory_bytes, energy_bytes = (
+        numpy.ascontiguousarray(column, dtype=numpy.float64).data.cast("B") for column in (t, sm, memory, energy)
+    )
     units_list = arrays.device_units[device[order]].tolist()
     pod_sm = batch.pod_sm
     pod_sm_list = [pod_sm[start + row] for row in order_list] if arrays.any_per_process else [None] * count
@@ -113,10 +116,11 @@ def observe_appending_chunk(
             previous_t[position] = gpu.times[-1]
             previous_energy[position] = gpu.energy[-1]
         bases.append(len(gpu.times))
-        gpu.times.extend(t_list[low:high])
-        gpu.sm.extend(sm_list[low:high])
-        gpu.memory.extend(memory_list[low:high])
-        gpu.energy.extend(energy_list[low:high])
+        low_byte, high_byte = 8 * low, 8 * high
+        gpu.times.frombytes(t_bytes[low_byte:high_byte])
+        gpu.sm.frombytes(sm_bytes[low_byte:high_byte])
+        gpu.memory.frombytes(memory_bytes[low_byte:high_byte])
+        gpu.energy.frombytes(energy_bytes[low_byte:high_byte])
         gpu.pod_sm.extend(pod_sm_list[low:high])
         gpu.device_units.extend(units_list[low:high])
         latest_rows[uuid] = (gpu, start + order_list[high - 1])
