@@ -358,8 +358,12 @@ def project_counters(figures: ProjectFigures) -> tuple[float, ...]:
 
 def _rounded_windows(windows: Windows) -> tuple[float, ...]:
     """Each window (in field order) to 0.01 %, -1 for none: read off the attributes, no model dump per CR."""
-    return tuple(-1.0 if value is None else round(value, 2)
-                 for value in (windows.current, windows.avg1m, windows.avg5m, windows.avg1h, windows.lifetime))
+    values = windows.__dict__  # a model's field values: plain reads, no genexpr frame per CR (4,000 a cycle)
+    current, minute, five, hour, lifetime = (values["current"], values["avg1m"], values["avg5m"], values["avg1h"],
+                                             values["lifetime"])
+    return (-1.0 if current is None else round(current, 2), -1.0 if minute is None else round(minute, 2),
+            -1.0 if five is None else round(five, 2), -1.0 if hour is None else round(hour, 2),
+            -1.0 if lifetime is None else round(lifetime, 2))
 
 
 def write_reason(
