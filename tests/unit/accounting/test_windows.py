@@ -60,3 +60,74 @@ def test_the_cli_does_not_load_numpy_until_a_report_needs_it() -> None:
     code = "import sys; from gpuwm.cli import build_parser; build_parser(); print('numpy' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+def _reference_fold(data: list[float], now: float) -> list[float]:
+    """The piece-by-piece fold (as before the numpy one): each segment's part of each bucket, in order."""
+    buckets: dict[tuple[float, float], list[float]] = {}
+    exact: list[float] = []
+    for offset in range(0, len(data), 6):
+        start, end = data[offset], data[offset + 1]
+        if end > now - 70.0:
+            exact.extend(data[offset : offset + 6])
+            continue
+        size = 5.0 if end > now - 330.0 else 60.0
+        cursor = start
+        while cursor < end:
+            bucket_start = (cursor // size) * size
+            bucket_end = bucket_start + size
+            piece_end = min(end, bucket_end)
+            fraction = (piece_end - cursor) / size
+            totals = buckets.setdefault((bucket_start, bucket_end), [0.0, 0.0, 0.0, 0.0])
+            for index in range(4):
+                totals[index] += data[offset + 2 + index] * fraction
+            cursor = piece_end
+    folded: list[float] = []
+    for (bucket_start, bucket_end), totals in sorted(buckets.items()):
+        folded.extend((bucket_start, bucket_end, *totals))
+    return folded + exact
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_fold_equals_the_piece_by_piece_fold_to_the_bit(seed: int) -> None:
+    """Epoch-sized times with fractions, segments from 0.2 s to 11 minutes, some ending on a bucket
+    bound, negative (taken back) rates, and late segments out of time order."""
+    import struct
+
+    rng = random.Random(seed)
+    data: list[float] = []
+    t = 1_763_900_000.0 + rng.random()
+    for _ in range(rng.randrange(50, 700)):
+        step = rng.choice((0.2, 1.0, 1.0, 1.0, 3.7, 15.0, 60.0, 660.0))
+        if rng.random() < 0.1:  # end on a 5 s or 60 s bound
+            step = max(0.5, (t + step) // 5.0 * 5.0 + 5.0 - t)
+        units = rng.choice((1.0, 2.0, 0.25, -1.0))
+        data.extend((t, t + step, units, units * rng.uniform(0, 100), units, units * rng.uniform(0, 100)))
+        if rng.random() < 0.05:  # a late correction for an earlier interval
+            back = t - rng.uniform(0, 900)
+            data.extend((back, back + 1.0, -units, -units * 50.0, -units, -units * 25.0))
+        t += step
+    now = t + rng.uniform(0, 120)
+    sums = WindowSums.from_list(list(data))
+    sums._fold(now)
+    expected = _reference_fold(data, now)
+    assert len(sums._data) == len(expected)
+    assert struct.pack(f"{len(expected)}d", *sums._data) == struct.pack(f"{len(expected)}d", *expected)
+
+
+def test_maintain_drops_segments_past_the_hour_once_eight_lead() -> None:
+    """The hour ends at 15 s. Segments past it are dropped together once the 8th from the front is
+    one of them (the rest keep their order); a list that has wholly passed it is emptied (a settled
+    workload has no segments)."""
+    expired = [value for k in range(7) for value in (k * 1.0, k + 1.0, 1, 1, 1, 1)]
+    alive = [5.0, 20.0, 3, 3, 3, 3, 4000.0, 4001.0, 4, 4, 4, 4]
+    sums = WindowSums.from_list(expired[:12] + alive + expired[12:])
+    sums.maintain(3615.0)  # the 8th segment (5 expired after the 2 alive) has passed: all expired ones go
+    assert sums.to_list() == alive
+    few = WindowSums.from_list(expired[:6] + alive + [5000.0, 5001.0, 2, 2, 2, 2] * 6)
+    few.maintain(3615.0)  # one segment past the hour: kept until more have passed (it adds nothing to a window)
+    assert len(few) == 9
+    assert few.windows(3615.0) == WindowSums.from_list(alive + [5000.0, 5001.0, 2, 2, 2, 2] * 6).windows(3615.0)
+    gone = WindowSums.from_list(expired[:18])
+    gone.maintain(3615.0)
+    assert len(gone) == 0
