@@ -38,6 +38,7 @@ from gpuwm.accounting.state import (
     Workload,
     sample_values,
 )
+from gpuwm.accounting.windows import maintain_all
 from gpuwm.model.compact import compact_pod_event
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import NamespaceEvent, PodEvent, SampleEvent
@@ -687,8 +688,7 @@ class EngineCore:
                 for stretch in [s for s in gpu.stretches if s.end < boundary]:
                     self._retire(gpu, stretch)
         self._forget_gone_gpus()
-        for workload in self.workload_records.values():
-            workload.windows.maintain(self.clock)
+        maintain_all([workload.windows for workload in self.workload_records.values()], self.clock)
         for pod in self.pods.values():
             timeline = pod.timeline
             if len(timeline) > 1 and timeline[1][0] < boundary:

@@ -183,17 +183,15 @@ class WindowSums:
         return windows_of([self], now)[0]
 
     def maintain(self, now: float) -> None:
-        """Drop what is older than the longest window; fold old segments when there are many.
+        """Drop what is older than the longest window; fold old segments when there are many (see `maintain_all`)."""
+        maintain_all([self], now)
 
-        In numpy: at 1 Hz a workload holds ~180-350 segments and every one of them is read at
-        each maintenance (every 30 s of input); as a Python loop that was ~0.2 CPU-s per 15 s
-        status cycle at 4,000 workloads once an hour of segments had built up.
-        """
+    def _trim(self, now: float) -> None:
+        """Drop the segments past the hour, once a few at the front have passed it (one 60 s bucket does
+        each minute): a segment past the hour adds nothing to any window, and dropping them one
+        maintenance at a time read every segment of every workload twice a minute."""
         data = self._data
         horizon = now - _HORIZON_SECONDS
-        # once a few segments at the front have passed the hour (one 60 s bucket does each minute): a
-        # segment past the hour adds nothing to any window, and dropping them one maintenance at a time
-        # read every segment of every workload twice a minute
         front = _STRIDE * (min(len(data) // _STRIDE, _TRIM_FROM_SEGMENTS) - 1)
         if data and data[front + 1] <= horizon:
             import numpy  # here, not at the top: see `windows_of`
@@ -201,56 +199,9 @@ class WindowSums:
             table = numpy.frombuffer(data, dtype=numpy.float64).reshape(-1, _STRIDE)
             self._data = array("d", table[table[:, 1] > horizon].tobytes())
             del table  # the old array's buffer is released with the view
-        if len(self) > self._capacity:
-            self._fold(now)
-            self._capacity = max(_MIN_CAPACITY_SEGMENTS, 2 * len(self))
 
     def _fold(self, now: float) -> None:
-        """Segments older than 70 s into aligned buckets (5 s up to 330 s old, then 60 s), the recent ones kept.
-
-        A segment adds `rate x (its part of the bucket) / bucket size` to each bucket it
-        overlaps; a bucket's totals are summed in segment order from 0.0, so the result is the
-        same to the bit as adding piece by piece (`numpy.bincount` adds in input order).
-        """
-        import numpy
-
-        table = numpy.frombuffer(self._data, dtype=numpy.float64).reshape(-1, _STRIDE).copy()
-        exact = table[:, 1] > now - _EXACT_SECONDS
-        old = table[~exact]
-        if not len(old):
-            return
-        starts, ends, rates = old[:, 0], old[:, 1], old[:, 2:]
-        size = numpy.where(ends > now - _FINE_SECONDS, _FINE_BUCKET_SECONDS, _COARSE_BUCKET_SECONDS)
-        # bucket k holds [k x size, (k + 1) x size): a segment covers buckets first..last (all exact
-        # integers times 5 or 60, so every bound below is the number the piece-by-piece loop computed)
-        first = numpy.floor_divide(starts, size)
-        below_end = numpy.floor_divide(ends, size)
-        last = numpy.where(below_end * size >= ends, below_end - 1, below_end)
-        counts = numpy.maximum(last - first + 1, 0).astype(numpy.int64)
-        counts[~(ends > starts)] = 0
-        total = int(counts.sum())
-        segment = numpy.repeat(numpy.arange(len(old)), counts)
-        step = numpy.arange(total) - numpy.repeat(numpy.cumsum(counts) - counts, counts)
-        piece_size = size[segment]
-        bucket_start = (first[segment] + step) * piece_size
-        bucket_end = bucket_start + piece_size
-        piece_start = numpy.where(step == 0, starts[segment], bucket_start)
-        piece_end = numpy.minimum(ends[segment], bucket_end)
-        fraction = (piece_end - piece_start) / piece_size
-        order = numpy.lexsort((bucket_end, bucket_start))
-        new_bucket = numpy.ones(total, dtype=numpy.bool_)
-        new_bucket[1:] = (bucket_start[order][1:] != bucket_start[order][:-1]) | (
-            bucket_end[order][1:] != bucket_end[order][:-1])
-        bucket_of = numpy.empty(total, dtype=numpy.int64)
-        bucket_of[order] = numpy.cumsum(new_bucket) - 1
-        buckets = int(new_bucket.sum())
-        folded = numpy.empty((buckets, _STRIDE))
-        folded[:, 0] = bucket_start[order][new_bucket]
-        folded[:, 1] = bucket_end[order][new_bucket]
-        for column in range(4):
-            folded[:, 2 + column] = numpy.bincount(bucket_of, weights=rates[segment, column] * fraction,
-                                                   minlength=buckets)
-        self._data = array("d", numpy.concatenate((folded, table[exact])).tobytes())
+        _fold_all([self], now)
 
     def to_list(self) -> list[float]:
         return self._data.tolist()
@@ -317,3 +268,83 @@ def windows_of(many: Sequence[WindowSums], now: float) -> list[tuple[list[float]
         ([column[row] for column in minute], [column[row] for column in five], [column[row] for column in hour])
         for row in range(count)
     ]
+
+
+def maintain_all(many: Sequence[WindowSums], now: float) -> None:
+    """`maintain` of many workloads' sums: those that hold too many segments are folded in one numpy pass.
+
+    At 1 Hz each of 4,000 workloads reaches its capacity every few minutes, so each engine
+    maintenance (every 30 s of input) folds hundreds: one pass over all their segments, not
+    hundreds of small numpy calls.
+    """
+    due = []
+    for sums in many:
+        sums._trim(now)
+        if len(sums) > sums._capacity:
+            due.append(sums)
+    if due:
+        _fold_all(due, now)
+        for sums in due:
+            sums._capacity = max(_MIN_CAPACITY_SEGMENTS, 2 * len(sums))
+
+
+def _fold_all(many: Sequence[WindowSums], now: float) -> None:
+    """Each one's segments older than 70 s into aligned buckets (5 s up to 330 s old, then 60 s), the recent kept.
+
+    A segment adds `rate x (its part of the bucket) / bucket size` to each bucket it overlaps;
+    a bucket's totals are summed in segment order from 0.0, so the result is the same to the
+    bit as adding piece by piece (`numpy.bincount` adds in input order). Buckets come first,
+    in time order, then the recent segments as they were.
+    """
+    import numpy
+
+    joined = array("d")
+    sizes = []
+    for sums in many:
+        joined.extend(sums._data)
+        sizes.append(len(sums._data) // _STRIDE)
+    table = numpy.frombuffer(joined, dtype=numpy.float64).reshape(-1, _STRIDE)
+    owner = numpy.repeat(numpy.arange(len(many)), sizes)
+    exact = table[:, 1] > now - _EXACT_SECONDS
+    old, old_owner = table[~exact], owner[~exact]
+    starts, ends, rates = old[:, 0], old[:, 1], old[:, 2:]
+    size = numpy.where(ends > now - _FINE_SECONDS, _FINE_BUCKET_SECONDS, _COARSE_BUCKET_SECONDS)
+    # bucket k holds [k x size, (k + 1) x size): a segment covers buckets first..last (all exact integers
+    # times 5 or 60, so every bound below is the number the piece-by-piece loop computed)
+    first = numpy.floor_divide(starts, size)
+    below_end = numpy.floor_divide(ends, size)
+    last = numpy.where(below_end * size >= ends, below_end - 1, below_end)
+    counts = numpy.maximum(last - first + 1, 0).astype(numpy.int64)
+    counts[~(ends > starts)] = 0
+    total = int(counts.sum())
+    segment = numpy.repeat(numpy.arange(len(old)), counts)
+    step = numpy.arange(total) - numpy.repeat(numpy.cumsum(counts) - counts, counts)
+    piece_size = size[segment]
+    bucket_start = (first[segment] + step) * piece_size
+    bucket_end = bucket_start + piece_size
+    piece_start = numpy.where(step == 0, starts[segment], bucket_start)
+    fraction = (numpy.minimum(ends[segment], bucket_end) - piece_start) / piece_size
+    piece_owner = old_owner[segment]
+    order = numpy.lexsort((bucket_end, bucket_start, piece_owner))
+    new_bucket = numpy.ones(total, dtype=numpy.bool_)
+    new_bucket[1:] = ((piece_owner[order][1:] != piece_owner[order][:-1])
+                      | (bucket_start[order][1:] != bucket_start[order][:-1])
+                      | (bucket_end[order][1:] != bucket_end[order][:-1]))
+    bucket_of = numpy.empty(total, dtype=numpy.int64)
+    bucket_of[order] = numpy.cumsum(new_bucket) - 1
+    buckets = int(new_bucket.sum())
+    folded = numpy.empty((buckets, _STRIDE))
+    folded[:, 0] = bucket_start[order][new_bucket]
+    folded[:, 1] = bucket_end[order][new_bucket]
+    for column in range(4):  # pieces in their input order: each bucket's sum in segment order
+        folded[:, 2 + column] = numpy.bincount(bucket_of, weights=rates[segment, column] * fraction, minlength=buckets)
+    # each one's buckets, then its recent segments: stable by owner, buckets before the recent ones
+    rows = numpy.concatenate((folded, table[exact]))
+    rows_owner = numpy.concatenate((piece_owner[order][new_bucket], owner[exact]))
+    rows = rows[numpy.argsort(rows_owner, kind="stable")]
+    bounds = numpy.cumsum(numpy.bincount(rows_owner, minlength=len(many))).tolist()
+    raw = rows.tobytes()
+    low = 0
+    for sums, high in zip(many, bounds, strict=True):
+        sums._data = array("d", raw[low * _STRIDE * 8 : high * _STRIDE * 8])
+        low = high

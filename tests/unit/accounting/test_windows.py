@@ -131,3 +131,30 @@ def test_maintain_drops_segments_past_the_hour_once_eight_lead() -> None:
     gone = WindowSums.from_list(expired[:18])
     gone.maintain(3615.0)
     assert len(gone) == 0
+
+
+def test_maintain_all_folds_each_due_one_as_alone_and_leaves_the_rest() -> None:
+    """One numpy pass for many workloads: each folded one equals its own piece-by-piece fold; one under its
+    capacity is left as it was; an empty one stays empty."""
+    import struct
+
+    from gpuwm.accounting.windows import maintain_all
+
+    rng = random.Random(3)
+    now = 1_763_903_000.0
+    datas = []
+    for count in (400, 30, 0, 900, 257):
+        data: list[float] = []
+        t = now - 2000.0 + rng.random()
+        for _ in range(count):
+            step = rng.choice((0.5, 1.0, 1.0, 2.0, 15.0))
+            data.extend((t, t + step, 1.0, rng.uniform(0, 100), 1.0, rng.uniform(0, 100)))
+            t += step
+        datas.append(data)
+    many = [WindowSums.from_list(list(data)) for data in datas]
+    for sums in many:
+        sums._capacity = 256
+    maintain_all(many, now)
+    for sums, data in zip(many, datas, strict=True):
+        expected = _reference_fold(data, now) if len(data) // 6 > 256 else data
+        assert struct.pack(f"{len(sums._data)}d", *sums._data) == struct.pack(f"{len(expected)}d", *expected)
