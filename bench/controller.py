@@ -37,6 +37,7 @@ from tests.integration.fakeagent import FakeNode  # noqa: E402
 from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator  # noqa: E402
 
 from gpuwm.config import Settings  # noqa: E402
+from gpuwm.controller.agents import DeviceHolder, index_holders  # noqa: E402
 from gpuwm.controller.gctuning import tune_garbage_collector  # noqa: E402
 from gpuwm.controller.kube import KubeClient  # noqa: E402
 from gpuwm.controller.runtime import ControllerRuntime  # noqa: E402
@@ -79,6 +80,54 @@ def finished_pod_body(namespace: str, name: str, node: str, job_uid: str) -> dic
     return body
 
 
+def agent_holders(plan: list[tuple[str, str, str, list[str]]]) -> dict[str, list[DeviceHolder]]:
+    """Each node's device holders as its agent reports them (what the first pull would tell the controller)."""
+    by_node: dict[str, list[DeviceHolder]] = {}
+    for namespace, name, node, gpus in plan:
+        by_node.setdefault(node, []).extend(
+            DeviceHolder(uuid=gpu, device_id=gpu, units=1.0, resource_name="nvidia.com/gpu", namespace=namespace,
+                         pod=f"{name}-0", pod_uid=f"pod-{name}", container="main")
+            for gpu in gpus)
+    return by_node
+
+
+def warm_up(runtime: ControllerRuntime, plan: list[tuple[str, str, str, list[str]]], minutes: float,
+            interval: float, jitter_percent: float) -> tuple[int, float]:
+    """Feed the engine `minutes` of samples of every held GPU, ending now: the state of a controller that has
+    been running that long (window segments and history at their steady size, the hour's segments
+    dropped as they age). The samples go in as the pulls would put them (`Engine.observe_samples`, one
+    status interval's rows at a time), chasing the clock until they reach it. Returns (rows, CPU-s).
+    """
+    import numpy
+
+    from gpuwm.accounting.state import SampleBatch
+    from gpuwm.model.sample import GpuSample
+
+    gpus = [(node, gpu) for _, _, node, held in plan for gpu in held]
+    uuids, nodes = [gpu for _, gpu in gpus], [node for node, _ in gpus]
+    latest = [GpuSample(t=0.0, node=node, uuid=gpu, sm_percent=60.0) for node, gpu in gpus]
+    rng = numpy.random.default_rng(7)
+    count = len(gpus)
+    t = origin = time.time() - minutes * 60.0
+    rows = 0
+    started = time.process_time()
+    while t < time.time() - interval:
+        steps = numpy.arange(t, min(t + runtime.settings.status_interval, time.time() - interval), interval)
+        if not len(steps):
+            break
+        sm = numpy.clip(numpy.rint(60.0 + rng.uniform(-jitter_percent, jitter_percent, (len(steps), count))), 0, 100)
+        times = numpy.repeat(steps, count)
+        runtime.engine.observe_samples(SampleBatch(
+            uuids=uuids, nodes=nodes, parent_uuids=[None] * count, device_units=[1.0] * count,
+            device=numpy.tile(numpy.arange(count), len(steps)), t=times, sm=sm.ravel(),
+            memory=numpy.full(len(times), 50.0), energy=200.0 * (times - origin), pod_sm=[None] * len(times),
+            sample=lambda row: latest[row % count],
+        ))
+        rows += len(times)
+        t = float(steps[-1]) + interval
+    return rows, time.process_time() - started
+
+
 def serve_cluster(args: argparse.Namespace, pipe: Any) -> None:
     """Child process: the API emulator with the Jobs and namespaces, and every node's agent on one port."""
     emulator = KubernetesEmulator(ROOT / "crds")
@@ -93,7 +142,8 @@ def serve_cluster(args: argparse.Namespace, pipe: Any) -> None:
     for namespace, name, _, _ in plan + finished_layout(args.finished):
         jobs[name] = store.create(job_type, namespace, {"metadata": {"name": name}, "spec": {}}, "bench")["metadata"]["uid"]
     nodes = {f"node-{i:04d}": FakeNode(f"node-{i:04d}", [f"GPU-{i:04d}-{g}" for g in range(args.gpus_per_node)],
-                                       interval=args.interval, sm_percent=60.0) for i in range(args.nodes)}
+                                       interval=args.interval, sm_percent=60.0,
+                                       sm_jitter_percent=args.jitter_percent) for i in range(args.nodes)}
     for namespace, name, node, gpus in plan:
         for gpu in gpus:
             nodes[node].hold(gpu, namespace, f"{name}-0", pod_uid=f"pod-{name}")
@@ -164,7 +214,11 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         from gpuwm.controller import recovery
 
         print(f"restored from: {await recovery.restore(runtime)} ({len(runtime.writer.existing)} CRs adopted)")
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 5))
+    # with a history, the pods started before it, and the controller knows their devices from earlier pulls
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 5 - 60.0 * args.history_minutes))
+    if args.history_minutes:
+        runtime.holders_by_node.update(agent_holders(plan))
+        runtime.holders_by_pod = index_holders(runtime.holders_by_node)
     cpu0, wall0 = time.process_time(), time.perf_counter()
     for namespace, name, node, _ in finished_layout(args.finished):
         await runtime.on_pod(finished_pod_body(namespace, name, node, jobs[name]), None)
@@ -176,6 +230,11 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
           f"write limit {args.writes_per_second:g}/s")
     print(f"pod intake (owner walk + engine): {time.process_time() - cpu0:.2f} CPU-s, "
           f"{time.perf_counter() - wall0:.2f} s wall, {runtime.resolver.fetches} owner GETs")
+    if args.history_minutes:
+        rows, cpu = warm_up(runtime, plan, args.history_minutes, args.interval, args.jitter_percent)
+        segments = sum(len(workload.windows) for workload in runtime.engine.workload_records.values())
+        print(f"history: {args.history_minutes:g} minutes, {rows} samples into the engine in {cpu:.1f} CPU-s; "
+              f"{segments} window segments; RSS {rss_mib():.0f} MiB")
     writer = asyncio.create_task(runtime.writer.run())
     cycle_cpu: list[float] = []
     cycle_system: list[float] = []  # the kernel's share of each interval (sends and receives on loopback)
@@ -255,6 +314,12 @@ def main() -> int:
     parser.add_argument("--gpus-per-workload", type=int, default=2)
     parser.add_argument("--status-interval", type=float, default=15.0)
     parser.add_argument("--interval", type=float, default=1.0, help="the agents' poll interval")
+    parser.add_argument("--history-minutes", type=float, default=60.0,
+                        help="samples fed to the engine before the first cycle, ending then: a controller that has "
+                             "run this long (its window segments and history at their steady size); 0: none")
+    parser.add_argument("--jitter-percent", type=float, default=20.0,
+                        help="each sample's SM %% is 60 +- this (whole percents): utilisation that changes from "
+                             "one sample to the next, as it does on real GPUs")
     parser.add_argument("--writes-per-second", type=float, default=20.0)
     parser.add_argument("--cycles", type=int, default=4)
     parser.add_argument("--finished", type=int, default=0,

@@ -9,6 +9,7 @@ agent_id, as a restarted agent does.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ class FakeNode:
     energy_joules: float = 0.0
     samples: list[dict[str, Any]] = field(default_factory=list)
     served: int = 0
+    #: each sample's SM % drawn from sm_percent +- this (whole percents, as NVML reports them; seeded per node)
+    sm_jitter_percent: float = 0.0
 
     def hold(self, gpu: str, namespace: str, pod: str, container: str = "main", units: float | None = 1.0,
              pod_uid: str | None = None) -> None:
@@ -54,9 +57,14 @@ class FakeNode:
             self.energy_joules += power * self.interval
             for index, gpu in enumerate(self.gpus):
                 self.seq += 1
+                sm_percent = self.sm_percent
+                if self.sm_jitter_percent:
+                    jitter = random.Random(f"{self.name}/{self.seq}").uniform(-self.sm_jitter_percent,
+                                                                              self.sm_jitter_percent)
+                    sm_percent = float(min(100, max(0, round(sm_percent + jitter))))
                 self.samples.append({
                     "t": self.last_t, "node": self.name, "uuid": gpu, "seq": self.seq, "index": index,
-                    "model": "NVIDIA H100 80GB HBM3", "sm_percent": self.sm_percent,
+                    "model": "NVIDIA H100 80GB HBM3", "sm_percent": sm_percent,
                     "memory_used_bytes": 40e9 if self.sm_percent else 1e9, "memory_total_bytes": 80e9,
                     "power_watts": power, "energy_joules": self.energy_joules, "healthy": True,
                 })
