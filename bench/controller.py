@@ -53,6 +53,29 @@ def rss_mib(field: str = "VmRSS") -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def reset_peak_rss() -> None:
+    """Start VmHWM again from the current RSS (Linux: `clear_refs` 5), to see which phase peaks."""
+    with open("/proc/self/clear_refs", "w") as file:
+        file.write("5")
+
+
+def track_phase_peaks() -> dict[str, float]:
+    """Each status-cycle phase's peak RSS (MiB), kept in the returned dict (the latest cycle's; `between`:
+    from the end of a cycle to the start of the next, the writer's work)."""
+    from gpuwm.controller import runtime as runtime_module
+
+    peaks: dict[str, float] = {}
+    mark = runtime_module._PhaseTimer.mark
+
+    def marked(self: Any, phase: str) -> None:
+        mark(self, phase)
+        peaks[phase] = rss_mib("VmHWM")
+        reset_peak_rss()
+
+    runtime_module._PhaseTimer.mark = marked  # type: ignore[method-assign]
+    return peaks
+
+
 def layout(nodes: int, gpus_per_node: int, gpus_per_workload: int) -> list[tuple[str, str, str, list[str]]]:
     """(namespace, job name, node, gpu uuids) per workload: each node's GPUs split into workloads."""
     workloads: list[tuple[str, str, str, list[str]]] = []
@@ -242,6 +265,7 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
     t_writes = time.perf_counter()
     profiler = None
     phases: list[dict[str, float]] = []
+    phase_peaks = track_phase_peaks() if args.phase_peaks else None
     for cycle in range(args.cycles):
         if args.profile and cycle == 1:  # the first cycle creates every CR: profile the steady ones
             import cProfile
@@ -251,6 +275,9 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
             profiler = cProfile.Profile(time.thread_time)
             profiler.enable()
         start_wall, start_cpu, start_system = time.perf_counter(), time.process_time(), os.times().system
+        if phase_peaks is not None:
+            phase_peaks["between"] = rss_mib("VmHWM")  # the writer's work since the last cycle
+            reset_peak_rss()
         await runtime.cycle()
         cpu_cycle = time.process_time() - start_cpu
         wall_cycle = time.perf_counter() - start_wall
@@ -268,6 +295,8 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         writer_cpu = total_cpu - cpu_cycle  # the writer (and anything else on the loop) between cycles
         phases.append({**runtime.cycle_cpu_seconds, "writes_between_cycles": writer_cpu})
         print("    phases (CPU-s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases[-1].items()))
+        if phase_peaks is not None:
+            print("    peak RSS by phase (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in phase_peaks.items()))
     writer.cancel()
     if profiler is not None:
         import pstats
@@ -331,6 +360,9 @@ def main() -> int:
     parser.add_argument("--process-modules", action=argparse.BooleanOptionalAction, default=True,
                         help="import what the controller process imports besides its runtime (kopf, its handlers, the "
                              "metrics API), so RSS is the real process's")
+    parser.add_argument("--phase-peaks", action="store_true",
+                        help="print each phase's peak RSS (Linux: resets VmHWM at each phase, so the summary's "
+                             "peak is then the last phase's)")
     parser.add_argument("--memory-report", action="store_true", help="trace allocations (slow) and print the top files")
     parser.add_argument("--profile", choices=("cumulative", "tottime"),
                         help="cProfile the event loop's thread from cycle 2 on and print the top functions by this key")
