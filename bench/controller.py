@@ -6,8 +6,12 @@ status builder, rate-limited writer, state save) and prints per-cycle figures:
 CPU seconds per status cycle, RSS, status writes per second, and the lag from a sample to
 the CR status that includes it (p50/p99).
 
-    .venv/bin/python bench/controller.py                  # full size, 15 s cycles, 4 cycles
-    .venv/bin/python bench/controller.py --nodes 100 --cycles 3 --status-interval 5
+    .venv/bin/python bench/controller.py                  # full size, 15 s cycles, 4 cycles after an hour
+    .venv/bin/python bench/controller.py --nodes 100 --cycles 3 --status-interval 5 --history-minutes 5
+
+Before the first cycle the engine is fed an hour of samples (`--history-minutes`, ~1.5-3 CPU-
+minutes at full size, not counted): a controller's window segments and GPU history reach their
+steady size only after the hour its 1h window spans, which a few cycles never did.
 
 Targets (issue 4): <= 1 CPU-second per 15 s cycle, <= 256 MiB RSS, writes <= the configured
 rate, p99 lag <= 2 intervals. kopf's pod watch is replaced by feeding the same Pod bodies
