@@ -290,9 +290,8 @@ def maintain_all(many: Sequence[WindowSums], now: float) -> None:
             due.append(sums)
     for low in range(0, len(due), _WORKLOADS_PER_PASS):  # bounded temporaries, as in `windows_of`
         _fold_all(due[low : low + _WORKLOADS_PER_PASS], now)
-    if due:
-        for sums in due:
-            sums._capacity = max(_MIN_CAPACITY_SEGMENTS, 2 * len(sums))
+    for sums in due:
+        sums._capacity = max(_MIN_CAPACITY_SEGMENTS, 2 * len(sums))
 
 
 def _fold_all(many: Sequence[WindowSums], now: float) -> None:
@@ -305,12 +304,8 @@ def _fold_all(many: Sequence[WindowSums], now: float) -> None:
     """
     import numpy
 
-    joined = array("d")
-    sizes = []
-    for sums in many:
-        joined.extend(sums._data)
-        sizes.append(len(sums._data) // _STRIDE)
-    table = numpy.frombuffer(joined, dtype=numpy.float64).reshape(-1, _STRIDE)
+    sizes = [len(sums._data) // _STRIDE for sums in many]
+    table = numpy.frombuffer(b"".join([sums._data for sums in many]), dtype=numpy.float64).reshape(-1, _STRIDE)
     owner = numpy.repeat(numpy.arange(len(many)), sizes)
     exact = table[:, 1] > now - _EXACT_SECONDS
     old, old_owner = table[~exact], owner[~exact]
