@@ -357,7 +357,7 @@ def project_counters(figures: ProjectFigures) -> tuple[float, ...]:
 
 
 def _rounded_windows(windows: Windows) -> tuple[float, ...]:
-    """Each window (in field order) to 0.01 %, -1 for none: read off the attributes, no model dump per CR."""
+    """Each window (in field order) to 0.01 %, -1 for none: read off the model's values, no model dump per CR."""
     values = windows.__dict__  # a model's field values: plain reads, no genexpr frame per CR (4,000 a cycle)
     current, minute, five, hour, lifetime = (values["current"], values["avg1m"], values["avg5m"], values["avg1h"],
                                              values["lifetime"])
