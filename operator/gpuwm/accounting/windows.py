@@ -27,7 +27,7 @@ _FINE_SECONDS = 330.0  # segments newer than now-330s go to 5 s buckets (5m wind
 _MIN_CAPACITY_SEGMENTS = 256
 _NUMPY_FROM_SEGMENTS = 24  # below this a plain loop is faster than numpy's call overhead
 _WORKLOADS_PER_PASS = 256  # workloads per numpy pass over segments: ~10 MiB of temporaries at 1 Hz
-_TRIM_FROM_SEGMENTS = 8  # segments past the hour are dropped once this many lead (see `maintain`)
+_TRIM_FROM_SEGMENTS = 8  # segments past the hour are dropped once this many lead (see `_trim`)
 
 
 class WindowSums:
@@ -200,9 +200,6 @@ class WindowSums:
             table = numpy.frombuffer(data, dtype=numpy.float64).reshape(-1, _STRIDE)
             self._data = array("d", table[table[:, 1] > horizon].tobytes())
             del table  # the old array's buffer is released with the view
-
-    def _fold(self, now: float) -> None:
-        _fold_all([self], now)
 
     def to_list(self) -> list[float]:
         return self._data.tolist()
