@@ -31,6 +31,7 @@ from aiohttp import web  # noqa: E402
 
 from gpuwm.accounting import Engine, EngineConfig  # noqa: E402
 from gpuwm.agent.columns import sample_columns  # noqa: E402
+from gpuwm.agent.merge import MergeRequest, merge_polls, merge_request  # noqa: E402
 from gpuwm.controller.agents import AgentPuller, SampleIntake  # noqa: E402
 from gpuwm.controller.gctuning import release_free_memory, tune_garbage_collector  # noqa: E402
 from gpuwm.controller.status import build_project_status, build_workload_status  # noqa: E402
@@ -91,7 +92,10 @@ async def _agents_main(config: SimConfig, pipe: Connection) -> None:
             return web.Response(status=failing[node], text="injected failure")
         buffer = buffers[node]
         since = int(request.query.get("since", "0"))
-        samples = _after(buffer.samples, since)
+        samples: list[Any] = _after(buffer.samples, since)
+        merge = merge_request({name: request.query.getall(name) for name in request.query})
+        if merge is not None:  # as the agent merges runs of polls (gpuwm.agent.merge)
+            samples = merge_polls(samples, merge)
         body: dict[str, Any] = {"node": node, "seq": buffer.seq, "agent_id": buffer.agent_id, "truncated": False}
         if request.query.get("format") == "columns":  # what the controller asks for, encoded as the agent does
             body.update(format="columns", **sample_columns(samples))
@@ -238,13 +242,22 @@ class CycleFigures:
 class SimulatedController:
     """Pull -> engine -> status -> store, once per status interval, on the simulated clock."""
 
-    def __init__(self, agents: SimulatedAgents, config: SimConfig, store_path: Path, status_interval: float) -> None:
+
+    def merge_request(self) -> MergeRequest | None:
+        """What the controller asks the agents to merge (`snapshotMerge`, as `gpuwm controller` asks)."""
+        if self.merge_seconds <= 0:
+            return None
+        return MergeRequest(self.merge_seconds, self.config.idle_threshold_percent, 3.0 * self.config.interval_seconds)
+
+    def __init__(self, agents: SimulatedAgents, config: SimConfig, store_path: Path, status_interval: float,
+                 merge_seconds: float = 15.0) -> None:
         self.agents = agents
         self.config = config
         self.status_interval = status_interval
+        self.merge_seconds = merge_seconds
         self.engine = Engine(EngineConfig(interval_seconds=config.interval_seconds,
                                           idle_threshold_percent=config.idle_threshold_percent))
-        self.puller = AgentPuller(timeout_seconds=30.0)
+        self.puller = AgentPuller(timeout_seconds=30.0, merge=self.merge_request())
         self.store = EmbeddedStore(store_path)
         self.store_path = store_path
         self.recorder: dict[str, str] = {}  # CR path -> last status written (JSON)

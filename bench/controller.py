@@ -40,6 +40,7 @@ from aiohttp import web  # noqa: E402
 from tests.integration.fakeagent import FakeNode  # noqa: E402
 from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator  # noqa: E402
 
+from gpuwm.agent.merge import merge_request  # noqa: E402
 from gpuwm.config import Settings  # noqa: E402
 from gpuwm.controller.agents import DeviceHolder, index_holders  # noqa: E402
 from gpuwm.controller.gctuning import tune_garbage_collector  # noqa: E402
@@ -143,12 +144,19 @@ def warm_up(runtime: ControllerRuntime, plan: list[tuple[str, str, str, list[str
         if not len(steps):
             break
         sm = numpy.clip(numpy.rint(60.0 + rng.uniform(-jitter_percent, jitter_percent, (len(steps), count))), 0, 100)
+        merged = numpy.zeros(len(steps))
+        if runtime.settings.snapshot_merge > 0 and len(steps) >= 4:
+            # what the agents send when asked to merge (gpuwm.agent.merge): the pull's first poll, the busy run
+            # between as one sample at its last poll (its mean), the last poll
+            sm = numpy.stack((sm[0], sm[1:-1].mean(axis=0), sm[-1]))
+            merged = numpy.array([0.0, steps[-2] - steps[1], 0.0])
+            steps = numpy.array([steps[0], steps[-2], steps[-1]])
         times = numpy.repeat(steps, count)
         runtime.engine.observe_samples(SampleBatch(
             uuids=uuids, nodes=nodes, parent_uuids=[None] * count, device_units=[1.0] * count,
             device=numpy.tile(numpy.arange(count), len(steps)), t=times, sm=sm.ravel(),
             memory=numpy.full(len(times), 50.0), energy=200.0 * (times - origin), pod_sm=[None] * len(times),
-            sample=lambda row: latest[row % count],
+            sample=lambda row: latest[row % count], merged=numpy.repeat(merged, count),
         ))
         rows += len(times)
         t = float(steps[-1]) + interval
@@ -189,7 +197,8 @@ def serve_cluster(args: argparse.Namespace, pipe: Any) -> None:
     async def start_agents() -> str:
         async def snapshot(request: web.Request) -> web.Response:
             node = nodes[request.match_info["node"]]  # the agent's JSON, in the format asked for (columns)
-            body = orjson.dumps(node.snapshot(int(request.query.get("since", "0")), request.query.get("format")))
+            merge = merge_request({name: request.query.getall(name) for name in request.query})
+            body = orjson.dumps(node.snapshot(int(request.query.get("since", "0")), request.query.get("format"), merge))
             return web.Response(body=body, content_type="application/json")
         app = web.Application()
         app.router.add_get("/{node}/v1/snapshot", snapshot)
@@ -228,7 +237,7 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
     settings = Settings(
         agents="static:" + ",".join(f"node-{i:04d}={agents_url}/node-{i:04d}" for i in range(args.nodes)),
         status_interval=args.status_interval, interval=args.interval, store=str(state_dir / "gpuwm.db"),
-        status_writes_per_second=args.writes_per_second,
+        status_writes_per_second=args.writes_per_second, snapshot_merge=args.snapshot_merge,
     )
     client = KubeClient(api_url, max_connections=8)
     runtime = ControllerRuntime(settings, client)
@@ -253,7 +262,7 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         await runtime.on_pod(pod_body(namespace, name, node, len(gpus), jobs[name], started), None)
     print(f"cluster: {args.nodes} nodes, {args.nodes * args.gpus_per_node} GPUs, {len(plan)} running workloads, "
           f"{args.finished} finished ones; "
-          f"status interval {args.status_interval:g}s, agent poll {args.interval:g}s, "
+          f"status interval {args.status_interval:g}s, agent poll {args.interval:g}s, merge {args.snapshot_merge:g}s, "
           f"write limit {args.writes_per_second:g}/s")
     print(f"pod intake (owner walk + engine): {time.process_time() - cpu0:.2f} CPU-s, "
           f"{time.perf_counter() - wall0:.2f} s wall, {runtime.resolver.fetches} owner GETs")
@@ -354,6 +363,8 @@ def main() -> int:
                         help="each sample's SM %% is 60 +- this (whole percents): utilisation that changes from "
                              "one sample to the next, as it does on real GPUs")
     parser.add_argument("--writes-per-second", type=float, default=20.0)
+    parser.add_argument("--snapshot-merge", type=float, default=15.0,
+                        help="the controller's snapshotMerge, seconds (0: the agents send every poll)")
     parser.add_argument("--cycles", type=int, default=4)
     parser.add_argument("--finished", type=int, default=0,
                         help="workloads that ended before the bench (their CRs and figures are kept for the retention)")

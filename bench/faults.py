@@ -56,7 +56,7 @@ def save_state(controller: SimulatedController, path: Path) -> None:
 def restore_state(controller: SimulatedController, path: Path) -> None:
     state = json.loads(path.read_text())
     controller.engine = Engine.restore(state["engine"], controller.engine.config)
-    controller.puller = AgentPuller(timeout_seconds=30.0)
+    controller.puller = AgentPuller(timeout_seconds=30.0, merge=controller.merge_request())
     controller.puller.restore_positions(state["positions"])
 
 

@@ -108,6 +108,11 @@ class Settings(BaseSettings):
     # controller
     namespace: str | None = Field(default=None, description="Watch one namespace; cluster-wide when unset.")
     status_interval: DurationSeconds = Field(default=15.0, description="How often CR status is refreshed.")
+    snapshot_merge: DurationSeconds = Field(
+        default=15.0,
+        description="Longest run of an agent's polls sent as one sample where the accounting cannot tell them apart "
+        "(every holder busy, or idle, throughout); 0: every poll.",
+    )
     retention: DurationSeconds = Field(default=7 * 86400.0, description="How long a finished workload's CR is kept.")
     agents: str = Field(
         default="pods:gpuwm/app.kubernetes.io/component=agent",

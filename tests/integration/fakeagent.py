@@ -18,6 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from gpuwm.agent.columns import sample_columns
+from gpuwm.agent.merge import MergeRequest, merge_polls, merge_request
 from tests.integration.kubeemu import EmulatorThread
 
 
@@ -69,11 +70,16 @@ class FakeNode:
                     "power_watts": power, "energy_joules": self.energy_joules, "healthy": True,
                 })
 
-    def snapshot(self, since: int, form: str | None = None) -> dict[str, Any]:
-        """The agent's answer to `?since=SEQ&format=FORM`: rows by default, columns as the real agent encodes them."""
+    def snapshot(self, since: int, form: str | None = None, merge: MergeRequest | None = None) -> dict[str, Any]:
+        """The agent's answer to `?since=SEQ&format=FORM`: rows by default, columns as the real agent encodes them.
+
+        `merge`: runs of polls merged as the real agent merges them (`?merge_seconds=...`).
+        """
         self._advance(time.time())
         self.served += 1
-        samples = [s for s in self.samples if s["seq"] > since]
+        samples: list[Any] = [s for s in self.samples if s["seq"] > since]
+        if merge is not None:
+            samples = merge_polls(samples, merge)
         head = {"node": self.name, "seq": self.seq, "agent_id": self.agent_id, "truncated": False}
         body = {**head, "format": "columns", **sample_columns(samples)} if form == "columns" else {**head, "samples": samples}
         return {**body, "pod_stats": [], "devices": self.holders}
@@ -97,7 +103,9 @@ class FakeAgents:
         async def snapshot(request: web.Request) -> web.Response:
             if node.down:
                 await asyncio.sleep(30)  # longer than the controller's pull timeout
-            return web.json_response(node.snapshot(int(request.query.get("since", "0")), request.query.get("format")))
+            merge = merge_request({name: request.query.getall(name) for name in request.query})
+            return web.json_response(node.snapshot(int(request.query.get("since", "0")), request.query.get("format"),
+                                                   merge))
 
         app = web.Application()
         app.router.add_get("/v1/snapshot", snapshot)

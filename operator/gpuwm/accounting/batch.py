@@ -33,6 +33,8 @@ class BatchArrays:
         self.sm = numpy.asarray(batch.sm, dtype=numpy.float64)
         self.memory = numpy.asarray(batch.memory, dtype=numpy.float64)
         self.energy = numpy.asarray(batch.energy, dtype=numpy.float64)
+        #: each row's merged seconds (gpuwm.agent.merge); None: no row is merged
+        self.merged = None if batch.merged is None else numpy.asarray(batch.merged, dtype=numpy.float64)
         self.device = numpy.asarray(batch.device, dtype=numpy.int64)
         pod_sm = batch.pod_sm
         self.any_per_process = list(pod_sm).count(None) != len(pod_sm)
@@ -96,6 +98,8 @@ def observe_appending_chunk(
     sm = arrays.sm[start:end][order]
     memory = arrays.memory[start:end][order]
     energy = energy[order]
+    merged = None if arrays.merged is None else arrays.merged[start:end][order]
+    merged_list = [0.0] * count if merged is None else merged.tolist()
     # each device's rows go into its history columns as raw doubles (array.frombytes of a slice of one
     # buffer per column): no Python float per value, the same bits
     t_bytes, sm_bytes, memory_bytes, energy_bytes = (
@@ -123,10 +127,11 @@ def observe_appending_chunk(
         gpu.energy.frombytes(energy_bytes[low_byte:high_byte])
         gpu.pod_sm.extend(pod_sm_list[low:high])
         gpu.device_units.extend(units_list[low:high])
+        gpu.merged.extend(merged_list[low:high])
         latest_rows[uuid] = (gpu, start + order_list[high - 1])
         gpus.append(gpu)
     _apply_pieces(core, gpus, bases, group_start, group_end, order, t, sm, memory, energy, previous_t,
-                  previous_energy, arrays.per_process[start:end][order])
+                  previous_energy, arrays.per_process[start:end][order], merged)
     return True
 
 
@@ -134,7 +139,7 @@ def _apply_pieces(
     core: EngineCore, gpus: list[Gpu], bases: list[int], group_start: npt.NDArray[Any], group_end: npt.NDArray[Any],
     order: npt.NDArray[Any], t: npt.NDArray[Any], sm: npt.NDArray[Any], memory: npt.NDArray[Any],
     energy: npt.NDArray[Any], previous_t: npt.NDArray[Any], previous_energy: npt.NDArray[Any],
-    per_process: npt.NDArray[Any],
+    per_process: npt.NDArray[Any], merged: npt.NDArray[Any] | None = None,
 ) -> None:
     """`_apply_appended` of every appended row (grouped by device) on its holders, in row order."""
     import numpy
@@ -168,7 +173,8 @@ def _apply_pieces(
     start_energy[group_start] = previous_energy
     has_previous = numpy.isfinite(start_t)
     with numpy.errstate(invalid="ignore", divide="ignore"):
-        monitored = has_previous & ~numpy.isnan(sm) & (t - start_t <= core._gap)
+        judged = t - start_t if merged is None else t - merged - start_t  # merged polls: the gap before the first
+        monitored = has_previous & ~numpy.isnan(sm) & (judged <= core._gap)
         rate = numpy.maximum(0.0, energy - start_energy) / (t - start_t)  # NaN where either is not reported
     stretch_start = numpy.array([stretch.start for stretch in stretches])[pair_combo]
     stretch_end = numpy.array([stretch.end for stretch in stretches])[pair_combo]

@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 
 _MAINTENANCE_EVERY_SECONDS = 30.0
 #: SampleBatch's per-row columns (numpy arrays from the controller, lists elsewhere)
-_COLUMNS = ("device", "t", "sm", "memory", "energy")
+_COLUMNS = ("device", "t", "sm", "memory", "energy", "merged")
 #: a batch this long takes the vectorised path where it can (numpy's fixed cost pays from about here)
 _VECTORISED_FROM_ROWS = 64
 
@@ -55,6 +55,13 @@ _VECTORISED_FROM_ROWS = 64
 def _python(column: Any) -> Any:
     """A numpy column as a list of Python numbers (what the row-by-row path adds up); a list as it is."""
     return column.tolist() if hasattr(column, "tolist") else column
+
+
+class _Zeros:
+    """A batch's `merged` column when it has none: 0.0 for every row."""
+
+    def __getitem__(self, row: int) -> float:
+        return 0.0
 
 
 def physical_uuid(uuid: str) -> str:
@@ -242,6 +249,7 @@ class EngineCore:
         work: list[int] = []  # rows that need more than their append, in row order once sorted
         nodes, units = batch.nodes, batch.device_units
         sms, memories, pod_sms = batch.sm, batch.memory, batch.pod_sm
+        merged = batch.merged if batch.merged is not None else _Zeros()
         for uuid, rows in groups.items():
             gpu = records.get(uuid)
             if gpu is None:
@@ -268,6 +276,7 @@ class EngineCore:
             gpu.energy.extend([energies[row] for row in rows])
             gpu.pod_sm.extend([pod_sms[row] for row in rows])
             gpu.device_units.extend([units[device[row]] for row in rows])
+            gpu.merged.extend([merged[row] for row in rows])
             latest_rows[uuid] = (gpu, rows[-1])
             if gpu.stretches or uuid in children:
                 for offset, row in enumerate(rows):
@@ -289,7 +298,7 @@ class EngineCore:
             if uuid in slow:
                 self.clock = clocks[row - start]  # the clock as the rows before this one left it
                 entry = device[row]
-                values = (t, sms[row], memories[row], energies[row], pod_sms[row], units[entry])
+                values = (t, sms[row], memories[row], energies[row], pod_sms[row], units[entry], merged[row])
                 times = gpu.times
                 if times and t <= times[-1]:
                     if t < self.boundary:
@@ -539,7 +548,8 @@ class EngineCore:
         else:
             start = times[index - 1]
             sm = gpu.sm[index]
-            monitored = sm == sm and end - start <= self._gap  # sm is NaN when not reported
+            # sm is NaN when not reported; merged polls: only the gap before the first counts
+            monitored = sm == sm and end - gpu.merged[index] - start <= self._gap
             joules, previous_joules = gpu.energy[index], gpu.energy[index - 1]
             if joules == joules and previous_joules == previous_joules:
                 energy = max(0.0, joules - previous_joules) / (end - start)  # joules per second
@@ -606,7 +616,7 @@ class EngineCore:
         else:
             start = times[index - 1]
             sm = gpu.sm[index]
-            monitored = sm == sm and end - start <= self._gap
+            monitored = sm == sm and end - gpu.merged[index] - start <= self._gap
             joules, previous_joules = gpu.energy[index], gpu.energy[index - 1]
             if joules == joules and previous_joules == previous_joules:
                 energy = max(0.0, joules - previous_joules) / (end - start)
@@ -664,7 +674,7 @@ class EngineCore:
                 if end <= stretch.start:
                     break
                 sm = gpu.sm[index]
-                if sm == sm and end - start <= self._gap and start < low:
+                if sm == sm and end - gpu.merged[index] - start <= self._gap and start < low:
                     piece_start, piece_end = max(start, stretch.start), min(end, low, stretch.end)
                     utilization = self._workload_utilization(gpu, index, stretch.workload, piece_start, piece_end)
                     if piece_end > piece_start and utilization >= self._threshold:

@@ -47,12 +47,12 @@ class EngineConfig:
 NOTHING = math.nan  # "not reported" inside the float arrays of a GPU's history
 
 
-#: (t, sm %, memory %, energy J, SM % per pod uid, device units): one point of a GPU's history
-SampleValues = tuple[float, float, float, float, dict[str, float] | None, float]
+#: (t, sm %, memory %, energy J, SM % per pod uid, device units, merged seconds): one point of a GPU's history
+SampleValues = tuple[float, float, float, float, dict[str, float] | None, float, float]
 
 
 def sample_values(sample: GpuSample) -> SampleValues:
-    """(t, sm %, memory %, energy J, SM % per pod uid, device units) of a sample; NaN where not reported.
+    """(t, sm %, memory %, energy J, SM % per pod uid, device units, merged seconds) of a sample; NaN where not reported.
 
     The per-pod SM map is None without per-process data; `processes: []` is per-process
     data saying "no processes" (an empty map); a list whose processes carry no SM is none.
@@ -70,7 +70,7 @@ def sample_values(sample: GpuSample) -> SampleValues:
     memory = NOTHING if used is None or not total else min(100.0, 100.0 * used / total)
     sm = sample.sm_percent if sample.healthy and sample.sm_percent is not None else NOTHING
     energy = NOTHING if sample.energy_joules is None else sample.energy_joules
-    return sample.t, sm, memory, energy, pod_sm, sample.device_units
+    return sample.t, sm, memory, energy, pod_sm, sample.device_units, sample.merged_seconds or 0.0
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,8 @@ class SampleBatch:
     energy: Sequence[float] | npt.NDArray[Any]
     pod_sm: Sequence[dict[str, float] | None]
     sample: Callable[[int], GpuSample]
+    #: each row's `merged_seconds` (0 for a single poll); None: every row is a single poll
+    merged: Sequence[float] | npt.NDArray[Any] | None = None
 
     def __len__(self) -> int:
         return len(self.t)
@@ -113,7 +115,7 @@ def batch_of_samples(samples: Sequence[GpuSample]) -> SampleBatch:
         uuids=[key[0] for key in keys], nodes=[key[1] for key in keys], parent_uuids=[key[2] for key in keys],
         device_units=[key[3] for key in keys], device=device, t=[row[0] for row in rows], sm=[row[1] for row in rows],
         memory=[row[2] for row in rows], energy=[row[3] for row in rows], pod_sm=[row[4] for row in rows],
-        sample=samples.__getitem__,
+        sample=samples.__getitem__, merged=[row[6] for row in rows] if any(row[6] for row in rows) else None,
     )
 
 
@@ -275,7 +277,8 @@ class Gpu:
     Sample i describes the interval (times[i-1], times[i]].
     """
 
-    __slots__ = ("device_units", "energy", "latest", "memory", "node", "pod_sm", "pruned", "sm", "stretches", "times", "uuid")
+    __slots__ = ("device_units", "energy", "latest", "memory", "merged", "node", "pod_sm", "pruned", "sm", "stretches",
+                 "times", "uuid")
 
     def __init__(self, uuid: str, node: str | None) -> None:
         self.uuid = uuid
@@ -286,6 +289,8 @@ class Gpu:
         self.energy = array("d")
         self.device_units: UniformColumn[float] = UniformColumn(1.0, _float_column, adopt=True)
         self.pod_sm: UniformColumn[dict[str, float] | None] = UniformColumn(None, _dict_column, adopt=False)
+        #: how much of each interval merged polls cover (gpuwm.agent.merge): 0 for a single poll
+        self.merged: UniformColumn[float] = UniformColumn(0.0, _float_column, adopt=False)
         self.latest: GpuSample | None = None
         self.stretches: list[Stretch] = []
         self.pruned = False  # whether older samples were forgotten (the first kept is then not the first sample)
@@ -295,51 +300,59 @@ class Gpu:
         return self.times[-1] if self.times else None
 
     def append(self, values: SampleValues) -> None:
-        t, sm, memory, energy, pod_sm, device_units = values
+        t, sm, memory, energy, pod_sm, device_units, merged = values
         self.times.append(t)
         self.sm.append(sm)
         self.memory.append(memory)
         self.energy.append(energy)
         self.pod_sm.append(pod_sm)
         self.device_units.append(device_units)
+        self.merged.append(merged)
 
     def insert(self, index: int, values: SampleValues) -> None:
-        t, sm, memory, energy, pod_sm, device_units = values
+        t, sm, memory, energy, pod_sm, device_units, merged = values
         self.times.insert(index, t)
         self.sm.insert(index, sm)
         self.memory.insert(index, memory)
         self.energy.insert(index, energy)
         self.pod_sm.insert(index, pod_sm)
         self.device_units.insert(index, device_units)
+        self.merged.insert(index, merged)
 
     def replace(self, index: int, values: SampleValues) -> None:
-        t, sm, memory, energy, pod_sm, device_units = values
+        t, sm, memory, energy, pod_sm, device_units, merged = values
         self.times[index] = t
         self.sm[index] = sm
         self.memory[index] = memory
         self.energy[index] = energy
         self.pod_sm[index] = pod_sm
         self.device_units[index] = device_units
+        self.merged[index] = merged
 
     def forget_before(self, index: int) -> None:
         """Drop samples 0..index-1 (their intervals are final)."""
         for column in (self.times, self.sm, self.memory, self.energy, self.device_units):
             del column[:index]
         del self.pod_sm[:index]
+        del self.merged[:index]
         self.pruned = True
 
+    def monitored_length(self, index: int) -> float:
+        """The part of interval `index` that the gap rule judges: before its first merged poll (all of it, unmerged)."""
+        return self.times[index] - self.merged[index] - self.times[index - 1]
+
     def rows(self) -> list[list[Any]]:
-        """The history as JSON-able rows [t, sm, memory, energy, pod_sm, device_units] (None where NaN)."""
+        """The history as JSON-able rows [t, sm, memory, energy, pod_sm, device_units, merged] (None where NaN)."""
         return [
-            [t, _none(sm), _none(memory), _none(energy), pod_sm, units]
-            for t, sm, memory, energy, pod_sm, units in zip(
-                self.times, self.sm, self.memory, self.energy, self.pod_sm, self.device_units, strict=True
+            [t, _none(sm), _none(memory), _none(energy), pod_sm, units, merged]
+            for t, sm, memory, energy, pod_sm, units, merged in zip(
+                self.times, self.sm, self.memory, self.energy, self.pod_sm, self.device_units, self.merged, strict=True
             )
         ]
 
     def load_rows(self, rows: list[list[Any]]) -> None:
-        for t, sm, memory, energy, pod_sm, units in rows:
-            self.append((t, _nan(sm), _nan(memory), _nan(energy), pod_sm, units))
+        for t, sm, memory, energy, pod_sm, units, *merged in rows:  # rows saved before merged polls have 6 members
+            self.append((t, _nan(sm), _nan(memory), _nan(energy), pod_sm, units, float(merged[0]) if merged else 0.0))
 
     def columns(self) -> dict[str, Any]:
         """The history as JSON-able columns: each float column base64 of its little-endian doubles (NaN kept).
@@ -354,6 +367,9 @@ class Gpu:
         columns["units"] = units[0] if units and units.count(units[0]) == len(units) else _encode(array("d", units))
         pod_sm = self.pod_sm
         columns["podSm"] = None if pod_sm.count(None) == len(pod_sm) else list(pod_sm)
+        merged = self.merged
+        if merged.count(0.0) != len(merged):  # left out while no point is merged (as in states saved before them)
+            columns["merged"] = _encode(array("d", merged))
         return columns
 
     def load_columns(self, columns: dict[str, Any]) -> None:
@@ -367,7 +383,11 @@ class Gpu:
         pod_sm = columns["podSm"]
         self.pod_sm = UniformColumn(None, _dict_column, adopt=False)
         self.pod_sm.extend([None] * size if pod_sm is None else [None if value is None else dict(value) for value in pod_sm])
-        if any(len(getattr(self, attribute)) != size for _, attribute in _COLUMNS) or len(self.pod_sm) != size:
+        merged = columns.get("merged")
+        self.merged = UniformColumn(0.0, _float_column, adopt=False)
+        self.merged.extend([0.0] * size if merged is None else _decode(merged))
+        if (any(len(getattr(self, attribute)) != size for _, attribute in _COLUMNS) or len(self.pod_sm) != size
+                or len(self.merged) != size):
             raise ValueError(f"GPU {self.uuid}: saved history columns differ in length")
 
 

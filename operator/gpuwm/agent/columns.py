@@ -34,6 +34,7 @@ DEVICE_FIELDS = (
 NUMBER_COLUMNS = (
     "seq", "sm_percent", "memory_used_bytes", "memory_activity_percent", "power_watts", "energy_joules",
     "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz", "pcie_rx_bytes_per_second", "pcie_tx_bytes_per_second",
+    "merged_seconds",
 )
 PROCESS_FIELDS = ("pid", "pod_uid", "container", "sm_percent", "memory_used_bytes")
 #: what a field left out of a row means (GpuSample's defaults)

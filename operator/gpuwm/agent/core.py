@@ -22,6 +22,7 @@ from gpuwm.agent.buffer import POD_STATS, SAMPLE, RecordBuffer
 from gpuwm.agent.cgroup import CgroupReader
 from gpuwm.agent.columns import sample_columns
 from gpuwm.agent.kubelet import KubeletStatsClient
+from gpuwm.agent.merge import MergeRequest, merge_polls
 from gpuwm.agent.nvml import NvmlSampler, NvmlUnavailable
 from gpuwm.agent.podresources import PodResourcesClient
 from gpuwm.config import Settings
@@ -203,22 +204,31 @@ class Agent:
 
     # --- reads for HTTP -----------------------------------------------------------------------------
 
-    def snapshot_json(self, since: int, limit: int = SNAPSHOT_LIMIT_RECORDS, columns: bool = False) -> bytes:
+    def snapshot_json(self, since: int, limit: int = SNAPSHOT_LIMIT_RECORDS, columns: bool = False,
+                      merge: MergeRequest | None = None) -> bytes:
         """`/v1/snapshot?since=SEQ` as JSON: records after `since` (at most `limit`) and the devices now.
 
         Rows (the default): the records' JSON comes from the buffer as stored, spliced in without
         parsing it again. `columns` (`format=columns`): the samples as one array per field
-        (see `gpuwm.agent.columns`), what the controller pulls.
+        (see `gpuwm.agent.columns`), what the controller pulls. `merge`: runs of polls that the
+        accounting cannot tell apart go as one sample each (see `gpuwm.agent.merge`).
         """
         with self.lock:
             records = self._records.since(since, limit)
             devices = list(self.state.devices)
         head = {"node": self.node, "seq": records.last_seq, "agent_id": self.agent_id,
                 "truncated": records.truncated, "more": records.more}
+        parsed = None
+        if columns or merge is not None:
+            parsed = orjson.loads(b"[" + b",".join(records.samples) + b"]")
+            if merge is not None:
+                parsed = merge_polls(parsed, merge)
         if columns:
             head["format"] = "columns"
-            head.update(sample_columns(orjson.loads(b"[" + b",".join(records.samples) + b"]")))
+            head.update(sample_columns(parsed or []))
             samples = b""
+        elif parsed is not None:
+            samples = b',"samples":' + orjson.dumps(parsed)
         else:
             samples = b',"samples":[' + b",".join(records.samples) + b"]"
         return b"".join((

@@ -19,6 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from gpuwm.agent.core import SNAPSHOT_LIMIT_RECORDS, Agent
+from gpuwm.agent.merge import merge_request
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,12 @@ class _Handler(BaseHTTPRequestHandler):
                 if form not in SNAPSHOT_FORMATS:
                     self._json(400, {"error": f"format={form!r}: expected rows (the default) or columns"})
                     return
-                self._send(200, agent.snapshot_json(since, max(1, limit), form == "columns"), "application/json")
+                try:
+                    merge = merge_request(query)
+                except ValueError as error:
+                    self._json(400, {"error": str(error)})
+                    return
+                self._send(200, agent.snapshot_json(since, max(1, limit), form == "columns", merge), "application/json")
             elif url.path in ("/healthz", "/readyz"):
                 ok, reason = agent.liveness() if url.path == "/healthz" else agent.readiness()
                 self._send(200 if ok else 503, (reason + "\n").encode(), "text/plain; charset=utf-8")

@@ -22,6 +22,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from gpuwm.accounting import Engine
+from gpuwm.agent.merge import MergeRequest
 from gpuwm.controller.agenthttp import AgentHttpClient, AgentHttpError
 from gpuwm.controller.columns import SampleColumns, concat, join, parse_columns
 from gpuwm.model.podstats import PodStatsSample
@@ -273,8 +274,11 @@ MAX_PAGES_PER_PULL = 20
 class AgentPuller:
     """Pulls every agent's `/v1/snapshot?since=SEQ` concurrently, each with a timeout."""
 
-    def __init__(self, timeout_seconds: float = 5.0, max_concurrency: int = 64, keepalive_seconds: float = 60.0) -> None:
+    def __init__(self, timeout_seconds: float = 5.0, max_concurrency: int = 64, keepalive_seconds: float = 60.0,
+                 merge: MergeRequest | None = None) -> None:
         self._limit = asyncio.Semaphore(max_concurrency)
+        #: what the agents are asked to merge (gpuwm.agent.merge); an agent that does not know it sends every poll
+        self._query_tail = "&format=columns" + ("" if merge is None else merge.query())
         #: idle connections live longer than a status interval (aiohttp's 15 s default was one
         #: interval, so every pull paid a new TCP connection); one per agent
         self.http = AgentHttpClient(timeout_seconds, keepalive_seconds=keepalive_seconds)
@@ -361,7 +365,7 @@ class AgentPuller:
 
     async def _fetch(self, node: str, base_url: str, since: int) -> Snapshot:
         # an agent older than the columnar feed ignores `format` and answers rows: parse_snapshot reads both
-        status, payload = await self.http.get(base_url, f"/v1/snapshot?since={since}&format=columns")
+        status, payload = await self.http.get(base_url, f"/v1/snapshot?since={since}{self._query_tail}")
         if status != 200:
             raise ValueError(f"HTTP {status} from {base_url}/v1/snapshot")
         return parse_snapshot(payload, node, self._holder_cache)

@@ -28,7 +28,7 @@ _BOUNDS: dict[str, tuple[float | None, float | None]] = {
     "seq": (0.0, None), "sm_percent": (0.0, 100.0), "memory_used_bytes": (0.0, None),
     "memory_activity_percent": (0.0, 100.0), "power_watts": (0.0, None), "energy_joules": (0.0, None),
     "temperature_celsius": (None, None), "sm_clock_mhz": (0.0, None), "memory_clock_mhz": (0.0, None),
-    "pcie_rx_bytes_per_second": (0.0, None), "pcie_tx_bytes_per_second": (0.0, None),
+    "pcie_rx_bytes_per_second": (0.0, None), "pcie_tx_bytes_per_second": (0.0, None), "merged_seconds": (0.0, None),
 }
 _PROCESS_BOUNDS: dict[str, tuple[float | None, float | None]] = {
     "pid": (0.0, None), "sm_percent": (0.0, 100.0), "memory_used_bytes": (0.0, None),
@@ -149,6 +149,7 @@ class SampleColumns:
             device_units=[device.device_units for device in devices],
             device=self.gpu[order], t=self.t[order], sm=sm[order], memory=memory[order],
             energy=self.numbers["energy_joules"][order], pod_sm=self._pod_sm(order),
+            merged=numpy.nan_to_num(self.numbers["merged_seconds"][order], nan=0.0),
             sample=lambda index: self.sample(int(order[index])),
         )
 

@@ -18,6 +18,7 @@ from operator import attrgetter
 from typing import Any
 
 from gpuwm.accounting import Engine, EngineConfig
+from gpuwm.agent.merge import MergeRequest
 from gpuwm.config import Settings
 from gpuwm.controller import recovery
 from gpuwm.controller.agents import (
@@ -75,6 +76,13 @@ logger = logging.getLogger(__name__)
 STATE_SAVE_SECONDS = 60.0
 
 
+
+def merge_request_of(settings: Settings) -> MergeRequest | None:
+    """What the controller asks the agents to merge: runs its accounting cannot tell apart (`snapshotMerge`)."""
+    if settings.snapshot_merge <= 0:
+        return None
+    return MergeRequest(settings.snapshot_merge, settings.idle_threshold_percent, 3.0 * settings.interval)
+
 class _PhaseTimer:
     """CPU seconds of this thread per phase (the store's thread is timed by the caller's process total)."""
 
@@ -103,7 +111,7 @@ class ControllerRuntime:
         )
         self.engine = Engine(self.engine_config)
         self.agents = parse_agents_spec(settings.agents)
-        self.puller = AgentPuller(timeout_seconds=max(1.0, min(10.0, settings.status_interval)))
+        self.puller = AgentPuller(timeout_seconds=max(1.0, min(10.0, settings.status_interval)), merge=merge_request_of(settings))
         self.resolver = OwnerResolver(self._fetch_owner)
         self.writer = StatusWriter(
             client, TokenBucket(settings.status_writes_per_second), settings.status_interval, clock=clock

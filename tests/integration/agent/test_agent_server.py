@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpuwm.agent.merge import MergeRequest
+from gpuwm.controller.columns import parse_columns
 from gpuwm.model import AgentSnapshot, GpuSample
 from tests.fakenvml import write_scenario
 from tests.fakenvml.podresources_server import PodResourcesServer
@@ -84,6 +86,25 @@ def test_metrics_and_snapshot_feed(
     assert all(set(s.model_dump()) == set(GpuSample.model_fields) for s in second.samples)
     status, body = agent.get("/v1/snapshot?since=banana")
     assert status == 400 and b"since" in body
+
+    # merged polls (gpuwm.agent.merge), as the controller asks for them: fewer rows, each device's first and last
+    # poll as they were, runs on the busy GPU
+    time.sleep(2.0)  # ten more polls
+    answers = []
+    for merge in ("", MergeRequest(15.0, 1.0, gap_seconds=0.6).query()):
+        status, body = agent.get(f"/v1/snapshot?since={first.seq}&limit=120&format=columns{merge}")
+        assert status == 200, body
+        columns = parse_columns(json.loads(body))
+        answers.append(columns.samples(list(range(len(columns)))))
+    every, merged = answers
+    assert len(merged) < len(every)
+    assert any(sample.merged_seconds for sample in merged if sample.uuid == "GPU-1111")
+    for uuid in {sample.uuid for sample in every}:
+        polls, sent = [s for s in every if s.uuid == uuid], [s for s in merged if s.uuid == uuid]
+        assert (sent[0], sent[-1]) == (polls[0], polls[-1])
+        assert sum(1 + round((s.merged_seconds or 0.0) / 0.2) for s in sent) >= len(polls) - 2  # every poll in some run
+    status, body = agent.get("/v1/snapshot?since=0&merge_seconds=soon")
+    assert status == 400 and b"merge_seconds" in body
 
 
 def test_a_gpu_lost_while_running_and_pod_resources_gone(

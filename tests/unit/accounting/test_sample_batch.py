@@ -44,6 +44,8 @@ def _sample(rng: random.Random, t: float, uuid: str, energy: dict[str, float], p
     elif rng.random() < 0.9:
         energy[uuid] = energy.get(uuid, 0.0) + rng.choice([0.0, 55.5, 300.25])
         values["energy_joules"] = energy[uuid]
+    if rng.random() < 0.25:  # a run of merged polls (gpuwm.agent.merge): the gap rule reads before its first
+        values["merged_seconds"] = rng.choice([0.5, 2.0, 3.0, 12.0])
     if uuid == SHARED or (uuid in WHOLE and rng.random() < 0.2):
         kind = rng.random()
         if kind < 0.1:
@@ -113,7 +115,8 @@ def _run(batches: list[list[PodEvent] | list[GpuSample]], columns: bool, arrays:
         if batch and isinstance(batch[0], GpuSample) and columns:
             given = batch_of_samples([item for item in batch if isinstance(item, GpuSample)])
             if arrays:
-                as_arrays: dict[str, Any] = {name: numpy.array(getattr(given, name)) for name in ("t", "sm", "memory", "energy")}
+                names = ("t", "sm", "memory", "energy", *(("merged",) if given.merged is not None else ()))
+                as_arrays: dict[str, Any] = {name: numpy.array(getattr(given, name)) for name in names}
                 given = replace(given, device=numpy.array(given.device, dtype=numpy.int64), **as_arrays)
             engine.observe_samples(given)
         else:

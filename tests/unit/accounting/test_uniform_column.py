@@ -73,10 +73,10 @@ def test_index_out_of_range_is_an_index_error() -> None:
 def test_a_gpu_history_of_repeats_holds_no_per_sample_column() -> None:
     gpu = Gpu("GPU-a", "node-a")
     for t in range(100):
-        gpu.append((float(t), 50.0, 10.0, float(t), None, 3 / 7))
-    assert gpu.device_units.uniform and gpu.pod_sm.uniform
+        gpu.append((float(t), 50.0, 10.0, float(t), None, 3 / 7, 0.0))
+    assert gpu.device_units.uniform and gpu.pod_sm.uniform and gpu.merged.uniform
     assert gpu.device_units[42] == 3 / 7 and gpu.pod_sm[42] is None
-    gpu.append((100.0, 50.0, 10.0, 100.0, {"pod-a": 30.0}, 3 / 7))
+    gpu.append((100.0, 50.0, 10.0, 100.0, {"pod-a": 30.0}, 3 / 7, 0.0))
     assert not gpu.pod_sm.uniform and gpu.pod_sm[-1] == {"pod-a": 30.0}
     gpu.forget_before(len(gpu.times))  # the per-process sample aged out
     assert gpu.pod_sm.uniform and len(gpu.pod_sm) == 0

@@ -1,0 +1,233 @@
+"""Merged polls: runs of a device's 1 Hz polls sent as one sample each, with nothing lost that the engine counts.
+
+At 1,000 nodes and 1 Hz a status interval carries 120,000 samples; parsing, accounting and
+keeping each of them was most of the controller's CPU and memory. Yet most consecutive polls
+say the same thing to the accounting: the GPU busy (or idle) for every holder, second after
+second. The controller asks (`/v1/snapshot?merge_seconds=S&merge_threshold_percent=P&
+merge_gap_seconds=G`) and the agent sends each such run as one sample at the run's last poll,
+carrying `merged_seconds` (the run's last time minus its first) and the run's time-weighted
+means, the energy counter of its last poll.
+
+A poll joins the run before it only where that changes no figure the engine sums
+(allocated, active, idle and unmonitored GPU-seconds, energy, lastActiveTime, idleSeconds):
+
+- the same device fields (`DEVICE_FIELDS`), healthy, with `sm_percent` and no error;
+- no more than G seconds after the poll before it, the run's first poll too (the engine
+  judges a run by its first gap, `t - merged_seconds - previous t <= 3 x interval`, and a
+  longer one there would make the whole run unmonitored); the run no longer than S;
+- every holder active in every poll, or idle in every poll, whatever its share: without
+  per-process data the device's SM % is on the same side of P in every poll; with it, each
+  pod's summed SM % is >= P in every poll or 0 in every poll (a pod's utilisation is its SM
+  over its share, so a figure between 0 and P could fall either side and breaks the run);
+- the energy counter present in every poll (and the poll before the run) and never going
+  backwards, or absent in every one of them.
+
+Each device's first and last poll in an answer stay single: the first, because its own
+interval starts before the answer (its weight is not known here); the last, so that a
+workload's `current` utilisation and `idleGpus` still read the latest poll. So a 15 s pull
+at 1 Hz carries 3 samples per device instead of 15. What merging does change: the 1m/5m/1h
+windows see a run's mean spread evenly over the run, so a window edge that falls inside a
+run takes a share of the mean instead of the polls it cuts (lifetime means are unchanged).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import pairwise
+from typing import Any
+
+from gpuwm.agent.columns import DEVICE_FIELDS
+
+#: figures merged as time-weighted means (over the polls that report them)
+MEAN_FIELDS = (
+    "sm_percent", "memory_used_bytes", "memory_activity_percent", "power_watts", "temperature_celsius",
+    "sm_clock_mhz", "memory_clock_mhz", "pcie_rx_bytes_per_second", "pcie_tx_bytes_per_second",
+)
+_DEVICE_DEFAULTS: dict[str, Any] = {"device_units": 1.0}
+
+
+@dataclass(frozen=True)
+class MergeRequest:
+    """What the controller asks of a snapshot's merging: its idle threshold, its gap (3 x interval), a run's span."""
+
+    span_seconds: float
+    threshold_percent: float = 1.0
+    gap_seconds: float = 3.0
+
+    def query(self) -> str:
+        """The query parameters that ask for this (`&`-joined, leading `&`)."""
+        return (f"&merge_seconds={self.span_seconds!r}&merge_threshold_percent={self.threshold_percent!r}"
+                f"&merge_gap_seconds={self.gap_seconds!r}")
+
+
+def merge_request(query: Mapping[str, Sequence[str]]) -> MergeRequest | None:
+    """The merge asked for in a parsed query string (`parse_qs`), None for none; ValueError naming a bad parameter."""
+    values: dict[str, float] = {}
+    for name, default, highest in (("merge_seconds", 0.0, math.inf), ("merge_threshold_percent", 1.0, 100.0),
+                                   ("merge_gap_seconds", 3.0, math.inf)):
+        given = query.get(name)
+        if not given:
+            values[name] = default
+            continue
+        try:
+            value = float(given[-1])
+        except ValueError:
+            value = math.nan
+        if not 0.0 <= value <= highest or math.isinf(value):
+            limit = f"<= {highest:g}" if highest < math.inf else "finite"
+            raise ValueError(f"{name}={given[-1]!r}: expected a number >= 0 and {limit}")
+        values[name] = value
+    if values["merge_seconds"] <= 0:
+        return None
+    return MergeRequest(values["merge_seconds"], values["merge_threshold_percent"], values["merge_gap_seconds"])
+
+
+def _pod_sm(sample: Mapping[str, Any]) -> dict[str, float] | None:
+    """SM % per pod uid as the engine reads it (`sample_values`): None without per-process data."""
+    processes = sample.get("processes")
+    if processes is None:
+        return None
+    with_sm = [process for process in processes if process.get("sm_percent") is not None]
+    if processes and not with_sm:
+        return None
+    by_pod: dict[str, float] = {}
+    for process in with_sm:
+        pod_uid = process.get("pod_uid")
+        if pod_uid is not None:
+            by_pod[pod_uid] = by_pod.get(pod_uid, 0.0) + float(process["sm_percent"])
+    return by_pod
+
+
+def _activity(sample: Mapping[str, Any], threshold_percent: float) -> tuple[Any, ...] | None:
+    """What every holder's active/idle verdict depends on, or None when the poll cannot be merged."""
+    if sample.get("healthy", True) is not True or sample.get("error") is not None or sample.get("merged_seconds"):
+        return None
+    sm = sample.get("sm_percent")
+    if sm is None:
+        return None
+    pod_sm = _pod_sm(sample)
+    if pod_sm is None:
+        return ("device", float(sm) >= threshold_percent)
+    active = []
+    for pod_uid, value in pod_sm.items():
+        if value >= threshold_percent:
+            active.append(pod_uid)
+        elif value != 0.0:
+            return None  # between 0 and the threshold: over a small share it may be active
+    return ("pods", frozenset(active))
+
+
+def _device_key(sample: Mapping[str, Any]) -> tuple[Any, ...]:
+    return tuple(sample.get(name, _DEVICE_DEFAULTS.get(name)) for name in DEVICE_FIELDS)
+
+
+def _counter_continues(previous: Mapping[str, Any], sample: Mapping[str, Any]) -> bool:
+    """Whether the energy counter goes on from `previous` to `sample`: present in both and not back, or in neither.
+
+    Between a run's first poll and its predecessor too: the engine takes the run's energy as
+    its last counter minus the counter before the run, which equals the polls' own deltas
+    only then.
+    """
+    before, now = previous.get("energy_joules"), sample.get("energy_joules")
+    return (before is None) == (now is None) and (now is None or now >= before)
+
+
+def _joins(previous: Mapping[str, Any], sample: Mapping[str, Any], gap_seconds: float) -> bool:
+    """Whether `sample` may follow `previous` in one run (their activity already compared)."""
+    if not sample["t"] - previous["t"] <= gap_seconds:
+        return False
+    return _counter_continues(previous, sample) and _device_key(previous) == _device_key(sample)
+
+
+def _merged(run: Sequence[Mapping[str, Any]], weights: Sequence[float]) -> dict[str, Any]:
+    """One sample for a run of polls: the last poll's time, seq and counter; time-weighted means of the figures."""
+    last = run[-1]
+    sample = dict(last)
+    sample["merged_seconds"] = last["t"] - run[0]["t"]
+    for name in MEAN_FIELDS:
+        total = weight_sum = 0.0
+        for poll, weight in zip(run, weights, strict=True):
+            value = poll.get(name)
+            if value is not None:
+                total += weight * value
+                weight_sum += weight
+        sample[name] = total / weight_sum if weight_sum > 0 else None
+    if last.get("processes") is not None:
+        sample["processes"] = _merged_processes(run, weights)
+    return sample
+
+
+def _merged_processes(run: Sequence[Mapping[str, Any]], weights: Sequence[float]) -> list[dict[str, Any]]:
+    """Each process of the run once (by pid, pod and container), its SM and memory time-weighted over the whole run.
+
+    A process missing from a poll counts 0 there, so a pod's summed SM stays the mean of its
+    per-poll sums: the figure the engine compares with the threshold.
+    """
+    span = sum(weights)
+    merged: dict[tuple[Any, ...], dict[str, Any]] = {}
+    sums: dict[tuple[Any, ...], list[float | None]] = {}
+    for poll, weight in zip(run, weights, strict=True):
+        for process in poll.get("processes") or ():
+            key = (process.get("pid"), process.get("pod_uid"), process.get("container"))
+            if key not in merged:
+                merged[key] = dict(process)
+                sums[key] = [None, None]
+            totals = sums[key]
+            for position, name in enumerate(("sm_percent", "memory_used_bytes")):
+                value = process.get(name)
+                if value is not None:
+                    totals[position] = (totals[position] or 0.0) + weight * value
+    for key, process in merged.items():
+        sm_total, memory_total = sums[key]
+        process["sm_percent"] = None if sm_total is None else min(100.0, sm_total / span)
+        process["memory_used_bytes"] = None if memory_total is None else memory_total / span
+    return list(merged.values())
+
+
+def _runs(polls: Sequence[Mapping[str, Any]], request: MergeRequest) -> list[list[int]]:
+    """One device's polls (in time order) cut into runs of indexes; the first and the last poll each a run alone."""
+    runs: list[list[int]] = [[0]]
+    run_activity: tuple[Any, ...] | None = None
+    for index in range(1, len(polls) - 1):
+        poll = polls[index]
+        activity = _activity(poll, request.threshold_percent)
+        run = runs[-1]
+        if (len(runs) > 1 and activity is not None and activity == run_activity
+                and poll["t"] - polls[run[0]]["t"] <= request.span_seconds
+                and _joins(polls[index - 1], poll, request.gap_seconds)):
+            run.append(index)
+        else:
+            runs.append([index])
+            # None: nothing joins it. Nor a poll after a gap (only that poll's own interval is unmonitored, where
+            # the engine would judge the whole run by it) or whose counter went back (see _counter_continues)
+            starts = poll["t"] - polls[index - 1]["t"] <= request.gap_seconds and _counter_continues(polls[index - 1], poll)
+            run_activity = activity if starts else None
+    runs.append([len(polls) - 1])
+    return runs
+
+
+def merge_polls(samples: Sequence[Mapping[str, Any]], request: MergeRequest) -> list[Mapping[str, Any]]:
+    """The samples of one snapshot answer (JSON objects in seq order) with mergeable runs merged (module docstring).
+
+    A run of one poll is passed on as it was; the result keeps seq order (a merged sample sits
+    where its last poll was).
+    """
+    by_device: dict[str, list[int]] = {}
+    for position, sample in enumerate(samples):
+        by_device.setdefault(sample["uuid"], []).append(position)
+    placed: list[tuple[int, Mapping[str, Any]]] = []
+    for positions in by_device.values():
+        polls = [samples[position] for position in positions]
+        if len(polls) < 4 or any(later["t"] <= earlier["t"] for earlier, later in pairwise(polls)):
+            placed.extend(zip(positions, polls, strict=True))
+            continue
+        for run in _runs(polls, request):
+            if len(run) == 1:
+                placed.append((positions[run[0]], polls[run[0]]))
+            else:
+                weights = [polls[index]["t"] - polls[index - 1]["t"] for index in run]
+                placed.append((positions[run[-1]], _merged([polls[index] for index in run], weights)))
+    placed.sort(key=lambda entry: entry[0])
+    return [sample for _, sample in placed]
