@@ -24,10 +24,19 @@ _FINE_BUCKET_SECONDS = 5.0
 _COARSE_BUCKET_SECONDS = 60.0
 _EXACT_SECONDS = 70.0  # segments newer than now-70s stay exact (1m window edge)
 _FINE_SECONDS = 330.0  # segments newer than now-330s go to 5 s buckets (5m window edge)
-_MIN_CAPACITY_SEGMENTS = 256
+_MIN_CAPACITY_SEGMENTS = 128
+#: a workload folds again once this many segments came after its last fold: with merged polls (gpuwm.agent.merge)
+#: ~0.2 segments a second, so a busy workload folds every few minutes; twice its folded size (the rule at 1 Hz
+#: of single polls) kept ~230 segments per workload where ~130 hold the hour
+_FOLD_AFTER_SEGMENTS = 64
 _NUMPY_FROM_SEGMENTS = 24  # below this a plain loop is faster than numpy's call overhead
 _WORKLOADS_PER_PASS = 256  # workloads per numpy pass over segments: ~10 MiB of temporaries at 1 Hz
 _TRIM_FROM_SEGMENTS = 8  # segments past the hour are dropped once this many lead (see `_trim`)
+
+
+def _capacity_after(segments: int) -> int:
+    """How many segments a workload may hold before its next fold, holding `segments` now."""
+    return max(_MIN_CAPACITY_SEGMENTS, segments + _FOLD_AFTER_SEGMENTS)
 
 
 class WindowSums:
@@ -223,14 +232,14 @@ class WindowSums:
             raise ValueError(f"saved window segments hold {len(values)} numbers, not a multiple of {_STRIDE}")
         sums = cls()
         sums._data = values
-        sums._capacity = max(_MIN_CAPACITY_SEGMENTS, 2 * len(sums))
+        sums._capacity = _capacity_after(len(sums))
         return sums
 
     @classmethod
     def from_list(cls, values: list[float]) -> WindowSums:
         sums = cls()
         sums._data = array("d", values)
-        sums._capacity = max(_MIN_CAPACITY_SEGMENTS, 2 * len(sums))
+        sums._capacity = _capacity_after(len(sums))
         return sums
 
 
@@ -288,7 +297,7 @@ def maintain_all(many: Sequence[WindowSums], now: float) -> None:
     for low in range(0, len(due), _WORKLOADS_PER_PASS):  # bounded temporaries, as in `windows_of`
         _fold_all(due[low : low + _WORKLOADS_PER_PASS], now)
     for sums in due:
-        sums._capacity = max(_MIN_CAPACITY_SEGMENTS, 2 * len(sums))
+        sums._capacity = _capacity_after(len(sums))
 
 
 def _fold_all(many: Sequence[WindowSums], now: float) -> None:
