@@ -36,6 +36,7 @@ class FakeNode:
     energy_joules: float = 0.0
     samples: list[dict[str, Any]] = field(default_factory=list)
     served: int = 0
+    merged_served: int = 0  # merged samples sent (a run of polls as one, when the controller asked)
     #: each sample's SM % drawn from sm_percent +- this (whole percents, as NVML reports them; seeded per node)
     sm_jitter_percent: float = 0.0
 
@@ -80,6 +81,7 @@ class FakeNode:
         samples: list[Any] = [s for s in self.samples if s["seq"] > since]
         if merge is not None:
             samples = merge_polls(samples, merge)
+            self.merged_served += sum(1 for sample in samples if sample.get("merged_seconds"))
         head = {"node": self.name, "seq": self.seq, "agent_id": self.agent_id, "truncated": False}
         body = {**head, "format": "columns", **sample_columns(samples)} if form == "columns" else {**head, "samples": samples}
         return {**body, "pod_stats": [], "devices": self.holders}

@@ -101,10 +101,11 @@ class Cluster:
 class Controller:
     """The real `gpuwm controller` as a subprocess; SIGKILL-able."""
 
-    def __init__(self, kubeconfig: Path, agents: str, store: Path, log: Path, extra: tuple[str, ...] = ()) -> None:
+    def __init__(self, kubeconfig: Path, agents: str, store: Path, log: Path, extra: tuple[str, ...] = (),
+                 status_interval: float = STATUS_INTERVAL, interval: float = 1.0) -> None:
         self.args = [
             sys.executable, "-m", "gpuwm.cli", "controller", "--standalone", "--agents", agents,
-            "--status-interval", str(STATUS_INTERVAL), "--interval", "1", "--store", str(store),
+            "--status-interval", str(status_interval), "--interval", str(interval), "--store", str(store),
             "--idle-condition-after", "3s", "--log-format", "text", "--log-level", "info",
             "--api-listen", "127.0.0.1:0", "--auth", "none", *extra,
         ]
@@ -263,6 +264,48 @@ def test_controller_end_to_end_with_restart(cluster: Cluster, tmp_path: Path) ->
     status_writes = [r for r in mine if r.method == "PATCH" and r.path.endswith("/status")]
     assert status_writes and all(r.query.get("fieldManager") == "gpuwm" for r in status_writes)
     assert all(r.content_type == "application/merge-patch+json" for r in status_writes)
+
+
+def test_merged_polls_count_as_every_poll_in_the_real_controller(cluster: Cluster, tmp_path: Path) -> None:
+    """Agents polling at 5 Hz, pulled every 3 s: runs of polls arrive merged (`snapshotMerge`), busy then idle."""
+    objects = _setup_workloads(cluster)
+    node_a = FakeNode("node-a", ["GPU-a0", "GPU-a1"], interval=0.2, sm_percent=80.0)
+    node_b = FakeNode("node-b", ["GPU-b0"], interval=0.2, sm_percent=80.0)
+    node_a.hold("GPU-a0", NS, "train-0")
+    node_a.hold("GPU-a1", NS, "pt-worker-0")
+    node_b.hold("GPU-b0", NS, "pt-master-0", pod_uid=objects["pods"]["pt-master-0"]["metadata"]["uid"])
+    agents = FakeAgents(cluster.thread, [node_a, node_b]).start()
+    started = time.time()
+    for name in ("train-0", "pt-master-0", "pt-worker-0"):
+        cluster.run_pod(name, started)
+    log = tmp_path / "controller.log"
+    controller = Controller(cluster.thread.write_kubeconfig(tmp_path / "kubeconfig"), agents.spec(),
+                            tmp_path / "gpuwm.db", log, status_interval=3.0, interval=0.2)
+    controller.start()
+    try:
+        busy = wait_until("train busy", lambda: (cr := cluster.cr("train")) and
+                          cr["status"].get("activeGpuSeconds", 0) >= 6 and cr, log=log, timeout=40)
+        assert busy["status"]["utilization"]["current"] == pytest.approx(80.0)
+        assert busy["status"]["idleGpuSeconds"] == 0
+        agents.set(sm_percent=0.0)
+        idled = time.time()
+        idle = wait_until("train idle", lambda: (cr := cluster.cr("train")) and
+                          cr["status"].get("idleGpuSeconds", 0) >= 6 and cr, log=log, timeout=40)
+    finally:
+        controller.stop()
+        agents.stop()
+    assert node_a.merged_served > 0 and node_b.merged_served > 0  # the controller asked, the agents merged
+    status = idle["status"]
+    now = epoch(status["lastUpdateTime"])
+    assert status["allocatedGpuSeconds"] == pytest.approx(now - started, abs=3.0 + 1.5)
+    split = sum(status[k] for k in ("activeGpuSeconds", "idleGpuSeconds", "unmonitoredGpuSeconds"))
+    assert split == pytest.approx(status["allocatedGpuSeconds"], abs=0.01)
+    # unmonitored: only the time before the agent's first poll (the pod's start is whole seconds); merged runs,
+    # 3 s and 15 polls each, are monitored
+    assert status["unmonitoredGpuSeconds"] == pytest.approx(node_a.samples[0]["t"] - int(started), abs=0.3)
+    assert status["activeGpuSeconds"] == pytest.approx(idled - started, abs=3.0 + 1.5)
+    assert status["utilization"]["current"] == 0.0 and status["idleSeconds"] >= 5
+    assert epoch(status["lastActiveTime"]) == pytest.approx(idled, abs=1.0)
 
 
 def test_controller_survives_api_faults_and_agent_outage(cluster: Cluster, tmp_path: Path) -> None:
