@@ -337,10 +337,6 @@ class Gpu:
         del self.merged[:index]
         self.pruned = True
 
-    def monitored_length(self, index: int) -> float:
-        """The part of interval `index` that the gap rule judges: before its first merged poll (all of it, unmerged)."""
-        return self.times[index] - self.merged[index] - self.times[index - 1]
-
     def rows(self) -> list[list[Any]]:
         """The history as JSON-able rows [t, sm, memory, energy, pod_sm, device_units, merged] (None where NaN)."""
         return [

@@ -8,8 +8,8 @@ merge_gap_seconds=G`) and the agent sends each such run as one sample at the run
 carrying `merged_seconds` (the run's last time minus its first) and the run's time-weighted
 means, the energy counter of its last poll.
 
-A poll joins the run before it only where that changes no figure the engine sums
-(allocated, active, idle and unmonitored GPU-seconds, energy, lastActiveTime, idleSeconds):
+A poll joins the run before it only where that changes none of allocated, active, idle and
+unmonitored GPU-seconds, lastActiveTime, idleSeconds, idleGpus and a GPU's energy:
 
 - the same device fields (`DEVICE_FIELDS`), healthy, with `sm_percent` and no error;
 - no more than G seconds after the poll before it, the run's first poll too (the engine
@@ -27,7 +27,9 @@ interval starts before the answer (its weight is not known here); the last, so t
 workload's `current` utilisation and `idleGpus` still read the latest poll. So a 15 s pull
 at 1 Hz carries 3 samples per device instead of 15. What merging does change: the 1m/5m/1h
 windows see a run's mean spread evenly over the run, so a window edge that falls inside a
-run takes a share of the mean instead of the polls it cuts (lifetime means are unchanged).
+run takes a share of the mean instead of the polls it cuts; and where a holder's allocation
+starts or ends inside a run, its piece of the run gets the run's mean utilisation and power
+(its lifetime means and its share of the energy), not those of the polls in that piece.
 """
 
 from __future__ import annotations
