@@ -30,6 +30,8 @@ sys.path.insert(0, str(ROOT))
 from tests.fakenvml import build_fake_nvml, fake_nvml_env, write_scenario  # noqa: E402
 from tests.fakenvml.podresources_server import FakePod, PodResourcesServer  # noqa: E402
 
+from gpuwm.agent.merge import MergeRequest  # noqa: E402
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: Prometheus scrapes and the controller pulls every this many seconds
 PULL_SECONDS = 10.0
@@ -108,6 +110,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=5.0)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--processes", type=int, default=32)
+    parser.add_argument("--pull", choices=PULL_QUERIES, default="merged",
+                        help="the snapshot pull: merged columns (what `gpuwm controller` asks for), columns, rows")
     options = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="gpuwm-bench-") as temporary:
@@ -147,14 +151,14 @@ def main() -> int:
             )
             # the controller's first pull (everything since the start) opens the window; then every
             # PULL_SECONDS a scrape and a pull as Prometheus and the controller would, the last closing it
-            polls_before, since = _pull(base, 0)
+            polls_before, since = _pull(base, 0, options.pull)
             cpu_before, wall_before = _cpu_seconds(agent.pid), time.monotonic()
             peak_rss = _rss_mib(agent.pid)
             for number in range(1, pulls + 1):
                 while time.monotonic() < wall_before + number * PULL_SECONDS:
                     peak_rss = max(peak_rss, _rss_mib(agent.pid))
                     time.sleep(min(0.5, max(0.0, wall_before + number * PULL_SECONDS - time.monotonic())))
-                polls_after, since = _pull(base, since)
+                polls_after, since = _pull(base, since, options.pull)
             cpu = _cpu_seconds(agent.pid) - cpu_before
             wall = time.monotonic() - wall_before
             polls = polls_after - polls_before
@@ -191,14 +195,19 @@ def _bare(env: dict[str, str], polls: int, interval: float) -> float:
     return float(result.stdout.strip()) / polls
 
 
-def _pull(base: str, since: int) -> tuple[int, int]:
+#: `--pull`: the snapshot query after `since=SEQ` (merged: the controller's defaults, 15 s, 1 %, 3 x 1 s)
+PULL_QUERIES = {"merged": "&format=columns" + MergeRequest(15.0, 1.0, 3.0).query(), "columns": "&format=columns",
+                "rows": ""}
+
+
+def _pull(base: str, since: int, pull: str = "merged") -> tuple[int, int]:
     """A scrape and a snapshot pull: (the agent's poll count, the snapshot's seq for the next pull)."""
     polls = 0
     with urllib.request.urlopen(base + "/metrics", timeout=5) as response:
         for line in response.read().decode().splitlines():
             if line.startswith("gpuwm_agent_polls_total"):
                 polls = int(float(line.rsplit(" ", 1)[1]))
-    with urllib.request.urlopen(f"{base}/v1/snapshot?since={since}", timeout=5) as response:
+    with urllib.request.urlopen(f"{base}/v1/snapshot?since={since}{PULL_QUERIES[pull]}", timeout=5) as response:
         return polls, int(json.load(response)["seq"])
 
 

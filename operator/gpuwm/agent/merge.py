@@ -137,10 +137,8 @@ def _counter_continues(previous: Mapping[str, Any], sample: Mapping[str, Any]) -
 
 
 def _joins(previous: Mapping[str, Any], sample: Mapping[str, Any], gap_seconds: float) -> bool:
-    """Whether `sample` may follow `previous` in one run (their activity already compared)."""
-    if not sample["t"] - previous["t"] <= gap_seconds:
-        return False
-    return _counter_continues(previous, sample) and _device_key(previous) == _device_key(sample)
+    """Whether `sample` may follow `previous` in one run (their activity and device fields already compared)."""
+    return sample["t"] - previous["t"] <= gap_seconds and _counter_continues(previous, sample)
 
 
 def _merged(run: Sequence[Mapping[str, Any]], weights: Sequence[float]) -> dict[str, Any]:
@@ -195,6 +193,8 @@ def _runs(polls: Sequence[Mapping[str, Any]], request: MergeRequest) -> list[lis
     for index in range(1, len(polls) - 1):
         poll = polls[index]
         activity = _activity(poll, request.threshold_percent)
+        if activity is not None:  # the device fields too: a run is one device as it was
+            activity = (*activity, _device_key(poll))
         run = runs[-1]
         if (len(runs) > 1 and activity is not None and activity == run_activity
                 and poll["t"] - polls[run[0]]["t"] <= request.span_seconds
