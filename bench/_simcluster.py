@@ -242,13 +242,6 @@ class CycleFigures:
 class SimulatedController:
     """Pull -> engine -> status -> store, once per status interval, on the simulated clock."""
 
-
-    def merge_request(self) -> MergeRequest | None:
-        """What the controller asks the agents to merge (`snapshotMerge`, as `gpuwm controller` asks)."""
-        if self.merge_seconds <= 0:
-            return None
-        return MergeRequest(self.merge_seconds, self.config.idle_threshold_percent, 3.0 * self.config.interval_seconds)
-
     def __init__(self, agents: SimulatedAgents, config: SimConfig, store_path: Path, status_interval: float,
                  merge_seconds: float = 15.0) -> None:
         self.agents = agents
@@ -318,6 +311,12 @@ class SimulatedController:
                              changes, size, store_cpu)
         self.cycles.append(cycle)
         return cycle
+
+    def merge_request(self) -> MergeRequest | None:
+        """What the controller asks the agents to merge (`snapshotMerge`, as `gpuwm controller` asks)."""
+        if self.merge_seconds <= 0:
+            return None
+        return MergeRequest(self.merge_seconds, self.config.idle_threshold_percent, 3.0 * self.config.interval_seconds)
 
     def store_bytes(self) -> int:
         return sum(os.path.getsize(path) for path in self.store_path.parent.glob(self.store_path.name + "*"))
