@@ -55,9 +55,10 @@ def _pod(http: KubeHttp, namespace: str, name: str, uid: str, container: str, re
     }}, "application/merge-patch+json")
 
 
+@pytest.mark.parametrize("status_interval", [1.0, 4.0])  # 4 s: 8 polls a pull, runs of them merged
 def test_controller_with_the_real_agent(
     emulator: EmulatorThread, start_agent: Any, fake_nvml_lib: Path, scenario: Path, fake_proc: Path,  # noqa: F811
-    pod_resources: Any, tmp_path: Path,  # noqa: F811
+    pod_resources: Any, tmp_path: Path, status_interval: float,  # noqa: F811
 ) -> None:
     http = KubeHttp(emulator.url)
     for namespace in ("team-a", "team-b", "serving", "team-c"):
@@ -78,7 +79,7 @@ def test_controller_with_the_real_agent(
                         "--pod-resources-socket", str(pod_resources.socket_path))
     log = tmp_path / "controller.log"
     controller = Controller(emulator.write_kubeconfig(tmp_path / "kubeconfig"), f"static:node-1={agent.url}",
-                            tmp_path / "gpuwm.db", log, ("--interval", "0.5"))
+                            tmp_path / "gpuwm.db", log, status_interval=status_interval, interval=0.5)
     controller.start()
 
     def cr(namespace: str, name: str) -> dict[str, Any] | None:
@@ -113,9 +114,12 @@ def test_controller_with_the_real_agent(
         assert mig["status"]["allocatedGpus"] == pytest.approx(3 / 7, abs=1e-3)
         assert [g["migProfile"] for g in mig["status"]["gpus"]] == ["3g.40gb"]
 
+        wanted = 2 if status_interval < 2 else 12  # with merged runs: several pulls' worth
         later = wait_until("GPU-seconds accrue", lambda: (found := cr("team-a", "train")) and
-                           found["status"]["activeGpuSeconds"] >= 2 and found, log=log)
+                           found["status"]["activeGpuSeconds"] >= wanted and found, log=log)
         split = sum(later["status"][k] for k in ("activeGpuSeconds", "idleGpuSeconds", "unmonitoredGpuSeconds"))
         assert split == pytest.approx(later["status"]["allocatedGpuSeconds"], abs=0.01)
+        # unmonitored: the time before the agent's first poll (the pod's start is whole seconds), nothing of the runs
+        assert later["status"]["unmonitoredGpuSeconds"] < 4.0
     finally:
         controller.stop()
