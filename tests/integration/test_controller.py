@@ -156,10 +156,9 @@ def _setup_workloads(cluster: Cluster) -> dict[str, Any]:
     return {"job": job, "pytorch": pytorch, "pods": pods}
 
 
-def test_controller_end_to_end_with_restart(cluster: Cluster, tmp_path: Path) -> None:
-    objects = _setup_workloads(cluster)
-    node_a = FakeNode("node-a", ["GPU-a0", "GPU-a1", "GPU-a2"], sm_percent=80.0)
-    node_b = FakeNode("node-b", ["GPU-b0"], sm_percent=80.0)
+def _hold_and_run(cluster: Cluster, objects: dict[str, Any], node_a: FakeNode, node_b: FakeNode) -> tuple[FakeAgents, float]:
+    """The workloads' GPUs held as pod-resources says (train-0 and pt-worker-0 on node-a, pt-master-0 on node-b, by
+    UID), the agents serving, the pods running: (the agents, when the pods started)."""
     node_a.hold("GPU-a0", NS, "train-0")
     node_a.hold("GPU-a1", NS, "pt-worker-0")
     node_b.hold("GPU-b0", NS, "pt-master-0", pod_uid=objects["pods"]["pt-master-0"]["metadata"]["uid"])
@@ -167,6 +166,14 @@ def test_controller_end_to_end_with_restart(cluster: Cluster, tmp_path: Path) ->
     started = time.time()
     for name in ("train-0", "pt-master-0", "pt-worker-0"):
         cluster.run_pod(name, started)
+    return agents, started
+
+
+def test_controller_end_to_end_with_restart(cluster: Cluster, tmp_path: Path) -> None:
+    objects = _setup_workloads(cluster)
+    node_a = FakeNode("node-a", ["GPU-a0", "GPU-a1", "GPU-a2"], sm_percent=80.0)
+    node_b = FakeNode("node-b", ["GPU-b0"], sm_percent=80.0)
+    agents, started = _hold_and_run(cluster, objects, node_a, node_b)
     log = tmp_path / "controller.log"
     controller = Controller(cluster.thread.write_kubeconfig(tmp_path / "kubeconfig"), agents.spec(),
                             tmp_path / "gpuwm.db", log)
@@ -271,13 +278,7 @@ def test_merged_polls_count_as_every_poll_in_the_real_controller(cluster: Cluste
     objects = _setup_workloads(cluster)
     node_a = FakeNode("node-a", ["GPU-a0", "GPU-a1"], interval=0.2, sm_percent=80.0)
     node_b = FakeNode("node-b", ["GPU-b0"], interval=0.2, sm_percent=80.0)
-    node_a.hold("GPU-a0", NS, "train-0")
-    node_a.hold("GPU-a1", NS, "pt-worker-0")
-    node_b.hold("GPU-b0", NS, "pt-master-0", pod_uid=objects["pods"]["pt-master-0"]["metadata"]["uid"])
-    agents = FakeAgents(cluster.thread, [node_a, node_b]).start()
-    started = time.time()
-    for name in ("train-0", "pt-master-0", "pt-worker-0"):
-        cluster.run_pod(name, started)
+    agents, started = _hold_and_run(cluster, objects, node_a, node_b)
     log = tmp_path / "controller.log"
     controller = Controller(cluster.thread.write_kubeconfig(tmp_path / "kubeconfig"), agents.spec(),
                             tmp_path / "gpuwm.db", log, status_interval=3.0, interval=0.2)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import orjson
 
@@ -25,6 +27,19 @@ def _get(url: str) -> tuple[int, bytes]:
         return error.code, error.read()
 
 
+@contextmanager
+def _serving(agent: Agent) -> Iterator[str]:
+    """The agent's HTTP server on a free loopback port while the block runs: its /v1/snapshot URL."""
+    server = AgentHTTPServer(("127.0.0.1", 0), agent, MetricsRenderer(agent, process_metrics=False).render)
+    thread = serve_in_thread(server)
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/snapshot"
+    finally:
+        server.shutdown()
+        thread.join(timeout=10)
+        server.server_close()
+
+
 def test_columns_and_rows_carry_the_same_samples() -> None:
     agent = Agent(Settings(pod_resources_socket="/nonexistent.sock", proc_root="/nonexistent"), "node-1")
     samples = [
@@ -34,10 +49,7 @@ def test_columns_and_rows_carry_the_same_samples() -> None:
         for step in range(3) for index in range(2)
     ]
     agent._records.append([(SAMPLE, sample) for sample in samples])
-    server = AgentHTTPServer(("127.0.0.1", 0), agent, MetricsRenderer(agent, process_metrics=False).render)
-    thread = serve_in_thread(server)
-    try:
-        base = f"http://127.0.0.1:{server.server_address[1]}/v1/snapshot"
+    with _serving(agent) as base:
         status, rows = _get(base + "?since=2")
         assert status == 200 and b'"samples":[' in rows
         status, columns = _get(base + "?since=2&format=columns")
@@ -47,10 +59,6 @@ def test_columns_and_rows_carry_the_same_samples() -> None:
         assert [from_columns.columns.sample(row) for row in range(4)] == from_rows.samples == samples[2:]
         status, body = _get(base + "?format=parquet")
         assert status == 400 and b"format='parquet'" in body
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
-        server.server_close()
 
 
 def test_merged_rows_and_columns_carry_the_same_samples() -> None:
@@ -63,10 +71,8 @@ def test_merged_rows_and_columns_carry_the_same_samples() -> None:
         for step in range(8)
     ]
     agent._records.append([(SAMPLE, sample) for sample in samples])
-    server = AgentHTTPServer(("127.0.0.1", 0), agent, MetricsRenderer(agent, process_metrics=False).render)
-    thread = serve_in_thread(server)
-    try:
-        base = f"http://127.0.0.1:{server.server_address[1]}/v1/snapshot?since=0"
+    with _serving(agent) as url:
+        base = url + "?since=0"
         merge = MergeRequest(15.0, 1.0, 3.0).query()
         status, rows = _get(base + merge)
         assert status == 200
@@ -81,7 +87,3 @@ def test_merged_rows_and_columns_carry_the_same_samples() -> None:
         assert run.sm_percent == sum(41.0 + step for step in range(6)) / 6
         status, body = _get(base + "&merge_gap_seconds=-1&merge_seconds=15")
         assert status == 400 and b"merge_gap_seconds" in body
-    finally:
-        server.shutdown()
-        thread.join(timeout=10)
-        server.server_close()
