@@ -316,7 +316,8 @@ class SimulatedController:
         """What the controller asks the agents to merge (`snapshotMerge`, as `gpuwm controller` asks)."""
         if self.merge_seconds <= 0:
             return None
-        return MergeRequest(self.merge_seconds, self.config.idle_threshold_percent, 3.0 * self.config.interval_seconds)
+        config = self.engine.config
+        return MergeRequest(self.merge_seconds, config.idle_threshold_percent, config.gap_seconds)
 
     def store_bytes(self) -> int:
         return sum(os.path.getsize(path) for path in self.store_path.parent.glob(self.store_path.name + "*"))

@@ -37,10 +37,9 @@ sys.path.insert(0, str(ROOT))
 
 import orjson  # noqa: E402
 from aiohttp import web  # noqa: E402
-from tests.integration.fakeagent import FakeNode  # noqa: E402
+from tests.integration.fakeagent import FakeNode, merge_of  # noqa: E402
 from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator  # noqa: E402
 
-from gpuwm.agent.merge import merge_request  # noqa: E402
 from gpuwm.config import Settings  # noqa: E402
 from gpuwm.controller.agents import DeviceHolder, index_holders  # noqa: E402
 from gpuwm.controller.gctuning import tune_garbage_collector  # noqa: E402
@@ -197,8 +196,8 @@ def serve_cluster(args: argparse.Namespace, pipe: Any) -> None:
     async def start_agents() -> str:
         async def snapshot(request: web.Request) -> web.Response:
             node = nodes[request.match_info["node"]]  # the agent's JSON, in the format asked for (columns)
-            merge = merge_request({name: request.query.getall(name) for name in request.query})
-            body = orjson.dumps(node.snapshot(int(request.query.get("since", "0")), request.query.get("format"), merge))
+            body = orjson.dumps(node.snapshot(int(request.query.get("since", "0")), request.query.get("format"),
+                                              merge_of(request)))
             return web.Response(body=body, content_type="application/json")
         app = web.Application()
         app.router.add_get("/{node}/v1/snapshot", snapshot)

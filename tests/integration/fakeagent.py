@@ -22,6 +22,11 @@ from gpuwm.agent.merge import MergeRequest, merge_polls, merge_request
 from tests.integration.kubeemu import EmulatorThread
 
 
+def merge_of(request: web.Request) -> MergeRequest | None:
+    """The merge a pull asks for (`?merge_seconds=...`), as the agent reads it."""
+    return merge_request({name: request.query.getall(name) for name in request.query})
+
+
 @dataclass
 class FakeNode:
     name: str
@@ -105,9 +110,8 @@ class FakeAgents:
         async def snapshot(request: web.Request) -> web.Response:
             if node.down:
                 await asyncio.sleep(30)  # longer than the controller's pull timeout
-            merge = merge_request({name: request.query.getall(name) for name in request.query})
             return web.json_response(node.snapshot(int(request.query.get("since", "0")), request.query.get("format"),
-                                                   merge))
+                                                   merge_of(request)))
 
         app = web.Application()
         app.router.add_get("/v1/snapshot", snapshot)

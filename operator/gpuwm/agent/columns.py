@@ -41,6 +41,11 @@ PROCESS_FIELDS = ("pid", "pod_uid", "container", "sm_percent", "memory_used_byte
 _DEVICE_DEFAULTS: dict[str, Any] = {"device_units": 1.0}
 
 
+def device_key(sample: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A sample's `DEVICE_FIELDS` values (their defaults where left out): its `gpus` entry."""
+    return tuple(sample.get(name, _DEVICE_DEFAULTS.get(name)) for name in DEVICE_FIELDS)
+
+
 def sample_columns(samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """The `gpus`, `columns`, `errors` and `processes` members for samples given as JSON objects (rows)."""
     entries: dict[tuple[Any, ...], int] = {}
@@ -52,8 +57,7 @@ def sample_columns(samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     processes: dict[str, list[Any]] = {name: [] for name in ("row", *PROCESS_FIELDS)}
     empty: list[int] = []
     for row, sample in enumerate(samples):
-        key = tuple(sample.get(name, _DEVICE_DEFAULTS.get(name)) for name in DEVICE_FIELDS)
-        gpu.append(entries.setdefault(key, len(entries)))
+        gpu.append(entries.setdefault(device_key(sample), len(entries)))
         t.append(sample.get("t"))
         healthy.append(sample.get("healthy", True))
         for name, column in numbers.items():

@@ -11,7 +11,7 @@ means, the energy counter of its last poll.
 A poll joins the run before it only where that changes none of allocated, active, idle and
 unmonitored GPU-seconds, lastActiveTime, idleSeconds, idleGpus and a GPU's energy:
 
-- the same device fields (`DEVICE_FIELDS`), healthy, with `sm_percent` and no error;
+- the same device fields (`gpuwm.agent.columns.DEVICE_FIELDS`), healthy, with `sm_percent` and no error;
 - no more than G seconds after the poll before it, the run's first poll too (the engine
   judges a run by its first gap, `t - merged_seconds - previous t <= 3 x interval`, and a
   longer one there would make the whole run unmonitored); the run no longer than S;
@@ -40,14 +40,13 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from gpuwm.agent.columns import DEVICE_FIELDS
+from gpuwm.agent.columns import device_key
 
 #: figures merged as time-weighted means (over the polls that report them)
 MEAN_FIELDS = (
     "sm_percent", "memory_used_bytes", "memory_activity_percent", "power_watts", "temperature_celsius",
     "sm_clock_mhz", "memory_clock_mhz", "pcie_rx_bytes_per_second", "pcie_tx_bytes_per_second",
 )
-_DEVICE_DEFAULTS: dict[str, Any] = {"device_units": 1.0}
 
 
 @dataclass(frozen=True)
@@ -121,10 +120,6 @@ def _activity(sample: Mapping[str, Any], threshold_percent: float) -> tuple[Any,
     return ("pods", frozenset(active))
 
 
-def _device_key(sample: Mapping[str, Any]) -> tuple[Any, ...]:
-    return tuple(sample.get(name, _DEVICE_DEFAULTS.get(name)) for name in DEVICE_FIELDS)
-
-
 def _counter_continues(previous: Mapping[str, Any], sample: Mapping[str, Any]) -> bool:
     """Whether the energy counter goes on from `previous` to `sample`: present in both and not back, or in neither.
 
@@ -194,18 +189,17 @@ def _runs(polls: Sequence[Mapping[str, Any]], request: MergeRequest) -> list[lis
         poll = polls[index]
         activity = _activity(poll, request.threshold_percent)
         if activity is not None:  # the device fields too: a run is one device as it was
-            activity = (*activity, _device_key(poll))
+            activity = (*activity, device_key(poll))
+        joins = _joins(polls[index - 1], poll, request.gap_seconds)
         run = runs[-1]
-        if (len(runs) > 1 and activity is not None and activity == run_activity
-                and poll["t"] - polls[run[0]]["t"] <= request.span_seconds
-                and _joins(polls[index - 1], poll, request.gap_seconds)):
+        if (len(runs) > 1 and joins and activity is not None and activity == run_activity
+                and poll["t"] - polls[run[0]]["t"] <= request.span_seconds):
             run.append(index)
         else:
             runs.append([index])
-            # None: nothing joins it. Nor a poll after a gap (only that poll's own interval is unmonitored, where
-            # the engine would judge the whole run by it) or whose counter went back (see _counter_continues)
-            starts = poll["t"] - polls[index - 1]["t"] <= request.gap_seconds and _counter_continues(polls[index - 1], poll)
-            run_activity = activity if starts else None
+            # None: nothing joins it. Nor may a run start at a poll after a gap (only that poll's own interval is
+            # unmonitored, where the engine would judge the whole run by it) or whose counter went back
+            run_activity = activity if joins else None
     runs.append([len(polls) - 1])
     return runs
 

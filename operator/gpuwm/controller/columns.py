@@ -149,9 +149,14 @@ class SampleColumns:
             device_units=[device.device_units for device in devices],
             device=self.gpu[order], t=self.t[order], sm=sm[order], memory=memory[order],
             energy=self.numbers["energy_joules"][order], pod_sm=self._pod_sm(order),
-            merged=numpy.nan_to_num(self.numbers["merged_seconds"][order], nan=0.0),
+            merged=self._merged(order),
             sample=lambda index: self.sample(int(order[index])),
         )
+
+    def _merged(self, order: Ints) -> Floats | None:
+        """Each row's `merged_seconds`, 0 for a single poll; None when no row is merged (the engine's cheaper path)."""
+        merged = self.numbers["merged_seconds"]
+        return None if numpy.isnan(merged).all() else numpy.nan_to_num(merged[order], nan=0.0)
 
     def _pod_sm(self, order: Ints) -> list[dict[str, float] | None]:
         """SM % per pod uid of each row, as `sample_values` derives it from the row's processes."""

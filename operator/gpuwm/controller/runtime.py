@@ -76,12 +76,12 @@ logger = logging.getLogger(__name__)
 STATE_SAVE_SECONDS = 60.0
 
 
-
-def merge_request_of(settings: Settings) -> MergeRequest | None:
+def merge_request_of(settings: Settings, engine_config: EngineConfig) -> MergeRequest | None:
     """What the controller asks the agents to merge: runs its accounting cannot tell apart (`snapshotMerge`)."""
     if settings.snapshot_merge <= 0:
         return None
-    return MergeRequest(settings.snapshot_merge, settings.idle_threshold_percent, 3.0 * settings.interval)
+    return MergeRequest(settings.snapshot_merge, engine_config.idle_threshold_percent, engine_config.gap_seconds)
+
 
 class _PhaseTimer:
     """CPU seconds of this thread per phase (the store's thread is timed by the caller's process total)."""
@@ -111,7 +111,7 @@ class ControllerRuntime:
         )
         self.engine = Engine(self.engine_config)
         self.agents = parse_agents_spec(settings.agents)
-        self.puller = AgentPuller(timeout_seconds=max(1.0, min(10.0, settings.status_interval)), merge=merge_request_of(settings))
+        self.puller = AgentPuller(timeout_seconds=max(1.0, min(10.0, settings.status_interval)), merge=merge_request_of(settings, self.engine_config))
         self.resolver = OwnerResolver(self._fetch_owner)
         self.writer = StatusWriter(
             client, TokenBucket(settings.status_writes_per_second), settings.status_interval, clock=clock
