@@ -135,8 +135,9 @@ class _SnapshotPayload(BaseModel):
     devices: list[dict[str, Any]] = Field(default_factory=list)
 
 
-#: agent's node -> (node it reported, its last `devices` list, the holders built from them): most pulls repeat it
-HolderCache = dict[str, tuple[str, list[dict[str, Any]], list[DeviceHolder]]]
+#: agent's node -> (node it reported, its last `devices` list as JSON, the holders built from them): most pulls
+#: repeat it. The JSON, not the parsed list: at 1,000 nodes the parsed dicts were ~6 MiB of the controller's RSS
+HolderCache = dict[str, tuple[str, bytes, list[DeviceHolder]]]
 
 
 class _ColumnsEnvelope(BaseModel):
@@ -163,12 +164,13 @@ def _snapshot(
 ) -> Snapshot:
     node = payload.node or expected_node
     cached = holder_cache.get(expected_node) if holder_cache is not None else None
-    if cached is not None and cached[0] == node and cached[1] == payload.devices:
+    devices = orjson.dumps(payload.devices) if holder_cache is not None else b""
+    if cached is not None and cached[0] == node and cached[1] == devices:
         holders = cached[2]  # the same list object: the runtime's attribution check sees no change at once
     else:
         holders = [holder for item in payload.devices for holder in _holders(item, node)]
         if holder_cache is not None:
-            holder_cache[expected_node] = (node, payload.devices, holders)
+            holder_cache[expected_node] = (node, devices, holders)
     samples = payload.samples if isinstance(payload, _SnapshotPayload) else []
     return Snapshot(node=node, seq=payload.seq, agent_id=payload.agent_id, samples=samples, holders=holders,
                     pod_stats=payload.pod_stats, more=payload.more, truncated=payload.truncated, columns=columns)

@@ -85,6 +85,7 @@ def run(arguments: argparse.Namespace) -> int:
     operator_settings = kopf.OperatorSettings()
     handlers.tune_kopf(operator_settings, settings)
     kopf.run(
+        registry=handlers.REGISTRY,
         settings=operator_settings,
         clusterwide=settings.namespace is None,
         namespaces=[settings.namespace] if settings.namespace else (),

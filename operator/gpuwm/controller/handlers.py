@@ -26,6 +26,7 @@ from gpuwm.controller.agents import PodAgents, agent_url_of_pod, parse_agents_sp
 from gpuwm.controller.events import COMPONENT
 from gpuwm.controller.gctuning import tune_garbage_collector
 from gpuwm.controller.kube import KubeClient
+from gpuwm.controller.login import kube_login
 from gpuwm.controller.runtime import ControllerRuntime
 from gpuwm.controller.units import requests_gpu
 
@@ -35,6 +36,10 @@ logger = logging.getLogger("gpuwm.controller")
 SETTINGS: Settings | None = None
 RUNTIME: ControllerRuntime | None = None
 _TASKS: list[asyncio.Task[None]] = []
+
+#: the controller's handlers. A plain registry, not kopf's default: that one probes for the official
+#: client (importing it, ~11 MiB of RSS) to add its own login handlers; `login` below is the only one
+REGISTRY = kopf.OperatorRegistry()
 
 
 def configure(settings: Settings) -> None:
@@ -57,7 +62,7 @@ def _is_agent_pod(namespace: str | None, labels: kopf.Labels, **_: Any) -> bool:
     return isinstance(agents, PodAgents) and agents.matches(namespace, labels)
 
 
-@kopf.index("pods", when=_is_agent_pod)
+@kopf.index("pods", when=_is_agent_pod, registry=REGISTRY)
 def agent_pods(body: kopf.Body, **_: Any) -> dict[str, str] | None:
     """node -> URL of the agent pod on it (`--agents pods:NAMESPACE/SELECTOR`)."""
     agents = parse_agents_spec(_settings().agents)
@@ -65,7 +70,7 @@ def agent_pods(body: kopf.Body, **_: Any) -> dict[str, str] | None:
     return {found[0]: found[1]} if found else None
 
 
-@kopf.on.event("pods", when=_is_gpu_pod)
+@kopf.on.event("pods", when=_is_gpu_pod, registry=REGISTRY)
 async def gpu_pod_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
     """Every change of a GPU pod goes to the engine (the runtime drops repeats)."""
     if RUNTIME is not None:
@@ -76,14 +81,14 @@ def _node_sharing_changed(body: kopf.Body, event: Mapping[str, Any], **_: Any) -
     return RUNTIME is not None and (event.get("type") == "DELETED" or RUNTIME.sharing.changes(body))
 
 
-@kopf.on.event("nodes", when=_node_sharing_changed)
+@kopf.on.event("nodes", when=_node_sharing_changed, registry=REGISTRY)
 def node_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
     """Node labels that say how its GPUs are shared (time-slicing replicas, device plugin config key)."""
     if RUNTIME is not None:
         RUNTIME.sharing.on_node(body, deleted=event.get("type") == "DELETED")
 
 
-@kopf.on.event("namespaces")
+@kopf.on.event("namespaces", registry=REGISTRY)
 def namespace_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
     """Namespace labels and annotations: the project label and the GPU quota."""
     if RUNTIME is not None and event.get("type") != "DELETED":
@@ -91,6 +96,12 @@ def namespace_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None
         metadata = body.get("metadata") or {}
         if not metadata.get("deletionTimestamp") and metadata.get("name"):
             RUNTIME.writer.namespace_reopened(str(metadata["name"]))  # (re)created: write there again
+
+
+@kopf.on.login(registry=REGISTRY)
+def login(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) -> kopf.ConnectionInfo | None:
+    """The service account in a pod, else the kubeconfig (as `kopf run` logs in: `gpuwm.controller.login`)."""
+    return kube_login(settings, logger)
 
 
 def tune_kopf(settings: kopf.OperatorSettings, gpuwm_settings: Settings) -> None:
@@ -115,16 +126,17 @@ def tune_kopf(settings: kopf.OperatorSettings, gpuwm_settings: Settings) -> None
     settings.peering.clusterwide = gpuwm_settings.namespace is None
 
 
-@kopf.on.startup(errors=kopf.ErrorsMode.TEMPORARY, backoff=2.0)
+@kopf.on.startup(errors=kopf.ErrorsMode.TEMPORARY, backoff=2.0, registry=REGISTRY)
 async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **kwargs: Any) -> None:
     """Log in, restore the engine, then start the status loop and the writer (before any pod event)."""
     global RUNTIME
     gpuwm_settings = _settings()
-    info = kopf.login_via_client(logger=logger, settings=settings)
+    info = kube_login(settings, logger)
     if info is None:
         raise kopf.PermanentError("no Kubernetes credentials: need in-cluster service account or a kubeconfig")
+
     def relogin() -> dict[str, str]:
-        fresh = kopf.login_via_client(logger=logger, settings=settings)
+        fresh = kube_login(settings, logger)
         return KubeClient.auth_headers(fresh) if fresh is not None else {}
 
     client = KubeClient.from_connection_info(info, relogin=relogin)
@@ -207,7 +219,7 @@ def _report_api_exit(task: asyncio.Task[None]) -> None:
         logger.warning("metrics API stopped: %s", task.exception())
 
 
-@kopf.on.probe(id="statusCycles")
+@kopf.on.probe(id="statusCycles", registry=REGISTRY)
 def status_cycles(**_: Any) -> dict[str, Any]:
     """Liveness detail: how many status cycles ran and how many writes are queued."""
     if RUNTIME is None:
@@ -215,7 +227,7 @@ def status_cycles(**_: Any) -> dict[str, Any]:
     return {"cycles": RUNTIME.cycles, "pendingWrites": RUNTIME.writer.pending, "writes": RUNTIME.writer.stats.writes}
 
 
-@kopf.on.cleanup()
+@kopf.on.cleanup(registry=REGISTRY)
 async def cleanup(**_: Any) -> None:
     """Stop the loops, save the engine's state one last time, close connections."""
     for task in _TASKS:
