@@ -63,6 +63,23 @@ def reset_peak_rss() -> None:
         file.write("5")
 
 
+def track_collections() -> dict[int, list[float]]:
+    """CPU seconds of each cyclic garbage collection, by generation, since the last `clear()` of each list."""
+    import gc
+
+    spent: dict[int, list[float]] = {0: [], 1: [], 2: []}
+    started = [0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.process_time()
+        else:
+            spent[info["generation"]].append(time.process_time() - started[0])
+
+    gc.callbacks.append(callback)
+    return spent
+
+
 def track_phase_peaks() -> dict[str, float]:
     """Each status-cycle phase's peak RSS (MiB), kept in the returned dict (the latest cycle's; `between`:
     from the end of a cycle to the start of the next, the writer's work)."""
@@ -119,7 +136,7 @@ def agent_holders(plan: list[tuple[str, str, str, list[str]]]) -> dict[str, list
 
 
 def warm_up(runtime: ControllerRuntime, plan: list[tuple[str, str, str, list[str]]], minutes: float,
-            interval: float, jitter_percent: float) -> tuple[int, float]:
+            interval: float, jitter_percent: float, chase: bool = True) -> tuple[int, float]:
     """Feed the engine `minutes` of samples of every held GPU, ending now: the state of a controller that has
     been running that long (window segments and history at their steady size, the hour's segments
     dropped as they age). The samples go in as the pulls would put them (`Engine.observe_samples`, one
@@ -138,8 +155,14 @@ def warm_up(runtime: ControllerRuntime, plan: list[tuple[str, str, str, list[str
     t = origin = time.time() - minutes * 60.0
     rows = 0
     started = time.process_time()
-    while t < time.time() - interval:
-        steps = numpy.arange(t, min(t + runtime.settings.status_interval, time.time() - interval), interval)
+    # without `chase` (traced runs, slower than real time) the history ends where the warm-up started
+    stop = time.time() - interval
+
+    def end_of() -> float:
+        return time.time() - interval if chase else stop
+
+    while t < end_of():
+        steps = numpy.arange(t, min(t + runtime.settings.status_interval, end_of()), interval)
         if not len(steps):
             break
         sm = numpy.clip(numpy.rint(60.0 + rng.uniform(-jitter_percent, jitter_percent, (len(steps), count))), 0, 100)
@@ -266,7 +289,8 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
     print(f"pod intake (owner walk + engine): {time.process_time() - cpu0:.2f} CPU-s, "
           f"{time.perf_counter() - wall0:.2f} s wall, {runtime.resolver.fetches} owner GETs")
     if args.history_minutes:
-        rows, cpu = warm_up(runtime, plan, args.history_minutes, args.interval, args.jitter_percent)
+        rows, cpu = warm_up(runtime, plan, args.history_minutes, args.interval, args.jitter_percent,
+                            chase=not args.memory_report)
         segments = sum(len(workload.windows) for workload in runtime.engine.workload_records.values())
         print(f"history: {args.history_minutes:g} minutes, {rows} samples into the engine in {cpu:.1f} CPU-s; "
               f"{segments} window segments; RSS {rss_mib():.0f} MiB")
@@ -278,6 +302,7 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
     profiler = None
     phases: list[dict[str, float]] = []
     phase_peaks = track_phase_peaks() if args.phase_peaks else None
+    collections = track_collections()
     for cycle in range(args.cycles):
         if args.profile and cycle == 1:  # the first cycle creates every CR: profile the steady ones
             import cProfile
@@ -307,6 +332,10 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         writer_cpu = total_cpu - cpu_cycle  # the writer (and anything else on the loop) between cycles
         phases.append({**runtime.cycle_cpu_seconds, "writes_between_cycles": writer_cpu})
         print("    phases (CPU-s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases[-1].items()))
+        print("    garbage collections (count, CPU-s): " + ", ".join(
+            f"gen{generation} {len(spent)}, {sum(spent):.2f}" for generation, spent in collections.items()))
+        for spent in collections.values():
+            spent.clear()
         if phase_peaks is not None:
             print("    peak RSS by phase (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in phase_peaks.items()))
     writer.cancel()
