@@ -12,7 +12,7 @@ from gpuwm.config import ConfigError, Settings, add_settings_arguments, settings
 FIELDS = (
     "log_format", "log_level", "namespace", "standalone", "peering_name", "liveness",
     "resource_names", "project_label", "idle_threshold_percent", "interval", "late_event_window",
-    "status_interval", "retention", "agents", "store", "idle_condition_after", "underutilized_percent",
+    "status_interval", "snapshot_merge", "retention", "agents", "store", "idle_condition_after", "underutilized_percent",
     "status_writes_per_second", "time_sliced_replicas", "device_plugin_config", "api_listen", "auth",
     "runai_compatible_metrics", "cluster_id", "store_rollups",
 )

@@ -23,6 +23,15 @@ def test_flags_cover_the_controller_settings() -> None:
     assert all(name in Settings.model_fields for name in FIELDS)
 
 
+def test_every_setting_is_a_flag_of_the_agent_or_the_controller() -> None:
+    """The chart sets each setting by its environment variable; each must also be a flag of the process that reads it."""
+    from gpuwm.agent.command import AGENT_SETTINGS
+
+    assert set(Settings.model_fields) - set(FIELDS) - set(AGENT_SETTINGS) == set()
+    arguments = build_parser().parse_args(["controller", "--snapshot-merge", "30s"])
+    assert arguments.snapshot_merge == "30s"
+
+
 def test_bad_agents_option_names_the_flag() -> None:
     with pytest.raises(ConfigError, match="--agents"):
         check_settings(Settings(agents="dns:whatever"))
