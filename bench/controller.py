@@ -6,7 +6,7 @@ status builder, rate-limited writer, state save) and prints per-cycle figures:
 CPU seconds per status cycle, RSS, status writes per second, and the lag from a sample to
 the CR status that includes it (p50/p99).
 
-    .venv/bin/python bench/controller.py                  # full size, 15 s cycles, 4 cycles after an hour
+    .venv/bin/python bench/controller.py                  # full size, 15 s cycles, 11 after an hour (steady: 4-11)
     .venv/bin/python bench/controller.py --nodes 100 --cycles 3 --status-interval 5 --history-minutes 5
 
 Before the first cycle the engine is fed an hour of samples (`--history-minutes`, ~1.5-3 CPU-
@@ -25,6 +25,7 @@ import asyncio
 import multiprocessing
 import os
 import resource
+import shutil
 import statistics
 import sys
 import tempfile
@@ -42,11 +43,15 @@ from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator  # noqa
 
 from gpuwm.config import Settings  # noqa: E402
 from gpuwm.controller.agents import DeviceHolder, index_holders  # noqa: E402
+from gpuwm.controller.command import event_loop_factory  # noqa: E402
 from gpuwm.controller.gctuning import tune_garbage_collector  # noqa: E402
 from gpuwm.controller.kube import KubeClient  # noqa: E402
 from gpuwm.controller.runtime import ControllerRuntime  # noqa: E402
 
 NAMESPACES = 40
+#: cycles left out of the steady figures when there are more (see `run_bench`): the runtime saves its state at
+#: each of its first three cycles (STATE_SAVE_SECONDS after that)
+STARTUP_CYCLES = 3
 
 
 def rss_mib(field: str = "VmRSS") -> float:
@@ -250,8 +255,8 @@ def pod_body(namespace: str, name: str, node: str, gpus: int, job_uid: str, star
 
 async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, jobs: dict[str, str]) -> None:
     if args.process_modules:
-        # what `gpuwm controller` holds besides the runtime: kopf (and the kubernetes client it
-        # loads for its login), the kopf handlers and the metrics API it serves (~20 MiB of RSS)
+        # what `gpuwm controller` holds besides the runtime in a pod: kopf (without the official client: the
+        # service account login does not load it, gpuwm.controller.login), its handlers and the metrics API
         import gpuwm.api.app
         import gpuwm.controller.handlers  # noqa: F401
     plan = layout(args.nodes, args.gpus_per_node, args.gpus_per_workload)
@@ -349,9 +354,13 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))]
         print(f"lag sample -> CR status: p50 {statistics.median(lags):.1f} s, p99 {p99:.1f} s "
               f"({p99 / args.status_interval:.2f} intervals) over {len(lags)} writes")
-    steady = cycle_cpu[1:] or cycle_cpu
-    steady_system = cycle_system[1:] or cycle_system
-    steady_phases = phases[1:] or phases
+    # steady: after the startup cycles (the first writes every CR; the first three each save the engine state,
+    # later ones every 60 s). With --cycles 11, cycles 4-11 are 8 x 15 s with the steady state's 2 saves
+    skip = STARTUP_CYCLES if len(cycle_cpu) > STARTUP_CYCLES else 1
+    steady = cycle_cpu[skip:] or cycle_cpu
+    steady_system = cycle_system[skip:] or cycle_system
+    steady_phases = phases[skip:] or phases
+    print(f"steady cycles: {skip + 1}-{len(cycle_cpu)}")
     print("steady phases, mean CPU-s per cycle: " + ", ".join(
         f"{name} {statistics.mean(p.get(name, 0.0) for p in steady_phases):.2f}" for name in steady_phases[0]))
     print(f"summary: CPU per {args.status_interval:g}s cycle mean {statistics.mean(steady):.2f} s, max {max(steady):.2f} s "
@@ -375,6 +384,9 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
                     print(f"        {line}")
     await runtime.puller.close()
     await client.close()
+    if runtime.store is not None:
+        runtime.store.close()
+    shutil.rmtree(state_dir, ignore_errors=True)  # the store and the state file: ~150 MB a run
 
 
 def main() -> int:
@@ -393,7 +405,8 @@ def main() -> int:
     parser.add_argument("--writes-per-second", type=float, default=20.0)
     parser.add_argument("--snapshot-merge", type=float, default=15.0,
                         help="the controller's snapshotMerge, seconds (0: the agents send every poll)")
-    parser.add_argument("--cycles", type=int, default=4)
+    parser.add_argument("--cycles", type=int, default=11,
+                        help="status cycles; the steady figures leave out the first three (startup) when there are more")
     parser.add_argument("--finished", type=int, default=0,
                         help="workloads that ended before the bench (their CRs and figures are kept for the retention)")
     parser.add_argument("--existing-crs", action=argparse.BooleanOptionalAction, default=True,
@@ -410,6 +423,9 @@ def main() -> int:
     parser.add_argument("--profile", choices=("cumulative", "tottime"),
                         help="cProfile the event loop's thread from cycle 2 on and print the top functions by this key")
     parser.add_argument("--profile-lines", type=int, default=60)
+    parser.add_argument("--loop", choices=("controller", "asyncio"), default="controller",
+                        help="the event loop: the controller's (uvloop where installed, as `gpuwm controller` runs) "
+                             "or asyncio's own")
     args = parser.parse_args()
     parent, child = multiprocessing.Pipe()
     if args.memory_report:
@@ -419,8 +435,11 @@ def main() -> int:
     cluster = multiprocessing.Process(target=serve_cluster, args=(args, child), daemon=True)
     cluster.start()
     api_url, agents_url, jobs = parent.recv()
+    loop_factory = event_loop_factory() if args.loop == "controller" else None
+    print(f"event loop: {'asyncio' if loop_factory is None else loop_factory.__module__.split('.')[0]}")
     try:
-        asyncio.run(run_bench(args, api_url, agents_url, jobs))
+        with asyncio.Runner(loop_factory=loop_factory) as runner:
+            runner.run(run_bench(args, api_url, agents_url, jobs))
     finally:
         parent.send("done")
         cluster.join(timeout=20)
