@@ -26,7 +26,7 @@ from gpuwm.accounting import Engine
 from gpuwm.agent.merge import MergeRequest
 from gpuwm.controller.agenthttp import AgentHttpClient, AgentHttpError
 from gpuwm.controller.columns import SampleColumns, concat, join, parse_columns
-from gpuwm.model.compact import share_fields_set
+from gpuwm.model.compact import intern_strings, share_fields_set
 from gpuwm.model.podstats import PodStatsSample
 from gpuwm.model.sample import GpuSample
 
@@ -75,13 +75,14 @@ def _holders(entry: Mapping[str, Any], node: str) -> list[DeviceHolder]:
     flat.setdefault("node", node)
     nested = next((flat[key] for key in ("holders", "pods", "allocations") if isinstance(flat.get(key), list)), None)
     if nested is None:
-        holder = share_fields_set(DeviceHolder.model_validate(flat))  # one fields-set for all alike (~0.7 KiB each)
+        # kept until the node's devices change: one fields-set for all alike (~0.7 KiB each), strings shared
+        holder = intern_strings(share_fields_set(DeviceHolder.model_validate(flat)))
         return [holder] if holder.pod_key else []
     holders = []
     for inner in nested:
         merged = {**{k: v for k, v in flat.items() if k not in {"holders", "pods", "allocations"}},
                   **{_ALIASES.get(key, key): value for key, value in inner.items()}}
-        holder = share_fields_set(DeviceHolder.model_validate(merged))
+        holder = intern_strings(share_fields_set(DeviceHolder.model_validate(merged)))
         if holder.pod_key:
             holders.append(holder)
     return holders

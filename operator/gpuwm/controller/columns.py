@@ -7,6 +7,7 @@ the samples the rest of the cycle keeps (each device's latest) become GpuSample 
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,7 @@ from pydantic import ValidationError
 
 from gpuwm.accounting.state import SampleBatch
 from gpuwm.agent.columns import DEVICE_FIELDS, NUMBER_COLUMNS
-from gpuwm.model.compact import share_fields_set
+from gpuwm.model.compact import intern_strings, share_fields_set
 from gpuwm.model.sample import GpuSample, ProcessSample
 
 Floats = npt.NDArray[numpy.float64]
@@ -340,10 +341,11 @@ def _device(position: int, entry: Any) -> GpuSample:
         first = error.errors()[0]
         raise ValueError(f"gpus[{position}].{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
     share_fields_set(device)  # which fields the agent sent: one set per distinct content
+    intern_strings(device)  # the device's UUID, node and model: one copy, shared with the engine's and holders'
     if key:
         if len(_DEVICES) >= _DEVICES_KEPT:
             _DEVICES.clear()
-        _DEVICES[key] = device
+        _DEVICES[tuple(sys.intern(value) if type(value) is str else value for value in key)] = device
     return device
 
 

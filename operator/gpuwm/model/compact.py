@@ -9,6 +9,7 @@ instances that were given the same fields can share one set.
 
 from __future__ import annotations
 
+import sys
 from typing import TypeVar
 
 from pydantic import BaseModel
@@ -29,6 +30,22 @@ def share_fields_set(instance: _Model) -> _Model:
     shared = _SHARED_FIELDS_SETS.setdefault(frozenset(own), own)
     if shared is not own:
         object.__setattr__(instance, "__pydantic_fields_set__", shared)
+    return instance
+
+
+def intern_strings(instance: _Model) -> _Model:
+    """The same instance, its string values replaced by the interpreter's one copy of each. Frozen models only.
+
+    What an agent sends repeats in every pull and across devices (node, model and resource
+    names, namespaces, the device's UUID the engine also keeps): parsed JSON gives each a new
+    string, and a long-lived model keeps it alive (~5 MiB of copies at 1,000 nodes).
+    """
+    if not instance.model_config.get("frozen"):
+        raise TypeError(f"{type(instance).__name__} is not frozen: its values can change, they are not shared")
+    values = instance.__dict__
+    for name, value in values.items():
+        if type(value) is str:
+            values[name] = sys.intern(value)
     return instance
 
 

@@ -104,7 +104,7 @@ class EmbeddedStore(Store):
         self._head_blocks: set[int] = set()  # blocks with head rows
         # series that may hold points in the head, not yet in chunks: those written since the last
         # compaction round (and, when opened, every series of a block with head rows)
-        self._written: set[int] = set()
+        self._written = _IdMarks()
         self.forgotten_series = 0  # series rows deleted since opened (their points all past retention)
         self._pending: list[int] = []  # blocks still to compact below `_target`
         self._budget = 1  # blocks compacted per record call in this round
@@ -167,7 +167,7 @@ class EmbeddedStore(Store):
             self._series_ids[(kind, key)] = series_id
         self._next_series_id = self._first_free_id()
         self._head_blocks = {block for (block,) in connection.execute("SELECT DISTINCT block FROM head")}
-        self._written = self._ids_in_head(self._head_blocks)
+        self._written = _IdMarks(self._ids_in_head(self._head_blocks))
         for table, column in (("latest_workloads", "uid"), ("latest_projects", "name")):
             for key, figures in connection.execute(f"SELECT {column}, figures FROM {table}"):
                 self._latest_json[f"{table}:{key}"] = hash(figures.encode())
@@ -224,7 +224,7 @@ class EmbeddedStore(Store):
         self._next_series_id = self._first_free_id()
         self._drop_row_layouts()
         # a rolled-back round may have reset which series the head holds: count every head block's in
-        self._written.update(self._ids_in_head())
+        self._written.mark(self._ids_in_head())
 
     def _first_free_id(self) -> int:
         """Above every id given out, deleted ones included: a deleted id is never given again (head
@@ -232,13 +232,14 @@ class EmbeddedStore(Store):
         (newest,) = self._writer.execute("SELECT max(id) FROM series").fetchone()
         return max(int(newest or 0), int(self._get_meta("series_id_high") or 0)) + 1
 
-    def _ids_in_head(self, blocks: Iterable[int] | None = None) -> set[int]:
+    def _ids_in_head(self, blocks: Iterable[int] | None = None) -> IntArray:
         """Every series id of a block with head rows (a superset of those with points there); `blocks`:
         those blocks when just read from the file, else they are read (after a rollback the in-memory
         `_head_blocks` may miss blocks whose compaction was undone)."""
         if blocks is None:
             blocks = [block for (block,) in self._writer.execute("SELECT DISTINCT block FROM head")]
-        return {block * BLOCK + slot for block in blocks for slot in range(BLOCK)}
+        starts = np.array(sorted(blocks), dtype=np.int64) * BLOCK
+        return (starts[:, None] + np.arange(BLOCK, dtype=np.int64)).ravel()
 
     def _write_latest(self, table: str, entries: list[tuple[str, tuple[object, ...], BaseModel]]) -> None:
         """Rewrite the latest-figures rows whose JSON changed (most workloads' figures do each interval).
@@ -293,7 +294,7 @@ class EmbeddedStore(Store):
                         ids_found[position] = self._series_id(key[0], key[1], labels.get(key))
             ids = np.array(ids_found, dtype=np.int64)
             self._ids_of = (rows.keys, ids)
-            self._written.update(ids_found)  # type: ignore[arg-type]  # no None left
+            self._written.mark(ids)
         step = self.tiers[0].step_seconds
         self.write_head(int(math.floor(at / step) * step), ids, quantize(rows.values))
 
@@ -402,7 +403,7 @@ class EmbeddedStore(Store):
         highest id given out is kept in `meta` (`_first_free_id`): a deleted id is never given again.
         """
         connection = self._writer
-        written, self._written = self._written, set(self._ids_of[1].tolist())
+        written, self._written = self._written, _IdMarks(self._ids_of[1])
         without_chunks = " AND ".join(
             "NOT EXISTS (SELECT 1 FROM chunks c WHERE c.tier = ? AND c.series_id = s.id)" for _ in self.spans
         )
@@ -411,7 +412,7 @@ class EmbeddedStore(Store):
             for series_id, kind, key in connection.execute(
                 f"SELECT id, kind, key FROM series s WHERE {without_chunks}", [span.step for span in self.spans]
             )
-            if series_id not in written
+            if not written.marked(series_id)
         ][:FORGET_SERIES_PER_ROUND]
         if not empty:
             return
@@ -566,3 +567,30 @@ class EmbeddedStore(Store):
             return read_range(connection, self.spans, latest, watermarks, query)
         finally:
             connection.execute("COMMIT")
+
+
+class _IdMarks:
+    """Which series ids were marked: a flag per id up to the highest marked (ids are given out in order).
+
+    A set of the ~25,000 ids of a 1,000-node store held ~2.8 MiB; this holds a byte per id.
+    """
+
+    __slots__ = ("_flags",)
+
+    def __init__(self, ids: IntArray | None = None) -> None:
+        self._flags = np.zeros(0, dtype=np.bool_)
+        if ids is not None:
+            self.mark(ids)
+
+    def mark(self, ids: IntArray) -> None:
+        if not len(ids):
+            return
+        highest = int(ids.max())
+        if highest >= len(self._flags):
+            grown = np.zeros(max(highest + 1, 2 * len(self._flags)), dtype=np.bool_)
+            grown[: len(self._flags)] = self._flags
+            self._flags = grown
+        self._flags[ids] = True
+
+    def marked(self, series_id: int) -> bool:
+        return 0 <= series_id < len(self._flags) and bool(self._flags[series_id])

@@ -49,7 +49,7 @@ class _OldPathStore(EmbeddedStore):
         step = self.tiers[0].step_seconds
         ids = np.array([self._series_id(kind, key, rows.labels.get((kind, key))) for kind, key in rows.keys])
         self.write_head(int(math.floor(at / step) * step), ids, quantize(rows.values))
-        self._written.update(ids.tolist())  # what write_points notes: these series hold head points
+        self._written.mark(ids)  # what write_points notes: these series hold head points
         for table, entries in (
             ("latest_workloads", [(w.uid, (w.uid, w.namespace, w.name, w.project, at), w) for w in workloads]),
             ("latest_projects", [(p.name, (p.name, at), p) for p in projects]),
