@@ -366,6 +366,12 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
     print(f"summary: CPU per {args.status_interval:g}s cycle mean {statistics.mean(steady):.2f} s, max {max(steady):.2f} s "
           f"(steady cycles; of the mean, {statistics.mean(steady_system):.2f} s in the kernel); RSS {rss_mib():.0f} MiB, peak {rss_mib('VmHWM'):.0f} MiB; state file {runtime.state_path.stat().st_size / 1e6:.1f} MB; "
           f"API requests {client.requests}, retries {client.retries}")
+    if runtime.store is not None and hasattr(runtime.store, "_writer"):
+        from tests.unit.store.pagecache import page_cache_mib
+
+        cache = page_cache_mib(runtime.store._writer)
+        if cache is not None:
+            print(f"store: the writing connection's page cache {cache:.1f} MiB (part of the RSS)")
     if args.memory_report:
         import tracemalloc
 

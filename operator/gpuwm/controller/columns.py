@@ -18,7 +18,6 @@ from pydantic import ValidationError
 
 from gpuwm.accounting.state import SampleBatch
 from gpuwm.agent.columns import DEVICE_FIELDS, NUMBER_COLUMNS
-from gpuwm.model.compact import intern_strings, share_fields_set
 from gpuwm.model.sample import GpuSample, ProcessSample
 
 Floats = npt.NDArray[numpy.float64]
@@ -49,11 +48,41 @@ class Processes:
     empty: set[int]
 
 
+@dataclass(frozen=True, slots=True)
+class DeviceEntry:
+    """A `gpus` entry's device fields (DEVICE_FIELDS, in that order), validated as GpuSample validates them.
+
+    Kept for every device between pulls (`_DEVICES`): ~0.1 KiB each, where a GpuSample of the same
+    fields (with every other field's default) was ~1 KiB.
+    """
+
+    uuid: str
+    node: str
+    index: int | None
+    model: str | None
+    parent_uuid: str | None
+    mig_profile: str | None
+    device_units: float
+    memory_total_bytes: float | None
+    power_limit_watts: float | None
+
+    def sample_fields(self) -> dict[str, Any]:
+        """A GpuSample's fields of this device: its device fields, every other field's default."""
+        fields = dict(_SAMPLE_DEFAULTS)
+        for name in DEVICE_FIELDS:
+            fields[name] = getattr(self, name)
+        return fields
+
+
+#: every GpuSample field's default, in field order (the device fields and `t` are always set over them)
+_SAMPLE_DEFAULTS: dict[str, Any] = dict(GpuSample(t=0.0, node="-", uuid="-").__dict__)
+
+
 @dataclass
 class SampleColumns:
     """One agent's samples as arrays (NaN where not reported), rows in the agent's sequence order."""
 
-    devices: list[GpuSample]  # one per `gpus` entry: its device fields (t and the figures unset)
+    devices: list[DeviceEntry]  # one per `gpus` entry
     gpu: Ints
     t: Floats
     healthy: npt.NDArray[numpy.bool_]
@@ -108,7 +137,7 @@ class SampleColumns:
         devices, errors, processes = self.devices, self.errors, self.processes
         built = []
         for row, gpu, t, ok, numbers in zip(rows, gpus, times, healthy, figures, strict=True):
-            fields = dict(devices[gpu].__dict__)  # its device fields (and placeholders for the rest)
+            fields = devices[gpu].sample_fields()  # its device fields (and placeholders for the rest)
             fields.update(zip(NUMBER_COLUMNS, numbers, strict=True))
             if numbers[seq] is not None:
                 fields["seq"] = int(numbers[seq])
@@ -246,8 +275,8 @@ def join(parts: list[SampleColumns]) -> SampleColumns:
 
 
 #: validated `gpus` entries by their values: agents repeat the same entries in every pull
-_DEVICES: dict[tuple[Any, ...], GpuSample] = {}
-_DEVICES_KEPT = 20_000  # ~1 KiB each; a fleet with more distinct entries re-validates (as without the cache)
+_DEVICES: dict[tuple[Any, ...], DeviceEntry] = {}
+_DEVICES_KEPT = 20_000  # a fleet with more distinct entries re-validates (as without the cache)
 #: the fast path's table rows: `gpu`, `t`, then NUMBER_COLUMNS
 _TABLE = ("gpu", "t", *NUMBER_COLUMNS)
 _LOW = numpy.array([0.0, -numpy.inf] + [-numpy.inf if _BOUNDS[name][0] is None else _BOUNDS[name][0]
@@ -323,7 +352,7 @@ def _table(raw: Mapping[str, Any], count: int, devices: int) -> Floats | None:
     return None if wrong else table
 
 
-def _device(position: int, entry: Any) -> GpuSample:
+def _device(position: int, entry: Any) -> DeviceEntry:
     """A `gpus` entry, validated as GpuSample validates those fields (once per distinct entry)."""
     if not isinstance(entry, dict):
         raise ValueError(f"gpus[{position}]: expected an object")
@@ -335,18 +364,27 @@ def _device(position: int, entry: Any) -> GpuSample:
     if known is not None:
         return known
     try:
-        device = GpuSample.model_validate({name: entry.get(name) for name in DEVICE_FIELDS
-                                           if entry.get(name) is not None} | {"t": 0.0})
+        validated = GpuSample.model_validate({name: entry.get(name) for name in DEVICE_FIELDS
+                                              if entry.get(name) is not None} | {"t": 0.0})
     except ValidationError as error:
         first = error.errors()[0]
         raise ValueError(f"gpus[{position}].{'.'.join(map(str, first['loc']))}: {first['msg']}") from None
-    share_fields_set(device)  # which fields the agent sent: one set per distinct content
-    intern_strings(device)  # the device's UUID, node and model: one copy, shared with the engine's and holders'
+    # the device's UUID, node and model: the interpreter's one copy, shared with the engine's and the holders'
+    device = DeviceEntry(
+        uuid=sys.intern(validated.uuid), node=sys.intern(validated.node), index=validated.index,
+        model=_interned(validated.model), parent_uuid=_interned(validated.parent_uuid),
+        mig_profile=_interned(validated.mig_profile), device_units=validated.device_units,
+        memory_total_bytes=validated.memory_total_bytes, power_limit_watts=validated.power_limit_watts,
+    )
     if key:
         if len(_DEVICES) >= _DEVICES_KEPT:
             _DEVICES.clear()
         _DEVICES[tuple(sys.intern(value) if type(value) is str else value for value in key)] = device
     return device
+
+
+def _interned(text: str | None) -> str | None:
+    return None if text is None else sys.intern(text)
 
 
 def _errors(raw: Any, count: int) -> dict[int, str]:

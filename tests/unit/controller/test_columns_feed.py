@@ -192,3 +192,17 @@ async def test_the_puller_asks_for_columns_pages_them_and_tracks_since(caplog: p
             assert any("column 'sm_percent' row 0: 250 is above 100" in record.message for record in caplog.records)
         finally:
             await puller.close()
+
+
+def test_device_entries_hold_the_agents_device_fields_in_order() -> None:
+    """`DeviceEntry.sample_fields` sets DEVICE_FIELDS by name: the two lists must not drift apart."""
+    import dataclasses
+
+    from gpuwm.agent.columns import DEVICE_FIELDS
+    from gpuwm.controller.columns import DeviceEntry
+
+    assert tuple(field.name for field in dataclasses.fields(DeviceEntry)) == DEVICE_FIELDS
+    entry = DeviceEntry("MIG-1", "n1", 0, "NVIDIA A100", "GPU-0", "3g.40gb", 3 / 7, 4e10, None)
+    fields = entry.sample_fields()
+    assert list(fields) == list(GpuSample.model_fields)
+    assert GpuSample.model_validate({**fields, "t": 5.0}).model_dump() == {**fields, "t": 5.0}

@@ -28,6 +28,7 @@ from gpuwm.store.codec import MISSING, decode_head, quantize
 from gpuwm.store.embedded import EmbeddedStore
 from gpuwm.store.rows import build_rows
 
+from .pagecache import page_cache_mib
 from .store_data import cluster, project, sample, workload
 
 
@@ -184,19 +185,10 @@ def test_latest_json_cache_forgets_workloads_no_longer_reported(tmp_path: Path) 
 
 
 def _page_cache_mib(connection: sqlite3.Connection) -> float:
-    """SQLITE_DBSTATUS_CACHE_USED of a connection, through the C API (the sqlite3 module does not expose it)."""
-    import _sqlite3
-    import ctypes
-
-    try:
-        db_status = ctypes.CDLL(_sqlite3.__file__).sqlite3_db_status
-    except (OSError, AttributeError):
+    found = page_cache_mib(connection)
+    if found is None:
         pytest.skip("sqlite3_db_status is not reachable from this Python's _sqlite3 module")
-    # pysqlite_Connection starts with PyObject_HEAD (two pointers), then `sqlite3 *db`
-    handle = ctypes.c_void_p.from_address(id(connection) + 2 * ctypes.sizeof(ctypes.c_void_p)).value
-    current, highest = ctypes.c_int(), ctypes.c_int()
-    assert db_status(ctypes.c_void_p(handle), 1, ctypes.byref(current), ctypes.byref(highest), 0) == 0
-    return current.value / 2**20
+    return found
 
 
 @pytest.mark.parametrize("reopened", [False, True])
