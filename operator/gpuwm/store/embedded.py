@@ -51,8 +51,9 @@ from gpuwm.store.tiers import Tier, parse_tiers
 
 log = logging.getLogger(__name__)
 
-#: page cache of the writing connection (readers keep the bigger cache and mmap of `_connect`)
-WRITER_CACHE_KIB = 16 * 1024
+#: page cache of the writing connection (readers keep the bigger cache and mmap of `_connect`): 8 MiB gives
+#: the same record() CPU as 16 at 1,000 nodes, compaction slices included (bench/api.py), 8 MiB less RSS
+WRITER_CACHE_KIB = 8 * 1024
 #: compaction of a closed span is spread over the first 1/_COMPACTION_SPREAD of the next span's intervals
 _COMPACTION_SPREAD = 2
 #: workload phases whose figures change every interval (new objects: not worth keeping to compare)
