@@ -406,8 +406,9 @@ class SampleIntake:
     """
 
     #: a batch this long amortises numpy's fixed cost; the whole pull at once (120,000 rows at 1 Hz) raised the
-    #: controller's peak RSS by ~90 MiB (the engine's per-row intermediates), 40,000 by ~35 MiB
-    FLUSH_ROWS = 40_000
+    #: controller's peak RSS by ~90 MiB (the engine's per-row intermediates), 40,000 by ~35 MiB; 10,000 (a merged
+    #: pull of 1,000 nodes in 3 batches) by ~15 MiB, at the same CPU per cycle (bench/controller.py --phase-peaks)
+    FLUSH_ROWS = 10_000
 
     def __init__(self, engine: Engine, holders_by_node: dict[str, list[DeviceHolder]] | None = None) -> None:
         self.engine = engine
