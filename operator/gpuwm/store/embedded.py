@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 WRITER_CACHE_KIB = 8 * 1024
 #: compaction of a closed span is spread over the first 1/_COMPACTION_SPREAD of the next span's intervals
 _COMPACTION_SPREAD = 2
+#: latest-figures rows written per statement: all 4,000 workloads' JSON at once was ~12 MiB of the record's peak
+_LATEST_ROWS_PER_WRITE = 256
 #: workload phases whose figures change every interval (new objects: not worth keeping to compare)
 _LIVE_PHASES = frozenset({"Running", "Pending"})
 
@@ -255,7 +257,8 @@ class EmbeddedStore(Store):
         known = self._latest_json
         objects = self._latest_objects
         kept: dict[str, object] = {}
-        changed = []
+        changed: list[tuple[object, ...]] = []
+        statement = ""
         reported: set[str] = set()
         for key, columns, figures in entries:
             cache_key = f"{table}:{key}"
@@ -269,6 +272,10 @@ class EmbeddedStore(Store):
             if known.get(cache_key) != digest:
                 known[cache_key] = digest
                 changed.append((*columns, dumped.decode()))
+                if len(changed) >= _LATEST_ROWS_PER_WRITE:  # a bounded batch of JSON in memory at a time
+                    statement = statement or _insert_statement(table, len(changed[0]))
+                    self._writer.executemany(statement, changed)
+                    changed.clear()
         prefix = f"{table}:"
         for cache_key in [cache_key for cache_key in objects if cache_key.startswith(prefix)]:
             del objects[cache_key]
@@ -276,8 +283,7 @@ class EmbeddedStore(Store):
         for cache_key in [cache_key for cache_key in known if cache_key.startswith(prefix) and cache_key not in reported]:
             del known[cache_key]
         if changed:
-            placeholders = ", ".join("?" * len(changed[0]))
-            self._writer.executemany(f"INSERT OR REPLACE INTO {table} VALUES ({placeholders})", changed)
+            self._writer.executemany(statement or _insert_statement(table, len(changed[0])), changed)
 
     def write_points(self, at: float, rows: Rows) -> None:
         """Append one interval of rows to the head (inside the caller's transaction)."""
@@ -595,3 +601,7 @@ class _IdMarks:
 
     def marked(self, series_id: int) -> bool:
         return 0 <= series_id < len(self._flags) and bool(self._flags[series_id])
+
+
+def _insert_statement(table: str, columns: int) -> str:
+    return f"INSERT OR REPLACE INTO {table} VALUES ({', '.join('?' * columns)})"

@@ -218,3 +218,24 @@ def test_writer_page_cache_stays_within_its_size(tmp_path: Path, reopened: bool)
         assert cache_mib <= 1.2 * WRITER_CACHE_KIB / 1024, f"writer page cache {cache_mib:.1f} MiB"
     finally:
         store.close()
+
+
+def test_latest_figures_of_more_workloads_than_one_write_holds_are_all_kept(tmp_path: Path) -> None:
+    """The latest-figures rows go in bounded batches (`_LATEST_ROWS_PER_WRITE`): every one still lands, once."""
+    from gpuwm.store.embedded import _LATEST_ROWS_PER_WRITE
+
+    count = 2 * _LATEST_ROWS_PER_WRITE + 7
+    store = EmbeddedStore(tmp_path / "gpuwm.db")
+    try:
+        for interval, utilization in enumerate((40.0, 70.0)):
+            workloads = [workload(f"w{index:04d}", [(f"GPU-{index}", 1.0, utilization)], node=f"node-{index % 9}")
+                         for index in range(count)]
+            samples = [sample(1000.0 + 15 * interval, f"GPU-{index}", node=f"node-{index % 9}")
+                       for index in range(count)]
+            store.record(1000.0 + 15 * interval, samples, workloads, [project("alpha", workloads)], cluster(count))
+        stored = store.workloads()
+        assert len(stored) == count
+        assert {figures.name for figures in stored} == {f"w{index:04d}" for index in range(count)}
+        assert {figures.gpus[0].utilization_percent for figures in stored} == {70.0}
+    finally:
+        store.close()
