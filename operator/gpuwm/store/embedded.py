@@ -56,7 +56,8 @@ log = logging.getLogger(__name__)
 WRITER_CACHE_KIB = 8 * 1024
 #: compaction of a closed span is spread over the first 1/_COMPACTION_SPREAD of the next span's intervals
 _COMPACTION_SPREAD = 2
-#: latest-figures rows written per statement: all 4,000 workloads' JSON at once was ~12 MiB of the record's peak
+#: latest-figures rows written per statement: the JSON held at once is bounded (4,000 workloads' is ~12 MiB;
+#: at 1,000 nodes the cycle's RSS peak did not move, bench/README: it bounds that memory for larger fleets)
 _LATEST_ROWS_PER_WRITE = 256
 #: workload phases whose figures change every interval (new objects: not worth keeping to compare)
 _LIVE_PHASES = frozenset({"Running", "Pending"})
