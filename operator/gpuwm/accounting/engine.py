@@ -512,6 +512,13 @@ class EngineCore:
             self._apply_interval(gpu, index, low, high, stretches, sign)
             index += 1
 
+    def _monitored(self, gpu: Gpu, index: int) -> bool:
+        """Whether g's sample `index` (>= 1) leaves its interval monitored: SM reported (not NaN), and at most
+        the gap since the sample before; a sample of merged polls by the gap before its run's first poll,
+        t - merged - previous t (`batch._apply_pieces` is the vectorised twin)."""
+        sm, times = gpu.sm[index], gpu.times
+        return sm == sm and times[index] - gpu.merged[index] - times[index - 1] <= self._gap
+
     def _workload_utilization(self, gpu: Gpu, index: int, workload: Workload, start: float, end: float) -> float:
         """W's utilisation on g over (start, end] within interval `index` (DESIGN §3).
 
@@ -548,9 +555,7 @@ class EngineCore:
             monitored = False
         else:
             start = times[index - 1]
-            sm = gpu.sm[index]
-            # sm is NaN when not reported; merged polls: only the gap before the first counts
-            monitored = sm == sm and end - gpu.merged[index] - start <= self._gap
+            monitored = self._monitored(gpu, index)
             joules, previous_joules = gpu.energy[index], gpu.energy[index - 1]
             if joules == joules and previous_joules == previous_joules:
                 energy = max(0.0, joules - previous_joules) / (end - start)  # joules per second
@@ -562,7 +567,7 @@ class EngineCore:
         # read once here, not per stretch
         device_utilization = None
         if monitored and gpu.pod_sm[index] is None:
-            device_utilization = sm
+            device_utilization = gpu.sm[index]
         memory = gpu.memory[index]
         threshold = self._threshold
         for stretch in stretches:
@@ -617,7 +622,7 @@ class EngineCore:
         else:
             start = times[index - 1]
             sm = gpu.sm[index]
-            monitored = sm == sm and end - gpu.merged[index] - start <= self._gap
+            monitored = self._monitored(gpu, index)
             joules, previous_joules = gpu.energy[index], gpu.energy[index - 1]
             if joules == joules and previous_joules == previous_joules:
                 energy = max(0.0, joules - previous_joules) / (end - start)
@@ -674,8 +679,7 @@ class EngineCore:
                 start = times[index - 1]
                 if end <= stretch.start:
                     break
-                sm = gpu.sm[index]
-                if sm == sm and end - gpu.merged[index] - start <= self._gap and start < low:
+                if start < low and self._monitored(gpu, index):
                     piece_start, piece_end = max(start, stretch.start), min(end, low, stretch.end)
                     utilization = self._workload_utilization(gpu, index, stretch.workload, piece_start, piece_end)
                     if piece_end > piece_start and utilization >= self._threshold:
