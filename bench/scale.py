@@ -28,6 +28,7 @@ from pathlib import Path
 
 from _simcluster import SimulatedAgents, SimulatedController, lost_gpu_seconds, rss_mib
 from gpuwm.config import parse_duration_seconds
+from gpuwm.controller.gctuning import limit_malloc_arenas
 from gpuwm.sim.simulator import SimConfig
 
 GIB = 1024.0**3
@@ -112,6 +113,7 @@ def main() -> None:
     parser.add_argument("--growth-duration", default="1m", help="simulated time of each growth run")
     parser.add_argument("--seed", type=int, default=1)
     arguments = parser.parse_args()
+    limit_malloc_arenas()  # as `gpuwm controller` does, before any thread allocates
     print(f"machine: {platform.machine()} {platform.processor() or ''}, {__import__('os').cpu_count()} CPUs, "
           f"Python {platform.python_version()}, {platform.platform()}", flush=True)
     rows = []

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuwm.config import ConfigError, Settings, add_settings_arguments, settings_from_arguments
+from gpuwm.controller.gctuning import limit_malloc_arenas
 
 FIELDS = (
     "log_format", "log_level", "namespace", "standalone", "peering_name", "liveness",
@@ -82,6 +83,7 @@ def run(arguments: argparse.Namespace) -> int:
     from gpuwm.controller import handlers
 
     _configure_logging(settings)
+    limit_malloc_arenas()  # before any thread allocates (kopf's, the store's)
     raise_open_files_limit()
     handlers.configure(settings)
     operator_settings = kopf.OperatorSettings()
