@@ -51,9 +51,10 @@ from gpuwm.store.tiers import Tier, parse_tiers
 
 log = logging.getLogger(__name__)
 
-#: page cache of the writing connection (readers keep the bigger cache and mmap of `_connect`): 8 MiB gives
-#: the same record() CPU as 16 at 1,000 nodes, compaction slices included (bench/api.py), 8 MiB less RSS
-WRITER_CACHE_KIB = 8 * 1024
+#: page cache of the writing connection (readers keep the bigger cache and mmap of `_connect`): at 1,000 nodes
+#: record() takes the same CPU with 2, 4, 8 or 16 MiB, compaction slices included (bench/api.py); 4 MiB keeps an
+#: interval's head pages (~390 blocks' leaves and the tree above them) with room to spare, 12 MiB less RSS than 16
+WRITER_CACHE_KIB = 4 * 1024
 #: compaction of a closed span is spread over the first 1/_COMPACTION_SPREAD of the next span's intervals
 _COMPACTION_SPREAD = 2
 #: latest-figures rows written per statement: the JSON held at once is bounded (4,000 workloads' is ~12 MiB;
