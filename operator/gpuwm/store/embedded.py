@@ -55,6 +55,8 @@ log = logging.getLogger(__name__)
 #: record() takes the same CPU with 2, 4, 8 or 16 MiB, compaction slices included (bench/api.py); 4 MiB keeps an
 #: interval's head pages (~390 blocks' leaves and the tree above them) with room to spare, 12 MiB less RSS than 16
 WRITER_CACHE_KIB = 4 * 1024
+#: rows quantized at a time when an interval goes into the head (bounds the temporaries, see `write_head`)
+_QUANTIZE_ROWS = 2048
 #: compaction of a closed span is spread over the first 1/_COMPACTION_SPREAD of the next span's intervals
 _COMPACTION_SPREAD = 2
 #: latest-figures rows written per statement: the JSON held at once is bounded (4,000 workloads' is ~12 MiB;
@@ -305,17 +307,25 @@ class EmbeddedStore(Store):
             self._ids_of = (rows.keys, ids)
             self._written.mark(ids)
         step = self.tiers[0].step_seconds
-        self.write_head(int(math.floor(at / step) * step), ids, quantize(rows.values))
+        self.write_head(int(math.floor(at / step) * step), ids, rows.values)
 
-    def write_head(self, bucket: int, ids: IntArray, values: IntArray) -> None:
-        """Head rows of one interval: `values[i]` (quantized) is series `ids[i]`'s row at `bucket`."""
+    def write_head(self, bucket: int, ids: IntArray, values: IntArray | FloatArray) -> None:
+        """Head rows of one interval: `values[i]` is series `ids[i]`'s row at `bucket`, quantized already
+        (integers) or as floats, which go into the blocks quantized a slice of rows at a time: a whole
+        interval's quantized copy and its temporaries (~4 MiB each at 25,000 series) were alive at once."""
         if ids is self._blocks_of[0]:
             blocks, inverse = self._blocks_of[1]
         else:
             blocks, inverse = np.unique(ids // BLOCK, return_inverse=True)
             self._blocks_of = (ids, (blocks, inverse))
         grid = np.full((len(blocks), BLOCK, METRIC_COUNT), MISSING, dtype=np.int64)
-        grid[inverse, ids % BLOCK] = values
+        if values.dtype.kind == "f":
+            offsets = ids % BLOCK
+            for low in range(0, len(ids), _QUANTIZE_ROWS):
+                high = low + _QUANTIZE_ROWS
+                grid[inverse[low:high], offsets[low:high]] = quantize(values[low:high])
+        else:
+            grid[inverse, ids % BLOCK] = values
         block_list = [int(block) for block in blocks]
         if self._latest_bucket is None or bucket <= self._latest_bucket:
             # a second write into an interval: series written before and absent now keep their row

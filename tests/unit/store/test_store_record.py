@@ -239,3 +239,31 @@ def test_latest_figures_of_more_workloads_than_one_write_holds_are_all_kept(tmp_
         assert {figures.gpus[0].utilization_percent for figures in stored} == {70.0}
     finally:
         store.close()
+
+
+def test_float_rows_go_into_the_head_as_their_quantized_values_across_slices(tmp_path: Path) -> None:
+    """write_head quantizes float rows a slice at a time: the blocks hold what one quantize of them all gives."""
+    from gpuwm.store import embedded
+    from gpuwm.store.codec import METRIC_COUNT
+
+    rng = np.random.default_rng(7)
+    count = 3 * embedded._QUANTIZE_ROWS + 11  # more than two slices, the last one short
+    ids = rng.permutation(np.arange(1, 2 * count, dtype=np.int64))[:count]  # scattered over blocks, unordered
+    values = rng.normal(50.0, 40.0, size=(count, METRIC_COUNT)) * rng.choice([1e-3, 1.0, 1e9], size=(count, 1))
+    values[rng.random(values.shape) < 0.1] = np.nan
+    values[0, 0] = np.inf
+    heads = []
+    for name, given in (("floats", values), ("ints", quantize(values))):
+        store = EmbeddedStore(tmp_path / f"{name}.db")
+        try:
+            store.write_head(1500, ids, given)
+            heads.append(store._writer.execute("SELECT block, t, data FROM head ORDER BY block").fetchall())
+        finally:
+            store.close()
+    assert len(heads[0]) > 1
+    assert [(block, t) for block, t, _ in heads[0]] == [(block, t) for block, t, _ in heads[1]]
+    for (_, _, floats), (_, _, ints) in zip(heads[0], heads[1], strict=True):
+        np.testing.assert_array_equal(decode_head(floats), decode_head(ints))
+    first = int(np.argmin(ids))  # one row read back: the value stored is the float quantized
+    block_rows = decode_head(heads[0][0][2])
+    np.testing.assert_array_equal(block_rows[ids[first] % embedded.BLOCK], quantize(values[first:first + 1])[0])
