@@ -24,6 +24,7 @@ import sqlite3
 import threading
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 from pydantic import BaseModel
@@ -320,10 +321,11 @@ class EmbeddedStore(Store):
             self._blocks_of = (ids, (blocks, inverse))
         grid = np.full((len(blocks), BLOCK, METRIC_COUNT), MISSING, dtype=np.int64)
         if values.dtype.kind == "f":
+            floats = cast(FloatArray, values)
             offsets = ids % BLOCK
             for low in range(0, len(ids), _QUANTIZE_ROWS):
                 high = low + _QUANTIZE_ROWS
-                grid[inverse[low:high], offsets[low:high]] = quantize(values[low:high])
+                grid[inverse[low:high], offsets[low:high]] = quantize(floats[low:high])
         else:
             grid[inverse, ids % BLOCK] = values
         block_list = [int(block) for block in blocks]

@@ -664,28 +664,35 @@ def _aggregate(
     values = np.full((count, len(METRIC_NAMES)), np.nan)
     pair_units = parts.units[pairs_p]
     values[:, METRIC_INDEX["gpu_allocated"]] = np.bincount(pairs_s, weights=pair_units, minlength=count)
-    rows = parts.sample[pairs_p]  # -1 (no sample): the NaN column
 
     def sums(terms: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """Per series: the sum of its non-NaN terms, and how many there are."""
+        """Per series: the sum of its non-NaN terms, and how many there are (`terms` is overwritten)."""
         has = ~np.isnan(terms)
-        total: FloatArray = np.bincount(pairs_s, weights=np.where(has, terms, 0.0), minlength=count).astype(np.float64, copy=False)
+        terms[~has] = 0.0
+        total: FloatArray = np.bincount(pairs_s, weights=terms, minlength=count).astype(np.float64, copy=False)
         seen: FloatArray = np.bincount(pairs_s, weights=has, minlength=count).astype(np.float64, copy=False)
         return total, seen
 
-    per_device = per_device_series[pairs_s]
-    weight = np.where(per_device | (pair_units <= 0), 1.0, pair_units)
+    # each pair-long temporary is dropped once used: a few are ~1 MiB each at 1,000 nodes, and all of them
+    # alive together made the store thread's peak
+    weight = np.where(per_device_series[pairs_s] | (pair_units <= 0), 1.0, pair_units)
+    del pair_units
     util = parts.util[pairs_p]
     util_sum, _ = sums(util * weight)
-    util_weight, _ = sums(np.where(np.isnan(util), np.nan, weight))
+    weight[np.isnan(util)] = np.nan
+    del util
+    util_weight, _ = sums(weight)
+    del weight
     with np.errstate(invalid="ignore", divide="ignore"):
         values[:, METRIC_INDEX["gpu_utilization_percent"]] = np.where(
             util_weight > 0, util_sum / util_weight, np.nan
         )
+    rows = parts.sample[pairs_p]  # -1 (no sample): the NaN column
     share = parts.share[pairs_p]
     for position, column in enumerate(_SHARED_COLUMNS):
         total, seen = sums(columns[position][rows] * share)
         values[:, column] = np.where(seen > 0, total, np.nan)
+    del share
     used = values[:, _SHARED_COLUMNS[0]]
     total = values[:, _SHARED_COLUMNS[1]]
     with np.errstate(invalid="ignore", divide="ignore"):

@@ -244,7 +244,7 @@ def test_latest_figures_of_more_workloads_than_one_write_holds_are_all_kept(tmp_
 def test_float_rows_go_into_the_head_as_their_quantized_values_across_slices(tmp_path: Path) -> None:
     """write_head quantizes float rows a slice at a time: the blocks hold what one quantize of them all gives."""
     from gpuwm.store import embedded
-    from gpuwm.store.codec import METRIC_COUNT
+    from gpuwm.store.codec import BLOCK, METRIC_COUNT
 
     rng = np.random.default_rng(7)
     count = 3 * embedded._QUANTIZE_ROWS + 11  # more than two slices, the last one short
@@ -266,4 +266,4 @@ def test_float_rows_go_into_the_head_as_their_quantized_values_across_slices(tmp
         np.testing.assert_array_equal(decode_head(floats), decode_head(ints))
     first = int(np.argmin(ids))  # one row read back: the value stored is the float quantized
     block_rows = decode_head(heads[0][0][2])
-    np.testing.assert_array_equal(block_rows[ids[first] % embedded.BLOCK], quantize(values[first:first + 1])[0])
+    np.testing.assert_array_equal(block_rows[ids[first] % BLOCK], quantize(values[first:first + 1])[0])
