@@ -407,8 +407,9 @@ class SampleIntake:
 
     #: a batch this long amortises numpy's fixed cost; the whole pull at once (120,000 rows at 1 Hz) raised the
     #: controller's peak RSS by ~90 MiB (the engine's per-row intermediates), 40,000 by ~35 MiB; 10,000 (a merged
-    #: pull of 1,000 nodes in 3 batches) by ~15 MiB, at the same CPU per cycle (bench/controller.py --phase-peaks)
-    FLUSH_ROWS = 10_000
+    #: pull of 1,000 nodes in 3 batches) by ~12 MiB; 5,000 by ~9, at the same CPU per cycle each time
+    #: (bench/controller.py --phase-peaks)
+    FLUSH_ROWS = 5_000
 
     def __init__(self, engine: Engine, holders_by_node: dict[str, list[DeviceHolder]] | None = None) -> None:
         self.engine = engine
