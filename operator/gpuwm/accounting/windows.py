@@ -30,7 +30,7 @@ _MIN_CAPACITY_SEGMENTS = 128
 #: of single polls) kept ~230 segments per workload where ~130 hold the hour
 _FOLD_AFTER_SEGMENTS = 64
 _NUMPY_FROM_SEGMENTS = 24  # below this a plain loop is faster than numpy's call overhead
-_WORKLOADS_PER_PASS = 256  # workloads per numpy pass over segments: ~10 MiB of temporaries at 1 Hz
+_WORKLOADS_PER_PASS = 128  # workloads per numpy pass over segments: ~5 MiB of temporaries at 1 Hz
 _TRIM_FROM_SEGMENTS = 8  # segments past the hour are dropped once this many lead (see `_trim`)
 
 
