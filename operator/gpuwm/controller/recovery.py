@@ -23,7 +23,7 @@ from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
 from gpuwm.controller.owners import parse_kubernetes_time
 from gpuwm.controller.persistence import load_state
 from gpuwm.controller.pods import TrackedPod
-from gpuwm.controller.status import MANAGED_BY, MANAGED_BY_LABEL
+from gpuwm.controller.status import MANAGED_BY, MANAGED_BY_LABEL, memo_from_json, memo_to_json, remembered
 from gpuwm.controller.writer import API_VERSION, PROJECT_PLURAL, WORKLOAD_PLURAL
 from gpuwm.model.crd import Condition
 from gpuwm.model.trace import TraceWorkload
@@ -78,8 +78,7 @@ def snapshot_state(runtime: ControllerRuntime, now: float, lazy: bool = False) -
                  else [_pod_to_json(pod) for pod in runtime.pods.values()]),
         "sent": runtime.sent,
         "cr_names": runtime.cr_names,
-        "conditions": {uid: [c.model_dump(mode="json", by_alias=True) for c in conditions]
-                       for uid, conditions in runtime.conditions.items()},
+        "conditions": {uid: [memo_to_json(memo) for memo in memos] for uid, memos in runtime.conditions.items()},
         "idle_announced": sorted(runtime.idle_events.announced),
         "latest_sample_time": runtime.latest_sample_time,
         "baselines": runtime.baselines,
@@ -143,8 +142,9 @@ def _restore_state(runtime: ControllerRuntime, state: dict[str, Any]) -> None:
     runtime.pods = {pod.uid: pod for pod in map(_pod_from_json, state.get("pods") or [])}
     runtime.sent = {str(k): str(v) for k, v in (state.get("sent") or {}).items()}
     runtime.cr_names.update({str(k): str(v) for k, v in (state.get("cr_names") or {}).items()})
+    # states saved before the memos hold whole conditions: their type, status and time are read alike
     runtime.conditions = {
-        uid: [Condition.model_validate(c) for c in conditions] for uid, conditions in (state.get("conditions") or {}).items()
+        uid: tuple(memo_from_json(c) for c in conditions) for uid, conditions in (state.get("conditions") or {}).items()
     }
     runtime.idle_events.announced = set(state.get("idle_announced") or [])
     runtime.latest_sample_time = state.get("latest_sample_time")
@@ -216,7 +216,7 @@ def _conditions_from_crs(runtime: ControllerRuntime, items: list[dict[str, Any]]
         if not uid or not isinstance(written, list):
             continue
         try:
-            conditions = [Condition.model_validate(condition) for condition in written]
+            conditions = remembered([Condition.model_validate(condition) for condition in written])
         except ValueError:
             continue  # not ours to judge: the next write replaces them
         runtime.conditions[str(uid)] = conditions

@@ -53,11 +53,13 @@ from gpuwm.controller.pods import (
 from gpuwm.controller.ratelimit import TokenBucket
 from gpuwm.controller.sharing import SharingSource
 from gpuwm.controller.status import (
+    ConditionMemo,
     dns_name,
     label_value,
     project_counters,
     project_signature,
     project_status_body,
+    remembered,
     workload_counters,
     workload_cr_name,
     workload_labels,
@@ -66,7 +68,6 @@ from gpuwm.controller.status import (
 )
 from gpuwm.controller.units import NodeSharing
 from gpuwm.controller.writer import PROJECT_PLURAL, WORKLOAD_PLURAL, Desired, StatusWriter
-from gpuwm.model.crd import Condition
 from gpuwm.model.figures import ProjectFigures, WorkloadFigures
 from gpuwm.model.trace import NamespaceEvent
 
@@ -124,7 +125,7 @@ class ControllerRuntime:
         self.agent_pod_urls: Callable[[], Mapping[str, str]] = dict
         self.cr_names: dict[str, str] = {}  # workload uid -> GPUWorkloadMetrics name ("" for none)
         self.cr_owner: dict[tuple[str, str], tuple[str, str, float | None]] = {}  # (ns, name) -> (uid, kind, created)
-        self.conditions: dict[str, list[Condition]] = {}
+        self.conditions: dict[str, tuple[ConditionMemo, ...]] = {}  # each workload's, as last written
         #: workload uid -> (project, CR spec, CR labels): built once, not for each of thousands of CRs each cycle
         self._cr_static: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {}
         #: workload uid -> the settled figures last offered (the engine's own cached object, no extra memory)
@@ -365,7 +366,7 @@ class ControllerRuntime:
             underutilized_percent=self.settings.underutilized_percent,
             previous_conditions=self.conditions.get(figures.uid, ()),
         )
-        self.conditions[figures.uid] = conditions
+        self.conditions[figures.uid] = remembered(conditions)
         return status
 
     def _offer_projects(self, projects: list[ProjectFigures], now: float) -> None:

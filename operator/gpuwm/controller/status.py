@@ -11,11 +11,12 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 from gpuwm.model.crd import (
     MAX_LISTED,
     Condition,
+    ConditionType,
     GpuStatus,
     PodStatus,
     ProjectMetricsStatus,
@@ -67,13 +68,44 @@ def _windows(windows: Windows) -> UtilizationWindows:
     )
 
 
+class ConditionMemo(NamedTuple):
+    """What the next write needs of a condition written before: its status and since when it holds.
+
+    The controller keeps one per condition of every workload between writes (and in its saved
+    state): whole Conditions, their messages included, were ~2.4 KiB a workload, ~9 MiB at 4,000.
+    """
+
+    type: str
+    status: str
+    last_transition_time: str | None
+
+
+def remembered(conditions: Sequence[Condition]) -> tuple[ConditionMemo, ...]:
+    """The memos of conditions just written (see ConditionMemo)."""
+    return tuple(ConditionMemo(c.type, c.status, c.last_transition_time) for c in conditions)
+
+
+def memo_from_json(data: Mapping[str, Any]) -> ConditionMemo:
+    """A memo from a saved one or a condition as written (`type`, `status`, `lastTransitionTime`); ValueError if not."""
+    kind, status, since = data.get("type"), data.get("status"), data.get("lastTransitionTime")
+    if kind not in get_args(ConditionType) or status not in ("True", "False", "Unknown"):
+        raise ValueError(f"not a condition gpuwm writes: type {kind!r}, status {status!r}")
+    if since is not None and not isinstance(since, str):
+        raise ValueError(f"condition {kind}: lastTransitionTime {since!r} is not a time")
+    return ConditionMemo(str(kind), str(status), since)
+
+
+def memo_to_json(memo: ConditionMemo) -> dict[str, Any]:
+    return {"type": memo.type, "status": memo.status, "lastTransitionTime": memo.last_transition_time}
+
+
 def _condition(
     kind: Literal["Sampling", "Idle", "Underutilized"],
     status: Literal["True", "False", "Unknown"],
     reason: str,
     message: str,
     now: float,
-    previous: Mapping[str, Condition],
+    previous: Mapping[str, Condition | ConditionMemo],
 ) -> Condition:
     before = previous.get(kind)
     # the transition time moves only when the status does, as in every Kubernetes condition
@@ -89,10 +121,10 @@ def build_conditions(
     *,
     idle_condition_after_seconds: float = 600.0,
     underutilized_percent: float = 20.0,
-    previous: Sequence[Condition] = (),
+    previous: Sequence[Condition | ConditionMemo] = (),
 ) -> list[Condition]:
-    """Sampling, Idle and Underutilized for one workload."""
-    before: dict[str, Condition] = {condition.type: condition for condition in previous}
+    """Sampling, Idle and Underutilized for one workload; `previous`: those written before (their transition times)."""
+    before: dict[str, Condition | ConditionMemo] = {condition.type: condition for condition in previous}
     running = figures.phase == "Running" and figures.allocated_gpus > 0
     if not running:
         sampling = _condition("Sampling", "Unknown", "NoGpusHeld", "the workload holds no GPUs now", now, before)
@@ -132,7 +164,7 @@ def build_workload_status(
     *,
     idle_condition_after_seconds: float = 600.0,
     underutilized_percent: float = 20.0,
-    previous_conditions: Sequence[Condition] = (),
+    previous_conditions: Sequence[Condition | ConditionMemo] = (),
     observed_generation: int | None = None,
 ) -> WorkloadMetricsStatus:
     """The GPUWorkloadMetrics status for `figures` as of `now` (epoch seconds)."""
@@ -234,7 +266,7 @@ def workload_status_body(
     *,
     idle_condition_after_seconds: float = 600.0,
     underutilized_percent: float = 20.0,
-    previous_conditions: Sequence[Condition] = (),
+    previous_conditions: Sequence[Condition | ConditionMemo] = (),
     observed_generation: int | None = None,
 ) -> tuple[dict[str, Any], list[Condition]]:
     """`build_workload_status(...).model_dump(mode="json", by_alias=True)` and its conditions, ~5x cheaper.
