@@ -45,22 +45,18 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
     """
     if "MALLOC_ARENA_MAX" in os.environ:
         return False
-    try:
-        mallopt: Callable[[int, int], int] = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_ARENA_MAX, arenas))
+    mallopt = _libc_function("mallopt")
+    return mallopt is not None and bool(mallopt(_M_ARENA_MAX, arenas))
 
 
 @functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's `malloc_trim`, or None where the C library has none (musl, macOS)."""
+def _libc_function(name: str) -> Callable[..., int] | None:
+    """A glibc function of this process (`malloc_trim`, `mallopt`), or None where the C library has none (musl, macOS)."""
     try:
-        libc = ctypes.CDLL(None)
-        trim: Callable[[int], int] = libc.malloc_trim
+        function: Callable[..., int] = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
         return None
-    return trim
+    return function
 
 
 def release_free_memory() -> bool:
@@ -71,7 +67,7 @@ def release_free_memory() -> bool:
     cycle's peak between cycles. `malloc_trim(0)` returns them (~40 MiB at 4,000 workloads,
     a few ms of CPU). The peak within a cycle is unchanged.
     """
-    trim = _malloc_trim()
+    trim = _libc_function("malloc_trim")
     if trim is None:
         return False
     trim(0)
