@@ -6,6 +6,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -291,3 +292,26 @@ def test_head_block_round_trip() -> None:
     small = np.full((BLOCK, 19), MISSING, dtype=np.int64)
     small[0, 0] = 0
     assert np.array_equal(decode_head(encode_head(small)), small)
+
+
+def test_a_series_that_starts_inside_the_chunk_is_divided_by_its_gcd() -> None:
+    """A roll-up that starts late (its first points missing, filled with 0) is stored in its own steps.
+
+    Until 2026-11-24 a row whose first 16 differences were 0 kept divisor 1: 0.1 % steps were
+    written in units of 1e-6 %, three bytes a point where one does.
+    """
+    rng = np.random.default_rng(5)
+    steps = rng.integers(0, 1000, size=240).astype(np.int64) * 100_000  # 0.1 % steps, in 1e-6 %
+    late = np.full((1, 19, 240), MISSING, dtype=np.int64)
+    late[0, 0, 100:] = steps[100:]
+    early = np.full((1, 19, 240), MISSING, dtype=np.int64)
+    early[0, 0, :140] = steps[100:]
+    late_data, early_data = encode_chunks(late)[0], encode_chunks(early)[0]
+    assert np.array_equal(decode_chunk(late_data, 240), late[0])
+    assert np.array_equal(decode_chunk(early_data, 240), early[0])
+    # the divisor written for the late row is the gcd of its differences, not 1
+    raw = zlib.decompress(late_data)
+    divisors = np.frombuffer(raw, dtype="<i8", count=19, offset=(19 * 240 + 7) // 8)
+    assert divisors[0] == 100_000
+    # so it costs about what the same points cost at the chunk's start
+    assert len(late_data) <= len(early_data) + 16
