@@ -79,6 +79,7 @@ from gpuwm.model.figures import ProjectFigures, WorkloadFigures  # noqa: E402
 from gpuwm.store import RangeQuery, Series, Store  # noqa: E402
 from gpuwm.store.base import METRIC_INDEX  # noqa: E402
 from gpuwm.store.embedded import EmbeddedStore  # noqa: E402
+from gpuwm.store.schema import PART_COLUMNS  # noqa: E402
 from gpuwm.store.tiers import parse_tiers  # noqa: E402
 
 STEP = 15
@@ -499,12 +500,19 @@ def _complete_span_bytes(store: EmbeddedStore, start: int, end: int) -> dict[int
         first = max(-(-start // span.span_seconds) * span.span_seconds, last - kept)
         if last <= first:
             continue
-        chunks, named, stored = store._writer.execute(
-            "SELECT count(*), coalesce(sum(length(p.data)), 0), "
-            "coalesce((SELECT sum(length(data)) FROM payloads WHERE id IN (SELECT payload FROM chunks "
-            "WHERE tier = ? AND start >= ? AND start < ?)), 0) "
-            "FROM chunks c JOIN payloads p ON p.id = c.payload WHERE c.tier = ? AND c.start >= ? AND c.start < ?",
-            (span.step, first, last, span.step, first, last),
+        # a chunk names one payload per part it has (schema 4; a schema-3 chunk its whole bytes)
+        named_parts = " UNION ALL ".join(
+            f"SELECT {column} AS payload FROM chunks WHERE tier = ? AND start >= ? AND start < ? AND {column} IS NOT NULL"
+            for column in PART_COLUMNS.values())
+        where = (span.step, first, last) * len(PART_COLUMNS)
+        (chunks,) = store._writer.execute(
+            "SELECT count(*) FROM chunks WHERE tier = ? AND start >= ? AND start < ?", (span.step, first, last)
+        ).fetchone()
+        named, stored = store._writer.execute(
+            f"SELECT coalesce(sum(length(p.data)), 0), "
+            f"coalesce((SELECT sum(length(data)) FROM payloads WHERE id IN (SELECT payload FROM ({named_parts}))), 0) "
+            f"FROM ({named_parts}) n JOIN payloads p ON p.id = n.payload",
+            where * 2,
         ).fetchone()
         result[span.step] = (int(chunks), int(named), int(stored), last - first)
     return result

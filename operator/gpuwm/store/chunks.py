@@ -6,8 +6,9 @@ block of series) once their span is over; every coarser tier is rolled up from t
 at that moment (the fine span is a multiple of every coarser step, so its buckets are complete)
 and overlaid onto the coarse chunk, which fills up over many fine spans. Every write here is an
 overlay by time, so compacting the same interval twice, or a late interval after its chunk,
-gives the same chunk. A chunk row names its encoded bytes in `payloads` (schema.py): chunks with
-the same bytes (a one-pod workload's pod, workload and workload_node series) share one copy.
+gives the same chunk. A chunk row names its encoded bytes in `payloads` (schema.py), one payload per
+part of the metrics (codec.PARTS): chunks with the same bytes of a part (a one-GPU pod's device
+figures in its GPU, pod, workload and workload_node series) share one copy.
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from gpuwm.store.codec import (
     MISSING,
     ROLLUP_ZLIB_LEVEL,
     IntArray,
-    decode_chunk,
     decode_head,
-    encode_chunks,
+    decode_parts,
+    encode_parts,
     roll_up,
 )
-from gpuwm.store.schema import store_payloads, sweep_payloads
+from gpuwm.store.schema import PART_COLUMNS, PIECE_CONDITION, SPLIT_COLUMNS, store_payloads, sweep_payloads
 from gpuwm.store.tiers import Tier
 
 #: points per chunk aimed at (15 s x 240 = 1 h; 5 min x 240 = 20 h)
@@ -82,6 +83,30 @@ def _overlay(
     np.copyto(target, source, where=source != MISSING)
 
 
+ChunkRow = tuple[int, int, int, list[tuple[int, bytes]]]
+
+
+def read_chunks(
+    connection: sqlite3.Connection, tier: int, series_ids: Sequence[int], after: int, before: int,
+    parts: Iterable[int] | None = None,
+) -> list[ChunkRow]:
+    """(series id, start, points, [(part, bytes), ...]) of the chunks of `tier` with after < start < before,
+    with the bytes of the `parts` asked for (default: all) that each chunk has."""
+    columns = [(part, column) for part, column in PART_COLUMNS.items() if parts is None or part in parts]
+    joins = " ".join(f"LEFT JOIN payloads p{part} ON p{part}.id = c.{column}" for part, column in columns)
+    placeholders = ",".join("?" * len(series_ids))
+    rows = connection.execute(
+        f"SELECT c.series_id, c.start, c.points, {', '.join(f'p{part}.data' for part, _ in columns)} FROM chunks c "
+        f"{joins} WHERE c.tier = ? AND c.series_id IN ({placeholders}) AND c.start > ? AND c.start < ?",
+        (tier, *series_ids, after, before),
+    ).fetchall()
+    return [
+        (row[0], row[1], row[2], [(part, data) for (part, _), data in zip(columns, row[3:], strict=True)
+                                  if data is not None])
+        for row in rows
+    ]
+
+
 class ChunkWriter:
     """Writes chunks inside the caller's transaction (the store's writing connection)."""
 
@@ -94,26 +119,16 @@ class ChunkWriter:
     ) -> tuple[IntArray | None, bool]:
         """The stored chunks of `span`'s tier within [start, start + points * step) laid onto one grid
         [S, M, points] (None if there are none), and whether a whole-span chunk is among them."""
-        placeholders = ",".join("?" * len(series_ids))
-        rows = self.connection.execute(
-            f"SELECT c.series_id, c.start, c.points, c.payload, p.data FROM chunks c "
-            f"JOIN payloads p ON p.id = c.payload WHERE c.tier = ? AND c.start >= ? AND c.start < ? "
-            f"AND c.series_id IN ({placeholders})",
-            (span.step, start, start + points * span.step, *series_ids),
-        ).fetchall()
+        rows = read_chunks(self.connection, span.step, series_ids, start - 1, start + points * span.step)
         if not rows:
             return None, False
         position = {series_id: index for index, series_id in enumerate(series_ids)}
         result = np.full((len(series_ids), METRIC_COUNT, points), MISSING, dtype=np.int64)
         whole = False
-        decoded: dict[tuple[int, int], IntArray] = {}  # shared payloads are decoded once
-        for series_id, row_start, row_points, payload, data in rows:
+        for series_id, row_start, row_points, parts in rows:
             whole = whole or row_points == span.points
             at = position[series_id]
-            values = decoded.get((payload, row_points))
-            if values is None:
-                values = decoded[(payload, row_points)] = decode_chunk(data, row_points)
-            _overlay(result[at : at + 1], start, values[None], row_start, span.step)
+            _overlay(result[at : at + 1], start, decode_parts(parts, row_points)[None], row_start, span.step)
         return result, whole
 
     def _store(self, span: TierSpan, start: int, series_ids: Sequence[int], values: IntArray) -> None:
@@ -125,13 +140,18 @@ class ChunkWriter:
         coarse = span.step != self.spans[0].step
         piece = coarse and points < span.points
         level = ROLLUP_ZLIB_LEVEL if coarse else FINE_ZLIB_LEVEL
-        payloads = store_payloads(self.connection, encode_chunks(values[chosen], level), transient=piece)
+        encoded = encode_parts(values[chosen], level)
+        ids = iter(store_payloads(
+            self.connection, [data for parts in encoded for data in parts if data is not None], transient=piece))
+        # every part is written (NULL where the chunk has none of its metrics), and the whole chunk of schema 3 goes
         self.connection.executemany(
-            "INSERT INTO chunks (tier, series_id, start, points, payload) VALUES (?, ?, ?, ?, ?) "
-            "ON CONFLICT (tier, series_id, start) DO UPDATE SET points = excluded.points, payload = excluded.payload",
+            f"INSERT INTO chunks (tier, series_id, start, points, payload, {', '.join(SPLIT_COLUMNS)}) "
+            f"VALUES (?, ?, ?, ?, NULL{', ?' * len(SPLIT_COLUMNS)}) "
+            "ON CONFLICT (tier, series_id, start) DO UPDATE SET points = excluded.points, payload = NULL, "
+            + ", ".join(f"{column} = excluded.{column}" for column in SPLIT_COLUMNS),
             [
-                (span.step, series_ids[index], start, points, payload)
-                for index, payload in zip(chosen, payloads, strict=True)
+                (span.step, series_ids[index], start, points, *(None if data is None else next(ids) for data in parts))
+                for index, parts in zip(chosen, encoded, strict=True)
             ],
         )
 
@@ -202,7 +222,7 @@ class ChunkWriter:
         for span in self.spans[1:]:
             cut = until // span.span_seconds * span.span_seconds
             rows = self.connection.execute(
-                "SELECT DISTINCT series_id, start FROM chunks WHERE payload < 0 AND tier = ? AND start < ?",
+                f"SELECT DISTINCT series_id, start FROM chunks WHERE {PIECE_CONDITION} AND tier = ? AND start < ?",
                 (span.step, cut),
             ).fetchall()
             by_span: dict[int, set[int]] = {}

@@ -25,6 +25,7 @@ Two encodings:
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -90,6 +91,26 @@ ROLLUP_ZLIB_LEVEL = 9
 FINE_ZLIB_LEVEL = 6
 #: metrics kept as second differences: counters and durations that grow by about the same each step
 _SECOND_ORDER: BoolArray = np.array([metric.rollup is Rollup.MAX for metric in METRICS], dtype=np.bool_)
+#: a chunk holds one *part* of a series' metrics (schema 4). Part 0 (`WHOLE`): every metric, what
+#: schema 3 wrote. The others split the metrics by what series share: a one-GPU pod's device figures
+#: are its GPU series', its workload's and its workload_node's; its pod stats its workload's. Kept
+#: apart, identical parts are stored once (schema.py `payloads`) where whole chunks differed by a
+#: column (idle seconds, pod stats): 30 % of the chunk bytes on bench/api.py's size run. Never
+#: reorder or renumber: the file names parts by number.
+WHOLE = 0
+PARTS: dict[int, npt.NDArray[np.intp]] = {
+    WHOLE: np.arange(METRIC_COUNT, dtype=np.intp),
+    # 1: the device figures: utilisation, memory, power, temperature, clocks, PCIe
+    1: np.array([0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11], dtype=np.intp),
+    # 2: energy (a device's counter, a workload's or project's own total: rarely the same points)
+    2: np.array([6], dtype=np.intp),
+    # 3: GPU units held and idle seconds
+    3: np.array([12, 13], dtype=np.intp),
+    # 4: the pods' own stats (CPU, memory, network, ephemeral storage)
+    4: np.array([14, 15, 16, 17, 18], dtype=np.intp),
+}
+#: the parts schema 4 writes, each metric in exactly one of them
+SPLIT_PARTS: tuple[int, ...] = (1, 2, 3, 4)
 #: the smallest value that reaches byte plane k (plane 0: any value above 0)
 _PLANE_FLOOR = np.array([1] + [256**k for k in range(1, 8)], dtype=np.uint64)
 #: the largest magnitude a quantized value may have (leaves room for differences without overflow)
@@ -151,8 +172,11 @@ def _divide_out(deltas: IntArray) -> tuple[IntArray, IntArray]:
     return deltas // divisor[:, :, None], divisor
 
 
-def encode_chunks(values: IntArray, level: int = FINE_ZLIB_LEVEL) -> list[bytes]:
+def encode_chunks(values: IntArray, level: int = FINE_ZLIB_LEVEL, part: int = WHOLE) -> list[bytes]:
     """Series x metrics x points (int64, MISSING = absent) -> one compressed chunk per series.
+
+    With `part`, `values` holds only that part's metrics (`PARTS[part]`, in that order) and so
+    does each chunk: the same layout, narrower.
 
     Layout before zlib: presence bitmap (metrics x points bits), the divisor of each metric
     (int64), a bitmap of which (byte plane, metric) rows follow, then those rows (`points` bytes
@@ -161,6 +185,9 @@ def encode_chunks(values: IntArray, level: int = FINE_ZLIB_LEVEL) -> list[bytes]
     the selection of rows and zlib run per series.
     """
     series, metrics, points = values.shape
+    if metrics != len(PARTS[part]):
+        raise ValueError(f"part {part} has {len(PARTS[part])} metrics, values have {metrics}")
+    second_order = _SECOND_ORDER[PARTS[part]]
     present = values != MISSING
     filled = np.where(present, values, 0)
     counts = present.sum(axis=2)
@@ -175,7 +202,7 @@ def encode_chunks(values: IntArray, level: int = FINE_ZLIB_LEVEL) -> list[bytes]
         gap_filled[~np.take_along_axis(row_present, index, axis=1)] = 0
         filled[partial] = gap_filled
     deltas = np.diff(filled, axis=2, prepend=0)
-    deltas[:, _SECOND_ORDER, :] = np.diff(deltas[:, _SECOND_ORDER, :], axis=2, prepend=0)
+    deltas[:, second_order, :] = np.diff(deltas[:, second_order, :], axis=2, prepend=0)
     quotient, divisor = _divide_out(deltas)
     zigzag = ((quotient << 1) ^ (quotient >> 63)).view(np.uint64)
     planes = zigzag.view(np.uint8).reshape(series, metrics, points, 8).transpose(0, 3, 1, 2)  # [S, 8, M, n]
@@ -199,28 +226,65 @@ def encode_chunks(values: IntArray, level: int = FINE_ZLIB_LEVEL) -> list[bytes]
     return result
 
 
-def decode_chunk(data: bytes, points: int, metrics: npt.NDArray[np.intp] | None = None) -> IntArray:
-    """One chunk back to [metrics, points] int64 (MISSING = absent); only the `metrics` asked for are rebuilt."""
+def decode_chunk(
+    data: bytes, points: int, metrics: npt.NDArray[np.intp] | None = None, part: int = WHOLE
+) -> IntArray:
+    """One chunk back to [metrics, points] int64 (MISSING = absent); only the `metrics` asked for are rebuilt.
+
+    `metrics` are positions within the chunk's `part` (for the whole part, metric indices)."""
+    width = len(PARTS[part])
     raw = zlib.decompress(data)
-    offset = (METRIC_COUNT * points + 7) // 8
-    present = np.unpackbits(np.frombuffer(raw, dtype=np.uint8, count=offset))[: METRIC_COUNT * points]
-    present = present.reshape(METRIC_COUNT, points).astype(np.bool_)
-    divisor = np.frombuffer(raw, dtype="<i8", count=METRIC_COUNT, offset=offset)
-    offset += 8 * METRIC_COUNT
-    needed_bytes = (8 * METRIC_COUNT + 7) // 8
+    offset = (width * points + 7) // 8
+    present = np.unpackbits(np.frombuffer(raw, dtype=np.uint8, count=offset))[: width * points]
+    present = present.reshape(width, points).astype(np.bool_)
+    divisor = np.frombuffer(raw, dtype="<i8", count=width, offset=offset)
+    offset += 8 * width
+    needed_bytes = (8 * width + 7) // 8
     needed_bits = np.unpackbits(np.frombuffer(raw, dtype=np.uint8, count=needed_bytes, offset=offset))
-    needed = needed_bits[: 8 * METRIC_COUNT].reshape(8, METRIC_COUNT).astype(np.bool_)
+    needed = needed_bits[: 8 * width].reshape(8, width).astype(np.bool_)
     offset += needed_bytes
-    planes = np.zeros((8, METRIC_COUNT, points), dtype=np.uint8)
+    planes = np.zeros((8, width, points), dtype=np.uint8)
     planes[needed] = np.frombuffer(raw, dtype=np.uint8, offset=offset).reshape(-1, points)
-    chosen = np.arange(METRIC_COUNT) if metrics is None else metrics
+    chosen = np.arange(width) if metrics is None else metrics
     zigzag = np.ascontiguousarray(planes[:, chosen, :].transpose(1, 2, 0)).view(np.uint64)[:, :, 0]
     quotient = (zigzag >> np.uint64(1)).view(np.int64) ^ -(zigzag & np.uint64(1)).view(np.int64)
     deltas = quotient * divisor[chosen][:, None]
-    second = _SECOND_ORDER[chosen]
+    second = _SECOND_ORDER[PARTS[part]][chosen]
     deltas[second] = np.cumsum(deltas[second], axis=1)
     result = np.cumsum(deltas, axis=1)
     result[~present[chosen]] = MISSING
+    return result
+
+
+def encode_parts(values: IntArray, level: int = FINE_ZLIB_LEVEL) -> list[list[bytes | None]]:
+    """Series x metrics x points -> for each series, one chunk per part of `SPLIT_PARTS` (None where
+    the series has no point of that part's metrics)."""
+    result: list[list[bytes | None]] = [[] for _ in range(values.shape[0])]
+    for part in SPLIT_PARTS:
+        columns = np.ascontiguousarray(values[:, PARTS[part], :])
+        present = (columns != MISSING).any(axis=(1, 2))
+        chosen = np.flatnonzero(present)
+        encoded = iter(encode_chunks(columns[chosen], level, part) if len(chosen) else [])
+        for index in range(values.shape[0]):
+            result[index].append(next(encoded) if present[index] else None)
+    return result
+
+
+def decode_parts(
+    parts: Sequence[tuple[int, bytes]], points: int, metrics: npt.NDArray[np.intp] | None = None
+) -> IntArray:
+    """A chunk's parts ((part, bytes) of those it has) back to [metrics, points] (every metric
+    without `metrics`); a metric in none of them is MISSING throughout."""
+    wanted = PARTS[WHOLE] if metrics is None else metrics
+    result = np.full((len(wanted), points), MISSING, dtype=np.int64)
+    for part, data in parts:
+        members = PARTS[part]
+        # rows of `result` this part fills, and each one's position within the part
+        rows = np.flatnonzero(np.isin(wanted, members))
+        if not len(rows):
+            continue
+        positions = np.searchsorted(members, wanted[rows]) if part != WHOLE else wanted[rows]
+        result[rows] = decode_chunk(data, points, positions.astype(np.intp), part)
     return result
 
 

@@ -1,18 +1,20 @@
 """The embedded store: one SQLite file (WAL) the controller writes each status interval.
 
-Layout (schema 3, why): each interval is one transaction that appends a *head* row per block
+Layout (schema 4, why): each interval is one transaction that appends a *head* row per block
 of 64 series (all metrics of those series, compressed; codec.py), so the write is a few
 hundred small rows however many series there are, and the interval is durable when `record`
 returns. Once a chunk span (1 h at 15 s) is over, compaction moves the head rows into
 *chunks*: one row per (tier, series, span) with every metric's points delta-coded and
 compressed, a few blocks per `record` call so no interval pays for all of it; coarser tiers
-are rolled up from the fine chunks then (chunks.py). Chunks with identical bytes (a one-pod
-workload's pod and workload_node series) keep one copy (schema.py `payloads`). A 24 h query of one series reads about
+are rolled up from the fine chunks then (chunks.py). A chunk's metrics are kept in parts
+(device figures, energy, units and idle seconds, pod stats: codec.PARTS), and identical bytes of
+a part (a one-GPU pod's device figures in its GPU, pod, workload and workload_node series) keep
+one copy (schema.py `payloads`). A 24 h query of one series reads about
 24 chunks plus the head of the current hour. Workload, project, node and cluster series are
 aggregated when written, so a project query over 1,000 workloads reads one series. Values are
 kept at a fixed per-metric resolution (codec.RESOLUTION; roll-ups at codec.ROLLUP_QUANTUM).
 The file carries an application_id and a schema version, so a foreign, newer or much older file
-is refused and never written to; a schema-2 file is migrated in place when opened.
+is refused and never written to; a schema-2 or schema-3 file is migrated in place when opened.
 """
 
 from __future__ import annotations

@@ -1,12 +1,16 @@
 """The embedded store's file: what makes a file ours (application id, schema version) and its tables.
 
-Schema 3 (why each table): `series` names every series once; `head` holds one row per interval
+Schema 4 (why each table): `series` names every series once; `head` holds one row per interval
 and block of series (what `record` appends); `chunks` one row per tier, series and span
-(compacted points) naming its bytes in `payloads`, where identical chunk bytes are kept once
-(a one-pod workload's pod, workload and workload_node series often hold the same points),
-counted by triggers so the bytes go when the last chunk naming them does; `latest_*` the latest
-figures; `meta` the metric layout and watermarks. A schema-2 file (the bytes inline in `chunks`)
-is migrated in place, in one transaction, when opened.
+(compacted points) naming its bytes in `payloads`, one payload per *part* of the metrics
+(codec.PARTS: device figures, energy, units and idle seconds, pod stats), where identical bytes
+are kept once (a one-GPU pod's device part is its GPU series', its workload's and its
+workload_node's), counted by triggers so the bytes go when the last chunk naming them does;
+`latest_*` the latest figures; `meta` the metric layout and watermarks.
+
+Older files are migrated in place, in one transaction, when opened: schema 3 named one payload
+of every metric per chunk (kept as it is, in the `payload` column: it reads back the same, and
+the next write of that chunk splits it); schema 2 kept the bytes inline in `chunks`.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpuwm.store.base import METRIC_NAMES, StoreError
+from gpuwm.store.codec import SPLIT_PARTS, WHOLE
 
 log = logging.getLogger(__name__)
 
 APPLICATION_ID = 0x6770776D  # "gpwm"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 #: the oldest schema this gpuwm converts when it opens the file
 MIGRATABLE_VERSION = 2
 PAGE_SIZE = 16384
@@ -65,33 +70,50 @@ def check_file(path: Path) -> None:
         )
 
 
-#: the chunk tables of schema 3; `chunks` rows are small, so the table is its own primary-key index
+#: the column of `chunks` that names each part's payload (codec.PARTS); `payload` is the whole chunk
+#: of schema 3, never written since
+PART_COLUMNS: dict[int, str] = {WHOLE: "payload", 1: "device_payload", 2: "energy_payload", 3: "units_payload",
+                                4: "pod_payload"}
+#: the payload columns schema 4 writes, in `SPLIT_PARTS` order
+SPLIT_COLUMNS: tuple[str, ...] = tuple(PART_COLUMNS[part] for part in SPLIT_PARTS)
+#: a chunk that is a coarse span's piece (its payload ids below zero): the partial index's condition,
+#: which a query must repeat word for word for SQLite to use the index
+PIECE_CONDITION = f"coalesce({', '.join(PART_COLUMNS.values())}) < 0"
+
+
+def _ref_statements(sign: str, row: str, when: str = "") -> str:
+    return " ".join(f"UPDATE payloads SET refs = refs {sign} 1 WHERE id = {row}.{column}{when.format(column=column)};"
+                    for column in PART_COLUMNS.values())
+
+
+#: the chunk tables; `chunks` rows are small, so the table is its own primary-key index
 #: (retention finds old chunks series by series through it: a second index by start cost ~25 bytes a chunk)
 _CHUNK_TABLES = [
-    # one row per tier (its step in seconds), series and span start: compacted points, by payload id
+    # one row per tier (its step in seconds), series and span start: compacted points, by payload id per
+    # part (NULL: no point of that part's metrics)
     "CREATE TABLE IF NOT EXISTS chunks (tier INTEGER NOT NULL, series_id INTEGER NOT NULL, "
-    "start INTEGER NOT NULL, points INTEGER NOT NULL, payload INTEGER NOT NULL, "
-    "PRIMARY KEY (tier, series_id, start)) WITHOUT ROWID",
+    "start INTEGER NOT NULL, points INTEGER NOT NULL, "
+    + ", ".join(f"{column} INTEGER" for column in PART_COLUMNS.values())
+    + ", PRIMARY KEY (tier, series_id, start)) WITHOUT ROWID",
     # encoded chunk bytes, once however many chunks hold them. Ids are handed out in order (rows
     # appended fill whole pages; hash-ordered ids left a quarter of each page empty); `hash` (32
     # bits, compared with the bytes) finds an identical payload
     "CREATE TABLE IF NOT EXISTS payloads (id INTEGER PRIMARY KEY, hash INTEGER NOT NULL, refs INTEGER NOT NULL, "
     "data BLOB NOT NULL)",
     "CREATE INDEX IF NOT EXISTS payloads_by_hash ON payloads (hash)",
-    # refs counts the chunks naming a payload, kept by the file itself so no write path can forget it;
-    # bytes whose count fell to 0 go in `sweep_payloads` (not in the trigger: a later row of the same
+    # refs counts the chunk columns naming a payload, kept by the file itself so no write path can forget
+    # it; bytes whose count fell to 0 go in `sweep_payloads` (not in the trigger: a later row of the same
     # statement may name them again), found through this small partial index
     "CREATE INDEX IF NOT EXISTS payloads_unreferenced ON payloads (id) WHERE refs <= 0",
     # the coarse pieces (payload ids below zero) of spans not merged yet: few rows, found without a scan
-    "CREATE INDEX IF NOT EXISTS chunks_pieces ON chunks (tier, start) WHERE payload < 0",
-    "CREATE TRIGGER IF NOT EXISTS chunks_ref AFTER INSERT ON chunks BEGIN "
-    "UPDATE payloads SET refs = refs + 1 WHERE id = new.payload; END",
-    "CREATE TRIGGER IF NOT EXISTS chunks_unref AFTER DELETE ON chunks BEGIN "
-    "UPDATE payloads SET refs = refs - 1 WHERE id = old.payload; END",
-    "CREATE TRIGGER IF NOT EXISTS chunks_reref AFTER UPDATE OF payload ON chunks "
-    "WHEN old.payload != new.payload BEGIN "
-    "UPDATE payloads SET refs = refs + 1 WHERE id = new.payload; "
-    "UPDATE payloads SET refs = refs - 1 WHERE id = old.payload; END",
+    f"CREATE INDEX IF NOT EXISTS chunks_pieces ON chunks (tier, start) WHERE {PIECE_CONDITION}",
+    f"CREATE TRIGGER IF NOT EXISTS chunks_ref AFTER INSERT ON chunks BEGIN {_ref_statements('+', 'new')} END",
+    f"CREATE TRIGGER IF NOT EXISTS chunks_unref AFTER DELETE ON chunks BEGIN {_ref_statements('-', 'old')} END",
+    "CREATE TRIGGER IF NOT EXISTS chunks_reref AFTER UPDATE ON chunks BEGIN "
+    + _ref_statements("+", "new", " AND new.{column} IS NOT old.{column}")
+    + " "
+    + _ref_statements("-", "old", " AND new.{column} IS NOT old.{column}")
+    + " END",
 ]
 
 
@@ -140,7 +162,8 @@ def sweep_payloads(connection: sqlite3.Connection) -> int:
 
 
 def _migrate_from_2(connection: sqlite3.Connection, path: Path) -> None:
-    """Schema 2 -> 3 inside the caller's transaction: chunk bytes move into `payloads`, once each."""
+    """Schema 2 -> 4 inside the caller's transaction: chunk bytes move into `payloads`, once each, each
+    chunk naming its bytes as schema 3 did (the whole chunk, in `payload`)."""
     connection.execute("DROP INDEX IF EXISTS chunks_by_start")
     connection.execute("ALTER TABLE chunks RENAME TO chunks_schema2")
     for statement in _CHUNK_TABLES:
@@ -162,9 +185,31 @@ def _migrate_from_2(connection: sqlite3.Connection, path: Path) -> None:
     connection.execute("DROP TABLE chunks_schema2")
     payloads = connection.execute("SELECT count(*) FROM payloads").fetchone()[0]
     log.info(
-        "migrated store to schema 3",
+        "migrated store from schema 2",
         extra={"store": str(path), "chunks": moved, "payloads": payloads, "schema_version": SCHEMA_VERSION},
     )
+
+
+def _migrate_from_3(connection: sqlite3.Connection, path: Path) -> None:
+    """Schema 3 -> 4 inside the caller's transaction: `chunks` gains a payload column per part.
+
+    The payloads stay as they are (each still named once by the same chunk), so their counts hold;
+    only the small chunk rows are copied."""
+    connection.execute("DROP INDEX IF EXISTS chunks_pieces")
+    for trigger in ("chunks_ref", "chunks_unref", "chunks_reref"):
+        connection.execute(f"DROP TRIGGER IF EXISTS {trigger}")
+    connection.execute("ALTER TABLE chunks RENAME TO chunks_schema3")
+    for statement in _CHUNK_TABLES:
+        connection.execute(statement)
+    # the new table's trigger counts each copied row: the counts start again from 0 (the old table's
+    # triggers are gone, so dropping it takes nothing off)
+    connection.execute("UPDATE payloads SET refs = 0")
+    moved = connection.execute(
+        "INSERT INTO chunks (tier, series_id, start, points, payload) "
+        "SELECT tier, series_id, start, points, payload FROM chunks_schema3"
+    ).rowcount
+    connection.execute("DROP TABLE chunks_schema3")
+    log.info("migrated store to schema 4", extra={"store": str(path), "chunks": moved, "schema_version": SCHEMA_VERSION})
 
 
 def create_schema(connection: sqlite3.Connection, path: Path) -> None:
@@ -207,6 +252,9 @@ def create_schema(connection: sqlite3.Connection, path: Path) -> None:
     try:
         if version == MIGRATABLE_VERSION:
             _migrate_from_2(connection, path)
+            connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+        elif version == 3:
+            _migrate_from_3(connection, path)
             connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         for statement in statements + _CHUNK_TABLES:
             connection.execute(statement)

@@ -24,8 +24,8 @@ from gpuwm.store.base import (
     Series,
     check_range,
 )
-from gpuwm.store.chunks import TierSpan
-from gpuwm.store.codec import BLOCK, decode_chunk, decode_head, dequantize
+from gpuwm.store.chunks import TierSpan, read_chunks
+from gpuwm.store.codec import BLOCK, PARTS, WHOLE, decode_head, decode_parts, dequantize
 from gpuwm.store.tiers import Tier
 
 #: (scope, by) -> (series kind, label column that selects it; None = all of that kind)
@@ -113,18 +113,16 @@ def _contributions(
     with_head: bool,
 ) -> Iterator[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float64]]]:
     """(series id, times, values [metrics, n]) of one tier in [low, high): its chunks, then (finest tier) its head."""
-    id_list = ",".join("?" * len(ids))
-    rows = connection.execute(
-        f"SELECT c.series_id, c.start, c.points, c.payload, p.data FROM chunks c JOIN payloads p ON p.id = c.payload "
-        f"WHERE c.tier = ? AND c.series_id IN ({id_list}) AND c.start > ? AND c.start < ?",
-        (span.step, *ids, low - span.span_seconds, high),
-    ).fetchall()
-    decoded: dict[tuple[int, int], npt.NDArray[np.float64]] = {}  # a payload shared by series decoded once
-    for series_id, start, points, payload, data in rows:
+    # only the parts that hold a metric asked for are read (and the whole chunks of schema 3)
+    wanted = {part for part, members in PARTS.items() if part == WHOLE or np.isin(metrics, members).any()}
+    rows = read_chunks(connection, span.step, ids, low - span.span_seconds, high, wanted)
+    decoded: dict[tuple[int, tuple[bytes, ...]], npt.NDArray[np.float64]] = {}  # bytes shared by series decoded once
+    for series_id, start, points, parts in rows:
         times = start + span.step * np.arange(points, dtype=np.int64)
-        values = decoded.get((payload, points))
+        key = (points, tuple(data for _, data in parts))
+        values = decoded.get(key)
         if values is None:
-            values = decoded[(payload, points)] = dequantize(decode_chunk(data, points, metrics).T, metrics).T
+            values = decoded[key] = dequantize(decode_parts(parts, points, metrics).T, metrics).T
         yield series_id, times, values
     if not with_head:
         return

@@ -1,4 +1,5 @@
-"""Chunk bytes stored once (schema 3): sharing, reads through it, retention, restart mid-round, migration."""
+"""Chunk bytes stored once, part by part (schema 4): sharing, reads through it, retention, restart mid-round,
+migration from schemas 2 and 3."""
 
 from __future__ import annotations
 
@@ -9,16 +10,32 @@ import numpy as np
 import pytest
 
 from gpuwm.store import RangeQuery
-from gpuwm.store.codec import BLOCK, METRIC_COUNT, quantize
+from gpuwm.store.chunks import read_chunks
+from gpuwm.store.codec import (
+    BLOCK,
+    METRIC_COUNT,
+    MISSING,
+    PARTS,
+    WHOLE,
+    decode_parts,
+    encode_chunks,
+    quantize,
+)
 from gpuwm.store.embedded import APPLICATION_ID, SCHEMA_VERSION, EmbeddedStore
-from gpuwm.store.schema import payload_hash, store_payloads
+from gpuwm.store.schema import PART_COLUMNS, PIECE_CONDITION, payload_hash, store_payloads
 
 from .store_data import cluster, project, sample, workload
 
 #: 15 s points kept 4 minutes in 2-minute chunks; 1 min roll-ups kept 10 minutes in 4-minute chunks
 SMALL_TIERS = ["15s:4m", "1m:10m"]
 JOBS = 16  # one-pod, one-GPU workloads: with their pods, GPUs and node parts, more than one block of series
-CHUNK_ROWS = "SELECT tier, series_id, start, points, data FROM chunks JOIN payloads ON payloads.id = chunks.payload"
+#: one row per chunk and part it names: (tier, series_id, start, points, part, payload)
+PART_ROWS = " UNION ALL ".join(
+    f"SELECT tier, series_id, start, points, {part} AS part, {column} AS payload FROM chunks WHERE {column} IS NOT NULL"
+    for part, column in PART_COLUMNS.items()
+)
+CHUNK_ROWS = (f"SELECT r.tier, r.series_id, r.start, r.points, r.part, p.data FROM ({PART_ROWS}) r "
+              "JOIN payloads p ON p.id = r.payload")
 
 
 def util(job: int, t: float) -> float:
@@ -35,18 +52,29 @@ def record_jobs(store: EmbeddedStore, times: list[float], running: range = range
         store.record(t, samples, jobs, [project("alpha", jobs)], cluster(JOBS))
 
 
-def chunk_rows(store: EmbeddedStore) -> list[tuple[int, int, int, int, bytes]]:
-    return store._reader().execute(CHUNK_ROWS + " ORDER BY tier, series_id, start").fetchall()
+def chunk_rows(store: EmbeddedStore) -> list[tuple[int, int, int, int, int, bytes]]:
+    return store._reader().execute(CHUNK_ROWS + " ORDER BY 1, 2, 3, 5").fetchall()
+
+
+def chunk_values(store: EmbeddedStore) -> dict[tuple[int, int, int], list[list[int]]]:
+    """Every chunk's points, decoded whatever its layout: (tier, series, start) -> [metrics][points]."""
+    connection = store._reader()
+    series_ids = [row[0] for row in connection.execute("SELECT id FROM series")]
+    tiers = [row[0] for row in connection.execute("SELECT DISTINCT tier FROM chunks")]
+    return {(tier, series_id, start): decode_parts(parts, points).tolist()
+            for tier in tiers
+            for series_id, start, points, parts in read_chunks(connection, tier, series_ids, -1, 2**40)}
 
 
 def check_counts(store: EmbeddedStore) -> None:
-    """Every payload is named by exactly `refs` chunks, every chunk's payload exists, no bytes twice."""
+    """Every payload is named by exactly `refs` chunk parts, every part's payload exists, no bytes twice."""
     connection = store._reader()
     counted = connection.execute(
-        "SELECT p.id, p.refs, count(c.payload) FROM payloads p LEFT JOIN chunks c ON c.payload = p.id GROUP BY p.id"
+        f"SELECT p.id, p.refs, count(r.payload) FROM payloads p LEFT JOIN ({PART_ROWS}) r ON r.payload = p.id "
+        "GROUP BY p.id"
     ).fetchall()
     assert all(refs == named and named > 0 for _, refs, named in counted)
-    dangling = connection.execute("SELECT count(*) FROM chunks WHERE payload NOT IN (SELECT id FROM payloads)")
+    dangling = connection.execute(f"SELECT count(*) FROM ({PART_ROWS}) WHERE payload NOT IN (SELECT id FROM payloads)")
     assert dangling.fetchone()[0] == 0
     distinct = connection.execute("SELECT count(DISTINCT data), count(*) FROM payloads").fetchone()
     assert distinct[0] == distinct[1]
@@ -60,20 +88,24 @@ def test_identical_chunks_share_their_bytes_and_read_back_exactly(tmp_path: Path
         store.compact(everything=True)
         connection = store._reader()
         assert len(store._series_ids) > BLOCK  # the copies lie in two head blocks, compacted apart
-        chunks, named_bytes = connection.execute(
-            "SELECT count(*), sum(length(data)) FROM chunks JOIN payloads ON payloads.id = chunks.payload"
-        ).fetchone()
+        parts, named_bytes = connection.execute(f"SELECT count(*), sum(length(data)) FROM ({CHUNK_ROWS})").fetchone()
         payloads, stored_bytes = connection.execute("SELECT count(*), sum(length(data)) FROM payloads").fetchone()
-        assert payloads < chunks and stored_bytes < named_bytes
+        assert payloads < parts and stored_bytes < named_bytes
+        assert connection.execute("SELECT count(*) FROM chunks WHERE payload IS NOT NULL").fetchone() == (0,)
         check_counts(store)
-        # a one-pod workload's pod and workload_node series hold the same points: one payload
         for job in range(JOBS):
-            shared = connection.execute(
-                "SELECT count(DISTINCT c.payload), count(*) FROM chunks c JOIN series s ON s.id = c.series_id "
-                "WHERE s.workload_uid = ? AND s.kind IN ('pod', 'workload_node') AND c.tier = 15",
+            by_kind = {kind: payloads for kind, *payloads in connection.execute(
+                "SELECT s.kind, c.device_payload, c.energy_payload, c.units_payload, c.pod_payload FROM chunks c "
+                "JOIN series s ON s.id = c.series_id WHERE s.workload_uid = ? AND c.tier = 15 "
+                "AND c.start = (SELECT max(start) FROM chunks WHERE tier = 15)",
                 (f"uid-job{job}",),
-            ).fetchone()
-            assert shared[1] == 2 * shared[0] and shared[0] > 0
+            )}
+            # a one-pod workload's pod and workload_node series hold the same points: one payload per part
+            assert by_kind["pod"] == by_kind["workload_node"] and by_kind["pod"][0] is not None
+            # and its one GPU's device figures are the pod's and the workload's, though the whole
+            # chunks differ (the GPU series has no idle seconds, the workload its own energy)
+            assert by_kind["gpu"][0] == by_kind["pod"][0] == by_kind["workload"][0]
+            assert by_kind["gpu"] != by_kind["pod"]
         # reads through a shared payload: every series its own exact values
         for job in (0, 5, JOBS - 1):
             for by in ("pod", "node", "gpu"):
@@ -98,7 +130,7 @@ def test_retention_keeps_bytes_a_later_chunk_still_names(tmp_path: Path) -> None
         values = np.full((1, METRIC_COUNT, 16), 5.0)  # two 2-minute fine spans, every metric constant
         store.load_history([node], 0, values)
         connection = store._reader()
-        fine = connection.execute("SELECT start, payload FROM chunks WHERE tier = 15 ORDER BY start").fetchall()
+        fine = connection.execute("SELECT start, device_payload FROM chunks WHERE tier = 15 ORDER BY start").fetchall()
         assert [start for start, _ in fine] == [0, 120] and fine[0][1] == fine[1][1]
         assert connection.execute("SELECT refs FROM payloads WHERE id = ?", (fine[0][1],)).fetchone() == (2,)
         store._writer.execute("BEGIN")
@@ -166,15 +198,27 @@ def test_a_hash_collision_gets_its_own_payload(tmp_path: Path) -> None:
         store.close()
 
 
+def _whole_chunks(path: Path) -> list[tuple[int, int, int, int, bytes]]:
+    """Each chunk of a schema-4 file as one payload of every metric, as schemas 2 and 3 wrote them."""
+    connection = sqlite3.connect(path)
+    series_ids = [row[0] for row in connection.execute("SELECT id FROM series")]
+    tiers = [row[0] for row in connection.execute("SELECT DISTINCT tier FROM chunks")]
+    rows = [(tier, series_id, start, points, encode_chunks(decode_parts(parts, points)[None], 9)[0])
+            for tier in tiers for series_id, start, points, parts in read_chunks(connection, tier, series_ids, -1, 2**40)]
+    connection.close()
+    return rows
+
+
 def _as_schema_2(path: Path) -> None:
-    """Rewrite a schema-3 file as the schema-2 layout (chunk bytes inline), as an older gpuwm left it."""
+    """Rewrite a file as the schema-2 layout (whole chunks' bytes inline), as an older gpuwm left it."""
+    rows = _whole_chunks(path)
     connection = sqlite3.connect(path, isolation_level=None)
     connection.execute("BEGIN")
     connection.execute(
         "CREATE TABLE chunks2 (tier INTEGER NOT NULL, series_id INTEGER NOT NULL, start INTEGER NOT NULL, "
         "points INTEGER NOT NULL, data BLOB NOT NULL, UNIQUE (tier, series_id, start))"
     )
-    connection.execute(f"INSERT INTO chunks2 {CHUNK_ROWS}")
+    connection.executemany("INSERT INTO chunks2 VALUES (?, ?, ?, ?, ?)", rows)
     for name in ("chunks_ref", "chunks_unref", "chunks_reref"):
         connection.execute(f"DROP TRIGGER {name}")
     connection.execute("DROP TABLE chunks")
@@ -186,43 +230,97 @@ def _as_schema_2(path: Path) -> None:
     connection.close()
 
 
-def test_a_schema_2_file_is_migrated_in_place_and_keeps_every_point(tmp_path: Path) -> None:
+def _as_schema_3(path: Path) -> None:
+    """Rewrite a file as the schema-3 layout (one payload of every metric per chunk, counted by triggers)."""
+    rows = _whole_chunks(path)
+    connection = sqlite3.connect(path, isolation_level=None)
+    connection.execute("BEGIN")
+    for name in ("chunks_ref", "chunks_unref", "chunks_reref"):
+        connection.execute(f"DROP TRIGGER {name}")
+    connection.execute("DROP TABLE chunks")
+    connection.execute("DELETE FROM payloads")
+    connection.execute(
+        "CREATE TABLE chunks (tier INTEGER NOT NULL, series_id INTEGER NOT NULL, start INTEGER NOT NULL, "
+        "points INTEGER NOT NULL, payload INTEGER NOT NULL, PRIMARY KEY (tier, series_id, start)) WITHOUT ROWID"
+    )
+    connection.execute("CREATE INDEX chunks_pieces ON chunks (tier, start) WHERE payload < 0")
+    connection.execute("CREATE TRIGGER chunks_ref AFTER INSERT ON chunks BEGIN "
+                       "UPDATE payloads SET refs = refs + 1 WHERE id = new.payload; END")
+    connection.execute("CREATE TRIGGER chunks_unref AFTER DELETE ON chunks BEGIN "
+                       "UPDATE payloads SET refs = refs - 1 WHERE id = old.payload; END")
+    ids = store_payloads(connection, [row[4] for row in rows])
+    connection.executemany("INSERT INTO chunks VALUES (?, ?, ?, ?, ?)",
+                           [(*row[:4], payload_id) for row, payload_id in zip(rows, ids, strict=True)])
+    connection.execute("PRAGMA user_version = 3")
+    connection.execute("COMMIT")
+    connection.close()
+
+
+@pytest.mark.parametrize("old_schema", [2, 3])
+def test_an_older_file_is_migrated_in_place_and_keeps_every_point(tmp_path: Path, old_schema: int) -> None:
     path = tmp_path / "s.db"
     store = EmbeddedStore(path, tiers=SMALL_TIERS)
     times = [float(t) for t in range(0, 450, 15)]
     record_jobs(store, times)
-    before_rows = chunk_rows(store)
+    before_values = chunk_values(store)
     before = store.query_range(RangeQuery("cluster", "", ("gpu_utilization_percent",), 0, 435, 15, "pod"))
     store.close()
-    _as_schema_2(path)
+    (_as_schema_2 if old_schema == 2 else _as_schema_3)(path)
     connection = sqlite3.connect(path)
-    assert connection.execute("PRAGMA user_version").fetchone() == (2,)
-    assert connection.execute("SELECT count(*) FROM chunks").fetchone()[0] == len(before_rows)
+    assert connection.execute("PRAGMA user_version").fetchone() == (old_schema,)
+    assert connection.execute("SELECT count(*) FROM chunks").fetchone()[0] == len(before_values)
     connection.close()
     migrated = EmbeddedStore(path, tiers=SMALL_TIERS)
     try:
         connection = migrated._reader()
         assert connection.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
         assert connection.execute("PRAGMA application_id").fetchone() == (APPLICATION_ID,)
-        assert chunk_rows(migrated) == before_rows
+        # every chunk names its whole bytes, as the old file did, and reads back the same points
+        assert connection.execute("SELECT count(*) FROM chunks WHERE payload IS NULL").fetchone() == (0,)
+        assert chunk_values(migrated) == before_values
         check_counts(migrated)
-        assert connection.execute("SELECT count(*) FROM payloads").fetchone()[0] < len(before_rows)
+        assert connection.execute("SELECT count(*) FROM payloads").fetchone()[0] < len(before_values)
         after = migrated.query_range(RangeQuery("cluster", "", ("gpu_utilization_percent",), 0, 435, 15, "pod"))
         assert [(s.labels, s.points) for s in after] == [(s.labels, s.points) for s in before]
-        # and it goes on: the head left by the old file is compacted into the new layout
-        record_jobs(migrated, [450.0, 465.0])
+        # and it goes on: the head left by the old file is compacted into the new layout, and a whole
+        # chunk written again (the open coarse span's) is split into parts, its whole bytes swept
+        record_jobs(migrated, [450.0, 465.0, 480.0])
         migrated.compact(everything=True)
         check_counts(migrated)
-        (series,) = migrated.query_range(RangeQuery("workload", "uid-job3", ("gpu_utilization_percent",), 240, 465, 15))
-        assert [v for _, v in series.points] == [util(3, t) for t in range(240, 480, 15)]
+        rewritten = connection.execute(
+            "SELECT count(*) FROM chunks WHERE payload IS NULL AND device_payload IS NOT NULL AND tier = 60 AND start = 240"
+        ).fetchone()[0]
+        assert rewritten > 0
+        assert connection.execute("SELECT count(*) FROM payloads WHERE refs <= 0").fetchone() == (0,)
+        (series,) = migrated.query_range(RangeQuery("workload", "uid-job3", ("gpu_utilization_percent",), 240, 480, 15))
+        assert [v for _, v in series.points] == [util(3, t) for t in range(240, 495, 15)]
     finally:
         migrated.close()
 
 
+def test_parts_cover_every_metric_once_and_decode_alone() -> None:
+    """Every metric is in exactly one part of the split; a chunk missing a part reads MISSING there."""
+    from gpuwm.store.codec import SPLIT_PARTS, encode_parts
+
+    members = np.concatenate([PARTS[part] for part in SPLIT_PARTS])
+    assert sorted(members.tolist()) == list(range(METRIC_COUNT))
+    assert np.array_equal(PARTS[WHOLE], np.arange(METRIC_COUNT))
+    rng = np.random.default_rng(3)
+    values = quantize(rng.normal(50, 20, size=(2, 12, METRIC_COUNT))).transpose(0, 2, 1).copy()
+    values[1][PARTS[4]] = MISSING  # the second series has no pod stats
+    encoded = encode_parts(values)
+    assert all(data is not None for data in encoded[0]) and encoded[1][SPLIT_PARTS.index(4)] is None
+    for row, parts in zip(values, encoded, strict=True):
+        present = [(part, data) for part, data in zip(SPLIT_PARTS, parts, strict=True) if data is not None]
+        assert np.array_equal(decode_parts(present, 12), row)
+        subset = np.array([13, 0, 6, 17], dtype=np.intp)  # any order, across parts
+        assert np.array_equal(decode_parts(present, 12, subset), row[subset])
+        whole = encode_chunks(row[None])[0]
+        assert np.array_equal(decode_parts([(WHOLE, whole)], 12, subset), row[subset])
+
+
 def test_payloads_of_quantized_values_are_deterministic() -> None:
     """The same points give the same bytes (what sharing relies on): encode twice, compare."""
-    from gpuwm.store.codec import encode_chunks
-
     rng = np.random.default_rng(2)
     values = quantize(rng.normal(50, 20, size=(3, 8, METRIC_COUNT))).transpose(0, 2, 1)
     values = np.ascontiguousarray(np.concatenate([values, values[:1]]))
@@ -237,9 +335,12 @@ def test_pieces_of_an_open_coarse_span_fill_pages_of_their_own_and_go_when_it_en
     try:
         record_jobs(store, [float(t) for t in range(0, 150, 15)])  # the first fine span compacted
         connection = store._reader()
-        pieces = connection.execute("SELECT payload FROM chunks WHERE tier = 60 AND points < 4").fetchall()
-        assert pieces and all(payload < 0 for (payload,) in pieces)
-        assert connection.execute("SELECT min(payload) FROM chunks WHERE tier = 15").fetchone()[0] > 0
+        pieces = connection.execute(f"SELECT {', '.join(PART_COLUMNS.values())} FROM chunks "
+                                    "WHERE tier = 60 AND points < 4").fetchall()
+        assert pieces and all(payload is None or payload < 0 for row in pieces for payload in row)
+        assert connection.execute(f"SELECT count(*) FROM chunks WHERE {PIECE_CONDITION} AND tier = 60").fetchone() == (
+            len(pieces),)
+        assert connection.execute(f"SELECT min(payload) FROM ({PART_ROWS}) WHERE tier = 15").fetchone()[0] > 0
         record_jobs(store, [float(t) for t in range(150, 270, 15)])  # the second fine span ends the coarse one
         assert connection.execute("SELECT count(*) FROM chunks WHERE tier = 60 AND points < 4").fetchone() == (0,)
         assert connection.execute("SELECT count(*) FROM payloads WHERE id < 0").fetchone() == (0,)
@@ -259,11 +360,11 @@ def test_a_series_that_stops_inside_a_coarse_span_gets_one_whole_chunk_when_the_
         record_jobs(store, [float(t) for t in range(120, 300, 15)], running=range(8))  # jobs 8-15 stopped
         connection = store._reader()
         stopped = connection.execute(
-            "SELECT c.start, c.points, c.payload FROM chunks c JOIN series s ON s.id = c.series_id "
+            "SELECT c.start, c.points, c.device_payload FROM chunks c JOIN series s ON s.id = c.series_id "
             "WHERE s.kind = 'workload' AND s.key = 'uid-job12' AND c.tier = 60"
         ).fetchall()
         assert len(stopped) == 1 and stopped[0][:2] == (0, 4) and stopped[0][2] > 0
-        assert connection.execute("SELECT count(*) FROM chunks WHERE payload < 0 AND start < 240").fetchone() == (0,)
+        assert connection.execute(f"SELECT count(*) FROM chunks WHERE {PIECE_CONDITION} AND start < 240").fetchone() == (0,)
         check_counts(store)
         (series,) = store.query_range(RangeQuery("workload", "uid-job12", ("gpu_utilization_percent",), 0, 180, 60))
         means = [sum(util(12, m + k) for k in (0, 15, 30, 45)) / 4 for m in (0, 60)]
