@@ -76,8 +76,8 @@ PART_COLUMNS: dict[int, str] = {WHOLE: "payload", 1: "device_payload", 2: "energ
                                 4: "pod_payload"}
 #: the payload columns schema 4 writes, in `SPLIT_PARTS` order
 SPLIT_COLUMNS: tuple[str, ...] = tuple(PART_COLUMNS[part] for part in SPLIT_PARTS)
-#: a chunk that is a coarse span's piece (its payload ids below zero): the partial index's condition,
-#: which a query must repeat word for word for SQLite to use the index
+#: a chunk that is a coarse span's piece (its payload ids below zero, every part's: `store_payloads`):
+#: the partial index's condition, which a query must repeat word for word for SQLite to use the index
 PIECE_CONDITION = f"coalesce({', '.join(PART_COLUMNS.values())}) < 0"
 
 
@@ -133,10 +133,13 @@ def store_payloads(connection: sqlite3.Connection, payloads: Sequence[bytes], tr
     hashes = {data: payload_hash(data) for data in payloads}
     found: dict[bytes, int] = {}
     unique = sorted(set(hashes.values()))
+    # transient bytes are shared with transient bytes only, lasting with lasting: every part of a piece
+    # has an id below zero, every part of a whole chunk one above (what PIECE_CONDITION relies on)
+    sign = "id < 0" if transient else "id > 0"
     for offset in range(0, len(unique), 500):
         batch = unique[offset : offset + 500]
         for payload_id, data in connection.execute(
-            f"SELECT id, data FROM payloads WHERE hash IN ({','.join('?' * len(batch))})", batch
+            f"SELECT id, data FROM payloads WHERE hash IN ({','.join('?' * len(batch))}) AND {sign}", batch
         ):
             if data in hashes:
                 found.setdefault(data, payload_id)

@@ -198,6 +198,23 @@ def test_a_hash_collision_gets_its_own_payload(tmp_path: Path) -> None:
         store.close()
 
 
+def test_transient_and_lasting_bytes_are_never_shared(tmp_path: Path) -> None:
+    """A piece's parts all get ids below zero, a whole chunk's above, even for the same bytes: the
+    sign is what finds the pieces (PIECE_CONDITION reads the first part a chunk has)."""
+    store = EmbeddedStore(tmp_path / "s.db", tiers=SMALL_TIERS)
+    try:
+        connection = store._writer
+        connection.execute("BEGIN")
+        (lasting,) = store_payloads(connection, [b"same"])
+        (transient,) = store_payloads(connection, [b"same"], transient=True)
+        (again,) = store_payloads(connection, [b"same"])
+        (transient_again,) = store_payloads(connection, [b"same"], transient=True)
+        connection.execute("COMMIT")
+        assert lasting == again > 0 and transient == transient_again < 0
+    finally:
+        store.close()
+
+
 def _whole_chunks(path: Path) -> list[tuple[int, int, int, int, bytes]]:
     """Each chunk of a schema-4 file as one payload of every metric, as schemas 2 and 3 wrote them."""
     connection = sqlite3.connect(path)
