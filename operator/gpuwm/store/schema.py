@@ -253,6 +253,9 @@ def create_schema(connection: sqlite3.Connection, path: Path) -> None:
     ]
     connection.execute("BEGIN IMMEDIATE")
     try:
+        # read again under the write lock: another process (the API beside the controller) may have
+        # migrated the file since, and a second migration of a migrated file is not one
+        version = connection.execute("PRAGMA user_version").fetchone()[0]
         if version == MIGRATABLE_VERSION:
             _migrate_from_2(connection, path)
             connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -22,7 +23,7 @@ from gpuwm.store.codec import (
     quantize,
 )
 from gpuwm.store.embedded import APPLICATION_ID, SCHEMA_VERSION, EmbeddedStore
-from gpuwm.store.schema import PART_COLUMNS, PIECE_CONDITION, payload_hash, store_payloads
+from gpuwm.store.schema import PART_COLUMNS, PIECE_CONDITION, create_schema, payload_hash, store_payloads
 
 from .store_data import cluster, project, sample, workload
 
@@ -313,6 +314,39 @@ def test_an_older_file_is_migrated_in_place_and_keeps_every_point(tmp_path: Path
         assert [v for _, v in series.points] == [util(3, t) for t in range(240, 495, 15)]
     finally:
         migrated.close()
+
+
+class _StaleVersion(sqlite3.Connection):
+    """A connection whose first `PRAGMA user_version` answers 3: what a process read just before another
+    process migrated the file."""
+
+    lied = False
+
+    def execute(self, sql: str, *args: Any) -> sqlite3.Cursor:
+        if sql == "PRAGMA user_version" and not _StaleVersion.lied:
+            _StaleVersion.lied = True
+            return super().execute("SELECT 3")
+        return super().execute(sql, *args)
+
+
+def test_a_file_migrated_by_another_process_meanwhile_is_not_migrated_again(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = EmbeddedStore(path, tiers=SMALL_TIERS)
+    record_jobs(store, [float(t) for t in range(0, 300, 15)])
+    store.compact(everything=True)
+    before = chunk_values(store)
+    store.close()
+    connection = sqlite3.connect(path, isolation_level=None, factory=_StaleVersion)
+    create_schema(connection, path)  # read 3, then (under the write lock) 4: nothing to migrate
+    connection.close()
+    assert _StaleVersion.lied
+    again = EmbeddedStore(path, tiers=SMALL_TIERS)
+    try:
+        assert chunk_values(again) == before
+        assert again._reader().execute("SELECT count(*) FROM chunks WHERE device_payload IS NULL").fetchone() == (0,)
+        check_counts(again)
+    finally:
+        again.close()
 
 
 def test_parts_cover_every_metric_once_and_decode_alone() -> None:
