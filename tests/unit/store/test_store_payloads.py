@@ -336,6 +336,7 @@ def test_a_file_migrated_by_another_process_meanwhile_is_not_migrated_again(tmp_
     store.compact(everything=True)
     before = chunk_values(store)
     store.close()
+    _StaleVersion.lied = False
     connection = sqlite3.connect(path, isolation_level=None, factory=_StaleVersion)
     create_schema(connection, path)  # read 3, then (under the write lock) 4: nothing to migrate
     connection.close()
