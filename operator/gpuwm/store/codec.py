@@ -162,7 +162,7 @@ def _divide_out(deltas: IntArray) -> tuple[IntArray, IntArray]:
     1e-6 % costs no more than at 0.01 %). The gcd of the first points decides most rows at once: where
     it is 1, so is the row's. Elsewhere the whole row is reduced, including a row whose first points
     are all 0 (a series that starts inside the chunk, gaps filled with 0): until 2026-11-24 those kept
-    divisor 1, and a roll-up of 0.1 % steps was stored in units of 1e-6 % (25 % of the 5 min tier)."""
+    divisor 1, and a roll-up of 0.1 % steps was stored in units of 1e-6 % (24 % of the 5 min tier)."""
     head = np.gcd.reduce(deltas[:, :, :16], axis=2)
     divisor = head.copy()
     wide = (head != 1) & deltas[:, :, 16:].any(axis=2)
