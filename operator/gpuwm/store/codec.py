@@ -283,8 +283,7 @@ def decode_parts(
         rows = np.flatnonzero(np.isin(wanted, members))
         if not len(rows):
             continue
-        positions = np.searchsorted(members, wanted[rows]) if part != WHOLE else wanted[rows]
-        result[rows] = decode_chunk(data, points, positions.astype(np.intp), part)
+        result[rows] = decode_chunk(data, points, np.searchsorted(members, wanted[rows]), part)
     return result
 
 
