@@ -79,7 +79,7 @@ from gpuwm.model.figures import ProjectFigures, WorkloadFigures  # noqa: E402
 from gpuwm.store import RangeQuery, Series, Store  # noqa: E402
 from gpuwm.store.base import METRIC_INDEX  # noqa: E402
 from gpuwm.store.embedded import EmbeddedStore  # noqa: E402
-from gpuwm.store.schema import PART_COLUMNS  # noqa: E402
+from gpuwm.store.schema import PART_ROWS  # noqa: E402
 from gpuwm.store.tiers import parse_tiers  # noqa: E402
 
 STEP = 15
@@ -501,10 +501,8 @@ def _complete_span_bytes(store: EmbeddedStore, start: int, end: int) -> dict[int
         if last <= first:
             continue
         # a chunk names one payload per part it has (schema 4; a schema-3 chunk its whole bytes)
-        named_parts = " UNION ALL ".join(
-            f"SELECT {column} AS payload FROM chunks WHERE tier = ? AND start >= ? AND start < ? AND {column} IS NOT NULL"
-            for column in PART_COLUMNS.values())
-        where = (span.step, first, last) * len(PART_COLUMNS)
+        named_parts = f"SELECT payload FROM ({PART_ROWS}) WHERE tier = ? AND start >= ? AND start < ?"
+        where = (span.step, first, last)
         (chunks,) = store._writer.execute(
             "SELECT count(*) FROM chunks WHERE tier = ? AND start >= ? AND start < ?", (span.step, first, last)
         ).fetchone()

@@ -76,6 +76,12 @@ PART_COLUMNS: dict[int, str] = {WHOLE: "payload", 1: "device_payload", 2: "energ
                                 4: "pod_payload"}
 #: the payload columns schema 4 writes, in `SPLIT_PARTS` order
 SPLIT_COLUMNS: tuple[str, ...] = tuple(PART_COLUMNS[part] for part in SPLIT_PARTS)
+#: one row per chunk and part it names, (tier, series_id, start, points, part, payload): for tools and
+#: tests that count bytes or references by payload (the store itself reads chunks through `read_chunks`)
+PART_ROWS = " UNION ALL ".join(
+    f"SELECT tier, series_id, start, points, {part} AS part, {column} AS payload FROM chunks WHERE {column} IS NOT NULL"
+    for part, column in PART_COLUMNS.items()
+)
 #: a chunk that is a coarse span's piece (its payload ids below zero, every part's: `store_payloads`):
 #: the partial index's condition, which a query must repeat word for word for SQLite to use the index
 PIECE_CONDITION = f"coalesce({', '.join(PART_COLUMNS.values())}) < 0"

@@ -23,18 +23,20 @@ from gpuwm.store.codec import (
     quantize,
 )
 from gpuwm.store.embedded import APPLICATION_ID, SCHEMA_VERSION, EmbeddedStore
-from gpuwm.store.schema import PART_COLUMNS, PIECE_CONDITION, create_schema, payload_hash, store_payloads
+from gpuwm.store.schema import (
+    PART_COLUMNS,
+    PART_ROWS,
+    PIECE_CONDITION,
+    create_schema,
+    payload_hash,
+    store_payloads,
+)
 
 from .store_data import cluster, project, sample, workload
 
 #: 15 s points kept 4 minutes in 2-minute chunks; 1 min roll-ups kept 10 minutes in 4-minute chunks
 SMALL_TIERS = ["15s:4m", "1m:10m"]
 JOBS = 16  # one-pod, one-GPU workloads: with their pods, GPUs and node parts, more than one block of series
-#: one row per chunk and part it names: (tier, series_id, start, points, part, payload)
-PART_ROWS = " UNION ALL ".join(
-    f"SELECT tier, series_id, start, points, {part} AS part, {column} AS payload FROM chunks WHERE {column} IS NOT NULL"
-    for part, column in PART_COLUMNS.items()
-)
 CHUNK_ROWS = (f"SELECT r.tier, r.series_id, r.start, r.points, r.part, p.data FROM ({PART_ROWS}) r "
               "JOIN payloads p ON p.id = r.payload")
 
