@@ -219,7 +219,9 @@ def test_workload_scenario_on_a_strict_api(scenario: tuple[Scenario, bool], tmp_
         wait_until("the controller noticed", lambda: "is being terminated or is gone" in log.read_text(), log=log)
         wait_until("project CR retired", lambda: s.project("research") is None, log=log,
                    timeout=RETENTION_SECONDS + 20)
-        assert "retention: deleted GPUProjectMetrics research" in log.read_text()
+        # the controller logs the deletion once the API server has answered it: the CR can be seen gone first
+        wait_until("project CR deletion logged",
+                   lambda: "retention: deleted GPUProjectMetrics research" in log.read_text(), log=log, timeout=10)
         assert controller.process is not None and controller.process.poll() is None
     finally:
         controller.stop()
