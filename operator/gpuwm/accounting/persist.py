@@ -65,11 +65,14 @@ class LazyEntries(Sequence[dict[str, Any]]):
         return (self._build(item) for item in self._items)
 
 
-def save_state(core: Any, lazy: bool = False) -> dict[str, Any]:
+def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, Any]:
     """The engine's state; with `lazy`, its workloads, pods and GPUs are `LazyEntries`.
 
     A lazy state must be read (encoded) before the engine changes again: its entries are
-    built from the engine's records when read.
+    built from the engine's records when read. `raw`: window segments and GPU histories are
+    `RawDoubles` (the same columns themselves, not copies; for the controller's state file,
+    which writes them as bytes), not base64 text; such a state must be encoded before the
+    engine changes again too.
     """
     stretch_ids: dict[int, int] = {}
     stretches: list[dict[str, Any]] = []
@@ -118,7 +121,7 @@ def save_state(core: Any, lazy: bool = False) -> dict[str, Any]:
             "unmonitoredSeconds": workload.unmonitored_seconds,
             "energyJoules": workload.energy_joules,
             "life": [workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem],
-            "windows": workload.windows.to_base64(),
+            "windows": workload.windows.to_raw() if raw else workload.windows.to_base64(),
             "firstRunStart": workload.first_run_start,
             "retiredRuns": [list(run) for run in workload.retired_runs],
             "retiredLastActive": _finite(workload.retired_last_active),
@@ -141,7 +144,7 @@ def save_state(core: Any, lazy: bool = False) -> dict[str, Any]:
         return {
             "uuid": gpu.uuid,
             "node": gpu.node,
-            "history": gpu.columns(),
+            "history": gpu.columns(raw),
             "pruned": gpu.pruned,
             "latest": None if gpu.latest is None else gpu.latest.model_dump(mode="json"),
             "stretches": [stretch_ids[id(stretch)] for stretch in gpu.stretches],
@@ -209,7 +212,7 @@ def _restore(core: Any, state: dict[str, Any]) -> None:
         workload.unmonitored_seconds = raw["unmonitoredSeconds"]
         workload.energy_joules = raw["energyJoules"]
         workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem = raw["life"]
-        windows = raw["windows"]  # version 1: a list of floats; 2: base64 of the doubles
+        windows = raw["windows"]  # version 1: a list of floats; 2: base64 of the doubles, or their raw bytes
         workload.windows = WindowSums.from_list(windows) if isinstance(windows, list) else WindowSums.from_base64(windows)
         workload.first_run_start = raw["firstRunStart"]
         workload.retired_runs = [(run[0], run[1]) for run in raw["retiredRuns"]]

@@ -112,9 +112,10 @@ class Engine(EngineCore):
         cached = self._settled.get(uid)
         return None if cached is None else cached[1]
 
-    def save(self, lazy: bool = False) -> dict[str, Any]:
-        """The whole state as JSON-able data (see `gpuwm.accounting.persist`); `lazy`: built as it is read."""
-        return save_state(self, lazy)
+    def save(self, lazy: bool = False, raw: bool = False) -> dict[str, Any]:
+        """The whole state as JSON-able data (see `gpuwm.accounting.persist`); `lazy`: built as it is read;
+        `raw`: its big float columns as `RawDoubles` (see `gpuwm.accounting.rawcolumns`)."""
+        return save_state(self, lazy, raw)
 
     @classmethod
     def restore(cls, state: dict[str, Any], config: EngineConfig | None = None) -> Engine:

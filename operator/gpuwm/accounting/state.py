@@ -6,14 +6,13 @@ second, and pydantic validation per record would cost more than the accounting i
 
 from __future__ import annotations
 
-import base64
 import math
-import sys
 from array import array
 from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+from gpuwm.accounting.rawcolumns import RawDoubles, doubles_from_saved
 from gpuwm.accounting.windows import WindowSums
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import PodEvent
@@ -350,28 +349,59 @@ class Gpu:
         for t, sm, memory, energy, pod_sm, units, *merged in rows:  # rows saved before merged polls have 6 members
             self.append((t, _nan(sm), _nan(memory), _nan(energy), pod_sm, units, float(merged[0]) if merged else 0.0))
 
-    def columns(self) -> dict[str, Any]:
+    def columns(self, raw: bool = False) -> dict[str, Any]:
         """The history as JSON-able columns: each float column base64 of its little-endian doubles (NaN kept).
 
         What the engine state saves: rows would be a Python list per sample (10^6 of them for
         8,000 GPUs x 2 minutes at 1 Hz, ~200 MB while saving); columns are a few strings per GPU.
         `podSm` is null when no sample carried per-process data; `units` (a device's size, which
         does not change) is a plain number when every sample has the same.
+
+        `raw` (the controller's state file, see gpuwm.accounting.rawcolumns): t, sm, memory,
+        energy (and merged, where any point is) as one `RawDoubles` of the columns one after the
+        other ("floats", with "floatColumns": 5 when merged is there). One piece per GPU, not five:
+        at 8,000 GPUs of short histories, the cost of a save was per piece, not per byte.
         """
+        units, pod_sm, merged = self.device_units, self.pod_sm, self.merged
+        merged_any = merged.count(0.0) != len(merged)  # left out while no point is merged (as before merged polls)
+        constant_units = units[0] if units and units.count(units[0]) == len(units) else None
+        if raw:
+            floats = [getattr(self, attribute) for _, attribute in _COLUMNS[:-1]]
+            if merged_any:
+                floats.append(array("d", merged))
+            raw_columns: dict[str, Any] = {"floats": RawDoubles(b"".join(floats))}
+            if merged_any:
+                raw_columns["floatColumns"] = len(floats)
+            raw_columns["units"] = RawDoubles(array("d", units)) if constant_units is None else constant_units
+            raw_columns["podSm"] = None if pod_sm.count(None) == len(pod_sm) else list(pod_sm)
+            return raw_columns
         columns: dict[str, Any] = {name: _encode(getattr(self, attribute)) for name, attribute in _COLUMNS[:-1]}
-        units = self.device_units
-        columns["units"] = units[0] if units and units.count(units[0]) == len(units) else _encode(array("d", units))
-        pod_sm = self.pod_sm
+        columns["units"] = _encode(array("d", units)) if constant_units is None else constant_units
         columns["podSm"] = None if pod_sm.count(None) == len(pod_sm) else list(pod_sm)
-        merged = self.merged
-        if merged.count(0.0) != len(merged):  # left out while no point is merged (as in states saved before them)
+        if merged_any:
             columns["merged"] = _encode(array("d", merged))
         return columns
 
     def load_columns(self, columns: dict[str, Any]) -> None:
         """Inverse of `columns`; raises ValueError when the columns disagree in length."""
-        for name, attribute in _COLUMNS[:-1]:
-            setattr(self, attribute, _decode(columns[name]))
+        merged: array[float] | None = None
+        if "floats" in columns:  # raw: t, sm, memory, energy (and merged) one after the other
+            floats = _decode(columns["floats"])
+            count = columns.get("floatColumns", len(_COLUMNS) - 1)
+            if count not in (len(_COLUMNS) - 1, len(_COLUMNS)):
+                raise ValueError(f"GPU {self.uuid}: saved history names {count!r} float columns, not 4 or 5")
+            size, left = divmod(len(floats), count)
+            if left:
+                raise ValueError(f"GPU {self.uuid}: saved history holds {len(floats)} numbers, not {count} equal columns")
+            for position, (_, attribute) in enumerate(_COLUMNS[:-1]):
+                setattr(self, attribute, floats[position * size:(position + 1) * size])
+            if count == len(_COLUMNS):
+                merged = floats[(count - 1) * size:]
+        else:
+            for name, attribute in _COLUMNS[:-1]:
+                setattr(self, attribute, _decode(columns[name]))
+            if columns.get("merged") is not None:
+                merged = _decode(columns["merged"])
         size = len(self.times)
         units = columns["units"]
         self.device_units = UniformColumn(1.0, _float_column, adopt=True)
@@ -379,9 +409,8 @@ class Gpu:
         pod_sm = columns["podSm"]
         self.pod_sm = UniformColumn(None, _dict_column, adopt=False)
         self.pod_sm.extend([None] * size if pod_sm is None else [None if value is None else dict(value) for value in pod_sm])
-        merged = columns.get("merged")
         self.merged = UniformColumn(0.0, _float_column, adopt=False)
-        self.merged.extend([0.0] * size if merged is None else _decode(merged))
+        self.merged.extend([0.0] * size if merged is None else merged)
         if (any(len(getattr(self, attribute)) != size for _, attribute in _COLUMNS) or len(self.pod_sm) != size
                 or len(self.merged) != size):
             raise ValueError(f"GPU {self.uuid}: saved history columns differ in length")
@@ -392,18 +421,10 @@ _COLUMNS = (("t", "times"), ("sm", "sm"), ("memory", "memory"), ("energy", "ener
 
 
 def _encode(column: array[float]) -> str:
-    if sys.byteorder != "little":
-        column = array("d", column)
-        column.byteswap()
-    return base64.b64encode(column.tobytes()).decode("ascii")
+    return RawDoubles(column).base64()
 
 
-def _decode(text: str) -> array[float]:
-    column = array("d")
-    column.frombytes(base64.b64decode(text, validate=True))
-    if sys.byteorder != "little":
-        column.byteswap()
-    return column
+_decode = doubles_from_saved  # base64 text, or raw bytes from the controller's state file
 
 
 def _none(value: float) -> float | None:

@@ -12,10 +12,10 @@ boundaries, pro rata otherwise.
 
 from __future__ import annotations
 
-import base64
-import sys
 from array import array
 from collections.abc import Sequence
+
+from gpuwm.accounting.rawcolumns import RawDoubles, doubles_from_saved
 
 _STRIDE = 6  # start, end, units, units*util, mem_units, mem_units*mem
 WINDOW_SECONDS: dict[str, float] = {"avg1m": 60.0, "avg5m": 300.0, "avg1h": 3600.0}
@@ -215,19 +215,16 @@ class WindowSums:
 
     def to_base64(self) -> str:
         """The segments as base64 of their little-endian doubles (what the engine state saves)."""
-        data = self._data
-        if sys.byteorder != "little":
-            data = array("d", data)
-            data.byteswap()
-        return base64.b64encode(data.tobytes()).decode("ascii")
+        return RawDoubles(self._data).base64()
+
+    def to_raw(self) -> RawDoubles:
+        """The segments for a state file that carries them as raw bytes (see gpuwm.accounting.rawcolumns)."""
+        return RawDoubles(self._data)
 
     @classmethod
-    def from_base64(cls, text: str) -> WindowSums:
-        """Inverse of `to_base64`; raises ValueError when it is not whole segments."""
-        values = array("d")
-        values.frombytes(base64.b64decode(text, validate=True))
-        if sys.byteorder != "little":
-            values.byteswap()
+    def from_base64(cls, text: str | bytes | bytearray | memoryview) -> WindowSums:
+        """Inverse of `to_base64` (or raw bytes, of `to_raw`); raises ValueError when it is not whole segments."""
+        values = doubles_from_saved(text)
         if len(values) % _STRIDE:
             raise ValueError(f"saved window segments hold {len(values)} numbers, not a multiple of {_STRIDE}")
         sums = cls()

@@ -11,14 +11,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+import struct
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 import orjson
 
 from gpuwm.accounting.persist import LazyEntries
+from gpuwm.accounting.rawcolumns import RawDoubles
 
 logger = logging.getLogger(__name__)
 
@@ -59,27 +61,54 @@ STREAM_DEPTH = 4
 _OPTIONS = orjson.OPT_NON_STR_KEYS
 
 
+#: the last bytes of a state file that carries raw columns after its JSON: then, before them, the
+#: offset (uint64, little-endian) where the raw bytes begin
+RAW_MAGIC = b"GPUWMRAW"
+_TRAILER = struct.Struct("<Q8s")
+#: how the JSON names a raw column: {"$raw": [offset from the raw bytes' start, length in bytes]}
+RAW_KEY = "$raw"
+
+
 def encode_state(state: dict[str, Any]) -> bytes:
     """The state as JSON bytes, in one piece (small states and tests; saving streams instead).
 
     orjson encodes the ~16 MB state of an 8,000-GPU cluster about five times faster than
     `json.dumps`; non-string keys become strings as `json.dumps` makes them, so `load_state`
-    reads back what it always did.
+    reads back what it always did. Raw columns (`RawDoubles`) go in as base64 text.
     """
     return orjson.dumps({"version": STATE_VERSION, **state}, default=_entries, option=_OPTIONS)
 
 
-def _entries(value: Any) -> list[Any]:
-    """orjson's fallback: a lazily built list of the engine's state (`save_state(lazy=True)`) as a list."""
+def _entries(value: Any) -> Any:
+    """orjson's fallback: a lazily built list of the engine's state (`save_state(lazy=True)`) as a list,
+    a raw column as base64 text."""
     if isinstance(value, LazyEntries):
         return list(value)
+    if isinstance(value, RawDoubles):
+        return value.base64()
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-def _chunks(value: Any, depth: int) -> Iterator[bytes]:
+class _RawSection:
+    """The raw columns met while encoding the JSON, in order: written after it, named in it by offset."""
+
+    def __init__(self) -> None:
+        self.columns: list[RawDoubles] = []
+        self.size = 0
+
+    def default(self, value: Any) -> Any:
+        if isinstance(value, RawDoubles):
+            reference = {RAW_KEY: [self.size, value.nbytes]}
+            self.columns.append(value)
+            self.size += value.nbytes
+            return reference
+        return _entries(value)
+
+
+def _chunks(value: Any, depth: int, default: Callable[[Any], Any] = _entries) -> Iterator[bytes]:
     """`value` as JSON in pieces of at most a batch of children, never the whole document at once."""
     if depth <= 0 or not isinstance(value, dict | list | LazyEntries) or not value:
-        yield orjson.dumps(value, default=_entries, option=_OPTIONS)
+        yield orjson.dumps(value, default=default, option=_OPTIONS)
         return
     if isinstance(value, dict):
         yield b"{"
@@ -88,11 +117,11 @@ def _chunks(value: Any, depth: int) -> Iterator[bytes]:
             for start in range(0, len(items), STREAM_BATCH):
                 # `{"k":v,...}` without its braces: orjson writes the keys exactly as for the whole dict
                 yield (b"," if start else b"") + orjson.dumps(
-                    dict(items[start:start + STREAM_BATCH]), default=_entries, option=_OPTIONS)[1:-1]
+                    dict(items[start:start + STREAM_BATCH]), default=default, option=_OPTIONS)[1:-1]
         else:
             for index, (key, child) in enumerate(items):
                 yield (b"," if index else b"") + orjson.dumps({key: None}, option=_OPTIONS)[1:-5]  # `"key":`
-                yield from _chunks(child, depth - 1)
+                yield from _chunks(child, depth - 1, default)
         yield b"}"
         return
     yield b"["
@@ -100,26 +129,43 @@ def _chunks(value: Any, depth: int) -> Iterator[bytes]:
         for start in range(0, len(value), STREAM_BATCH):
             # a LazyEntries slice builds just these entries: only a batch of them is ever alive
             yield (b"," if start else b"") + orjson.dumps(
-                value[start:start + STREAM_BATCH], default=_entries, option=_OPTIONS)[1:-1]
+                value[start:start + STREAM_BATCH], default=default, option=_OPTIONS)[1:-1]
     else:
         for index, child in enumerate(value):
             if index:
                 yield b","
-            yield from _chunks(child, depth - 1)
+            yield from _chunks(child, depth - 1, default)
     yield b"]"
 
 
-def encode_state_chunks(state: dict[str, Any]) -> Iterator[bytes]:
-    """The same document as `encode_state`, in pieces: a 100 MB state never sits in memory twice."""
-    return _chunks({"version": STATE_VERSION, **state}, STREAM_DEPTH)
+def encode_state_chunks(state: dict[str, Any]) -> Iterator[bytes | memoryview]:
+    """The same document as `encode_state`, in pieces: a 100 MB state never sits in memory twice.
+
+    Raw columns (`RawDoubles`, from `Engine.save(raw=True)`) are not base64 here: the JSON names
+    each by offset and length, and their bytes follow it, then a trailer (the offset where they
+    begin, `RAW_MAGIC`). The columns are written from the engine's own arrays, not copied; like
+    a lazy state, this must be consumed before the engine changes again. Without raw columns the
+    pieces are exactly `encode_state`'s JSON.
+    """
+    raw = _RawSection()
+    written = 0
+    for chunk in _chunks({"version": STATE_VERSION, **state}, STREAM_DEPTH, raw.default):
+        written += len(chunk)
+        yield chunk
+    if not raw.columns:
+        return
+    yield b"\n"
+    for column in raw.columns:
+        yield memoryview(column.data).cast("B")  # a view of the column: its bytes, not a copy
+    yield _TRAILER.pack(written + 1, RAW_MAGIC)
 
 
-def write_state(path: Path, payload: bytes | Iterable[bytes]) -> None:
+def write_state(path: Path, payload: bytes | Iterable[bytes | memoryview]) -> None:
     """Write encoded state (bytes or chunks) atomically (safe in a thread when the chunks are)."""
     commit_state(stage_state(path, payload), path)
 
 
-def stage_state(path: Path, payload: bytes | Iterable[bytes]) -> Path:
+def stage_state(path: Path, payload: bytes | Iterable[bytes | memoryview]) -> Path:
     """Write the state to a temp file next to `path`, not yet synced nor in place (see `commit_state`).
 
     Writing to the page cache is quick; the fsync, the slow part, is `commit_state`'s, which can
@@ -160,18 +206,26 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
 
 
 def load_state(path: Path) -> dict[str, Any] | None:
-    """The saved state, or None when there is none or it cannot be read (logged, never fatal)."""
+    """The saved state, or None when there is none or it cannot be read (logged, never fatal).
+
+    Raw columns (see `encode_state_chunks`) come back as memoryviews of the file's bytes where
+    the JSON names them, which the engine's restore reads as it reads base64 text.
+    """
     try:
-        raw = path.read_text()
+        data = path.read_bytes()
     except FileNotFoundError:
         return None
     except OSError as error:
         logger.warning("cannot read engine state %s (%s); rebuilding from CR status", path, error)
         return None
     try:
+        document, raw = _split_raw(data)
         # json, not orjson: orjson.loads peaks ~120 MiB higher on a 100 MB state (measured), and the
         # files json.dumps wrote before orjson may hold NaN/Infinity, which orjson rejects
-        state = json.loads(raw)
+        state = json.loads(document)
+        del document, data
+        if raw is not None:
+            _resolve_raw(state, raw)
     except ValueError as error:
         logger.warning("engine state %s is not valid JSON (%s); rebuilding from CR status", path, error)
         return None
@@ -179,3 +233,40 @@ def load_state(path: Path) -> dict[str, Any] | None:
         logger.warning("engine state %s has an unknown format; rebuilding from CR status", path)
         return None
     return state
+
+
+def _split_raw(data: bytes) -> tuple[bytes, memoryview | None]:
+    """(the JSON, the raw columns after it or None) of a state file's bytes; ValueError when the trailer is wrong."""
+    if not data.endswith(RAW_MAGIC):
+        return data, None  # JSON alone, as every state before raw columns
+    if len(data) < _TRAILER.size:
+        raise ValueError("the raw columns' trailer is cut short")
+    start, _ = _TRAILER.unpack_from(data, len(data) - _TRAILER.size)
+    end = len(data) - _TRAILER.size
+    if not 0 < start <= end:
+        raise ValueError(f"the raw columns' offset {start} is outside the file ({len(data)} bytes)")
+    return data[: start - 1], memoryview(data)[start:end]
+
+
+def _resolve_raw(document: Any, raw: memoryview) -> None:
+    """Replace each `{"$raw": [offset, length]}` in the loaded JSON with those bytes of `raw` (a view, no copy)."""
+    pending: list[Any] = [document]
+    while pending:
+        container = pending.pop()
+        keyed = container.items() if isinstance(container, dict) else enumerate(container)
+        for key, value in keyed:
+            if isinstance(value, dict):
+                if len(value) == 1 and RAW_KEY in value:
+                    container[key] = _raw_slice(raw, value[RAW_KEY])
+                else:
+                    pending.append(value)
+            elif isinstance(value, list):
+                pending.append(value)
+
+
+def _raw_slice(raw: memoryview, reference: Any) -> memoryview:
+    if (not isinstance(reference, list) or len(reference) != 2
+            or not all(isinstance(number, int) and number >= 0 for number in reference)
+            or reference[0] + reference[1] > len(raw)):
+        raise ValueError(f"a raw column reference {reference!r} is not within the {len(raw)} raw bytes")
+    return raw[reference[0]: reference[0] + reference[1]]

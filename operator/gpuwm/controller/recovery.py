@@ -62,15 +62,17 @@ def _pod_from_json(data: dict[str, Any]) -> TrackedPod:
     )
 
 
-def snapshot_state(runtime: ControllerRuntime, now: float, lazy: bool = False) -> dict[str, Any]:
+def snapshot_state(runtime: ControllerRuntime, now: float, lazy: bool = False, raw: bool = False) -> dict[str, Any]:
     """Everything a restarted controller needs to carry on exactly (JSON-serialisable).
 
     `lazy`: the engine's big lists are built as they are encoded (`persistence.encode_state_chunks`
-    in batches), which must happen before the engine changes again.
+    in batches), which must happen before the engine changes again. `raw`: its float columns are
+    `RawDoubles`, which `persistence.encode_state_chunks` writes as bytes after the JSON (so must
+    the state be encoded before the engine changes again).
     """
     return {
         "saved_at": now,
-        "engine": runtime.engine.save(lazy),
+        "engine": runtime.engine.save(lazy, raw),
         "agents": runtime.puller.positions(),
         "holders": {node: [h.model_dump(exclude_none=True) for h in holders]
                     for node, holders in runtime.holders_by_node.items()},

@@ -409,7 +409,7 @@ class ControllerRuntime:
         re-reads the agents from the saved positions, so the samples since are not lost.
         """
         try:
-            save_state(self.state_path, recovery.snapshot_state(self, now))
+            save_state(self.state_path, recovery.snapshot_state(self, now, raw=True))
             self._last_save = now
         except OSError as error:
             logger.warning("cannot save engine state to %s: %s", self.state_path, error)
@@ -418,7 +418,9 @@ class ControllerRuntime:
         """As `save`; the JSON streams to a temp file on the loop (consistent, never whole in memory), fsync in a thread."""
         try:
             # lazy: each batch of the engine's entries is built, encoded and dropped in turn (no await in between)
-            temp = stage_state(self.state_path, encode_state_chunks(recovery.snapshot_state(self, now, lazy=True)))
+            # raw: window segments and GPU histories go as bytes after the JSON (no base64; see rawcolumns)
+            temp = stage_state(self.state_path,
+                               encode_state_chunks(recovery.snapshot_state(self, now, lazy=True, raw=True)))
             await asyncio.to_thread(commit_state, temp, self.state_path)
             self._last_save = now
         except OSError as error:

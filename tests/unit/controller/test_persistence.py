@@ -132,3 +132,141 @@ def test_a_lazy_engine_state_encodes_to_the_same_bytes_built_a_batch_at_a_time(m
     assert b"".join(encode_state_chunks(lazy)) == whole
     assert built and max(built) <= 16 and sum(built) == 40 + 40 + 80  # every entry once, 16 at most at a time
     assert encode_state(lazy) == whole  # orjson in one piece reads a lazy list whole
+
+
+def _busy_engine(merged: bool = False) -> Any:
+    """An engine with windows, GPU histories (with merged polls and a GPU whose size changed, on request)."""
+    from gpuwm.accounting import Engine, EngineConfig
+    from tests.unit.accounting.helpers import pod, sample
+
+    engine = Engine(EngineConfig(interval_seconds=1.0))
+    for index in range(30):
+        devices = [(f"GPU-{index}-{gpu}", 1.0) for gpu in range(2)]
+        engine.observe(pod(0.0, f"job-{index}", node=f"n{index % 3}", devices=devices))
+    for t in range(1, 40):
+        for index in range(30):
+            for gpu in range(2):
+                extra: dict[str, Any] = {}
+                if merged and t % 5 == 0:
+                    extra["merged_seconds"] = 1.0
+                if merged and index == 2 and gpu == 0 and t > 20:
+                    extra["device_units"] = 0.5
+                engine.observe(sample(float(t), f"GPU-{index}-{gpu}", sm=float((index * t) % 100),
+                                      energy_joules=10.0 * t, **extra))
+    engine.observe(pod(30.5, "job-3", phase="Succeeded", devices=[("GPU-3-0", 1.0), ("GPU-3-1", 1.0)]))
+    engine.report(40.0)
+    return engine
+
+
+@pytest.mark.parametrize("merged", [False, True])
+def test_raw_columns_go_after_the_json_and_restore_the_same_engine(tmp_path: Path, merged: bool) -> None:
+    """`save(raw=True)`, what the controller writes: window segments and GPU histories as bytes after the
+    JSON, named in it by offset; read back, the engine is the one saved (its base64 state, its report)."""
+    import orjson
+
+    from gpuwm.accounting import Engine, EngineConfig
+    from gpuwm.controller.persistence import (
+        RAW_KEY,
+        RAW_MAGIC,
+        encode_state,
+        encode_state_chunks,
+        write_state,
+    )
+
+    engine = _busy_engine(merged)
+    path = tmp_path / "state.json"
+    write_state(path, encode_state_chunks({"engine": engine.save(lazy=True, raw=True), "saved_at": 40.0}))
+    data = path.read_bytes()
+    base64_size = len(encode_state({"engine": engine.save(), "saved_at": 40.0}))
+    assert data.endswith(RAW_MAGIC) and len(data) < base64_size
+    assert RAW_KEY.encode() in data and b'"floats"' in data
+    if merged:  # the merged polls and the changed device size came along
+        assert b'"floatColumns":5' in data
+    loaded = load_state(path)
+    assert loaded is not None and loaded["saved_at"] == 40.0
+    restored = Engine.restore(loaded["engine"], EngineConfig(interval_seconds=1.0))
+    assert orjson.dumps(restored.save(), option=orjson.OPT_NON_STR_KEYS) == orjson.dumps(
+        engine.save(), option=orjson.OPT_NON_STR_KEYS)
+    assert restored.report(45.0) == engine.report(45.0)
+    if merged:
+        gpu = restored.gpu_records["GPU-2-0"]
+        assert 0.5 in list(gpu.device_units) and any(value != 0.0 for value in gpu.merged)
+
+
+def test_a_state_without_raw_columns_is_plain_json(tmp_path: Path) -> None:
+    """Nothing raw to carry (a small state, the tests' states): the file is JSON alone, as before."""
+    from gpuwm.controller.persistence import RAW_MAGIC, encode_state, encode_state_chunks
+
+    state = {"engine": _busy_engine().save(), "saved_at": 40.0}
+    assert b"".join(encode_state_chunks(state)) == encode_state(state)
+    assert not encode_state(state).endswith(RAW_MAGIC)
+
+
+def test_raw_columns_in_one_piece_are_base64(tmp_path: Path) -> None:
+    """`encode_state` has nowhere to put raw bytes: they go into the JSON as base64, which restores too."""
+    from gpuwm.accounting import Engine, EngineConfig
+    from gpuwm.controller.persistence import encode_state
+
+    engine = _busy_engine(merged=True)
+    path = tmp_path / "state.json"
+    path.write_bytes(encode_state({"engine": engine.save(raw=True)}))
+    loaded = load_state(path)
+    assert loaded is not None
+    restored = Engine.restore(loaded["engine"], EngineConfig(interval_seconds=1.0))
+    assert restored.report(45.0) == engine.report(45.0)
+
+
+@pytest.mark.parametrize("damage", ["offset past the end", "reference past the raw bytes", "bad reference",
+                                    "cut trailer", "columns of unequal length"])
+def test_a_damaged_raw_state_file_is_none_not_a_crash(tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A raw state file that does not add up is ignored with a warning (the CRs are the fallback)."""
+    import struct
+
+    from gpuwm.accounting import Engine, EngineConfig
+    from gpuwm.accounting.persist import StateError
+    from gpuwm.controller.persistence import RAW_MAGIC, encode_state_chunks, write_state
+
+    path = tmp_path / "state.json"
+    write_state(path, encode_state_chunks({"engine": _busy_engine().save(raw=True)}))
+    data = path.read_bytes()
+    start = struct.unpack_from("<Q", data, len(data) - 16)[0]
+    if damage == "offset past the end":
+        data = data[:-16] + struct.pack("<Q", len(data) + 5) + RAW_MAGIC
+    elif damage == "reference past the raw bytes":
+        data = data.replace(b'{"$raw":[0,', b'{"$raw":[99999999,', 1)
+    elif damage == "bad reference":
+        data = data.replace(b'{"$raw":[0,', b'{"$raw":[-1,', 1)
+    elif damage == "cut trailer":
+        data = RAW_MAGIC
+    else:  # a GPU history whose bytes are not four equal columns: read, but not restorable
+        first = data.index(b'"floats":{"$raw":[') + len(b'"floats":{"$raw":[')
+        offset, length = data[first:data.index(b"]", first)].split(b",")
+        data = data.replace(b'"floats":{"$raw":[' + offset + b"," + length + b"]",
+                            b'"floats":{"$raw":[' + offset + b"," + str(int(length) - 8).encode() + b"]", 1)
+        assert start > 0
+    path.write_bytes(data)
+    loaded = load_state(path)
+    if damage == "columns of unequal length":
+        assert loaded is not None
+        with pytest.raises(StateError, match="not 4 equal columns"):
+            Engine.restore(loaded["engine"], EngineConfig(interval_seconds=1.0))
+    else:
+        assert loaded is None
+        assert "rebuilding from CR status" in caplog.text
+
+
+def test_raw_doubles_and_their_reading() -> None:
+    from array import array
+
+    from gpuwm.accounting.rawcolumns import RawDoubles, doubles_from_saved
+
+    column = array("d", [1.5, float("nan"), -2.0])
+    raw = RawDoubles(column)
+    assert raw.nbytes == 24 and raw.data is column  # the column itself, not a copy
+    assert list(doubles_from_saved(raw.base64()))[::2] == [1.5, -2.0]
+    assert list(doubles_from_saved(memoryview(column.tobytes())))[::2] == [1.5, -2.0]
+    assert RawDoubles(column.tobytes() + column.tobytes()).nbytes == 48
+    with pytest.raises(ValueError):
+        doubles_from_saved(b"\x00" * 7)  # not whole doubles
+    with pytest.raises(ValueError, match="base64 text or bytes"):
+        doubles_from_saved(3)  # type: ignore[arg-type]
