@@ -20,9 +20,59 @@ def test_state_path_next_to_the_store() -> None:
 def test_round_trip_and_no_leftovers(tmp_path: Path) -> None:
     path = tmp_path / "sub" / "state.json"
     save_state(path, {"engine": {"a": [1, 2]}, "saved_at": 5.0})
+    assert sorted(p.name for p in path.parent.iterdir()) == ["state.json"]
     save_state(path, {"engine": {"a": [3]}, "saved_at": 6.0})
     assert load_state(path) == {"version": 1, "engine": {"a": [3]}, "saved_at": 6.0}
-    assert sorted(p.name for p in path.parent.iterdir()) == ["state.json"]
+    # the state before last stays beside it, to be written over by the next save
+    assert sorted(p.name for p in path.parent.iterdir()) == ["state.json", "state.json.previous"]
+    assert load_state(path.with_name("state.json.previous")) == {"version": 1, "engine": {"a": [1, 2]}, "saved_at": 5.0}
+
+
+def test_each_save_is_written_over_the_state_before_last_in_place(tmp_path: Path) -> None:
+    """No new file per save: the file before last is overwritten (its pages are cached), then takes the
+    state's name; the old state becomes the file before last. A shorter state leaves nothing of a longer one."""
+    from gpuwm.controller.persistence import previous_path
+
+    path = tmp_path / "state.json"
+    save_state(path, {"engine": {"a": list(range(500))}, "saved_at": 1.0})
+    save_state(path, {"engine": {"a": list(range(400))}, "saved_at": 2.0})
+    for saved_at in (3.0, 4.0, 5.0):
+        state_inode, previous_inode = path.stat().st_ino, previous_path(path).stat().st_ino
+        save_state(path, {"engine": {"a": [int(saved_at)]}, "saved_at": saved_at})
+        assert path.stat().st_ino == previous_inode  # written in place, then renamed
+        assert previous_path(path).stat().st_ino == state_inode
+        assert path.read_bytes() == b'{"version":1,"engine":{"a":[%d]},"saved_at":%r}' % (int(saved_at), saved_at)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json", "state.json.previous"]
+
+
+def test_leftovers_of_a_killed_save_do_no_harm(tmp_path: Path) -> None:
+    """Killed between the link and the renames: a `.swap` name is left, or the file before last is the
+    state itself under a second name. The next save neither fails nor writes over the state it reads."""
+    from gpuwm.controller.persistence import previous_path
+
+    path = tmp_path / "state.json"
+    save_state(path, {"engine": {"a": [1]}})
+    os.link(path, tmp_path / "state.json.swap")
+    save_state(path, {"engine": {"a": [2]}})
+    assert load_state(path) == {"version": 1, "engine": {"a": [2]}}
+    previous_path(path).unlink()
+    os.link(path, previous_path(path))  # one file, two names
+    save_state(path, {"engine": {"a": [3]}})
+    assert load_state(path) == {"version": 1, "engine": {"a": [3]}}
+    assert load_state(previous_path(path)) == {"version": 1, "engine": {"a": [2]}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json", "state.json.previous"]
+
+
+def test_without_hard_links_the_state_is_simply_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_links(source: Any, target: Any) -> None:
+        raise PermissionError("hard links are not allowed here")
+
+    monkeypatch.setattr(os, "link", no_links)
+    path = tmp_path / "state.json"
+    for value in (1, 2, 3):
+        save_state(path, {"engine": {"a": [value]}})
+    assert load_state(path) == {"version": 1, "engine": {"a": [3]}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
 
 
 def test_missing_corrupt_or_foreign_state_is_none(tmp_path: Path) -> None:
@@ -82,6 +132,11 @@ def test_a_save_failing_mid_stream_keeps_the_previous_state(tmp_path: Path) -> N
     with pytest.raises(RuntimeError):
         write_state(path, broken())
     assert load_state(path) == {"version": 1, "engine": {"a": [1]}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
+    save_state(path, {"engine": {"a": [2]}})
+    with pytest.raises(RuntimeError):  # the state before last was half written over: it goes, the state stays
+        write_state(path, broken())
+    assert load_state(path) == {"version": 1, "engine": {"a": [2]}}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state.json"]
 
 
