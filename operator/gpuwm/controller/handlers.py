@@ -237,6 +237,7 @@ async def cleanup(**_: Any) -> None:
             await task
     _TASKS.clear()
     if RUNTIME is not None:
+        await RUNTIME.finish_saving()  # a save the cancelled cycle left renaming, before the last one
         RUNTIME.save(time.time())
         await RUNTIME.puller.close()
         await RUNTIME.client.close()

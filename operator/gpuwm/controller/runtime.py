@@ -139,6 +139,7 @@ class ControllerRuntime:
                                      device_plugin_config=settings.device_plugin_config, clock=clock)
         self._warned: set[str] = set()
         self._last_save: float | None = None
+        self._committing: asyncio.Future[None] | None = None  # the latest background save's fsync and rename
         self.cycle_cpu_seconds: dict[str, float] = {}
         self.store_cpu_seconds = 0.0  # CPU of the latest store write, in its worker thread
         self.idle_events = IdleEvents(client, self.writer.bucket, settings.idle_condition_after, clock)
@@ -415,16 +416,33 @@ class ControllerRuntime:
             logger.warning("cannot save engine state to %s: %s", self.state_path, error)
 
     async def save_in_background(self, now: float) -> None:
-        """As `save`; the JSON streams to a temp file on the loop (consistent, never whole in memory), fsync in a thread."""
+        """As `save`; the JSON streams to the state file before last on the loop (consistent, never whole in memory),
+        fsync and rename in a thread."""
         try:
             # lazy: each batch of the engine's entries is built, encoded and dropped in turn (no await in between)
             # raw: window segments and GPU histories go as bytes after the JSON (no base64; see rawcolumns)
-            temp = stage_state(self.state_path,
-                               encode_state_chunks(recovery.snapshot_state(self, now, lazy=True, raw=True)))
-            await asyncio.to_thread(commit_state, temp, self.state_path)
+            staged = stage_state(self.state_path,
+                                 encode_state_chunks(recovery.snapshot_state(self, now, lazy=True, raw=True)))
+            # shielded: a cycle cancelled at shutdown leaves the rename to finish; `finish_saving` waits for it
+            self._committing = asyncio.ensure_future(asyncio.to_thread(commit_state, staged, self.state_path))
+            await asyncio.shield(self._committing)
             self._last_save = now
         except OSError as error:
             logger.warning("cannot save engine state to %s: %s", self.state_path, error)
+        self._committing = None  # done (a cancelled cycle does not get here)
+
+    async def finish_saving(self) -> None:
+        """Wait for a background save's rename still running in its thread (a cycle cancelled at shutdown).
+
+        The next save writes over the state file before last, which that rename is about to move:
+        `save` must not start before it is done.
+        """
+        committing, self._committing = self._committing, None
+        if committing is not None:
+            try:
+                await committing
+            except OSError as error:
+                logger.warning("cannot save engine state to %s: %s", self.state_path, error)
 
     async def _record(self, now: float, samples: Any, workloads: Any, projects: Any, cluster: Any, result: Any) -> None:
         if self.store is None:

@@ -77,3 +77,44 @@ def test_conditions_written_on_the_crs_become_memos_and_mark_idle_announced(tmp_
     recovery._conditions_from_crs(runtime, items)
     assert runtime.conditions == {"w1": remembered(written)}
     assert runtime.idle_events.announced == {"w1"}
+
+
+def test_a_save_cut_off_by_shutdown_finishes_before_the_last_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cycle cancelled while its save renames in a thread: the final save waits for that rename, then
+    writes over the file before last; the state read back is the final one, whole."""
+    import asyncio
+    import threading
+
+    from gpuwm.controller import runtime as runtime_module
+    from gpuwm.controller.persistence import commit_state, load_state, previous_path
+
+    runtime = _runtime(tmp_path)
+    runtime.save(NOW - 120)  # two saves before: the file before last exists, as after any minute of running
+    runtime.save(NOW - 60)
+    renaming, release = threading.Event(), threading.Event()
+    def slow_commit(staged: Path, path: Path) -> None:
+        renaming.set()
+        release.wait(10)
+        commit_state(staged, path)
+
+    monkeypatch.setattr(runtime_module, "commit_state", slow_commit)
+
+    async def shutdown() -> None:
+        cycle = asyncio.create_task(runtime.save_in_background(NOW))
+        while not renaming.is_set():
+            await asyncio.sleep(0.01)
+        cycle.cancel()  # what kopf's cleanup does to the cycles task
+        with pytest.raises(asyncio.CancelledError):
+            await cycle
+        waiting = asyncio.create_task(runtime.finish_saving())
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # the rename is still running: the final save must not start
+        release.set()
+        await waiting
+        runtime.save(NOW + 1)
+
+    asyncio.run(shutdown())
+    state = load_state(runtime.state_path)
+    assert state is not None and state["saved_at"] == NOW + 1
+    previous = load_state(previous_path(runtime.state_path))
+    assert previous is not None and previous["saved_at"] == NOW
