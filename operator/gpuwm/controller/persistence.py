@@ -179,7 +179,7 @@ def stage_state(path: Path, payload: bytes | Iterable[bytes | memoryview]) -> Pa
     Overwritten in place, not a new temp file: its pages are in the page cache already, where a
     new file takes ~55 MB of fresh pages at 8,000 GPUs each save and the replaced one gives them
     back. On the 2-vCPU VMs of bench/controller.py the fresh pages cost ~0.15-0.2 CPU-s in the
-    kernel per save (a save cycle 0.40-0.48 CPU-s in all, 0.21-0.24 in place). The file being
+    kernel per save (a steady save 0.40-0.48 CPU-s in all, 0.26-0.34 in place). The file being
     written is never the one `load_state` reads, so a save cut short leaves the state as it was.
     Writing to the page cache is quick; the fsync, the slow part, is `commit_state`'s, which can
     run in a thread once the (engine-referencing) chunks are all written.
