@@ -365,20 +365,22 @@ class Gpu:
         units, pod_sm, merged = self.device_units, self.pod_sm, self.merged
         merged_any = merged.count(0.0) != len(merged)  # left out while no point is merged (as before merged polls)
         constant_units = units[0] if units and units.count(units[0]) == len(units) else None
+        columns: dict[str, Any]
+        encode: Callable[[array[float]], Any]
         if raw:
+            encode = RawDoubles
             floats = [getattr(self, attribute) for _, attribute in _COLUMNS[:-1]]
             if merged_any:
                 floats.append(array("d", merged))
-            raw_columns: dict[str, Any] = {"floats": RawDoubles(b"".join(floats))}
+            columns = {"floats": RawDoubles(b"".join(floats))}
             if merged_any:
-                raw_columns["floatColumns"] = len(floats)
-            raw_columns["units"] = RawDoubles(array("d", units)) if constant_units is None else constant_units
-            raw_columns["podSm"] = None if pod_sm.count(None) == len(pod_sm) else list(pod_sm)
-            return raw_columns
-        columns: dict[str, Any] = {name: _encode(getattr(self, attribute)) for name, attribute in _COLUMNS[:-1]}
-        columns["units"] = _encode(array("d", units)) if constant_units is None else constant_units
+                columns["floatColumns"] = len(floats)
+        else:
+            encode = _encode
+            columns = {name: _encode(getattr(self, attribute)) for name, attribute in _COLUMNS[:-1]}
+        columns["units"] = encode(array("d", units)) if constant_units is None else constant_units
         columns["podSm"] = None if pod_sm.count(None) == len(pod_sm) else list(pod_sm)
-        if merged_any:
+        if merged_any and not raw:  # raw: among the floats
             columns["merged"] = _encode(array("d", merged))
         return columns
 

@@ -150,22 +150,11 @@ def test_an_older_state_file_with_nan_is_still_read(tmp_path: Path) -> None:
 
 def test_a_lazy_engine_state_encodes_to_the_same_bytes_built_a_batch_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
     """`save(lazy=True)`, what the controller streams: the eager state's bytes, entries built per batch."""
-    from gpuwm.accounting import Engine, EngineConfig
     from gpuwm.accounting.persist import LazyEntries
     from gpuwm.controller import persistence
     from gpuwm.controller.persistence import encode_state, encode_state_chunks
-    from tests.unit.accounting.helpers import pod, sample
 
-    engine = Engine(EngineConfig(interval_seconds=1.0))
-    for index in range(40):  # more entries than a batch, each list: several batches
-        devices = [(f"GPU-{index}-{gpu}", 1.0) for gpu in range(2)]
-        engine.observe(pod(0.0, f"job-{index}", node=f"n{index % 3}", devices=devices))
-    for t in range(1, 6):
-        for index in range(40):
-            for gpu in range(2):
-                engine.observe(sample(float(t), f"GPU-{index}-{gpu}", sm=float((index * t) % 100), energy_joules=10.0 * t))
-    engine.observe(pod(5.5, "job-3", phase="Succeeded", devices=[("GPU-3-0", 1.0), ("GPU-3-1", 1.0)]))
-    engine.report(6.0)
+    engine = _busy_engine(workloads=40, seconds=5)  # more entries than a batch, each list: several batches
 
     eager_engine, lazy_engine = engine.save(), engine.save(lazy=True)
     assert all(isinstance(lazy_engine[name], LazyEntries) for name in ("workloads", "pods", "gpus"))
@@ -189,17 +178,19 @@ def test_a_lazy_engine_state_encodes_to_the_same_bytes_built_a_batch_at_a_time(m
     assert encode_state(lazy) == whole  # orjson in one piece reads a lazy list whole
 
 
-def _busy_engine(merged: bool = False) -> Any:
-    """An engine with windows, GPU histories (with merged polls and a GPU whose size changed, on request)."""
+def _busy_engine(merged: bool = False, workloads: int = 30, seconds: int = 39) -> Any:
+    """`workloads` jobs of 2 GPUs sampled each second for `seconds`, job-3 ended half a second before the
+    last, a report a second after it: windows and GPU histories (with merged polls and a GPU whose size
+    changed, on request)."""
     from gpuwm.accounting import Engine, EngineConfig
     from tests.unit.accounting.helpers import pod, sample
 
     engine = Engine(EngineConfig(interval_seconds=1.0))
-    for index in range(30):
+    for index in range(workloads):
         devices = [(f"GPU-{index}-{gpu}", 1.0) for gpu in range(2)]
         engine.observe(pod(0.0, f"job-{index}", node=f"n{index % 3}", devices=devices))
-    for t in range(1, 40):
-        for index in range(30):
+    for t in range(1, seconds + 1):
+        for index in range(workloads):
             for gpu in range(2):
                 extra: dict[str, Any] = {}
                 if merged and t % 5 == 0:
@@ -208,8 +199,8 @@ def _busy_engine(merged: bool = False) -> Any:
                     extra["device_units"] = 0.5
                 engine.observe(sample(float(t), f"GPU-{index}-{gpu}", sm=float((index * t) % 100),
                                       energy_joules=10.0 * t, **extra))
-    engine.observe(pod(30.5, "job-3", phase="Succeeded", devices=[("GPU-3-0", 1.0), ("GPU-3-1", 1.0)]))
-    engine.report(40.0)
+    engine.observe(pod(seconds + 0.5, "job-3", phase="Succeeded", devices=[("GPU-3-0", 1.0), ("GPU-3-1", 1.0)]))
+    engine.report(seconds + 1.0)
     return engine
 
 
