@@ -268,9 +268,17 @@ def _windows_pass(many: Sequence[WindowSums], now: float) -> list[tuple[list[flo
     starts, ends, rates = table[:, 0], numpy.minimum(table[:, 1], now), table[:, 2:]
     columns = []
     for seconds in (60.0, 300.0, 3600.0):
-        overlap = ends - numpy.maximum(starts, now - seconds)
+        low = now - seconds
+        window_owner, window_starts, window_ends, window_rates = owner, starts, ends, rates
+        if seconds < 3600.0:
+            # the segments that reach into the window only (a small part of an hour's): one that ends before it
+            # adds rate x 0.0 (+-0.0), which changes no sum (each starts at +0.0), so every bit stays the same
+            inside = numpy.flatnonzero(ends > low)
+            window_owner, window_starts, window_ends, window_rates = (
+                owner[inside], starts[inside], ends[inside], rates[inside])
+        overlap = window_ends - numpy.maximum(window_starts, low)
         numpy.maximum(overlap, 0.0, out=overlap)
-        columns.append([numpy.bincount(owner, weights=rates[:, index] * overlap, minlength=count).tolist()
+        columns.append([numpy.bincount(window_owner, weights=window_rates[:, index] * overlap, minlength=count).tolist()
                         for index in range(4)])
     minute, five, hour = columns
     return [

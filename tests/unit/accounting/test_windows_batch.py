@@ -49,3 +49,19 @@ def test_batch_equals_each_workloads_own_loop_exactly() -> None:
 def test_nothing_to_sum_gives_zeros() -> None:
     assert windows_of([WindowSums(), WindowSums()], 10.0) == [([0.0] * 4, [0.0] * 4, [0.0] * 4)] * 2
     assert windows_of([], 10.0) == []
+
+
+def test_segments_before_a_window_leave_its_sums_at_plus_zero() -> None:
+    """Segments that end before the 1m/5m windows (negative rates among them: rate x 0 would be -0.0) are left out
+    of those windows' sums, which stay +0.0 as the plain loop leaves them; the hour still counts them."""
+    import math
+
+    old = WindowSums()
+    for step in range(30):
+        t = 100.0 + 10.0 * step
+        old.add(t, t + 10.0, -0.5, -20.0, -0.5, -10.0)
+    now = 1000.0  # every segment ended 600 s before: inside the hour only
+    [(minute, five, hour)] = windows_of([old], now)
+    assert (minute, five, hour) == _plain_loop(old, now)
+    assert all(value == 0.0 and math.copysign(1.0, value) == 1.0 for value in minute + five)
+    assert hour[0] == -0.5 * 300.0
