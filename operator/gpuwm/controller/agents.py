@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from gpuwm.accounting import Engine
 from gpuwm.agent.merge import MergeRequest
 from gpuwm.controller.agenthttp import AgentHttpClient, AgentHttpError
-from gpuwm.controller.columns import SampleColumns, concat, join, parse_columns
+from gpuwm.controller.columns import SampleColumns, concat, join, parse_columns, parse_columns_many
 from gpuwm.model.compact import intern_strings, share_fields_set
 from gpuwm.model.podstats import PodStatsSample
 from gpuwm.model.sample import GpuSample
@@ -101,6 +101,9 @@ class Snapshot:
     more: bool = False  # the agent has records past `seq` (it pages large backlogs)
     truncated: bool = False  # records after `since` had already left the agent's buffer
     columns: SampleColumns | None = None  # the samples, from an agent that answered `format=columns`
+    #: its `format=columns` pages not read yet (`parse_snapshot(defer_columns=True)`), read with other agents' pages
+    #: by `ColumnBatch`
+    pending_columns: list[Mapping[str, Any]] = field(default_factory=list)
 
     @property
     def sample_count(self) -> int:
@@ -120,6 +123,7 @@ class Snapshot:
         following.truncated = following.truncated or self.truncated
         if self.columns is not None:
             following.columns = self.columns if following.columns is None else concat(self.columns, following.columns)
+        following.pending_columns[:0] = self.pending_columns
         return following
 
 
@@ -164,7 +168,7 @@ _ENVELOPE = TypeAdapter(_ColumnsEnvelope)
 
 def _snapshot(
     payload: _SnapshotPayload | _ColumnsEnvelope, expected_node: str, holder_cache: HolderCache | None = None,
-    columns: SampleColumns | None = None,
+    columns: SampleColumns | None = None, pending_columns: list[Mapping[str, Any]] | None = None,
 ) -> Snapshot:
     node = payload.node or expected_node
     cached = holder_cache.get(expected_node) if holder_cache is not None else None
@@ -177,17 +181,20 @@ def _snapshot(
             holder_cache[expected_node] = (node, devices, holders)
     samples = payload.samples if isinstance(payload, _SnapshotPayload) else []
     return Snapshot(node=node, seq=payload.seq, agent_id=payload.agent_id, samples=samples, holders=holders,
-                    pod_stats=payload.pod_stats, more=payload.more, truncated=payload.truncated, columns=columns)
+                    pod_stats=payload.pod_stats, more=payload.more, truncated=payload.truncated, columns=columns,
+                    pending_columns=pending_columns or [])
 
 
 def parse_snapshot(
-    payload: Mapping[str, Any] | bytes, expected_node: str, holder_cache: HolderCache | None = None
+    payload: Mapping[str, Any] | bytes, expected_node: str, holder_cache: HolderCache | None = None,
+    defer_columns: bool = False,
 ) -> Snapshot:
     """Validate an agent's JSON (parsed or raw bytes); raises ValueError naming the node and the field at fault.
 
     Either form: samples as rows (pydantic validates each), or as columns (`"format": "columns"`,
     read into numpy arrays by `parse_columns`; no object per sample). `holder_cache` (kept by the
-    puller) skips re-validating device holders an agent repeats unchanged.
+    puller) skips re-validating device holders an agent repeats unchanged. `defer_columns`: the
+    columns are left unread in `pending_columns` (all else is checked), for `ColumnBatch`.
     """
     try:
         if isinstance(payload, bytes | bytearray):
@@ -198,6 +205,8 @@ def parse_snapshot(
             raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
         if payload.get("format") == "columns":
             envelope = _ENVELOPE.validate_python({key: payload[key] for key in _ENVELOPE_FIELDS if key in payload})
+            if defer_columns:
+                return _snapshot(envelope, expected_node, holder_cache, pending_columns=[payload])
             return _snapshot(envelope, expected_node, holder_cache, parse_columns(payload))
         return _snapshot(_SnapshotPayload.model_validate(payload), expected_node, holder_cache)
     except (ValidationError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as error:
@@ -277,6 +286,78 @@ class PullResult:
 MAX_PAGES_PER_PULL = 20
 
 
+class ColumnBatch:
+    """Agents' `format=columns` pages read together (`parse_columns_many`), not one agent at a time.
+
+    A pull's snapshot waits here once all its pages are in. The waiting pages are read when
+    they reach `BATCH_ROWS` rows, or when no other pull of the round is still fetching: a slow
+    or dead agent holds up only its own pull (its connection slot is free meanwhile). A page
+    that is malformed fails its own agent only, with the error `parse_snapshot` would give.
+    """
+
+    #: rows read at once; ~85 agents of 24 rows (a 15 s pull merged): numpy's fixed cost paid once for them
+    BATCH_ROWS = 2048
+
+    def __init__(self) -> None:
+        self._fetching = 0
+        self._waiting: list[tuple[str, Snapshot, asyncio.Future[None]]] = []
+        self._rows = 0
+
+    def started(self) -> None:
+        """A pull began (each pull then calls `read` or `stopped`, once)."""
+        self._fetching += 1
+
+    def stopped(self) -> None:
+        """A pull that will not wait here ended (it failed, or had no columns)."""
+        self._fetching -= 1
+        if self._fetching <= 0 and self._waiting:
+            self._read()
+
+    async def read(self, node: str, snapshot: Snapshot) -> None:
+        """Fill `snapshot.columns` from its pending pages; ValueError naming `node` for a malformed one."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((node, snapshot, future))
+        self._rows += sum(map(_page_rows, snapshot.pending_columns))
+        self._fetching -= 1
+        if self._rows >= self.BATCH_ROWS or self._fetching <= 0:
+            self._read()
+        await future
+
+    def _read(self) -> None:
+        waiting, self._waiting, self._rows = self._waiting, [], 0
+        pages = [page for _, snapshot, _ in waiting for page in snapshot.pending_columns]
+        try:
+            results = parse_columns_many(pages)
+        except Exception as error:  # not expected (each page's own errors are results): no pull may wait forever
+            for _, _, future in waiting:
+                if not future.done():
+                    future.set_exception(error)
+            return
+        position = 0
+        for node, snapshot, future in waiting:
+            mine = results[position : position + len(snapshot.pending_columns)]
+            position += len(snapshot.pending_columns)
+            snapshot.pending_columns = []
+            if future.done():  # its pull was cancelled
+                continue
+            failure = next((result for result in mine if isinstance(result, ValueError)), None)
+            if failure is not None:
+                future.set_exception(ValueError(f"agent for node {node!r} sent a malformed snapshot: {failure}"))
+                continue
+            parts = [result for result in mine if isinstance(result, SampleColumns)]
+            if snapshot.columns is not None:
+                parts.insert(0, snapshot.columns)
+            snapshot.columns = join(parts)
+            future.set_result(None)
+
+
+def _page_rows(page: Mapping[str, Any]) -> int:
+    """A columnar page's row count as sent (0 where it is not even shaped as one: its reading says why)."""
+    columns = page.get("columns")
+    times = columns.get("t") if isinstance(columns, dict) else None
+    return len(times) if isinstance(times, list) else 0
+
+
 class AgentPuller:
     """Pulls every agent's `/v1/snapshot?since=SEQ` concurrently, each with a timeout."""
 
@@ -320,7 +401,8 @@ class AgentPuller:
         self.http.prune_idle()  # connections to agents that are gone
         for gone in self._holder_cache.keys() - agents.keys():
             del self._holder_cache[gone]
-        outcomes = await asyncio.gather(*(self._pull(node, agents[node], on_snapshot) for node in nodes))
+        batch = ColumnBatch()
+        outcomes = await asyncio.gather(*(self._pull(node, agents[node], on_snapshot, batch) for node in nodes))
         result = PullResult()
         for node, outcome in zip(nodes, outcomes, strict=True):
             if outcome is None:
@@ -330,32 +412,42 @@ class AgentPuller:
         return result
 
     async def _pull(
-        self, node: str, base_url: str, on_snapshot: Callable[[Snapshot], None] | None = None
+        self, node: str, base_url: str, on_snapshot: Callable[[Snapshot], None] | None = None,
+        batch: ColumnBatch | None = None,
     ) -> Snapshot | None:
         state = self.state.setdefault(node, AgentState())
-        async with self._limit:
-            try:
-                snapshot = await self._fetch(node, base_url, state.since)
-                restarted = snapshot.seq < state.since or (
-                    state.agent_id is not None and snapshot.agent_id is not None and snapshot.agent_id != state.agent_id
-                )
-                if restarted:  # its sequence began again: read it from the start
-                    logger.info("agent on %s restarted (seq %d, was %d); reading it from the start",
-                                node, snapshot.seq, state.since, extra={"node": node})
-                    snapshot = await self._fetch(node, base_url, 0)
-                pages = 1
-                while snapshot.more and pages < MAX_PAGES_PER_PULL:  # the agent pages large backlogs
-                    snapshot, pages = snapshot.extend(await self._fetch(node, base_url, snapshot.seq)), pages + 1
-                if snapshot.truncated:
-                    logger.warning("agent on %s dropped samples before the controller read them (seq %d); "
-                                   "that time is unmonitored", node, state.since, extra={"node": node})
-            except (TimeoutError, AgentHttpError, OSError, ValueError) as error:
-                state.failures += 1
-                if not state.warned:  # one warning per outage, not one per interval
-                    logger.warning("agent on %s at %s did not answer (%r); its GPUs are unmonitored until it does",
-                                   node, base_url, error, extra={"node": node, "url": base_url})
-                    state.warned = True
-                return None
+        batch = batch if batch is not None else ColumnBatch()
+        batch.started()
+        waiting = False
+        try:
+            async with self._limit:
+                try:
+                    snapshot = await self._fetch(node, base_url, state.since)
+                    restarted = snapshot.seq < state.since or (
+                        state.agent_id is not None and snapshot.agent_id is not None
+                        and snapshot.agent_id != state.agent_id
+                    )
+                    if restarted:  # its sequence began again: read it from the start
+                        logger.info("agent on %s restarted (seq %d, was %d); reading it from the start",
+                                    node, snapshot.seq, state.since, extra={"node": node})
+                        snapshot = await self._fetch(node, base_url, 0)
+                    pages = 1
+                    while snapshot.more and pages < MAX_PAGES_PER_PULL:  # the agent pages large backlogs
+                        snapshot, pages = snapshot.extend(await self._fetch(node, base_url, snapshot.seq)), pages + 1
+                except (TimeoutError, AgentHttpError, OSError, ValueError) as error:
+                    return self._failed(state, node, base_url, error)
+            if snapshot.pending_columns:  # read with other agents' pages, outside the connection slots
+                waiting = True
+                try:
+                    await batch.read(node, snapshot)
+                except ValueError as error:
+                    return self._failed(state, node, base_url, error)
+        finally:
+            if not waiting:
+                batch.stopped()
+        if snapshot.truncated:
+            logger.warning("agent on %s dropped samples before the controller read them (seq %d); "
+                           "that time is unmonitored", node, state.since, extra={"node": node})
         if state.warned:
             logger.info("agent on %s answers again", node, extra={"node": node})
         state.since = snapshot.max_seq
@@ -369,12 +461,22 @@ class AgentPuller:
             snapshot.samples, snapshot.columns = [], None
         return snapshot
 
+    @staticmethod
+    def _failed(state: AgentState, node: str, base_url: str, error: BaseException) -> None:
+        """An agent that did not answer, or answered something malformed: its GPUs are unmonitored, one warning."""
+        state.failures += 1
+        if not state.warned:  # one warning per outage, not one per interval
+            logger.warning("agent on %s at %s did not answer (%r); its GPUs are unmonitored until it does",
+                           node, base_url, error, extra={"node": node, "url": base_url})
+            state.warned = True
+        return None
+
     async def _fetch(self, node: str, base_url: str, since: int) -> Snapshot:
         # an agent older than the columnar feed ignores `format` and answers rows: parse_snapshot reads both
         status, payload = await self.http.get(base_url, f"/v1/snapshot?since={since}{self._query_tail}")
         if status != 200:
             raise ValueError(f"HTTP {status} from {base_url}/v1/snapshot")
-        return parse_snapshot(payload, node, self._holder_cache)
+        return parse_snapshot(payload, node, self._holder_cache, defer_columns=True)
 
 
 def agent_url_of_pod(pod: Mapping[str, Any], port: int) -> tuple[str, str] | None:
@@ -439,9 +541,8 @@ class SampleIntake:
             self._newest(snapshot.samples[-1].t)
         if snapshot.columns is not None and len(snapshot.columns):
             columns = snapshot.columns
-            order = columns.time_order()
-            if (order != numpy.arange(len(order))).any():  # an agent serves in seq order; the engine wants time order
-                columns = columns.take(order)
+            if not columns.in_time_order():  # an agent serves in seq order; the engine wants time order
+                columns = columns.take(columns.time_order())
             self._waiting.append(columns)
             self._waiting_rows += len(columns)
             if self._waiting_rows >= self.FLUSH_ROWS:

@@ -6,6 +6,7 @@ its row; the engine fed from columns reports exactly what it reports fed sample 
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
@@ -206,3 +207,152 @@ def test_device_entries_hold_the_agents_device_fields_in_order() -> None:
     fields = entry.sample_fields()
     assert list(fields) == list(GpuSample.model_fields)
     assert GpuSample.model_validate({**fields, "t": 5.0}).model_dump() == {**fields, "t": 5.0}
+
+
+def _plain_body(rng: random.Random, node: str, rows: int, seq_from: int) -> dict[str, Any]:
+    """A snapshot's JSON with no processes or errors (what `parse_columns_many` reads together with others)."""
+    samples = []
+    for row in range(rows):
+        uuid = f"GPU-{node}-{row % 3}"
+        values: dict[str, Any] = {"t": 100.0 + row // 3 + rng.choice([0.0, 0.0, -7.0]), "node": node, "uuid": uuid,
+                                  "seq": seq_from + row, "index": row % 3}
+        for name, high in (("sm_percent", 100.0), ("memory_used_bytes", 8e10), ("energy_joules", 1e9),
+                           ("merged_seconds", 14.0)):
+            if rng.random() < 0.8:
+                values[name] = rng.choice([0.0, high, round(rng.uniform(0, high), 3)])
+        samples.append(GpuSample.model_validate(values))
+    body: dict[str, Any] = orjson.loads(_snapshot_bytes(samples, node=node))
+    return body
+
+
+def _same_parse(ours: Any, theirs: Any) -> None:
+    import numpy
+
+    from gpuwm.controller.columns import SampleColumns
+
+    if isinstance(theirs, ValueError):
+        assert isinstance(ours, ValueError) and str(ours) == str(theirs)
+        return
+    assert isinstance(ours, SampleColumns) and isinstance(theirs, SampleColumns)
+    assert ours.devices == theirs.devices and ours.errors == theirs.errors
+    assert (ours.processes is None) == (theirs.processes is None)
+    assert ours.gpu.dtype == theirs.gpu.dtype and numpy.array_equal(ours.gpu, theirs.gpu)
+    assert numpy.array_equal(ours.t, theirs.t) and numpy.array_equal(ours.healthy, theirs.healthy)
+    assert list(ours.numbers) == list(theirs.numbers)
+    for name, column in theirs.numbers.items():
+        assert numpy.array_equal(ours.numbers[name], column, equal_nan=True), name
+    assert ours.max_seq == theirs.max_seq
+    assert ours.in_time_order() == theirs.in_time_order() == (theirs.time_order() == numpy.arange(len(theirs))).all()
+    assert [ours.sample(row) for row in range(len(ours))] == [theirs.sample(row) for row in range(len(theirs))]
+
+
+_BREAKS: list[Any] = [
+    lambda body: body["columns"].update(t=body["columns"]["t"][:-1]),
+    lambda body: body["columns"]["t"].__setitem__(1, None),
+    lambda body: body["columns"]["sm_percent"].__setitem__(0, "busy"),
+    lambda body: body["columns"]["sm_percent"].__setitem__(1, 130.0),
+    lambda body: body["columns"].__setitem__("power_watts", [-1.0] + [None] * (len(body["columns"]["t"]) - 1)),
+    lambda body: body["columns"]["gpu"].__setitem__(1, len(body["gpus"])),
+    lambda body: body["columns"]["gpu"].__setitem__(0, 0.5),
+    lambda body: body["columns"]["seq"].__setitem__(1, 2.5),
+    lambda body: body["columns"].__setitem__("healthy", [True] * (len(body["columns"]["t"]) - 1) + [1]),
+    lambda body: body["gpus"][0].update(device_units=2),
+    lambda body: body.update(processes={"row": [0], "pid": [1]}),
+    lambda body: body.update(errors={"0": "GPU is lost"}),
+    lambda body: body["columns"].update(t=[], gpu=[], seq=[], sm_percent=[], memory_used_bytes=[],
+                                        energy_joules=[], merged_seconds=[]),
+    lambda body: body["columns"].pop("seq"),
+    lambda body: body["columns"]["seq"].__setitem__(0, None),  # not bad: a row without seq (its page's max skips it)
+    lambda body: body["columns"].__setitem__("healthy", [False] * len(body["columns"]["t"])),
+    lambda body: body.update(columns=[]),
+]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_pages_read_together_equal_each_read_on_its_own(seed: int) -> None:
+    """`parse_columns_many`: the same SampleColumns (or the same error) as `parse_columns` of each page, whatever
+    mix of plain pages, pages of another shape, with processes or errors, empty or malformed it is given; a bad
+    page fails alone."""
+    from gpuwm.controller.columns import parse_columns, parse_columns_many
+
+    rng = random.Random(seed)
+    pages = [_plain_body(rng, f"n{index}", rng.choice([1, 3, 9, 24]), 1 + 100 * index) for index in range(30)]
+    for index in rng.sample(range(30), rng.randint(0, 4)):
+        rng.choice(_BREAKS)(pages[index])
+    for index in rng.sample(range(30), 2):  # a page with processes and errors: read on its own
+        pages[index] = orjson.loads(_snapshot_bytes([_random_sample(rng, 5.0, 1, "GPU-1")]))
+    expected: list[Any] = []
+    for page in pages:
+        try:
+            expected.append(parse_columns(page))
+        except (ValueError, TypeError, AttributeError) as error:
+            expected.append(ValueError(str(error)))
+    got = parse_columns_many(pages)
+    assert len(got) == len(pages)
+    for ours, theirs in zip(got, expected, strict=True):
+        _same_parse(ours, theirs)
+
+
+@pytest.mark.parametrize("index", range(len(_BREAKS)))
+def test_each_kind_of_bad_page_among_good_ones_fails_alone(index: int) -> None:
+    from gpuwm.controller.columns import SampleColumns, parse_columns, parse_columns_many
+
+    rng = random.Random(index)
+    pages = [_plain_body(rng, f"n{number}", 6, 1 + 10 * number) for number in range(5)]
+    _BREAKS[index](pages[2])
+    got = parse_columns_many(pages)
+    assert all(isinstance(got[number], SampleColumns) for number in (0, 1, 3, 4))
+    for ours, page in zip(got, pages, strict=True):
+        try:
+            theirs: Any = parse_columns(page)
+        except (ValueError, TypeError, AttributeError) as error:
+            theirs = ValueError(str(error))
+        _same_parse(ours, theirs)
+
+
+async def test_a_pull_reads_columns_outside_its_connection_slot_and_a_bad_agent_fails_alone(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Pages wait to be read with other agents' outside the puller's connection slots: with 2 slots, an agent
+    that answers only once every other agent was asked is still answered in time; a malformed agent fails alone,
+    its `since` kept; the others' samples reach the intake (also when every page is read as soon as it waits)."""
+    from gpuwm.controller.agents import ColumnBatch
+
+    rng = random.Random(5)
+    nodes = [f"n{index}" for index in range(6)]
+    bodies = {node: _plain_body(rng, node, 6, 1) for node in nodes}
+    bodies["n3"]["columns"]["sm_percent"][0] = 250.0
+    asked: set[str] = set()
+    everyone_asked = asyncio.Event()
+
+    async def handle(request: web.Request) -> web.Response:
+        node = request.match_info["node"]
+        asked.add(node)
+        if asked == set(nodes):
+            everyone_asked.set()
+        if node == "n0":
+            await everyone_asked.wait()  # the slow one: held until every other agent was asked
+        return web.Response(body=orjson.dumps(bodies[node]), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/{node}/v1/snapshot", handle)
+    for batch_rows in (ColumnBatch.BATCH_ROWS, 1):
+        monkeypatch.setattr(ColumnBatch, "BATCH_ROWS", batch_rows)
+        asked.clear()
+        everyone_asked.clear()
+        caplog.clear()
+        puller = AgentPuller(timeout_seconds=3, max_concurrency=2)
+        intake = SampleIntake(Engine(EngineConfig()))
+        async with serving(app) as url:
+            try:
+                result = await asyncio.wait_for(  # a pull stuck on its own batch fails here, not hangs
+                    puller.pull_all({node: f"{url}/{node}" for node in nodes}, on_snapshot=intake.take), 20)
+            finally:
+                await puller.close()
+        intake.flush()
+        assert result.failed_nodes == ["n3"]
+        assert sorted(snapshot.node for snapshot in result.snapshots) == [node for node in nodes if node != "n3"]
+        assert intake.samples == 5 * 6
+        assert puller.positions()["n3"]["since"] == 0 and puller.positions()["n0"]["since"] == 6
+        assert any("agent for node 'n3' sent a malformed snapshot: column 'sm_percent' row 0: 250 is above 100"
+                   in record.getMessage() for record in caplog.records)
