@@ -328,10 +328,10 @@ class ColumnBatch:
         pages = [page for _, snapshot, _ in waiting for page in snapshot.pending_columns]
         try:
             results = parse_columns_many(pages)
-        except Exception as error:  # not expected (each page's own errors are results): no pull may wait forever
-            for _, _, future in waiting:
+        except Exception as error:  # not expected (each page's own errors are results): no pull may wait forever,
+            for node, _, future in waiting:  # and each fails as its agent, not the whole pull
                 if not future.done():
-                    future.set_exception(error)
+                    future.set_exception(ValueError(f"the snapshot of node {node!r} could not be read: {error!r}"))
             return
         position = 0
         for node, snapshot, future in waiting:
