@@ -435,15 +435,9 @@ def _read_together(
         if given.dtype != numpy.bool_:
             return None
         healthy = given
-    device_counts = numpy.repeat([len(devices) for _, devices, _ in together], counts)
-    with numpy.errstate(invalid="ignore"):
-        gpu, t, seq = table[0], table[1], table[2]
-        if (
-            (table < _LOW[:, None]).any() or (table > _HIGH[:, None]).any() or not numpy.isfinite(t).all()
-            or (gpu != numpy.floor(gpu)).any() or (gpu >= device_counts).any()
-            or ((seq != numpy.floor(seq)) & ~numpy.isnan(seq)).any()
-        ):
-            return None
+    if _wrong(table, numpy.repeat([len(devices) for _, devices, _ in together], counts)):
+        return None
+    gpu, t, seq = table[0], table[1], table[2]
     gpu_indexes = gpu.astype(numpy.int64)
     sizes: Ints = numpy.asarray(counts, dtype=numpy.int64)
     ends: Ints = numpy.cumsum(sizes)
@@ -476,14 +470,19 @@ def _table(raw: Mapping[str, Any], count: int, devices: int) -> Floats | None:
         table[present] = numpy.array(lists, dtype=numpy.float64)
     except (TypeError, ValueError):
         return None
+    return None if _wrong(table, devices) else table
+
+
+def _wrong(table: Floats, devices: int | Ints) -> bool:
+    """Whether a table of `_TABLE` rows breaks GpuSample's bounds: a number out of range, a time that is not
+    finite, a `gpu` that is not an entry of its `gpus` (`devices`: their count, or each row's), a fractional seq."""
     with numpy.errstate(invalid="ignore"):
         gpu, t, seq = table[0], table[1], table[2]
-        wrong = bool(
+        return bool(
             (table < _LOW[:, None]).any() or (table > _HIGH[:, None]).any() or not numpy.isfinite(t).all()
             or (gpu != numpy.floor(gpu)).any() or (gpu >= devices).any()
             or ((seq != numpy.floor(seq)) & ~numpy.isnan(seq)).any()
         )
-    return None if wrong else table
 
 
 def _device(position: int, entry: Any) -> DeviceEntry:
