@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+from array import array
 from collections.abc import Iterable
 from functools import reduce
 from operator import add
@@ -10,7 +11,7 @@ from typing import Any
 
 from gpuwm.accounting.engine import EngineCore
 from gpuwm.accounting.persist import restore_state, save_state
-from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Pod, Stretch, Workload
+from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Pod, SampleBatch, Stretch, Workload
 from gpuwm.accounting.windows import windows_of
 from gpuwm.model.figures import (
     ClusterFigures,
@@ -21,6 +22,8 @@ from gpuwm.model.figures import (
     WorkloadFigures,
     trusted_complete,
 )
+from gpuwm.model.sample import GpuSample
+from gpuwm.model.trace import NamespaceEvent, PodEvent
 
 _TERMINAL_PHASES = ("Succeeded", "Failed", "Deleted")
 
@@ -92,6 +95,25 @@ class _Sums:
         })
 
 
+class _ReportWindows:
+    """Each workload's `windows.windows(now)` of one report, packed (12 doubles each: ~0.4 MiB for 4,000, where
+    the report's lists of floats took ~2.5 MiB); read back as the same floats, to the bit."""
+
+    __slots__ = ("_row_of", "_values", "now")
+
+    def __init__(self, now: float, uids: list[str], windows: list[tuple[list[float], list[float], list[float]]]) -> None:
+        self.now = now
+        self._row_of = {uid: row for row, uid in enumerate(uids)}
+        self._values = array("d", [value for minute, five, hour in windows for value in (*minute, *five, *hour)])
+
+    def get(self, uid: str) -> tuple[list[float], list[float], list[float]] | None:
+        row = self._row_of.get(uid)
+        if row is None:
+            return None
+        values = self._values[12 * row : 12 * row + 12].tolist()
+        return values[0:4], values[4:8], values[8:12]
+
+
 class Engine(EngineCore):
     """The accounting engine with its reports. See `gpuwm.accounting.engine` for the rules."""
 
@@ -99,8 +121,28 @@ class Engine(EngineCore):
         super().__init__(config)
         # uid -> ((revision, project), figures, sums) of settled workloads (see `_settled_key`)
         self._settled: dict[str, tuple[tuple[int, str], WorkloadFigures, _Sums]] = {}
+        #: the latest report's window sums, for `workload(uid, now)` at that report's `now` until the next input
+        self._report_windows: _ReportWindows | None = None
 
-    def forget_workload(self, uid: str) -> None:
+    # any input may change window segments (a late sample or pod event rewrites them; an advancing clock trims
+    # and folds them): the latest report's sums are then no longer the figures at its time
+    def observe_namespace(self, event: NamespaceEvent) -> None:
+        self._report_windows = None
+        super().observe_namespace(event)
+
+    def observe_sample(self, sample: GpuSample) -> None:
+        self._report_windows = None
+        super().observe_sample(sample)
+
+    def observe_samples(self, batch: SampleBatch) -> None:
+        self._report_windows = None
+        super().observe_samples(batch)
+
+    def observe_pod(self, event: PodEvent) -> None:
+        self._report_windows = None
+        super().observe_pod(event)
+
+    def forget_workload(self, uid: str) -> None:  # the others' segments stay as they were: their sums still hold
         self._settled.pop(uid, None)
         super().forget_workload(uid)
 
@@ -411,8 +453,16 @@ class Engine(EngineCore):
         return [row[1] for row in self._rows(at)]
 
     def workload(self, uid: str, now: float | None = None) -> WorkloadFigures | None:
+        """One workload's figures; at the latest report's `now` with no input since, from that report's window sums
+        (the status writer renders a few hundred CRs a cycle, each at its report's time: one numpy pass over a
+        workload's hour of segments each, ~0.1 ms, saved)."""
         workload = self.workload_records.get(uid)
-        return None if workload is None else self._workload_figures(workload, self.clock if now is None else now)[0]
+        if workload is None:
+            return None
+        at = self.clock if now is None else now
+        memo = self._report_windows
+        windows = memo.get(uid) if memo is not None and memo.now == at else None
+        return self._workload_figures(workload, at, windows)[0]
 
     def _sorted_workloads(self) -> list[Workload]:
         return sorted(self.workload_records.values(), key=lambda w: (w.namespace, w.name, w.uid))
@@ -421,6 +471,7 @@ class Engine(EngineCore):
         """Every workload's figures and window sums, the windows of all computed in one pass."""
         ordered = self._sorted_workloads()
         windows = windows_of([workload.windows for workload in ordered], now)
+        self._report_windows = _ReportWindows(now, [workload.uid for workload in ordered], windows)
         return [(workload, *self._workload_figures(workload, now, window))
                 for workload, window in zip(ordered, windows, strict=True)]
 
