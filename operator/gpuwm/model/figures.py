@@ -15,7 +15,12 @@ from pydantic_core import PydanticUndefined
 
 _Model = TypeVar("_Model", bound=BaseModel)
 _new_object = object.__new__
-_set = object.__setattr__
+#: BaseModel's slots, set through their descriptors: what `object.__setattr__` does for them, without looking
+#: the name up along the class's MRO each time (a third of building a model this way; a report builds ~30,000)
+_set_dict = BaseModel.__dict__["__dict__"].__set__
+_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
+_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
+_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
 #: per model class: every field name -> its plain default, in field order (see `trusted`)
 _TEMPLATES: dict[type[BaseModel], dict[str, Any]] = {}
 #: per model class: the set of all its field names (see `trusted_complete`)
@@ -184,10 +189,10 @@ def trusted_complete(cls: type[_Model], values: dict[str, Any], fields_set: set[
     these models; one set less each is ~20 % fewer objects for the garbage collector to scan.
     """
     instance = _new_object(cls)
-    _set(instance, "__dict__", values)
+    _set_dict(instance, values)
     if fields_set is None:
         fields_set = _ALL_FIELDS.get(cls) or _all_fields(cls)
-    _set(instance, "__pydantic_fields_set__", fields_set)
-    _set(instance, "__pydantic_extra__", None)
-    _set(instance, "__pydantic_private__", None)
+    _set_fields_set(instance, fields_set)
+    _set_extra(instance, None)
+    _set_private(instance, None)
     return instance
