@@ -30,7 +30,7 @@ import orjson  # noqa: E402
 from aiohttp import web  # noqa: E402
 
 from gpuwm.accounting import Engine, EngineConfig  # noqa: E402
-from gpuwm.agent.columns import sample_columns  # noqa: E402
+from gpuwm.agent.columns import DEVICES_TAG_PARAM, columns_answer_json, sample_columns  # noqa: E402
 from gpuwm.agent.merge import MergeRequest, merge_polls, merge_request  # noqa: E402
 from gpuwm.controller.agents import AgentPuller, SampleIntake  # noqa: E402
 from gpuwm.controller.gctuning import release_free_memory, tune_garbage_collector  # noqa: E402
@@ -102,6 +102,9 @@ async def _agents_main(config: SimConfig, pipe: Connection) -> None:
         else:
             body["samples"] = samples
         body.update(pod_stats=_after(buffer.pod_stats, since), devices=[])
+        if body.get("format") == "columns":  # its gpus left out when the controller holds them (as the agent does)
+            return web.Response(body=columns_answer_json(body, request.query.get(DEVICES_TAG_PARAM)),
+                                content_type="application/json")
         return web.Response(body=orjson.dumps(body), content_type="application/json")
 
     app = web.Application()

@@ -36,11 +36,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import orjson  # noqa: E402
 from aiohttp import web  # noqa: E402
 from tests.integration.fakeagent import FakeNode, merge_of  # noqa: E402
 from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator  # noqa: E402
 
+from gpuwm.agent.columns import DEVICES_TAG_PARAM  # noqa: E402
 from gpuwm.config import Settings  # noqa: E402
 from gpuwm.controller.agents import DeviceHolder, index_holders  # noqa: E402
 from gpuwm.controller.command import event_loop_factory  # noqa: E402
@@ -224,8 +224,8 @@ def serve_cluster(args: argparse.Namespace, pipe: Any) -> None:
     async def start_agents() -> str:
         async def snapshot(request: web.Request) -> web.Response:
             node = nodes[request.match_info["node"]]  # the agent's JSON, in the format asked for (columns)
-            body = orjson.dumps(node.snapshot(int(request.query.get("since", "0")), request.query.get("format"),
-                                              merge_of(request)))
+            body = node.snapshot_json(int(request.query.get("since", "0")), request.query.get("format"),
+                                      merge_of(request), request.query.get(DEVICES_TAG_PARAM))
             return web.Response(body=body, content_type="application/json")
         app = web.Application()
         app.router.add_get("/{node}/v1/snapshot", snapshot)

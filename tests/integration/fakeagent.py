@@ -15,9 +15,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from aiohttp import web
 
-from gpuwm.agent.columns import sample_columns
+from gpuwm.agent.columns import DEVICES_TAG_PARAM, columns_answer_json, sample_columns
 from gpuwm.agent.merge import MergeRequest, merge_polls, merge_request
 from tests.integration.kubeemu import EmulatorThread
 
@@ -91,6 +92,13 @@ class FakeNode:
         body = {**head, "format": "columns", **sample_columns(samples)} if form == "columns" else {**head, "samples": samples}
         return {**body, "pod_stats": [], "devices": self.holders}
 
+    def snapshot_json(self, since: int, form: str | None = None, merge: MergeRequest | None = None,
+                      devices_tag: str | None = None) -> bytes:
+        """`snapshot` as the agent sends it: columns with their `gpus` and `devices` left out under the tag the
+        puller holds (`?devices_tag=`, see `gpuwm.agent.columns.devices_members`)."""
+        answer = self.snapshot(since, form, merge)
+        return columns_answer_json(answer, devices_tag) if form == "columns" else orjson.dumps(answer)
+
 
 class FakeAgents:
     """One HTTP server per node on 127.0.0.1, run on the emulator thread's loop."""
@@ -110,8 +118,9 @@ class FakeAgents:
         async def snapshot(request: web.Request) -> web.Response:
             if node.down:
                 await asyncio.sleep(30)  # longer than the controller's pull timeout
-            return web.json_response(node.snapshot(int(request.query.get("since", "0")), request.query.get("format"),
-                                                   merge_of(request)))
+            return web.Response(body=node.snapshot_json(int(request.query.get("since", "0")), request.query.get("format"),
+                                                        merge_of(request), request.query.get(DEVICES_TAG_PARAM)),
+                                content_type="application/json")
 
         app = web.Application()
         app.router.add_get("/v1/snapshot", snapshot)

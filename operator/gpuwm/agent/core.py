@@ -20,7 +20,7 @@ from pydantic import BaseModel, TypeAdapter
 from gpuwm.agent.attribution import attribute
 from gpuwm.agent.buffer import POD_STATS, SAMPLE, RecordBuffer
 from gpuwm.agent.cgroup import CgroupReader
-from gpuwm.agent.columns import sample_columns
+from gpuwm.agent.columns import devices_members, sample_columns
 from gpuwm.agent.kubelet import KubeletStatsClient
 from gpuwm.agent.merge import MergeRequest, merge_polls
 from gpuwm.agent.nvml import NvmlSampler, NvmlUnavailable
@@ -205,13 +205,15 @@ class Agent:
     # --- reads for HTTP -----------------------------------------------------------------------------
 
     def snapshot_json(self, since: int, limit: int = SNAPSHOT_LIMIT_RECORDS, columns: bool = False,
-                      merge: MergeRequest | None = None) -> bytes:
+                      merge: MergeRequest | None = None, devices_tag: str | None = None) -> bytes:
         """`/v1/snapshot?since=SEQ` as JSON: records after `since` (at most `limit`) and the devices now.
 
         Rows (the default): the records' JSON comes from the buffer as stored, spliced in without
         parsing it again. `columns` (`format=columns`): the samples as one array per field
-        (see `gpuwm.agent.columns`), what the controller pulls. `merge`: runs of polls that the
-        accounting cannot tell apart go as one sample each (see `gpuwm.agent.merge`).
+        (see `gpuwm.agent.columns`), what the controller pulls; its `gpus` and `devices` are left
+        out when they are those the controller holds under `devices_tag` (`devices_members`).
+        `merge`: runs of polls that the accounting cannot tell apart go as one sample each (see
+        `gpuwm.agent.merge`).
         """
         with self.lock:
             records = self._records.since(since, limit)
@@ -223,18 +225,22 @@ class Agent:
             parsed = orjson.loads(b"[" + b",".join(records.samples) + b"]")
             if merge is not None:
                 parsed = merge_polls(parsed, merge)
+        devices_json = _DEVICES.dump_json(devices)
         if columns:
             head["format"] = "columns"
-            head.update(sample_columns(parsed or []))
+            members = sample_columns(parsed or [])
+            gpus_json = orjson.dumps(members.pop("gpus"))
+            head.update(members)
             samples = b""
-        elif parsed is not None:
-            samples = b',"samples":' + orjson.dumps(parsed)
+            device_members = devices_members(gpus_json, devices_json, devices_tag)
         else:
-            samples = b',"samples":[' + b",".join(records.samples) + b"]"
+            samples = b',"samples":' + (orjson.dumps(parsed) if parsed is not None else
+                                        b"[" + b",".join(records.samples) + b"]")
+            device_members = b',"devices":' + devices_json
         return b"".join((
             orjson.dumps(head)[:-1], samples,
             b',"pod_stats":[', b",".join(records.pod_stats), b"]",
-            b',"devices":', _DEVICES.dump_json(devices), b"}",
+            device_members, b"}",
         ))
 
     @property

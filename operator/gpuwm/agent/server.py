@@ -18,6 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from gpuwm.agent.columns import DEVICES_TAG_PARAM
 from gpuwm.agent.core import SNAPSHOT_LIMIT_RECORDS, Agent
 from gpuwm.agent.merge import merge_request
 
@@ -92,7 +93,10 @@ class _Handler(BaseHTTPRequestHandler):
                 except ValueError as error:
                     self._json(400, {"error": str(error)})
                     return
-                self._send(200, agent.snapshot_json(since, max(1, limit), form == "columns", merge), "application/json")
+                tags = query.get(DEVICES_TAG_PARAM)
+                tag = tags[-1] if tags else None  # any text: only an equal tag leaves the devices out
+                self._send(200, agent.snapshot_json(since, max(1, limit), form == "columns", merge, tag),
+                           "application/json")
             elif url.path in ("/healthz", "/readyz"):
                 ok, reason = agent.liveness() if url.path == "/healthz" else agent.readiness()
                 self._send(200 if ok else 503, (reason + "\n").encode(), "text/plain; charset=utf-8")

@@ -17,15 +17,25 @@ from dataclasses import dataclass, field, replace
 from hashlib import blake2b
 from operator import attrgetter
 from typing import Any
+from urllib.parse import quote
 
 import numpy
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from gpuwm.accounting import Engine
+from gpuwm.agent.columns import DEVICES_TAG_MAX_LENGTH, DEVICES_TAG_PARAM
 from gpuwm.agent.merge import MergeRequest
 from gpuwm.controller.agenthttp import AgentHttpClient, AgentHttpError
-from gpuwm.controller.columns import SampleColumns, concat, join, parse_columns, parse_columns_many
+from gpuwm.controller.columns import (
+    DeviceEntry,
+    SampleColumns,
+    concat,
+    device_entries,
+    join,
+    parse_columns,
+    parse_columns_many,
+)
 from gpuwm.model.compact import intern_strings, share_fields_set
 from gpuwm.model.podstats import PodStatsSample
 from gpuwm.model.sample import GpuSample
@@ -104,6 +114,9 @@ class Snapshot:
     #: its `format=columns` pages not read yet (`parse_snapshot(defer_columns=True)`), read with other agents' pages
     #: by `ColumnBatch`
     pending_columns: list[Mapping[str, Any]] = field(default_factory=list)
+    #: the tag the agent gave its `gpus` and `devices` (columns only), and those `gpus` validated: kept by the puller
+    devices_tag: str | None = None
+    device_entries: list[DeviceEntry] | None = None
 
     @property
     def sample_count(self) -> int:
@@ -160,6 +173,22 @@ class _ColumnsEnvelope(BaseModel):
     truncated: bool = False
     pod_stats: list[PodStatsSample] = Field(default_factory=list)
     devices: list[dict[str, Any]] = Field(default_factory=list)
+    devices_tag: str | None = None
+    devices_unchanged: bool = False
+
+
+@dataclass(frozen=True)
+class KnownDevices:
+    """An agent's last `gpus` (validated) and device holders, under the tag it gave them (`devices_tag`).
+
+    Sent back as `?devices_tag=`: while they are unchanged the agent leaves them out of its
+    answer (`devices_unchanged`), and these are used (see `gpuwm.agent.columns.devices_members`).
+    """
+
+    tag: str
+    node: str
+    device_entries: list[DeviceEntry]
+    holders: list[DeviceHolder]
 
 
 _ENVELOPE_FIELDS = frozenset(_ColumnsEnvelope.model_fields)
@@ -169,8 +198,13 @@ _ENVELOPE = TypeAdapter(_ColumnsEnvelope)
 def _snapshot(
     payload: _SnapshotPayload | _ColumnsEnvelope, expected_node: str, holder_cache: HolderCache | None = None,
     columns: SampleColumns | None = None, pending_columns: list[Mapping[str, Any]] | None = None,
+    known: KnownDevices | None = None,
 ) -> Snapshot:
     node = payload.node or expected_node
+    if known is not None:  # the agent left its devices out: they are those the puller keeps
+        return Snapshot(node=node, seq=payload.seq, agent_id=payload.agent_id, samples=[], holders=known.holders,
+                        pod_stats=payload.pod_stats, more=payload.more, truncated=payload.truncated, columns=columns,
+                        pending_columns=pending_columns or [])
     cached = holder_cache.get(expected_node) if holder_cache is not None else None
     devices = blake2b(orjson.dumps(payload.devices), digest_size=16).digest() if holder_cache is not None else b""
     if cached is not None and cached[0] == node and cached[1] == devices:
@@ -187,7 +221,7 @@ def _snapshot(
 
 def parse_snapshot(
     payload: Mapping[str, Any] | bytes, expected_node: str, holder_cache: HolderCache | None = None,
-    defer_columns: bool = False,
+    defer_columns: bool = False, known: KnownDevices | None = None,
 ) -> Snapshot:
     """Validate an agent's JSON (parsed or raw bytes); raises ValueError naming the node and the field at fault.
 
@@ -195,6 +229,7 @@ def parse_snapshot(
     read into numpy arrays by `parse_columns`; no object per sample). `holder_cache` (kept by the
     puller) skips re-validating device holders an agent repeats unchanged. `defer_columns`: the
     columns are left unread in `pending_columns` (all else is checked), for `ColumnBatch`.
+    `known`: the devices the puller keeps for this agent, what an answer with `devices_unchanged` means.
     """
     try:
         if isinstance(payload, bytes | bytearray):
@@ -205,12 +240,34 @@ def parse_snapshot(
             raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
         if payload.get("format") == "columns":
             envelope = _ENVELOPE.validate_python({key: payload[key] for key in _ENVELOPE_FIELDS if key in payload})
+            held, entries = _tagged_devices(envelope, payload, expected_node, known)
+            if entries is not None:  # validated once here; the columns' reading takes them as they are
+                payload = {**payload, "gpus": entries}
             if defer_columns:
-                return _snapshot(envelope, expected_node, holder_cache, pending_columns=[payload])
-            return _snapshot(envelope, expected_node, holder_cache, parse_columns(payload))
+                snapshot = _snapshot(envelope, expected_node, holder_cache, pending_columns=[payload], known=held)
+            else:
+                snapshot = _snapshot(envelope, expected_node, holder_cache, parse_columns(payload), known=held)
+            snapshot.devices_tag, snapshot.device_entries = envelope.devices_tag, entries
+            return snapshot
         return _snapshot(_SnapshotPayload.model_validate(payload), expected_node, holder_cache)
     except (ValidationError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as error:
         raise ValueError(f"agent for node {expected_node!r} sent a malformed snapshot: {error}") from None
+
+
+def _tagged_devices(
+    envelope: _ColumnsEnvelope, payload: Mapping[str, Any], expected_node: str, known: KnownDevices | None
+) -> tuple[KnownDevices | None, list[DeviceEntry] | None]:
+    """(the kept devices an answer left out, else None; its `gpus` validated where it has a tag, else None)."""
+    if envelope.devices_unchanged:
+        node = envelope.node or expected_node
+        if known is None or envelope.devices_tag != known.tag or node != known.node:
+            held = "none" if known is None else f"{known.tag!r} of node {known.node!r}"
+            raise ValueError(f"'devices_unchanged' with devices_tag {envelope.devices_tag!r} of node {node!r}, but the "
+                             f"devices held for it are {held}: 'gpus' and 'devices' are needed")
+        return known, known.device_entries
+    if envelope.devices_tag is None:
+        return None, None
+    return None, device_entries(payload.get("gpus") or [])
 
 
 @dataclass(frozen=True)
@@ -371,6 +428,8 @@ class AgentPuller:
         self.http = AgentHttpClient(timeout_seconds, keepalive_seconds=keepalive_seconds)
         self.state: dict[str, AgentState] = {}
         self._holder_cache: HolderCache = {}
+        #: each agent's devices under the tag it gave them: asked for with it, an agent leaves them out unchanged
+        self._known_devices: dict[str, KnownDevices] = {}
 
     async def close(self) -> None:
         await self.http.close()
@@ -401,6 +460,8 @@ class AgentPuller:
         self.http.prune_idle()  # connections to agents that are gone
         for gone in self._holder_cache.keys() - agents.keys():
             del self._holder_cache[gone]
+        for gone in self._known_devices.keys() - agents.keys():
+            del self._known_devices[gone]
         batch = ColumnBatch()
         outcomes = await asyncio.gather(*(self._pull(node, agents[node], on_snapshot, batch) for node in nodes))
         result = PullResult()
@@ -435,13 +496,15 @@ class AgentPuller:
                     while snapshot.more and pages < MAX_PAGES_PER_PULL:  # the agent pages large backlogs
                         snapshot, pages = snapshot.extend(await self._fetch(node, base_url, snapshot.seq)), pages + 1
                 except (TimeoutError, AgentHttpError, OSError, ValueError) as error:
-                    return self._failed(state, node, base_url, error)
+                    self._failed(node, base_url, error)
+                    return None
             if snapshot.pending_columns:  # read with other agents' pages, outside the connection slots
                 waiting = True
                 try:
                     await batch.read(node, snapshot)
                 except ValueError as error:
-                    return self._failed(state, node, base_url, error)
+                    self._failed(node, base_url, error)
+                    return None
         finally:
             if not waiting:
                 batch.stopped()
@@ -461,9 +524,13 @@ class AgentPuller:
             snapshot.samples, snapshot.columns = [], None
         return snapshot
 
-    @staticmethod
-    def _failed(state: AgentState, node: str, base_url: str, error: BaseException) -> None:
-        """An agent that did not answer, or answered something malformed: its GPUs are unmonitored, one warning."""
+    def _failed(self, node: str, base_url: str, error: BaseException) -> None:
+        """An agent that did not answer, or answered something malformed: its GPUs are unmonitored, one warning.
+
+        Its kept devices go too: its next answer sends them again, whatever went wrong.
+        """
+        self._known_devices.pop(node, None)
+        state = self.state[node]
         state.failures += 1
         if not state.warned:  # one warning per outage, not one per interval
             logger.warning("agent on %s at %s did not answer (%r); its GPUs are unmonitored until it does",
@@ -473,10 +540,20 @@ class AgentPuller:
 
     async def _fetch(self, node: str, base_url: str, since: int) -> Snapshot:
         # an agent older than the columnar feed ignores `format` and answers rows: parse_snapshot reads both
-        status, payload = await self.http.get(base_url, f"/v1/snapshot?since={since}{self._query_tail}")
+        known = self._known_devices.get(node)
+        tag = "" if known is None else f"&{DEVICES_TAG_PARAM}={quote(known.tag, safe='')}"
+        status, payload = await self.http.get(base_url, f"/v1/snapshot?since={since}{self._query_tail}{tag}")
         if status != 200:
             raise ValueError(f"HTTP {status} from {base_url}/v1/snapshot")
-        return parse_snapshot(payload, node, self._holder_cache, defer_columns=True)
+        snapshot = parse_snapshot(payload, node, self._holder_cache, defer_columns=True, known=known)
+        if (snapshot.devices_tag is not None and snapshot.device_entries is not None
+                and len(snapshot.devices_tag) <= DEVICES_TAG_MAX_LENGTH):
+            if known is None or known.tag != snapshot.devices_tag:
+                self._known_devices[node] = KnownDevices(snapshot.devices_tag, snapshot.node, snapshot.device_entries,
+                                                         snapshot.holders)
+        else:  # an agent without tags (or with one too long to send back): it sends them every time
+            self._known_devices.pop(node, None)
+        return snapshot
 
 
 def agent_url_of_pod(pod: Mapping[str, Any], port: int) -> tuple[str, str] | None:

@@ -481,8 +481,18 @@ def _wrong(table: Floats, devices: int | Ints) -> bool:
         )
 
 
+def device_entries(raw: Any) -> list[DeviceEntry]:
+    """A payload's `gpus`, validated (ValueError naming the entry at fault); what `parse_columns` then takes as they are."""
+    if not isinstance(raw, list):
+        raise ValueError("'gpus' must be a list")
+    return [_device(position, entry) for position, entry in enumerate(raw)]
+
+
 def _device(position: int, entry: Any) -> DeviceEntry:
-    """A `gpus` entry, validated as GpuSample validates those fields (once per distinct entry)."""
+    """A `gpus` entry, validated as GpuSample validates those fields (once per distinct entry); one validated
+    already (`device_entries`: JSON cannot give one) as it is."""
+    if type(entry) is DeviceEntry:
+        return entry
     if not isinstance(entry, dict):
         raise ValueError(f"gpus[{position}]: expected an object")
     try:

@@ -15,8 +15,9 @@ from gpuwm.agent.merge import MergeRequest
 from gpuwm.agent.metrics import MetricsRenderer
 from gpuwm.agent.server import AgentHTTPServer, serve_in_thread
 from gpuwm.config import Settings
-from gpuwm.controller.agents import parse_snapshot
+from gpuwm.controller.agents import KnownDevices, parse_snapshot
 from gpuwm.model import GpuSample
+from gpuwm.model.agent import AgentDevice
 
 
 def _get(url: str) -> tuple[int, bytes]:
@@ -87,3 +88,41 @@ def test_merged_rows_and_columns_carry_the_same_samples() -> None:
         assert run.sm_percent == sum(41.0 + step for step in range(6)) / 6
         status, body = _get(base + "&merge_gap_seconds=-1&merge_seconds=15")
         assert status == 400 and b"merge_gap_seconds" in body
+
+
+def test_devices_the_puller_holds_are_left_out_under_their_tag() -> None:
+    """`?devices_tag=`: the same `gpus` and `devices` as before are left out; any change sends them with a new tag."""
+    agent = Agent(Settings(pod_resources_socket="/nonexistent.sock", proc_root="/nonexistent"), "node-1")
+    agent.state.devices = [AgentDevice(uuid="GPU-0", device_id="GPU-0", units=1.0, namespace="ml", pod="train-0",
+                                       pod_uid="uid-0", container="main", state="active")]
+    samples = [GpuSample(t=10.0 + step, node="node-1", uuid=f"GPU-{index}", seq=2 * step + index + 1, index=index,
+                         sm_percent=30.0 * index, energy_joules=100.0 * step) for step in range(3) for index in range(2)]
+    agent._records.append([(SAMPLE, sample) for sample in samples])
+    with _serving(agent) as base:
+        _, first = _get(base + "?since=0&format=columns")
+        full = orjson.loads(first)
+        tag = full["devices_tag"]
+        assert full["gpus"] and full["devices"] and "devices_unchanged" not in full
+        _, again = _get(base + f"?since=2&format=columns&devices_tag={tag}")
+        unchanged = orjson.loads(again)
+        assert unchanged["devices_unchanged"] is True and unchanged["devices_tag"] == tag
+        assert "gpus" not in unchanged and "devices" not in unchanged and len(again) < len(first) / 2
+        # the controller reads it with the devices it kept from the full answer: the samples of a full answer
+        kept = parse_snapshot(first, "node-1")
+        assert kept.devices_tag == tag and kept.device_entries is not None
+        known = KnownDevices(tag, "node-1", kept.device_entries, kept.holders)
+        from_tag = parse_snapshot(again, "node-1", known=known)
+        _, whole = _get(base + "?since=2&format=columns")
+        from_whole = parse_snapshot(whole, "node-1")
+        assert from_tag.columns is not None and from_whole.columns is not None
+        assert [from_tag.columns.sample(row) for row in range(4)] == [from_whole.columns.sample(row) for row in range(4)]
+        assert from_tag.holders is kept.holders and from_tag.holders == from_whole.holders
+        # another tag, or devices that changed, give them again (with their own tag)
+        _, other = _get(base + "?since=2&format=columns&devices_tag=0123")
+        assert orjson.loads(other)["devices_tag"] == tag and "gpus" in orjson.loads(other)
+        agent.state.devices = [agent.state.devices[0].model_copy(update={"pod": "train-1", "pod_uid": "uid-1"})]
+        _, moved = _get(base + f"?since=2&format=columns&devices_tag={tag}")
+        assert orjson.loads(moved)["devices_tag"] != tag and orjson.loads(moved)["devices"][0]["pod"] == "train-1"
+        # rows carry their devices as always
+        _, rows = _get(base + f"?since=2&devices_tag={tag}")
+        assert "devices_tag" not in orjson.loads(rows) and orjson.loads(rows)["devices"]
