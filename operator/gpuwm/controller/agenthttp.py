@@ -1,4 +1,4 @@
-"""A lean HTTP/1.1 GET client for the agents' `/v1/snapshot` pulls.
+"""A lean HTTP/1.1 client for the agents' `/v1/snapshot` pulls (and the controller's status writes).
 
 A 1,000-node cluster is 1,000 agent requests every status interval. aiohttp's client spent
 ~0.2-0.3 ms of CPU on each in its own layers (request and response objects, yarl URLs,
@@ -12,6 +12,11 @@ was asked for, a body over `max_body_bytes`, a connection that closes mid-answer
 `AgentHttpError` naming the URL; the connection is then closed, never reused. A kept-alive
 connection that the agent closed while idle is retried once on a new one, as browsers
 and aiohttp do for an idempotent GET.
+
+`request` sends other methods with a body and headers the same way: what the controller's
+status writes use (`KubeClient`, a JSON merge patch of `/status`, ~0.13 ms less CPU each than
+through aiohttp at 20 writes a second). A kept connection that closed while idle is tried
+again once there too: a merge patch of a status is the same patch however often it lands.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import asyncio
 import contextlib
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -64,6 +69,7 @@ class AgentHttpClient:
         keepalive_seconds: float = 60.0,
         max_body_bytes: int = MAX_BODY_BYTES,
         clock: Callable[[], float] = time.monotonic,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self._timeout_seconds = timeout_seconds
         self._keepalive_seconds = keepalive_seconds
@@ -71,7 +77,7 @@ class AgentHttpClient:
         self._clock = clock
         self._idle: dict[tuple[str, str, int], list[_Connection]] = {}
         self._origins: dict[str, _Origin] = {}
-        self._ssl: ssl.SSLContext | None = None
+        self._ssl: ssl.SSLContext | None = ssl_context  # https: the system's CA bundle when None
         #: connections opened (for tests and the benchmark: kept-alive connections are reused)
         self.connections_opened = 0
 
@@ -82,11 +88,35 @@ class AgentHttpClient:
         changes from one request to the next (`?since=SEQ`) and is never kept.
         """
         origin = self._origin(base_url)
-        url = base_url + target
         request = (
             f"GET {origin.path_prefix}{target} HTTP/1.1\r\nHost: {origin.host_header}\r\n"
             "Accept: application/json\r\nAccept-Encoding: identity\r\nUser-Agent: gpuwm-controller\r\n\r\n"
         ).encode("latin-1")
+        status, _, body = await self._send(origin, base_url + target, request)
+        return status, body
+
+    async def request(
+        self, method: str, base_url: str, target: str, body: bytes = b"", headers: Mapping[str, str] | None = None,
+    ) -> tuple[int, dict[str, str], bytes]:
+        """(status, lower-cased headers, body) of `method` `base_url` + `target` with `body` and `headers`.
+
+        `headers` may not hold a line break (AgentHttpError): a header is never split into two.
+        Raises AgentHttpError or TimeoutError as `get` does.
+        """
+        origin = self._origin(base_url)
+        lines = [f"{method} {origin.path_prefix}{target} HTTP/1.1", f"Host: {origin.host_header}",
+                 "Accept: application/json", "Accept-Encoding: identity", f"Content-Length: {len(body)}"]
+        for name, value in (headers or {}).items():
+            if "\r" in name or "\n" in name or "\r" in value or "\n" in value or ":" in name:
+                raise AgentHttpError(f"{base_url}: header {name!r} holds a line break or a colon in its name")
+            lines.append(f"{name}: {value}")
+        try:
+            request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+        except UnicodeEncodeError as error:
+            raise AgentHttpError(f"{base_url}: a header or the target is not Latin-1: {error}") from None
+        return await self._send(origin, base_url + target, request)
+
+    async def _send(self, origin: _Origin, url: str, request: bytes) -> tuple[int, dict[str, str], bytes]:
         key = origin.key
         async with asyncio.timeout(self._timeout_seconds):
             connection = self._take_idle(key)
@@ -184,7 +214,7 @@ class AgentHttpClient:
 
     async def _exchange(
         self, key: tuple[str, str, int], connection: _Connection, request: bytes, url: str
-    ) -> tuple[int, bytes]:
+    ) -> tuple[int, dict[str, str], bytes]:
         """One request on `connection`; returns it to the idle pool only after a whole, reusable answer."""
         reusable = False
         answered = False
@@ -202,11 +232,11 @@ class AgentHttpClient:
             status, headers, keep_alive = _parse_head(head, url)
             if status in (204, 304):  # no body, whatever the headers say
                 reusable = keep_alive
-                return status, b""
+                return status, headers, b""
             body = await self._body(connection.reader, headers, url)
             # a body that ended with the connection leaves nothing to reuse
             reusable = keep_alive and ("content-length" in headers or _chunked(headers))
-            return status, body
+            return status, headers, body
         except asyncio.LimitOverrunError as error:
             raise AgentHttpError(f"{url}: the answer's headers are over {MAX_HEAD_BYTES} bytes") from error
         except asyncio.IncompleteReadError as error:

@@ -23,6 +23,7 @@ import orjson
 from yarl import URL
 
 from gpuwm import __version__
+from gpuwm.controller.agenthttp import AgentHttpClient, AgentHttpError
 
 logger = logging.getLogger(__name__)
 
@@ -136,6 +137,13 @@ class KubeClient:
         self._backoffs = tuple(retry_backoffs_seconds)
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        #: patches of CRs and their status (the hot path: status writes, up to the write rate every second) go over
+        #: a lean HTTP/1.1 client (gpuwm.controller.agenthttp; ~0.13 ms less CPU a write), the rest through aiohttp
+        self._lean: AgentHttpClient | None = (
+            AgentHttpClient(request_timeout_seconds,
+                            ssl_context=_lean_context(ssl_context) if self.server.startswith("https:") else None)
+            if self._plain_server else None
+        )
         self._relogin = relogin
         self._plurals: dict[tuple[str, str], str] = dict(KNOWN_PLURALS)
         self._served: dict[str, set[str]] = {}
@@ -189,6 +197,8 @@ class KubeClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
+        if self._lean is not None:
+            await self._lean.close()
 
     async def request(
         self,
@@ -206,40 +216,46 @@ class KubeClient:
         call, not with a 400 later; `nan_as_null` sends them as null instead (a figure that is
         not a number is unknown), which is also the cheap path (orjson) for status writes.
         """
-        session = await self._session_()
         if body is None:
             data: str | bytes | None = None
         elif nan_as_null:
             data = orjson.dumps(body)  # orjson writes NaN and the infinities as null
         else:
             data = json.dumps(body, allow_nan=False)
-        url, query = self._url(path, params)
+        # a patch of a CR or its status (with the field manager, a plain path): the lean client's, see __init__
+        lean = (self._lean is not None and method == "PATCH" and params is FIELD_MANAGER_PARAMS and data is not None
+                and _PLAIN_URL.fullmatch(path) is not None)
+        if lean and isinstance(data, str):
+            data = data.encode()
         attempt = 0
         relogged = False
+        headers: Mapping[str, str]
         while True:
             self.requests += 1
             delay: float | None = None
             try:
-                async with session.request(
-                    method, url, params=query, data=data,
-                    headers={"Content-Type": content_type} if data is not None else None,
-                ) as response:
-                    if response.status < 300:
-                        return _decode(await response.read())
-                    text = await response.text()
-                    if response.status == 404 and method in {"GET", "DELETE"}:
-                        return None
-                    if response.status == 401 and self._relogin is not None and not relogged:
-                        # service-account tokens rotate: log in again once, then retry at once
-                        relogged = True
-                        self._headers = {"User-Agent": USER_AGENT, **dict(await asyncio.to_thread(self._relogin))}
-                        await self.close()
-                        session = await self._session_()
-                        continue
-                    if response.status not in RETRIED_STATUSES or attempt >= len(self._backoffs):
-                        raise KubeApiError(response.status, method, path, *_message_and_reason(text))
-                    delay = _retry_after(response.headers.get("Retry-After"), self._backoffs[attempt])
-            except (TimeoutError, aiohttp.ClientConnectionError) as error:
+                if lean:
+                    assert self._lean is not None and isinstance(data, bytes)
+                    status, headers, raw = await self._lean.request(
+                        method, self.server, f"{path}?fieldManager={FIELD_MANAGER}", data,
+                        {**self._headers, "Content-Type": content_type})
+                else:
+                    status, headers, raw = await self._aiohttp_request(method, path, params, data, content_type)
+                if status < 300:
+                    return _decode(raw)
+                text = raw.decode("utf-8", errors="replace")
+                if status == 404 and method in {"GET", "DELETE"}:
+                    return None
+                if status == 401 and self._relogin is not None and not relogged:
+                    # service-account tokens rotate: log in again once, then retry at once
+                    relogged = True
+                    self._headers = {"User-Agent": USER_AGENT, **dict(await asyncio.to_thread(self._relogin))}
+                    await self.close()
+                    continue
+                if status not in RETRIED_STATUSES or attempt >= len(self._backoffs):
+                    raise KubeApiError(status, method, path, *_message_and_reason(text))
+                delay = _retry_after(headers.get("retry-after"), self._backoffs[attempt])
+            except (TimeoutError, aiohttp.ClientConnectionError, AgentHttpError) as error:
                 if attempt >= len(self._backoffs):
                     raise KubeApiError(0, method, path, f"connection failed: {error!r}") from error
                 delay = self._backoffs[attempt]
@@ -247,6 +263,19 @@ class KubeClient:
             self.retries += 1
             logger.debug("retrying %s %s in %.2fs (attempt %d)", method, path, delay, attempt)
             await asyncio.sleep(delay)
+
+    async def _aiohttp_request(
+        self, method: str, path: str, params: Mapping[str, str] | None, data: str | bytes | None, content_type: str,
+    ) -> tuple[int, Mapping[str, str], bytes]:
+        """(status, headers (any case), body) of one call through aiohttp."""
+        session = await self._session_()
+        url, query = self._url(path, params)
+        async with session.request(
+            method, url, params=query, data=data, headers={"Content-Type": content_type} if data is not None else None,
+        ) as response:
+            raw = await response.read()
+            retry_after = response.headers.get("Retry-After")
+            return response.status, {} if retry_after is None else {"retry-after": retry_after}, raw
 
     def _url(self, path: str, params: Mapping[str, str] | None) -> tuple[str | URL, Mapping[str, str] | None]:
         """The URL and query to hand aiohttp: built once, unparsed and unquoted, where nothing needs quoting.
@@ -345,6 +374,21 @@ def _decode(raw: bytes) -> dict[str, Any] | None:
         return None
     payload: dict[str, Any] = orjson.loads(raw)
     return payload
+
+
+def _lean_context(context: ssl.SSLContext | bool | None) -> ssl.SSLContext | None:
+    """The lean client's TLS settings for what aiohttp is given: the same context, none checked (False), or
+    the system's CA bundle (None or True, aiohttp's default). HTTP/1.1 is named in ALPN: an API server that
+    speaks HTTP/2 too must not pick it for a client that reads HTTP/1.1 (aiohttp speaks only HTTP/1.1 as well)."""
+    if isinstance(context, ssl.SSLContext):
+        chosen = context
+    else:
+        chosen = ssl.create_default_context()
+        if context is False:
+            chosen.check_hostname = False
+            chosen.verify_mode = ssl.CERT_NONE
+    chosen.set_alpn_protocols(["http/1.1"])
+    return chosen
 
 
 def _message_and_reason(text: str) -> tuple[str, str]:

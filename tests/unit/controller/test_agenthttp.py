@@ -210,3 +210,31 @@ async def test_header_names_and_values_are_read_without_regard_to_case() -> None
             assert await client.get(url, "/a") == (200, b"ok")
         assert client.connections_opened == 1  # a whole chunked body: the connection is kept
         await client.close()
+
+
+async def test_a_request_with_a_body_sends_its_length_and_headers_and_refuses_a_split_header() -> None:
+    seen: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await read_request(reader)
+                length = int(re.search(rb"Content-Length: (\d+)", head).group(1))  # type: ignore[union-attr]
+                seen.append(head + await reader.readexactly(length))
+                writer.write(b"HTTP/1.1 429 Too Many\r\nRetry-After: 3\r\nContent-Length: 2\r\n\r\n{}")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async with raw_server(handle) as url:
+        client = AgentHttpClient(timeout_seconds=2)
+        status, headers, body = await client.request("PATCH", url, "/x/status?fieldManager=gpuwm", b'{"a":1}',
+                                                     {"Authorization": "Bearer t", "Content-Type": "application/json"})
+        assert (status, headers["retry-after"], body) == (429, "3", b"{}")
+        assert seen[0].startswith(b"PATCH /x/status?fieldManager=gpuwm HTTP/1.1\r\n")
+        assert b"\r\nAuthorization: Bearer t\r\n" in seen[0] and seen[0].endswith(b'\r\n\r\n{"a":1}')
+        for bad in ({"Authorization": "Bearer t\r\nX-Evil: 1"}, {"X-Evil:": "1"}):
+            with pytest.raises(AgentHttpError, match="line break or a colon"):
+                await client.request("PATCH", url, "/x", b"{}", bad)
+        assert len(seen) == 1  # nothing of a refused request was sent
+        await client.close()

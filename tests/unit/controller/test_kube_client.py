@@ -20,9 +20,11 @@ class Api:
         self.seen: list[tuple[str, str, str | None]] = []
         self.agents: list[str] = []
         self.peers: set[object] = set()  # client addresses: one per connection
+        self.bodies: list[tuple[str | None, bytes]] = []  # each request's Content-Type and body
 
     async def handle(self, request: web.Request) -> web.Response:
         self.seen.append((request.method, request.path_qs, request.headers.get("Authorization")))
+        self.bodies.append((request.headers.get("Content-Type"), await request.read()))
         self.agents.append(request.headers.get("User-Agent", ""))
         self.peers.add(request.transport.get_extra_info("peername") if request.transport else None)
         if request.path == "/apis/example.com/v1":
@@ -146,3 +148,60 @@ async def test_answers_are_parsed_whole_over_one_kept_alive_connection(api: tupl
         assert await client.merge_patch("/x/status", {"status": {"v": 1}}) == answer
     assert len(state.peers) == 1  # one connection, reused
     await client.close()
+
+
+STATUS = "/apis/gpuwm.io/v1alpha1/namespaces/ns/gpuworkloadmetrics/w/status"
+
+
+async def test_status_writes_go_over_the_lean_client_with_the_same_rules(api: tuple[Api, str]) -> None:
+    """Retries (Retry-After), giving up, 404, 401 and the answer: as through aiohttp, which is never opened."""
+    state, url = api
+    answer = {"metadata": {"generation": 2}, "status": {"idleSeconds": None}}
+    state.answers = [(429, {"message": "slow down"}, {"Retry-After": "0"}), (503, {}, {}), (200, answer, {})]
+    client = KubeClient(url, headers={"Authorization": "Bearer old"}, retry_backoffs_seconds=(0.01, 0.01),
+                        relogin=lambda: {"Authorization": "Bearer new"})
+    try:
+        assert await client.merge_patch(STATUS, {"status": {"idleSeconds": float("nan")}}, nan_as_null=True) == answer
+        assert client.retries == 2 and client._session is None
+        assert [seen[:2] for seen in state.seen] == [("PATCH", STATUS + "?fieldManager=gpuwm")] * 3
+        assert state.bodies[-1] == ("application/merge-patch+json", b'{"status":{"idleSeconds":null}}')
+        assert state.agents[-1] == f"gpuwm-controller/{__version__}" and state.seen[-1][2] == "Bearer old"
+        state.answers = [(500, {"message": "boom"}, {})] * 3
+        with pytest.raises(KubeApiError, match=rf"PATCH {STATUS}: HTTP 500: boom"):
+            await client.merge_patch(STATUS, {"status": {}}, nan_as_null=True)
+        state.answers = [(404, {"message": "not found"}, {})]
+        with pytest.raises(KubeApiError) as caught:  # the writer creates the CR again on a 404
+            await client.merge_patch(STATUS, {"status": {}}, nan_as_null=True)
+        assert caught.value.status == 404
+        state.answers = [(401, {"message": "token expired"}, {})]
+        assert await client.merge_patch(STATUS, {"status": {}}) == {"ok": True}
+        assert [seen[2] for seen in state.seen[-2:]] == ["Bearer old", "Bearer new"]
+        assert len(state.peers) == 2 and client._session is None  # one connection until the relogin closed it
+    finally:
+        await client.close()
+
+
+async def test_status_writes_over_https_with_a_client_certificate(tmp_path: Any) -> None:
+    """The lean client uses the TLS settings the client was given: the cluster CA and the client certificate."""
+    from tests.integration.kubeemu.tls import make_pki
+
+    pki, other = make_pki(tmp_path / "pki"), make_pki(tmp_path / "other")
+    state = Api()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", state.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=pki.server_context()).start()
+    url = f"https://127.0.0.1:{runner.addresses[0][1]}"
+    trusted = KubeClient(url, ssl_context=pki.client_context())
+    stranger = KubeClient(url, ssl_context=other.client_context(), retry_backoffs_seconds=())
+    try:
+        assert await trusted.merge_patch(STATUS, {"status": {"v": 1}}, nan_as_null=True) == {"ok": True}
+        assert trusted._session is None and state.seen == [("PATCH", STATUS + "?fieldManager=gpuwm", None)]
+        with pytest.raises(KubeApiError, match="connection failed") as caught:  # a server its CA did not sign
+            await stranger.merge_patch(STATUS, {"status": {"v": 1}}, nan_as_null=True)
+        assert caught.value.status == 0 and len(state.seen) == 1
+    finally:
+        await trusted.close()
+        await stranger.close()
+        await runner.cleanup()
