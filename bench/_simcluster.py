@@ -33,7 +33,7 @@ from gpuwm.accounting import Engine, EngineConfig  # noqa: E402
 from gpuwm.agent.columns import DEVICES_TAG_PARAM, columns_answer_json, sample_columns  # noqa: E402
 from gpuwm.agent.merge import MergeRequest, merge_polls, merge_request  # noqa: E402
 from gpuwm.controller.agents import AgentPuller, SampleIntake  # noqa: E402
-from gpuwm.controller.gctuning import release_free_memory, tune_garbage_collector  # noqa: E402
+from gpuwm.controller.gctuning import collect_cycle_garbage, release_free_memory, tune_garbage_collector  # noqa: E402
 from gpuwm.controller.status import build_project_status, build_workload_status  # noqa: E402
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures  # noqa: E402
 from gpuwm.model.podstats import PodStatsSample  # noqa: E402
@@ -309,6 +309,7 @@ class SimulatedController:
 
         store_cpu = await asyncio.to_thread(record, samples, workloads, projects, cluster, pod_stats)  # its own thread
         del samples, workloads, projects, cluster, result, pod_stats
+        collect_cycle_garbage()  # as the controller does after each cycle (the young generation)
         release_free_memory()  # as the controller does after each cycle (malloc_trim)
         cycle = CycleFigures(cpu_seconds() - cpu_before, time.perf_counter() - interval_end, intake.samples,
                              changes, size, store_cpu)

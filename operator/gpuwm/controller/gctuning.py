@@ -8,8 +8,9 @@ import gc
 import os
 from collections.abc import Callable
 
-#: cyclic-GC thresholds for the controller process (CPython's default is (700, 10, 10))
-GC_THRESHOLDS = (50_000, 20, 100)
+#: cyclic-GC thresholds for the controller process (CPython's default is (700, 10, 10)); young objects are
+#: collected at the end of each status cycle (`collect_cycle_garbage`), this is the bound within one
+GC_THRESHOLDS = (250_000, 20, 100)
 
 
 def tune_garbage_collector() -> None:
@@ -25,6 +26,18 @@ def tune_garbage_collector() -> None:
     """
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
+
+
+def collect_cycle_garbage() -> int:
+    """Collect the youngest generation once a status cycle's objects are gone; how many objects it freed.
+
+    A cycle's ~10^5 short-lived objects (figures, rows, samples) are freed by reference counting
+    when it ends. With 50,000 as the young threshold a collection ran in the middle of each cycle
+    and scanned them all while they were alive (~0.02-0.05 CPU-s); the threshold is now above
+    what one cycle holds at once, and this collection at its end scans only what outlived it
+    (the next cycle's offers and latest samples, ~10^4 objects). Cyclic garbage lives one cycle.
+    """
+    return gc.collect(0)
 
 
 #: glibc's `mallopt` parameter number for the most malloc arenas (malloc.h: M_ARENA_MAX)

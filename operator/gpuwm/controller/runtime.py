@@ -31,7 +31,7 @@ from gpuwm.controller.agents import (
     parse_agents_spec,
 )
 from gpuwm.controller.events import IdleEvents
-from gpuwm.controller.gctuning import release_free_memory
+from gpuwm.controller.gctuning import collect_cycle_garbage, release_free_memory
 from gpuwm.controller.kube import KubeApiError, KubeClient
 from gpuwm.controller.owners import OwnerResolver
 from gpuwm.controller.persistence import (
@@ -263,6 +263,7 @@ class ControllerRuntime:
         timer.mark("store")
         workload_count = len(workloads)
         del samples, workloads, projects, cluster, engine_workloads, result
+        collect_cycle_garbage()  # what reference counting left of the cycle (see gctuning)
         release_free_memory()  # the cycle's figures and rows are garbage now: give their pages back
         timer.mark("trim")
         self.cycles += 1

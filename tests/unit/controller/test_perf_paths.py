@@ -7,13 +7,14 @@ import os
 import platform
 import subprocess
 import sys
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from gpuwm.controller.agents import HolderCache, parse_snapshot
-from gpuwm.controller.gctuning import GC_THRESHOLDS, tune_garbage_collector
+from gpuwm.controller.gctuning import GC_THRESHOLDS, collect_cycle_garbage, tune_garbage_collector
 from gpuwm.controller.persistence import encode_state, load_state, save_state
 
 
@@ -119,3 +120,24 @@ def test_malloc_arena_limit_leaves_an_explicit_environment_alone(monkeypatch: py
 
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert limit_malloc_arenas() is False
+
+
+@pytest.mark.usefixtures("restore_gc")
+def test_a_cycles_garbage_is_collected_at_its_end_even_below_the_young_threshold() -> None:
+    gc.unfreeze()
+    tune_garbage_collector()
+    gc.collect()
+    holder: list[object] = []
+    witness = weakref.ref(Cyclic(holder))
+    del holder
+    assert witness() is not None  # in a cycle: reference counting does not free it
+    assert gc.get_count()[0] < GC_THRESHOLDS[0]  # far below the threshold: nothing would collect it soon
+    assert collect_cycle_garbage() >= 1 and witness() is None
+
+
+class Cyclic:
+    """An object in a reference cycle (a list holding it, it holding the list): freed by the collector only."""
+
+    def __init__(self, holder: list[object]) -> None:
+        self.holder = holder
+        holder.append(self)
