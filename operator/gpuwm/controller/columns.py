@@ -67,16 +67,22 @@ class DeviceEntry:
     memory_total_bytes: float | None
     power_limit_watts: float | None
 
-    def sample_fields(self) -> dict[str, Any]:
-        """A GpuSample's fields of this device: its device fields, every other field's default."""
-        fields = dict(_SAMPLE_DEFAULTS)
-        for name in DEVICE_FIELDS:
-            fields[name] = getattr(self, name)
-        return fields
 
 
-#: every GpuSample field's default, in field order (the device fields and `t` are always set over them)
-_SAMPLE_DEFAULTS: dict[str, Any] = dict(GpuSample(t=0.0, node="-", uuid="-").__dict__)
+#: what `SampleColumns.samples` builds each sample's fields in, and the number columns it unpacks in that order
+_SAMPLE_FIELD_ORDER = (
+    "t", "node", "uuid", "seq", "index", "model", "parent_uuid", "mig_profile", "device_units", "healthy", "error",
+    "sm_percent", "memory_used_bytes", "memory_total_bytes", "memory_activity_percent", "power_watts",
+    "power_limit_watts", "energy_joules", "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz",
+    "pcie_rx_bytes_per_second", "pcie_tx_bytes_per_second", "processes", "merged_seconds",
+)
+_UNPACKED_NUMBERS = (
+    "seq", "sm_percent", "memory_used_bytes", "memory_activity_percent", "power_watts", "energy_joules",
+    "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz", "pcie_rx_bytes_per_second", "pcie_tx_bytes_per_second",
+    "merged_seconds",
+)
+if tuple(GpuSample.model_fields) != _SAMPLE_FIELD_ORDER or NUMBER_COLUMNS != _UNPACKED_NUMBERS:
+    raise ImportError("GpuSample's fields or the feed's number columns changed: update SampleColumns.samples")
 
 
 @dataclass
@@ -145,20 +151,25 @@ class SampleColumns:
         reported = values.astype(object)
         reported[numpy.isnan(values)] = None  # null where not reported
         figures = reported.tolist()
-        seq = NUMBER_COLUMNS.index("seq")
         devices, errors, processes = self.devices, self.errors, self.processes
         built = []
         for row, gpu, t, ok, numbers in zip(rows, gpus, times, healthy, figures, strict=True):
-            fields = devices[gpu].sample_fields()  # its device fields (and placeholders for the rest)
-            fields.update(zip(NUMBER_COLUMNS, numbers, strict=True))
-            if numbers[seq] is not None:
-                fields["seq"] = int(numbers[seq])
-            fields["t"] = t
-            fields["healthy"] = ok
-            fields["error"] = errors.get(row)
+            device = devices[gpu]
+            seq, sm, used, activity, power, energy, temperature, sm_clock, memory_clock, rx, tx, merged = numbers
             listed = None if processes is None else self._processes_of(row)
-            fields["processes"] = None if listed is None else [ProcessSample.model_validate(item) for item in listed]
-            built.append(_validated(fields))
+            # every GpuSample field, in field order (as validation leaves them; `_SAMPLE_FIELD_ORDER` is checked)
+            built.append(_validated({
+                "t": t, "node": device.node, "uuid": device.uuid, "seq": None if seq is None else int(seq),
+                "index": device.index, "model": device.model, "parent_uuid": device.parent_uuid,
+                "mig_profile": device.mig_profile, "device_units": device.device_units, "healthy": ok,
+                "error": errors.get(row), "sm_percent": sm, "memory_used_bytes": used,
+                "memory_total_bytes": device.memory_total_bytes, "memory_activity_percent": activity,
+                "power_watts": power, "power_limit_watts": device.power_limit_watts, "energy_joules": energy,
+                "temperature_celsius": temperature, "sm_clock_mhz": sm_clock, "memory_clock_mhz": memory_clock,
+                "pcie_rx_bytes_per_second": rx, "pcie_tx_bytes_per_second": tx,
+                "processes": None if listed is None else [ProcessSample.model_validate(item) for item in listed],
+                "merged_seconds": merged,
+            }))
         return built
 
     def _processes_of(self, row: int) -> list[dict[str, Any]] | None:
