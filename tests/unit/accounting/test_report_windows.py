@@ -110,3 +110,14 @@ def test_a_forgotten_workload_is_gone_and_the_others_are_fresh() -> None:
     assert engine.workload("wl-serve", NOW) is None
     train = engine.workload("wl-train", NOW)
     assert train is not None and train.model_dump() == _fresh(engine, "wl-train", NOW)
+
+
+def test_the_report_order_follows_workloads_that_come_and_go() -> None:
+    """The sorted workloads are kept between reports: a new one or a forgotten one must show at once."""
+    engine = _engine()
+    assert [figures.uid for figures in engine.report(NOW)[0]] == ["wl-serve", "wl-train"]
+    engine.observe(pod(NOW, "alpha", devices=[("GPU-c", 1.0)]))  # sorts first (namespace, name, uid)
+    assert [figures.uid for figures in engine.report(NOW)[0]] == ["wl-alpha", "wl-serve", "wl-train"]
+    engine.forget_workload("wl-serve")
+    engine.observe(pod(NOW, "zulu", devices=[("GPU-d", 1.0)]))  # as many workloads as before, another set
+    assert [figures.uid for figures in engine.report(NOW)[0]] == ["wl-alpha", "wl-train", "wl-zulu"]
