@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
+from gpuwm.accounting.rawcolumns import RawJson
 from gpuwm.accounting.state import INFINITY, Gpu, Pod, Stretch, Workload
 from gpuwm.accounting.windows import WindowSums
 from gpuwm.model.compact import compact_pod_event
@@ -136,7 +137,7 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
             "name": pod.name,
             "namespace": pod.namespace,
             "labels": pod.labels,
-            "timeline": [[t, event.model_dump(by_alias=True, mode="json")] for t, event in pod.timeline],
+            "timeline": [[t, event_json(event)] for t, event in pod.timeline],
             "stretches": [stretch_ids[id(stretch)] for stretch in pod.stretches],
         }
 
@@ -146,9 +147,17 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
             "node": gpu.node,
             "history": gpu.columns(raw),
             "pruned": gpu.pruned,
-            "latest": None if gpu.latest is None else gpu.latest.model_dump(mode="json"),
+            "latest": None if gpu.latest is None else sample_json(gpu.latest),
             "stretches": [stretch_ids[id(stretch)] for stretch in gpu.stretches],
         }
+
+    def event_json(event: PodEvent) -> Any:
+        if raw:  # serialised at once by pydantic-core (see RawJson)
+            return RawJson(event.__pydantic_serializer__.to_json(event, by_alias=True))
+        return event.model_dump(by_alias=True, mode="json")
+
+    def sample_json(sample: GpuSample) -> Any:
+        return RawJson(sample.__pydantic_serializer__.to_json(sample)) if raw else sample.model_dump(mode="json")
 
     def listed(records: list[Any], build: Callable[[Any], dict[str, Any]]) -> Sequence[dict[str, Any]]:
         return LazyEntries(records, build) if lazy else [build(record) for record in records]

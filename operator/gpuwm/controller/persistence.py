@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 
 from gpuwm.accounting.persist import LazyEntries
-from gpuwm.accounting.rawcolumns import RawDoubles
+from gpuwm.accounting.rawcolumns import RawDoubles, RawJson
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +88,8 @@ def _entries(value: Any) -> Any:
         return list(value)
     if isinstance(value, RawDoubles):
         return value.base64()
+    if isinstance(value, RawJson):
+        return orjson.Fragment(value.data)
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 

@@ -316,3 +316,30 @@ def test_raw_doubles_and_their_reading() -> None:
         doubles_from_saved(b"\x00" * 7)  # not whole doubles
     with pytest.raises(ValueError, match="base64 text or bytes"):
         doubles_from_saved(3)  # type: ignore[arg-type]
+
+
+def test_a_raw_state_holds_the_same_samples_and_pod_events_as_dumped_models(tmp_path: Path) -> None:
+    """Raw: each device's latest sample and each pod event go as pydantic-core's JSON of the model (`RawJson`);
+    read back, they are what `model_dump(mode="json")` gave, and the state file restores the same engine."""
+    import orjson
+
+    from gpuwm.accounting import Engine, EngineConfig
+    from gpuwm.accounting.rawcolumns import RawJson
+    from gpuwm.controller.persistence import encode_state, encode_state_chunks, write_state
+    from tests.unit.accounting.helpers import sample
+
+    engine = _busy_engine(workloads=4, seconds=5)
+    engine.observe(sample(6.0, "GPU-0-0", sm=None, healthy=False, error="GPU is lost", energy_joules=None))
+    raw, dumped = engine.save(raw=True), engine.save()
+    assert isinstance(raw["gpus"][0]["latest"], RawJson) and isinstance(raw["pods"][0]["timeline"][0][1], RawJson)
+    from_raw = orjson.loads(encode_state({"engine": raw}))["engine"]
+    assert [gpu["latest"] for gpu in from_raw["gpus"]] == [gpu["latest"] for gpu in dumped["gpus"]]
+    assert [pod["timeline"] for pod in from_raw["pods"]] == [pod["timeline"] for pod in dumped["pods"]]
+    assert any(gpu["latest"]["error"] == "GPU is lost" for gpu in from_raw["gpus"])
+    path = tmp_path / "state.json"
+    write_state(path, encode_state_chunks({"engine": engine.save(lazy=True, raw=True)}))
+    loaded = load_state(path)
+    assert loaded is not None
+    restored = Engine.restore(loaded["engine"], EngineConfig(interval_seconds=1.0))
+    assert orjson.dumps(restored.save(), option=orjson.OPT_NON_STR_KEYS) == orjson.dumps(
+        dumped, option=orjson.OPT_NON_STR_KEYS)
