@@ -180,20 +180,29 @@ async def test_unreachable_and_malformed_urls_are_named() -> None:
     await client.close()
 
 
-async def test_a_path_prefix_is_kept_and_nothing_is_kept_per_request() -> None:
-    lines: list[bytes] = []
+def recording(seen: list[bytes], answer: bytes, first_line_only: bool = False) -> Handler:
+    """Answers every request on a connection with `answer`, noting each (its head and body, or its first line)."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             while True:
-                request = await read_request(reader)
-                lines.append(request.split(b"\r\n", 1)[0])
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                head = await read_request(reader)
+                if first_line_only:
+                    seen.append(head.split(b"\r\n", 1)[0])
+                else:
+                    length = re.search(rb"Content-Length: (\d+)", head)
+                    seen.append(head + (await reader.readexactly(int(length.group(1))) if length else b""))
+                writer.write(answer)
                 await writer.drain()
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
 
-    async with raw_server(handle) as url:
+    return handle
+
+
+async def test_a_path_prefix_is_kept_and_nothing_is_kept_per_request() -> None:
+    lines: list[bytes] = []
+    async with raw_server(recording(lines, b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok", True)) as url:
         client = AgentHttpClient(timeout_seconds=2)
         for since in range(200):  # every pull asks from another `since`
             assert await client.get(f"{url}/agents/n1/", f"/v1/snapshot?since={since}") == (200, b"ok")
@@ -214,19 +223,7 @@ async def test_header_names_and_values_are_read_without_regard_to_case() -> None
 
 async def test_a_request_with_a_body_sends_its_length_and_headers_and_refuses_a_split_header() -> None:
     seen: list[bytes] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                head = await read_request(reader)
-                length = int(re.search(rb"Content-Length: (\d+)", head).group(1))  # type: ignore[union-attr]
-                seen.append(head + await reader.readexactly(length))
-                writer.write(b"HTTP/1.1 429 Too Many\r\nRetry-After: 3\r\nContent-Length: 2\r\n\r\n{}")
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            writer.close()
-
-    async with raw_server(handle) as url:
+    async with raw_server(recording(seen, b"HTTP/1.1 429 Too Many\r\nRetry-After: 3\r\nContent-Length: 2\r\n\r\n{}")) as url:
         client = AgentHttpClient(timeout_seconds=2)
         status, headers, body = await client.request("PATCH", url, "/x/status?fieldManager=gpuwm", b'{"a":1}',
                                                      {"Authorization": "Bearer t", "Content-Type": "application/json"})

@@ -8,6 +8,7 @@ failed pull.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -122,66 +123,70 @@ async def agent() -> Any:
         yield state, url
 
 
+Pull = Callable[[], Awaitable[tuple[SampleIntake, Any]]]
+
+
+@pytest.fixture
+async def pulling(agent: tuple[TaggingAgent, str]) -> AsyncIterator[tuple[TaggingAgent, Pull]]:
+    """The agent, and one pull of it by a puller and engine of the test's own (the same ones each call)."""
+    state, url = agent
+    puller = AgentPuller(timeout_seconds=2)
+    engine = Engine(EngineConfig(interval_seconds=1.0))
+
+    async def pull() -> tuple[SampleIntake, Any]:
+        return await _pull(puller, url, engine, {})
+
+    try:
+        yield state, pull
+    finally:
+        await puller.close()
+
+
 async def test_unchanged_devices_the_controller_does_not_hold_fail_that_agent_then_it_is_asked_afresh(
-    agent: tuple[TaggingAgent, str], caplog: pytest.LogCaptureFixture,
+    pulling: tuple[TaggingAgent, Pull], caplog: pytest.LogCaptureFixture,
 ) -> None:
-    state, url = agent
-    puller = AgentPuller(timeout_seconds=2)
-    engine = Engine(EngineConfig(interval_seconds=1.0))
-    try:
-        state.poll(100.0)
-        state.lie = True
-        _, result = await _pull(puller, url, engine, {})
-        assert result.failed_nodes == ["n1"] and puller.positions()["n1"]["since"] == 0
-        assert any("'devices_unchanged'" in record.getMessage() and "'gpus' and 'devices' are needed" in record.getMessage()
-                   for record in caplog.records)
-        state.lie = False
-        intake, result = await _pull(puller, url, engine, {})
-        assert not result.failed_nodes and intake.samples == 2 and state.asked == [None, None]
-        # it held them once read: a lie about another tag fails too, and the next request sends no tag
-        state.poll(101.0)
-        state.tag_override, state.lie = "f" * 32, True
-        _, result = await _pull(puller, url, engine, {})
-        assert result.failed_nodes == ["n1"] and state.asked[-1] == state.answers[1]["devices_tag"]
-        state.tag_override, state.lie = None, False
-        intake, result = await _pull(puller, url, engine, {})
-        assert not result.failed_nodes and intake.samples == 2 and state.asked[-1] is None
-    finally:
-        await puller.close()
+    state, pull = pulling
+    state.poll(100.0)
+    state.lie = True
+    _, result = await pull()
+    assert result.failed_nodes == ["n1"]  # its samples are read by the next pull (below: both of them)
+    assert any("'devices_unchanged'" in record.getMessage() and "'gpus' and 'devices' are needed" in record.getMessage()
+               for record in caplog.records)
+    state.lie = False
+    intake, result = await pull()
+    assert not result.failed_nodes and intake.samples == 2 and state.asked == [None, None]
+    # it held them once read: a lie about another tag fails too, and the next request sends no tag
+    state.poll(101.0)
+    state.tag_override, state.lie = "f" * 32, True
+    _, result = await pull()
+    assert result.failed_nodes == ["n1"] and state.asked[-1] == state.answers[1]["devices_tag"]
+    state.tag_override, state.lie = None, False
+    intake, result = await pull()
+    assert not result.failed_nodes and intake.samples == 2 and state.asked[-1] is None
 
 
-async def test_a_failed_pull_forgets_the_kept_devices(agent: tuple[TaggingAgent, str]) -> None:
-    state, url = agent
-    puller = AgentPuller(timeout_seconds=2)
-    engine = Engine(EngineConfig(interval_seconds=1.0))
-    try:
-        state.poll(100.0)
-        await _pull(puller, url, engine, {})
-        state.poll(101.0)
-        await _pull(puller, url, engine, {})
-        assert state.asked == [None, state.answers[0]["devices_tag"]]
-        state.fail = True
-        _, result = await _pull(puller, url, engine, {})
-        assert result.failed_nodes == ["n1"]
-        state.fail = False
-        state.poll(102.0)
-        intake, result = await _pull(puller, url, engine, {})
-        assert not result.failed_nodes and state.asked[-1] is None and "gpus" in state.answers[-1]
-        assert intake.samples == 2
-    finally:
-        await puller.close()
+async def test_a_failed_pull_forgets_the_kept_devices(pulling: tuple[TaggingAgent, Pull]) -> None:
+    state, pull = pulling
+    state.poll(100.0)
+    await pull()
+    state.poll(101.0)
+    await pull()
+    assert state.asked == [None, state.answers[0]["devices_tag"]]
+    state.fail = True
+    _, result = await pull()
+    assert result.failed_nodes == ["n1"]
+    state.fail = False
+    state.poll(102.0)
+    intake, result = await pull()
+    assert not result.failed_nodes and state.asked[-1] is None and "gpus" in state.answers[-1]
+    assert intake.samples == 2
 
 
-async def test_a_tag_too_long_to_send_back_is_not_kept(agent: tuple[TaggingAgent, str]) -> None:
-    state, url = agent
-    puller = AgentPuller(timeout_seconds=2)
-    engine = Engine(EngineConfig(interval_seconds=1.0))
-    try:
-        state.tag_override = "x" * 65
-        for t in (100.0, 101.0):
-            state.poll(t)
-            intake, result = await _pull(puller, url, engine, {})
-            assert not result.failed_nodes and intake.samples == 2
-        assert state.asked == [None, None]
-    finally:
-        await puller.close()
+async def test_a_tag_too_long_to_send_back_is_not_kept(pulling: tuple[TaggingAgent, Pull]) -> None:
+    state, pull = pulling
+    state.tag_override = "x" * 65
+    for t in (100.0, 101.0):
+        state.poll(t)
+        intake, result = await pull()
+        assert not result.failed_nodes and intake.samples == 2
+    assert state.asked == [None, None]
