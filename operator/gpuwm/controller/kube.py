@@ -223,10 +223,9 @@ class KubeClient:
         else:
             data = json.dumps(body, allow_nan=False)
         # a patch of a CR or its status (with the field manager, a plain path): the lean client's, see __init__
-        lean = (self._lean is not None and method == "PATCH" and params is FIELD_MANAGER_PARAMS and data is not None
-                and _PLAIN_URL.fullmatch(path) is not None)
-        if lean and isinstance(data, str):
-            data = data.encode()
+        lean = (self._lean if method == "PATCH" and params is FIELD_MANAGER_PARAMS
+                and _PLAIN_URL.fullmatch(path) is not None else None)
+        lean_body = b"" if lean is None else data.encode() if isinstance(data, str) else data or b""
         attempt = 0
         relogged = False
         headers: Mapping[str, str]
@@ -234,10 +233,9 @@ class KubeClient:
             self.requests += 1
             delay: float | None = None
             try:
-                if lean:
-                    assert self._lean is not None and isinstance(data, bytes)
-                    status, headers, raw = await self._lean.request(
-                        method, self.server, f"{path}?fieldManager={FIELD_MANAGER}", data,
+                if lean is not None:
+                    status, headers, raw = await lean.request(
+                        method, self.server, f"{path}?fieldManager={FIELD_MANAGER}", lean_body,
                         {**self._headers, "Content-Type": content_type})
                 else:
                     status, headers, raw = await self._aiohttp_request(method, path, params, data, content_type)
