@@ -19,12 +19,16 @@ from gpuwm.model.figures import (
     ProjectFigures,
     Windows,
     WorkloadFigures,
+    shared_keys_fields,
     trusted_complete,
 )
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import NamespaceEvent, PodEvent
 
 _TERMINAL_PHASES = ("Succeeded", "Failed", "Deleted")
+#: the report's two biggest models' fields, for dicts of shared keys (see `shared_keys_fields`)
+_GPU_FIELDS = shared_keys_fields(GpuFigures)
+_WORKLOAD_FIELDS = shared_keys_fields(WorkloadFigures)
 
 
 def _optional_float(value: float | None) -> float | None:
@@ -255,27 +259,38 @@ class Engine(EngineCore):
         workload = stretch.workload
         pod = workload.pods.get(stretch.pod_uid)
         latest = gpu.latest
-        active = None if utilization is None else utilization >= self._threshold
+        fields = _GPU_FIELDS.copy()  # every field in field order, None until set (see shared_keys_fields)
+        fields["uuid"] = gpu.uuid
         if latest is None:
-            return trusted_complete(GpuFigures, {
-                "node": stretch.node or gpu.node or "", "uuid": gpu.uuid, "index": None, "model": None,
-                "mig_profile": None, "parent_uuid": None, "device_units": 1.0, "namespace": workload.namespace,
-                "workload": workload.name, "workload_uid": workload.uid, "pod": pod.name if pod else stretch.pod_uid,
-                "pod_uid": stretch.pod_uid, "container": stretch.container, "units": float(stretch.units),
-                "utilization_percent": utilization, "sm_percent": None, "memory_used_bytes": None,
-                "memory_total_bytes": None, "power_watts": None, "healthy": True, "error": None,
-                "last_sample_time": gpu.last_time, "monitored": monitored, "active": active,
-            })
-        return trusted_complete(GpuFigures, {
-            "node": stretch.node or latest.node, "uuid": gpu.uuid, "index": latest.index, "model": latest.model,
-            "mig_profile": latest.mig_profile, "parent_uuid": latest.parent_uuid, "device_units": latest.device_units,
-            "namespace": workload.namespace, "workload": workload.name, "workload_uid": workload.uid,
-            "pod": pod.name if pod else stretch.pod_uid, "pod_uid": stretch.pod_uid, "container": stretch.container,
-            "units": float(stretch.units), "utilization_percent": utilization, "sm_percent": latest.sm_percent,
-            "memory_used_bytes": latest.memory_used_bytes, "memory_total_bytes": latest.memory_total_bytes,
-            "power_watts": latest.power_watts, "healthy": latest.healthy, "error": latest.error,
-            "last_sample_time": gpu.last_time, "monitored": monitored, "active": active,
-        })
+            fields["node"] = stretch.node or gpu.node or ""
+            fields["device_units"] = 1.0
+            fields["healthy"] = True
+        else:
+            fields["node"] = stretch.node or latest.node
+            fields["index"] = latest.index
+            fields["model"] = latest.model
+            fields["mig_profile"] = latest.mig_profile
+            fields["parent_uuid"] = latest.parent_uuid
+            fields["device_units"] = latest.device_units
+        fields["namespace"] = workload.namespace
+        fields["workload"] = workload.name
+        fields["workload_uid"] = workload.uid
+        fields["pod"] = pod.name if pod else stretch.pod_uid
+        fields["pod_uid"] = stretch.pod_uid
+        fields["container"] = stretch.container
+        fields["units"] = float(stretch.units)
+        fields["utilization_percent"] = utilization
+        if latest is not None:
+            fields["sm_percent"] = latest.sm_percent
+            fields["memory_used_bytes"] = latest.memory_used_bytes
+            fields["memory_total_bytes"] = latest.memory_total_bytes
+            fields["power_watts"] = latest.power_watts
+            fields["healthy"] = latest.healthy
+            fields["error"] = latest.error
+        fields["last_sample_time"] = gpu.last_time
+        fields["monitored"] = monitored
+        fields["active"] = None if utilization is None else utilization >= self._threshold
+        return trusted_complete(GpuFigures, fields)
 
     # ------------------------------------------------------------- reports
 
@@ -415,38 +430,37 @@ class Engine(EngineCore):
 
         utilization_windows, memory_windows = sums.windows()
         # the engine's own numbers, every field in field order: no validation (see `trusted`), float()
-        # where an int could come in
-        figures = trusted_complete(WorkloadFigures, {
-            "uid": workload.uid,
-            "namespace": workload.namespace,
-            "name": workload.name,
-            "kind": workload.kind,
-            "api_version": workload.api_version,
-            "project": self.project_of(workload),
-            "phase": phase,
-            "allocated_gpus": float(allocated_gpus),
-            "allocated_gpu_seconds": float(workload.active_seconds + workload.idle_seconds + unmonitored),
-            "active_gpu_seconds": float(workload.active_seconds),
-            "idle_gpu_seconds": float(workload.idle_seconds),
-            "unmonitored_gpu_seconds": float(unmonitored),
-            "idle_gpus": float(idle_gpus),
-            "last_active_time": _optional_float(last_active_time),
-            "idle_seconds": float(idle_seconds),
-            "wait_seconds": float(wait_seconds),
-            "run_seconds": float(run_seconds),
-            "energy_joules": float(workload.energy_joules),
-            "utilization": utilization_windows,
-            "memory_utilization": memory_windows,
-            "created_time": _optional_float(created),
-            "start_time": _optional_float(workload.first_run_start),
-            "end_time": _optional_float(end_time),
-            "sampling": running and sampling,
-            "gpu_model": min(models) if models else None,
-            "nodes": sorted(nodes),
-            "pods": pods,
-            "gpus": sorted(gpus, key=_gpu_order),
-        })
-        return figures, sums
+        # where an int could come in; a dict of shared keys (see shared_keys_fields)
+        fields = _WORKLOAD_FIELDS.copy()
+        fields["uid"] = workload.uid
+        fields["namespace"] = workload.namespace
+        fields["name"] = workload.name
+        fields["kind"] = workload.kind
+        fields["api_version"] = workload.api_version
+        fields["project"] = self.project_of(workload)
+        fields["phase"] = phase
+        fields["allocated_gpus"] = float(allocated_gpus)
+        fields["allocated_gpu_seconds"] = float(workload.active_seconds + workload.idle_seconds + unmonitored)
+        fields["active_gpu_seconds"] = float(workload.active_seconds)
+        fields["idle_gpu_seconds"] = float(workload.idle_seconds)
+        fields["unmonitored_gpu_seconds"] = float(unmonitored)
+        fields["idle_gpus"] = float(idle_gpus)
+        fields["last_active_time"] = _optional_float(last_active_time)
+        fields["idle_seconds"] = float(idle_seconds)
+        fields["wait_seconds"] = float(wait_seconds)
+        fields["run_seconds"] = float(run_seconds)
+        fields["energy_joules"] = float(workload.energy_joules)
+        fields["utilization"] = utilization_windows
+        fields["memory_utilization"] = memory_windows
+        fields["created_time"] = _optional_float(created)
+        fields["start_time"] = _optional_float(workload.first_run_start)
+        fields["end_time"] = _optional_float(end_time)
+        fields["sampling"] = running and sampling
+        fields["gpu_model"] = min(models) if models else None
+        fields["nodes"] = sorted(nodes)
+        fields["pods"] = pods
+        fields["gpus"] = sorted(gpus, key=_gpu_order)
+        return trusted_complete(WorkloadFigures, fields), sums
 
     def workloads(self, now: float | None = None) -> list[WorkloadFigures]:
         at = self.clock if now is None else now
