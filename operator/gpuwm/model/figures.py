@@ -172,9 +172,9 @@ def shared_keys_fields(cls: type[BaseModel]) -> dict[str, Any]:
     CPython keeps an instance `__dict__` of a plain class as values over a key table shared by
     the class ("split" dicts, up to 30 keys), and `dict.copy()` of one keeps it so. Filled by
     assigning each field in turn (no key is added, the order stays the field order), a copy is
-    ~300 bytes for a 24-field model where a dict literal is ~830, and is built faster: a report
-    holds ~16,000 such models (GpuFigures, WorkloadFigures) at its peak. Elsewhere (another
-    interpreter) the copy is an ordinary dict: the same contents, only bigger.
+    ~300 bytes for a 24-field model where a dict literal is ~830, and is built faster: a cycle
+    builds ~12,000 report models (GpuFigures, WorkloadFigures) and 8,000 latest GpuSamples.
+    Elsewhere (another interpreter) the copy is an ordinary dict: the same contents, only bigger.
     """
     holder = type(f"_{cls.__name__}Fields", (), {})()
     for name in cls.model_fields:
