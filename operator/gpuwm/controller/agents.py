@@ -202,21 +202,27 @@ def _snapshot(
 ) -> Snapshot:
     node = payload.node or expected_node
     if known is not None:  # the agent left its devices out: they are those the puller keeps
-        return Snapshot(node=node, seq=payload.seq, agent_id=payload.agent_id, samples=[], holders=known.holders,
-                        pod_stats=payload.pod_stats, more=payload.more, truncated=payload.truncated, columns=columns,
-                        pending_columns=pending_columns or [])
-    cached = holder_cache.get(expected_node) if holder_cache is not None else None
-    devices = blake2b(orjson.dumps(payload.devices), digest_size=16).digest() if holder_cache is not None else b""
-    if cached is not None and cached[0] == node and cached[1] == devices:
-        holders = cached[2]  # the same list object: the runtime's attribution check sees no change at once
+        holders = known.holders
     else:
-        holders = [holder for item in payload.devices for holder in _holders(item, node)]
-        if holder_cache is not None:
-            holder_cache[expected_node] = (node, devices, holders)
+        holders = _holders_of(payload.devices, node, expected_node, holder_cache)
     samples = payload.samples if isinstance(payload, _SnapshotPayload) else []
     return Snapshot(node=node, seq=payload.seq, agent_id=payload.agent_id, samples=samples, holders=holders,
                     pod_stats=payload.pod_stats, more=payload.more, truncated=payload.truncated, columns=columns,
                     pending_columns=pending_columns or [])
+
+
+def _holders_of(
+    devices: list[dict[str, Any]], node: str, expected_node: str, holder_cache: HolderCache | None
+) -> list[DeviceHolder]:
+    """The holders an answer's `devices` name: the cached list while the agent repeats them unchanged."""
+    cached = holder_cache.get(expected_node) if holder_cache is not None else None
+    digest = blake2b(orjson.dumps(devices), digest_size=16).digest() if holder_cache is not None else b""
+    if cached is not None and cached[0] == node and cached[1] == digest:
+        return cached[2]  # the same list object: the runtime's attribution check sees no change at once
+    holders = [holder for item in devices for holder in _holders(item, node)]
+    if holder_cache is not None:
+        holder_cache[expected_node] = (node, digest, holders)
+    return holders
 
 
 def parse_snapshot(

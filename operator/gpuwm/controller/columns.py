@@ -68,7 +68,6 @@ class DeviceEntry:
     power_limit_watts: float | None
 
 
-
 #: what `SampleColumns.samples` builds each sample's fields in, and the number columns it unpacks in that order
 _SAMPLE_FIELD_ORDER = (
     "t", "node", "uuid", "seq", "index", "model", "parent_uuid", "mig_profile", "device_units", "healthy", "error",
@@ -158,8 +157,8 @@ class SampleColumns:
             device = devices[gpu]
             seq, sm, used, activity, power, energy, temperature, sm_clock, memory_clock, rx, tx, merged = numbers
             listed = None if processes is None else self._processes_of(row)
-            # every GpuSample field, in field order (as validation leaves them; `_SAMPLE_FIELD_ORDER` is checked), in a
-            # dict of shared keys: these are the engine's latest samples, kept between cycles (see shared_keys_fields)
+            # every GpuSample field (`_SAMPLE_FIELD_ORDER` is checked against the model), in a dict of shared keys in
+            # field order: these are the engine's latest samples, kept between cycles (see shared_keys_fields)
             fields = _SAMPLE_FIELDS.copy()
             fields["t"] = t
             fields["node"] = device.node
@@ -331,7 +330,7 @@ def parse_columns(payload: Mapping[str, Any]) -> SampleColumns:
     raw = payload.get("columns")
     if not isinstance(raw_devices, list) or not isinstance(raw, dict):
         raise ValueError("'gpus' must be a list and 'columns' an object")
-    devices = [_device(position, entry) for position, entry in enumerate(raw_devices)]
+    devices = device_entries(raw_devices)
     t_list = raw.get("t")
     if not isinstance(t_list, list):
         raise ValueError("column 't': expected a list")
@@ -388,7 +387,7 @@ def parse_columns_many(payloads: Sequence[Mapping[str, Any]]) -> list[SampleColu
             results[position] = _parsed_or_error(payload)
             continue
         try:
-            devices = [_device(index, entry) for index, entry in enumerate(payload["gpus"] or [])]
+            devices = device_entries(payload["gpus"] or [])
         except ValueError as error:
             results[position] = error
             continue
