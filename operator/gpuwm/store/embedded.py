@@ -620,4 +620,9 @@ class _IdMarks:
 
 
 def _insert_statement(table: str, columns: int) -> str:
+    if table == "latest_workloads":
+        # updated in place: a REPLACE deletes the row and inserts it again, index entries and all. A uid's
+        # namespace and name never change (the index on them stays as it is)
+        return (f"INSERT INTO {table} VALUES ({', '.join('?' * columns)}) ON CONFLICT (uid) DO UPDATE SET "
+                "project = excluded.project, at = excluded.at, figures = excluded.figures")
     return f"INSERT OR REPLACE INTO {table} VALUES ({', '.join('?' * columns)})"
