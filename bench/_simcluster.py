@@ -299,7 +299,7 @@ class SimulatedController:
                    cluster: ClusterFigures, pod_stats: list[PodStatsSample]) -> float:
             started = time.thread_time()
             try:
-                self.store.record(now, samples, workloads, projects, cluster, pod_stats)
+                self.store.record(now, samples, workloads, projects, cluster, pod_stats, compact=False)
             except Exception as error:  # as the controller does: CR status goes on without the store
                 self.store_failures += 1
                 if self.store_failures == 1:
@@ -310,11 +310,21 @@ class SimulatedController:
         store_cpu = await asyncio.to_thread(record, samples, workloads, projects, cluster, pod_stats)  # its own thread
         del samples, workloads, projects, cluster, result, pod_stats
         collect_cycle_garbage()  # as the controller does after each cycle (the young generation)
+        store_cpu += await asyncio.to_thread(self._compact_slice, now)  # as the controller: once the figures are freed
         release_free_memory()  # as the controller does after each cycle (malloc_trim)
         cycle = CycleFigures(cpu_seconds() - cpu_before, time.perf_counter() - interval_end, intake.samples,
                              changes, size, store_cpu)
         self.cycles.append(cycle)
         return cycle
+
+    def _compact_slice(self, now: float) -> float:
+        """The store's compaction slice of the interval, as the controller runs it (`ControllerRuntime._compact`)."""
+        started = time.thread_time()
+        try:
+            self.store.compact_slice(now)
+        except Exception as error:  # as the controller does: the next slice tries again
+            print(f"store compaction failed at {now:.0f}: {type(error).__name__}: {error}", flush=True)
+        return time.thread_time() - started
 
     def merge_request(self) -> MergeRequest | None:
         """What the controller asks the agents to merge (`snapshotMerge`, as `gpuwm controller` asks)."""

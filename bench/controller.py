@@ -141,11 +141,14 @@ def agent_holders(plan: list[tuple[str, str, str, list[str]]]) -> dict[str, list
 
 
 def warm_up(runtime: ControllerRuntime, plan: list[tuple[str, str, str, list[str]]], minutes: float,
-            interval: float, jitter_percent: float, chase: bool = True) -> tuple[int, float]:
+            interval: float, jitter_percent: float, chase: bool = True, store_history: bool = False) -> tuple[int, float]:
     """Feed the engine `minutes` of samples of every held GPU, ending now: the state of a controller that has
     been running that long (window segments and history at their steady size, the hour's segments
     dropped as they age). The samples go in as the pulls would put them (`Engine.observe_samples`, one
     status interval's rows at a time), chasing the clock until they reach it. Returns (rows, CPU-s).
+
+    `store_history`: each status interval of it is also reported and recorded in the store, without its
+    compaction slices (see `record_history`).
     """
     import numpy
 
@@ -187,7 +190,24 @@ def warm_up(runtime: ControllerRuntime, plan: list[tuple[str, str, str, list[str
         ))
         rows += len(times)
         t = float(steps[-1]) + interval
+        if store_history:
+            last = float(steps[-1])
+            record_history(runtime, last, [
+                GpuSample(t=last, node=node, uuid=gpu, sm_percent=float(value), memory_used_bytes=40e9,
+                          memory_total_bytes=80e9, power_watts=300.0 + float(value), energy_joules=200.0 * (last - origin))
+                for node, gpu, value in zip(nodes, uuids, sm[-1], strict=True)])
     return rows, time.process_time() - started
+
+
+def record_history(runtime: ControllerRuntime, t: float, samples: list[Any]) -> None:
+    """One interval of the warm-up's history into the store, as a cycle records it, without the compaction slice.
+
+    So the store's head holds the hour a running controller's does, none of it compacted: the first cycle starts
+    the compaction round of the closed hour (the span before the current one), as in the first half of every
+    hour, and each steady cycle runs its slice. Without this the store starts empty and the cycles never compact.
+    """
+    workloads, projects, cluster = runtime.engine.report(t)
+    runtime.store.record(t, samples, workloads, projects, cluster, compact=False)
 
 
 def serve_cluster(args: argparse.Namespace, pipe: Any) -> None:
@@ -295,10 +315,11 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
           f"{time.perf_counter() - wall0:.2f} s wall, {runtime.resolver.fetches} owner GETs")
     if args.history_minutes:
         rows, cpu = warm_up(runtime, plan, args.history_minutes, args.interval, args.jitter_percent,
-                            chase=not args.memory_report)
+                            chase=not args.memory_report, store_history=args.store_history and runtime.store is not None)
         segments = sum(len(workload.windows) for workload in runtime.engine.workload_records.values())
         print(f"history: {args.history_minutes:g} minutes, {rows} samples into the engine in {cpu:.1f} CPU-s; "
               f"{segments} window segments; RSS {rss_mib():.0f} MiB")
+    compacted_before = getattr(runtime.store, "compacted_blocks", 0)
     writer = asyncio.create_task(runtime.writer.run())
     cycle_cpu: list[float] = []
     cycle_system: list[float] = []  # the kernel's share of each interval (sends and receives on loopback)
@@ -372,6 +393,10 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         cache = page_cache_mib(runtime.store._writer)
         if cache is not None:
             print(f"store: the writing connection's page cache {cache:.1f} MiB (part of the RSS)")
+        from gpuwm.store.codec import BLOCK
+
+        print(f"store: {runtime.store.compacted_blocks - compacted_before} blocks of {BLOCK} series compacted "
+              f"during the cycles{'' if args.store_history else ' (none expected: --store-history fills the head)'}")
     if args.memory_report:
         import tracemalloc
 
@@ -419,6 +444,10 @@ def main() -> int:
                         help="the CRs exist already, as in a controller's steady state (--no-existing-crs: the "
                              "first start, every write also creates its CR)")
     parser.add_argument("--no-store", action="store_true", help="skip the embedded store (CR status only)")
+    parser.add_argument("--store-history", action="store_true",
+                        help="also report and record the history's intervals in the store (+~1.5 CPU-minutes): "
+                             "its head then holds an hour, and every steady cycle compacts a slice of the closed "
+                             "hour, as a controller does in the first half of each hour")
     parser.add_argument("--process-modules", action=argparse.BooleanOptionalAction, default=True,
                         help="import what the controller process imports besides its runtime (kopf, its handlers, the "
                              "metrics API), so RSS is the real process's")

@@ -264,6 +264,9 @@ class ControllerRuntime:
         workload_count = len(workloads)
         del samples, workloads, projects, cluster, engine_workloads, result
         collect_cycle_garbage()  # what reference counting left of the cycle (see gctuning)
+        # the store's compaction slice once the figures are freed: its arrays reuse their memory instead of
+        # adding to it (~12 MiB at 1,000 nodes)
+        await self._compact(now)
         release_free_memory()  # the cycle's figures and rows are garbage now: give their pages back
         timer.mark("trim")
         self.cycles += 1
@@ -453,7 +456,10 @@ class ControllerRuntime:
 
         def record() -> float:
             started = time.thread_time()
-            store.record(now, samples, workloads, projects, cluster, pod_stats)
+            if _slices(store):  # the embedded store: its compaction slice comes in `_compact`
+                store.record(now, samples, workloads, projects, cluster, pod_stats, compact=False)
+            else:
+                store.record(now, samples, workloads, projects, cluster, pod_stats)
             return time.thread_time() - started
 
         self.store_cpu_seconds = 0.0
@@ -462,6 +468,23 @@ class ControllerRuntime:
             self.store_cpu_seconds = await asyncio.to_thread(record)
         except Exception as error:  # the store is an extra: CR status goes on without it
             logger.warning("store write failed: %s", error)
+
+    async def _compact(self, now: float) -> None:
+        """The embedded store's compaction slice of this interval, which `_record` left for after the figures."""
+        store = self.store
+        if not _slices(store):
+            return
+        compact_slice = store.compact_slice
+
+        def compact() -> float:
+            started = time.thread_time()
+            compact_slice(now)
+            return time.thread_time() - started
+
+        try:
+            self.store_cpu_seconds += await asyncio.to_thread(compact)
+        except Exception as error:  # the next slice tries again (the store starts the round again from its file)
+            logger.warning("store compaction failed: %s", error)
 
     async def run_cycles(self) -> None:
         """The status loop; one failing cycle is logged and the next one tries again."""
@@ -475,6 +498,11 @@ class ControllerRuntime:
             except Exception:
                 logger.exception("status cycle failed; retrying next interval")
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+
+def _slices(store: Any) -> bool:
+    """Whether `store` takes its compaction slice apart from `record` (the embedded store)."""
+    return callable(getattr(store, "compact_slice", None))
 
 
 def is_agent_pod(agents: StaticAgents | PodAgents, body: Mapping[str, Any]) -> bool:

@@ -200,8 +200,14 @@ class EmbeddedStore(Store):
         projects: Sequence[ProjectFigures],
         cluster: ClusterFigures,
         pod_stats: Sequence[PodStatsSample] = (),
+        *,
+        compact: bool = True,
     ) -> None:
-        """Write one interval in one transaction: head rows, changed latest figures, a slice of compaction."""
+        """Write one interval in one transaction: head rows, changed latest figures, a slice of compaction.
+
+        `compact=False` leaves the slice to `compact_slice`, which the caller runs once it has let go of
+        the interval's figures (the controller: a slice's arrays then do not add to the figures' memory).
+        """
         rows = self._rows.build(samples, workloads, projects, cluster, pod_stats, known=self._series_ids)
         with self._write_lock:
             connection = self._writer
@@ -216,6 +222,21 @@ class EmbeddedStore(Store):
                 self._set_meta("latest_time", at)
                 if self._get_meta("earliest_time") is None:
                     self._set_meta("earliest_time", at)
+                if compact:
+                    self._compact_slice(at)
+                connection.execute("COMMIT")
+            except BaseException:
+                connection.execute("ROLLBACK")
+                self._forget_uncommitted()
+                raise
+
+    def compact_slice(self, at: float) -> None:
+        """The compaction slice of the interval recorded at `at` with `record(..., compact=False)`, in a
+        transaction of its own (what `record` does last by default)."""
+        with self._write_lock:
+            connection = self._writer
+            connection.execute("BEGIN IMMEDIATE")
+            try:
                 self._compact_slice(at)
                 connection.execute("COMMIT")
             except BaseException:
@@ -235,6 +256,10 @@ class EmbeddedStore(Store):
         self._drop_row_layouts()
         # a rolled-back round may have reset which series the head holds: count every head block's in
         self._written.mark(self._ids_in_head())
+        # a rolled-back slice took its blocks off the round's list, their rows still in the head: the round
+        # starts again from the file (the next slice lists what is left below the target again)
+        self._target = int(self._get_meta("compacted_until") or 0)
+        self._pending = []
 
     def _first_free_id(self) -> int:
         """Above every id given out, deleted ones included: a deleted id is never given again (head

@@ -43,6 +43,8 @@ class _OldPathStore(EmbeddedStore):
         projects: Sequence[ProjectFigures],
         cluster: ClusterFigures,
         pod_stats: Sequence[PodStatsSample] = (),
+        *,
+        compact: bool = True,
     ) -> None:
         rows = build_rows(samples, workloads, projects, cluster, pod_stats, known=self._series_ids)
         connection = self._writer
@@ -68,7 +70,8 @@ class _OldPathStore(EmbeddedStore):
         self._set_meta("latest_time", at)
         if self._get_meta("earliest_time") is None:
             self._set_meta("earliest_time", at)
-        self._compact_slice(at)
+        if compact:
+            self._compact_slice(at)
         connection.execute("COMMIT")
 
 

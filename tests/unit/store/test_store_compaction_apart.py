@@ -1,0 +1,98 @@
+"""`record(..., compact=False)` then `compact_slice`: the controller's order, which compacts once the
+interval's figures are freed. The file ends up the same as with the slice inside `record`, and a
+failed slice leaves its blocks for the next one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuwm.model import PodStatsSample
+from gpuwm.store import embedded
+from gpuwm.store.embedded import EmbeddedStore
+from gpuwm.store.schema import PART_COLUMNS
+
+from .store_data import cluster, project, sample, workload
+
+HOUR = 3600.0
+START = 1_790_000_000 - 1_790_000_000 % 3600 - 300.0  # five minutes before an hour: the run crosses it
+
+
+def _interval(store: EmbeddedStore, t: float, *, compact: bool) -> None:
+    jobs = [workload(f"job-{k}", [(f"gpu-{k}", 1.0, float((t * (k + 3)) % 100))], energy_joules=t + k,
+                     idle_seconds=t % 97) for k in range(70)]  # 70 workloads: over one block of series
+    samples = [sample(t, f"gpu-{k}", sm=float((t * (k + 3)) % 100)) for k in range(70)]
+    stats = [PodStatsSample(t=t, node="node-a", namespace="team-a", pod="job-0-0", pod_uid="pod-uid-job-0",
+                            cpu_usage_cores=1.5)]
+    store.record(t, samples, jobs, [project("alpha", jobs)], cluster(70), stats, compact=compact)
+
+
+def _contents(store: EmbeddedStore) -> tuple[object, ...]:
+    connection = store._writer
+    return (
+        connection.execute(f"SELECT tier, series_id, start, points, {', '.join(PART_COLUMNS.values())} FROM chunks "
+                           "ORDER BY tier, series_id, start").fetchall(),
+        connection.execute("SELECT id, hash, refs, data FROM payloads ORDER BY id").fetchall(),
+        connection.execute("SELECT block, t, data FROM head ORDER BY block, t").fetchall(),
+        connection.execute("SELECT key, value FROM meta ORDER BY key").fetchall(),
+    )
+
+
+def test_a_slice_apart_writes_what_the_slice_in_record_writes(tmp_path: Path) -> None:
+    inline, apart = EmbeddedStore(tmp_path / "inline.db"), EmbeddedStore(tmp_path / "apart.db")
+    try:
+        for step in range(40):  # 10 minutes: the hour that closes is compacted slice by slice after it
+            t = START + 15 * step
+            _interval(inline, t, compact=True)
+            _interval(apart, t, compact=False)
+            if step == 25:  # the hour closed a few intervals ago: nothing compacted without the slices
+                assert apart.compacted_blocks == 0 and inline.compacted_blocks > 0
+                for done in range(20, 26):  # the slices the controller would have run (one per interval)
+                    apart.compact_slice(START + 15 * done)
+            elif step > 25:
+                apart.compact_slice(t)
+        assert inline.compacted_blocks == apart.compacted_blocks > 0
+        assert _contents(apart) == _contents(inline)
+    finally:
+        inline.close()
+        apart.close()
+
+
+def test_a_failed_slice_leaves_its_blocks_to_the_next_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reference, store = EmbeddedStore(tmp_path / "reference.db"), EmbeddedStore(tmp_path / "store.db")
+    try:
+        for step in range(21):  # into the next hour (it starts at step 20)
+            _interval(reference, START + 15 * step, compact=False)
+            _interval(store, START + 15 * step, compact=False)
+        calls = 0
+        real_compact_block = store._chunks.compact_block
+
+        def fail_second(block: int, until: int) -> int:  # the first block goes into the file, then it fails
+            nonlocal calls
+            calls += 1
+            if calls == 2:
+                raise OSError("disk full")
+            return real_compact_block(block, until)
+
+        with monkeypatch.context() as patched:
+            patched.setattr(store._chunks, "compact_block", fail_second)
+            patched.setattr(embedded, "_COMPACTION_SPREAD", 10**6)  # every block in one slice: it fails inside
+            with pytest.raises(OSError):
+                store.compact_slice(START + 15 * 21)
+        assert calls == 2
+        # the rolled-back slice's blocks are still in the head; the next slices list them again
+        reference.compact_slice(START + 15 * 20)  # the slice of step 20, which the store's failed slice was
+        for step in range(21, 200):
+            t = START + 15 * step
+            _interval(reference, t, compact=False)
+            _interval(store, t, compact=False)
+            reference.compact_slice(t)
+            store.compact_slice(t)
+        until = int(START // HOUR * HOUR + HOUR)
+        left = store._writer.execute("SELECT count(*) FROM head WHERE t < ?", (until,)).fetchone()[0]
+        assert left == 0
+        assert _contents(store) == _contents(reference)
+    finally:
+        reference.close()
+        store.close()
