@@ -140,7 +140,7 @@ class ChunkWriter:
         coarse = span.step != self.spans[0].step
         piece = coarse and points < span.points
         level = ROLLUP_ZLIB_LEVEL if coarse else FINE_ZLIB_LEVEL
-        encoded = encode_parts(values[chosen], level)
+        encoded = encode_parts(values if len(chosen) == len(series_ids) else values[chosen], level)  # no copy: all
         ids = iter(store_payloads(
             self.connection, [data for parts in encoded for data in parts if data is not None], transient=piece))
         # every part is written (NULL where the chunk has none of its metrics), and the whole chunk of schema 3 goes
@@ -179,7 +179,8 @@ class ChunkWriter:
                 piece = existing
             self._store(fine, span_start, series_ids, piece)
             merged_spans.append(piece)
-        merged = np.concatenate(merged_spans, axis=2)
+        # one span (compaction's case): its points as they are, not a copy
+        merged = merged_spans[0] if len(merged_spans) == 1 else np.concatenate(merged_spans, axis=2)
         end = start + merged.shape[2] * fine.step
         for span in self.spans[1:]:
             coarse = roll_up(merged, span.step // fine.step)
@@ -258,16 +259,19 @@ class ChunkWriter:
         by_chunk: dict[int, list[tuple[int, bytes]]] = {}
         for t, data in rows:
             by_chunk.setdefault(int(t) // fine.span_seconds * fine.span_seconds, []).append((int(t), data))
-        for start, members in sorted(by_chunk.items()):
+        moved = len(rows)
+        del rows  # each span's head rows (an hour's: 240 a block) go once decoded
+        for start in sorted(by_chunk):
             values = np.full((BLOCK, METRIC_COUNT, fine.points), MISSING, dtype=np.int64)
-            for t, data in members:
+            for t, data in by_chunk.pop(start):
                 values[:, :, (t - start) // fine.step] = decode_head(data)
             present = (values != MISSING).any(axis=(1, 2))
             chosen = [index for index in range(BLOCK) if present[index]]
-            if chosen:
-                self.write_fine([series_ids[index] for index in chosen], start, values[chosen], until)
+            if chosen:  # every series (the usual case): the block's points as they are, not a copy
+                self.write_fine([series_ids[index] for index in chosen], start,
+                                values if len(chosen) == BLOCK else values[chosen], until)
         self.connection.execute("DELETE FROM head WHERE block = ? AND t < ?", (block, until))
-        return len(rows)
+        return moved
 
     def apply_retention(self, latest: float) -> None:
         """Drop the chunks each tier no longer keeps (whole chunks only), series by series through the

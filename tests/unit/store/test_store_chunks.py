@@ -315,3 +315,24 @@ def test_a_series_that_starts_inside_the_chunk_is_divided_by_its_gcd() -> None:
     assert divisors[0] == 100_000
     # so it costs about what the same points cost at the chunk's start
     assert len(late_data) <= len(early_data) + 16
+
+
+def test_blocks_encode_and_roll_up_series_by_series_in_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Compaction encodes and rolls a block up `ENCODE_SERIES_PER_PASS` series at a time (its temporaries
+    were ~11 MiB at once): the same bytes and roll-ups as one pass over the whole block."""
+    from gpuwm.store import codec
+
+    rng = np.random.default_rng(5)
+    values = rng.normal(0, 1e6, size=(64, 19, 240)).round(3)
+    values[:, :, ::9] = np.nan  # gaps
+    values[3] = np.nan  # a series with no point: no chunk for it
+    values[7, 6] = np.cumsum(np.abs(rng.normal(300, 50, 240)))  # a counter (second differences, a max roll-up)
+    values[20:40, 2:5] = np.nan  # some series without some parts
+    quantized = np.ascontiguousarray(quantize(values.transpose(0, 2, 1)).transpose(0, 2, 1))
+    in_passes = codec.encode_parts(quantized), codec.roll_up(quantized, 20)
+    assert codec.ENCODE_SERIES_PER_PASS < 64
+    monkeypatch.setattr(codec, "ENCODE_SERIES_PER_PASS", 1_000)
+    whole = codec.encode_parts(quantized), codec.roll_up(quantized, 20)
+    assert in_passes[0] == whole[0]
+    assert in_passes[0][3] == [None] * len(in_passes[0][3])
+    assert np.array_equal(in_passes[1], whole[1])
