@@ -352,7 +352,8 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         writes = runtime.writer.stats.writes
         rate = (writes - writes_before) / (now - t_writes)
         writes_before, t_writes = writes, now
-        print(f"cycle {cycle + 1}: cycle {cpu_cycle:.2f} CPU-s ({wall_cycle:.2f} s wall), with writes "
+        segments = sum(len(workload.windows) for workload in runtime.engine.workload_records.values())
+        print(f"cycle {cycle + 1} ({segments} window segments): cycle {cpu_cycle:.2f} CPU-s ({wall_cycle:.2f} s wall), with writes "
               f"{total_cpu:.2f} CPU-s per interval; RSS {rss_mib():.0f} MiB (peak {rss_mib('VmHWM'):.0f}); writes {rate:.1f}/s; "
               f"queued {runtime.writer.pending}")
         writer_cpu = total_cpu - cpu_cycle  # the writer (and anything else on the loop) between cycles

@@ -264,8 +264,8 @@ class ControllerRuntime:
         workload_count = len(workloads)
         del samples, workloads, projects, cluster, engine_workloads, result
         collect_cycle_garbage()  # what reference counting left of the cycle (see gctuning)
-        # the store's compaction slice once the figures are freed: its arrays reuse their memory instead of
-        # adding to it (~12 MiB at 1,000 nodes)
+        # the store's compaction slice once the figures are freed: its arrays reuse that memory instead of
+        # adding to the cycle's peak (it ran inside the store's record, with the figures alive)
         await self._compact(now)
         release_free_memory()  # the cycle's figures and rows are garbage now: give their pages back
         timer.mark("trim")
