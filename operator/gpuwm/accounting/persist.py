@@ -14,7 +14,7 @@ from typing import Any, overload
 
 from gpuwm.accounting.rawcolumns import RawJson
 from gpuwm.accounting.state import INFINITY, Gpu, Pod, Stretch, Workload
-from gpuwm.accounting.windows import WindowSums
+from gpuwm.accounting.windows import WindowSums, fold_after_of
 from gpuwm.model.compact import compact_pod_event
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import NamespaceEvent, PodEvent
@@ -222,7 +222,9 @@ def _restore(core: Any, state: dict[str, Any]) -> None:
         workload.energy_joules = raw["energyJoules"]
         workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem = raw["life"]
         windows = raw["windows"]  # version 1: a list of floats; 2: base64 of the doubles, or their raw bytes
-        workload.windows = WindowSums.from_list(windows) if isinstance(windows, list) else WindowSums.from_base64(windows)
+        fold_after = fold_after_of(workload.uid)
+        workload.windows = (WindowSums.from_list(windows, fold_after) if isinstance(windows, list)
+                            else WindowSums.from_base64(windows, fold_after))
         workload.first_run_start = raw["firstRunStart"]
         workload.retired_runs = [(run[0], run[1]) for run in raw["retiredRuns"]]
         retired = raw["retiredLastActive"]

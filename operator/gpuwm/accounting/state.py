@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from gpuwm.accounting.rawcolumns import RawDoubles, doubles_from_saved
-from gpuwm.accounting.windows import WindowSums
+from gpuwm.accounting.windows import WindowSums, fold_after_of
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import PodEvent
 
@@ -506,7 +506,7 @@ class Workload:
         self.life_util = 0.0  # monitored unit-seconds x utilisation %
         self.life_mem_units = 0.0  # unit-seconds with memory known
         self.life_mem = 0.0  # those x memory %
-        self.windows = WindowSums()
+        self.windows = WindowSums(fold_after_of(self.uid))
         self.first_run_start: float | None = None
         self.retired_runs: list[tuple[float, float]] = []  # merged runs of stretches no longer tracked
         self.retired_last_active = -INFINITY

@@ -12,6 +12,7 @@ boundaries, pro rata otherwise.
 
 from __future__ import annotations
 
+import zlib
 from array import array
 from collections.abc import Sequence
 
@@ -29,24 +30,36 @@ _MIN_CAPACITY_SEGMENTS = 128
 #: ~0.2 segments a second, so a busy workload folds every few minutes; twice its folded size (the rule at 1 Hz
 #: of single polls) kept ~230 segments per workload where ~130 hold the hour
 _FOLD_AFTER_SEGMENTS = 64
+#: each workload's own fold point is 64 +- this many segments (`fold_after_of`, from its uid): workloads started
+#: together (a job array; a benchmark's 4,000) folded together, so their segments, and the controller's RSS
+#: with them, rose and fell by ~18 MiB every ~5 minutes, and one maintenance folded all of them at once
+_FOLD_SPREAD_SEGMENTS = 16
 _NUMPY_FROM_SEGMENTS = 24  # below this a plain loop is faster than numpy's call overhead
 _WORKLOADS_PER_PASS = 128  # workloads per numpy pass over segments: ~5 MiB of temporaries at 1 Hz
 _TRIM_FROM_SEGMENTS = 8  # segments past the hour are dropped once this many lead (see `_trim`)
 
 
-def _capacity_after(segments: int) -> int:
-    """How many segments a workload may hold before its next fold, holding `segments` now."""
-    return max(_MIN_CAPACITY_SEGMENTS, segments + _FOLD_AFTER_SEGMENTS)
+def fold_after_of(uid: str) -> int:
+    """The segments after which a workload folds again (see `_FOLD_SPREAD_SEGMENTS`): the same for a uid in every
+    process and after every restart, so a replay gives the same figures."""
+    return _FOLD_AFTER_SEGMENTS - _FOLD_SPREAD_SEGMENTS + zlib.crc32(uid.encode()) % (2 * _FOLD_SPREAD_SEGMENTS + 1)
+
+
+def _capacity_after(segments: int, fold_after: int = _FOLD_AFTER_SEGMENTS) -> int:
+    """How many segments a workload may hold before its next fold, holding `segments` now (the first fold, at
+    `_MIN_CAPACITY_SEGMENTS`, moves with the workload's own fold point too)."""
+    return max(_MIN_CAPACITY_SEGMENTS + fold_after - _FOLD_AFTER_SEGMENTS, segments + fold_after)
 
 
 class WindowSums:
     """Segments of one workload's monitored allocation over the last hour."""
 
-    __slots__ = ("_capacity", "_data")
+    __slots__ = ("_capacity", "_data", "_fold_after")
 
-    def __init__(self) -> None:
+    def __init__(self, fold_after: int = _FOLD_AFTER_SEGMENTS) -> None:
         self._data = array("d")
-        self._capacity = _MIN_CAPACITY_SEGMENTS
+        self._fold_after = fold_after  # see `fold_after_of`
+        self._capacity = _capacity_after(0, fold_after)
 
     def __len__(self) -> int:
         return len(self._data) // _STRIDE
@@ -222,21 +235,21 @@ class WindowSums:
         return RawDoubles(self._data)
 
     @classmethod
-    def from_base64(cls, text: str | bytes | bytearray | memoryview) -> WindowSums:
+    def from_base64(cls, text: str | bytes | bytearray | memoryview, fold_after: int = _FOLD_AFTER_SEGMENTS) -> WindowSums:
         """Inverse of `to_base64` (or raw bytes, of `to_raw`); raises ValueError when it is not whole segments."""
         values = doubles_from_saved(text)
         if len(values) % _STRIDE:
             raise ValueError(f"saved window segments hold {len(values)} numbers, not a multiple of {_STRIDE}")
-        sums = cls()
+        sums = cls(fold_after)
         sums._data = values
-        sums._capacity = _capacity_after(len(sums))
+        sums._capacity = _capacity_after(len(sums), fold_after)
         return sums
 
     @classmethod
-    def from_list(cls, values: list[float]) -> WindowSums:
-        sums = cls()
+    def from_list(cls, values: list[float], fold_after: int = _FOLD_AFTER_SEGMENTS) -> WindowSums:
+        sums = cls(fold_after)
         sums._data = array("d", values)
-        sums._capacity = _capacity_after(len(sums))
+        sums._capacity = _capacity_after(len(sums), fold_after)
         return sums
 
 
@@ -302,7 +315,7 @@ def maintain_all(many: Sequence[WindowSums], now: float) -> None:
     for low in range(0, len(due), _WORKLOADS_PER_PASS):  # bounded temporaries, as in `windows_of`
         _fold_all(due[low : low + _WORKLOADS_PER_PASS], now)
     for sums in due:
-        sums._capacity = _capacity_after(len(sums))
+        sums._capacity = _capacity_after(len(sums), sums._fold_after)
 
 
 def _fold_all(many: Sequence[WindowSums], now: float) -> None:
