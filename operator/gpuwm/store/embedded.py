@@ -19,12 +19,13 @@ is refused and never written to; a schema-2 or schema-3 file is migrated in plac
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import sqlite3
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import cast
 
@@ -209,35 +210,34 @@ class EmbeddedStore(Store):
         the interval's figures (the controller: a slice's arrays then do not add to the figures' memory).
         """
         rows = self._rows.build(samples, workloads, projects, cluster, pod_stats, known=self._series_ids)
-        with self._write_lock:
-            connection = self._writer
-            connection.execute("BEGIN IMMEDIATE")
-            try:
-                self.write_points(at, rows)
-                self._write_latest(
-                    "latest_workloads", [(w.uid, (w.uid, w.namespace, w.name, w.project, at), w) for w in workloads]
-                )
-                self._write_latest("latest_projects", [(p.name, (p.name, at), p) for p in projects])
-                self._write_latest("latest_cluster", [("1", (1, at), cluster)])
-                self._set_meta("latest_time", at)
-                if self._get_meta("earliest_time") is None:
-                    self._set_meta("earliest_time", at)
-                if compact:
-                    self._compact_slice(at)
-                connection.execute("COMMIT")
-            except BaseException:
-                connection.execute("ROLLBACK")
-                self._forget_uncommitted()
-                raise
+        with self._transaction():
+            self.write_points(at, rows)
+            self._write_latest(
+                "latest_workloads", [(w.uid, (w.uid, w.namespace, w.name, w.project, at), w) for w in workloads]
+            )
+            self._write_latest("latest_projects", [(p.name, (p.name, at), p) for p in projects])
+            self._write_latest("latest_cluster", [("1", (1, at), cluster)])
+            self._set_meta("latest_time", at)
+            if self._get_meta("earliest_time") is None:
+                self._set_meta("earliest_time", at)
+            if compact:
+                self._compact_slice(at)
 
     def compact_slice(self, at: float) -> None:
         """The compaction slice of the interval recorded at `at` with `record(..., compact=False)`, in a
         transaction of its own (what `record` does last by default)."""
+        with self._transaction():
+            self._compact_slice(at)
+
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """One write transaction under the write lock; a failure rolls it back, and what this process
+        remembers of the file is read again from it (`_forget_uncommitted`)."""
         with self._write_lock:
             connection = self._writer
             connection.execute("BEGIN IMMEDIATE")
             try:
-                self._compact_slice(at)
+                yield
                 connection.execute("COMMIT")
             except BaseException:
                 connection.execute("ROLLBACK")

@@ -67,15 +67,20 @@ def _runtime(store: Any) -> tuple[ControllerRuntime, KubeClient]:
     return runtime, client
 
 
-async def test_the_slice_runs_after_the_record_once_the_figures_are_gone() -> None:
-    store = _Store()
+async def _cycles(store: Any, count: int) -> ControllerRuntime:
     runtime, client = _runtime(store)
     try:
-        await runtime.cycle()
-        await runtime.cycle()
+        for _ in range(count):
+            await runtime.cycle()
     finally:
         await runtime.puller.close()
         await client.close()
+    return runtime
+
+
+async def test_the_slice_runs_after_the_record_once_the_figures_are_gone() -> None:
+    store = _Store()
+    await _cycles(store, 2)
     kinds = [call[0] for call in store.calls]
     assert kinds == ["record", "compact_slice", "record", "compact_slice"]
     assert all(call[2] == {"compact": False} for call in store.calls if call[0] == "record")
@@ -85,24 +90,13 @@ async def test_the_slice_runs_after_the_record_once_the_figures_are_gone() -> No
 
 async def test_a_store_without_slices_records_as_before() -> None:
     store = _RecordOnly()
-    runtime, client = _runtime(store)
-    try:
-        await runtime.cycle()
-    finally:
-        await runtime.puller.close()
-        await client.close()
+    await _cycles(store, 1)
     assert [call[0] for call in store.calls] == ["record"] and store.calls[0][2] == 1
 
 
 async def test_a_failed_slice_is_logged_and_the_cycle_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     store = _Store(fail_slice=True)
-    runtime, client = _runtime(store)
-    try:
-        await runtime.cycle()
-        await runtime.cycle()
-    finally:
-        await runtime.puller.close()
-        await client.close()
+    runtime = await _cycles(store, 2)
     assert [call[0] for call in store.calls] == ["record", "compact_slice", "record", "compact_slice"]
     assert runtime.cycles == 2
     assert "store compaction failed: disk full" in caplog.text
