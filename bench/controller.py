@@ -203,8 +203,9 @@ def record_history(runtime: ControllerRuntime, t: float, samples: list[Any]) -> 
     """One interval of the warm-up's history into the store, as a cycle records it, without the compaction slice.
 
     So the store's head holds the hour a running controller's does, none of it compacted: the first cycle starts
-    the compaction round of the closed hour (the span before the current one), as in the first half of every
-    hour, and each steady cycle runs its slice. Without this the store starts empty and the cycles never compact.
+    the compaction round of the closed hour (the span before the current one, which an hour of history always
+    reaches into), as in the first half of every hour, and each steady cycle runs its slice. Without this the
+    store starts empty and the cycles never compact (unless the run crosses an hour).
     """
     workloads, projects, cluster = runtime.engine.report(t)
     runtime.store.record(t, samples, workloads, projects, cluster, compact=False)
@@ -397,7 +398,7 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         from gpuwm.store.codec import BLOCK
 
         print(f"store: {runtime.store.compacted_blocks - compacted_before} blocks of {BLOCK} series compacted "
-              f"during the cycles{'' if args.store_history else ' (none expected: --store-history fills the head)'}")
+              f"during the cycles{'' if args.store_history else ' (without --store-history, only in a run that crosses an hour)'}")
     if args.memory_report:
         import tracemalloc
 
