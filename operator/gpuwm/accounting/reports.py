@@ -259,7 +259,8 @@ class Engine(EngineCore):
         workload = stretch.workload
         pod = workload.pods.get(stretch.pod_uid)
         latest = gpu.latest
-        fields = _GPU_FIELDS.copy()  # every field in field order, None until set (see shared_keys_fields)
+        # every field in field order, None until set (see shared_keys_fields); setting a key keeps its place
+        fields = _GPU_FIELDS.copy()
         fields["uuid"] = gpu.uuid
         if latest is None:
             fields["node"] = stretch.node or gpu.node or ""
@@ -272,6 +273,12 @@ class Engine(EngineCore):
             fields["mig_profile"] = latest.mig_profile
             fields["parent_uuid"] = latest.parent_uuid
             fields["device_units"] = latest.device_units
+            fields["sm_percent"] = latest.sm_percent
+            fields["memory_used_bytes"] = latest.memory_used_bytes
+            fields["memory_total_bytes"] = latest.memory_total_bytes
+            fields["power_watts"] = latest.power_watts
+            fields["healthy"] = latest.healthy
+            fields["error"] = latest.error
         fields["namespace"] = workload.namespace
         fields["workload"] = workload.name
         fields["workload_uid"] = workload.uid
@@ -280,13 +287,6 @@ class Engine(EngineCore):
         fields["container"] = stretch.container
         fields["units"] = float(stretch.units)
         fields["utilization_percent"] = utilization
-        if latest is not None:
-            fields["sm_percent"] = latest.sm_percent
-            fields["memory_used_bytes"] = latest.memory_used_bytes
-            fields["memory_total_bytes"] = latest.memory_total_bytes
-            fields["power_watts"] = latest.power_watts
-            fields["healthy"] = latest.healthy
-            fields["error"] = latest.error
         fields["last_sample_time"] = gpu.last_time
         fields["monitored"] = monitored
         fields["active"] = None if utilization is None else utilization >= self._threshold
