@@ -14,30 +14,23 @@ import zlib
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
-import orjson
 from pydantic import BaseModel
+
+from gpuwm.model.jsonfast import model_json
 
 SAMPLE = b"s"
 POD_STATS = b"p"
 
 
-def _fields(value: Any) -> dict[str, Any]:
-    """orjson's hook for nested models (a sample's processes)."""
-    if isinstance(value, BaseModel):
-        return value.__dict__
-    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
-
-
 def record_json(model: BaseModel) -> bytes:
-    """`model.model_dump_json()`, byte for byte, for the agent's plain models (no aliases or serialisers).
+    """A record as the snapshot serves it: `model.model_dump_json()`, byte for byte.
 
-    orjson over the validated field values: a third of pydantic's cost per record hot, and far less
-    at the agent's 1 Hz where pydantic's serialiser runs with cold caches (~60 us a sample).
-    tests/unit/agent/test_buffer.py checks the bytes against model_dump_json.
+    orjson over the validated field values (`gpuwm.model.jsonfast`): a third of pydantic's cost per
+    record hot, and far less at the agent's 1 Hz where pydantic's serialiser runs with cold caches
+    (~60 us a sample). tests/unit/agent/test_buffer.py checks the bytes against model_dump_json.
     """
-    return orjson.dumps(model.__dict__, default=_fields)
+    return model_json(model)
 
 
 @dataclass(frozen=True, slots=True)

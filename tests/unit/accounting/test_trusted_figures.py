@@ -20,6 +20,7 @@ from pydantic import BaseModel
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.accounting.reports import _Sums
 from gpuwm.model.figures import GpuFigures, PodFigures, Windows, WorkloadFigures, trusted, trusted_complete
+from gpuwm.model.jsonfast import model_json
 from tests.unit.accounting.test_properties import HORIZON, PROPERTY_SETTINGS, Event, traces
 
 
@@ -28,6 +29,7 @@ def _assert_as_validated(model: BaseModel) -> None:
     validated = type(model).model_validate(model.model_dump())
     assert list(model.__dict__) == list(type(model).model_fields)
     assert model.model_dump_json() == validated.model_dump_json()
+    assert model_json(model) == model.model_dump_json().encode()  # what the store writes
     assert model == validated
     assert model.model_fields_set <= set(type(model).model_fields)
     for name, value in model.__dict__.items():
