@@ -77,7 +77,7 @@ def test_a_failed_slice_leaves_its_blocks_to_the_next_one(tmp_path: Path, monkey
 
         with monkeypatch.context() as patched:
             patched.setattr(store._chunks, "compact_block", fail_second)
-            patched.setattr(embedded, "_COMPACTION_SPREAD", 10**6)  # every block in one slice: it fails inside
+            patched.setattr(embedded, "_COMPACTION_SHARE", 0.0)  # every block in one slice: it fails inside
             with pytest.raises(OSError):
                 store.compact_slice(START + 15 * 21)
         assert calls == 2
@@ -95,4 +95,34 @@ def test_a_failed_slice_leaves_its_blocks_to_the_next_one(tmp_path: Path, monkey
         assert _contents(store) == _contents(reference)
     finally:
         reference.close()
+        store.close()
+
+
+@pytest.mark.parametrize("share", [embedded._COMPACTION_SHARE, 0.1])
+def test_a_round_is_spread_over_its_share_of_the_next_span(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, share: float
+) -> None:
+    """A closed span's blocks go a few per slice, evenly over `share` of the next span's intervals: at most
+    ceil(blocks / rounds) a slice (half the CPU a slice of what half a span took), done within the share."""
+    monkeypatch.setattr(embedded, "_COMPACTION_SHARE", share)
+    store = EmbeddedStore(tmp_path / "spread.db", tiers=("15s:20m", "1m:1d"))  # 10-minute spans of 40 points
+    try:
+        span = store.spans[0].span_seconds
+        assert store.spans[0].points == 40
+        first = START - START % span + span  # a span boundary
+        for step in range(-40, 0):  # a whole span of head rows, then the next span's intervals compact it
+            _interval(store, first + 15 * step, compact=False)
+        blocks = len(store._head_blocks)
+        assert blocks >= 4
+        rounds = max(1, int(40 * share))
+        per_slice: list[int] = []
+        for step in range(40):
+            _interval(store, first + 15 * step, compact=False)
+            before = store.compacted_blocks
+            store.compact_slice(first + 15 * step)
+            per_slice.append(store.compacted_blocks - before)
+        assert sum(per_slice) == blocks
+        assert max(per_slice) == -(-blocks // rounds)
+        assert max(step for step, done in enumerate(per_slice) if done) < rounds
+    finally:
         store.close()
