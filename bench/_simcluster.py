@@ -32,6 +32,7 @@ from aiohttp import web  # noqa: E402
 from gpuwm.accounting import Engine, EngineConfig  # noqa: E402
 from gpuwm.agent.columns import DEVICES_TAG_PARAM, columns_answer_json, sample_columns  # noqa: E402
 from gpuwm.agent.merge import MergeRequest, merge_polls, merge_request  # noqa: E402
+from gpuwm.config import Settings  # noqa: E402
 from gpuwm.controller.agents import AgentPuller, SampleIntake  # noqa: E402
 from gpuwm.controller.gctuning import collect_cycle_garbage, release_free_memory, tune_garbage_collector  # noqa: E402
 from gpuwm.controller.status import build_project_status, build_workload_status  # noqa: E402
@@ -254,7 +255,8 @@ class SimulatedController:
         self.engine = Engine(EngineConfig(interval_seconds=config.interval_seconds,
                                           idle_threshold_percent=config.idle_threshold_percent))
         self.puller = AgentPuller(timeout_seconds=30.0, merge=self.merge_request())
-        self.store = EmbeddedStore(store_path)
+        # the controller's default refresh of running workloads' latest rows (gpuwm.config.Settings)
+        self.store = EmbeddedStore(store_path, latest_rows_per_interval=Settings().store_latest_rows_per_interval)
         self.store_path = store_path
         self.recorder: dict[str, str] = {}  # CR path -> last status written (JSON)
         self.cycles: list[CycleFigures] = []

@@ -292,7 +292,7 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
     if not args.no_store:
         from gpuwm.store import open_store
 
-        runtime.store = open_store(settings.store)
+        runtime.store = open_store(settings.store, latest_rows_per_interval=settings.store_latest_rows_per_interval)
     tune_garbage_collector()  # as the controller's startup does, before the pods watch delivers the pods
     if args.existing_crs:
         from gpuwm.controller import recovery

@@ -9,7 +9,9 @@ interval creates every series and is shown apart.
 The compaction slice of a closed chunk span is included once the run crosses an hour
 (`--start` puts the run just before one).
 
-    .venv/bin/python bench/store_record.py [--intervals 12] [--pod-stats] [--profile tottime]
+    .venv/bin/python bench/store_record.py [--intervals 12] [--pod-stats] [--latest-rows-per-interval N] [--profile tottime]
+
+Also printed: the bytes each record hands to write() (the WAL and its checkpoints into the file).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwm.accounting import Engine, EngineConfig
+from gpuwm.config import Settings
 from gpuwm.controller.gctuning import tune_garbage_collector
 from gpuwm.model import GpuSample, PodEvent, PodStatsSample
 from gpuwm.model.trace import NamespaceEvent
@@ -95,6 +98,15 @@ def fill_head(store: EmbeddedStore, at: float, samples: list[GpuSample], workloa
         store._writer.execute("COMMIT")
 
 
+def _bytes_written() -> int:
+    """Bytes this process has handed to write() so far (Linux /proc; 0 elsewhere)."""
+    try:
+        with open(f"/proc/{os.getpid()}/io") as io:
+            return next(int(line.split()[1]) for line in io if line.startswith("wchar:"))
+    except (OSError, StopIteration):
+        return 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=1000)
@@ -109,6 +121,9 @@ def main() -> None:
     parser.add_argument("--fill-head", action="store_true",
                         help="the chunk span before the first interval filled with its rows first (so the compaction "
                              "slices after the hour compact full blocks, as a store running for hours does)")
+    parser.add_argument("--latest-rows-per-interval", type=int, default=Settings().store_latest_rows_per_interval,
+                        help="running workloads' latest rows rewritten per interval at most (the controller's "
+                             "storeLatestRowsPerInterval; 0: every row, as before it)")
     parser.add_argument("--profile", choices=("cumulative", "tottime"), help="profile record() after the first")
     parser.add_argument("--profile-lines", type=int, default=40)
     args = parser.parse_args()
@@ -125,8 +140,9 @@ def main() -> None:
     plain: list[float] = []  # intervals without compaction ...
     compacting: list[float] = []  # ... and with a compaction slice
     compacted = 0
+    written: list[int] = []  # bytes handed to write() by each record after the first (WAL, checkpoints)
     with tempfile.TemporaryDirectory() as directory:
-        store = EmbeddedStore(Path(directory) / "bench.db")
+        store = EmbeddedStore(Path(directory) / "bench.db", latest_rows_per_interval=args.latest_rows_per_interval or None)
         # rows alone: a builder of its own fed the same intervals (or the stateless function of older code)
         builder = getattr(rows_module, "RowBuilder", None)
         build_alone = builder().build if builder is not None else rows_module.build_rows
@@ -152,9 +168,11 @@ def main() -> None:
                 build.append(time.thread_time() - started)
             if profiler is not None and interval:
                 profiler.enable()
-            started = time.thread_time()
+            started, written_before = time.thread_time(), _bytes_written()
             store.record(end, latest, workloads, projects, cluster, stats)
             elapsed = time.thread_time() - started
+            if interval:
+                written.append(_bytes_written() - written_before)
             if profiler is not None and interval:
                 profiler.disable()
             if interval:
@@ -174,6 +192,9 @@ def main() -> None:
           f"{statistics.mean(steady) * 1000:.0f} ms, median {statistics.median(steady) * 1000:.0f} ms, "
           f"max {max(steady) * 1000:.0f} ms over {len(steady)}; rows alone mean {statistics.mean(build) * 1000:.0f} ms; "
           f"files {size / 1e6:.1f} MB")
+    print(f"bytes written per interval (the WAL and its checkpoints into the file): mean "
+          f"{statistics.mean(written) / 1e6:.1f} MB ({statistics.mean(written) / args.interval * 86400 / 1e9:.0f} GB a day); "
+          f"latest rows per interval {args.latest_rows_per_interval or 'all'}")
     for label, figures in (("without compaction", plain), ("with a compaction slice", compacting)):
         if figures:
             print(f"  {label}: mean {statistics.mean(figures) * 1000:.0f} ms over {len(figures)}")

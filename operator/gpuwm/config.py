@@ -154,6 +154,10 @@ class Settings(BaseSettings):
         default_factory=lambda: ["15s:2d", "5m:30d"],
         description="Embedded store tiers STEP:KEEP, finest first: data older than a tier's KEEP is only in coarser tiers.",
     )
+    store_latest_rows_per_interval: int = Field(
+        default=1000, ge=1,
+        description="Most running workloads' latest-figures rows the embedded store rewrites per status interval, longest unwritten first (new, changed-phase and finished ones always); the API's current figures of a running workload are then at most ceil(running workloads / this) intervals old.",
+    )
 
     @classmethod
     def helm_value_name(cls, field_name: str) -> str:

@@ -17,7 +17,7 @@ FIELDS = (
     "resource_names", "project_label", "idle_threshold_percent", "interval", "late_event_window",
     "status_interval", "snapshot_merge", "retention", "agents", "store", "idle_condition_after", "underutilized_percent",
     "status_writes_per_second", "time_sliced_replicas", "device_plugin_config", "api_listen", "auth",
-    "runai_compatible_metrics", "cluster_id", "store_rollups",
+    "runai_compatible_metrics", "cluster_id", "store_rollups", "store_latest_rows_per_interval",
 )
 
 

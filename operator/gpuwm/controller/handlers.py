@@ -170,7 +170,8 @@ def _open_store(settings: Settings) -> Any:
     except ImportError:
         return None
     try:
-        return open_store(settings.store, rollups=settings.store_rollups, retention_seconds=settings.retention)
+        return open_store(settings.store, rollups=settings.store_rollups, retention_seconds=settings.retention,
+                          latest_rows_per_interval=settings.store_latest_rows_per_interval)
     except Exception as error:
         if settings.store.startswith(("http://", "https://")):
             logger.warning("store %s not available (%s); writing CR status only", settings.store, error)
@@ -179,7 +180,8 @@ def _open_store(settings: Settings) -> Any:
         logger.warning("cannot open --store %s (%s); using %s (set --store to a writable path)",
                        settings.store, error, fallback)
     try:
-        return open_store(fallback, rollups=settings.store_rollups, retention_seconds=settings.retention)
+        return open_store(fallback, rollups=settings.store_rollups, retention_seconds=settings.retention,
+                          latest_rows_per_interval=settings.store_latest_rows_per_interval)
     except Exception as error:
         logger.warning("store %s not available (%s); writing CR status only", fallback, error)
         return None

@@ -19,6 +19,7 @@ FIELDS = (
     "late_event_window",
     "status_interval",
     "store_rollups",
+    "store_latest_rows_per_interval",
     "retention",
     "log_level",
 )

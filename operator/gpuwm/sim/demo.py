@@ -140,7 +140,8 @@ async def run_demo(options: DemoOptions) -> int:
         store_path = str(temp_dir / "gpuwm.db")
     else:
         store_path = options.store_path
-    store = open_store(store_path, rollups=settings.store_rollups, retention_seconds=settings.retention)
+    store = open_store(store_path, rollups=settings.store_rollups, retention_seconds=settings.retention,
+                       latest_rows_per_interval=settings.store_latest_rows_per_interval)
     console = Console()
     try:
         started_wall = time.time()

@@ -30,6 +30,7 @@ def open_store(
     rollups: Sequence[str] = ("15s:2d", "5m:30d"),
     retention_seconds: float = 7 * 86400.0,
     timeout_seconds: float = 30.0,
+    latest_rows_per_interval: int | None = None,
 ) -> Store:
     """Open the store named by `--store`: a file path (embedded) or an http(s):// Prometheus URL (read-only)."""
     if spec.startswith(("http://", "https://")):
@@ -42,7 +43,8 @@ def open_store(
         )
     from gpuwm.store.embedded import EmbeddedStore
 
-    return EmbeddedStore(spec, tiers=list(rollups), retention_seconds=retention_seconds)
+    return EmbeddedStore(spec, tiers=list(rollups), retention_seconds=retention_seconds,
+                         latest_rows_per_interval=latest_rows_per_interval)
 
 
 __all__ = [
