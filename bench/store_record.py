@@ -181,7 +181,7 @@ def main() -> None:
             else:
                 first = elapsed
             compacted = store.compacted_blocks
-            print(f"interval {interval}: record {elapsed * 1000:.0f} ms CPU"
+            print(f"interval {interval}: record {elapsed * 1000:.0f} ms CPU, {written[-1] / 1e6 if interval else 0:.1f} MB written"
                   f"{'' if not interval else f' (building the rows alone {build[-1] * 1000:.0f} ms)'}"
                   f"; compacted blocks so far {store.compacted_blocks}", flush=True)
         size = sum(path.stat().st_size for path in Path(directory).iterdir())
