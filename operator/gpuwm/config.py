@@ -119,6 +119,10 @@ class Settings(BaseSettings):
         description="Agent discovery: pods:NAMESPACE/LABELSELECTOR or static:NODE=URL,...",
     )
     store: str = Field(default="/var/lib/gpuwm/gpuwm.db", description="Embedded SQLite path or a Prometheus URL.")
+    state_save_interval: DurationSeconds = Field(
+        default=120.0,
+        description="How often the controller saves its engine state for a restart, which re-reads the agents from the saved positions (so nothing is lost while the agents still hold those samples, snapshotBufferSamples).",
+    )
     idle_condition_after: DurationSeconds = Field(default=600.0, description="Idle this long sets condition Idle.")
     underutilized_percent: float = Field(
         default=20.0, ge=0, le=100, description="avg1h below this sets condition Underutilized."

@@ -2,7 +2,7 @@
 
 At 8,000 GPUs and 4,000 workloads the window segments and GPU histories are ~45 MB of doubles,
 85 % of the controller's state file. As base64 in the JSON they cost a third more bytes to
-write, and an encoding pass each save (every 60 s); the controller's state file therefore
+write, and an encoding pass each save (every `state_save_interval`); the controller's state file therefore
 carries them as raw little-endian bytes after its JSON (`gpuwm.controller.persistence`),
 and the JSON names where each one lies. Anything else that saves the engine (tests, a state
 encoded in one piece) gets base64 text, as before.

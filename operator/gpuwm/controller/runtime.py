@@ -73,9 +73,6 @@ from gpuwm.model.trace import NamespaceEvent
 
 logger = logging.getLogger(__name__)
 
-#: how often the engine state is saved; a restart re-reads the agents from the saved positions
-STATE_SAVE_SECONDS = 60.0
-
 
 def merge_request_of(settings: Settings, engine_config: EngineConfig) -> MergeRequest | None:
     """What the controller asks the agents to merge: runs its accounting cannot tell apart (`snapshotMerge`)."""
@@ -244,7 +241,7 @@ class ControllerRuntime:
             self.latest_sample_time = max(self.latest_sample_time or 0.0, intake.latest_time)
         samples = sorted(intake.latest.values(), key=attrgetter("t"))  # the store reads each device's latest
         now = self.clock()
-        if self._last_save is None or now - self._last_save >= STATE_SAVE_SECONDS or self.cycles < 3:
+        if self._last_save is None or now - self._last_save >= self.settings.state_save_interval or self.cycles < 3:
             # before the report: the state's encoding and the report's figures are never in memory together
             await self.save_in_background(now)
         timer.mark("save")
@@ -410,7 +407,7 @@ class ControllerRuntime:
     def save(self, now: float) -> None:
         """The engine and the controller's own positions, for a restart that loses nothing.
 
-        Saved every STATE_SAVE_SECONDS (and at shutdown): after a SIGKILL the restored engine
+        Saved every `state_save_interval` (and at shutdown): after a SIGKILL the restored engine
         re-reads the agents from the saved positions, so the samples since are not lost.
         """
         try:
