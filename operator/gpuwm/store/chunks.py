@@ -248,7 +248,10 @@ class ChunkWriter:
         return merged
 
     def compact_block(self, block: int, until: int) -> int:
-        """Move the head rows of `block` before `until` into chunks; returns how many head rows moved."""
+        """Copy the head rows of `block` before `until` into chunks; returns how many head rows it read.
+
+        The rows stay in the head until the round is over (`EmbeddedStore._drop_head_before`): readers
+        take a series' chunk over its head rows where both cover a time (`sqlite_read`)."""
         rows = self.connection.execute(
             "SELECT t, data FROM head WHERE block = ? AND t < ? ORDER BY t", (block, until)
         ).fetchall()
@@ -270,7 +273,6 @@ class ChunkWriter:
             if chosen:  # every series (the usual case): the block's points as they are, not a copy
                 self.write_fine([series_ids[index] for index in chosen], start,
                                 values if len(chosen) == BLOCK else values[chosen], until)
-        self.connection.execute("DELETE FROM head WHERE block = ? AND t < ?", (block, until))
         return moved
 
     def apply_retention(self, latest: float) -> None:

@@ -67,6 +67,8 @@ _QUANTIZE_ROWS = 2048
 #: half the hour was 4 blocks an interval for 25 (the same CPU an hour, half of it in any one interval); the
 #: rest of the span is the margin for a round that falls behind (missed intervals, a restart)
 _COMPACTION_SHARE = 0.875
+#: intervals of head rows deleted a slice once a round's blocks are all compacted (`_drop_head_slice`)
+_HEAD_DROP_INTERVALS = 30
 #: latest-figures rows written per statement: the JSON held at once is bounded (4,000 workloads' is ~12 MiB;
 #: at 1,000 nodes the cycle's RSS peak did not move, bench/README: it bounds that memory for larger fleets)
 _LATEST_ROWS_PER_WRITE = 256
@@ -127,6 +129,7 @@ class EmbeddedStore(Store):
         self._written = _IdMarks()
         self.forgotten_series = 0  # series rows deleted since opened (their points all past retention)
         self._pending: list[int] = []  # blocks still to compact below `_target`
+        self._dropped_until = 0  # the round below this is over: its head rows deleted, `_finish_round` done
         self._budget = 1  # blocks compacted per record call in this round
         self._latest_bucket: int | None = None
         self.compacted_blocks = 0  # head blocks compacted since opened (benchmarks, logs)
@@ -266,11 +269,13 @@ class EmbeddedStore(Store):
         self._next_series_id = self._first_free_id()
         self._drop_row_layouts()
         # a rolled-back round may have reset which series the head holds: count every head block's in
-        self._written.mark(self._ids_in_head())
+        self._head_blocks = {block for (block,) in self._writer.execute("SELECT DISTINCT block FROM head")}
+        self._written.mark(self._ids_in_head(self._head_blocks))
         # a rolled-back slice took its blocks off the round's list, their rows still in the head: the round
         # starts again from the file (the next slice lists what is left below the target again)
         self._target = int(self._get_meta("compacted_until") or 0)
         self._pending = []
+        self._dropped_until = 0
 
     def _first_free_id(self) -> int:
         """Above every id given out, deleted ones included: a deleted id is never given again (head
@@ -470,16 +475,16 @@ class EmbeddedStore(Store):
             self._budget = max(1, math.ceil(len(self._pending) / rounds))
         for _ in range(min(self._budget, len(self._pending))):
             self._compact_block(self._pending.pop(), self._target)
-        if not self._pending:
+        if not self._pending and self._dropped_until < self._target and self._drop_head_slice(self._target):
             self._finish_round(self._target, at)
+            self._dropped_until = self._target
 
     def _compact_block(self, block: int, until: int) -> None:
         self._chunks.compact_block(block, until)
         self.compacted_blocks += 1
-        if self._writer.execute("SELECT 1 FROM head WHERE block = ? LIMIT 1", (block,)).fetchone() is None:
-            self._head_blocks.discard(block)
 
     def _finish_round(self, until: int, at: float) -> None:
+        self._drop_head_before(until)
         done = self._get_meta("compacted_until")
         if done is not None and done >= until:
             return
@@ -491,6 +496,48 @@ class EmbeddedStore(Store):
         self._forget_empty_series()
         self._writer.execute("DELETE FROM latest_workloads WHERE at < ?", (at - self.retention_seconds,))
         self._writer.execute("DELETE FROM latest_projects WHERE at < ?", (at - self.retention_seconds,))
+
+    def _drop_head_slice(self, until: int) -> bool:
+        """A slice of deleting the head rows before `until`, once every block of the round is compacted: the
+        oldest `_HEAD_DROP_INTERVALS` intervals' rows; True once none is left before `until`.
+
+        At 1,000 nodes an hour of head rows (~94,000, 128 MB) took ~0.28 CPU-s to delete in one go: spread
+        over 8 of the round's slices after its blocks (the round still ends within the span)."""
+        connection = self._writer
+        oldest: int | None = None
+        for block in self._head_blocks:
+            (first,) = connection.execute("SELECT min(t) FROM head WHERE block = ?", (block,)).fetchone()
+            if first is not None and (oldest is None or first < oldest):
+                oldest = int(first)
+        if oldest is None or oldest >= until:
+            return True
+        cut = min(until, oldest + _HEAD_DROP_INTERVALS * int(self.spans[0].step))
+        self._drop_head_before(cut, blocks=False)
+        return cut >= until
+
+    def _drop_head_before(self, until: int, *, blocks: bool = True) -> None:
+        """Delete the head rows before `until`, every block's compacted by now, as one range of rowids.
+
+        Deleting each block's rows when it was compacted dirtied a page for every interval of the
+        block's hour (a page holds ~11 blocks' rows of one interval): 240 pages of 16 KiB a block,
+        ~6 MB written a block with the WAL's checkpoint, ~2.3 GB an hour at 1,000 nodes. Rows are
+        appended in time order, so those before `until` are the rowids below the first row at or
+        after it: deleted together, their pages go to the free list unwritten.
+        """
+        connection = self._writer
+        first_after: int | None = None
+        for block in self._head_blocks:
+            (lowest,) = connection.execute(
+                "SELECT min(rowid) FROM head WHERE block = ? AND t >= ?", (block, until)
+            ).fetchone()
+            if lowest is not None and (first_after is None or lowest < first_after):
+                first_after = int(lowest)
+        if first_after is None:  # nothing at or after `until`: every row before it goes
+            connection.execute("DELETE FROM head WHERE t < ?", (until,))
+        else:  # a row rewritten late (a second write into an interval) may sit above: a later round takes it
+            connection.execute("DELETE FROM head WHERE rowid < ? AND t < ?", (first_after, until))
+        if blocks:  # which blocks still have rows (a slice's caller leaves it to the round's end)
+            self._head_blocks = {block for (block,) in connection.execute("SELECT DISTINCT block FROM head")}
 
     def _forget_empty_series(self) -> None:
         """Delete the series rows left without a point: no chunk in any tier, nothing in the head.

@@ -112,12 +112,19 @@ def _contributions(
     high: int,
     with_head: bool,
 ) -> Iterator[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float64]]]:
-    """(series id, times, values [metrics, n]) of one tier in [low, high): its chunks, then (finest tier) its head."""
+    """(series id, times, values [metrics, n]) of one tier in [low, high): its chunks, then (finest tier) its head.
+
+    A closed span's head rows stay until its compaction round is over, beside the chunks of the blocks
+    compacted so far: where a series' chunk covers a time, its head rows there are left out (counted
+    twice, a cell across the span's end would weigh them double)."""
     # only the parts that hold a metric asked for are read (and the whole chunks of schema 3)
     wanted = {part for part, members in PARTS.items() if part == WHOLE or np.isin(metrics, members).any()}
     rows = read_chunks(connection, span.step, ids, low - span.span_seconds, high, wanted)
     decoded: dict[tuple[int, tuple[bytes, ...]], npt.NDArray[np.float64]] = {}  # bytes shared by series decoded once
+    covered: dict[int, list[tuple[int, int]]] = {}  # series id -> [start, end) of its chunks (finest tier)
     for series_id, start, points, parts in rows:
+        if with_head:
+            covered.setdefault(series_id, []).append((start, start + points * span.step))
         times = start + span.step * np.arange(points, dtype=np.int64)
         key = (points, tuple(data for _, data in parts))
         values = decoded.get(key)
@@ -140,7 +147,15 @@ def _contributions(
         stacked = np.stack([decode_head(row[2]) for row in listed])  # [n, BLOCK, metrics]
         for series_id in by_block[block]:
             values = dequantize(stacked[:, series_id % BLOCK, metrics], metrics)
-            yield series_id, times, values.T
+            spans = covered.get(series_id)
+            if spans is None:
+                yield series_id, times, values.T
+                continue
+            fresh = np.ones(len(times), dtype=np.bool_)
+            for start, end in spans:
+                fresh &= (times < start) | (times >= end)
+            if fresh.any():
+                yield series_id, times[fresh], values[fresh].T
 
 
 def read_range(

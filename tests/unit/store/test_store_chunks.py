@@ -107,10 +107,15 @@ def test_a_store_closed_before_compaction_reopens_with_every_interval(tmp_path: 
     reopened = EmbeddedStore(path)
     try:
         assert points(reopened, "gpu_utilization_percent", times[0], times[-1]) == [util_at(t) for t in times]
-        # the next span's first interval compacts the old head (one block here: at once)
+        # the next span's first interval compacts the old head (one block here: at once); its rows are deleted
+        # 30 intervals a slice once the block is in chunks (`_drop_head_slice`): the second interval's slice ends it
         record(reopened, [3600.0 * 11])
         chunks, head = layout(reopened)
-        assert chunks >= 1 and head == 1
+        assert chunks >= 1 and head == 1 + 10
+        assert points(reopened, "gpu_utilization_percent", times[0], times[-1]) == [util_at(t) for t in times]
+        record(reopened, [3600.0 * 11 + 15])
+        chunks, head = layout(reopened)
+        assert chunks >= 1 and head == 2
         assert points(reopened, "gpu_utilization_percent", times[0], times[-1]) == [util_at(t) for t in times]
         assert points(reopened, "gpu_utilization_percent", 39600, 39600) == [util_at(39600)]
     finally:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuwm.model import PodStatsSample
-from gpuwm.store import embedded
+from gpuwm.store import RangeQuery, embedded
 from gpuwm.store.embedded import EmbeddedStore
 from gpuwm.store.schema import PART_COLUMNS
 
@@ -126,3 +126,48 @@ def test_a_round_is_spread_over_its_share_of_the_next_span(
         assert max(step for step, done in enumerate(per_slice) if done) < rounds
     finally:
         store.close()
+
+
+def _answers(store: EmbeddedStore, start: float) -> list[list[tuple[float, float | None]]]:
+    """Node, workload and GPU series over the closed span's end, in 60 s cells that straddle it (a point counted
+    twice there would weigh double in its cell's mean)."""
+    queries = [RangeQuery("node", "node-a", ("gpu_utilization_percent", "gpu_power_watts"), start, start + 600, 60),
+               RangeQuery("workload", "uid-job-5", ("gpu_utilization_percent", "gpu_energy_joules"), start, start + 600, 60),
+               RangeQuery("cluster", "", ("gpu_utilization_percent",), start, start + 600, 60, by="node")]
+    return [series.points for query in queries for series in store.query_range(query)]
+
+
+def test_a_round_keeps_the_head_rows_until_its_end_and_readers_count_each_point_once(tmp_path: Path) -> None:
+    """Blocks compacted early in a round keep their head rows (deleted together at the round's end, a range of
+    rowids, not a page for each interval of each block): queries read each point once all along."""
+    store = EmbeddedStore(tmp_path / "rounds.db", tiers=("15s:20m", "1m:1d"))  # 10-minute spans of 40 points
+    at_once = EmbeddedStore(tmp_path / "at-once.db", tiers=("15s:20m", "1m:1d"))  # the same, compacted in one go
+    try:
+        span = store.spans[0].span_seconds
+        boundary = START - START % span + span
+        for step in range(-40, 1):  # a closed span, and the next one's first interval (no slices yet)
+            _interval(store, boundary + 15 * step, compact=False)
+            _interval(at_once, boundary + 15 * step, compact=False)
+        asked_from = boundary - 330.0  # cells [boundary - 30, boundary + 30) straddle the span's end
+        expected = _answers(store, asked_from)  # the head alone
+        store.compact_slice(boundary)  # the round's first slice: one block in chunks, its rows still in the head
+        assert 0 < store.compacted_blocks < len(store._head_blocks)
+        with_chunks = store._reader().execute("SELECT DISTINCT series_id / 64 FROM chunks WHERE tier = 15").fetchall()
+        left = store._reader().execute("SELECT count(DISTINCT block) FROM head WHERE t < ?", (boundary,)).fetchone()
+        assert len(with_chunks) == 1 and left == (len(store._head_blocks),)
+        assert _answers(store, asked_from) == expected
+        step = 1
+        while store._reader().execute("SELECT 1 FROM head WHERE t < ? LIMIT 1", (boundary,)).fetchone() is not None:
+            assert step < 40, "the round did not end within the span"
+            t = boundary + 15 * step
+            _interval(store, t, compact=False)
+            _interval(at_once, t, compact=False)
+            store.compact_slice(t)
+            step += 1
+        assert store._get_meta("compacted_until") == boundary
+        assert store._reader().execute("SELECT min(t) FROM head").fetchone() == (boundary,)  # the open span's stay
+        at_once.compact()
+        assert _answers(store, asked_from) == _answers(at_once, asked_from)
+    finally:
+        store.close()
+        at_once.close()
