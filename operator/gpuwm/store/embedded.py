@@ -189,7 +189,7 @@ class EmbeddedStore(Store):
         for kind, key, series_id in connection.execute("SELECT kind, key, id FROM series"):
             self._series_ids[(kind, key)] = series_id
         self._next_series_id = self._first_free_id()
-        self._head_blocks = {block for (block,) in connection.execute("SELECT DISTINCT block FROM head")}
+        self._head_blocks = _blocks_in_head(connection)
         self._written = _IdMarks(self._ids_in_head(self._head_blocks))
         for table, column in (("latest_workloads", "uid"), ("latest_projects", "name")):
             for key, figures in connection.execute(f"SELECT {column}, figures FROM {table}"):
@@ -269,7 +269,7 @@ class EmbeddedStore(Store):
         self._next_series_id = self._first_free_id()
         self._drop_row_layouts()
         # a rolled-back round may have reset which series the head holds: count every head block's in
-        self._head_blocks = {block for (block,) in self._writer.execute("SELECT DISTINCT block FROM head")}
+        self._head_blocks = _blocks_in_head(self._writer)
         self._written.mark(self._ids_in_head(self._head_blocks))
         # a rolled-back slice took its blocks off the round's list, their rows still in the head: the round
         # starts again from the file (the next slice lists what is left below the target again)
@@ -283,12 +283,9 @@ class EmbeddedStore(Store):
         (newest,) = self._writer.execute("SELECT max(id) FROM series").fetchone()
         return max(int(newest or 0), int(self._get_meta("series_id_high") or 0)) + 1
 
-    def _ids_in_head(self, blocks: Iterable[int] | None = None) -> IntArray:
-        """Every series id of a block with head rows (a superset of those with points there); `blocks`:
-        those blocks when just read from the file, else they are read (after a rollback the in-memory
-        `_head_blocks` may miss blocks whose compaction was undone)."""
-        if blocks is None:
-            blocks = [block for (block,) in self._writer.execute("SELECT DISTINCT block FROM head")]
+    @staticmethod
+    def _ids_in_head(blocks: Iterable[int]) -> IntArray:
+        """Every series id of `blocks` (those with head rows: a superset of the series with points there)."""
         starts = np.array(sorted(blocks), dtype=np.int64) * BLOCK
         return (starts[:, None] + np.arange(BLOCK, dtype=np.int64)).ravel()
 
@@ -537,7 +534,7 @@ class EmbeddedStore(Store):
         else:  # a row rewritten late (a second write into an interval) may sit above: a later round takes it
             connection.execute("DELETE FROM head WHERE rowid < ? AND t < ?", (first_after, until))
         if blocks:  # which blocks still have rows (a slice's caller leaves it to the round's end)
-            self._head_blocks = {block for (block,) in connection.execute("SELECT DISTINCT block FROM head")}
+            self._head_blocks = _blocks_in_head(connection)
 
     def _forget_empty_series(self) -> None:
         """Delete the series rows left without a point: no chunk in any tier, nothing in the head.
@@ -741,6 +738,11 @@ class _IdMarks:
 
     def marked(self, series_id: int) -> bool:
         return 0 <= series_id < len(self._flags) and bool(self._flags[series_id])
+
+
+def _blocks_in_head(connection: sqlite3.Connection) -> set[int]:
+    """The blocks with head rows, as the file says (after a rollback, what this process thought may be off)."""
+    return {block for (block,) in connection.execute("SELECT DISTINCT block FROM head")}
 
 
 def _written_at(entry: tuple[float, str, tuple[object, ...], BaseModel]) -> tuple[float, str]:
