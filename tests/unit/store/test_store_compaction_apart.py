@@ -171,3 +171,28 @@ def test_a_round_keeps_the_head_rows_until_its_end_and_readers_count_each_point_
     finally:
         store.close()
         at_once.close()
+
+
+def test_a_row_written_late_into_an_older_interval_does_not_hold_the_round_up(tmp_path: Path) -> None:
+    """A second write into an older interval, after newer ones (a clock set back), gives its rows rowids above
+    the newer rows': the deletion by rowid range misses them, and the (block, t) index finds them."""
+    store = EmbeddedStore(tmp_path / "late.db", tiers=("15s:20m", "1m:1d"))
+    try:
+        span = store.spans[0].span_seconds
+        boundary = START - START % span + span
+        for step in range(-40, 1):
+            _interval(store, boundary + 15 * step, compact=False)
+        _interval(store, boundary - 15 * 39, compact=False)  # the span's second interval again, written last
+        late = store._reader().execute("SELECT max(rowid) FROM head WHERE t = ?", (boundary - 15 * 39,)).fetchone()
+        newest = store._reader().execute("SELECT min(rowid) FROM head WHERE t = ?", (boundary,)).fetchone()
+        assert late[0] > newest[0]
+        for step in range(1, 40):
+            t = boundary + 15 * step
+            _interval(store, t, compact=False)
+            store.compact_slice(t)
+            if store._get_meta("compacted_until") == boundary:
+                break
+        assert store._get_meta("compacted_until") == boundary
+        assert store._reader().execute("SELECT count(*) FROM head WHERE t < ?", (boundary,)).fetchone() == (0,)
+    finally:
+        store.close()
