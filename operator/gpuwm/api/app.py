@@ -182,7 +182,12 @@ def create_app(
             str | None, Query(description="true: only workloads holding GPUs and idle now.")
         ] = None,
     ) -> WorkloadList:
-        """Current state of every workload you may read."""
+        """Current state of every workload you may read.
+
+        From the embedded store, running workloads' figures are refreshed in turns where more of them run
+        than the controller's `storeLatestRowsPerInterval` (1,000): each at most ceil(running / that)
+        status intervals old. New, changed-phase and finished workloads are there within one interval.
+        """
         check_parameters(request, {"namespace", "project", "idle"}, multi=())
         idle_only = parse_bool("idle", idle) if idle is not None else None
         user = await authorizer.authenticate(bearer_token(request))
@@ -216,7 +221,8 @@ def create_app(
         tags=["workloads"],
     )
     async def get_workload(request: Request, namespace: str, name: str) -> WorkloadFigures:
-        """Current state of one workload."""
+        """Current state of one workload (a running one's as the workload list says: refreshed in turns
+        beyond `storeLatestRowsPerInterval` running workloads)."""
         check_parameters(request, set())
         await guard(request, [namespace])
         return await find_workload(namespace, name)
