@@ -52,8 +52,6 @@ NAMESPACES = 40
 #: cycles left out of the steady figures when there are more (see `run_bench`): the runtime saves its state at
 #: each of its first three cycles (every stateSaveInterval after that)
 STARTUP_CYCLES = 3
-#: a cycle whose save phase took this much CPU saved the state (one that does not takes ~0.00)
-SAVE_SEEN_CPU_SECONDS = 0.05
 
 
 def rss_mib(field: str = "VmRSS") -> float:
@@ -333,6 +331,7 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
     phases: list[dict[str, float]] = []
     phase_peaks = track_phase_peaks() if args.phase_peaks else None
     collections = track_collections()
+    saves: list[float] = []  # the save phase's CPU of each cycle that saved the engine state
     for cycle in range(args.cycles):
         if args.profile and cycle == 1:  # the first cycle creates every CR: profile the steady ones
             import cProfile
@@ -345,7 +344,10 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         if phase_peaks is not None:
             phase_peaks["between"] = rss_mib("VmHWM")  # the writer's work since the last cycle
             reset_peak_rss()
+        saved_before = runtime._last_save
         await runtime.cycle()
+        if runtime._last_save != saved_before:  # this cycle saved the engine state
+            saves.append(runtime.cycle_cpu_seconds["save"])
         cpu_cycle = time.process_time() - start_cpu
         wall_cycle = time.perf_counter() - start_wall
         await asyncio.sleep(max(0.0, args.status_interval - (time.perf_counter() - start_wall)))
@@ -394,7 +396,6 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
           f"API requests {client.requests}, retries {client.retries}")
     # the state saves in the steady cycles are as many as the run's length happens to hold (with a 2-minute
     # stateSaveInterval, none in cycles 4-8): each save's CPU spread over the cycles between two saves instead
-    saves = [p["save"] for p in phases if p.get("save", 0.0) >= SAVE_SEEN_CPU_SECONDS]
     if saves:
         every = max(settings.state_save_interval, args.status_interval)
         unsaved = statistics.mean(cpu - p.get("save", 0.0) for cpu, p in zip(steady, steady_phases, strict=True))
