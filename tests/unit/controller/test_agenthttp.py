@@ -235,3 +235,71 @@ async def test_a_request_with_a_body_sends_its_length_and_headers_and_refuses_a_
                 await client.request("PATCH", url, "/x", b"{}", bad)
         assert len(seen) == 1  # nothing of a refused request was sent
         await client.close()
+
+
+def trickling(answer: bytes, pieces: int) -> Handler:
+    """Answers each request with `answer` cut into `pieces` writes, each sent on its own."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await read_request(reader)
+                step = max(1, len(answer) // pieces)
+                for start in range(0, len(answer), step):
+                    writer.write(answer[start : start + step])
+                    await writer.drain()
+                    await asyncio.sleep(0.001)  # each piece its own segment, read on its own
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    return handle
+
+
+@pytest.mark.parametrize("pieces", [1, 7, 1000])
+@pytest.mark.parametrize(
+    ("answer", "body"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 11\r\n\r\nhello world", b"hello world"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\n"
+         b"X-Trailer: 1\r\nY-Trailer: 2\r\n\r\n", b"hello world"),
+        (b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n", b""),
+    ],
+    ids=["content-length", "chunked-with-trailers", "no-content"],
+)
+async def test_an_answer_in_any_number_of_pieces_is_read_whole_and_the_connection_kept(
+    answer: bytes, body: bytes, pieces: int,
+) -> None:
+    async with raw_server(trickling(answer, pieces)) as url:
+        client = AgentHttpClient(timeout_seconds=5)
+        for _ in range(2):
+            status, got = await client.get(url, "/a")
+            assert (status, got) == (int(answer[9:12]), body)
+        assert client.connections_opened == 1  # each answer ended where its framing said: the connection is reused
+        await client.close()
+
+
+async def test_bytes_after_an_answer_leave_its_connection_unused_and_headers_past_the_limit_are_refused() -> None:
+    extra = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nokHTTP/1.1 200 OK\r\n"  # more than was asked for
+    async with raw_server(answering(extra, extra)) as url:
+        client = AgentHttpClient(timeout_seconds=2)
+        for _ in range(2):
+            assert await client.get(url, "/a") == (200, b"ok")
+        assert client.connections_opened == 2  # what came after the answer is nobody's: never reused
+        await client.close()
+    huge = b"HTTP/1.1 200 OK\r\n" + b"X-Filler: " + b"x" * (70 * 1024) + b"\r\n\r\n"
+    async with raw_server(answering(huge)) as url:
+        client = AgentHttpClient(timeout_seconds=2)
+        with pytest.raises(AgentHttpError, match="headers are over 65536 bytes"):
+            await client.get(url, "/a")
+        assert not any(client._idle.values())
+        await client.close()
+
+
+async def test_a_connection_the_agent_closed_while_idle_is_not_taken_again() -> None:
+    ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+    async with raw_server(answering(ok, close=True)) as url:
+        client = AgentHttpClient(timeout_seconds=2)
+        assert await client.get(url, "/a") == (200, b"ok")
+        await asyncio.sleep(0.05)
+        assert client.prune_idle() == 1 and client._idle == {}  # its agent closed it: pruned, not kept
+        await client.close()
