@@ -10,6 +10,7 @@ unmonitored (the engine's rule for gaps), never idle.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -189,6 +190,11 @@ class KnownDevices:
     node: str
     device_entries: list[DeviceEntry]
     holders: list[DeviceHolder]
+
+    @functools.cached_property
+    def query(self) -> str:
+        """`&devices_tag=TAG`, quoted once: a pull asks with it every interval."""
+        return f"&{DEVICES_TAG_PARAM}={quote(self.tag, safe='')}"
 
 
 _ENVELOPE_FIELDS = frozenset(_ColumnsEnvelope.model_fields)
@@ -547,7 +553,7 @@ class AgentPuller:
     async def _fetch(self, node: str, base_url: str, since: int) -> Snapshot:
         # an agent older than the columnar feed ignores `format` and answers rows: parse_snapshot reads both
         known = self._known_devices.get(node)
-        tag = "" if known is None else f"&{DEVICES_TAG_PARAM}={quote(known.tag, safe='')}"
+        tag = "" if known is None else known.query
         status, payload = await self.http.get(base_url, f"/v1/snapshot?since={since}{self._query_tail}{tag}")
         if status != 200:
             raise ValueError(f"HTTP {status} from {base_url}/v1/snapshot")
