@@ -59,3 +59,15 @@ def test_fault_bench_costs_at_most_one_interval() -> None:
         float(killed["truth_unmonitored_gpu_s"]) + float(killed["lost_monitored_gpu_s"]), abs=0.1)
     assert float(rows["agent gone 5 min"]["truth_unmonitored_gpu_s"]) > 0
     assert float(rows["GPU lost"]["truth_unmonitored_gpu_s"]) > 0
+
+
+def test_pull_bench_reads_every_agent_over_kept_connections() -> None:
+    result = subprocess.run([sys.executable, str(BENCH / "pull.py"), "--nodes", "6", "--gpus-per-node", "2",
+                             "--pulls", "3", "--every", "4"], capture_output=True, text=True, timeout=240,
+                            cwd=BENCH.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    pulls = [line for line in result.stdout.splitlines() if line.startswith("pull ")]
+    assert len(pulls) == 3 and all("6 answered, 0 failed" in line for line in pulls)
+    # every pull brings each GPU's polls since the last one (merged: the first, the run between, the last)
+    assert all(int(line.rsplit(", ", 1)[1].split()[0]) >= 6 * 2 for line in pulls)
+    assert "connections opened" in result.stdout.splitlines()[-1]
