@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple, get_args
 
@@ -399,14 +399,18 @@ def _rounded_windows(windows: Windows) -> tuple[float, ...]:
 
 
 def write_reason(
-    previous: tuple[tuple[Any, ...], tuple[float, ...], float] | None,
-    signature: tuple[Any, ...],
-    counters: tuple[float, ...],
+    previous: tuple[Hashable, Hashable, float] | None,
+    signature: Hashable,
+    counters: Hashable,
     *,
     now: float,
     interval_seconds: float,
 ) -> WriteReason:
-    """Why to write, given what was last written (signature, counters, time): news, a due refresh, or not at all."""
+    """Why to write, given what was last written (signature, counters, time): news, a due refresh, or not at all.
+
+    Signatures and counters are only compared for equality: the tuples `workload_signature` and the
+    others build, or their hashes (what the controller keeps; see `ControllerRuntime._offer_workloads`).
+    """
     if previous is None or previous[0] != signature:
         return "material"
     if previous[1] == counters:

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,12 +36,14 @@ NAMESPACE_RETRY_SECONDS = 60.0
 WRITE_BURST_SECONDS = 0.5
 
 
-@dataclass
+@dataclass(slots=True)
 class Desired:
     """One CR as it should be: where, its spec and labels (for creation), and how to build its status.
 
     The status is built only when it is written (`render`), so a cycle that offers thousands of
-    CRs pays for the few the token bucket lets through, not for all of them.
+    CRs pays for the few the token bucket lets through, not for all of them. `signature` (what a
+    reader acts on) and `counters` (what moves with time) are only compared for equality: the
+    controller passes their hashes (see `ControllerRuntime._offer_workloads`).
     """
 
     plural: str
@@ -50,16 +52,16 @@ class Desired:
     spec: dict[str, Any]
     labels: dict[str, str]
     render: Callable[[], dict[str, Any]]
-    signature: tuple[Any, ...]
-    counters: tuple[float, ...]
+    signature: Hashable
+    counters: Hashable
     reason: WriteReason = "material"
     sample_time: float | None = None  # latest sample behind these figures, for the lag figure
 
 
-@dataclass
+@dataclass(slots=True)
 class Written:
-    signature: tuple[Any, ...]
-    counters: tuple[float, ...]
+    signature: Hashable
+    counters: Hashable
     at: float
     uid: str | None = None  # the workload's (GPUWorkloadMetrics only)
 

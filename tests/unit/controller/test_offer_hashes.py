@@ -1,0 +1,63 @@
+"""The runtime's offers carry hashes of a CR's signature and counters: the writer decides as it did with the tuples."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuwm.config import Settings
+from gpuwm.controller.kube import KubeClient
+from gpuwm.controller.runtime import ControllerRuntime
+from gpuwm.controller.status import workload_counters, workload_signature
+from gpuwm.controller.writer import WORKLOAD_PLURAL, Written
+from gpuwm.model.figures import PodFigures
+
+from .test_status import NOW, figures
+
+KEY = (WORKLOAD_PLURAL, "ns", "train")
+
+
+def _runtime(tmp_path: Path, clock: list[float]) -> ControllerRuntime:
+    settings = Settings(store=str(tmp_path / "gpuwm.db"), agents="static:n1=http://127.0.0.1:9", status_interval=15)
+    runtime = ControllerRuntime(settings, KubeClient("http://127.0.0.1:9"), clock=lambda: clock[0])
+    runtime.writer._clock = lambda: clock[0]
+    return runtime
+
+
+def _queued(runtime: ControllerRuntime) -> str:
+    writer = runtime.writer
+    return "material" if KEY in writer._material else "due" if KEY in writer._due else "none"
+
+
+def _written(runtime: ControllerRuntime, at: float) -> None:
+    """What the writer keeps once the queued offer went out."""
+    writer = runtime.writer
+    desired = writer._material.pop(KEY, None) or writer._due.pop(KEY)
+    writer.written[KEY] = Written(signature=desired.signature, counters=desired.counters, at=at)
+
+
+def test_offers_hold_hashes_and_the_writer_tells_news_refreshes_and_repeats_apart(tmp_path: Path) -> None:
+    clock = [NOW]
+    runtime = _runtime(tmp_path, clock)
+    settings = runtime.settings
+    first = figures()
+    runtime._offer_workloads([first], NOW)
+    desired = runtime.writer._material[KEY]
+    assert desired.signature == hash(workload_signature(
+        first, idle_condition_after_seconds=settings.idle_condition_after,
+        underutilized_percent=settings.underutilized_percent))
+    assert desired.counters == hash(workload_counters(first))
+    assert isinstance(desired.signature, int) and isinstance(desired.counters, int)  # 8 bytes, not ~1 KB of tuples
+    _written(runtime, NOW)
+
+    runtime._offer_workloads([figures()], NOW + 1)  # equal figures, other objects: nothing to write
+    assert _queued(runtime) == "none"
+    moved = figures(allocated_gpu_seconds=130.0, idle_seconds=31.0)
+    runtime._offer_workloads([moved], NOW + 5)  # counters moved, within the interval: not yet
+    assert _queued(runtime) == "none"
+    clock[0] = NOW + 16
+    runtime._offer_workloads([moved], NOW + 16)  # ... and once the interval passed: a refresh
+    assert _queued(runtime) == "due"
+    _written(runtime, NOW + 16)
+    pods = [PodFigures(name="train-0", uid="p1", node="n1", phase="Running", allocated_gpus=1.0)]
+    runtime._offer_workloads([figures(pods=pods, allocated_gpus=1.0)], NOW + 17)  # a pod went: news at once
+    assert _queued(runtime) == "material"
