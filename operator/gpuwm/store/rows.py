@@ -147,7 +147,7 @@ _is_none = partial(is_, None)
 class _Entry:
     """One workload's series and (series, GPU) pairs as slots: rebuilt only when its structure changes."""
 
-    structure: tuple[object, ...]
+    structure: int  # the hash of what it was built from (see `build`): ~0.5 KB of tuples an entry otherwise
     own: tuple[int, int]  # its workload and project series
     pair_slots: Sequence[int]  # per GPU: its gpu, pod, workload, workload_node, project, project_node series
     gpu_slots: Sequence[int]
@@ -197,8 +197,7 @@ class RowBuilder:
         return found
 
     def _entry(
-        self, workload: WorkloadFigures, structure: tuple[object, ...], latest: dict[str, GpuSample],
-        known: Container[SeriesKey],
+        self, workload: WorkloadFigures, structure: int, latest: dict[str, GpuSample], known: Container[SeriesKey],
     ) -> _Entry:
         """The series and pairs of one workload, as the part-by-part loop finds them."""
         labels: dict[SeriesKey, dict[str, str]] = {}
@@ -313,8 +312,9 @@ class RowBuilder:
                              tuple(pod_keys[pod_at:pod_end]), tuple(gpu_structures[gpu_at:gpu_end]))
                 gpu_at, pod_at = gpu_end, pod_end
                 entry = before.get(workload.uid)
-                if entry is None or entry.structure != structure:
-                    entry = self._entry(workload, structure, latest, known)
+                structure_hash = hash(structure)  # a 64-bit hash: an unseen change is a ~2^-60 chance
+                if entry is None or entry.structure != structure_hash:
+                    entry = self._entry(workload, structure_hash, latest, known)
                 entries[workload.uid] = entry
                 in_order.append(entry)
             self._entries = entries

@@ -124,6 +124,9 @@ def test_simulated_run_writes_what_the_old_path_wrote(tmp_path: Path) -> None:
                 store.record(step.t, step.samples, workloads, projects, figures, step.pod_stats)
         # ended workloads' figures are kept to be recognised when they come again
         assert any(key.startswith("latest_workloads:") for key in new._latest_objects)
+        # each series' (kind, key) is one tuple, the row builder's, kept as the key of its id too
+        builders = {key: key for key in new._rows._keys}
+        assert new._series_ids and all(builders[key] is key for key in new._series_ids)
     finally:
         new.close()
         old.close()
