@@ -139,7 +139,9 @@ class ChunkWriter:
         points = values.shape[2]
         coarse = span.step != self.spans[0].step
         piece = coarse and points < span.points
-        level = ROLLUP_ZLIB_LEVEL if coarse else FINE_ZLIB_LEVEL
+        # a piece lives until its coarse span ends and the whole chunk (level 9) replaces it: at 9 the pieces
+        # were ~60 % of compaction's zlib time (138 ms an hour's against 60 at FINE_ZLIB_LEVEL, 20 % more bytes)
+        level = ROLLUP_ZLIB_LEVEL if coarse and not piece else FINE_ZLIB_LEVEL
         encoded = encode_parts(values if len(chosen) == len(series_ids) else values[chosen], level)  # no copy: all
         ids = iter(store_payloads(
             self.connection, [data for parts in encoded for data in parts if data is not None], transient=piece))

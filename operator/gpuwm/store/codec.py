@@ -87,8 +87,11 @@ ROLLUP_DIGITS: IntArray = np.array([_ROLLUP_RESOLUTION_BY_UNIT[metric.unit][1] f
 #: zlib level of the roll-up tiers' chunks: each coarse point is compressed about twice (piece, whole
 #: chunk), so level 9 costs little CPU there; 4 % fewer bytes than 6 on the 5 min tier (same format)
 ROLLUP_ZLIB_LEVEL = 9
-#: zlib level of the finest tier's chunks (compaction of every series each hour: CPU matters)
-FINE_ZLIB_LEVEL = 6
+#: zlib level of the finest tier's chunks and of the roll-ups' pieces (compaction of every series each hour:
+#: CPU matters). Level 3 against 6 (2026-11-25): an hour's fine chunks at 1,000 nodes 62 ms against 78,
+#: with the pieces a compaction slice of 2 blocks 193 ms against 207 (bench/store_record.py --fill-head);
+#: the 15 s tier 1.2 % bigger on the simulator's data (146.2 KiB a GPU a day against 144.4, bench/api.py)
+FINE_ZLIB_LEVEL = 3
 #: metrics kept as second differences: counters and durations that grow by about the same each step
 _SECOND_ORDER: BoolArray = np.array([metric.rollup is Rollup.MAX for metric in METRICS], dtype=np.bool_)
 #: a chunk holds one *part* of a series' metrics (schema 4). Part 0 (`WHOLE`): every metric, what
