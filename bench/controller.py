@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing
 import os
 import resource
@@ -30,6 +31,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -262,6 +264,21 @@ def serve_cluster(args: argparse.Namespace, pipe: Any) -> None:
     thread.stop()
 
 
+@contextlib.contextmanager
+def cluster_served(args: argparse.Namespace) -> Iterator[tuple[str, str, dict[str, str]]]:
+    """`serve_cluster` in a child process for the block: (API URL, agents' base URL, job uids by name)."""
+    parent, child = multiprocessing.Pipe()
+    cluster = multiprocessing.Process(target=serve_cluster, args=(args, child), daemon=True)
+    cluster.start()
+    try:
+        yield parent.recv()
+    finally:
+        parent.send("done")
+        cluster.join(timeout=20)
+        if cluster.is_alive():
+            cluster.kill()
+
+
 def pod_body(namespace: str, name: str, node: str, gpus: int, job_uid: str, started: str) -> dict[str, Any]:
     return {
         "apiVersion": "v1", "kind": "Pod",
@@ -486,24 +503,15 @@ def main() -> int:
     args = parser.parse_args()
     if args.malloc_arenas:
         limit_malloc_arenas(args.malloc_arenas)  # before any thread allocates, as the controller command does
-    parent, child = multiprocessing.Pipe()
     if args.memory_report:
         import tracemalloc
 
         tracemalloc.start(int(os.environ.get("BENCH_TRACE_FRAMES", "1")))
-    cluster = multiprocessing.Process(target=serve_cluster, args=(args, child), daemon=True)
-    cluster.start()
-    api_url, agents_url, jobs = parent.recv()
-    loop_factory = event_loop_factory() if args.loop == "controller" else None
-    print(f"event loop: {'asyncio' if loop_factory is None else loop_factory.__module__.split('.')[0]}")
-    try:
+    with cluster_served(args) as (api_url, agents_url, jobs):
+        loop_factory = event_loop_factory() if args.loop == "controller" else None
+        print(f"event loop: {'asyncio' if loop_factory is None else loop_factory.__module__.split('.')[0]}")
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(run_bench(args, api_url, agents_url, jobs))
-    finally:
-        parent.send("done")
-        cluster.join(timeout=20)
-        if cluster.is_alive():
-            cluster.kill()
     return 0
 
 

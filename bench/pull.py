@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import gc
-import multiprocessing
 import os
 import statistics
 import sys
@@ -89,20 +88,11 @@ def main() -> int:
     args = parser.parse_args()
     cluster_args = argparse.Namespace(nodes=args.nodes, gpus_per_node=args.gpus_per_node, gpus_per_workload=2,
                                       interval=args.interval, jitter_percent=20.0, finished=0, existing_crs=False)
-    parent, child = multiprocessing.Pipe()
-    cluster = multiprocessing.Process(target=controller_bench.serve_cluster, args=(cluster_args, child), daemon=True)
-    cluster.start()
-    _, agents_url, _ = parent.recv()
-    tune_garbage_collector()
-    gc.collect()
-    try:
+    with controller_bench.cluster_served(cluster_args) as (_, agents_url, _):
+        tune_garbage_collector()
+        gc.collect()
         with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
             runner.run(pull(args, agents_url))
-    finally:
-        parent.send("done")
-        cluster.join(timeout=20)
-        if cluster.is_alive():
-            cluster.kill()
     return 0
 
 
