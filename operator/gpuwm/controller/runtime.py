@@ -344,7 +344,7 @@ class ControllerRuntime:
                 spec=static[1], labels=static[2],
                 render=functools.partial(self._render_workload, figures.uid, now),
                 # hashes: only their equality counts, and ~3,500 queued offers and 4,000 written CRs kept the
-                # tuples (~0.8 KB a CR, ~6 MiB at 4,000 workloads); a collision is a 2^-64 chance a comparison
+                # tuples (~0.8 KB a CR, ~6 MiB at 4,000 workloads); a collision (~2^-61 a comparison) delays one write
                 signature=hash(workload_signature(figures, idle_condition_after_seconds=idle_after,
                                                   underutilized_percent=low)),
                 counters=hash(workload_counters(figures)),

@@ -84,8 +84,8 @@ ROLLUP_QUANTUM: IntArray = np.array(
 )
 #: significant digits each roll-up value keeps (0: the absolute quantum only)
 ROLLUP_DIGITS: IntArray = np.array([_ROLLUP_RESOLUTION_BY_UNIT[metric.unit][1] for metric in METRICS], dtype=np.int64)
-#: zlib level of the roll-up tiers' chunks: each coarse point is compressed about twice (piece, whole
-#: chunk), so level 9 costs little CPU there; 4 % fewer bytes than 6 on the 5 min tier (same format)
+#: zlib level of the roll-up tiers' whole chunks, each written once per coarse span: 4 % fewer bytes than 6 on
+#: the 5 min tier (same format); the pieces before them go at FINE_ZLIB_LEVEL (see `ChunkWriter._store`)
 ROLLUP_ZLIB_LEVEL = 9
 #: zlib level of the finest tier's chunks and of the roll-ups' pieces (compaction of every series each hour:
 #: CPU matters). Level 3 against 6 (2026-11-25): an hour's fine chunks at 1,000 nodes 62 ms against 78,

@@ -312,7 +312,7 @@ class RowBuilder:
                              tuple(pod_keys[pod_at:pod_end]), tuple(gpu_structures[gpu_at:gpu_end]))
                 gpu_at, pod_at = gpu_end, pod_end
                 entry = before.get(workload.uid)
-                structure_hash = hash(structure)  # a 64-bit hash: an unseen change is a ~2^-60 chance
+                structure_hash = hash(structure)  # a 64-bit hash: an unseen change is a ~2^-61 chance
                 if entry is None or entry.structure != structure_hash:
                     entry = self._entry(workload, structure_hash, latest, known)
                 entries[workload.uid] = entry
