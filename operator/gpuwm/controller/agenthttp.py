@@ -320,8 +320,9 @@ class _AnswerReader(asyncio.Protocol):
         self._head = None
         self._position, self._chunks, self._chunk_bytes, self._trailers = 0, [], 0, False
         answer = self._answer = asyncio.get_running_loop().create_future()
-        if self._buffer or self.lost or (self.transport is not None and self.transport.is_closing()):
-            self.lost = self.lost or self.transport is None or self.transport.is_closing()
+        if self.transport is not None and self.transport.is_closing():  # closed on our side: no answer will come
+            self.lost = True
+        if self._buffer or self.lost:
             self._advance()
         return answer
 
