@@ -111,6 +111,9 @@ class EmbeddedStore(Store):
         self._write_lock = threading.Lock()
         self._local = threading.local()
         self._series_ids: dict[tuple[str, str], int] = {}
+        # whether the map's keys were read from the file: the row builder's equal tuples replace them once it
+        # holds its own (see `_adopt_keys`)
+        self._keys_from_file = False
         # hash() of the JSON each latest_* row holds now, so unchanged figures are not rewritten: the JSON
         # itself was ~1 KB per workload, kept for every finished one too (24 MiB at 24,000 workloads)
         self._latest_json: dict[str, int] = {}
@@ -188,6 +191,7 @@ class EmbeddedStore(Store):
             )
         for kind, key, series_id in connection.execute("SELECT kind, key, id FROM series"):
             self._series_ids[(kind, key)] = series_id
+        self._keys_from_file = bool(self._series_ids)
         self._next_series_id = self._first_free_id()
         self._head_blocks = _blocks_in_head(connection)
         self._written = _IdMarks(self._ids_in_head(self._head_blocks))
@@ -266,6 +270,7 @@ class EmbeddedStore(Store):
         self._series_ids.clear()
         for kind, key, series_id in self._writer.execute("SELECT kind, key, id FROM series"):
             self._series_ids[(kind, key)] = series_id
+        self._keys_from_file = bool(self._series_ids)
         self._next_series_id = self._first_free_id()
         self._drop_row_layouts()
         # a rolled-back round may have reset which series the head holds: count every head block's in
@@ -379,6 +384,8 @@ class EmbeddedStore(Store):
         else:
             found = self._series_ids.get
             ids_found = [found(key) for key in rows.keys]
+            if self._keys_from_file:
+                self._adopt_keys(rows.keys, ids_found)
             if None in ids_found:  # new series: inserted with their labels
                 labels = rows.labels
                 for position, key in enumerate(rows.keys):
@@ -424,6 +431,19 @@ class EmbeddedStore(Store):
         )
         self._head_blocks.update(block_list)
         self._latest_bucket = bucket if self._latest_bucket is None else max(self._latest_bucket, bucket)
+
+    def _adopt_keys(self, keys: Sequence[SeriesKey], ids: Sequence[int | None]) -> None:
+        """Key the map by the row builder's tuples for the series it holds, once after the map was read from the file.
+
+        A dict keeps the key it was first given: the tuples and strings read from SQLite stayed beside the row
+        builder's equal ones for every series (~4 MiB at 25,000 series after each restart).
+        """
+        series_ids = self._series_ids
+        for key, series_id in zip(keys, ids, strict=True):
+            if series_id is not None:
+                del series_ids[key]
+                series_ids[key] = series_id
+        self._keys_from_file = False
 
     def _series_id(self, kind: str, key: str, labels: dict[str, str] | None, series: SeriesKey | None = None) -> int:
         """The id of series (kind, key), inserted if new; `series`: that pair as the caller holds it, kept as the

@@ -165,6 +165,35 @@ def test_rolled_back_interval_leaves_a_consistent_store(tmp_path: Path, monkeypa
         store.close()
 
 
+def test_reopened_store_keys_its_series_by_the_row_builders_tuples(tmp_path: Path) -> None:
+    """After a restart the series map read from the file is re-keyed by the row builder's tuples, once: the same
+    ids, no second copy of each (kind, key), and series not written since keep theirs."""
+    first = workload("a", [("gpu-0", 1.0, 40.0)])
+    second = workload("b", [("gpu-1", 1.0, 60.0)], project="beta")
+    store = EmbeddedStore(tmp_path / "gpuwm.db")
+    try:
+        store.record(1000.0, [sample(1000.0, "gpu-0"), sample(1000.0, "gpu-1")], [first, second],
+                     [project("alpha", [first]), project("beta", [second])], cluster(2))
+        before = dict(store._series_ids)
+    finally:
+        store.close()
+    reopened = EmbeddedStore(tmp_path / "gpuwm.db")
+    try:
+        assert reopened._series_ids == before
+        from_file = {key: key for key in reopened._series_ids}
+        reopened.record(1015.0, [sample(1015.0, "gpu-0")], [first], [project("alpha", [first])], cluster(1))
+        assert reopened._series_ids == before  # nothing new, nothing lost: b's series keep their ids
+        builders = {key: key for key in reopened._rows._keys}
+        held = [key for key in reopened._series_ids if key in builders]
+        assert held and len(held) < len(before)
+        assert all(builders[key] is key for key in held)  # a's series: the row builder's tuples
+        assert all(from_file[key] is key for key in reopened._series_ids if key not in builders)  # b's: as read
+        points = reopened._writer.execute("SELECT count(*) FROM head WHERE t = 1005").fetchone()[0]
+        assert points > 0  # the interval was written under the ids found
+    finally:
+        reopened.close()
+
+
 def test_latest_json_cache_forgets_workloads_no_longer_reported(tmp_path: Path) -> None:
     """The cache of written JSON holds what the last interval reported, not every workload ever seen.
 
