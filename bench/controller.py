@@ -8,6 +8,12 @@ the CR status that includes it (p50/p99).
 
     .venv/bin/python bench/controller.py                  # full size, 15 s cycles, 11 after an hour (steady: 4-11)
     .venv/bin/python bench/controller.py --nodes 100 --cycles 3 --status-interval 5 --history-minutes 5
+    .venv/bin/python bench/controller.py --restart
+
+With `--restart` a first controller runs in a child process (the history, then `--restart-after` cycles)
+and stops, its engine state saved; this process then starts from that state and the store file as a
+restarted controller does (state restored, store reopened, no history fed: the restored engine holds the
+hour) against the same cluster, and its cycles are the ones measured.
 
 Before the first cycle the engine is fed an hour of samples (`--history-minutes`, ~1.5-3 CPU-
 minutes at full size, not counted): a controller's window segments and GPU history reach their
@@ -298,7 +304,7 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         import gpuwm.api.app
         import gpuwm.controller.handlers  # noqa: F401
     plan = layout(args.nodes, args.gpus_per_node, args.gpus_per_workload)
-    state_dir = Path(tempfile.mkdtemp(prefix="gpuwm-bench-"))
+    state_dir = Path(args.state_dir) if args.state_dir else Path(tempfile.mkdtemp(prefix="gpuwm-bench-"))
     settings = Settings(
         agents="static:" + ",".join(f"node-{i:04d}={agents_url}/node-{i:04d}" for i in range(args.nodes)),
         status_interval=args.status_interval, interval=args.interval, store=str(state_dir / "gpuwm.db"),
@@ -312,12 +318,18 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
 
         runtime.store = open_store(settings.store, latest_rows_per_interval=settings.store_latest_rows_per_interval)
     tune_garbage_collector()  # as the controller's startup does, before the pods watch delivers the pods
-    if args.existing_crs:
+    restarted = runtime.state_path.exists()  # an earlier run's state (--state-dir): a restart
+    if restarted:
+        args.history_minutes = 0.0  # the restored engine has the earlier run's hour
+    if args.existing_crs or restarted:
         from gpuwm.controller import recovery
 
-        print(f"restored from: {await recovery.restore(runtime)} ({len(runtime.writer.existing)} CRs adopted)")
+        restore_cpu = time.process_time()
+        print(f"restored from: {await recovery.restore(runtime)} ({len(runtime.writer.existing)} CRs adopted) in "
+              f"{time.process_time() - restore_cpu:.1f} CPU-s; RSS {rss_mib():.0f} MiB, peak {rss_mib('VmHWM'):.0f} MiB")
     # with a history, the pods started before it, and the controller knows their devices from earlier pulls
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 5 - 60.0 * args.history_minutes))
+    started = args.pods_started or time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                 time.gmtime(time.time() - 5 - 60.0 * args.history_minutes))
     if args.history_minutes:
         runtime.holders_by_node.update(agent_holders(plan))
         runtime.holders_by_pod = index_holders(runtime.holders_by_node)
@@ -445,11 +457,23 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
                 print(f"    {stat.size / 2**20:7.1f} MiB  {stat.count:9d} blocks")
                 for line in stat.traceback.format()[-2 * tracemalloc.get_traceback_limit():]:
                     print(f"        {line}")
+    if args.state_dir:
+        await runtime.finish_saving()
+        runtime.save(runtime.clock())  # for the next run's restart
     await runtime.puller.close()
     await client.close()
     if runtime.store is not None:
         runtime.store.close()
-    shutil.rmtree(state_dir, ignore_errors=True)  # the store and the state file: ~150 MB a run
+    if not args.state_dir:
+        shutil.rmtree(state_dir, ignore_errors=True)  # the store and the state file: ~150 MB a run
+
+
+def first_run(args: argparse.Namespace, api_url: str, agents_url: str, jobs: dict[str, str]) -> None:
+    """`--restart`'s first controller, in a child process: history and cycles, then its state saved."""
+    sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (the child's figures are not the ones reported)
+    loop_factory = event_loop_factory() if args.loop == "controller" else None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(run_bench(args, api_url, agents_url, jobs))
 
 
 def main() -> int:
@@ -476,6 +500,10 @@ def main() -> int:
                         help="the CRs exist already, as in a controller's steady state (--no-existing-crs: the "
                              "first start, every write also creates its CR)")
     parser.add_argument("--no-store", action="store_true", help="skip the embedded store (CR status only)")
+    parser.add_argument("--restart", action="store_true",
+                        help="measure a restarted controller: a first one runs the history and --restart-after cycles "
+                             "in a child process and saves its state; this one starts from that state and store")
+    parser.add_argument("--restart-after", type=int, default=4, help="the first controller's cycles (--restart)")
     parser.add_argument("--store-latest-rows-per-interval", type=int,
                         default=Settings.model_fields["store_latest_rows_per_interval"].default,
                         help="running workloads' latest rows the store rewrites per interval at most "
@@ -507,11 +535,26 @@ def main() -> int:
         import tracemalloc
 
         tracemalloc.start(int(os.environ.get("BENCH_TRACE_FRAMES", "1")))
+    args.state_dir = tempfile.mkdtemp(prefix="gpuwm-bench-") if args.restart else None
+    # the pods' start, the same in both of --restart's controllers (the pod watch delivers the same bodies again)
+    args.pods_started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 5 - 60.0 * args.history_minutes))
     with cluster_served(args) as (api_url, agents_url, jobs):
+        if args.restart:
+            first = multiprocessing.Process(target=first_run, args=(
+                argparse.Namespace(**{**vars(args), "cycles": args.restart_after, "profile": None,
+                                      "memory_report": False, "phase_peaks": False}),
+                api_url, agents_url, jobs))
+            first.start()
+            first.join()
+            if first.exitcode != 0:
+                raise SystemExit(f"the first controller of --restart failed (exit code {first.exitcode})")
+            print(f"first controller: history and {args.restart_after} cycles, stopped with its state saved")
         loop_factory = event_loop_factory() if args.loop == "controller" else None
         print(f"event loop: {'asyncio' if loop_factory is None else loop_factory.__module__.split('.')[0]}")
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(run_bench(args, api_url, agents_url, jobs))
+    if args.state_dir:
+        shutil.rmtree(args.state_dir, ignore_errors=True)
     return 0
 
 
