@@ -128,9 +128,10 @@ def finished_layout(count: int) -> list[tuple[str, str, str, list[str]]]:
             for index in range(count)]
 
 
-def finished_pod_body(namespace: str, name: str, node: str, job_uid: str) -> dict[str, Any]:
-    body = pod_body(namespace, name, node, 1, job_uid, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 7200)))
-    ended = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
+def finished_pod_body(namespace: str, name: str, node: str, job_uid: str, origin: float) -> dict[str, Any]:
+    """A pod that ran from `origin` - 2 h to `origin` - 1 h (the same body in both of --restart's controllers)."""
+    body = pod_body(namespace, name, node, 1, job_uid, time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(origin - 7200)))
+    ended = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(origin - 3600))
     body["status"] = {"phase": "Succeeded", "startTime": body["status"]["startTime"], "containerStatuses": [
         {"name": "main", "state": {"terminated": {"startedAt": body["status"]["startTime"], "finishedAt": ended,
                                                   "exitCode": 0}}}]}
@@ -232,6 +233,16 @@ def serve_cluster(args: argparse.Namespace, pipe: Any) -> None:
     plan = layout(args.nodes, args.gpus_per_node, args.gpus_per_workload)
     for namespace, name, _, _ in plan + finished_layout(args.finished):
         jobs[name] = store.create(job_type, namespace, {"metadata": {"name": name}, "spec": {}}, "bench")["metadata"]["uid"]
+    if getattr(args, "state_dir", None):  # a run that may restore or be restored (bench/pull.py's cluster has no pods)
+        # the pods exist, as in a cluster: a restarted controller lists them and ends the ones that vanished
+        # while it was down (without them here it would end every pod at its restore and start it again)
+        store.keep_client_uids = True
+        pod_type = emulator.types[("", "v1", "pods")]
+        for namespace, name, node, gpus in plan:
+            store.create(pod_type, namespace, pod_body(namespace, name, node, len(gpus), jobs[name], args.pods_started),
+                         "bench")
+        for namespace, name, node, _ in finished_layout(args.finished):
+            store.create(pod_type, namespace, finished_pod_body(namespace, name, node, jobs[name], args.origin), "bench")
     nodes = {f"node-{i:04d}": FakeNode(f"node-{i:04d}", [f"GPU-{i:04d}-{g}" for g in range(args.gpus_per_node)],
                                        interval=args.interval, sm_percent=60.0,
                                        sm_jitter_percent=args.jitter_percent) for i in range(args.nodes)}
@@ -305,6 +316,7 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         import gpuwm.controller.handlers  # noqa: F401
     plan = layout(args.nodes, args.gpus_per_node, args.gpus_per_workload)
     state_dir = Path(args.state_dir) if args.state_dir else Path(tempfile.mkdtemp(prefix="gpuwm-bench-"))
+    state_dir.mkdir(parents=True, exist_ok=True)
     settings = Settings(
         agents="static:" + ",".join(f"node-{i:04d}={agents_url}/node-{i:04d}" for i in range(args.nodes)),
         status_interval=args.status_interval, interval=args.interval, store=str(state_dir / "gpuwm.db"),
@@ -325,25 +337,31 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         from gpuwm.controller import recovery
 
         restore_cpu = time.process_time()
-        print(f"restored from: {await recovery.restore(runtime)} ({len(runtime.writer.existing)} CRs adopted) in "
-              f"{time.process_time() - restore_cpu:.1f} CPU-s; RSS {rss_mib():.0f} MiB, peak {rss_mib('VmHWM'):.0f} MiB")
+        source = await recovery.restore(runtime)
+        segments = sum(len(workload.windows) for workload in runtime.engine.workload_records.values())
+        print(f"restored from: {source} ({len(runtime.writer.existing)} CRs adopted) in "
+              f"{time.process_time() - restore_cpu:.1f} CPU-s; {segments} window segments; "
+              f"RSS {rss_mib():.0f} MiB, peak {rss_mib('VmHWM'):.0f} MiB")
     # with a history, the pods started before it, and the controller knows their devices from earlier pulls
-    started = args.pods_started or time.strftime("%Y-%m-%dT%H:%M:%SZ",
-                                                 time.gmtime(time.time() - 5 - 60.0 * args.history_minutes))
+    started = args.pods_started
     if args.history_minutes:
         runtime.holders_by_node.update(agent_holders(plan))
         runtime.holders_by_pod = index_holders(runtime.holders_by_node)
     cpu0, wall0 = time.process_time(), time.perf_counter()
+    sent_before = dict(runtime.sent)
     for namespace, name, node, _ in finished_layout(args.finished):
-        await runtime.on_pod(finished_pod_body(namespace, name, node, jobs[name]), None)
+        await runtime.on_pod(finished_pod_body(namespace, name, node, jobs[name], args.origin), None)
     for namespace, name, node, gpus in plan:
         await runtime.on_pod(pod_body(namespace, name, node, len(gpus), jobs[name], started), None)
     print(f"cluster: {args.nodes} nodes, {args.nodes * args.gpus_per_node} GPUs, {len(plan)} running workloads, "
           f"{args.finished} finished ones; "
           f"status interval {args.status_interval:g}s, agent poll {args.interval:g}s, merge {args.snapshot_merge:g}s, "
           f"write limit {args.writes_per_second:g}/s")
+    # a restarted controller knows each pod's last event: the watch's pods, unchanged, send the engine nothing
+    pod_events = sum(key != sent_before.get(uid) for uid, key in runtime.sent.items())
     print(f"pod intake (owner walk + engine): {time.process_time() - cpu0:.2f} CPU-s, "
-          f"{time.perf_counter() - wall0:.2f} s wall, {runtime.resolver.fetches} owner GETs")
+          f"{time.perf_counter() - wall0:.2f} s wall, {runtime.resolver.fetches} owner GETs, "
+          f"{pod_events} pod events to the engine")
     if args.history_minutes:
         rows, cpu = warm_up(runtime, plan, args.history_minutes, args.interval, args.jitter_percent,
                             chase=not args.memory_report, store_history=args.store_history and runtime.store is not None)
@@ -503,6 +521,8 @@ def main() -> int:
     parser.add_argument("--restart", action="store_true",
                         help="measure a restarted controller: a first one runs the history and --restart-after cycles "
                              "in a child process and saves its state; this one starts from that state and store")
+    parser.add_argument("--state-dir", help="the store and engine state here, kept after the run (an earlier run's "
+                                            "state there is restored, as by a restarted controller)")
     parser.add_argument("--restart-after", type=int, default=4, help="the first controller's cycles (--restart)")
     parser.add_argument("--store-latest-rows-per-interval", type=int,
                         default=Settings.model_fields["store_latest_rows_per_interval"].default,
@@ -535,9 +555,12 @@ def main() -> int:
         import tracemalloc
 
         tracemalloc.start(int(os.environ.get("BENCH_TRACE_FRAMES", "1")))
-    args.state_dir = tempfile.mkdtemp(prefix="gpuwm-bench-") if args.restart else None
+    kept_state_dir = args.state_dir
+    if args.restart and not args.state_dir:
+        args.state_dir = tempfile.mkdtemp(prefix="gpuwm-bench-")
     # the pods' start, the same in both of --restart's controllers (the pod watch delivers the same bodies again)
-    args.pods_started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 5 - 60.0 * args.history_minutes))
+    args.origin = time.time()
+    args.pods_started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(args.origin - 5 - 60.0 * args.history_minutes))
     with cluster_served(args) as (api_url, agents_url, jobs):
         if args.restart:
             first = multiprocessing.Process(target=first_run, args=(
@@ -553,7 +576,7 @@ def main() -> int:
         print(f"event loop: {'asyncio' if loop_factory is None else loop_factory.__module__.split('.')[0]}")
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(run_bench(args, api_url, agents_url, jobs))
-    if args.state_dir:
+    if args.state_dir and not kept_state_dir:
         shutil.rmtree(args.state_dir, ignore_errors=True)
     return 0
 

@@ -71,3 +71,19 @@ def test_pull_bench_reads_every_agent_over_kept_connections() -> None:
     # every pull brings each GPU's polls since the last one (merged: the first, the run between, the last)
     assert all(int(line.rsplit(", ", 1)[1].split()[0]) >= 6 * 2 for line in pulls)
     assert "connections opened" in result.stdout.splitlines()[-1]
+
+
+def test_controller_bench_restart_restores_and_resends_nothing() -> None:
+    """`bench/controller.py --restart`: the second controller restores the first one's state and, since the
+    pods it is handed are those the first one saw (and still exist), tells the engine nothing again."""
+    result = subprocess.run([sys.executable, str(BENCH / "controller.py"), "--nodes", "6", "--gpus-per-node", "2",
+                             "--gpus-per-workload", "1", "--cycles", "2", "--status-interval", "2",
+                             "--history-minutes", "1", "--restart", "--restart-after", "2"],
+                            capture_output=True, text=True, timeout=240, cwd=BENCH.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    restored = next(line for line in lines if line.startswith("restored from:"))
+    assert restored.startswith("restored from: state (24 CRs adopted)"), restored  # 12 workloads, their projects
+    intake = next(line for line in lines if line.startswith("pod intake"))
+    assert intake.endswith(", 0 pod events to the engine"), intake
+    assert sum(line.startswith("cycle ") for line in lines) == 2
