@@ -70,6 +70,28 @@ def rss_mib(field: str = "VmRSS") -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def reference_cpu_seconds(repeats: int = 5) -> float:
+    """The least CPU time of a fixed piece of Python work (dicts, JSON, sorting, float sums), over `repeats` runs.
+
+    The same code's cycle CPU moved ~2x between sessions on VMs of one kind (0.55 and 1.08 CPU-s, every phase
+    alike: the host's load, not the code), so each run prints this beside its figures: compare cycles
+    across runs only together with it.
+    """
+    import json
+
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.process_time()
+        rows = [{"uid": f"pod-{index:06d}", "t": index * 0.25, "sm_percent": (index * 37) % 101} for index in range(40_000)]
+        decoded = json.loads(json.dumps(rows))
+        decoded.sort(key=lambda row: (row["sm_percent"], row["uid"]))
+        total = 0.0
+        for row in decoded:
+            total += row["t"] * row["sm_percent"]
+        best = min(best, time.process_time() - started)
+    return best
+
+
 def reset_peak_rss() -> None:
     """Start VmHWM again from the current RSS (Linux: `clear_refs` 5), to see which phase peaks."""
     with open("/proc/self/clear_refs", "w") as file:
@@ -573,7 +595,8 @@ def main() -> int:
                 raise SystemExit(f"the first controller of --restart failed (exit code {first.exitcode})")
             print(f"first controller: history and {args.restart_after} cycles, stopped with its state saved")
         loop_factory = event_loop_factory() if args.loop == "controller" else None
-        print(f"event loop: {'asyncio' if loop_factory is None else loop_factory.__module__.split('.')[0]}")
+        print(f"event loop: {'asyncio' if loop_factory is None else loop_factory.__module__.split('.')[0]}; "
+              f"this machine's reference work {reference_cpu_seconds():.3f} CPU-s (see reference_cpu_seconds)")
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(run_bench(args, api_url, agents_url, jobs))
     if args.state_dir and not kept_state_dir:
