@@ -123,6 +123,7 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
             "energyJoules": workload.energy_joules,
             "life": [workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem],
             "windows": workload.windows.to_raw() if raw else workload.windows.to_base64(),
+            "windowsCapacity": workload.windows.capacity,
             "firstRunStart": workload.first_run_start,
             "retiredRuns": [list(run) for run in workload.retired_runs],
             "retiredLastActive": _finite(workload.retired_last_active),
@@ -223,8 +224,9 @@ def _restore(core: Any, state: dict[str, Any]) -> None:
         workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem = raw["life"]
         windows = raw["windows"]  # version 1: a list of floats; 2: base64 of the doubles, or their raw bytes
         fold_after = fold_after_of(workload.uid)
-        workload.windows = (WindowSums.from_list(windows, fold_after) if isinstance(windows, list)
-                            else WindowSums.from_base64(windows, fold_after))
+        capacity = raw.get("windowsCapacity")  # absent in states saved before it was kept
+        workload.windows = (WindowSums.from_list(windows, fold_after, capacity) if isinstance(windows, list)
+                            else WindowSums.from_base64(windows, fold_after, capacity))
         workload.first_run_start = raw["firstRunStart"]
         workload.retired_runs = [(run[0], run[1]) for run in raw["retiredRuns"]]
         retired = raw["retiredLastActive"]

@@ -89,4 +89,35 @@ def test_a_restored_workload_keeps_its_fold_point(monkeypatch: pytest.MonkeyPatc
     restored = Engine.restore(json.loads(json.dumps(engine.save())), config)
     again = restored.workload_records[uid].windows
     assert again._fold_after == fold_after_of(uid)
-    assert again._capacity == windows_module._capacity_after(len(again), fold_after_of(uid))
+    assert again.capacity == windows.capacity  # its next fold where it would have been
+    state = engine.save()
+    (entry,) = state["workloads"]
+    del entry["windowsCapacity"]  # a state saved before the capacity was kept: due fold_after from now
+    older = Engine.restore(json.loads(json.dumps(state)), config).workload_records[uid].windows
+    assert older.capacity == windows_module._capacity_after(len(older), fold_after_of(uid))
+
+
+def test_an_engine_restored_between_folds_folds_and_reports_as_one_that_never_stopped() -> None:
+    """Saved between two folds of each workload and restored, the engine folds in the same maintenances as
+    the original and gives the same short windows; with the capacity reset at the restore it did neither."""
+    config = EngineConfig(interval_seconds=5.0)
+    uids = _uids(6)
+    engine = Engine(config)
+    for index, uid in enumerate(uids):
+        engine.observe(pod(0.0, f"job-{index}", uid=uid, devices=[(f"GPU-{index}", 1.0)]))
+
+    def feed(target: Engine, start: int, stop: int) -> None:
+        for t in range(start, stop, 5):  # a segment every 5 s each, a different rate each time
+            for index in range(len(uids)):
+                target.observe(sample(float(t), f"GPU-{index}", sm=float((t * 7 + index * 13) % 97)))
+
+    feed(engine, 5, 1205)
+    saved = {uid: (len(engine.workload_records[uid].windows), engine.workload_records[uid].windows.capacity)
+             for uid in engine.workload_records}
+    assert sum(held < capacity - 10 for held, capacity in saved.values()) >= 4  # most between two folds
+    restored = Engine.restore(json.loads(json.dumps(engine.save())), config)
+    feed(engine, 1205, 2405)
+    feed(restored, 1205, 2405)
+    for uid in engine.workload_records:
+        assert len(restored.workload_records[uid].windows) == len(engine.workload_records[uid].windows)
+    assert [w.model_dump() for w in restored.workloads(2400.0)] == [w.model_dump() for w in engine.workloads(2400.0)]
