@@ -164,10 +164,10 @@ class Engine(EngineCore):
         return save_state(self, lazy, raw)
 
     @classmethod
-    def restore(cls, state: dict[str, Any], config: EngineConfig | None = None) -> Engine:
-        """An engine that continues exactly where the saved one stopped."""
+    def restore(cls, state: dict[str, Any], config: EngineConfig | None = None, consume: bool = False) -> Engine:
+        """An engine that continues exactly where the saved one stopped (`consume`: see `restore_state`)."""
         engine = cls(config)
-        restore_state(engine, state)
+        restore_state(engine, state, consume)
         return engine
 
     # ------------------------------------------------------------- helpers

@@ -135,7 +135,8 @@ async def restore(runtime: ControllerRuntime) -> str:
 
 
 def _restore_state(runtime: ControllerRuntime, state: dict[str, Any]) -> None:
-    runtime.engine = Engine.restore(state["engine"], runtime.engine_config)
+    # consumed: the engine reuses the loaded JSON's memory as it is restored (see persist.restore_state)
+    runtime.engine = Engine.restore(state["engine"], runtime.engine_config, consume=True)
     runtime.puller.restore_positions(state.get("agents") or {})
     runtime.holders_by_node = {
         node: [DeviceHolder.model_validate(h) for h in holders] for node, holders in (state.get("holders") or {}).items()
