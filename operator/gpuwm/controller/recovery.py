@@ -138,11 +138,18 @@ def _restore_state(runtime: ControllerRuntime, state: dict[str, Any]) -> None:
     # consumed: the engine reuses the loaded JSON's memory as it is restored (see persist.restore_state)
     runtime.engine = Engine.restore(state["engine"], runtime.engine_config, consume=True)
     runtime.puller.restore_positions(state.get("agents") or {})
-    runtime.holders_by_node = {
-        node: [DeviceHolder.model_validate(h) for h in holders] for node, holders in (state.get("holders") or {}).items()
-    }
+    # the loaded JSON's entries dropped as they are read, as the engine's: what is built reuses their memory
+    saved_holders = state.get("holders") or {}
+    runtime.holders_by_node = {}
+    for node in list(saved_holders):
+        runtime.holders_by_node[node] = [DeviceHolder.model_validate(h) for h in saved_holders.pop(node)]
     runtime.holders_by_pod = index_holders(runtime.holders_by_node)
-    runtime.pods = {pod.uid: pod for pod in map(_pod_from_json, state.get("pods") or [])}
+    saved_pods = state.get("pods") or []
+    runtime.pods = {}
+    for index, saved_pod in enumerate(saved_pods):
+        saved_pods[index] = None
+        pod = _pod_from_json(saved_pod)
+        runtime.pods[pod.uid] = pod
     runtime.sent = {str(k): str(v) for k, v in (state.get("sent") or {}).items()}
     runtime.cr_names.update({str(k): str(v) for k, v in (state.get("cr_names") or {}).items()})
     # states saved before the memos hold whole conditions: their type, status and time are read alike
