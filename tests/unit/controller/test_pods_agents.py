@@ -7,8 +7,17 @@ from typing import Any
 
 import pytest
 
+from gpuwm.accounting import Engine
 from gpuwm.config import DEFAULT_RESOURCE_NAMES
-from gpuwm.controller.agents import DeviceHolder, PodAgents, StaticAgents, parse_agents_spec, parse_snapshot
+from gpuwm.controller.agents import (
+    DeviceHolder,
+    PodAgents,
+    SampleIntake,
+    Snapshot,
+    StaticAgents,
+    parse_agents_spec,
+    parse_snapshot,
+)
 from gpuwm.controller.kube import KubeApiError
 from gpuwm.controller.pods import MalformedPodError, device_allocations, pod_event, state_key, track_pod
 from gpuwm.controller.ratelimit import TokenBucket
@@ -254,3 +263,20 @@ def test_a_pod_keeps_only_the_labels_it_is_told_to() -> None:
     body["metadata"]["labels"]["gpuwm.io/project"] = "nlp"
     moved = track_pod(body, JOB, DEFAULT_RESOURCE_NAMES, deleted=False, labels_kept=("gpuwm.io/project",))
     assert state_key(moved, []) != state_key(pod, [])
+
+
+def test_intake_keeps_the_agents_holders_when_equal_and_reports_no_change() -> None:
+    """Restored holders (a restart) equal the agent's but are other objects: the intake keeps the agent's list, so
+    the next pulls, which hand back that same list while nothing changes, compare by identity."""
+    def holders() -> list[DeviceHolder]:
+        return [DeviceHolder(uuid="GPU-1", pod_uid="p1", container="c0"), DeviceHolder(uuid="GPU-2", pod_uid="p2")]
+
+    restored = {"n1": holders()}
+    pulled = holders()
+    intake = SampleIntake(Engine(), restored)
+    intake.take(Snapshot(node="n1", seq=1, agent_id=None, samples=[], holders=pulled, pod_stats=[]))
+    assert intake.changed_nodes == set()
+    assert restored["n1"] is pulled
+    moved = [DeviceHolder(uuid="GPU-1", pod_uid="p3", container="c0")]
+    intake.take(Snapshot(node="n1", seq=2, agent_id=None, samples=[], holders=moved, pod_stats=[]))
+    assert intake.changed_nodes == {"n1"} and restored["n1"] is moved
