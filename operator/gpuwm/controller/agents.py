@@ -615,9 +615,9 @@ class SampleIntake:
 
     def take(self, snapshot: Snapshot) -> None:
         started = time.thread_time()
-        known = self.holders_by_node.get(snapshot.node)
-        if snapshot.holders is not known:
-            if snapshot.holders != known:
+        known_holders = self.holders_by_node.get(snapshot.node)
+        if snapshot.holders is not known_holders:
+            if snapshot.holders != known_holders:
                 self.changed_nodes.add(snapshot.node)
             # kept even when equal: the puller hands back the same list while the agent's devices do not change,
             # so later pulls compare by identity. Restored holders (a restart) are equal, not the same: kept,
