@@ -544,7 +544,9 @@ def main() -> int:
                         help="measure a restarted controller: a first one runs the history and --restart-after cycles "
                              "in a child process and saves its state; this one starts from that state and store")
     parser.add_argument("--state-dir", help="the store and engine state here, kept after the run (an earlier run's "
-                                            "state there is restored, as by a restarted controller)")
+                                            "state there is restored, as by a restarted controller; that run's pods "
+                                            "started at another time, so their events go to the engine again: "
+                                            "--restart hands both controllers the same pods)")
     parser.add_argument("--restart-after", type=int, default=4, help="the first controller's cycles (--restart)")
     parser.add_argument("--store-latest-rows-per-interval", type=int,
                         default=Settings.model_fields["store_latest_rows_per_interval"].default,
