@@ -196,8 +196,9 @@ def restore_state(core: Any, state: dict[str, Any], consume: bool = False) -> No
         raise StateError(f"engine state is malformed: {type(error).__name__}: {error}") from None
 
 
-def _entries(entries: list[Any], consume: bool) -> Iterator[Any]:
-    """The entries of a saved list in order; with `consume`, each is taken out of the list as it is read."""
+def saved_entries(entries: list[Any], consume: bool) -> Iterator[Any]:
+    """The entries of a saved list in order; with `consume`, each is taken out of the list as it is read (see
+    `restore_state`; the controller's own saved lists are read so too)."""
     for index, entry in enumerate(entries):
         if consume:
             entries[index] = None
@@ -255,7 +256,7 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
         workloads[workload.uid] = workload
         core.workload_records[workload.uid] = workload
     stretches: list[Stretch] = []
-    for raw in _entries(state["stretches"], consume):
+    for raw in saved_entries(state["stretches"], consume):
         stretch = Stretch(
             workloads[raw["workload"]],
             raw["pod"],
@@ -268,7 +269,7 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
         )
         stretch.last_active = -INFINITY if raw["lastActive"] is None else raw["lastActive"]
         stretches.append(stretch)
-    for raw in _entries(state["workloads"], consume):
+    for raw in saved_entries(state["workloads"], consume):
         workload = workloads[raw["uid"]]
         workload.stretches = [stretches[index] for index in raw["stretches"]]
         for pod_uid in raw["pods"]:
@@ -283,7 +284,7 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
             pod.stretches = [stretches[index] for index in pod_raw["stretches"]]
             workload.pods[pod_uid] = pod
             core.pods[pod_uid] = pod
-    for raw in _entries(state["gpus"], consume):
+    for raw in saved_entries(state["gpus"], consume):
         gpu = Gpu(raw["uuid"], raw["node"])
         if "history" in raw:
             gpu.load_columns(raw["history"])
@@ -295,4 +296,4 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
         core.gpu_records[gpu.uuid] = gpu
 
 
-__all__ = ["STATE_VERSION", "LazyEntries", "StateError", "restore_state", "save_state"]
+__all__ = ["STATE_VERSION", "LazyEntries", "StateError", "restore_state", "save_state", "saved_entries"]

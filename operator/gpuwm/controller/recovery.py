@@ -17,7 +17,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from gpuwm.accounting import Engine
-from gpuwm.accounting.persist import LazyEntries
+from gpuwm.accounting.persist import LazyEntries, saved_entries
 from gpuwm.controller.agents import DeviceHolder, index_holders
 from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
 from gpuwm.controller.owners import parse_kubernetes_time
@@ -144,12 +144,7 @@ def _restore_state(runtime: ControllerRuntime, state: dict[str, Any]) -> None:
     for node in list(saved_holders):
         runtime.holders_by_node[node] = [DeviceHolder.model_validate(h) for h in saved_holders.pop(node)]
     runtime.holders_by_pod = index_holders(runtime.holders_by_node)
-    saved_pods = state.get("pods") or []
-    runtime.pods = {}
-    for index, saved_pod in enumerate(saved_pods):
-        saved_pods[index] = None
-        pod = _pod_from_json(saved_pod)
-        runtime.pods[pod.uid] = pod
+    runtime.pods = {pod.uid: pod for pod in map(_pod_from_json, saved_entries(state.get("pods") or [], consume=True))}
     runtime.sent = {str(k): str(v) for k, v in (state.get("sent") or {}).items()}
     runtime.cr_names.update({str(k): str(v) for k, v in (state.get("cr_names") or {}).items()})
     # states saved before the memos hold whole conditions: their type, status and time are read alike
