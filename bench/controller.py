@@ -511,6 +511,9 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
 def first_run(args: argparse.Namespace, api_url: str, agents_url: str, jobs: dict[str, str]) -> None:
     """`--restart`'s first controller, in a child process: history and cycles, then its state saved."""
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (the child's figures are not the ones reported)
+    import tracemalloc
+
+    tracemalloc.stop()  # --memory-report traces the measured controller; traced, this one's history takes ~10x longer
     loop_factory = event_loop_factory() if args.loop == "controller" else None
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         runner.run(run_bench(args, api_url, agents_url, jobs))

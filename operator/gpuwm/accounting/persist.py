@@ -173,8 +173,13 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
         "workloads": listed(workload_records, workload_entry),
         "pods": listed(pod_records, pod_entry),
         "gpus": listed(gpu_records, gpu_entry),
-        "stretches": stretches,
+        # lazy too: the controller's state file makes each lazy list a section it restores an entry at a time
+        "stretches": LazyEntries(stretches, _same) if lazy else stretches,
     }
+
+
+def _same(entry: dict[str, Any]) -> dict[str, Any]:
+    return entry
 
 
 def restore_state(core: Any, state: dict[str, Any], consume: bool = False) -> None:
@@ -196,16 +201,22 @@ def restore_state(core: Any, state: dict[str, Any], consume: bool = False) -> No
         raise StateError(f"engine state is malformed: {type(error).__name__}: {error}") from None
 
 
-def saved_entries(entries: list[Any], consume: bool) -> Iterator[Any]:
-    """The entries of a saved list in order; with `consume`, each is taken out of the list as it is read (see
-    `restore_state`; the controller's own saved lists are read so too)."""
+def saved_entries(entries: Sequence[Any], consume: bool) -> Iterator[Any]:
+    """The entries of a saved list in order; with `consume`, each is let go once read (see `restore_state`;
+    the controller's own saved lists are read so too): taken out of a list, or a section of the
+    controller's state file read once (anything with a `consume()`, `persistence.SavedLines`)."""
+    if consume and callable(getattr(entries, "consume", None)):
+        yield from entries.consume()  # type: ignore[attr-defined]
+        return
     for index, entry in enumerate(entries):
-        if consume:
+        if consume and isinstance(entries, list):
             entries[index] = None
         yield entry
 
 
 def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
+    """Each of the state's lists read once, in turn (pods, workloads, stretches, GPUs): a consumed state's
+    entries go as they are read, and what is built reuses their memory."""
     clock = state["clock"]
     core.clock = -INFINITY if clock is None else float(clock)
     last = state["lastMaintenance"]
@@ -215,19 +226,15 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
     for raw in state["namespaces"]:
         event = NamespaceEvent.model_validate(raw)
         core.namespaces[event.name] = event
+    # a pod's timeline, name, namespace, labels and stretch ids, until its workload is linked to it
+    saved_pods: dict[str, tuple[list[tuple[float, PodEvent]], str, str, dict[str, str], list[int]]] = {}
+    for raw in saved_entries(state["pods"], consume):
+        timeline = [(float(t), compact_pod_event(PodEvent.model_validate(event))) for t, event in raw["timeline"]]
+        saved_pods[raw["uid"]] = (timeline, raw["name"], raw["namespace"], raw["labels"], raw["stretches"])
     workloads: dict[str, Workload] = {}
-    pod_events: dict[str, list[tuple[float, PodEvent]]] = {
-        raw["uid"]: [(float(t), compact_pod_event(PodEvent.model_validate(event))) for t, event in raw["timeline"]]
-        for raw in state["pods"]
-    }
-    pods_raw = {raw["uid"]: raw for raw in state["pods"]}
-    if consume:
-        del state["pods"][:]  # each goes with pods_raw's entry, once its last workload has restored it
-    readers: dict[str, int] = {}  # how many workloads name each pod
-    for raw in state["workloads"]:
-        for pod_uid in raw["pods"]:
-            readers[pod_uid] = readers.get(pod_uid, 0) + 1
-        first_pod = pod_events[raw["pods"][0]][0][1] if raw["pods"] else None
+    links: list[tuple[Workload, list[int], list[str]]] = []  # each workload's stretch ids and pods, linked below
+    for raw in saved_entries(state["workloads"], consume):
+        first_pod = saved_pods[raw["pods"][0]][0][0][1] if raw["pods"] else None
         if first_pod is None:
             raise ValueError(f"workload {raw['uid']} has no pods")
         workload = Workload(raw["uid"], first_pod)
@@ -255,6 +262,7 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
         workload.retired_last_active = -INFINITY if retired is None else retired
         workloads[workload.uid] = workload
         core.workload_records[workload.uid] = workload
+        links.append((workload, raw["stretches"], raw["pods"]))
     stretches: list[Stretch] = []
     for raw in saved_entries(state["stretches"], consume):
         stretch = Stretch(
@@ -269,19 +277,16 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
         )
         stretch.last_active = -INFINITY if raw["lastActive"] is None else raw["lastActive"]
         stretches.append(stretch)
-    for raw in saved_entries(state["workloads"], consume):
-        workload = workloads[raw["uid"]]
-        workload.stretches = [stretches[index] for index in raw["stretches"]]
-        for pod_uid in raw["pods"]:
-            readers[pod_uid] -= 1
-            pod_raw = pods_raw.pop(pod_uid) if consume and not readers[pod_uid] else pods_raw[pod_uid]
-            timeline = pod_events[pod_uid]
+    for workload, stretch_ids, pod_uids in links:
+        workload.stretches = [stretches[index] for index in stretch_ids]
+        for pod_uid in pod_uids:
+            timeline, name, namespace, labels, pod_stretch_ids = saved_pods[pod_uid]
             pod = Pod(pod_uid, workload, timeline[-1][1])
-            pod.name = pod_raw["name"]
-            pod.namespace = pod_raw["namespace"]
-            pod.labels = dict(pod_raw["labels"])
+            pod.name = name
+            pod.namespace = namespace
+            pod.labels = dict(labels)
             pod.timeline = timeline
-            pod.stretches = [stretches[index] for index in pod_raw["stretches"]]
+            pod.stretches = [stretches[index] for index in pod_stretch_ids]
             workload.pods[pod_uid] = pod
             core.pods[pod_uid] = pod
     for raw in saved_entries(state["gpus"], consume):

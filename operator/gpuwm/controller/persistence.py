@@ -14,10 +14,11 @@ import json
 import logging
 import os
 import struct
+import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import orjson
 
@@ -70,6 +71,15 @@ _TRAILER = struct.Struct("<Q8s")
 #: how the JSON names a raw column: {"$raw": [offset from the raw bytes' start, length in bytes]}
 RAW_KEY = "$raw"
 
+#: the last bytes of a state file whose big lists (`LazyEntries`) are sections of JSON lines after
+#: the JSON, before the raw columns; then, before them, where the sections, the raw columns and the
+#: sections' table begin (3 x uint64, little-endian). The table is JSON: [[offset from the sections'
+#: start, length in bytes, entries], ...]
+SECTIONS_MAGIC = b"GPUWMLN2"
+_SECTIONS_TRAILER = struct.Struct("<QQQ8s")
+#: how the JSON names a section: {"$lines": its index in the table}
+LINES_KEY = "$lines"
+
 
 def encode_state(state: dict[str, Any]) -> bytes:
     """The state as JSON bytes, in one piece (small states and tests; saving streams instead).
@@ -109,8 +119,12 @@ class _RawSection:
         return _entries(value)
 
 
-def _chunks(value: Any, depth: int, default: Callable[[Any], Any] = _entries) -> Iterator[bytes]:
-    """`value` as JSON in pieces of at most a batch of children, never the whole document at once."""
+def _chunks(value: Any, depth: int, default: Callable[[Any], Any] = _entries, lines: bool = False) -> Iterator[bytes]:
+    """`value` as JSON in pieces of at most a batch of children, never the whole document at once;
+    with `lines`, a lazy list is `default`'s (a section, see `encode_state_chunks`), not spelt out."""
+    if lines and isinstance(value, LazyEntries):
+        yield orjson.dumps(default(value), option=_OPTIONS)
+        return
     if depth <= 0 or not isinstance(value, dict | list | LazyEntries) or not value:
         yield orjson.dumps(value, default=default, option=_OPTIONS)
         return
@@ -125,7 +139,7 @@ def _chunks(value: Any, depth: int, default: Callable[[Any], Any] = _entries) ->
         else:
             for index, (key, child) in enumerate(items):
                 yield (b"," if index else b"") + orjson.dumps({key: None}, option=_OPTIONS)[1:-5]  # `"key":`
-                yield from _chunks(child, depth - 1, default)
+                yield from _chunks(child, depth - 1, default, lines)
         yield b"}"
         return
     yield b"["
@@ -138,30 +152,60 @@ def _chunks(value: Any, depth: int, default: Callable[[Any], Any] = _entries) ->
         for index, child in enumerate(value):
             if index:
                 yield b","
-            yield from _chunks(child, depth - 1, default)
+            yield from _chunks(child, depth - 1, default, lines)
     yield b"]"
 
 
 def encode_state_chunks(state: dict[str, Any]) -> Iterator[bytes | memoryview]:
-    """The same document as `encode_state`, in pieces: a 100 MB state never sits in memory twice.
+    """The state streamed in pieces: a 100 MB state never sits in memory, encoded, in one piece.
 
-    Raw columns (`RawDoubles`, from `Engine.save(raw=True)`) are not base64 here: the JSON names
-    each by offset and length, and their bytes follow it, then a trailer (the offset where they
-    begin, `RAW_MAGIC`). The columns are written from the engine's own arrays, not copied; like
-    a lazy state, this must be consumed before the engine changes again. Without raw columns the
-    pieces are exactly `encode_state`'s JSON.
+    Without lazy lists (`LazyEntries`) nor raw columns the pieces are exactly `encode_state`'s JSON.
+    Otherwise, after the JSON and a newline (see `SECTIONS_MAGIC`):
+    - each lazy list is a section of JSON lines, one entry a line, which the JSON names by
+      `{"$lines": index}`. `load_state` reads such a section an entry at a time (`SavedLines`):
+      restoring the state then never holds more than an entry's parsed objects besides what it
+      builds (bench/README, "The state file in sections");
+    - raw columns (`RawDoubles`, from `Engine.save(raw=True)`) are bytes named by offset and length
+      (`{"$raw": [offset, length]}`) from the columns' start, written from the engine's own arrays,
+      not copied;
+    - the sections' table and the trailer.
+    Like a lazy state, this must be consumed before the engine changes again.
     """
     raw = _RawSection()
+    sections: list[LazyEntries] = []
+
+    def section(value: Any) -> Any:
+        if isinstance(value, LazyEntries):
+            sections.append(value)
+            return {LINES_KEY: len(sections) - 1}
+        return raw.default(value)
+
     written = 0
-    for chunk in _chunks({"version": STATE_VERSION, **state}, STREAM_DEPTH, raw.default):
+    for chunk in _chunks({"version": STATE_VERSION, **state}, STREAM_DEPTH, section, lines=True):
         written += len(chunk)
         yield chunk
-    if not raw.columns:
+    if not raw.columns and not sections:
         return
     yield b"\n"
+    sections_start = written + 1
+    table: list[list[int]] = []
+    offset = 0
+    for entries in sections:
+        length = 0
+        for start in range(0, len(entries), STREAM_BATCH):
+            # one entry a line: orjson writes no newline inside a value, so lines split exactly
+            lines = b"".join(orjson.dumps(entry, default=raw.default, option=_OPTIONS) + b"\n"
+                             for entry in entries[start:start + STREAM_BATCH])
+            length += len(lines)
+            yield lines
+        table.append([offset, length, len(entries)])
+        offset += length
+    columns_start = sections_start + offset
     for column in raw.columns:
         yield memoryview(column.data).cast("B")  # a view of the column: its bytes, not a copy
-    yield _TRAILER.pack(written + 1, RAW_MAGIC)
+    table_start = columns_start + raw.size
+    yield orjson.dumps(table)
+    yield _SECTIONS_TRAILER.pack(sections_start, columns_start, table_start, SECTIONS_MAGIC)
 
 
 def write_state(path: Path, payload: bytes | Iterable[bytes | memoryview]) -> None:
@@ -242,11 +286,21 @@ def save_state(path: Path, state: dict[str, Any]) -> None:
 def load_state(path: Path) -> dict[str, Any] | None:
     """The saved state, or None when there is none or it cannot be read (logged, never fatal).
 
-    Raw columns (see `encode_state_chunks`) come back as memoryviews of the file's bytes where
-    the JSON names them, which the engine's restore reads as it reads base64 text.
+    Raw columns come back as bytes where the JSON names them, which the engine's restore reads as
+    it reads base64 text. A sectioned file's big lists come back as `SavedLines`, read from the
+    file an entry at a time, which must be read before the state file is saved over twice (the
+    controller restores right after loading). Files written before sections (JSON alone, or JSON
+    and raw columns) are read whole, as they always were.
     """
     try:
-        data = path.read_bytes()
+        with path.open("rb") as file:
+            size = file.seek(0, os.SEEK_END)
+            if size >= _SECTIONS_TRAILER.size:
+                file.seek(size - _SECTIONS_TRAILER.size)
+                if file.read(_SECTIONS_TRAILER.size).endswith(SECTIONS_MAGIC):
+                    return _load_sections(path, size)
+            file.seek(0)
+            data = file.read()
     except FileNotFoundError:
         return None
     except OSError as error:
@@ -263,10 +317,200 @@ def load_state(path: Path) -> dict[str, Any] | None:
     except ValueError as error:
         logger.warning("engine state %s is not valid JSON (%s); rebuilding from CR status", path, error)
         return None
+    return _checked(path, state)
+
+
+def _checked(path: Path, state: Any) -> dict[str, Any] | None:
     if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
         logger.warning("engine state %s has an unknown format; rebuilding from CR status", path)
         return None
     return state
+
+
+class _StateFile:
+    """A sectioned state file kept open while its sections and columns are read (closed with the last of them)."""
+
+    __slots__ = ("columns_end", "columns_start", "descriptor")
+
+    def __init__(self, path: Path, columns_start: int, columns_end: int) -> None:
+        self.descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        self.columns_start = columns_start
+        self.columns_end = columns_end
+
+    def read(self, offset: int, length: int) -> bytes:
+        data = os.pread(self.descriptor, length, offset)
+        if len(data) != length:
+            raise ValueError(f"the state file ends before byte {offset + length}: was it written over?")
+        return data
+
+    def column(self, reference: Any) -> bytes:
+        """The bytes a `{"$raw": [offset, length]}` names, read from the file (not all columns in memory at once)."""
+        if (not isinstance(reference, list) or len(reference) != 2
+                or not all(isinstance(number, int) and number >= 0 for number in reference)
+                or self.columns_start + reference[0] + reference[1] > self.columns_end):
+            raise ValueError(f"a raw column reference {reference!r} is not within the "
+                             f"{self.columns_end - self.columns_start} raw bytes")
+        return self.read(self.columns_start + reference[0], reference[1])
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.descriptor)
+
+
+class SavedLines(Sequence[Any]):
+    """A section of a state file: its entries, each parsed when read (see `encode_state_chunks`).
+
+    Restoring from a whole parsed document held all its ~1.2 million small objects (dicts, strings,
+    floats) at 8,000 GPUs until the end; the engine's objects were then spread among them, and
+    the memory they left could not go back (~20 MiB more RSS after a restart than a controller that
+    never stopped, bench/README). Read an entry at a time, an entry's objects reuse the last one's
+    memory. `consume()` reads each entry once and lets the section's bytes go after the last.
+    Strings are the interpreter's one copy (`sys.intern`): the same node, namespace or UUID,
+    repeated in many entries, is kept once, as the live controller keeps it.
+    """
+
+    __slots__ = ("_count", "_data", "_file", "_length", "_offset", "_starts")
+
+    def __init__(self, file: _StateFile, offset: int, length: int, count: int) -> None:
+        self._file: _StateFile | None = file
+        self._offset = offset
+        self._length = length
+        self._count = count
+        self._data: bytes | None = None
+        self._starts: list[int] | None = None
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _bytes(self) -> bytes:
+        if self._data is None:
+            if self._file is None:
+                raise ValueError("a consumed section of the state file is read again")
+            self._data = self._file.read(self._offset, self._length)
+            if self._data.count(b"\n") != self._count or (self._data and not self._data.endswith(b"\n")):
+                raise ValueError(f"a section of the state file holds not {self._count} lines")
+        return self._data
+
+    def _entry(self, data: bytes, start: int, end: int) -> Any:
+        entry = json.loads(data[start:end])
+        file = self._file
+        assert file is not None
+        return _resolved(entry, file)
+
+    @overload
+    def __getitem__(self, index: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Any]: ...
+
+    def __getitem__(self, index: int | slice) -> Any:
+        data = self._bytes()
+        if self._starts is None:
+            starts, position = [0], data.find(b"\n")
+            while position >= 0:
+                starts.append(position + 1)
+                position = data.find(b"\n", position + 1)
+            self._starts = starts
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._count))]
+        if index < 0:
+            index += self._count
+        if not 0 <= index < self._count:
+            raise IndexError(index)
+        return self._entry(data, self._starts[index], self._starts[index + 1] - 1)
+
+    def __iter__(self) -> Iterator[Any]:
+        data = self._bytes()
+        start = 0
+        for _ in range(self._count):
+            end = data.index(b"\n", start)
+            yield self._entry(data, start, end)
+            start = end + 1
+
+    def consume(self) -> Iterator[Any]:
+        """Each entry once, in order; the section is of no more use afterwards (its bytes and file let go)."""
+        try:
+            yield from self
+        finally:
+            self._data = self._starts = None
+            self._file = None
+
+
+def _resolved(entry: Any, file: _StateFile) -> Any:
+    """`entry` with its raw columns read and its strings interned (see `SavedLines`)."""
+    intern = sys.intern
+    pending: list[Any] = [entry]
+    while pending:
+        container = pending.pop()
+        keyed = container.items() if isinstance(container, dict) else enumerate(container)
+        for key, value in keyed:
+            kind = type(value)
+            if kind is str:
+                container[key] = intern(value)
+            elif kind is dict:
+                if len(value) == 1 and RAW_KEY in value:
+                    container[key] = file.column(value[RAW_KEY])
+                else:
+                    pending.append(value)
+            elif kind is list:
+                pending.append(value)
+    if type(entry) is str:
+        return intern(entry)
+    return entry
+
+
+def _load_sections(path: Path, size: int) -> dict[str, Any] | None:
+    try:
+        with path.open("rb") as file:
+            file.seek(size - _SECTIONS_TRAILER.size)
+            sections_start, columns_start, table_start, _ = _SECTIONS_TRAILER.unpack(file.read(_SECTIONS_TRAILER.size))
+            if not 0 < sections_start <= columns_start <= table_start <= size - _SECTIONS_TRAILER.size:
+                raise ValueError(f"the sections' offsets {sections_start}, {columns_start}, {table_start} are not "
+                                 f"in order within the file ({size} bytes)")
+            file.seek(0)
+            document = file.read(sections_start - 1)
+            file.seek(table_start)
+            table = json.loads(file.read(size - _SECTIONS_TRAILER.size - table_start))
+        if (not isinstance(table, list) or not all(
+                isinstance(row, list) and len(row) == 3 and all(isinstance(n, int) and n >= 0 for n in row)
+                for row in table)
+                or any(sections_start + offset + length > columns_start for offset, length, _ in table)):
+            raise ValueError("the sections' table is not [[offset, length, entries], ...] within the sections")
+        state = json.loads(document)
+        del document
+        state_file = _StateFile(path, columns_start, table_start)
+        sections = [SavedLines(state_file, sections_start + offset, length, count) for offset, length, count in table]
+        _resolve_sections(state, sections, state_file)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        logger.warning("cannot read engine state %s (%s); rebuilding from CR status", path, error)
+        return None
+    except ValueError as error:
+        logger.warning("engine state %s is not valid (%s); rebuilding from CR status", path, error)
+        return None
+    return _checked(path, state)
+
+
+def _resolve_sections(document: Any, sections: list[SavedLines], file: _StateFile) -> None:
+    """Replace each `{"$lines": index}` in the loaded JSON with its section, each `{"$raw": ...}` with its bytes."""
+    pending: list[Any] = [document]
+    while pending:
+        container = pending.pop()
+        keyed = container.items() if isinstance(container, dict) else enumerate(container)
+        for key, value in keyed:
+            if isinstance(value, dict):
+                if len(value) == 1 and LINES_KEY in value:
+                    index = value[LINES_KEY]
+                    if not isinstance(index, int) or not 0 <= index < len(sections):
+                        raise ValueError(f"a section reference {index!r} is not one of the {len(sections)} sections")
+                    container[key] = sections[index]
+                elif len(value) == 1 and RAW_KEY in value:
+                    container[key] = file.column(value[RAW_KEY])
+                else:
+                    pending.append(value)
+            elif isinstance(value, list):
+                pending.append(value)
 
 
 def _split_raw(data: bytes) -> tuple[bytes, memoryview | None]:

@@ -14,6 +14,7 @@ past retention are deleted.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from gpuwm.accounting import Engine
@@ -53,6 +54,21 @@ def _pod_to_json(pod: TrackedPod) -> dict[str, Any]:
     }
 
 
+def _node_holders_to_json(item: tuple[str, list[DeviceHolder]]) -> dict[str, Any]:
+    return {"node": item[0], "holders": [h.model_dump(exclude_none=True) for h in item[1]]}
+
+
+def _saved_holders(saved: Any) -> Iterator[tuple[str, list[Any]]]:
+    """(node, its holders) of a saved state: {node: holders}, or a section of {"node", "holders"} entries;
+    consumed as read, as the engine's lists are."""
+    if isinstance(saved, dict):
+        for node in list(saved):
+            yield node, saved.pop(node)
+        return
+    for entry in saved_entries(saved, consume=True):
+        yield entry["node"], entry["holders"]
+
+
 def _pod_from_json(data: dict[str, Any]) -> TrackedPod:
     return TrackedPod(
         namespace=data["namespace"], name=data["name"], uid=data["uid"], phase=data["phase"], node=data.get("node"),
@@ -74,8 +90,10 @@ def snapshot_state(runtime: ControllerRuntime, now: float, lazy: bool = False, r
         "saved_at": now,
         "engine": runtime.engine.save(lazy, raw),
         "agents": runtime.puller.positions(),
-        "holders": {node: [h.model_dump(exclude_none=True) for h in holders]
-                    for node, holders in runtime.holders_by_node.items()},
+        # lazy: a node's holders an entry (a section of the state file), else {node: holders} as always
+        "holders": (LazyEntries(list(runtime.holders_by_node.items()), _node_holders_to_json) if lazy
+                    else {node: [h.model_dump(exclude_none=True) for h in holders]
+                          for node, holders in runtime.holders_by_node.items()}),
         "pods": (LazyEntries(list(runtime.pods.values()), _pod_to_json) if lazy
                  else [_pod_to_json(pod) for pod in runtime.pods.values()]),
         "sent": runtime.sent,
@@ -118,7 +136,7 @@ async def restore(runtime: ControllerRuntime) -> str:
     if state is not None:
         try:
             _restore_state(runtime, state)
-        except (KeyError, TypeError, ValueError) as error:
+        except (KeyError, TypeError, ValueError, OSError) as error:  # OSError: a section read from the file now
             logger.warning("engine state %s unusable (%s); rebuilding from CR status", runtime.state_path, error)
             state = None
     if state is not None:
@@ -135,25 +153,37 @@ async def restore(runtime: ControllerRuntime) -> str:
 
 
 def _restore_state(runtime: ControllerRuntime, state: dict[str, Any]) -> None:
+    """Everything read first, then put in place: a state that fails half way (a damaged section, read only
+    now) leaves the runtime as it was, for the CRs' status to be the fallback."""
     # consumed: the engine reuses the loaded JSON's memory as it is restored (see persist.restore_state)
-    runtime.engine = Engine.restore(state["engine"], runtime.engine_config, consume=True)
-    runtime.puller.restore_positions(state.get("agents") or {})
+    engine = Engine.restore(state["engine"], runtime.engine_config, consume=True)
     # the loaded JSON's entries dropped as they are read, as the engine's: what is built reuses their memory
-    saved_holders = state.get("holders") or {}
-    runtime.holders_by_node = {}
-    for node in list(saved_holders):
-        runtime.holders_by_node[node] = [DeviceHolder.model_validate(h) for h in saved_holders.pop(node)]
-    runtime.holders_by_pod = index_holders(runtime.holders_by_node)
-    runtime.pods = {pod.uid: pod for pod in map(_pod_from_json, saved_entries(state.get("pods") or [], consume=True))}
-    runtime.sent = {str(k): str(v) for k, v in (state.get("sent") or {}).items()}
-    runtime.cr_names.update({str(k): str(v) for k, v in (state.get("cr_names") or {}).items()})
+    holders_by_node = {node: [DeviceHolder.model_validate(h) for h in holders]
+                       for node, holders in _saved_holders(state.get("holders") or {})}
+    pods = {pod.uid: pod for pod in map(_pod_from_json, saved_entries(state.get("pods") or [], consume=True))}
+    sent = {str(k): str(v) for k, v in (state.get("sent") or {}).items()}
+    cr_names = {str(k): str(v) for k, v in (state.get("cr_names") or {}).items()}
     # states saved before the memos hold whole conditions: their type, status and time are read alike
-    runtime.conditions = {
+    conditions = {
         uid: tuple(memo_from_json(c) for c in conditions) for uid, conditions in (state.get("conditions") or {}).items()
     }
-    runtime.idle_events.announced = set(state.get("idle_announced") or [])
+    announced = set(state.get("idle_announced") or [])
+    baselines = {uid: dict(values) for uid, values in (state.get("baselines") or {}).items()}
+    try:
+        runtime.puller.restore_positions(state.get("agents") or {})
+    except (TypeError, ValueError):
+        runtime.puller.state.clear()  # none restored yet: the agents are read from their start
+        raise
+    runtime.engine = engine
+    runtime.holders_by_node = holders_by_node
+    runtime.holders_by_pod = index_holders(holders_by_node)
+    runtime.pods = pods
+    runtime.sent = sent
+    runtime.cr_names.update(cr_names)
+    runtime.conditions = conditions
+    runtime.idle_events.announced = announced
     runtime.latest_sample_time = state.get("latest_sample_time")
-    runtime.baselines = {uid: dict(values) for uid, values in (state.get("baselines") or {}).items()}
+    runtime.baselines = baselines
 
 
 async def _end_vanished_pods(runtime: ControllerRuntime) -> None:

@@ -148,17 +148,28 @@ def test_an_older_state_file_with_nan_is_still_read(tmp_path: Path) -> None:
     assert loaded["engine"]["power"] != loaded["engine"]["power"]  # NaN
 
 
-def test_a_lazy_engine_state_encodes_to_the_same_bytes_built_a_batch_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    """`save(lazy=True)`, what the controller streams: the eager state's bytes, entries built per batch."""
+def test_a_lazy_engine_state_is_written_in_sections_built_a_batch_at_a_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`save(lazy=True)`, what the controller streams: each big list a section of JSON lines after the JSON,
+    its entries built a batch at a time; read back, the eager state's document."""
+    import orjson
+
     from gpuwm.accounting.persist import LazyEntries
     from gpuwm.controller import persistence
-    from gpuwm.controller.persistence import encode_state, encode_state_chunks
+    from gpuwm.controller.persistence import (
+        LINES_KEY,
+        SECTIONS_MAGIC,
+        SavedLines,
+        encode_state,
+        encode_state_chunks,
+    )
 
     engine = _busy_engine(workloads=40, seconds=5)  # more entries than a batch, each list: several batches
 
     eager_engine, lazy_engine = engine.save(), engine.save(lazy=True)
-    assert all(isinstance(lazy_engine[name], LazyEntries) for name in ("workloads", "pods", "gpus"))
-    assert len(lazy_engine["gpus"]) == 80 and lazy_engine["stretches"] == eager_engine["stretches"]
+    sectioned = ("workloads", "pods", "gpus", "stretches")
+    assert all(isinstance(lazy_engine[name], LazyEntries) for name in sectioned)
+    assert len(lazy_engine["gpus"]) == 80 and list(lazy_engine["stretches"]) == eager_engine["stretches"]
     eager: dict[str, Any] = {"engine": eager_engine, "saved_at": 6.0}
     lazy: dict[str, Any] = {"engine": lazy_engine, "saved_at": 6.0}
 
@@ -173,9 +184,47 @@ def test_a_lazy_engine_state_encodes_to_the_same_bytes_built_a_batch_at_a_time(m
     monkeypatch.setattr(LazyEntries, "__getitem__", counting)
     monkeypatch.setattr(persistence, "STREAM_BATCH", 16)
     whole = encode_state(eager)
-    assert b"".join(encode_state_chunks(lazy)) == whole
-    assert built and max(built) <= 16 and sum(built) == 40 + 40 + 80  # every entry once, 16 at most at a time
+    chunks = list(encode_state_chunks(lazy))
+    assert built and max(built) <= 16 and sum(built) == 40 + 40 + 80 + 80  # every entry once, 16 at most at a time
+    data = b"".join(chunks)
+    assert data.endswith(SECTIONS_MAGIC) and data.count(f'{{"{LINES_KEY}":'.encode()) == 4
+    assert max(map(len, chunks)) < len(whole) / 4  # never the whole document in one piece
+    path = tmp_path / "state.json"
+    path.write_bytes(data)
+    loaded = load_state(path)
+    assert loaded is not None
+    assert all(isinstance(loaded["engine"][name], SavedLines) for name in sectioned)
+    assert [len(loaded["engine"][name]) for name in sectioned] == [40, 40, 80, 80]
+    assert loaded["engine"]["gpus"][-1] == loaded["engine"]["gpus"][79] == orjson.loads(whole)["engine"]["gpus"][79]
+    loaded["engine"] = {key: list(value) if isinstance(value, SavedLines) else value
+                        for key, value in loaded["engine"].items()}
+    assert loaded == orjson.loads(whole)
     assert encode_state(lazy) == whole  # orjson in one piece reads a lazy list whole
+
+
+def test_a_sectioned_state_restores_the_same_engine_and_controller(tmp_path: Path) -> None:
+    """The controller's restore reads each section once (consumed): the same engine, its strings one copy each."""
+    import orjson
+
+    from gpuwm.accounting import Engine, EngineConfig
+    from gpuwm.controller.persistence import SavedLines, encode_state_chunks, write_state
+
+    engine = _busy_engine(workloads=20, seconds=5)
+    path = tmp_path / "state.json"
+    write_state(path, encode_state_chunks({"engine": engine.save(lazy=True, raw=True)}))
+    loaded = load_state(path)
+    assert loaded is not None
+    sections = [loaded["engine"][name] for name in ("workloads", "pods", "gpus", "stretches")]
+    restored = Engine.restore(loaded["engine"], EngineConfig(interval_seconds=1.0), consume=True)
+    assert orjson.dumps(restored.save(), option=orjson.OPT_NON_STR_KEYS) == orjson.dumps(
+        engine.save(), option=orjson.OPT_NON_STR_KEYS)
+    assert restored.report(45.0) == engine.report(45.0)
+    assert all(isinstance(section, SavedLines) for section in sections)
+    with pytest.raises(ValueError, match="consumed section"):
+        list(sections[0])  # read once: its bytes are gone
+    first, fourth = restored.gpu_records["GPU-0-0"], restored.gpu_records["GPU-3-0"]
+    assert first.node == fourth.node and first.node is fourth.node  # interned: one string, not one per entry
+    assert first.stretches[0].uuid is first.uuid
 
 
 def _busy_engine(merged: bool = False, workloads: int = 30, seconds: int = 39) -> Any:
@@ -204,16 +253,31 @@ def _busy_engine(merged: bool = False, workloads: int = 30, seconds: int = 39) -
     return engine
 
 
+def _file_before_sections(state: dict[str, Any]) -> bytes:
+    """A state file as controllers wrote it before sections: the JSON, its raw columns, `RAW_MAGIC`'s trailer."""
+    import struct
+
+    from gpuwm.controller import persistence
+
+    raw = persistence._RawSection()
+    document = b"".join(persistence._chunks({"version": persistence.STATE_VERSION, **state}, 4, raw.default))
+    columns = b"".join(bytes(memoryview(column.data).cast("B")) for column in raw.columns)
+    return document + b"\n" + columns + struct.pack("<Q8s", len(document) + 1, persistence.RAW_MAGIC)
+
+
 @pytest.mark.parametrize("merged", [False, True])
-def test_raw_columns_go_after_the_json_and_restore_the_same_engine(tmp_path: Path, merged: bool) -> None:
+@pytest.mark.parametrize("written", ["in sections", "before sections"])
+def test_raw_columns_go_after_the_json_and_restore_the_same_engine(tmp_path: Path, merged: bool, written: str) -> None:
     """`save(raw=True)`, what the controller writes: window segments and GPU histories as bytes after the
-    JSON, named in it by offset; read back, the engine is the one saved (its base64 state, its report)."""
+    JSON, named in it by offset; read back, the engine is the one saved (its base64 state, its report).
+    Files written before sections (the JSON whole, then the raw columns) are read as they always were."""
     import orjson
 
     from gpuwm.accounting import Engine, EngineConfig
     from gpuwm.controller.persistence import (
         RAW_KEY,
         RAW_MAGIC,
+        SECTIONS_MAGIC,
         encode_state,
         encode_state_chunks,
         write_state,
@@ -221,16 +285,19 @@ def test_raw_columns_go_after_the_json_and_restore_the_same_engine(tmp_path: Pat
 
     engine = _busy_engine(merged)
     path = tmp_path / "state.json"
-    write_state(path, encode_state_chunks({"engine": engine.save(lazy=True, raw=True), "saved_at": 40.0}))
+    if written == "in sections":
+        write_state(path, encode_state_chunks({"engine": engine.save(lazy=True, raw=True), "saved_at": 40.0}))
+    else:
+        path.write_bytes(_file_before_sections({"engine": engine.save(raw=True), "saved_at": 40.0}))
     data = path.read_bytes()
     base64_size = len(encode_state({"engine": engine.save(), "saved_at": 40.0}))
-    assert data.endswith(RAW_MAGIC) and len(data) < base64_size
+    assert data.endswith(SECTIONS_MAGIC if written == "in sections" else RAW_MAGIC) and len(data) < base64_size
     assert RAW_KEY.encode() in data and b'"floats"' in data
     if merged:  # the merged polls and the changed device size came along
         assert b'"floatColumns":5' in data
     loaded = load_state(path)
     assert loaded is not None and loaded["saved_at"] == 40.0
-    restored = Engine.restore(loaded["engine"], EngineConfig(interval_seconds=1.0))
+    restored = Engine.restore(loaded["engine"], EngineConfig(interval_seconds=1.0), consume=True)
     assert orjson.dumps(restored.save(), option=orjson.OPT_NON_STR_KEYS) == orjson.dumps(
         engine.save(), option=orjson.OPT_NON_STR_KEYS)
     assert restored.report(45.0) == engine.report(45.0)
@@ -270,11 +337,10 @@ def test_a_damaged_raw_state_file_is_none_not_a_crash(tmp_path: Path, damage: st
 
     from gpuwm.accounting import Engine, EngineConfig
     from gpuwm.accounting.persist import StateError
-    from gpuwm.controller.persistence import RAW_MAGIC, encode_state_chunks, write_state
+    from gpuwm.controller.persistence import RAW_MAGIC
 
     path = tmp_path / "state.json"
-    write_state(path, encode_state_chunks({"engine": _busy_engine().save(raw=True)}))
-    data = path.read_bytes()
+    data = _file_before_sections({"engine": _busy_engine().save(raw=True)})
     start = struct.unpack_from("<Q", data, len(data) - 16)[0]
     if damage == "offset past the end":
         data = data[:-16] + struct.pack("<Q", len(data) + 5) + RAW_MAGIC
@@ -299,6 +365,53 @@ def test_a_damaged_raw_state_file_is_none_not_a_crash(tmp_path: Path, damage: st
     else:
         assert loaded is None
         assert "rebuilding from CR status" in caplog.text
+
+
+@pytest.mark.parametrize("damage", ["offsets out of order", "table not rows", "section past the columns",
+                                    "cut trailer", "fewer lines", "reference past the raw bytes", "line not JSON",
+                                    "file shortened after loading"])
+def test_a_damaged_sectioned_state_file_is_none_or_unusable_not_a_crash(
+        tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A sectioned state file that does not add up: None with a warning when its frame is wrong; a StateError
+    from the restore when an entry is (sections are read then), which the controller takes as no state."""
+    import struct
+
+    from gpuwm.accounting import Engine, EngineConfig
+    from gpuwm.accounting.persist import StateError
+    from gpuwm.controller.persistence import SECTIONS_MAGIC, encode_state_chunks, write_state
+
+    path = tmp_path / "state.json"
+    write_state(path, encode_state_chunks({"engine": _busy_engine().save(lazy=True, raw=True)}))
+    data = path.read_bytes()
+    sections, columns, table = struct.unpack_from("<QQQ", data, len(data) - 32)
+    trailer = data[-32:]
+    if damage == "offsets out of order":
+        data = data[:-32] + struct.pack("<QQQ8s", columns + 1, columns, table, SECTIONS_MAGIC)
+    elif damage == "table not rows":
+        data = data[:table] + b'{"rows":1}' + struct.pack("<QQQ8s", sections, columns, table, SECTIONS_MAGIC)
+    elif damage == "section past the columns":
+        data = data[:table] + b"[[0,999999999,1]]" + struct.pack("<QQQ8s", sections, columns, table, SECTIONS_MAGIC)
+    elif damage == "cut trailer":
+        data = data[:-40] + trailer[-24:]
+    elif damage == "fewer lines":  # the first section's first line break gone: one entry less than the table says
+        newline = data.index(b"\n", sections)
+        data = data[:newline] + b" " + data[newline + 1:]
+    elif damage == "reference past the raw bytes":  # the columns said to begin 8 bytes before the table
+        data = data[:-32] + struct.pack("<QQQ8s", sections, table - 8, table, SECTIONS_MAGIC)
+    elif damage == "line not JSON":
+        data = data[:sections] + b"{" + data[sections + 1:].replace(b"{", b"[", 1)
+    path.write_bytes(data)
+    loaded = load_state(path)
+    if damage in ("offsets out of order", "table not rows", "section past the columns", "cut trailer"):
+        assert loaded is None
+        assert "rebuilding from CR status" in caplog.text
+        return
+    assert loaded is not None
+    if damage == "file shortened after loading":
+        with path.open("r+b") as file:
+            file.truncate(sections + 10)
+    with pytest.raises(StateError):
+        Engine.restore(loaded["engine"], EngineConfig(interval_seconds=1.0), consume=True)
 
 
 def test_raw_doubles_and_their_reading() -> None:
