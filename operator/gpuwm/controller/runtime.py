@@ -413,7 +413,8 @@ class ControllerRuntime:
         re-reads the agents from the saved positions, so the samples since are not lost.
         """
         try:
-            save_state(self.state_path, recovery.snapshot_state(self, now, raw=True))
+            # lazy: written at once, in sections as the background saves are (what a restart reads an entry at a time)
+            save_state(self.state_path, recovery.snapshot_state(self, now, lazy=True, raw=True))
             self._last_save = now
         except OSError as error:
             logger.warning("cannot save engine state to %s: %s", self.state_path, error)
