@@ -15,7 +15,7 @@ from typing import Any, overload
 from gpuwm.accounting.rawcolumns import RawJson
 from gpuwm.accounting.state import INFINITY, Gpu, Pod, Stretch, Workload
 from gpuwm.accounting.windows import WindowSums, fold_after_of
-from gpuwm.model.compact import compact_pod_event
+from gpuwm.model.compact import compact_pod_event, share_fields_set
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import NamespaceEvent, PodEvent
 
@@ -296,7 +296,8 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
         else:
             gpu.load_rows(raw["points"])
         gpu.pruned = bool(raw["pruned"])
-        gpu.latest = None if raw["latest"] is None else GpuSample.model_validate(raw["latest"])
+        # its fields-set shared: each validated sample had its own set of ~25 names (~2.2 KB, ~18 MB at 8,000 GPUs)
+        gpu.latest = None if raw["latest"] is None else share_fields_set(GpuSample.model_validate(raw["latest"]))
         gpu.stretches = [stretches[index] for index in raw["stretches"]]
         core.gpu_records[gpu.uuid] = gpu
 

@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, Any
 from gpuwm.accounting import Engine
 from gpuwm.accounting.persist import LazyEntries, saved_entries
 from gpuwm.controller.agents import DeviceHolder, index_holders
+from gpuwm.controller.gctuning import release_free_memory
 from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
 from gpuwm.controller.owners import parse_kubernetes_time
 from gpuwm.controller.persistence import load_state
 from gpuwm.controller.pods import TrackedPod
 from gpuwm.controller.status import MANAGED_BY, MANAGED_BY_LABEL, memo_from_json, memo_to_json, remembered
 from gpuwm.controller.writer import API_VERSION, PROJECT_PLURAL, WORKLOAD_PLURAL
+from gpuwm.model.compact import share_fields_set
 from gpuwm.model.crd import Condition
 from gpuwm.model.trace import TraceWorkload
 
@@ -73,7 +75,7 @@ def _pod_from_json(data: dict[str, Any]) -> TrackedPod:
     return TrackedPod(
         namespace=data["namespace"], name=data["name"], uid=data["uid"], phase=data["phase"], node=data.get("node"),
         labels=dict(data.get("labels") or {}), units_by_container=dict(data.get("units") or {}),
-        workload=TraceWorkload.model_validate(data["workload"]), phase_since=data.get("since"),
+        workload=share_fields_set(TraceWorkload.model_validate(data["workload"])), phase_since=data.get("since"),
         created=data.get("created"),
     )
 
@@ -147,6 +149,8 @@ async def restore(runtime: ControllerRuntime) -> str:
         source = "crs" if runtime.baselines else "empty"
     _conditions_from_crs(runtime, existing)
     await _expire_orphans(runtime, existing)
+    del existing, state
+    release_free_memory()  # the loaded state and the listed CRs are garbage: their pages back before the first cycle
     logger.info("controller state restored from %s (%d workloads, %d pods)", source,
                 len(runtime.engine.workloads(runtime.clock())), len(runtime.pods))
     return source
@@ -158,7 +162,8 @@ def _restore_state(runtime: ControllerRuntime, state: dict[str, Any]) -> None:
     # consumed: the engine reuses the loaded JSON's memory as it is restored (see persist.restore_state)
     engine = Engine.restore(state["engine"], runtime.engine_config, consume=True)
     # the loaded JSON's entries dropped as they are read, as the engine's: what is built reuses their memory
-    holders_by_node = {node: [DeviceHolder.model_validate(h) for h in holders]
+    # fields-sets shared, as with the engine's restored samples (see persist._restore)
+    holders_by_node = {node: [share_fields_set(DeviceHolder.model_validate(h)) for h in holders]
                        for node, holders in _saved_holders(state.get("holders") or {})}
     pods = {pod.uid: pod for pod in map(_pod_from_json, saved_entries(state.get("pods") or [], consume=True))}
     sent = {str(k): str(v) for k, v in (state.get("sent") or {}).items()}

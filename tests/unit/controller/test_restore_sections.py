@@ -69,6 +69,9 @@ def test_a_saved_controller_comes_back_from_its_sections(tmp_path: Path) -> None
     _same(restored, saved)
     node = restored.holders_by_node["node-3"]
     assert node[0].node is node[1].node  # one string for the node, not one per holder
+    assert node[0].__pydantic_fields_set__ is node[1].__pydantic_fields_set__  # and one fields-set
+    first, second = restored.pods["pod-0"].workload, restored.pods["pod-1"].workload
+    assert first.__pydantic_fields_set__ is second.__pydantic_fields_set__
 
 
 @pytest.mark.parametrize("damaged", ["holders", "pods"])
