@@ -18,7 +18,7 @@ import sys
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, overload
+from typing import Any, BinaryIO, overload
 
 import orjson
 
@@ -297,8 +297,9 @@ def load_state(path: Path) -> dict[str, Any] | None:
             size = file.seek(0, os.SEEK_END)
             if size >= _SECTIONS_TRAILER.size:
                 file.seek(size - _SECTIONS_TRAILER.size)
-                if file.read(_SECTIONS_TRAILER.size).endswith(SECTIONS_MAGIC):
-                    return _load_sections(path, size)
+                trailer = file.read(_SECTIONS_TRAILER.size)
+                if trailer.endswith(SECTIONS_MAGIC):
+                    return _load_sections(path, file, size, trailer)
             file.seek(0)
             data = file.read()
     except FileNotFoundError:
@@ -332,8 +333,8 @@ class _StateFile:
 
     __slots__ = ("columns_end", "columns_start", "descriptor")
 
-    def __init__(self, path: Path, columns_start: int, columns_end: int) -> None:
-        self.descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    def __init__(self, descriptor: int, columns_start: int, columns_end: int) -> None:
+        self.descriptor = descriptor
         self.columns_start = columns_start
         self.columns_end = columns_end
 
@@ -438,78 +439,63 @@ class SavedLines(Sequence[Any]):
 
 def _resolved(entry: Any, file: _StateFile) -> Any:
     """`entry` with its raw columns read and its strings interned (see `SavedLines`)."""
-    intern = sys.intern
-    pending: list[Any] = [entry]
-    while pending:
-        container = pending.pop()
-        keyed = container.items() if isinstance(container, dict) else enumerate(container)
-        for key, value in keyed:
-            kind = type(value)
-            if kind is str:
-                container[key] = intern(value)
-            elif kind is dict:
-                if len(value) == 1 and RAW_KEY in value:
-                    container[key] = file.column(value[RAW_KEY])
-                else:
-                    pending.append(value)
-            elif kind is list:
-                pending.append(value)
     if type(entry) is str:
-        return intern(entry)
+        return sys.intern(entry)
+    _replace_references(entry, {RAW_KEY: file.column}, sys.intern)
     return entry
 
 
-def _load_sections(path: Path, size: int) -> dict[str, Any] | None:
+def _load_sections(path: Path, file: BinaryIO, size: int, trailer: bytes) -> dict[str, Any] | None:
+    """A sectioned state file (`trailer`: its last bytes) from `file`, open; the sections keep a descriptor of it."""
     try:
-        with path.open("rb") as file:
-            file.seek(size - _SECTIONS_TRAILER.size)
-            sections_start, columns_start, table_start, _ = _SECTIONS_TRAILER.unpack(file.read(_SECTIONS_TRAILER.size))
-            if not 0 < sections_start <= columns_start <= table_start <= size - _SECTIONS_TRAILER.size:
-                raise ValueError(f"the sections' offsets {sections_start}, {columns_start}, {table_start} are not "
-                                 f"in order within the file ({size} bytes)")
-            file.seek(0)
-            document = file.read(sections_start - 1)
-            file.seek(table_start)
-            table = json.loads(file.read(size - _SECTIONS_TRAILER.size - table_start))
+        sections_start, columns_start, table_start, _ = _SECTIONS_TRAILER.unpack(trailer)
+        if not 0 < sections_start <= columns_start <= table_start <= size - _SECTIONS_TRAILER.size:
+            raise ValueError(f"the sections' offsets {sections_start}, {columns_start}, {table_start} are not "
+                             f"in order within the file ({size} bytes)")
+        file.seek(table_start)
+        table = json.loads(file.read(size - _SECTIONS_TRAILER.size - table_start))
         if (not isinstance(table, list) or not all(
                 isinstance(row, list) and len(row) == 3 and all(isinstance(n, int) and n >= 0 for n in row)
                 for row in table)
                 or any(sections_start + offset + length > columns_start for offset, length, _ in table)):
             raise ValueError("the sections' table is not [[offset, length, entries], ...] within the sections")
-        state = json.loads(document)
-        del document
-        state_file = _StateFile(path, columns_start, table_start)
+        file.seek(0)
+        state = json.loads(file.read(sections_start - 1))
+        state_file = _StateFile(os.dup(file.fileno()), columns_start, table_start)
         sections = [SavedLines(state_file, sections_start + offset, length, count) for offset, length, count in table]
-        _resolve_sections(state, sections, state_file)
-    except FileNotFoundError:
-        return None
-    except OSError as error:
-        logger.warning("cannot read engine state %s (%s); rebuilding from CR status", path, error)
-        return None
+
+        def section(index: Any) -> SavedLines:
+            if not isinstance(index, int) or not 0 <= index < len(sections):
+                raise ValueError(f"a section reference {index!r} is not one of the {len(sections)} sections")
+            return sections[index]
+
+        _replace_references(state, {LINES_KEY: section, RAW_KEY: state_file.column})
     except ValueError as error:
         logger.warning("engine state %s is not valid (%s); rebuilding from CR status", path, error)
         return None
     return _checked(path, state)
 
 
-def _resolve_sections(document: Any, sections: list[SavedLines], file: _StateFile) -> None:
-    """Replace each `{"$lines": index}` in the loaded JSON with its section, each `{"$raw": ...}` with its bytes."""
+def _replace_references(document: Any, references: dict[str, Callable[[Any], Any]],
+                        strings: Callable[[str], str] | None = None) -> None:
+    """Replace each one-key object of the loaded JSON named in `references` (`{"$raw": ...}`, `{"$lines": ...}`)
+    with what its function makes of the value; with `strings`, each string value with what that makes of it."""
     pending: list[Any] = [document]
     while pending:
         container = pending.pop()
         keyed = container.items() if isinstance(container, dict) else enumerate(container)
         for key, value in keyed:
-            if isinstance(value, dict):
-                if len(value) == 1 and LINES_KEY in value:
-                    index = value[LINES_KEY]
-                    if not isinstance(index, int) or not 0 <= index < len(sections):
-                        raise ValueError(f"a section reference {index!r} is not one of the {len(sections)} sections")
-                    container[key] = sections[index]
-                elif len(value) == 1 and RAW_KEY in value:
-                    container[key] = file.column(value[RAW_KEY])
+            kind = type(value)
+            if kind is str:
+                if strings is not None:
+                    container[key] = strings(value)
+            elif kind is dict:
+                resolve = references.get(next(iter(value))) if len(value) == 1 else None
+                if resolve is not None:
+                    container[key] = resolve(next(iter(value.values())))
                 else:
                     pending.append(value)
-            elif isinstance(value, list):
+            elif kind is list:
                 pending.append(value)
 
 
@@ -528,18 +514,7 @@ def _split_raw(data: bytes) -> tuple[bytes, memoryview | None]:
 
 def _resolve_raw(document: Any, raw: memoryview) -> None:
     """Replace each `{"$raw": [offset, length]}` in the loaded JSON with those bytes of `raw` (a view, no copy)."""
-    pending: list[Any] = [document]
-    while pending:
-        container = pending.pop()
-        keyed = container.items() if isinstance(container, dict) else enumerate(container)
-        for key, value in keyed:
-            if isinstance(value, dict):
-                if len(value) == 1 and RAW_KEY in value:
-                    container[key] = _raw_slice(raw, value[RAW_KEY])
-                else:
-                    pending.append(value)
-            elif isinstance(value, list):
-                pending.append(value)
+    _replace_references(document, {RAW_KEY: lambda reference: _raw_slice(raw, reference)})
 
 
 def _raw_slice(raw: memoryview, reference: Any) -> memoryview:

@@ -61,8 +61,8 @@ def _node_holders_to_json(item: tuple[str, list[DeviceHolder]]) -> dict[str, Any
 
 
 def _saved_holders(saved: Any) -> Iterator[tuple[str, list[Any]]]:
-    """(node, its holders) of a saved state: {node: holders}, or a section of {"node", "holders"} entries;
-    consumed as read, as the engine's lists are."""
+    """(node, its holders) of a saved state: {"node", "holders"} entries (a list or a section), or {node: holders}
+    as states saved before them hold; consumed as read, as the engine's lists are."""
     if isinstance(saved, dict):
         for node in list(saved):
             yield node, saved.pop(node)
@@ -92,10 +92,9 @@ def snapshot_state(runtime: ControllerRuntime, now: float, lazy: bool = False, r
         "saved_at": now,
         "engine": runtime.engine.save(lazy, raw),
         "agents": runtime.puller.positions(),
-        # lazy: a node's holders an entry (a section of the state file), else {node: holders} as always
+        # a node's holders an entry (lazy: a section of the state file); states saved before were {node: holders}
         "holders": (LazyEntries(list(runtime.holders_by_node.items()), _node_holders_to_json) if lazy
-                    else {node: [h.model_dump(exclude_none=True) for h in holders]
-                          for node, holders in runtime.holders_by_node.items()}),
+                    else [_node_holders_to_json(item) for item in runtime.holders_by_node.items()]),
         "pods": (LazyEntries(list(runtime.pods.values()), _pod_to_json) if lazy
                  else [_pod_to_json(pod) for pod in runtime.pods.values()]),
         "sent": runtime.sent,
