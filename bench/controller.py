@@ -445,7 +445,10 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         import pstats
 
         profiler.disable()
-        pstats.Stats(profiler).sort_stats(args.profile).print_stats(args.profile_lines)
+        stats = pstats.Stats(profiler)
+        if args.profile_file:
+            stats.dump_stats(args.profile_file)
+        stats.sort_stats(args.profile).print_stats(args.profile_lines)
     lags = sorted(runtime.writer.stats.lag_seconds)
     if lags:
         p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))]
@@ -569,6 +572,7 @@ def main() -> int:
     parser.add_argument("--profile", choices=("cumulative", "tottime"),
                         help="cProfile the event loop's thread from cycle 2 on and print the top functions by this key")
     parser.add_argument("--profile-lines", type=int, default=60)
+    parser.add_argument("--profile-file", help="also write the profile there (pstats: callers and callees)")
     parser.add_argument("--loop", choices=("controller", "asyncio"), default="controller",
                         help="the event loop: the controller's (uvloop where installed, as `gpuwm controller` runs) "
                              "or asyncio's own")

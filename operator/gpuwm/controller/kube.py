@@ -28,7 +28,6 @@ from gpuwm.controller.agenthttp import AgentHttpClient, AgentHttpError
 logger = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
-APPLY_PATCH = "application/apply-patch+yaml"
 FIELD_MANAGER = "gpuwm"
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
 #: the query of every create and patch (one object: `request` recognises it and skips encoding it)
