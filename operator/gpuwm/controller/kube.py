@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
+import os
 import re
 import ssl
 import tempfile
@@ -99,7 +101,8 @@ def resource_path(
     return "/".join(parts)
 
 
-def _write_temp(data: str | bytes, suffix: str) -> str:
+def _write_temp(data: str | bytes, suffix: str, written: list[str]) -> str:
+    """A private (0600) temporary file holding `data`, its path also appended to `written` (the caller removes it)."""
     raw = data.encode() if isinstance(data, str) else data
     try:  # kubeconfigs carry base64; kopf passes it decoded or not depending on the source
         decoded = base64.b64decode(raw, validate=True)
@@ -108,6 +111,7 @@ def _write_temp(data: str | bytes, suffix: str) -> str:
     except ValueError:
         pass
     handle = tempfile.NamedTemporaryFile(prefix="gpuwm-", suffix=suffix, delete=False)  # noqa: SIM115
+    written.append(handle.name)
     with handle:
         handle.write(raw)
     return handle.name
@@ -174,16 +178,24 @@ class KubeClient:
             if info.insecure:
                 context = False
             else:
-                ca_path = info.ca_path or (_write_temp(info.ca_data, ".crt") if info.ca_data else None)
-                context = ssl.create_default_context(cafile=str(ca_path) if ca_path else None)
-                cert_path = info.certificate_path or (
-                    _write_temp(info.certificate_data, ".crt") if info.certificate_data else None
-                )
-                key_path = info.private_key_path or (
-                    _write_temp(info.private_key_data, ".key") if info.private_key_data else None
-                )
-                if cert_path:
-                    context.load_cert_chain(str(cert_path), str(key_path) if key_path else None)
+                # the kubeconfig's inline CA, certificate and key go through files (ssl reads only files) that
+                # are removed once read: a client key must not outlive the context in /tmp
+                written: list[str] = []
+                try:
+                    ca_path = info.ca_path or (_write_temp(info.ca_data, ".crt", written) if info.ca_data else None)
+                    context = ssl.create_default_context(cafile=str(ca_path) if ca_path else None)
+                    cert_path = info.certificate_path or (
+                        _write_temp(info.certificate_data, ".crt", written) if info.certificate_data else None
+                    )
+                    key_path = info.private_key_path or (
+                        _write_temp(info.private_key_data, ".key", written) if info.private_key_data else None
+                    )
+                    if cert_path:
+                        context.load_cert_chain(str(cert_path), str(key_path) if key_path else None)
+                finally:
+                    for path in written:
+                        with contextlib.suppress(OSError):
+                            os.unlink(path)
         return cls(str(info.server), headers=headers, ssl_context=context, **kwargs)
 
     async def _session_(self) -> aiohttp.ClientSession:

@@ -205,3 +205,39 @@ async def test_status_writes_over_https_with_a_client_certificate(tmp_path: Any)
         await trusted.close()
         await stranger.close()
         await runner.cleanup()
+
+
+async def test_inline_kubeconfig_credentials_leave_no_files_behind(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kubeconfig's inline CA, client certificate and key (kopf's `ConnectionInfo` with *_data) are read
+    through temporary files that are gone once the TLS context holds them; the client still authenticates."""
+    import base64
+    import tempfile
+    from types import SimpleNamespace
+
+    from tests.integration.kubeemu.tls import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    state = Api()
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", state.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=pki.server_context()).start()
+    info = SimpleNamespace(
+        server=f"https://127.0.0.1:{runner.addresses[0][1]}", insecure=False, scheme=None, token=None,
+        username=None, password=None, ca_path=None, certificate_path=None, private_key_path=None,
+        ca_data=base64.b64encode(pki.ca.certificate).decode(),  # base64, as a kubeconfig holds it
+        certificate_data=pki.client.certificate.decode(),  # PEM, as kopf may pass it
+        private_key_data=base64.b64encode(pki.client.key).decode(),
+    )
+    client = KubeClient.from_connection_info(info)
+    try:
+        assert list(scratch.iterdir()) == []
+        assert await client.merge_patch(STATUS, {"status": {"v": 1}}) == {"ok": True}
+        assert await client.get(STATUS) == {"ok": True}  # aiohttp's requests: the same context
+    finally:
+        await client.close()
+        await runner.cleanup()
