@@ -187,24 +187,24 @@ async def test_status_writes_over_https_with_a_client_certificate(tmp_path: Any)
 
     pki, other = make_pki(tmp_path / "pki"), make_pki(tmp_path / "other")
     state = Api()
+    async with serving(_app_of(state), pki.server_context()) as url:
+        trusted = KubeClient(url, ssl_context=pki.client_context())
+        stranger = KubeClient(url, ssl_context=other.client_context(), retry_backoffs_seconds=())
+        try:
+            assert await trusted.merge_patch(STATUS, {"status": {"v": 1}}, nan_as_null=True) == {"ok": True}
+            assert trusted._session is None and state.seen == [("PATCH", STATUS + "?fieldManager=gpuwm", None)]
+            with pytest.raises(KubeApiError, match="connection failed") as caught:  # a server its CA did not sign
+                await stranger.merge_patch(STATUS, {"status": {"v": 1}}, nan_as_null=True)
+            assert caught.value.status == 0 and len(state.seen) == 1
+        finally:
+            await trusted.close()
+            await stranger.close()
+
+
+def _app_of(state: Api) -> web.Application:
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", state.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=pki.server_context()).start()
-    url = f"https://127.0.0.1:{runner.addresses[0][1]}"
-    trusted = KubeClient(url, ssl_context=pki.client_context())
-    stranger = KubeClient(url, ssl_context=other.client_context(), retry_backoffs_seconds=())
-    try:
-        assert await trusted.merge_patch(STATUS, {"status": {"v": 1}}, nan_as_null=True) == {"ok": True}
-        assert trusted._session is None and state.seen == [("PATCH", STATUS + "?fieldManager=gpuwm", None)]
-        with pytest.raises(KubeApiError, match="connection failed") as caught:  # a server its CA did not sign
-            await stranger.merge_patch(STATUS, {"status": {"v": 1}}, nan_as_null=True)
-        assert caught.value.status == 0 and len(state.seen) == 1
-    finally:
-        await trusted.close()
-        await stranger.close()
-        await runner.cleanup()
+    return app
 
 
 async def test_inline_kubeconfig_credentials_leave_no_files_behind(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -221,23 +221,18 @@ async def test_inline_kubeconfig_credentials_leave_no_files_behind(tmp_path: Any
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     state = Api()
-    app = web.Application()
-    app.router.add_route("*", "/{tail:.*}", state.handle)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0, ssl_context=pki.server_context()).start()
-    info = SimpleNamespace(
-        server=f"https://127.0.0.1:{runner.addresses[0][1]}", insecure=False, scheme=None, token=None,
-        username=None, password=None, ca_path=None, certificate_path=None, private_key_path=None,
-        ca_data=base64.b64encode(pki.ca.certificate).decode(),  # base64, as a kubeconfig holds it
-        certificate_data=pki.client.certificate.decode(),  # PEM, as kopf may pass it
-        private_key_data=base64.b64encode(pki.client.key).decode(),
-    )
-    client = KubeClient.from_connection_info(info)
-    try:
-        assert list(scratch.iterdir()) == []
-        assert await client.merge_patch(STATUS, {"status": {"v": 1}}) == {"ok": True}
-        assert await client.get(STATUS) == {"ok": True}  # aiohttp's requests: the same context
-    finally:
-        await client.close()
-        await runner.cleanup()
+    async with serving(_app_of(state), pki.server_context()) as url:
+        info = SimpleNamespace(
+            server=url, insecure=False, scheme=None, token=None,
+            username=None, password=None, ca_path=None, certificate_path=None, private_key_path=None,
+            ca_data=base64.b64encode(pki.ca.certificate).decode(),  # base64, as a kubeconfig holds it
+            certificate_data=pki.client.certificate.decode(),  # PEM, as kopf may pass it
+            private_key_data=base64.b64encode(pki.client.key).decode(),
+        )
+        client = KubeClient.from_connection_info(info)
+        try:
+            assert list(scratch.iterdir()) == []
+            assert await client.merge_patch(STATUS, {"status": {"v": 1}}) == {"ok": True}
+            assert await client.get(STATUS) == {"ok": True}  # aiohttp's requests: the same context
+        finally:
+            await client.close()
