@@ -12,8 +12,9 @@ the controller's real AgentPuller, engine, status builder and embedded store her
   intervals; their samples wait in the agents' buffers and must arrive late, not be lost
   (the Kubernetes API server's 5xx/429 on status writes are tests/integration/test_controller.py's)
 - controller restart: the controller is dropped mid-interval (after pulling, before saving)
-  and a new one starts from the state the controller saves each interval (engine state and
-  agent positions), as after a SIGKILL; it must re-read what it had not saved
+  and a new one starts from the state file saved each interval (engine state and agent
+  positions, written and read by the controller's own `persistence`), as after a SIGKILL; it
+  must re-read what it had not saved
 
 Prints, per scenario: allocated GPU-seconds (truth vs reported), lost = truth - reported,
 lost_monitored = monitored (active + idle) time the pipeline turned into unmonitored,
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import logging
 import tempfile
 import time
@@ -38,6 +38,7 @@ from typing import Any
 from _simcluster import SimulatedAgents, SimulatedController, lost_gpu_seconds
 from gpuwm.accounting import Engine
 from gpuwm.config import parse_duration_seconds
+from gpuwm.controller import persistence
 from gpuwm.controller.agents import AgentPuller
 from gpuwm.sim.fleet import node_names
 from gpuwm.sim.simulator import AgentOutage, GpuLoss, SimConfig
@@ -46,18 +47,20 @@ Hook = Callable[[SimulatedController, int], Awaitable[SimulatedController]]
 
 
 def save_state(controller: SimulatedController, path: Path) -> None:
-    """What the controller persists each interval: the engine and its position in every agent's feed."""
-    state = {"engine": controller.engine.save(), "positions": controller.puller.positions(), "clock": controller.clock}
-    temporary = path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(state))
-    temporary.replace(path)
+    """What the controller persists: the engine and its position in every agent's feed, in the controller's
+    own state file (`gpuwm.controller.persistence`: sections of JSON lines and raw columns, written atomically)."""
+    persistence.save_state(path, {"engine": controller.engine.save(lazy=True, raw=True),
+                                  "agents": controller.puller.positions(), "saved_at": controller.clock})
 
 
 def restore_state(controller: SimulatedController, path: Path) -> None:
-    state = json.loads(path.read_text())
-    controller.engine = Engine.restore(state["engine"], controller.engine.config)
+    """As a restarted `gpuwm controller` reads it (`recovery.restore`): loaded, then consumed entry by entry."""
+    state = persistence.load_state(path)
+    if state is None:
+        raise RuntimeError(f"the controller's state file {path} could not be read back")
+    controller.engine = Engine.restore(state["engine"], controller.engine.config, consume=True)
     controller.puller = AgentPuller(timeout_seconds=30.0, merge=controller.merge_request())
-    controller.puller.restore_positions(state["positions"])
+    controller.puller.restore_positions(state["agents"])
 
 
 async def run_scenario(name: str, config: SimConfig, duration: float, status_interval: float,
