@@ -10,7 +10,10 @@ the controller's real AgentPuller, engine, status builder and embedded store her
   samples they had not served yet lost: at most one status interval becomes unmonitored
 - agent 5xx/429 bursts: a third of the agents answer 503, then another third 429, for a few
   intervals; their samples wait in the agents' buffers and must arrive late, not be lost
-  (the Kubernetes API server's 5xx/429 on status writes are tests/integration/test_controller.py's)
+- API server 5xx/429 bursts: the figures also go to GPUWorkloadMetrics through the controller's
+  real status path (its offers, `StatusWriter`, `KubeClient`) against the Kubernetes API emulator,
+  which answers 503, then 429 with Retry-After, to some writes; the row's figures are what the CRs
+  say at the end (read back from the API), not the engine's
 - controller restart: the controller is dropped mid-interval (after pulling, before saving)
   and a new one starts from the state file saved each interval (engine state and agent
   positions, written and read by the controller's own `persistence`), as after a SIGKILL; it
@@ -28,22 +31,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from _simcluster import SimulatedAgents, SimulatedController, lost_gpu_seconds
+from _simcluster import ROOT, SimulatedAgents, SimulatedController, lost_gpu_seconds
 from gpuwm.accounting import Engine
-from gpuwm.config import parse_duration_seconds
+from gpuwm.config import Settings, parse_duration_seconds
 from gpuwm.controller import persistence
 from gpuwm.controller.agents import AgentPuller
+from gpuwm.controller.kube import KubeClient
+from gpuwm.controller.runtime import ControllerRuntime
+from gpuwm.controller.writer import API_VERSION, WORKLOAD_PLURAL
 from gpuwm.sim.fleet import node_names
 from gpuwm.sim.simulator import AgentOutage, GpuLoss, SimConfig
 
 Hook = Callable[[SimulatedController, int], Awaitable[SimulatedController]]
+sys.path.insert(0, str(ROOT))  # the integration tests' Kubernetes API emulator (`StatusWrites`)
 
 
 def save_state(controller: SimulatedController, path: Path) -> None:
@@ -63,12 +72,109 @@ def restore_state(controller: SimulatedController, path: Path) -> None:
     controller.puller.restore_positions(state["agents"])
 
 
+class StatusWrites:
+    """The controller's status path to a Kubernetes API: `ControllerRuntime`'s offers, its `StatusWriter` and
+    `KubeClient` (retries and backoff as in `gpuwm controller`), against the API emulator of the integration
+    tests, in a thread. Faults are the emulator's: the next `count` writes answered `status`."""
+
+    #: not what this measures: fast enough that the writer keeps up with the simulated clock
+    WRITES_PER_SECOND = 2000.0
+
+    def __init__(self, directory: Path) -> None:
+        from tests.integration.kubeemu import EmulatorThread, KubeHttp, KubernetesEmulator
+
+        self.emulator = KubernetesEmulator(ROOT / "crds")
+        self.thread = EmulatorThread(self.emulator)
+        self.url = self.thread.start()
+        self.http = KubeHttp(self.url)
+        self.clock = 0.0
+        settings = Settings(store=str(directory / "writes.db"), status_writes_per_second=self.WRITES_PER_SECOND)
+        self.runtime = ControllerRuntime(settings, KubeClient(self.url), clock=lambda: self.clock)
+        self.namespaces: set[str] = set()
+        self._writer: asyncio.Task[None] | None = None
+        self.in_flight = 0  # writes taken from the queue and not yet done (retrying, or waiting out a backoff)
+        write = self.runtime.writer._write_logged
+
+        async def counted(desired: Any) -> None:
+            self.in_flight += 1
+            try:
+                await write(desired)
+            finally:
+                self.in_flight -= 1
+
+        self.runtime.writer._write_logged = counted  # type: ignore[method-assign]
+
+    def inject(self, status: int, count: int, retry_after: float | None = None) -> None:
+        from tests.integration.kubeemu import Fault
+
+        self.emulator.faults.append(Fault(status=status, count=count, methods=frozenset({"POST", "PATCH"}),
+                                          path_contains="/apis/gpuwm.io/", retry_after=retry_after))
+
+    def offer(self, controller: SimulatedController) -> None:
+        """What `ControllerRuntime.cycle` offers after its report, at the simulated clock."""
+        if self._writer is None:
+            self._writer = asyncio.create_task(self.runtime.writer.run())
+        self.clock = now = controller.clock
+        self.runtime.engine = controller.engine  # a restored engine, too
+        workloads, projects, _ = controller.engine.report(now)
+        for namespace in {figures.namespace for figures in workloads} - self.namespaces:
+            self.http.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
+            self.namespaces.add(namespace)
+        self.runtime._offer_workloads(workloads, now)
+        self.runtime._offer_projects(projects, now)
+
+    async def drain(self, controller: SimulatedController, timeout_seconds: float = 120.0) -> None:
+        """Until every offer is written (or given up after the client's retries) and no write is in flight;
+        then the offers once more, as the next interval would make them (a write given up at the last
+        interval is tried again), and the same wait."""
+        deadline = time.monotonic() + timeout_seconds
+        for again in (True, False):
+            while (self.runtime.writer.pending or self.in_flight) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if again:
+                self.offer(controller)
+                await asyncio.sleep(0)
+
+    def figures(self) -> dict[str, dict[str, Any]]:
+        """Each GPUWorkloadMetrics' status, by its workload's namespace/name, as read from the API."""
+        items = self.http.get(f"/apis/{API_VERSION}/{WORKLOAD_PLURAL}")["items"]
+        return {f"{item['metadata']['namespace']}/{item['spec']['workloadRef']['name']}": item.get("status") or {}
+                for item in items}
+
+    async def close(self) -> None:
+        if self._writer is not None:
+            self._writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._writer
+        await self.runtime.client.close()
+        self.thread.stop()
+
+
+def lost_in_crs(statuses: dict[str, dict[str, Any]], truth: dict[str, Any]) -> dict[str, float]:
+    """As `lost_gpu_seconds`, from what the CRs say (their figures are rounded to 0.001)."""
+    totals = {"allocated": 0.0, "active": 0.0, "idle": 0.0, "unmonitored": 0.0, "reported_allocated": 0.0,
+              "reported_idle": 0.0, "reported_unmonitored": 0.0}
+    for expected in truth["workloads"]:
+        status = statuses.get(f"{expected['namespace']}/{expected['name']}", {})
+        for name, field in (("allocated", "allocatedGpuSeconds"), ("active", "activeGpuSeconds"),
+                            ("idle", "idleGpuSeconds"), ("unmonitored", "unmonitoredGpuSeconds")):
+            got = float(status.get(field) or 0.0)
+            totals[name] += expected[field] - got
+            if f"reported_{name}" in totals:
+                totals[f"reported_{name}"] += got
+    return totals
+
+
 async def run_scenario(name: str, config: SimConfig, duration: float, status_interval: float,
-                       hook: Hook | None = None) -> dict[str, Any]:
+                       hook: Hook | None = None, api_faults: Callable[[StatusWrites, int], None] | None = None,
+                       ) -> dict[str, Any]:
+    """`api_faults`: the figures go to CRs through the controller's status path too (`StatusWrites`), with the
+    faults it injects at each cycle; the row is then what the CRs say."""
     agents = SimulatedAgents(config)
     end = config.start_time + duration
     with tempfile.TemporaryDirectory(prefix="gpuwm-faults-") as directory:
         controller = SimulatedController(agents, config, Path(directory) / "gpuwm.db", status_interval)
+        writes = StatusWrites(Path(directory)) if api_faults is not None else None
         state_path = Path(directory) / "state.json"
         started = time.perf_counter()
         try:
@@ -77,17 +183,27 @@ async def run_scenario(name: str, config: SimConfig, duration: float, status_int
                 await controller.cycle(end)
                 if hook is not None:
                     controller = await hook(controller, index)
+                if writes is not None and api_faults is not None:
+                    api_faults(writes, index)
+                    writes.offer(controller)
+                    await asyncio.sleep(0)  # the writer starts on this cycle's offers while the agents simulate
                 save_state(controller, state_path)
                 index += 1
             truth = agents.truth()
+            statuses = None
+            if writes is not None:
+                await writes.drain(controller)
+                statuses = writes.figures()
         finally:
             await controller.close()
             agents.close()
+            if writes is not None:
+                await writes.close()
     reported = controller.engine.workloads(controller.clock)
     lost = lost_gpu_seconds(controller, truth)
     truth_idle = sum(w["idleGpuSeconds"] for w in truth["workloads"])
     gpus = config.nodes * config.gpus_per_node
-    return {
+    row = {
         "scenario": name,
         "truth_allocated_gpu_s": lost["truth_allocated"],
         "reported_allocated_gpu_s": sum(w.allocated_gpu_seconds for w in reported),
@@ -102,6 +218,18 @@ async def run_scenario(name: str, config: SimConfig, duration: float, status_int
         "one_interval_gpu_s": gpus * status_interval,
         "wall_s": time.perf_counter() - started,
     }
+    if statuses is not None and writes is not None:
+        in_crs = lost_in_crs(statuses, truth)
+        row.update({
+            "reported_allocated_gpu_s": in_crs["reported_allocated"], "lost_gpu_s": in_crs["allocated"],
+            "lost_active_gpu_s": in_crs["active"], "lost_monitored_gpu_s": in_crs["active"] + in_crs["idle"],
+            "reported_idle_gpu_s": in_crs["reported_idle"], "reported_unmonitored_gpu_s": in_crs["reported_unmonitored"],
+        })
+        stats = writes.runtime.writer.stats
+        print(f"  {name}: {stats.writes} status writes, {stats.failures} given up after the client's retries "
+              f"(offered again the next interval), {writes.runtime.client.retries} retried requests; "
+              f"{len(statuses)} GPUWorkloadMetrics read back", file=sys.stderr, flush=True)
+    return row
 
 
 def bursts(agents_nodes: list[str]) -> Hook:
@@ -118,6 +246,16 @@ def bursts(agents_nodes: list[str]) -> Hook:
         return controller
 
     return hook
+
+
+def api_bursts(writes: StatusWrites, index: int) -> None:
+    """The API server answers 503 to the next 10 status writes (creates and patches) at cycle 4, then 429
+    with Retry-After: 0.5 to the next 10 at cycle 7: the client retries with backoff, a write that runs out
+    of retries is offered again the next interval."""
+    if index == 4:
+        writes.inject(503, 10)
+    elif index == 7:
+        writes.inject(429, 10, retry_after=0.5)
 
 
 def kill_agents_at(cycle: int, nodes: list[str]) -> Hook:
@@ -186,12 +324,17 @@ def main() -> None:
         ("agent 503/429 bursts", base, bursts(names)),
         ("controller restart mid-interval", base, restart_at(6, state_file)),
     ]
+    with_api: list[tuple[str, SimConfig, Callable[[StatusWrites, int], None]]] = [
+        ("API server 503/429 bursts (figures read from the CRs)", base, api_bursts),
+    ]
     print(f"{arguments.nodes} nodes x {arguments.gpus_per_node} GPUs, {arguments.duration} simulated, samples every "
           f"{arguments.interval:g}s, status every {arguments.status_interval:g}s", flush=True)
     print("| " + " | ".join(COLUMNS) + " |")
     print("|" + "---|" * len(COLUMNS), flush=True)
     for name, config, hook in scenarios:
         print_row(asyncio.run(run_scenario(name, config, duration, arguments.status_interval, hook)))
+    for name, config, faults in with_api:
+        print_row(asyncio.run(run_scenario(name, config, duration, arguments.status_interval, api_faults=faults)))
 
 
 if __name__ == "__main__":
