@@ -111,6 +111,34 @@ def test_demo_serves_simulated_workloads_and_stops_on_sigint(demo: Demo) -> None
     assert "Traceback" not in stderr
 
 
+def test_demo_api_agrees_with_the_simulators_ground_truth(demo: Demo) -> None:
+    """`/demo/truth` is what the simulator generated; `/api/v1/workloads`, read between two answers of the same
+    interval, says the same for every workload: GPU-seconds by kind, the faults' unmonitored time included."""
+    assert demo.url_found.wait(20), f"no dashboard URL printed; output: {demo.lines}"
+    wait_for_workloads(demo.url, time.monotonic() + 25)
+    deadline = time.monotonic() + 20
+    while True:
+        before = get_json(demo.url + "demo/truth")
+        workloads = get_json(demo.url + "api/v1/workloads")["workloads"]
+        after = get_json(demo.url + "demo/truth")
+        if before["at"] == after["at"]:
+            break
+        assert time.monotonic() < deadline, "no two answers of /demo/truth from the same interval"
+    reported = {(item["namespace"], item["name"]): item for item in workloads}
+    compared = 0
+    for expected in before["workloads"]:
+        item = reported.get((expected["namespace"], expected["name"]))
+        assert item is not None, f"{expected['namespace']}/{expected['name']} is in the truth, not in the API"
+        for field in ("allocatedGpuSeconds", "activeGpuSeconds", "idleGpuSeconds", "unmonitoredGpuSeconds"):
+            assert item[field] == pytest.approx(expected[field], abs=1e-6), (expected["name"], field)
+        compared += 1
+    assert compared == len(reported) > 0
+    assert sum(expected["allocatedGpuSeconds"] for expected in before["workloads"]) > 0
+    code, stderr = demo.stop(signal.SIGINT)
+    assert code == 0, stderr
+    assert any(line.strip().startswith("ground truth") for line in demo.lines)  # the comparison, printed
+
+
 def test_demo_refuses_a_bad_fleet_with_a_message() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "gpuwm.cli", "demo", "--nodes", "0", "--listen", "127.0.0.1:0"],

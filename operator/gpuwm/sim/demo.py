@@ -19,7 +19,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
 from rich.console import Console
 from rich.live import Live
 
@@ -30,7 +33,8 @@ from gpuwm.model.podstats import PodStatsSample
 from gpuwm.model.sample import GpuSample
 from gpuwm.sim.fleet import node_names
 from gpuwm.sim.simulator import AgentOutage, GpuLoss, SimConfig, Simulator, default_faults
-from gpuwm.sim.table import clock_text, cluster_line, render
+from gpuwm.sim.table import clock_text, cluster_line, render, truth_line
+from gpuwm.sim.trace import truth_report
 from gpuwm.store import Store
 
 log = logging.getLogger(__name__)
@@ -72,6 +76,8 @@ class SimulatedController:
         self.cluster: ClusterFigures | None = None
         self.records = 0
         self.samples_total = 0
+        #: the simulator's ground truth at the latest recorded interval (`truth_report`), served at /demo/truth
+        self.truth: dict[str, Any] | None = None
 
     def advance(self, until: float, max_steps: int) -> int:
         """Step the simulation up to `until` (at most `max_steps` steps); record each status interval."""
@@ -95,6 +101,9 @@ class SimulatedController:
 
     def record(self, now: float) -> None:
         workloads, projects, cluster = self.engine.report(now)
+        # before the store's write: a reader who gets the same `at` from /demo/truth before and after reading
+        # /api/v1/workloads has read that interval's figures
+        self.truth = truth_report(self.simulator)
         self.store.record(now, self.samples, workloads, projects, cluster, self.pod_stats)
         self.samples, self.pod_stats = [], []
         self.workloads, self.cluster = workloads, cluster
@@ -102,6 +111,26 @@ class SimulatedController:
         for figures in workloads:  # as the controller does: a finished workload is kept for `retention`
             if figures.end_time is not None and figures.allocated_gpus <= 0 and now - figures.end_time >= self.retention_seconds:
                 self.engine.forget_workload(figures.uid)
+
+
+def add_truth_route(app: FastAPI, controller: SimulatedController) -> None:
+    """`GET /demo/truth`: what the simulator generated, to hold the API's figures against (the demo only)."""
+
+    async def demo_truth() -> JSONResponse:
+        """The simulator's exact GPU-seconds and energy per workload at the latest recorded status interval.
+
+        The same JSON as `gpuwm demo --write-trace FILE --write-truth TRUTH`: `at` (the interval's time),
+        `seed` and `workloads` (namespace, name, kind, allocated/active/idle/unmonitored GPU-seconds, energy
+        and lifetime utilisation, as generated). `/api/v1/workloads` read between two calls that give the
+        same `at` holds that interval's figures.
+        """
+        truth = controller.truth
+        if truth is None:
+            return JSONResponse({"error": "not_ready", "message": "no status interval recorded yet"}, status_code=503)
+        return JSONResponse(truth)
+
+    app.add_api_route("/demo/truth", demo_truth, methods=["GET"], tags=["demo"],
+                      summary="The simulator's ground truth (gpuwm demo only)")
 
 
 def _simulator(options: DemoOptions, start: float) -> Simulator:
@@ -152,6 +181,7 @@ async def run_demo(options: DemoOptions) -> int:
         ))
         controller = SimulatedController(simulator, engine, store, settings.status_interval, settings.retention)
         app = create_app(store, settings.model_copy(update={"auth": "none", "api_listen": options.listen}))
+        add_truth_route(app, controller)
         server = ApiServer(app, host, port, log_level=settings.log_level)
         _check_can_listen(host, port)  # uvicorn would sys.exit() from inside the loop instead
         await server.start()
@@ -209,9 +239,11 @@ async def _drive(
                               f"{options.speed:g}x real time, now {clock_text(simulator.clock)}   dashboard {url}")
                 if live is not None:
                     rows = max(5, console.size.height - 6)
-                    live.update(render(header, controller.workloads, controller.cluster, simulator.clock, rows))
+                    live.update(render(header, controller.workloads, controller.cluster, simulator.clock, rows - 1,
+                                       truth_line(controller.truth, controller.workloads)))
                 else:
-                    print(f"{header}\n  {cluster_line(controller.cluster)}", flush=True)
+                    print(f"{header}\n  {cluster_line(controller.cluster)}\n  "
+                          f"{truth_line(controller.truth, controller.workloads)}", flush=True)
             if steps < max_steps:  # caught up: wait for the clock (or Ctrl-C)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=0.2)

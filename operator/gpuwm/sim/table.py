@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+from collections.abc import Mapping
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
@@ -67,14 +69,42 @@ def cluster_line(cluster: ClusterFigures | None) -> str:
     )
 
 
+def truth_line(truth: Mapping[str, Any] | None, workloads: list[WorkloadFigures]) -> str:
+    """What gpuwm reports against what the simulator generated, over the workloads both know.
+
+    The simulator knows each workload's exact GPU-seconds (`gpuwm.sim.truth`); the figures shown
+    come from the samples alone. They should agree to rounding.
+    """
+    if not truth:
+        return "ground truth: not yet"
+    reported = {(figures.namespace, figures.name): figures for figures in workloads}
+    truth_seconds = reported_seconds = largest = 0.0
+    compared = 0
+    for expected in truth.get("workloads", []):
+        figures = reported.get((expected["namespace"], expected["name"]))
+        if figures is None:
+            continue
+        compared += 1
+        truth_seconds += expected["allocatedGpuSeconds"]
+        reported_seconds += figures.allocated_gpu_seconds
+        for field, value in (("activeGpuSeconds", figures.active_gpu_seconds),
+                             ("idleGpuSeconds", figures.idle_gpu_seconds),
+                             ("unmonitoredGpuSeconds", figures.unmonitored_gpu_seconds)):
+            largest = max(largest, abs(expected[field] - value))
+    return (f"ground truth ({compared} workloads): {truth_seconds / 3600:.2f} GPU-h allocated, reported "
+            f"{reported_seconds / 3600:.2f}; largest difference in a workload's active/idle/unmonitored "
+            f"{largest:.3f} GPU-s (/demo/truth)")
+
+
 def clock_text(t: float) -> str:
     return datetime.datetime.fromtimestamp(t, tz=datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def render(
-    header: str, workloads: list[WorkloadFigures], cluster: ClusterFigures | None, now: float, max_rows: int
+    header: str, workloads: list[WorkloadFigures], cluster: ClusterFigures | None, now: float, max_rows: int,
+    footer: str | None = None,
 ) -> RenderableType:
-    """Header line, the workload table (at most `max_rows` rows) and the cluster summary."""
+    """Header line, the workload table (at most `max_rows` rows), the cluster summary and `footer`."""
     rows, hidden = visible_workloads(workloads, max_rows)
     cells = [workload_row(figures, now) for figures in rows]
     table = Table(box=None, pad_edge=False, header_style="bold")
@@ -91,4 +121,6 @@ def render(
     if hidden:
         parts.append(Text(f"... {hidden} more (see the dashboard)", style="dim"))
     parts.append(Text(cluster_line(cluster), style="cyan"))
+    if footer:
+        parts.append(Text(footer, style="dim"))
     return Group(*parts)

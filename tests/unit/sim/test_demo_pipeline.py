@@ -15,7 +15,7 @@ from gpuwm.config import Settings
 from gpuwm.sim.demo import SimulatedController
 from gpuwm.sim.fleet import node_names
 from gpuwm.sim.simulator import SimConfig, Simulator, default_faults
-from gpuwm.sim.table import render, short_duration, visible_workloads, workload_row
+from gpuwm.sim.table import render, short_duration, truth_line, visible_workloads, workload_row
 from gpuwm.store.embedded import EmbeddedStore
 from tests.unit.sim.test_simulator import assert_energy
 
@@ -102,3 +102,23 @@ def test_terminal_table(pipeline: tuple[Simulator, SimulatedController, Embedded
     for figures, line in zip(shown, lines[2:], strict=False):
         assert line.split()[-6:] == list(workload_row(figures, simulator.clock)[3:]), line
     assert [short_duration(s) for s in (5, 125, 3 * 3600 + 300, 2 * 86400 + 3600)] == ["5s", "2m", "3h5m", "2d1h"]
+
+
+def test_the_ground_truth_line(pipeline: tuple[Simulator, SimulatedController, EmbeddedStore]) -> None:
+    """The demo keeps the truth of its latest recorded interval (/demo/truth) and prints how the figures compare."""
+    simulator, controller, _ = pipeline
+    truth = controller.truth
+    assert truth is not None and truth["at"] == simulator.clock  # the run ends on a recorded interval
+    assert {item["name"] for item in truth["workloads"]} == {figures.name for figures in controller.workloads}
+    line = truth_line(truth, controller.workloads)
+    allocated = sum(item["allocatedGpuSeconds"] for item in truth["workloads"]) / 3600
+    assert line.startswith(f"ground truth ({len(truth['workloads'])} workloads): {allocated:.2f} GPU-h allocated")
+    assert line.endswith("largest difference in a workload's active/idle/unmonitored 0.000 GPU-s (/demo/truth)")
+    skewed = {**truth, "workloads": [{**truth["workloads"][0],
+                                      "idleGpuSeconds": truth["workloads"][0]["idleGpuSeconds"] + 12.5},
+                                     *truth["workloads"][1:]]}
+    assert "active/idle/unmonitored 12.500 GPU-s" in truth_line(skewed, controller.workloads)
+    assert truth_line(None, controller.workloads) == "ground truth: not yet"
+    console = Console(width=200, record=True, color_system=None)
+    console.print(render("header", controller.workloads, controller.cluster, simulator.clock, 10, line))
+    assert console.export_text().splitlines()[-1] == line
