@@ -91,9 +91,9 @@ def truth_line(truth: Mapping[str, Any] | None, workloads: list[WorkloadFigures]
                              ("idleGpuSeconds", figures.idle_gpu_seconds),
                              ("unmonitoredGpuSeconds", figures.unmonitored_gpu_seconds)):
             largest = max(largest, abs(expected[field] - value))
-    return (f"ground truth ({compared} workloads): {truth_seconds / 3600:.2f} GPU-h allocated, reported "
-            f"{reported_seconds / 3600:.2f}; largest difference in a workload's active/idle/unmonitored "
-            f"{largest:.3f} GPU-s (/demo/truth)")
+    # the largest gap: in any workload's active, idle or unmonitored GPU-seconds
+    return (f"ground truth: {truth_seconds / 3600:.2f} GPU-h allocated in {compared} workloads, "
+            f"{reported_seconds / 3600:.2f} reported; largest gap {largest:.3f} GPU-s (/demo/truth)")
 
 
 def clock_text(t: float) -> str:

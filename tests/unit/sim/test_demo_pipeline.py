@@ -112,12 +112,12 @@ def test_the_ground_truth_line(pipeline: tuple[Simulator, SimulatedController, E
     assert {item["name"] for item in truth["workloads"]} == {figures.name for figures in controller.workloads}
     line = truth_line(truth, controller.workloads)
     allocated = sum(item["allocatedGpuSeconds"] for item in truth["workloads"]) / 3600
-    assert line.startswith(f"ground truth ({len(truth['workloads'])} workloads): {allocated:.2f} GPU-h allocated")
-    assert line.endswith("largest difference in a workload's active/idle/unmonitored 0.000 GPU-s (/demo/truth)")
+    assert line.startswith(f"ground truth: {allocated:.2f} GPU-h allocated in {len(truth['workloads'])} workloads")
+    assert line.endswith("; largest gap 0.000 GPU-s (/demo/truth)")
     skewed = {**truth, "workloads": [{**truth["workloads"][0],
                                       "idleGpuSeconds": truth["workloads"][0]["idleGpuSeconds"] + 12.5},
                                      *truth["workloads"][1:]]}
-    assert "active/idle/unmonitored 12.500 GPU-s" in truth_line(skewed, controller.workloads)
+    assert "largest gap 12.500 GPU-s" in truth_line(skewed, controller.workloads)
     assert truth_line(None, controller.workloads) == "ground truth: not yet"
     console = Console(width=200, record=True, color_system=None)
     console.print(render("header", controller.workloads, controller.cluster, simulator.clock, 10, line))
