@@ -76,8 +76,12 @@ class SimulatedController:
         self.cluster: ClusterFigures | None = None
         self.records = 0
         self.samples_total = 0
-        #: the simulator's ground truth at the latest recorded interval (`truth_report`), served at /demo/truth
+        #: the simulator's ground truth at the latest recorded interval (`truth_report`), served at /demo/truth,
+        #: set once the store holds that interval; `recording` while the store is being written
         self.truth: dict[str, Any] | None = None
+        self.recording = False
+        #: how the latest recorded figures compare with that truth (`truth_line`), for the terminal
+        self.truth_summary = truth_line(None, [])
 
     def advance(self, until: float, max_steps: int) -> int:
         """Step the simulation up to `until` (at most `max_steps` steps); record each status interval."""
@@ -101,12 +105,15 @@ class SimulatedController:
 
     def record(self, now: float) -> None:
         workloads, projects, cluster = self.engine.report(now)
-        # before the store's write: a reader who gets the same `at` from /demo/truth before and after reading
-        # /api/v1/workloads has read that interval's figures
-        self.truth = truth_report(self.simulator)
+        truth = truth_report(self.simulator)
+        # a reader of /api/v1/workloads between two answers of /demo/truth with the same `at`, the second not
+        # `recording`, read that interval's figures: the truth is published only once the store holds them
+        self.recording = True
         self.store.record(now, self.samples, workloads, projects, cluster, self.pod_stats)
         self.samples, self.pod_stats = [], []
         self.workloads, self.cluster = workloads, cluster
+        self.truth, self.truth_summary = truth, truth_line(truth, workloads)
+        self.recording = False
         self.records += 1
         for figures in workloads:  # as the controller does: a finished workload is kept for `retention`
             if figures.end_time is not None and figures.allocated_gpus <= 0 and now - figures.end_time >= self.retention_seconds:
@@ -119,15 +126,17 @@ def add_truth_route(app: FastAPI, controller: SimulatedController) -> None:
     async def demo_truth() -> JSONResponse:
         """The simulator's exact GPU-seconds and energy per workload at the latest recorded status interval.
 
-        The same JSON as `gpuwm demo --write-trace FILE --write-truth TRUTH`: `at` (the interval's time),
+        The JSON `gpuwm demo --write-trace FILE --write-truth TRUTH` writes: `at` (the interval's time),
         `seed` and `workloads` (namespace, name, kind, allocated/active/idle/unmonitored GPU-seconds, energy
-        and lifetime utilisation, as generated). `/api/v1/workloads` read between two calls that give the
-        same `at` holds that interval's figures.
+        and lifetime utilisation, as generated), and `recording`: whether the next interval is being stored
+        now. `/api/v1/workloads` read between two answers with the same `at`, the second one not
+        `recording`, holds that interval's figures.
         """
         truth = controller.truth
+        recording = controller.recording  # read after the truth (see `SimulatedController.record`)
         if truth is None:
             return JSONResponse({"error": "not_ready", "message": "no status interval recorded yet"}, status_code=503)
-        return JSONResponse(truth)
+        return JSONResponse({**truth, "recording": recording})
 
     app.add_api_route("/demo/truth", demo_truth, methods=["GET"], tags=["demo"],
                       summary="The simulator's ground truth (gpuwm demo only)")
@@ -240,10 +249,9 @@ async def _drive(
                 if live is not None:
                     rows = max(5, console.size.height - 6)
                     live.update(render(header, controller.workloads, controller.cluster, simulator.clock, rows - 1,
-                                       truth_line(controller.truth, controller.workloads)))
+                                       controller.truth_summary))
                 else:
-                    print(f"{header}\n  {cluster_line(controller.cluster)}\n  "
-                          f"{truth_line(controller.truth, controller.workloads)}", flush=True)
+                    print(f"{header}\n  {cluster_line(controller.cluster)}\n  {controller.truth_summary}", flush=True)
             if steps < max_steps:  # caught up: wait for the clock (or Ctrl-C)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=0.2)

@@ -193,6 +193,7 @@ def test_overview_shows_projects_and_idle_workloads(api_url: str, browser: Any) 
     assert [row.find_elements(By.TAG_NAME, "td")[4].text for row in idle_rows] == ["3.00", "1.00"]
     summary = driver.find_element(By.ID, "summary").text
     assert summary.startswith("3 workloads")
+    assert driver.find_element(By.ID, "truth").get_attribute("hidden") is not None  # no /demo/truth: not a demo
     ARTIFACTS.mkdir(exist_ok=True)
     assert driver.save_screenshot(str(ARTIFACTS / "dashboard-overview.png"))
 
@@ -216,3 +217,36 @@ def test_workload_page_draws_charts(api_url: str, browser: Any) -> None:
         assert blue > 500, f"{metric}: only {blue} line pixels drawn"
     ARTIFACTS.mkdir(exist_ok=True)
     assert driver.save_screenshot(str(ARTIFACTS / "dashboard-workload.png"))
+
+
+def test_demo_dashboard_holds_the_figures_against_the_ground_truth(browser: Any, tmp_path: Path) -> None:
+    """`gpuwm demo` in the browser: the overview says how far the figures are from the simulator's ground truth."""
+    from selenium.webdriver.common.by import By
+
+    port = _free_port()
+    log_path = tmp_path / "demo.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpuwm.cli", "demo", "--listen", f"127.0.0.1:{port}", "--no-table",
+             "--nodes", "3", "--gpus-per-node", "2", "--warmup", "10m", "--speed", "120", "--faults"],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while "warm-up done" not in log_path.read_text():  # during the warm-up every moment stores an interval
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"gpuwm demo did not warm up: {log_path.read_text()[-2000:]}")
+            time.sleep(0.2)
+        driver = browser
+        driver.get(url + "/#/")
+        _wait_ready(driver)
+        truth = driver.find_element(By.ID, "truth")
+        assert truth.get_attribute("hidden") is None
+        assert truth.text.startswith("Simulated fleet: ") and truth.text.endswith(
+            "against the simulator's ground truth the largest gap in a workload's GPU-seconds is 0.000."), truth.text
+        ARTIFACTS.mkdir(exist_ok=True)
+        assert driver.save_screenshot(str(ARTIFACTS / "dashboard-demo.png"))
+    finally:
+        process.terminate()
+        process.wait(timeout=30)

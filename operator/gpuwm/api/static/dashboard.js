@@ -90,6 +90,41 @@ async function showOverview() {
   const allocated = projects.projects.reduce((sum, p) => sum + p.allocatedGpus, 0);
   const idleGpus = projects.projects.reduce((sum, p) => sum + p.idleGpus, 0);
   $("#summary").textContent = `${workloads.workloads.length} workloads · ${fmt(allocated, 2)} GPUs allocated · ${fmt(idleGpus, 2)} idle`;
+  await showTruth();
+}
+
+// `gpuwm demo` only: the simulator's exact figures (/demo/truth) against what the API says. The workloads
+// are read between two answers of the same status interval, the second not `recording` (the next one being
+// stored). `gpuwm api` and the controller answer 404: then the dashboard stops asking.
+let demoTruth = true;
+async function showTruth() {
+  const box = $("#truth");
+  for (let attempt = 0; demoTruth && attempt < 10; attempt++) {
+    if (attempt) await new Promise((resolve) => setTimeout(resolve, 50));  // between two stored intervals
+    const probe = await fetch("/demo/truth");
+    if (probe.status === 404) demoTruth = false;
+    if (!probe.ok) break;
+    const before = await probe.json();
+    const listed = await api("/api/v1/workloads");
+    const after = await api("/demo/truth");
+    if (before.at !== after.at || after.recording) continue;  // an interval was being stored meanwhile: again
+    const shown = new Map(listed.workloads.map((w) => [w.namespace + "/" + w.name, w]));
+    let largest = 0, compared = 0, allocated = 0;
+    for (const truth of before.workloads) {
+      const w = shown.get(truth.namespace + "/" + truth.name);
+      if (!w) continue;
+      compared += 1;
+      allocated += truth.allocatedGpuSeconds;
+      for (const field of ["allocatedGpuSeconds", "activeGpuSeconds", "idleGpuSeconds", "unmonitoredGpuSeconds"]) {
+        largest = Math.max(largest, Math.abs(truth[field] - w[field]));
+      }
+    }
+    box.textContent = `Simulated fleet: ${compared} workloads, ${fmt(allocated / 3600, 2)} GPU-h allocated; ` +
+      `against the simulator's ground truth the largest gap in a workload's GPU-seconds is ${fmt(largest, 3)}.`;
+    box.hidden = false;
+    return;
+  }
+  box.hidden = true;
 }
 
 // A line chart on a canvas: axes, min/max labels, gaps where points are null.
