@@ -80,7 +80,7 @@ class StatusWrites:
     #: not what this measures: fast enough that the writer keeps up with the simulated clock
     WRITES_PER_SECOND = 2000.0
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, faults: Callable[[StatusWrites, int], None]) -> None:
         from tests.integration.kubeemu import EmulatorThread, KubeHttp, KubernetesEmulator
 
         self.emulator = KubernetesEmulator(ROOT / "crds")
@@ -88,27 +88,23 @@ class StatusWrites:
         self.url = self.thread.start()
         self.http = KubeHttp(self.url)
         self.clock = 0.0
+        self.faults = faults
         settings = Settings(store=str(directory / "writes.db"), status_writes_per_second=self.WRITES_PER_SECOND)
         self.runtime = ControllerRuntime(settings, KubeClient(self.url), clock=lambda: self.clock)
         self.namespaces: set[str] = set()
         self._writer: asyncio.Task[None] | None = None
-        self.in_flight = 0  # writes taken from the queue and not yet done (retrying, or waiting out a backoff)
-        write = self.runtime.writer._write_logged
-
-        async def counted(desired: Any) -> None:
-            self.in_flight += 1
-            try:
-                await write(desired)
-            finally:
-                self.in_flight -= 1
-
-        self.runtime.writer._write_logged = counted  # type: ignore[method-assign]
 
     def inject(self, status: int, count: int, retry_after: float | None = None) -> None:
         from tests.integration.kubeemu import Fault
 
         self.emulator.faults.append(Fault(status=status, count=count, methods=frozenset({"POST", "PATCH"}),
                                           path_contains="/apis/gpuwm.io/", retry_after=retry_after))
+
+    async def cycle(self, controller: SimulatedController, index: int) -> None:
+        """This cycle's faults, then its offers; the writer starts on them while the agents simulate the next."""
+        self.faults(self, index)
+        self.offer(controller)
+        await asyncio.sleep(0)
 
     def offer(self, controller: SimulatedController) -> None:
         """What `ControllerRuntime.cycle` offers after its report, at the simulated clock."""
@@ -129,7 +125,7 @@ class StatusWrites:
         interval is tried again), and the same wait."""
         deadline = time.monotonic() + timeout_seconds
         for again in (True, False):
-            while (self.runtime.writer.pending or self.in_flight) and time.monotonic() < deadline:
+            while (self.runtime.writer.pending or self.runtime.writer.writing) and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             if again:
                 self.offer(controller)
@@ -151,17 +147,16 @@ class StatusWrites:
 
 
 def lost_in_crs(statuses: dict[str, dict[str, Any]], truth: dict[str, Any]) -> dict[str, float]:
-    """As `lost_gpu_seconds`, from what the CRs say (their figures are rounded to 0.001)."""
-    totals = {"allocated": 0.0, "active": 0.0, "idle": 0.0, "unmonitored": 0.0, "reported_allocated": 0.0,
-              "reported_idle": 0.0, "reported_unmonitored": 0.0}
+    """As `lost_gpu_seconds`, from what the CRs say (their figures are rounded to 0.001): per kind of
+    GPU-seconds (allocated, active, idle, unmonitored) truth - reported, and `reported_KIND` the CRs' sum."""
+    kinds = ("allocated", "active", "idle", "unmonitored")
+    totals = dict.fromkeys((*kinds, *(f"reported_{kind}" for kind in kinds)), 0.0)
     for expected in truth["workloads"]:
         status = statuses.get(f"{expected['namespace']}/{expected['name']}", {})
-        for name, field in (("allocated", "allocatedGpuSeconds"), ("active", "activeGpuSeconds"),
-                            ("idle", "idleGpuSeconds"), ("unmonitored", "unmonitoredGpuSeconds")):
-            got = float(status.get(field) or 0.0)
-            totals[name] += expected[field] - got
-            if f"reported_{name}" in totals:
-                totals[f"reported_{name}"] += got
+        for kind in kinds:
+            got = float(status.get(f"{kind}GpuSeconds") or 0.0)
+            totals[kind] += expected[f"{kind}GpuSeconds"] - got
+            totals[f"reported_{kind}"] += got
     return totals
 
 
@@ -174,7 +169,7 @@ async def run_scenario(name: str, config: SimConfig, duration: float, status_int
     end = config.start_time + duration
     with tempfile.TemporaryDirectory(prefix="gpuwm-faults-") as directory:
         controller = SimulatedController(agents, config, Path(directory) / "gpuwm.db", status_interval)
-        writes = StatusWrites(Path(directory)) if api_faults is not None else None
+        writes = StatusWrites(Path(directory), api_faults) if api_faults is not None else None
         state_path = Path(directory) / "state.json"
         started = time.perf_counter()
         try:
@@ -183,10 +178,8 @@ async def run_scenario(name: str, config: SimConfig, duration: float, status_int
                 await controller.cycle(end)
                 if hook is not None:
                     controller = await hook(controller, index)
-                if writes is not None and api_faults is not None:
-                    api_faults(writes, index)
-                    writes.offer(controller)
-                    await asyncio.sleep(0)  # the writer starts on this cycle's offers while the agents simulate
+                if writes is not None:
+                    await writes.cycle(controller, index)
                 save_state(controller, state_path)
                 index += 1
             truth = agents.truth()
@@ -218,7 +211,7 @@ async def run_scenario(name: str, config: SimConfig, duration: float, status_int
         "one_interval_gpu_s": gpus * status_interval,
         "wall_s": time.perf_counter() - started,
     }
-    if statuses is not None and writes is not None:
+    if writes is not None and statuses is not None:
         in_crs = lost_in_crs(statuses, truth)
         row.update({
             "reported_allocated_gpu_s": in_crs["reported_allocated"], "lost_gpu_s": in_crs["allocated"],

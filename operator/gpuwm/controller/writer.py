@@ -114,6 +114,8 @@ class StatusWriter:
         self._offered_projects: set[str] = set()
         self.adopted_project_updates: dict[str, float] = {}
         self.stats = WriterStats()
+        #: writes taken from the queues and not done yet (sending, or waiting out the client's backoff)
+        self.writing = 0
 
     @property
     def pending(self) -> int:
@@ -214,6 +216,7 @@ class StatusWriter:
 
     async def _write_logged(self, desired: Desired) -> None:
         """`write`, with failures counted and logged: one bad object must not stop every other write."""
+        self.writing += 1
         try:
             await self.write(desired)
         except KubeApiError as error:
@@ -230,6 +233,8 @@ class StatusWriter:
         except Exception:
             self.stats.failures += 1
             logger.exception("unexpected error writing %s %s", desired.plural, desired.name)
+        finally:
+            self.writing -= 1
 
     async def write(self, desired: Desired) -> None:
         """Create the CR if needed, then merge-patch its status subresource."""

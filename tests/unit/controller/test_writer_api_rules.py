@@ -233,3 +233,46 @@ async def test_crs_gone_with_their_namespace_are_not_resurrected_when_it_is_recr
     assert writer.offer(workload("old", 0.0)) == "none"  # the old workload's CR stays gone
     assert writer.offer(workload("new", 1.0)) == "material"  # a new workload of that name is written
     assert not writer.buried
+
+
+class HeldClient(GenerationClient):
+    """Holds each status patch until released: a write waiting on the API server (or on the client's backoff)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = asyncio.Event()
+
+    async def merge_patch(self, path: str, body: dict[str, Any], **_: Any) -> dict[str, Any]:
+        await self.release.wait()
+        if body["status"].get("fail"):
+            raise KubeApiError(503, "PATCH", path, "unavailable")
+        return await super().merge_patch(path, body)
+
+
+async def test_a_write_in_flight_is_counted_until_it_ends_written_or_failed() -> None:
+    """`pending` is what waits in the queues; `writing` what was taken from them and has not ended: both zero
+    is a drained writer (bench/faults.py waits for that)."""
+    client = HeldClient()
+    writer = StatusWriter(client, TokenBucket(1000), interval_seconds=15)  # type: ignore[arg-type]
+    runner = asyncio.create_task(writer.run())
+    try:
+        writer.offer(_desired("a"))
+        failing = _desired("b")
+        failing.render = lambda: {"fail": True, "observedGeneration": None}
+        writer.offer(failing)
+        for _ in range(100):
+            if writer.writing:
+                break
+            await asyncio.sleep(0.01)
+        assert writer.writing == 1 and writer.pending == 1  # "a" is sent, "b" waits
+        client.release.set()
+        for _ in range(100):
+            if not writer.writing and not writer.pending:
+                break
+            await asyncio.sleep(0.01)
+        assert (writer.writing, writer.pending) == (0, 0)
+        assert writer.stats.writes == 1 and writer.stats.failures == 1
+    finally:
+        runner.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await runner
