@@ -1,0 +1,256 @@
+"""gpuwm on a real NVIDIA GPU: the real agent over the machine's own `libnvidia-ml.so.1`.
+
+Every other tier runs the agent on the fake NVML library (tests/fakenvml); this one checks that
+what the fake stands in for holds on a real driver: the figures each call returns, their units,
+which calls a real GPU supports, and that GPU-seconds reach a GPUWorkloadMetrics as active while a
+process computes on the GPU and as idle while it only holds memory.
+
+Skipped, with the reason, where NVML cannot be initialised (no NVIDIA driver, as in CI); the
+end-to-end test also needs PyTorch with CUDA to load the GPU. Run where a GPU exists:
+
+    python -m pytest tests/gpu -q -s       # -s prints the figures read
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwm.model import GpuSample
+from tests.fakenvml.podresources_server import FakePod, PodResourcesServer
+from tests.integration.agent.helpers import RunningAgent, free_port, wait_for
+from tests.integration.kubeemu import EmulatorThread, KubeHttp, KubernetesEmulator
+from tests.integration.test_controller import CRDS, Controller, rfc3339, wait_until
+
+pytestmark = pytest.mark.gpu
+
+
+def _nvml_gpus() -> list[dict[str, Any]]:
+    """The machine's GPUs as NVML lists them (uuid, name, memory total); skips the module without a driver."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception as error:  # the binding raises NVMLError_LibraryNotFound, or a driver/library mismatch
+        pytest.skip(f"no usable NVIDIA driver here (NVML: {error}); this tier needs a GPU node", allow_module_level=True)
+    try:
+        found = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            name = pynvml.nvmlDeviceGetName(handle)
+            found.append({
+                "index": index, "uuid": pynvml.nvmlDeviceGetUUID(handle),
+                "name": name.decode() if isinstance(name, bytes) else name,
+                "memory_total_bytes": float(pynvml.nvmlDeviceGetMemoryInfo(handle).total),
+                "mig": pynvml.nvmlDeviceGetMigMode(handle)[0] if _supports_mig(pynvml, handle) else 0,
+            })
+        return found
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _supports_mig(pynvml: Any, handle: Any) -> bool:
+    try:
+        pynvml.nvmlDeviceGetMigMode(handle)
+    except pynvml.NVMLError:
+        return False
+    return True
+
+
+GPUS = _nvml_gpus()
+if not GPUS:
+    pytest.skip("NVML found no GPU on this machine", allow_module_level=True)
+WHOLE = [gpu for gpu in GPUS if not gpu["mig"]]
+
+
+def _report(title: str, value: Any) -> None:
+    """Shown with -s: the figures a person checking a new GPU model wants to read."""
+    print(f"\n--- {title}\n{json.dumps(value, indent=1, default=str)}")
+
+
+def _agent_env() -> dict[str, str]:
+    # the real driver's library is found as the machine finds it (LD_LIBRARY_PATH kept); no gpuwm settings leak in
+    return {k: v for k, v in os.environ.items() if not k.startswith("GPUWM_")}
+
+
+def test_agent_once_reads_every_gpu_as_nvml_lists_it() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "gpuwm.cli", "agent", "--once", "--node-name", "gpu-node", "--interval", "1"],
+        env=_agent_env(), capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    snapshot = json.loads(result.stdout)
+    _report("gpuwm agent --once", snapshot)
+    samples = {s["uuid"]: GpuSample.model_validate(s) for s in snapshot["samples"]}
+    assert {gpu["uuid"] for gpu in GPUS} <= set(samples)
+    for gpu in GPUS:
+        sample = samples[gpu["uuid"]]
+        assert sample.healthy, sample.error
+        assert (sample.model, sample.index, sample.node) == (gpu["name"], gpu["index"], "gpu-node")
+        assert sample.memory_total_bytes == gpu["memory_total_bytes"]
+        assert sample.memory_used_bytes is not None and 0 <= sample.memory_used_bytes <= gpu["memory_total_bytes"]
+        if gpu["mig"]:
+            continue  # a MIG parent's utilisation is not reported; its instances are checked below
+        # a data-centre GPU reports all of these; a None here is a call the agent got wrong, not a missing figure
+        assert sample.sm_percent is not None and 0.0 <= sample.sm_percent <= 100.0
+        assert sample.memory_activity_percent is not None and 0.0 <= sample.memory_activity_percent <= 100.0
+        assert sample.power_watts is not None and 5.0 < sample.power_watts < 2000.0  # W, not mW
+        assert sample.power_limit_watts is not None and sample.power_watts <= sample.power_limit_watts * 1.5
+        assert sample.energy_joules is not None and sample.energy_joules > 0.0  # J since the driver loaded
+        assert sample.temperature_celsius is not None and 5.0 < sample.temperature_celsius < 110.0
+        assert sample.sm_clock_mhz is not None and 0.0 < sample.sm_clock_mhz < 5000.0
+        assert sample.memory_clock_mhz is not None and 0.0 < sample.memory_clock_mhz < 20000.0
+        assert sample.pcie_rx_bytes_per_second is not None and sample.pcie_rx_bytes_per_second >= 0.0
+        assert sample.processes is not None  # the compute-process list is readable (an empty list on an idle GPU)
+    for sample in samples.values():
+        if sample.parent_uuid is not None:  # a MIG instance: its profile and share of its parent
+            assert sample.mig_profile is not None and 0.0 < sample.device_units < 1.0
+
+
+#: a process that computes on GPU 0 until `stop` exists, then holds its memory without computing
+LOADER = """
+import pathlib, sys, time
+import torch
+stop = pathlib.Path(sys.argv[1])
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+b = torch.randn_like(a)
+(a @ b).sum().item()
+print("busy", time.time(), flush=True)
+while not stop.exists():
+    for _ in range(20):
+        c = a @ b
+    torch.cuda.synchronize()
+print("idle", time.time(), flush=True)
+time.sleep(3600)
+"""
+
+
+@pytest.fixture
+def loader_command(tmp_path: Path) -> list[str]:
+    probe = subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
+                           capture_output=True, text=True, timeout=120)
+    if probe.returncode != 0:
+        pytest.skip(f"PyTorch with CUDA is needed to load the GPU: {probe.stderr.strip().splitlines()[-1:]}")
+    script = tmp_path / "loader.py"
+    script.write_text(LOADER)
+    return [sys.executable, str(script)]
+
+
+@pytest.fixture
+def emulator() -> Iterator[EmulatorThread]:
+    with EmulatorThread(KubernetesEmulator(CRDS)) as thread:
+        yield thread
+
+
+BUSY_SECONDS = 20.0
+IDLE_SECONDS = 15.0
+
+
+@pytest.mark.skipif(not WHOLE, reason="every GPU here is in MIG mode; this test loads a whole GPU")
+def test_busy_then_idle_reaches_the_workload_cr(
+    emulator: EmulatorThread, loader_command: list[str], tmp_path: Path
+) -> None:
+    """A Job's pod holds GPU 0 (kubelet pod-resources over gRPC); its process computes, then idles."""
+    gpu = WHOLE[0]
+    http = KubeHttp(emulator.url)
+    http.create("/api/v1/namespaces", {"metadata": {"name": "gpu-check"}})
+    job = http.create("/apis/batch/v1/namespaces/gpu-check/jobs", {"metadata": {"name": "load"}, "spec": {}})
+    owner = [{"apiVersion": "batch/v1", "kind": "Job", "name": "load", "uid": job["metadata"]["uid"], "controller": True}]
+    pod = http.create("/api/v1/namespaces/gpu-check/pods", {
+        "metadata": {"name": "load-0", "ownerReferences": owner},
+        "spec": {"nodeName": "gpu-node", "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    })
+    pod_uid = pod["metadata"]["uid"]
+
+    stop = tmp_path / "stop"
+    loader_log = (tmp_path / "loader.log").open("w")
+    loader = subprocess.Popen([*loader_command, str(stop)], stdout=loader_log, stderr=subprocess.STDOUT, text=True)
+    # the loader's PID in the kubelet's cgroup layout, as the node's /proc would show a pod's process
+    proc_root = tmp_path / "proc"
+    (proc_root / str(loader.pid)).mkdir(parents=True)
+    (proc_root / str(loader.pid) / "cgroup").write_text(
+        f"0::/kubepods.slice/kubepods-pod{pod_uid.replace('-', '_')}.slice/cri-containerd-{loader.pid:064x}.scope\n")
+    pod_resources = PodResourcesServer(tmp_path / "pr.sock")
+    pod_resources.pods = [FakePod("gpu-check", "load-0", {"main": [("nvidia.com/gpu", [gpu["uuid"]])]})]
+    pod_resources.allocatable = {"nvidia.com/gpu": [g["uuid"] for g in WHOLE]}
+    pod_resources.start()
+
+    port = free_port()
+    agent_log = tmp_path / "agent.log"
+    with agent_log.open("w") as log_file:
+        agent_process = subprocess.Popen(
+            [sys.executable, "-m", "gpuwm.cli", "agent", "--listen", f"127.0.0.1:{port}", "--node-name", "gpu-node",
+             "--interval", "0.5", "--proc-root", str(proc_root), "--pod-resources-socket", str(pod_resources.socket_path)],
+            env=_agent_env(), stdout=log_file, stderr=subprocess.STDOUT, text=True,
+        )
+    agent = RunningAgent(agent_process, f"http://127.0.0.1:{port}", agent_log)
+    controller_log = tmp_path / "controller.log"
+    controller = Controller(emulator.write_kubeconfig(tmp_path / "kubeconfig"), f"static:gpu-node={agent.url}",
+                            tmp_path / "gpuwm.db", controller_log, status_interval=1.0, interval=0.5)
+    try:
+        wait_for(lambda: agent.get("/readyz")[0] == 200 or agent_process.poll() is not None, 60.0, "agent /readyz")
+        assert agent_process.poll() is None, agent.log()
+        running_since = time.time()
+        http.ok("PATCH", "/api/v1/namespaces/gpu-check/pods/load-0/status", {"status": {
+            "phase": "Running", "startTime": rfc3339(running_since),
+            "containerStatuses": [{"name": "main", "state": {"running": {"startedAt": rfc3339(running_since)}}}],
+        }}, "application/merge-patch+json")
+        controller.start()
+
+        def marks() -> dict[str, float]:
+            lines = (tmp_path / "loader.log").read_text().split()
+            return {lines[i]: float(lines[i + 1]) for i in range(len(lines) - 1) if lines[i] in ("busy", "idle")}
+
+        busy_from = wait_for(lambda: marks().get("busy"), 120.0, "the loader's first product")
+        time.sleep(BUSY_SECONDS)
+        stop.touch()
+        idle_from = wait_for(lambda: marks().get("idle"), 30.0, "the loader to stop computing")
+        time.sleep(IDLE_SECONDS)
+        busy_seconds = idle_from - busy_from
+
+        def cr() -> Any:
+            status, body = http.request("GET", "/apis/gpuwm.io/v1alpha1/namespaces/gpu-check/gpuworkloadmetrics/load")
+            return body if status == 200 and body.get("status", {}).get("allocatedGpuSeconds") else None
+
+        # a status written after the idle phase began (idle GPU-seconds reach it); a CR that never shows it fails here
+        written = wait_until(
+            "idle GPU-seconds in the CR", lambda: (c := cr()) and c["status"]["idleGpuSeconds"] >= IDLE_SECONDS - 3.0 and c,
+            timeout=30.0, log=controller_log)
+        status = written["status"]
+        _report("GPUWorkloadMetrics gpu-check/load status", status)
+        _report("measured", {"busy_seconds": busy_seconds, "idle_seconds_so_far": time.time() - idle_from,
+                             "held_seconds": time.time() - running_since})
+        _report("agent /v1/snapshot, newest sample", agent.snapshot()["samples"][-1])
+
+        assert written["spec"]["workloadRef"]["kind"] == "Job" and status["allocatedGpus"] == 1
+        assert status["gpuModel"] == gpu["name"]
+        assert [(g["uuid"], g["pod"]) for g in status["gpus"]] == [(gpu["uuid"], "load-0")]
+        split = status["activeGpuSeconds"] + status["idleGpuSeconds"] + status["unmonitoredGpuSeconds"]
+        assert split == pytest.approx(status["allocatedGpuSeconds"], abs=0.01)
+        # active while it computed (± a poll at each edge and the status interval), idle once it only held memory
+        assert status["activeGpuSeconds"] == pytest.approx(busy_seconds, abs=3.0)
+        assert status["unmonitoredGpuSeconds"] < 3.0  # before the controller's first pull: nothing of the run
+        assert status["utilization"]["current"] < 5.0
+        (device,) = status["gpus"]
+        assert device["memoryUsedBytes"] >= 2 * 8192 * 8192 * 2  # the loader's two bf16 matrices, still held
+        assert 5.0 < device["powerWatts"] < 2000.0
+        # energy: joules over the held time, between an idle GPU's draw and a busy one's
+        assert 10.0 * status["allocatedGpuSeconds"] < status["energyJoules"] < 2000.0 * status["allocatedGpuSeconds"]
+        idle = next(c for c in status["conditions"] if c["type"] == "Idle")
+        assert idle["status"] == "True"  # idle longer than --idle-condition-after (3 s)
+    finally:
+        controller.stop()
+        agent_process.terminate()
+        agent_process.wait(timeout=15)
+        loader.kill()
+        loader.wait(timeout=15)
+        loader_log.close()
+        pod_resources.stop()
