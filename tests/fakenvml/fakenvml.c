@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef int nvmlReturn_t;
 #define NVML_SUCCESS 0
@@ -399,7 +400,11 @@ nvmlReturn_t nvmlDeviceGetSamples(void *handle, int type, unsigned long long las
         *count = available;
         return available ? NVML_SUCCESS : NVML_ERROR_NOT_FOUND;
     }
-    unsigned int n = available < *count ? available : *count;
+    if (*count < available) { /* as NVML's list calls do: the size needed, nothing copied */
+        *count = available;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    unsigned int n = available;
     unsigned long long start = last + 1 - n;
     for (unsigned int i = 0; i < n; i++) {
         unsigned long long k = start + i;
@@ -466,6 +471,7 @@ nvmlReturn_t nvmlDeviceGetClockInfo(void *handle, int type, unsigned int *clock)
 nvmlReturn_t nvmlDeviceGetPcieThroughput(void *handle, int counter, unsigned int *value) {
     DEVICE_OR_RETURN(handle);
     if (d->parent >= 0) return NVML_ERROR_NOT_SUPPORTED;
+    usleep(20000); /* the real call counts bytes for 20 ms before it returns */
     if (counter == 0) *value = d->pcie_tx_kbs;
     else if (counter == 1) *value = d->pcie_rx_kbs;
     else return NVML_ERROR_INVALID_ARGUMENT;

@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from gpuwm.agent.nvml import PCIE_THROUGHPUT_EVERY_SECONDS
 from gpuwm.model import GpuSample
 from tests.fakenvml.podresources_server import FakePod, PodResourcesServer
 from tests.integration.agent.helpers import RunningAgent, free_port, wait_for
@@ -229,6 +230,10 @@ def test_busy_then_idle_reaches_the_workload_cr(
         _report("measured", {"busy_seconds": busy_seconds, "idle_seconds_so_far": time.time() - idle_from,
                              "held_seconds": time.time() - running_since})
         _report("agent /v1/snapshot, newest sample", agent.snapshot()["samples"][-1])
+        own = [line for line in agent.get("/metrics")[1].decode().splitlines()
+               if not line.startswith("#") and ("poll_seconds" in line or "process_cpu_seconds" in line
+                                                 or "resident_memory" in line)]
+        _report("agent's own figures (/metrics) after the run, at 2 polls/s", own)
 
         assert written["spec"]["workloadRef"]["kind"] == "Job" and status["allocatedGpus"] == 1
         assert status["gpuModel"] == gpu["name"]
@@ -254,3 +259,65 @@ def test_busy_then_idle_reaches_the_workload_cr(
         loader.wait(timeout=15)
         loader_log.close()
         pod_resources.stop()
+
+
+#: copies 1 GiB from pinned host memory to GPU 0 for argv[1] seconds, between a second of quiet on each side
+COPIER = """
+import sys, time
+import torch
+host = torch.empty(1 << 30, dtype=torch.uint8, pin_memory=True)
+device = torch.empty_like(host, device="cuda")
+device.copy_(host, non_blocking=True)
+torch.cuda.synchronize()
+time.sleep(1.0)
+copies, started = 0, time.time()
+while time.time() - started < float(sys.argv[1]):
+    device.copy_(host, non_blocking=True)
+    torch.cuda.synchronize()
+    copies += 1
+ended = time.time()
+time.sleep(1.0)
+print(started, ended, copies * host.numel(), flush=True)
+"""
+
+
+@pytest.mark.skipif(not WHOLE, reason="every GPU here is in MIG mode; PCIe is read for whole GPUs")
+def test_host_to_gpu_copies_show_as_pcie_receive_throughput(loader_command: list[str], tmp_path: Path) -> None:
+    """While the GPU copies from host memory, the agent's PCIe receive figure is about the copy rate."""
+    gpu = WHOLE[0]
+    port = free_port()
+    agent_log = tmp_path / "agent.log"
+    with agent_log.open("w") as log_file:
+        agent_process = subprocess.Popen(
+            [sys.executable, "-m", "gpuwm.cli", "agent", "--listen", f"127.0.0.1:{port}", "--node-name", "gpu-node",
+             "--interval", "0.5", "--pod-resources-socket", str(tmp_path / "none.sock"), "--log-format", "text"],
+            env=_agent_env(), stdout=log_file, stderr=subprocess.STDOUT, text=True,
+        )
+    agent = RunningAgent(agent_process, f"http://127.0.0.1:{port}", agent_log)
+    try:
+        wait_for(lambda: agent.get("/healthz")[0] == 200 or agent_process.poll() is not None, 60.0, "agent /healthz")
+        script = tmp_path / "copier.py"
+        script.write_text(COPIER)
+        copy_seconds = 3 * PCIE_THROUGHPUT_EVERY_SECONDS
+        copied = subprocess.run([loader_command[0], str(script), str(copy_seconds)], capture_output=True, text=True,
+                                timeout=180)
+        assert copied.returncode == 0, copied.stderr
+        started, ended, copied_bytes = (float(x) for x in copied.stdout.split())
+        copy_rate = copied_bytes / (ended - started)
+        samples = [s for s in agent.snapshot()["samples"] if s["uuid"] == gpu["uuid"]]
+        # a sample this long after the copies began holds a reading taken during them (one every 5 s at most)
+        during = [s for s in samples if started + PCIE_THROUGHPUT_EVERY_SECONDS + 0.6 <= s["t"] <= ended]
+        quiet = [s for s in samples if s["t"] < started - PCIE_THROUGHPUT_EVERY_SECONDS]
+        _report("PCIe during the copies", {
+            "copy_bytes_per_second": copy_rate,
+            "agent_receive_bytes_per_second": sorted({s["pcie_rx_bytes_per_second"] for s in during}),
+            "agent_transmit_bytes_per_second": sorted({s["pcie_tx_bytes_per_second"] for s in during}),
+            "agent_receive_before": sorted({s["pcie_rx_bytes_per_second"] for s in quiet}),
+        })
+        assert during
+        for sample in during:  # the data reaches the GPU as read completions: receive bytes, plus packet overhead
+            assert 0.5 * copy_rate <= sample["pcie_rx_bytes_per_second"] <= 1.5 * copy_rate
+            assert sample["pcie_tx_bytes_per_second"] < sample["pcie_rx_bytes_per_second"]
+    finally:
+        agent_process.terminate()
+        agent_process.wait(timeout=15)

@@ -41,6 +41,12 @@ _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 _field = object.__getattribute__
 #: NVML's "not available" value for a process's used memory (WDDM on Windows)
 _NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
+#: `nvmlDeviceGetPcieThroughput` counts bytes for 20 ms before it returns, one direction a call: read at every
+#: poll it would take 40 ms a GPU (0.32 s of each second on an 8-GPU node at 1 Hz) for a figure that covers 2 % of
+#: the interval. So it is read at most this often, its figures kept in between: a 20 ms glimpse of the link either
+#: way, and Prometheus scrapes every 10-30 s. (NVML's PCIe byte-count fields would give a whole-interval rate, but
+#: on an H200 with driver 580 they are 32-bit and wrap every ~70 ms at the link's 60 GB/s: no use at 1 Hz.)
+PCIE_THROUGHPUT_EVERY_SECONDS = 5.0
 
 
 def _running_processes(handle: Any) -> list[tuple[int, int | None]]:
@@ -66,6 +72,27 @@ def _running_processes(handle: Any) -> list[tuple[int, int | None]]:
     return found
 
 
+#: room for the utilisation samples since the last poll in one `nvmlDeviceGetSamples` call (~6 a second)
+_SAMPLE_BUFFER = 64
+
+
+def _samples(handle: Any, sampling_type: int, last_seen_us: int) -> tuple[int, Any]:
+    """(value type, samples) newer than `last_seen_us`: `nvmlDeviceGetSamples` in one call into a buffer of
+    `_SAMPLE_BUFFER`, where pynvml makes two (the first to size the buffer): 2.5 against 2.8 ms of CPU on an
+    H200 (driver 580), twice a GPU a poll. More samples than the buffer holds (after a pause): pynvml's two."""
+    function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetSamples")
+    value_type = ctypes.c_uint(0)
+    count = ctypes.c_uint(_SAMPLE_BUFFER)
+    buffer = (pynvml.c_nvmlSample_t * _SAMPLE_BUFFER)()
+    result = function(handle, ctypes.c_uint(sampling_type), ctypes.c_ulonglong(last_seen_us), ctypes.byref(value_type),
+                      ctypes.byref(count), buffer)
+    if result == pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
+        return pynvml.nvmlDeviceGetSamples(handle, sampling_type, last_seen_us)  # type: ignore[no-any-return]
+    if result != pynvml.NVML_SUCCESS:
+        raise pynvml.NVMLError(result)
+    return value_type.value, buffer[: min(count.value, _SAMPLE_BUFFER)]
+
+
 class NvmlUnavailable(RuntimeError):
     """NVML cannot be used on this machine: no driver, or the library is missing."""
 
@@ -88,6 +115,9 @@ class Device:
     process_utilization_supported: bool = True
     #: every per-poll figure read without an "unsupported" error so far (one try block per poll)
     all_supported: bool = True
+    #: the last PCIe throughput reading (receive, transmit bytes/s) and when it was taken (monotonic seconds)
+    pcie_throughput: tuple[float | None, float | None] = (None, None)
+    pcie_throughput_at: float = -math.inf
 
 
 class RawProcess(NamedTuple):
@@ -301,8 +331,6 @@ class NvmlSampler:
                 limit_mw = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle)
                 sm_clock = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
                 memory_clock = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)
-                rx_kbs = pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
-                tx_kbs = pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
             except (*_UNSUPPORTED, pynvml.NVMLError_NotFound):
                 device.all_supported = False  # from now on each figure on its own, as below
         if not device.all_supported or device.parent_handle is not None:
@@ -316,10 +344,10 @@ class NvmlSampler:
                 limit_mw = _optional(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
                 sm_clock = _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)
                 memory_clock = _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM)
-                rx_kbs = _optional(pynvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
-                tx_kbs = _optional(pynvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
             else:  # power is not additive over instances: it stays on the parent GPU's sample
-                power_mw = limit_mw = sm_clock = memory_clock = rx_kbs = tx_kbs = None
+                power_mw = limit_mw = sm_clock = memory_clock = None
+        # PCIe is the link's: a MIG instance has none of its own (its parent's sample carries it)
+        rx_bytes_per_second, tx_bytes_per_second = (None, None) if device.parent_handle is not None else self._pcie(device)
         fields = {
             "t": now, "node": self.node, "uuid": device.uuid, "index": device.index, "model": device.model,
             "parent_uuid": device.parent_uuid, "mig_profile": device.mig_profile, "device_units": device.device_units,
@@ -334,10 +362,21 @@ class NvmlSampler:
             "temperature_celsius": None if temperature is None else float(temperature),
             "sm_clock_mhz": None if sm_clock is None else float(sm_clock),
             "memory_clock_mhz": None if memory_clock is None else float(memory_clock),
-            "pcie_rx_bytes_per_second": None if rx_kbs is None else rx_kbs * 1024.0,
-            "pcie_tx_bytes_per_second": None if tx_kbs is None else tx_kbs * 1024.0,
+            "pcie_rx_bytes_per_second": rx_bytes_per_second,
+            "pcie_tx_bytes_per_second": tx_bytes_per_second,
         }
         return Reading(fields, self._processes(device, sm_percent))
+
+    def _pcie(self, device: Device) -> tuple[float | None, float | None]:
+        """(receive, transmit) bytes/s: the 20 ms reading, taken at most every `PCIE_THROUGHPUT_EVERY_SECONDS`."""
+        now = time.monotonic()
+        if now - device.pcie_throughput_at >= PCIE_THROUGHPUT_EVERY_SECONDS:
+            device.pcie_throughput_at = now
+            rx_kbs = _optional(pynvml.nvmlDeviceGetPcieThroughput, device.handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+            tx_kbs = _optional(pynvml.nvmlDeviceGetPcieThroughput, device.handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+            device.pcie_throughput = (None if rx_kbs is None else rx_kbs * 1024.0,
+                                      None if tx_kbs is None else tx_kbs * 1024.0)
+        return device.pcie_throughput
 
     def _utilization(self, device: Device) -> tuple[float | None, float | None]:
         """(SM %, memory activity %) over the samples since the last poll, else the instant rates."""
@@ -353,7 +392,7 @@ class NvmlSampler:
     def _samples_mean(self, device: Device, sampling_type: int, cursor: str) -> float | None:
         last_seen = int(getattr(device, cursor))
         try:
-            value_type, samples = pynvml.nvmlDeviceGetSamples(device.handle, sampling_type, last_seen)
+            value_type, samples = _samples(device.handle, sampling_type, last_seen)
         except (*_UNSUPPORTED, pynvml.NVMLError_NotFound):
             return None
         # one pass, reading the struct fields through the plain descriptor (see _field)

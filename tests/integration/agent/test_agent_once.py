@@ -95,6 +95,19 @@ def test_process_utilization_unsupported_leaves_it_unknown(fake_nvml_lib: Path, 
     ]
 
 
+@pytest.mark.parametrize("interval", ["1", "15"])
+def test_utilisation_samples_read_whether_or_not_they_fit_one_call(fake_nvml_lib: Path, tmp_path: Path,
+                                                                    interval: str) -> None:
+    """The first poll asks for the samples of one interval back: 6 at 1 s fit the agent's one-call buffer, 90 at
+    15 s do not (INSUFFICIENT_SIZE, then the two calls); both give the interval's mean, not the instant value."""
+    scenario = write_scenario(tmp_path / "s.txt", "gpu uuid=GPU-a util=0/100 instant_util=7 mem_util=30\n")
+    snapshot = _once(fake_nvml_lib, scenario, "--pod-resources-socket", str(tmp_path / "none.sock"),
+                     "--interval", interval)
+    (sample,) = snapshot["samples"]
+    assert 30.0 <= sample["sm_percent"] <= 70.0  # the 0/100 pattern's mean
+    assert sample["memory_activity_percent"] == 30.0
+
+
 def test_no_library_is_one_clear_line_and_exit_1(tmp_path: Path) -> None:
     result = run_once(None, None)
     assert result.returncode == 1
