@@ -45,8 +45,11 @@ BARE_LOOP = textwrap.dedent(
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
     cursor = int((time.time() - 1) * 1e6)
     started = time.process_time()
+    pcie_at = -1e9
     for _ in range(polls):
         time.sleep(interval)
+        read_pcie = time.monotonic() - pcie_at >= 5.0  # the agent reads PCIe (20 ms a call) at most every 5 s
+        pcie_at = time.monotonic() if read_pcie else pcie_at
         pynvml.nvmlDeviceGetCount()
         for h in handles:
             pynvml.nvmlDeviceGetMemoryInfo(h)
@@ -58,8 +61,9 @@ BARE_LOOP = textwrap.dedent(
             pynvml.nvmlDeviceGetEnforcedPowerLimit(h)
             pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
             pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)
-            pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
-            pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+            if read_pcie:
+                pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+                pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
             pynvml.nvmlDeviceGetComputeRunningProcesses(h)
             pynvml.nvmlDeviceGetProcessUtilization(h, cursor)
         cursor = int((time.time() - 1) * 1e6)

@@ -14,20 +14,24 @@ from collections.abc import Sequence
 from gpuwm import __version__
 from gpuwm.config import ConfigError
 
-#: verb modules, in the order `gpuwm --help` lists them
-_COMMAND_MODULES = (
-    "gpuwm.controller.command",
-    "gpuwm.agent.command",
-    "gpuwm.api.command",
-    "gpuwm.sim.command",
-    "gpuwm.accounting.replay_command",
-)
+#: each verb and the module that registers it, in the order `gpuwm --help` lists them
+_VERB_MODULES = {
+    "controller": "gpuwm.controller.command",
+    "agent": "gpuwm.agent.command",
+    "api": "gpuwm.api.command",
+    "demo": "gpuwm.sim.command",
+    "replay": "gpuwm.accounting.replay_command",
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every verb, or of `verb` alone: then only its module is imported. A verb module
+    imports what its verb runs at the top (the controller's kopf and aiohttp, 16 MiB), and the agent on
+    every GPU node should not carry the controller's."""
     parser = argparse.ArgumentParser(prog="gpuwm", description="GPU workload metrics for Kubernetes.")
     subparsers = parser.add_subparsers(dest="verb", metavar="VERB")
-    for module_name in _COMMAND_MODULES:
+    wanted = [_VERB_MODULES[verb]] if verb in _VERB_MODULES else list(_VERB_MODULES.values())
+    for module_name in wanted:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as error:
@@ -41,8 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    arguments = parser.parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(words[0] if words else None)
+    arguments = parser.parse_args(words)
     handler = getattr(arguments, "handler", None)
     if handler is None:
         parser.print_help(sys.stderr)
