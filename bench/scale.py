@@ -71,6 +71,7 @@ async def measure(nodes: int, gpus_per_node: int, duration: float, interval: flo
         "samples_per_cycle": statistics.mean(cycle.samples for cycle in cycles),
         "cpu_per_cycle_s": statistics.mean(cpu), "cpu_per_cycle_p99_s": percentile(cpu, 0.99),
         "store_cpu_per_cycle_s": statistics.mean(cycle.store_cpu_seconds for cycle in cycles),
+        "status_cpu_per_cycle_s": statistics.mean(cycle.status_cpu_seconds for cycle in cycles),
         "peak_rss_mib": peak_rss,
         "rss_mib": rss,
         "status_changes_per_s": sum(cycle.status_changes for cycle in cycles) / duration,
@@ -87,7 +88,7 @@ async def measure(nodes: int, gpus_per_node: int, duration: float, interval: flo
 COLUMNS = (
     ("nodes", "{:.0f}"), ("gpus", "{:.0f}"), ("simulated_s", "{:.0f}"), ("wall_s", "{:.0f}"),
     ("samples_per_cycle", "{:.0f}"), ("cpu_per_cycle_s", "{:.2f}"), ("cpu_per_cycle_p99_s", "{:.2f}"),
-    ("store_cpu_per_cycle_s", "{:.2f}"), ("rss_mib", "{:.0f}"), ("peak_rss_mib", "{:.0f}"), ("status_changes_per_s", "{:.1f}"), ("lag_p50_s", "{:.2f}"), ("lag_p99_s", "{:.2f}"),
+    ("store_cpu_per_cycle_s", "{:.2f}"), ("status_cpu_per_cycle_s", "{:.2f}"), ("rss_mib", "{:.0f}"), ("peak_rss_mib", "{:.0f}"), ("status_changes_per_s", "{:.1f}"), ("lag_p50_s", "{:.2f}"), ("lag_p99_s", "{:.2f}"),
     ("store_mib", "{:.1f}"), ("series", "{:.0f}"), ("bytes_per_row", "{:.0f}"),
     ("store_gib_per_1000_gpus_30d", "{:.2f}"), ("lost_allocated_gpu_s", "{:.3f}"),
     ("lost_active_gpu_s", "{:.3f}"), ("truth_allocated_gpu_s", "{:.0f}"), ("store_failures", "{:.0f}"),
