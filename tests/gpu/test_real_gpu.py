@@ -82,6 +82,19 @@ def _agent_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("GPUWM_")}
 
 
+def _start_agent(tmp_path: Path, *arguments: str) -> RunningAgent:
+    """The real `gpuwm agent` on this machine's driver, polling every 0.5 s, its log in tmp_path."""
+    port = free_port()
+    log_path = tmp_path / "agent.log"
+    with log_path.open("w") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpuwm.cli", "agent", "--listen", f"127.0.0.1:{port}", "--node-name", "gpu-node",
+             "--interval", "0.5", "--log-format", "text", *arguments],
+            env=_agent_env(), stdout=log_file, stderr=subprocess.STDOUT, text=True,
+        )
+    return RunningAgent(process, f"http://127.0.0.1:{port}", log_path)
+
+
 def test_agent_once_reads_every_gpu_as_nvml_lists_it() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "gpuwm.cli", "agent", "--once", "--node-name", "gpu-node", "--interval", "1"],
@@ -184,15 +197,8 @@ def test_busy_then_idle_reaches_the_workload_cr(
     pod_resources.allocatable = {"nvidia.com/gpu": [g["uuid"] for g in WHOLE]}
     pod_resources.start()
 
-    port = free_port()
-    agent_log = tmp_path / "agent.log"
-    with agent_log.open("w") as log_file:
-        agent_process = subprocess.Popen(
-            [sys.executable, "-m", "gpuwm.cli", "agent", "--listen", f"127.0.0.1:{port}", "--node-name", "gpu-node",
-             "--interval", "0.5", "--proc-root", str(proc_root), "--pod-resources-socket", str(pod_resources.socket_path)],
-            env=_agent_env(), stdout=log_file, stderr=subprocess.STDOUT, text=True,
-        )
-    agent = RunningAgent(agent_process, f"http://127.0.0.1:{port}", agent_log)
+    agent = _start_agent(tmp_path, "--proc-root", str(proc_root), "--pod-resources-socket", str(pod_resources.socket_path))
+    agent_process = agent.process
     controller_log = tmp_path / "controller.log"
     controller = Controller(emulator.write_kubeconfig(tmp_path / "kubeconfig"), f"static:gpu-node={agent.url}",
                             tmp_path / "gpuwm.db", controller_log, status_interval=1.0, interval=0.5)
@@ -285,15 +291,8 @@ print(started, ended, copies * host.numel(), flush=True)
 def test_host_to_gpu_copies_show_as_pcie_receive_throughput(loader_command: list[str], tmp_path: Path) -> None:
     """While the GPU copies from host memory, the agent's PCIe receive figure is about the copy rate."""
     gpu = WHOLE[0]
-    port = free_port()
-    agent_log = tmp_path / "agent.log"
-    with agent_log.open("w") as log_file:
-        agent_process = subprocess.Popen(
-            [sys.executable, "-m", "gpuwm.cli", "agent", "--listen", f"127.0.0.1:{port}", "--node-name", "gpu-node",
-             "--interval", "0.5", "--pod-resources-socket", str(tmp_path / "none.sock"), "--log-format", "text"],
-            env=_agent_env(), stdout=log_file, stderr=subprocess.STDOUT, text=True,
-        )
-    agent = RunningAgent(agent_process, f"http://127.0.0.1:{port}", agent_log)
+    agent = _start_agent(tmp_path, "--pod-resources-socket", str(tmp_path / "none.sock"))
+    agent_process = agent.process
     try:
         wait_for(lambda: agent.get("/healthz")[0] == 200 or agent_process.poll() is not None, 60.0, "agent /healthz")
         script = tmp_path / "copier.py"
