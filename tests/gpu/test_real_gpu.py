@@ -2,8 +2,9 @@
 
 Every other tier runs the agent on the fake NVML library (tests/fakenvml); this one checks that
 what the fake stands in for holds on a real driver: the figures each call returns, their units,
-which calls a real GPU supports, and that GPU-seconds reach a GPUWorkloadMetrics as active while a
-process computes on the GPU and as idle while it only holds memory.
+which calls a real GPU supports, that GPU-seconds reach a GPUWorkloadMetrics as active while a
+process computes on the GPU and as idle while it only holds memory, that the driver's per-process
+utilisation tells apart two pods time-sharing a GPU, and that PCIe figures follow real copies.
 
 Skipped, with the reason, where NVML cannot be initialised (no NVIDIA driver, as in CI); the
 end-to-end test also needs PyTorch with CUDA to load the GPU. Run where a GPU exists:
@@ -13,6 +14,7 @@ end-to-end test also needs PyTorch with CUDA to load the GPU. Run where a GPU ex
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -264,6 +266,82 @@ def test_busy_then_idle_reaches_the_workload_cr(
         loader.kill()
         loader.wait(timeout=15)
         loader_log.close()
+        pod_resources.stop()
+
+
+@pytest.mark.skipif(not WHOLE, reason="every GPU here is in MIG mode; this test time-slices a whole GPU")
+def test_a_time_sliced_gpu_splits_by_each_pods_processes(
+    emulator: EmulatorThread, loader_command: list[str], tmp_path: Path
+) -> None:
+    """Two pods hold one time-sliced replica each of GPU 0 (device plugin IDs `UUID::0`, `UUID::1`); one computes,
+    the other only holds memory. The driver's per-process utilisation must make the first active, the second idle."""
+    gpu = WHOLE[0]
+    http = KubeHttp(emulator.url)
+    http.create("/api/v1/namespaces", {"metadata": {"name": "gpu-share"}})
+    uids = {}
+    for name in ("busy", "quiet"):
+        pod = http.create("/api/v1/namespaces/gpu-share/pods", {"metadata": {"name": name}, "spec": {
+            "nodeName": "gpu-node", "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu.shared": "1"}}}],
+        }})
+        uids[name] = pod["metadata"]["uid"]
+
+    stops = {name: tmp_path / f"stop-{name}" for name in uids}
+    stops["quiet"].touch()  # one product at its start, then it only holds its memory
+    loaders, proc_root = {}, tmp_path / "proc"
+    for name in uids:
+        log_file = (tmp_path / f"{name}.log").open("w")
+        loaders[name] = subprocess.Popen([*loader_command, str(stops[name])], stdout=log_file, stderr=subprocess.STDOUT)
+        log_file.close()
+        pid = loaders[name].pid
+        (proc_root / str(pid)).mkdir(parents=True)
+        (proc_root / str(pid) / "cgroup").write_text(
+            f"0::/kubepods.slice/kubepods-pod{uids[name].replace('-', '_')}.slice/cri-containerd-{pid:064x}.scope\n")
+    pod_resources = PodResourcesServer(tmp_path / "pr.sock")
+    pod_resources.pods = [FakePod("gpu-share", name, {"main": [("nvidia.com/gpu.shared", [f"{gpu['uuid']}::{replica}"])]})
+                          for replica, name in enumerate(uids)]
+    pod_resources.allocatable = {"nvidia.com/gpu.shared": [f"{gpu['uuid']}::{replica}" for replica in range(2)]}
+    pod_resources.start()
+    agent = _start_agent(tmp_path, "--proc-root", str(proc_root), "--pod-resources-socket", str(pod_resources.socket_path))
+    controller_log = tmp_path / "controller.log"
+    controller = Controller(emulator.write_kubeconfig(tmp_path / "kubeconfig"), f"static:gpu-node={agent.url}",
+                            tmp_path / "gpuwm.db", controller_log, status_interval=1.0, interval=0.5)
+    try:
+        wait_for(lambda: agent.get("/readyz")[0] == 200 or agent.process.poll() is not None, 60.0, "agent /readyz")
+        assert agent.process.poll() is None, agent.log()
+        def started(name: str) -> bool:
+            return "busy" in (tmp_path / f"{name}.log").read_text()
+
+        for name in uids:
+            wait_for(functools.partial(started, name), 120.0, f"{name}'s first product")
+        running_since = time.time()
+        for name in uids:
+            http.ok("PATCH", f"/api/v1/namespaces/gpu-share/pods/{name}/status", {"status": {
+                "phase": "Running", "startTime": rfc3339(running_since),
+                "containerStatuses": [{"name": "main", "state": {"running": {"startedAt": rfc3339(running_since)}}}],
+            }}, "application/merge-patch+json")
+        controller.start()
+
+        def cr(name: str) -> Any:
+            status, body = http.request("GET", f"/apis/gpuwm.io/v1alpha1/namespaces/gpu-share/gpuworkloadmetrics/{name}")
+            return body["status"] if status == 200 and body.get("status", {}).get("allocatedGpuSeconds", 0) > 8.0 else None
+
+        busy, quiet = (wait_until(f"{name}'s CR with 8 GPU-s", functools.partial(cr, name), timeout=90.0,
+                                  log=controller_log) for name in ("busy", "quiet"))
+        _report("time-sliced GPU 0: the computing pod, the idle pod", {"busy": busy, "quiet": quiet})
+        for status in (busy, quiet):
+            assert status["allocatedGpus"] == 0.5  # one of two replicas
+            assert [g["uuid"] for g in status["gpus"]] == [gpu["uuid"]]
+        # the GPU computed throughout: only the driver's per-process figures tell the two pods apart
+        assert busy["activeGpuSeconds"] >= 0.8 * (busy["allocatedGpuSeconds"] - busy["unmonitoredGpuSeconds"])
+        assert quiet["activeGpuSeconds"] <= 0.2 * quiet["allocatedGpuSeconds"]
+        assert busy["utilization"]["avg1m"] > 50.0 > quiet["utilization"]["avg1m"]
+    finally:
+        controller.stop()
+        agent.process.terminate()
+        agent.process.wait(timeout=15)
+        for loader in loaders.values():
+            loader.kill()
+            loader.wait(timeout=15)
         pod_resources.stop()
 
 
