@@ -12,6 +12,7 @@ Prints a table (median and max per call, for GPU 0) and the agent's own poll tim
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import time
@@ -90,6 +91,12 @@ for name, target, source in (("host->gpu", device, host), ("gpu->host", host, de
 """
 
 
+def _number(field: Any) -> int:
+    """A field value's number through the union member its `valueType` names (these counters: 1, a 32-bit one)."""
+    members = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+    return int(getattr(field.value, members[field.valueType]))
+
+
 def _pcie_during_copies(seconds: float) -> None:
     """Both PCIe readings every ~0.25 s while torch copies one way then the other. The byte-count fields are
     32-bit on an H200 with driver 580: at 60 GB/s they wrap every ~70 ms (negative and wrong rates here)."""
@@ -98,29 +105,44 @@ def _pcie_during_copies(seconds: float) -> None:
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     fields = [pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES, pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES]
+
+    def counts() -> tuple[float, float, int, int] | None:
+        """(RX, TX, timestamp µs, latency µs) of the byte-count fields; None where the driver has none."""
+        try:
+            values = pynvml.nvmlDeviceGetFieldValues(handle, fields)
+        except pynvml.NVMLError:
+            return None
+        if values[0].nvmlReturn or values[1].nvmlReturn:
+            return None
+        return _number(values[0]), _number(values[1]), values[0].timestamp, values[0].latencyUsec
+
     copier = subprocess.Popen([sys.executable, "-c", COPIER, str(seconds)], stdout=subprocess.PIPE, text=True)
-    assert copier.stdout is not None
-    assert copier.stdout.readline().strip() == "ready"
-    rows, previous = [], None
-    print(f"{'t':>6} {'counter RX B/s':>15} {'counter TX B/s':>15} {'throughput RX B/s':>18} {'throughput TX B/s':>18}"
-          f" {'latency us':>10}")
-    started = time.time()
-    while copier.poll() is None:
-        values = pynvml.nvmlDeviceGetFieldValues(handle, fields)
-        counts = (values[0].value.ullVal, values[1].value.ullVal, values[0].timestamp, values[0].latencyUsec)
-        rx = pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_RX_BYTES) * 1024.0
-        tx = pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_TX_BYTES) * 1024.0
-        if previous is not None and counts[2] > previous[2]:
-            span = (counts[2] - previous[2]) / 1e6
-            rows.append((time.time() - started, (counts[0] - previous[0]) / span, (counts[1] - previous[1]) / span, rx, tx))
-            print(f"{rows[-1][0]:6.2f} {rows[-1][1]:15.4g} {rows[-1][2]:15.4g} {rx:18.4g} {tx:18.4g} {counts[3]:10d}")
-        previous = counts if previous is None or counts[2] > previous[2] else previous
-        time.sleep(0.2)
-    print(copier.stdout.read())
-    first = pynvml.nvmlDeviceGetFieldValues(handle, fields)
-    print(f"counters now: RX {first[0].value.ullVal}, TX {first[1].value.ullVal} (value types "
-          f"{first[0].valueType}, {first[1].valueType})")
-    pynvml.nvmlShutdown()
+    try:
+        assert copier.stdout is not None
+        assert copier.stdout.readline().strip() == "ready"
+        print(f"{'t':>6} {'counter RX B/s':>15} {'counter TX B/s':>15} {'throughput RX B/s':>18} "
+              f"{'throughput TX B/s':>18} {'latency us':>10}")
+        started, previous = time.time(), counts()
+        if previous is None:
+            print("(no PCIe byte-count fields on this driver: the throughput reading alone)")
+        while copier.poll() is None:
+            now = counts()
+            rx = pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_RX_BYTES) * 1024.0
+            tx = pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_TX_BYTES) * 1024.0
+            counter_rx = counter_tx = math.nan
+            latency = 0
+            if now is not None and previous is not None and now[2] > previous[2]:
+                span = (now[2] - previous[2]) / 1e6
+                counter_rx, counter_tx, latency = (now[0] - previous[0]) / span, (now[1] - previous[1]) / span, now[3]
+                previous = now
+            print(f"{time.time() - started:6.2f} {counter_rx:15.4g} {counter_tx:15.4g} {rx:18.4g} {tx:18.4g} {latency:10d}")
+            time.sleep(0.2)
+        print(copier.stdout.read())
+    finally:
+        if copier.poll() is None:
+            copier.kill()
+            copier.wait()
+        pynvml.nvmlShutdown()
 
 
 def main() -> int:
