@@ -242,7 +242,7 @@ class CycleFigures:
     status_bytes: int
     store_cpu_seconds: float = 0.0  # part of cpu_seconds: the embedded store's record()
     #: part of cpu_seconds: every workload's and project's full status built and serialised, to count changes
-    #: (the controller builds only those it writes: signatures decide, and the writer's rate caps them)
+    #: (the controller builds only those it writes, but pays about as much in signatures, renders and HTTP)
     status_cpu_seconds: float = 0.0
 
 
