@@ -97,6 +97,35 @@ def _start_agent(tmp_path: Path, *arguments: str) -> RunningAgent:
     return RunningAgent(process, f"http://127.0.0.1:{port}", log_path)
 
 
+def _gpu_pod(http: KubeHttp, namespace: str, name: str, resource: str, owners: list[dict[str, Any]] | None = None) -> str:
+    """A pod on `gpu-node` whose container `main` asks for one `resource`; its UID."""
+    pod = http.create(f"/api/v1/namespaces/{namespace}/pods", {
+        "metadata": {"name": name, "ownerReferences": owners or []},
+        "spec": {"nodeName": "gpu-node", "containers": [{"name": "main", "resources": {"limits": {resource: "1"}}}]},
+    })
+    return str(pod["metadata"]["uid"])
+
+
+def _run_pod(http: KubeHttp, namespace: str, name: str, started: float) -> None:
+    http.ok("PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status", {"status": {
+        "phase": "Running", "startTime": rfc3339(started),
+        "containerStatuses": [{"name": "main", "state": {"running": {"startedAt": rfc3339(started)}}}],
+    }}, "application/merge-patch+json")
+
+
+def _in_pod(proc_root: Path, pid: int, pod_uid: str) -> None:
+    """`pid` in the kubelet's cgroup layout under `proc_root`, as the node's /proc shows a pod's process."""
+    (proc_root / str(pid)).mkdir(parents=True)
+    (proc_root / str(pid) / "cgroup").write_text(
+        f"0::/kubepods.slice/kubepods-pod{pod_uid.replace('-', '_')}.slice/cri-containerd-{pid:064x}.scope\n")
+
+
+def _controller(emulator: EmulatorThread, agent: RunningAgent, tmp_path: Path) -> Controller:
+    """The real controller (not started) on the emulator, pulling `agent` every 0.5 s, status every 1 s."""
+    return Controller(emulator.write_kubeconfig(tmp_path / "kubeconfig"), f"static:gpu-node={agent.url}",
+                      tmp_path / "gpuwm.db", tmp_path / "controller.log", status_interval=1.0, interval=0.5)
+
+
 def test_agent_once_reads_every_gpu_as_nvml_lists_it() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "gpuwm.cli", "agent", "--once", "--node-name", "gpu-node", "--interval", "1"],
@@ -180,38 +209,25 @@ def test_busy_then_idle_reaches_the_workload_cr(
     http.create("/api/v1/namespaces", {"metadata": {"name": "gpu-check"}})
     job = http.create("/apis/batch/v1/namespaces/gpu-check/jobs", {"metadata": {"name": "load"}, "spec": {}})
     owner = [{"apiVersion": "batch/v1", "kind": "Job", "name": "load", "uid": job["metadata"]["uid"], "controller": True}]
-    pod = http.create("/api/v1/namespaces/gpu-check/pods", {
-        "metadata": {"name": "load-0", "ownerReferences": owner},
-        "spec": {"nodeName": "gpu-node", "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
-    })
-    pod_uid = pod["metadata"]["uid"]
+    pod_uid = _gpu_pod(http, "gpu-check", "load-0", "nvidia.com/gpu", owner)
 
     stop = tmp_path / "stop"
     loader_log = (tmp_path / "loader.log").open("w")
     loader = subprocess.Popen([*loader_command, str(stop)], stdout=loader_log, stderr=subprocess.STDOUT, text=True)
-    # the loader's PID in the kubelet's cgroup layout, as the node's /proc would show a pod's process
     proc_root = tmp_path / "proc"
-    (proc_root / str(loader.pid)).mkdir(parents=True)
-    (proc_root / str(loader.pid) / "cgroup").write_text(
-        f"0::/kubepods.slice/kubepods-pod{pod_uid.replace('-', '_')}.slice/cri-containerd-{loader.pid:064x}.scope\n")
+    _in_pod(proc_root, loader.pid, pod_uid)
     pod_resources = PodResourcesServer(tmp_path / "pr.sock")
     pod_resources.pods = [FakePod("gpu-check", "load-0", {"main": [("nvidia.com/gpu", [gpu["uuid"]])]})]
     pod_resources.allocatable = {"nvidia.com/gpu": [g["uuid"] for g in WHOLE]}
     pod_resources.start()
 
     agent = _start_agent(tmp_path, "--proc-root", str(proc_root), "--pod-resources-socket", str(pod_resources.socket_path))
-    agent_process = agent.process
-    controller_log = tmp_path / "controller.log"
-    controller = Controller(emulator.write_kubeconfig(tmp_path / "kubeconfig"), f"static:gpu-node={agent.url}",
-                            tmp_path / "gpuwm.db", controller_log, status_interval=1.0, interval=0.5)
+    controller = _controller(emulator, agent, tmp_path)
     try:
-        wait_for(lambda: agent.get("/readyz")[0] == 200 or agent_process.poll() is not None, 60.0, "agent /readyz")
-        assert agent_process.poll() is None, agent.log()
+        wait_for(lambda: agent.get("/readyz")[0] == 200 or agent.process.poll() is not None, 60.0, "agent /readyz")
+        assert agent.process.poll() is None, agent.log()
         running_since = time.time()
-        http.ok("PATCH", "/api/v1/namespaces/gpu-check/pods/load-0/status", {"status": {
-            "phase": "Running", "startTime": rfc3339(running_since),
-            "containerStatuses": [{"name": "main", "state": {"running": {"startedAt": rfc3339(running_since)}}}],
-        }}, "application/merge-patch+json")
+        _run_pod(http, "gpu-check", "load-0", running_since)
         controller.start()
 
         def marks() -> dict[str, float]:
@@ -232,7 +248,7 @@ def test_busy_then_idle_reaches_the_workload_cr(
         # a status written after the idle phase began (idle GPU-seconds reach it); a CR that never shows it fails here
         written = wait_until(
             "idle GPU-seconds in the CR", lambda: (c := cr()) and c["status"]["idleGpuSeconds"] >= IDLE_SECONDS - 3.0 and c,
-            timeout=30.0, log=controller_log)
+            timeout=30.0, log=controller.log)
         status = written["status"]
         _report("GPUWorkloadMetrics gpu-check/load status", status)
         _report("measured", {"busy_seconds": busy_seconds, "idle_seconds_so_far": time.time() - idle_from,
@@ -261,8 +277,8 @@ def test_busy_then_idle_reaches_the_workload_cr(
         assert idle["status"] == "True"  # idle longer than --idle-condition-after (3 s)
     finally:
         controller.stop()
-        agent_process.terminate()
-        agent_process.wait(timeout=15)
+        agent.process.terminate()
+        agent.process.wait(timeout=15)
         loader.kill()
         loader.wait(timeout=15)
         loader_log.close()
@@ -278,12 +294,7 @@ def test_a_time_sliced_gpu_splits_by_each_pods_processes(
     gpu = WHOLE[0]
     http = KubeHttp(emulator.url)
     http.create("/api/v1/namespaces", {"metadata": {"name": "gpu-share"}})
-    uids = {}
-    for name in ("busy", "quiet"):
-        pod = http.create("/api/v1/namespaces/gpu-share/pods", {"metadata": {"name": name}, "spec": {
-            "nodeName": "gpu-node", "containers": [{"name": "main", "resources": {"limits": {"nvidia.com/gpu.shared": "1"}}}],
-        }})
-        uids[name] = pod["metadata"]["uid"]
+    uids = {name: _gpu_pod(http, "gpu-share", name, "nvidia.com/gpu.shared") for name in ("busy", "quiet")}
 
     stops = {name: tmp_path / f"stop-{name}" for name in uids}
     stops["quiet"].touch()  # one product at its start, then it only holds its memory
@@ -292,19 +303,14 @@ def test_a_time_sliced_gpu_splits_by_each_pods_processes(
         log_file = (tmp_path / f"{name}.log").open("w")
         loaders[name] = subprocess.Popen([*loader_command, str(stops[name])], stdout=log_file, stderr=subprocess.STDOUT)
         log_file.close()
-        pid = loaders[name].pid
-        (proc_root / str(pid)).mkdir(parents=True)
-        (proc_root / str(pid) / "cgroup").write_text(
-            f"0::/kubepods.slice/kubepods-pod{uids[name].replace('-', '_')}.slice/cri-containerd-{pid:064x}.scope\n")
+        _in_pod(proc_root, loaders[name].pid, uids[name])
     pod_resources = PodResourcesServer(tmp_path / "pr.sock")
     pod_resources.pods = [FakePod("gpu-share", name, {"main": [("nvidia.com/gpu.shared", [f"{gpu['uuid']}::{replica}"])]})
                           for replica, name in enumerate(uids)]
     pod_resources.allocatable = {"nvidia.com/gpu.shared": [f"{gpu['uuid']}::{replica}" for replica in range(2)]}
     pod_resources.start()
     agent = _start_agent(tmp_path, "--proc-root", str(proc_root), "--pod-resources-socket", str(pod_resources.socket_path))
-    controller_log = tmp_path / "controller.log"
-    controller = Controller(emulator.write_kubeconfig(tmp_path / "kubeconfig"), f"static:gpu-node={agent.url}",
-                            tmp_path / "gpuwm.db", controller_log, status_interval=1.0, interval=0.5)
+    controller = _controller(emulator, agent, tmp_path)
     try:
         wait_for(lambda: agent.get("/readyz")[0] == 200 or agent.process.poll() is not None, 60.0, "agent /readyz")
         assert agent.process.poll() is None, agent.log()
@@ -315,10 +321,7 @@ def test_a_time_sliced_gpu_splits_by_each_pods_processes(
             wait_for(functools.partial(started, name), 120.0, f"{name}'s first product")
         running_since = time.time()
         for name in uids:
-            http.ok("PATCH", f"/api/v1/namespaces/gpu-share/pods/{name}/status", {"status": {
-                "phase": "Running", "startTime": rfc3339(running_since),
-                "containerStatuses": [{"name": "main", "state": {"running": {"startedAt": rfc3339(running_since)}}}],
-            }}, "application/merge-patch+json")
+            _run_pod(http, "gpu-share", name, running_since)
         controller.start()
 
         def cr(name: str) -> Any:
@@ -326,7 +329,7 @@ def test_a_time_sliced_gpu_splits_by_each_pods_processes(
             return body["status"] if status == 200 and body.get("status", {}).get("allocatedGpuSeconds", 0) > 8.0 else None
 
         busy, quiet = (wait_until(f"{name}'s CR with 8 GPU-s", functools.partial(cr, name), timeout=90.0,
-                                  log=controller_log) for name in ("busy", "quiet"))
+                                  log=controller.log) for name in ("busy", "quiet"))
         _report("time-sliced GPU 0: the computing pod, the idle pod", {"busy": busy, "quiet": quiet})
         for status in (busy, quiet):
             assert status["allocatedGpus"] == 0.5  # one of two replicas
@@ -370,9 +373,8 @@ def test_host_to_gpu_copies_show_as_pcie_receive_throughput(loader_command: list
     """While the GPU copies from host memory, the agent's PCIe receive figure is about the copy rate."""
     gpu = WHOLE[0]
     agent = _start_agent(tmp_path, "--pod-resources-socket", str(tmp_path / "none.sock"))
-    agent_process = agent.process
     try:
-        wait_for(lambda: agent.get("/healthz")[0] == 200 or agent_process.poll() is not None, 60.0, "agent /healthz")
+        wait_for(lambda: agent.get("/healthz")[0] == 200 or agent.process.poll() is not None, 60.0, "agent /healthz")
         script = tmp_path / "copier.py"
         script.write_text(COPIER)
         copy_seconds = 3 * PCIE_THROUGHPUT_EVERY_SECONDS
@@ -396,5 +398,5 @@ def test_host_to_gpu_copies_show_as_pcie_receive_throughput(loader_command: list
             assert 0.5 * copy_rate <= sample["pcie_rx_bytes_per_second"] <= 1.5 * copy_rate
             assert sample["pcie_tx_bytes_per_second"] < sample["pcie_rx_bytes_per_second"]
     finally:
-        agent_process.terminate()
-        agent_process.wait(timeout=15)
+        agent.process.terminate()
+        agent.process.wait(timeout=15)
