@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT / "operator"))
 
 import pynvml  # noqa: E402
 
-from gpuwm.agent.nvml import NvmlSampler, _samples  # noqa: E402
+from gpuwm.agent.nvml import _VALUE_FIELDS, NvmlSampler, _samples  # noqa: E402
 
 
 def _calls(handle: Any, cursor_us: int) -> dict[str, Callable[[], Any]]:
@@ -93,8 +93,7 @@ for name, target, source in (("host->gpu", device, host), ("gpu->host", host, de
 
 def _number(field: Any) -> int:
     """A field value's number through the union member its `valueType` names (these counters: 1, a 32-bit one)."""
-    members = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
-    return int(getattr(field.value, members[field.valueType]))
+    return int(getattr(field.value, _VALUE_FIELDS[field.valueType]))
 
 
 def _pcie_during_copies(seconds: float) -> None:
