@@ -48,6 +48,7 @@ from aiohttp import web  # noqa: E402
 from tests.integration.fakeagent import FakeNode, merge_of  # noqa: E402
 from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator  # noqa: E402
 
+from _interpreter import interpreter_description  # noqa: E402
 from gpuwm.agent.columns import DEVICES_TAG_PARAM  # noqa: E402
 from gpuwm.config import Settings  # noqa: E402
 from gpuwm.controller.agents import DeviceHolder, index_holders  # noqa: E402
@@ -606,6 +607,7 @@ def main() -> int:
         loop_factory = event_loop_factory() if args.loop == "controller" else None
         print(f"event loop: {'asyncio' if loop_factory is None else loop_factory.__module__.split('.')[0]}; "
               f"this machine's reference work {reference_cpu_seconds():.3f} CPU-s (see reference_cpu_seconds)")
+        print(f"interpreter: {interpreter_description()}")
         with asyncio.Runner(loop_factory=loop_factory) as runner:
             runner.run(run_bench(args, api_url, agents_url, jobs))
     if args.state_dir and not kept_state_dir:

@@ -26,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from _interpreter import interpreter_description
 from _simcluster import SimulatedAgents, SimulatedController, lost_gpu_seconds, rss_mib
 from gpuwm.config import parse_duration_seconds
 from gpuwm.controller.gctuning import limit_malloc_arenas
@@ -116,7 +117,7 @@ def main() -> None:
     arguments = parser.parse_args()
     limit_malloc_arenas()  # as `gpuwm controller` does, before any thread allocates
     print(f"machine: {platform.machine()} {platform.processor() or ''}, {__import__('os').cpu_count()} CPUs, "
-          f"Python {platform.python_version()}, {platform.platform()}", flush=True)
+          f"{platform.platform()}; interpreter {interpreter_description()}", flush=True)
     rows = []
     if arguments.nodes > 0:
         print(f"main run: {arguments.nodes} nodes x {arguments.gpus_per_node} GPUs, {arguments.duration} simulated, "
