@@ -120,6 +120,22 @@ def _in_pod(proc_root: Path, pid: int, pod_uid: str) -> None:
         f"0::/kubepods.slice/kubepods-pod{pod_uid.replace('-', '_')}.slice/cri-containerd-{pid:064x}.scope\n")
 
 
+def _agent_on_pods(tmp_path: Path, proc_root: Path, pods: list[FakePod],
+                   allocatable: dict[str, list[str]]) -> tuple[PodResourcesServer, RunningAgent]:
+    """A pod-resources server (kubelet's gRPC) listing `pods`, and the real agent reading it and `proc_root`."""
+    pod_resources = PodResourcesServer(tmp_path / "pr.sock")
+    pod_resources.pods = pods
+    pod_resources.allocatable = allocatable
+    pod_resources.start()
+    agent = _start_agent(tmp_path, "--proc-root", str(proc_root), "--pod-resources-socket", str(pod_resources.socket_path))
+    return pod_resources, agent
+
+
+def _wait_ready(agent: RunningAgent) -> None:
+    wait_for(lambda: agent.get("/readyz")[0] == 200 or agent.process.poll() is not None, 60.0, "agent /readyz")
+    assert agent.process.poll() is None, agent.log()
+
+
 def _controller(emulator: EmulatorThread, agent: RunningAgent, tmp_path: Path) -> Controller:
     """The real controller (not started) on the emulator, pulling `agent` every 0.5 s, status every 1 s."""
     return Controller(emulator.write_kubeconfig(tmp_path / "kubeconfig"), f"static:gpu-node={agent.url}",
@@ -216,16 +232,12 @@ def test_busy_then_idle_reaches_the_workload_cr(
     loader = subprocess.Popen([*loader_command, str(stop)], stdout=loader_log, stderr=subprocess.STDOUT, text=True)
     proc_root = tmp_path / "proc"
     _in_pod(proc_root, loader.pid, pod_uid)
-    pod_resources = PodResourcesServer(tmp_path / "pr.sock")
-    pod_resources.pods = [FakePod("gpu-check", "load-0", {"main": [("nvidia.com/gpu", [gpu["uuid"]])]})]
-    pod_resources.allocatable = {"nvidia.com/gpu": [g["uuid"] for g in WHOLE]}
-    pod_resources.start()
-
-    agent = _start_agent(tmp_path, "--proc-root", str(proc_root), "--pod-resources-socket", str(pod_resources.socket_path))
+    pod_resources, agent = _agent_on_pods(
+        tmp_path, proc_root, [FakePod("gpu-check", "load-0", {"main": [("nvidia.com/gpu", [gpu["uuid"]])]})],
+        {"nvidia.com/gpu": [g["uuid"] for g in WHOLE]})
     controller = _controller(emulator, agent, tmp_path)
     try:
-        wait_for(lambda: agent.get("/readyz")[0] == 200 or agent.process.poll() is not None, 60.0, "agent /readyz")
-        assert agent.process.poll() is None, agent.log()
+        _wait_ready(agent)
         running_since = time.time()
         _run_pod(http, "gpu-check", "load-0", running_since)
         controller.start()
@@ -304,16 +316,14 @@ def test_a_time_sliced_gpu_splits_by_each_pods_processes(
         loaders[name] = subprocess.Popen([*loader_command, str(stops[name])], stdout=log_file, stderr=subprocess.STDOUT)
         log_file.close()
         _in_pod(proc_root, loaders[name].pid, uids[name])
-    pod_resources = PodResourcesServer(tmp_path / "pr.sock")
-    pod_resources.pods = [FakePod("gpu-share", name, {"main": [("nvidia.com/gpu.shared", [f"{gpu['uuid']}::{replica}"])]})
-                          for replica, name in enumerate(uids)]
-    pod_resources.allocatable = {"nvidia.com/gpu.shared": [f"{gpu['uuid']}::{replica}" for replica in range(2)]}
-    pod_resources.start()
-    agent = _start_agent(tmp_path, "--proc-root", str(proc_root), "--pod-resources-socket", str(pod_resources.socket_path))
+    pod_resources, agent = _agent_on_pods(
+        tmp_path, proc_root,
+        [FakePod("gpu-share", name, {"main": [("nvidia.com/gpu.shared", [f"{gpu['uuid']}::{replica}"])]})
+         for replica, name in enumerate(uids)],
+        {"nvidia.com/gpu.shared": [f"{gpu['uuid']}::{replica}" for replica in range(2)]})
     controller = _controller(emulator, agent, tmp_path)
     try:
-        wait_for(lambda: agent.get("/readyz")[0] == 200 or agent.process.poll() is not None, 60.0, "agent /readyz")
-        assert agent.process.poll() is None, agent.log()
+        _wait_ready(agent)
         def started(name: str) -> bool:
             return "busy" in (tmp_path / f"{name}.log").read_text()
 
