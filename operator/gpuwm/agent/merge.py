@@ -15,10 +15,16 @@ unmonitored GPU-seconds, lastActiveTime, idleSeconds, idleGpus and a GPU's energ
 - no more than G seconds after the poll before it, the run's first poll too (the engine
   judges a run by its first gap, `t - merged_seconds - previous t <= 3 x interval`, and a
   longer one there would make the whole run unmonitored); the run no longer than S;
-- every holder active in every poll, or idle in every poll, whatever its share: without
-  per-process data the device's SM % is on the same side of P in every poll; with it, each
-  pod's summed SM % is >= P in every poll or 0 in every poll (a pod's utilisation is its SM
-  over its share, so a figure between 0 and P could fall either side and breaks the run);
+- every holder active in every poll, or idle in every poll, whatever its share and however many
+  hold the device (DESIGN §3, rule of 2026-11-27: one holder gets the device's SM % over its
+  share; several split by their processes, or get the device's SM % where the processes cannot
+  explain a busy device): the device's SM % is >= P in every poll or 0 in every poll, and each
+  pod's summed SM % (where there is per-process data) is >= P in every poll or 0 in every poll
+  (a utilisation is an SM figure over a share, so a figure between 0 and P could fall either
+  side and breaks the run); and, as that quotient is capped at 100, each busy figure x on the
+  same side of 100/k in every poll for every k up to `EXACT_UP_TO_REPLICAS` (the same
+  floor(100/x)), so that the capped figures' mean is the mean's capped figure for a holder of
+  1/k of the device;
 - the energy counter present in every poll (and the poll before the run) and never going
   backwards, or absent in every one of them.
 
@@ -47,6 +53,20 @@ MEAN_FIELDS = (
     "sm_percent", "memory_used_bytes", "memory_activity_percent", "power_watts", "temperature_celsius",
     "sm_clock_mhz", "memory_clock_mhz", "pcie_rx_bytes_per_second", "pcie_tx_bytes_per_second",
 )
+
+
+#: shares of a device down to 1/this (time-sliced replicas) keep merged figures exact (see `_cap_side`)
+EXACT_UP_TO_REPLICAS = 16
+
+
+def _cap_side(percent: float) -> int:
+    """Which k = 1, 2, ... make `percent` x k reach the cap of 100 (those up to the result), bounded.
+
+    A holder of 1/k of a device gets an SM figure x k, capped at 100: polls whose figures share
+    this are all capped, or all not, for every k up to `EXACT_UP_TO_REPLICAS`, so their mean
+    stays what the engine would count poll by poll.
+    """
+    return min(EXACT_UP_TO_REPLICAS, math.floor(100.0 / percent)) if percent > 0 else EXACT_UP_TO_REPLICAS
 
 
 @dataclass(frozen=True)
@@ -108,16 +128,21 @@ def _activity(sample: Mapping[str, Any], threshold_percent: float) -> tuple[Any,
     sm = sample.get("sm_percent")
     if sm is None:
         return None
+    device_busy = float(sm) >= threshold_percent
+    if not device_busy and sm != 0.0:
+        return None  # between 0 and the threshold: over a small share (one holder of a replica) it may be active
+    device = (device_busy, _cap_side(float(sm)) if device_busy else 0)
     pod_sm = _pod_sm(sample)
     if pod_sm is None:
-        return ("device", float(sm) >= threshold_percent)
+        return (device, None)
     active = []
     for pod_uid, value in pod_sm.items():
         if value >= threshold_percent:
-            active.append(pod_uid)
+            active.append((pod_uid, _cap_side(value)))
         elif value != 0.0:
             return None  # between 0 and the threshold: over a small share it may be active
-    return ("pods", frozenset(active))
+    # both: a busy device whose holders' processes explain none of it is every holder's
+    return (device, frozenset(active))
 
 
 def _counter_continues(previous: Mapping[str, Any], sample: Mapping[str, Any]) -> bool:

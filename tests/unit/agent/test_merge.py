@@ -34,26 +34,28 @@ def poll(t: float, sm: float | None = 50.0, uuid: str = "GPU-a", seq: int | None
 
 
 def test_a_busy_pull_is_its_first_poll_one_merged_sample_and_its_last_poll() -> None:
-    polls = [poll(float(t), sm=float(40 + t)) for t in range(1, 16)]
+    polls = [poll(float(t), sm=float(60 + t)) for t in range(1, 16)]
     merged = merge_polls(polls, REQUEST)
     assert [sample["t"] for sample in merged] == [1.0, 14.0, 15.0]
     assert merged[0] == polls[0] and merged[2] == polls[-1]  # single polls pass unchanged
     run = merged[1]
     assert run["merged_seconds"] == 12.0  # polls 2..14: 14 - 2
     assert run["seq"] == 14 and run["energy_joules"] == 1400.0  # the last poll's counter
-    assert run["sm_percent"] == pytest.approx(sum(40 + t for t in range(2, 15)) / 13)
+    assert run["sm_percent"] == pytest.approx(sum(60 + t for t in range(2, 15)) / 13)
     GpuSample.model_validate(run)  # what the controller reads
 
 
 def test_means_are_weighted_by_each_polls_interval() -> None:
-    polls = [poll(0.0), poll(1.0, sm=10.0), poll(3.0, sm=40.0), poll(4.0, sm=100.0), poll(5.0)]
+    polls = [poll(0.0), poll(1.0, sm=60.0), poll(3.0, sm=70.0), poll(4.0, sm=100.0), poll(5.0)]
     merged = merge_polls(polls, REQUEST)
-    assert merged[1]["sm_percent"] == pytest.approx((10.0 * 1 + 40.0 * 2 + 100.0 * 1) / 4)
+    assert merged[1]["sm_percent"] == pytest.approx((60.0 * 1 + 70.0 * 2 + 100.0 * 1) / 4)
 
 
 @pytest.mark.parametrize(("breaker", "why"), [
     ({"sm_percent": 0.5}, "between 0 and the threshold"),
     ({"sm_percent": 0.0}, "idle among busy polls"),
+    # 50 % is the cap for a holder of 1/2 (50 x 2 = 100), 30 % not: a holder of 1/3 would read 90 % and 100 %
+    ({"sm_percent": 30.0}, "over the cap for one share where the others are not"),
     ({"healthy": False, "error": "GPU is lost", "sm_percent": None}, "a lost GPU"),
     ({"energy_joules": 1.0}, "the energy counter went back"),
     ({"memory_total_bytes": 200.0}, "a device field changed"),
@@ -81,11 +83,13 @@ def test_per_process_runs_merge_per_pod_and_keep_each_pods_mean() -> None:
     def busy(t: float, a: float, b: float) -> dict[str, Any]:
         return poll(t, processes=[{"pid": 1, "pod_uid": "pod-a", "sm_percent": a},
                                   {"pid": 2, "pod_uid": "pod-b", "sm_percent": b}])
-    polls = [busy(1.0, 30.0, 0.0), busy(2.0, 20.0, 0.0), busy(3.0, 40.0, 0.0), busy(4.0, 10.0, 0.0), busy(5.0, 5.0, 0.0)]
+    polls = [busy(1.0, 30.0, 0.0), busy(2.0, 55.0, 0.0), busy(3.0, 80.0, 0.0), busy(4.0, 65.0, 0.0), busy(5.0, 5.0, 0.0)]
     merged = merge_polls(polls, REQUEST)
     assert len(merged) == 3
     processes = {process["pod_uid"]: process["sm_percent"] for process in merged[1]["processes"]}
-    assert processes == {"pod-a": pytest.approx((20.0 + 40.0 + 10.0) / 3), "pod-b": 0.0}  # polls 2-4
+    assert processes == {"pod-a": pytest.approx((55.0 + 80.0 + 65.0) / 3), "pod-b": 0.0}  # polls 2-4
+    polls[2] = busy(3.0, 40.0, 0.0)  # 40 % over a half share is 80 %, 55 % is 110 % capped: the mean would differ
+    assert len(merge_polls(polls, REQUEST)) == 5
     polls[2] = busy(3.0, 40.0, 5.0)  # pod-b busy in one poll: its verdict changes, the run breaks
     assert len(merge_polls(polls, REQUEST)) == 5
     polls[2] = busy(3.0, 40.0, 0.4)  # pod-b at 0.4 %: over a small share it may be active
