@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -14,19 +15,36 @@ from typing import Any
 from gpuwm.accounting.reports import Engine
 from gpuwm.accounting.state import EngineConfig
 from gpuwm.config import ConfigError, Settings, parse_duration_seconds
-from gpuwm.model.trace import NamespaceEvent, PodEvent, SampleEvent, TraceLineError, parse_trace_line
+from gpuwm.model.trace import (
+    NamespaceEvent,
+    PodEvent,
+    SampleEvent,
+    TraceLineError,
+    gpu_quota,
+    parse_trace_line,
+)
 
 TraceEvents = list[NamespaceEvent | PodEvent | SampleEvent]
 
 
-def read_trace(path: Path) -> TraceEvents:
-    """All events of a trace file, in file order; raises TraceLineError on the first bad line."""
+def read_trace(path: Path, quota_annotation: str = EngineConfig.quota_annotation) -> TraceEvents:
+    """All events of a trace file, in file order; raises TraceLineError on the first bad line.
+
+    A namespace's quota annotation must be a finite number: the engine would take "NaN" or
+    "inf" for one and print the project's quota as such (not JSON).
+    """
     events: TraceEvents = []
     with path.open(encoding="utf-8") as trace:
         for line_number, line in enumerate(trace, start=1):
             if not line.strip():
                 continue
-            events.append(parse_trace_line(line, line_number))
+            event = parse_trace_line(line, line_number)
+            if isinstance(event, NamespaceEvent) and quota_annotation in event.annotations:
+                try:
+                    gpu_quota(event.annotations[quota_annotation])
+                except ValueError as error:
+                    raise TraceLineError(line_number, f"annotations.{quota_annotation}", str(error)) from None
+            events.append(event)
     return events
 
 
@@ -50,9 +68,12 @@ def replay(events: TraceEvents, config: EngineConfig, at: float | None = None) -
 
 def _float_option(name: str, value: str) -> float:
     try:
-        return float(value)
+        number = float(value)
     except ValueError:
         raise ConfigError(f"{name}: expected a number, got {value!r}") from None
+    if not math.isfinite(number):  # `float` reads "nan" and "inf"
+        raise ConfigError(f"{name}: expected a finite number, got {value!r}")
+    return number
 
 
 def run(arguments: argparse.Namespace) -> int:
@@ -79,7 +100,7 @@ def run(arguments: argparse.Namespace) -> int:
     )
     path = Path(arguments.trace)
     try:
-        events = read_trace(path)
+        events = read_trace(path, config.quota_annotation)
     except TraceLineError as error:
         print(f"gpuwm replay: {path}: {error}", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ DeviceState = Literal["active", "idle-held", "allocated-empty", "unallocated", "
 class AgentDevice(BaseModel):
     """One GPU, MIG instance or time-sliced replica on the node and the pod that holds it."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     uuid: str = Field(min_length=1, description="GPU or MIG UUID (a replica's physical GPU).")
     device_id: str = Field(min_length=1, description="The device plugin's ID: the UUID, or `GPU-uuid::N` for a replica.")
@@ -41,7 +41,7 @@ class AgentDevice(BaseModel):
 class AgentSnapshot(BaseModel):
     """`GET /v1/snapshot?since=SEQ`: the records after SEQ and the current devices."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     node: str
     seq: int = Field(ge=0, description="Latest sequence number; pass it as `since` on the next pull.")

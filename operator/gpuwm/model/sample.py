@@ -12,7 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class ProcessSample(BaseModel):
     """A compute process on a GPU, attributed to a pod where the agent could tell."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     pid: int = Field(ge=0, description="Host PID of the process.")
     pod_uid: str | None = Field(default=None, description="UID of the pod the process belongs to, if known.")
@@ -28,9 +28,11 @@ class GpuSample(BaseModel):
 
     Optional figures are `None` where the driver does not report them; a sample with
     `sm_percent` of `None` (a lost GPU, an NVML error) makes its interval unmonitored.
+    NaN and ±Infinity are refused in every number: one NaN turns every sum it enters
+    (GPU-seconds, energy, a project's utilisation) into NaN, and JSON cannot carry it on.
     """
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 
     t: float = Field(description="Sample time, seconds (any origin; epoch seconds in the agent).")
     node: str = Field(min_length=1, description="Node name.")
