@@ -44,6 +44,8 @@ class DeviceCounters:
     """Cumulative figures per device for the Prometheus counters."""
 
     active_seconds_total: float = 0.0
+    #: samples of the busy device whose activity its holders' processes did not explain (DESIGN §3)
+    unattributed_samples_total: int = 0
     last_sample_t: float | None = None
     last_active_t: float | None = None
     first_seen_t: float = 0.0
@@ -148,7 +150,7 @@ class Agent:
         with self.lock:
             self._records.append(records)
             for sample in attributed.samples:
-                self._count(sample)
+                self._count(sample, sample.uuid in attributed.unexplained)
             self.state.samples = attributed.samples
             self.state.devices = attributed.devices
             if pod_stats:
@@ -168,10 +170,12 @@ class Agent:
             self._known_uids[(pod.namespace, pod.pod)] = pod.pod_uid
         return stats
 
-    def _count(self, sample: GpuSample) -> None:
+    def _count(self, sample: GpuSample, unexplained: bool = False) -> None:
         counters = self.state.counters.get(sample.uuid)
         if counters is None:
             counters = self.state.counters[sample.uuid] = DeviceCounters(first_seen_t=sample.t)
+        if unexplained:
+            counters.unattributed_samples_total += 1
         previous = counters.last_sample_t
         counters.last_sample_t = sample.t
         if sample.sm_percent is None or sample.sm_percent < self.settings.idle_threshold_percent:

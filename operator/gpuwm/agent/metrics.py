@@ -46,6 +46,9 @@ GPU_FAMILIES = [
     ("gpu_energy_joules", "The GPU's energy counter since the driver loaded.", "counter"),
     ("gpu_active_seconds", "Seconds the device was at or above the idle threshold.", "counter"),
     ("gpu_allocated", "GPU units a container holds on the device.", "gauge"),
+    ("agent_unattributed_samples", "Samples of a busy device (SM at or above the idle threshold) whose activity its "
+     "holders' processes did not explain (none listed, no pod or no SM figure): its holders got the device's SM %. "
+     "Rising where processes are hidden from the agent, e.g. without hostPID.", "counter"),
 ]
 POD_GAUGES = [
     ("cpu_usage_cores", "Pod CPU use, cores.", "cpu_usage_cores"),
@@ -100,7 +103,7 @@ def _labels(names: list[str], values: list[str]) -> str:
 
 _GPU_HEADERS = [_header(name, text, "gauge") for name, text, _ in GPU_GAUGES]
 _GPU_ATTRIBUTES = [attribute for _, _, attribute in GPU_GAUGES]
-_HEALTHY, _IDLE, _ENERGY, _ACTIVE, _ALLOCATED = (_header(*family) for family in GPU_FAMILIES)
+_HEALTHY, _IDLE, _ENERGY, _ACTIVE, _ALLOCATED, _UNATTRIBUTED = (_header(*family) for family in GPU_FAMILIES)
 _POD_HEADERS = [_header(name, text, "gauge") for name, text, _ in POD_GAUGES]
 _POD_ATTRIBUTES = [attribute for _, _, attribute in POD_GAUGES]
 _AGENT_HEADERS = [_header(*family) for family in AGENT_FAMILIES]
@@ -139,7 +142,7 @@ class MetricsRenderer:
             samples = list(agent.state.samples)
             devices = list(agent.state.devices)
             pod_stats = list(agent.state.pod_stats)
-            counters = {uuid: (c.active_seconds_total, c.last_active_t, c.first_seen_t)
+            counters = {uuid: (c.active_seconds_total, c.last_active_t, c.first_seen_t, c.unattributed_samples_total)
                         for uuid, c in agent.state.counters.items()}
             poll_seconds, polls_total = agent.state.last_poll_seconds, agent.state.polls_total
         node = agent.node
@@ -149,7 +152,8 @@ class MetricsRenderer:
             by_uuid.setdefault(device.uuid, []).append(device)
 
         gauges: list[list[str]] = [[header] for header, _ in _GPU_HEADERS]
-        healthy, idle, energy, active, allocated = ([header] for header, _ in (_HEALTHY, _IDLE, _ENERGY, _ACTIVE, _ALLOCATED))
+        healthy, idle, energy, active, allocated, unattributed = (
+            [header] for header, _ in (_HEALTHY, _IDLE, _ENERGY, _ACTIVE, _ALLOCATED, _UNATTRIBUTED))
         for sample in samples:
             held = by_uuid.get(sample.uuid, [])
             labels = self._gpu_label_text(node, sample, _holder(held))
@@ -158,12 +162,14 @@ class MetricsRenderer:
                 if value is not None:
                     lines.append(f"{name}{labels} {_value(value)}\n")
             healthy.append(f"{_HEALTHY[1]}{labels} {'1.0' if sample.healthy else '0.0'}\n")
-            active_seconds, last_active_t, first_seen_t = counters.get(sample.uuid, (0.0, None, now))
+            active_seconds, last_active_t, first_seen_t, unattributed_samples = counters.get(
+                sample.uuid, (0.0, None, now, 0))
             since = last_active_t if last_active_t is not None else first_seen_t
             idle.append(f"{_IDLE[1]}{labels} {_value(max(0.0, now - since))}\n")
             if sample.energy_joules is not None and sample.parent_uuid is None:
                 energy.append(f"{_ENERGY[1]}{labels} {_value(sample.energy_joules)}\n")
             active.append(f"{_ACTIVE[1]}{labels} {_value(active_seconds)}\n")
+            unattributed.append(f"{_UNATTRIBUTED[1]}{labels} {_value(unattributed_samples)}\n")
             for device in held:
                 if device.pod:
                     holder = (device.namespace or "", device.pod, device.container or "")
@@ -171,7 +177,7 @@ class MetricsRenderer:
                         f"{_ALLOCATED[1]}{self._gpu_label_text(node, sample, holder)} {_value(device.units)}\n"
                     )
         output = [line for lines in gauges for line in lines]
-        for lines in (healthy, idle, energy, active, allocated):
+        for lines in (healthy, idle, energy, active, allocated, unattributed):
             output.extend(lines)
         output.extend(_pod_lines(node, pod_stats))
         output.extend(self._agent_lines(node, polls_total, poll_seconds))

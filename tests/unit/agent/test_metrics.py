@@ -48,7 +48,7 @@ class _Reference(Collector):
             (CounterMetricFamily if kind == "counter" else GaugeMetricFamily)(f"gpuwm_{name}", text, labels=GPU_LABELS)
             for name, text, kind in GPU_FAMILIES
         ]
-        healthy, idle, energy, active, allocated = others
+        healthy, idle, energy, active, allocated, unattributed = others
         for sample in state.samples:
             held = by_uuid.get(sample.uuid, [])
             pods = {(d.namespace or "", d.pod or "", d.container or "") for d in held if d.pod}
@@ -65,6 +65,7 @@ class _Reference(Collector):
             if sample.energy_joules is not None and sample.parent_uuid is None:
                 energy.add_metric(labels, sample.energy_joules)
             active.add_metric(labels, counters.active_seconds_total if counters else 0.0)
+            unattributed.add_metric(labels, counters.unattributed_samples_total if counters else 0.0)
             since = now if counters is None else (
                 counters.last_active_t if counters.last_active_t is not None else counters.first_seen_t
             )
@@ -132,7 +133,7 @@ def _fill(agent: Agent) -> None:
     ]
     agent.state.counters = {
         "GPU-a": DeviceCounters(active_seconds_total=42.0, last_sample_t=NOW - 1, last_active_t=NOW - 1,
-                                first_seen_t=NOW - 100),
+                                first_seen_t=NOW - 100, unattributed_samples_total=7),
         "GPU-b": DeviceCounters(first_seen_t=NOW - 30.5),
     }
     agent.state.pod_stats = [
@@ -175,6 +176,8 @@ def test_values_parse_back(tmp_path: object) -> None:
     assert samples[("gpuwm_gpu_allocated", "MIG-b1", 'p"q')].value == pytest.approx(1 / 7)
     assert samples[("gpuwm_gpu_memory_used_bytes", "GPU-d", "")].value == 12345678901234.0
     assert samples[("gpuwm_gpu_healthy", "GPU-c", "")].value == 0.0
+    assert samples[("gpuwm_agent_unattributed_samples_total", "GPU-a", "train-0")].value == 7.0
+    assert samples[("gpuwm_agent_unattributed_samples_total", "GPU-b", "")].value == 0.0
     assert any(name == "gpuwm_agent_process_resident_memory_bytes" for name, _, _ in samples)
 
 
