@@ -128,6 +128,10 @@ class Settings(BaseSettings):
         default=20.0, ge=0, le=100, description="avg1h below this sets condition Underutilized."
     )
     status_writes_per_second: float = Field(default=20.0, gt=0, description="Token-bucket limit on status writes.")
+    status_counters_refresh: DurationSeconds = Field(
+        default=300.0, gt=0,
+        description="Longest a GPUWorkloadMetrics' cumulative figures (GPU-seconds, energy, utilisation windows) go unwritten while they move: a CR written this long ago is refreshed before the others (state changes go first in any case). Holds while running workloads <= statusWritesPerSecond x this.",
+    )
     time_sliced_replicas: int = Field(
         default=4, ge=1, description="Replicas per GPU for shared resources when the device plugin config is unknown."
     )
@@ -149,6 +153,43 @@ class Settings(BaseSettings):
     # API
     auth: Literal["kubernetes", "none"] = Field(default="kubernetes", description="API authentication.")
     api_listen: str = Field(default="0.0.0.0:8080", description="HOST:PORT of the metrics API.")
+    api_tls: bool = Field(
+        default=True,
+        description="Serve the metrics API over HTTPS (bearer tokens must not cross the network in clear); "
+        "false: plain HTTP, for local use on 127.0.0.1 only.",
+    )
+    api_tls_cert_file: str = Field(
+        default="",
+        description="PEM certificate (chain) of the API's HTTPS; empty: a self-signed one made at start, kept in memory.",
+    )
+    api_tls_key_file: str = Field(default="", description="PEM private key of apiTlsCertFile.")
+    api_token_audience: str = Field(
+        default="gpuwm",
+        min_length=1,
+        description="Audience a bearer token must be issued for (kubectl create token --audience gpuwm ...); "
+        "checked by the TokenReview, so a token meant for another service is refused.",
+    )
+    api_max_points_per_response: int = Field(
+        default=2_000_000,
+        ge=1,
+        description="Most points (series x points per series) one time-series answer may hold; a larger query "
+        "is refused with 400 before the store is read.",
+    )
+    api_max_concurrent_queries: int = Field(
+        default=2,
+        ge=1,
+        description="Heavy time-series queries (over a twentieth of apiMaxPointsPerResponse) answered at once; "
+        "more get 429 with Retry-After.",
+    )
+    api_auth_cache_entries: int = Field(
+        default=10_000, ge=1, description="Token and access-review results the API keeps (least recently used go first)."
+    )
+    api_auth_reviews_per_client_per_second: float = Field(
+        default=10.0,
+        gt=0,
+        description="TokenReviews and SubjectAccessReviews one client address may cause per second (a burst of 5 s "
+        "worth); past it the API answers 429.",
+    )
     runai_compatible_metrics: bool = Field(default=False, description="Also export Run:ai-compatible metric names.")
     cluster_id: str = Field(
         default="",
@@ -183,11 +224,26 @@ def add_settings_arguments(parser: argparse.ArgumentParser, field_names: Iterabl
         field = Settings.model_fields[name]
         help_text = field.description or ""
         if field.annotation is bool:
+            # `--api-tls`, `--api-tls=false` and `--no-api-tls` all work (the docs write `--flag=false`)
             parser.add_argument(
-                Settings.flag_name(name), dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text
+                Settings.flag_name(name), dest=name, nargs="?", const=True, default=None, type=_flag_bool,
+                metavar="true|false", help=help_text,
+            )
+            parser.add_argument(
+                "--no-" + Settings.flag_name(name).removeprefix("--"), dest=name, action="store_const", const=False,
+                help=argparse.SUPPRESS,
             )
         else:
             parser.add_argument(Settings.flag_name(name), dest=name, default=None, help=help_text)
+
+
+def _flag_bool(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes", "on"):
+        return True
+    if lowered in ("false", "0", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
 def settings_from_arguments(arguments: argparse.Namespace, field_names: Sequence[str]) -> Settings:

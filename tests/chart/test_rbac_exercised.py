@@ -189,6 +189,7 @@ def test_controller_runs_under_the_charts_cluster_role(
         sys.executable, "-m", "gpuwm.cli", "controller", "--peering-name", PEERING, "--agents", agents.spec(),
         "--status-interval", "1", "--interval", "1", "--store", str(tmp_path / "gpuwm.db"),
         "--idle-condition-after", "2s", "--log-format", "text", "--api-listen", "127.0.0.1:0", "--auth", "none",
+        "--api-tls=false",
     ]
     with log.open("ab") as handle:
         process = subprocess.Popen(arguments, env=env, stdout=handle, stderr=subprocess.STDOUT)

@@ -107,7 +107,7 @@ class Controller:
             sys.executable, "-m", "gpuwm.cli", "controller", "--standalone", "--agents", agents,
             "--status-interval", str(status_interval), "--interval", str(interval), "--store", str(store),
             "--idle-condition-after", "3s", "--log-format", "text", "--log-level", "info",
-            "--api-listen", "127.0.0.1:0", "--auth", "none", *extra,
+            "--api-listen", "127.0.0.1:0", "--auth", "none", "--api-tls=false", *extra,
         ]
         self.env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
         self.env.pop("KUBERNETES_SERVICE_HOST", None)

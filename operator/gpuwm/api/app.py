@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from gpuwm import __version__
-from gpuwm.api.auth import AllowAll, AuthError, Authorizer, require
+from gpuwm.api.auth import AllowAll, AuthError, Authorizer, current_client, require, require_path
 from gpuwm.api.docs import docs_page
 from gpuwm.api.http import (
     ERRORS,
@@ -28,12 +29,14 @@ from gpuwm.api.http import (
     NotFound,
     StartParam,
     StepParam,
+    TooBusy,
     bearer_token,
     check_parameters,
     error_response,
     is_idle,
     metrics_json,
 )
+from gpuwm.api.limits import QueryLimits
 from gpuwm.api.params import (
     BadParameter,
     choose_range,
@@ -80,7 +83,11 @@ def create_app(
         else:
             from gpuwm.api.auth import KubernetesAuthorizer
 
-            authorizer = KubernetesAuthorizer.from_environment()
+            authorizer = KubernetesAuthorizer.from_environment(
+                audience=settings.api_token_audience,
+                cache_entries=settings.api_auth_cache_entries,
+                reviews_per_client_per_second=settings.api_auth_reviews_per_client_per_second,
+            )
     if isinstance(authorizer, AllowAll):
         log.warning(
             "API AUTHENTICATION IS OFF (--auth=none): anyone who can reach %s reads every workload's metrics; "
@@ -108,6 +115,16 @@ def create_app(
     async def blocking(function: Callable[..., T], *arguments: Any) -> T:
         return await anyio.to_thread.run_sync(function, *arguments, limiter=limiter)
 
+    limits = QueryLimits(settings.api_max_points_per_response, settings.api_max_concurrent_queries)
+    app.state.limits = limits
+
+    @app.middleware("http")
+    async def remember_client(request: Request, call_next: Callable[[Request], Any]) -> Response:
+        """Review calls are rate-limited per client address (gpuwm.api.auth.current_client)."""
+        current_client.set(request.client.host if request.client is not None else "")
+        response: Response = await call_next(request)
+        return response
+
     async def guard(request: Request, namespaces: Sequence[str] | None) -> None:
         await require(authorizer, bearer_token(request), namespaces)
 
@@ -128,10 +145,18 @@ def create_app(
 
     @app.exception_handler(AuthError)
     async def denied(_request: Request, error: AuthError) -> JSONResponse:
-        kind = {401: "unauthorized", 403: "forbidden"}.get(error.status, "unavailable")
+        kind = {401: "unauthorized", 403: "forbidden", 429: "too_many_requests"}.get(error.status, "unavailable")
         response = error_response(error.status, kind, error.message)
         if error.status == 401:
             response.headers["WWW-Authenticate"] = 'Bearer realm="gpuwm"'
+        if error.retry_after_seconds is not None:
+            response.headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_seconds)))
+        return response
+
+    @app.exception_handler(TooBusy)
+    async def too_busy(_request: Request, error: TooBusy) -> JSONResponse:
+        response = error_response(429, "too_many_requests", error.message)
+        response.headers["Retry-After"] = str(error.retry_after_seconds)
         return response
 
     @app.exception_handler(StoreError)
@@ -154,7 +179,10 @@ def create_app(
         end: str | None,
         step: str | None,
         by: str | None,
-    ) -> tuple[RangeQuery, list[Series]]:
+        encode: Callable[[RangeQuery, list[Series]], Response],
+    ) -> Response:
+        """Parse, check the answer's size before reading (400 past the limit, 429 past the heavy queries
+        at once), read and encode off the event loop (in the controller it is kopf's)."""
         check_parameters(request, RANGE_PARAMETERS)
         names = parse_metrics(metric, DEFAULT_METRICS)
         start_s = parse_time("start", start) if start is not None else None
@@ -163,8 +191,12 @@ def create_app(
         breakdown = parse_breakdown(by)
         first, last, step_seconds = choose_range(start_s, end_s, step_s, default_start, default_end)
         query = RangeQuery(scope, key, names, first, last, step_seconds, breakdown)  # type: ignore[arg-type]
-        series = await blocking(store.query_range, query)
-        return query, series
+        series_count = await blocking(store.series_count, query)
+        with limits.admit(query, series_count):
+            series = await blocking(store.query_range, query)
+            if series_count is None:
+                limits.check_answer(query, series)
+            return await blocking(encode, query, series)
 
     async def store_bounds() -> tuple[float, float]:
         latest = await blocking(store.latest_time)
@@ -250,7 +282,14 @@ def create_app(
         _earliest, latest = await store_bounds()
         life_start = workload.created_time if workload.created_time is not None else workload.start_time
         life_end = workload.end_time if workload.end_time is not None else latest
-        query, series = await range_answer(
+        identity = WorkloadIdentity(
+            namespace=workload.namespace,
+            name=workload.name,
+            uid=workload.uid,
+            kind=workload.kind,
+            project=workload.project,
+        )
+        return await range_answer(
             request,
             "workload",
             workload.uid,
@@ -261,21 +300,14 @@ def create_app(
             end,
             step,
             by,
-        )
-        identity = WorkloadIdentity(
-            namespace=workload.namespace,
-            name=workload.name,
-            uid=workload.uid,
-            kind=workload.kind,
-            project=workload.project,
-        )
-        return metrics_json(
-            scope="workload",
-            workload=identity,
-            start=query.start,
-            end=query.end,
-            step=query.step_seconds,
-            series=series,
+            lambda query, series: metrics_json(
+                scope="workload",
+                workload=identity,
+                start=query.start,
+                end=query.end,
+                step=query.step_seconds,
+                series=series,
+            ),
         )
 
     @app.get("/api/v1/projects", response_model=ProjectList, responses=ERRORS, tags=["projects"])
@@ -315,16 +347,16 @@ def create_app(
             raise NotFound(f"no project {project!r}")
         await guard(request, found.namespaces)
         _earliest, latest = await store_bounds()
-        query, series = await range_answer(
-            request, "project", project, max(_earliest, latest - 3600), latest, metric, start, end, step, by
-        )
-        return metrics_json(
-            scope="project",
-            project=project,
-            start=query.start,
-            end=query.end,
-            step=query.step_seconds,
-            series=series,
+        return await range_answer(
+            request, "project", project, max(_earliest, latest - 3600), latest, metric, start, end, step, by,
+            lambda query, series: metrics_json(
+                scope="project",
+                project=project,
+                start=query.start,
+                end=query.end,
+                step=query.step_seconds,
+                series=series,
+            ),
         )
 
     @app.get(
@@ -348,14 +380,16 @@ def create_app(
         if node not in await blocking(store.nodes):
             raise NotFound(f"no GPU node {node!r} in the store")
         _earliest, latest = await store_bounds()
-        query, series = await range_answer(
-            request, "node", node, max(_earliest, latest - 3600), latest, metric, start, end, step, by
-        )
-        return metrics_json(
-            scope="node", node=node, start=query.start, end=query.end, step=query.step_seconds, series=series
+        return await range_answer(
+            request, "node", node, max(_earliest, latest - 3600), latest, metric, start, end, step, by,
+            lambda query, series: metrics_json(
+                scope="node", node=node, start=query.start, end=query.end, step=query.step_seconds, series=series
+            ),
         )
 
-    @app.get("/api/v1/cluster/metrics", response_model=MetricsBody, responses=ERRORS, tags=["metrics"])
+    @app.get(
+        "/api/v1/cluster/metrics", response_model=MetricsBody, responses=ERRORS, tags=["metrics"]
+    )
     async def cluster_metrics(
         request: Request,
         metric: MetricParam = [],  # noqa: B006
@@ -368,16 +402,23 @@ def create_app(
         check_parameters(request, RANGE_PARAMETERS)
         await guard(request, None)
         _earliest, latest = await store_bounds()
-        query, series = await range_answer(
-            request, "cluster", "", max(_earliest, latest - 3600), latest, metric, start, end, step, by
-        )
-        return metrics_json(
-            scope="cluster", start=query.start, end=query.end, step=query.step_seconds, series=series
+        return await range_answer(
+            request, "cluster", "", max(_earliest, latest - 3600), latest, metric, start, end, step, by,
+            lambda query, series: metrics_json(
+                scope="cluster", start=query.start, end=query.end, step=query.step_seconds, series=series
+            ),
         )
 
-    @app.get("/metrics", response_class=Response, tags=["operations"])
-    async def prometheus_metrics() -> Response:
-        """Per-workload and per-project series in the Prometheus text format."""
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={k: v for k, v in ERRORS.items() if k != 400},
+        tags=["operations"],
+    )
+    async def prometheus_metrics(request: Request) -> Response:
+        """Per-workload and per-project series in the Prometheus text format: every namespace's workloads, so
+        it needs `get` on the non-resource URL /metrics (Prometheus' ClusterRole, as for kube-state-metrics)."""
+        await require_path(authorizer, bearer_token(request), "/metrics")
         body = await blocking(generate_latest, registry)
         return Response(content=body, media_type=CONTENT_TYPE_LATEST)
 

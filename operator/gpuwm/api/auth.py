@@ -1,23 +1,32 @@
 """API authentication and authorisation.
 
-`--auth=kubernetes`: the bearer token is checked by a TokenReview, access by a
-SubjectAccessReview for `get gpuworkloadmetrics.gpuwm.io` in the namespace (cluster-wide
-for the cluster and for listing everything). Results are cached briefly so a dashboard
-refresh does not cost two API calls per request. `--auth=none` allows everything.
+`--auth=kubernetes`: the bearer token is checked by a TokenReview for the API's audience
+(`--api-token-audience`, `gpuwm`: a token issued for another service, or a pod's default
+service-account token, is refused, so a token leaked from elsewhere cannot be replayed here),
+access by a SubjectAccessReview for `get gpuworkloadmetrics.gpuwm.io` in the namespace
+(cluster-wide for the cluster and for listing everything) and, for `/metrics`, `get` on that
+non-resource URL (as kube-rbac-proxy and kube-state-metrics ask Prometheus for).
+
+Results are cached briefly so a dashboard refresh does not cost two API calls per request; the
+caches are bounded (least recently used go first) and each client address may cause only so
+many reviews a second, so a stream of made-up tokens neither grows memory nor floods the
+Kubernetes API. `--auth=none` allows everything.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import logging
 import os
 import ssl
 import time
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import aiohttp
 
@@ -26,15 +35,78 @@ log = logging.getLogger(__name__)
 _SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
 RESOURCE_GROUP = "gpuwm.io"
 RESOURCE = "gpuworkloadmetrics"
+DEFAULT_AUDIENCE = "gpuwm"
+
+#: the address of the client whose request is being answered (set by the app per request): review
+#: calls are rate-limited per client
+current_client: contextvars.ContextVar[str] = contextvars.ContextVar("gpuwm_api_client", default="")
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
 
 
 class AuthError(Exception):
-    """401 (no or bad token), 403 (not allowed) or 503 (the Kubernetes API could not be asked)."""
+    """401 (no or bad token), 403 (not allowed), 429 (too many reviews from one client; `retry_after_seconds`)
+    or 503 (the Kubernetes API could not be asked)."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, retry_after_seconds: float | None = None) -> None:
         self.status = status
         self.message = message
+        self.retry_after_seconds = retry_after_seconds
         super().__init__(message)
+
+
+class TtlLru(Generic[K, V]):
+    """At most `entries` values, each for `ttl_seconds`; the least recently used goes first when full.
+
+    Expired entries are dropped when met and when the cache is full, so neither many distinct keys nor
+    a quiet period grows it past its size.
+    """
+
+    def __init__(self, entries: int, ttl_seconds: float) -> None:
+        self.entries = max(1, entries)
+        self.ttl_seconds = ttl_seconds
+        self._items: OrderedDict[K, tuple[float, V]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, key: K, now: float) -> tuple[bool, V | None]:
+        """(found, value): found is False for a missing or expired key."""
+        item = self._items.get(key)
+        if item is None:
+            return False, None
+        if item[0] <= now:
+            del self._items[key]
+            return False, None
+        self._items.move_to_end(key)
+        return True, item[1]
+
+    def put(self, key: K, value: V, now: float) -> None:
+        self._items[key] = (now + self.ttl_seconds, value)
+        self._items.move_to_end(key)
+        while len(self._items) > self.entries:
+            self._items.popitem(last=False)
+
+
+class ClientRate:
+    """A token bucket per client: `per_second` reviews, bursts of `burst_seconds` worth; clients bounded."""
+
+    def __init__(self, per_second: float, burst_seconds: float = 5.0, clients: int = 10_000) -> None:
+        self.per_second = per_second
+        self.capacity = max(1.0, per_second * burst_seconds)
+        self._buckets: TtlLru[str, tuple[float, float]] = TtlLru(clients, ttl_seconds=burst_seconds * 2 + 1)
+
+    def take(self, client: str, now: float) -> float:
+        """0 when `client` may cause one more review now (and it is counted), else the seconds to wait."""
+        found, bucket = self._buckets.get(client, now)
+        tokens, at = bucket if found and bucket is not None else (self.capacity, now)
+        tokens = min(self.capacity, tokens + (now - at) * self.per_second)
+        if tokens < 1.0:
+            self._buckets.put(client, (tokens, now), now)
+            return (1.0 - tokens) / self.per_second
+        self._buckets.put(client, (tokens - 1.0, now), now)
+        return 0.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +123,9 @@ class Authorizer(Protocol):
 
     async def allowed(self, user: User, namespace: str | None) -> bool:
         """Whether `user` may read metrics in `namespace` (None: cluster-wide)."""
+
+    async def allowed_path(self, user: User, path: str) -> bool:
+        """Whether `user` may `get` the non-resource URL `path` (e.g. /metrics)."""
 
 
 async def require(authorizer: Authorizer, token: str | None, namespaces: Sequence[str] | None) -> User:
@@ -79,9 +154,24 @@ class AllowAll:
     async def allowed(self, user: User, namespace: str | None) -> bool:
         return True
 
+    async def allowed_path(self, user: User, path: str) -> bool:
+        return True
+
+
+async def require_path(authorizer: Authorizer, token: str | None, path: str) -> User:
+    """Authenticate, then require `get` on the non-resource URL `path`; AuthError otherwise."""
+    user = await authorizer.authenticate(token)
+    if not await authorizer.allowed_path(user, path):
+        raise AuthError(
+            403,
+            f"user {user.username!r} may not get {path}; grant it with a ClusterRole rule "
+            f"nonResourceURLs: [{path!r}], verbs: [get] (the chart's <release>-metrics-reader)",
+        )
+    return user
+
 
 class KubernetesAuthorizer:
-    """TokenReview + SubjectAccessReview against the Kubernetes API, with a short cache."""
+    """TokenReview (for `audience`) + SubjectAccessReview against the Kubernetes API, with bounded caches."""
 
     def __init__(
         self,
@@ -94,8 +184,12 @@ class KubernetesAuthorizer:
         verify_tls: bool = True,
         cache_seconds: float = 10.0,
         timeout_seconds: float = 5.0,
+        audience: str = DEFAULT_AUDIENCE,
+        cache_entries: int = 10_000,
+        reviews_per_client_per_second: float = 10.0,
     ) -> None:
         self.api_url = api_url.rstrip("/")
+        self.audience = audience
         self._token = token
         self._token_file = token_file
         self._cache_seconds = cache_seconds
@@ -109,16 +203,20 @@ class KubernetesAuthorizer:
                 if client_cert is not None:
                     context.load_cert_chain(*client_cert)
                 self._ssl = context
-        self._users: dict[str, tuple[float, User | None]] = {}
-        self._decisions: dict[tuple[str, tuple[str, ...], str | None], tuple[float, bool]] = {}
+        self._users: TtlLru[str, User | None] = TtlLru(cache_entries, cache_seconds)
+        self._decisions: TtlLru[tuple[str, tuple[str, ...], str, str | None], bool] = TtlLru(
+            cache_entries, cache_seconds
+        )
+        self._rate = ClientRate(reviews_per_client_per_second)
         self._session: aiohttp.ClientSession | None = None
         self._lock = asyncio.Lock()
 
     @classmethod
     def from_environment(
-        cls, kubeconfig: str | None = None, cache_seconds: float = 10.0
+        cls, kubeconfig: str | None = None, cache_seconds: float = 10.0, **options: Any
     ) -> KubernetesAuthorizer:
-        """In-cluster service account when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+        """In-cluster service account when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config);
+        `options` go to the constructor (audience, cache_entries, reviews_per_client_per_second)."""
         host = os.environ.get("KUBERNETES_SERVICE_HOST")
         if host and kubeconfig is None and (_SERVICE_ACCOUNT / "token").exists():
             port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
@@ -127,6 +225,7 @@ class KubernetesAuthorizer:
                 token_file=str(_SERVICE_ACCOUNT / "token"),
                 ca_file=str(_SERVICE_ACCOUNT / "ca.crt"),
                 cache_seconds=cache_seconds,
+                **options,
             )
         from kubernetes import client, config
 
@@ -152,6 +251,7 @@ class KubernetesAuthorizer:
             client_cert=cert,
             verify_tls=bool(configuration.verify_ssl),
             cache_seconds=cache_seconds,
+            **options,
         )
 
     async def close(self) -> None:
@@ -166,6 +266,16 @@ class KubernetesAuthorizer:
         return self._token
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        client = current_client.get()
+        wait = self._rate.take(client, time.monotonic())
+        if wait > 0:
+            raise AuthError(
+                429,
+                f"too many new tokens or access checks from {client or 'this client'} "
+                f"(more than {self._rate.per_second:g} reviews a second); retry in {wait:.1f}s, "
+                "reuse one token instead of a new one per request",
+                retry_after_seconds=wait,
+            )
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
@@ -195,40 +305,41 @@ class KubernetesAuthorizer:
             raise AuthError(401, "missing bearer token: send 'Authorization: Bearer <kubernetes token>'")
         key = hashlib.sha256(token.encode()).hexdigest()  # never keep raw tokens as keys in memory dumps
         now = time.monotonic()
-        cached = self._users.get(key)
-        if cached is not None and cached[0] > now:
-            user = cached[1]
-        else:
+        found, user = self._users.get(key, now)
+        if not found:
             review = await self._post(
                 "/apis/authentication.k8s.io/v1/tokenreviews",
-                {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}},
+                {
+                    "apiVersion": "authentication.k8s.io/v1",
+                    "kind": "TokenReview",
+                    "spec": {"token": token, "audiences": [self.audience]},
+                },
             )
-            status = review.get("status") or {}
-            user = None
-            if status.get("authenticated"):
-                info = status.get("user") or {}
-                user = User(
-                    username=str(info.get("username", "")),
-                    uid=str(info.get("uid", "")),
-                    groups=tuple(info.get("groups") or ()),
-                    extra={k: list(v) for k, v in (info.get("extra") or {}).items()},
-                )
-            self._users[key] = (now + self._cache_seconds, user)
-            if len(self._users) > 10_000:
-                self._users = {k: v for k, v in self._users.items() if v[0] > now}
+            user = _reviewed_user(review.get("status") or {}, self.audience)
+            self._users.put(key, user, now)
         if user is None:
-            raise AuthError(401, "the bearer token is not valid (TokenReview did not authenticate it)")
+            raise AuthError(
+                401,
+                f"the bearer token is not valid for audience {self.audience!r} (TokenReview did not authenticate "
+                f"it); get one with: kubectl create token <service-account> --audience {self.audience}",
+            )
         return user
 
     async def allowed(self, user: User, namespace: str | None) -> bool:
-        key = (user.username, user.groups, namespace)
-        now = time.monotonic()
-        cached = self._decisions.get(key)
-        if cached is not None and cached[0] > now:
-            return cached[1]
         attributes: dict[str, Any] = {"verb": "get", "group": RESOURCE_GROUP, "resource": RESOURCE}
         if namespace is not None:
             attributes["namespace"] = namespace
+        return await self._review(user, "resource", namespace, {"resourceAttributes": attributes})
+
+    async def allowed_path(self, user: User, path: str) -> bool:
+        return await self._review(user, "path", path, {"nonResourceAttributes": {"verb": "get", "path": path}})
+
+    async def _review(self, user: User, kind: str, target: str | None, attributes: dict[str, Any]) -> bool:
+        key = (user.username, user.groups, kind, target)
+        now = time.monotonic()
+        found, cached = self._decisions.get(key, now)
+        if found and cached is not None:
+            return cached
         review = await self._post(
             "/apis/authorization.k8s.io/v1/subjectaccessreviews",
             {
@@ -239,13 +350,28 @@ class KubernetesAuthorizer:
                     "uid": user.uid,
                     "groups": list(user.groups),
                     "extra": user.extra,
-                    "resourceAttributes": attributes,
+                    **attributes,
                 },
             },
         )
         decision = bool((review.get("status") or {}).get("allowed"))
-        self._decisions[key] = (now + self._cache_seconds, decision)
-        if len(self._decisions) > 50_000:
-            self._decisions = {k: v for k, v in self._decisions.items() if v[0] > now}
-        log.debug("access review", extra={"user": user.username, "namespace": namespace, "allowed": decision})
+        self._decisions.put(key, decision, now)
+        log.debug("access review", extra={"user": user.username, kind: target, "allowed": decision})
         return decision
+
+
+def _reviewed_user(status: dict[str, Any], audience: str) -> User | None:
+    """The user a TokenReview's status authenticates for `audience`, or None.
+
+    The API server names the audiences it checked (`status.audiences`); an authenticator that does not
+    know audiences leaves ours out, and such an answer is not taken as valid for this API.
+    """
+    if not status.get("authenticated") or audience not in (status.get("audiences") or []):
+        return None
+    info = status.get("user") or {}
+    return User(
+        username=str(info.get("username", "")),
+        uid=str(info.get("uid", "")),
+        groups=tuple(info.get("groups") or ()),
+        extra={k: list(v) for k, v in (info.get("extra") or {}).items()},
+    )

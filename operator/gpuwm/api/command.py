@@ -14,6 +14,14 @@ from gpuwm.config import ConfigError, add_settings_arguments, settings_from_argu
 FIELDS = (
     "store",
     "api_listen",
+    "api_tls",
+    "api_tls_cert_file",
+    "api_tls_key_file",
+    "api_token_audience",
+    "api_max_points_per_response",
+    "api_max_concurrent_queries",
+    "api_auth_cache_entries",
+    "api_auth_reviews_per_client_per_second",
     "auth",
     "runai_compatible_metrics",
     "cluster_id",
@@ -39,14 +47,16 @@ def run(arguments: argparse.Namespace) -> int:
     from gpuwm.api.app import create_app
     from gpuwm.api.auth import AuthError
     from gpuwm.api.server import ApiServer, parse_listen
+    from gpuwm.api.tls import TlsError, tls_files
     from gpuwm.store import StoreError, open_store
 
     try:
         host, port = parse_listen(settings.api_listen)
+        tls = tls_files(settings.api_tls, settings.api_tls_cert_file, settings.api_tls_key_file, host)
         store = open_store(
             settings.store, rollups=settings.store_rollups, retention_seconds=settings.retention
         )
-    except (ValueError, StoreError) as error:
+    except (ValueError, TlsError, StoreError) as error:
         raise ConfigError(str(error)) from None
     try:
         app = create_app(store, settings)
@@ -55,10 +65,10 @@ def run(arguments: argparse.Namespace) -> int:
         raise ConfigError(error.message) from None
 
     async def main() -> None:
-        server = ApiServer(app, host, port, log_level=settings.log_level)
+        server = ApiServer(app, host, port, log_level=settings.log_level, tls=tls)
         await server.start()
         logging.getLogger("gpuwm.api").info(
-            "metrics API listening on %s:%d (store %s)", host, server.port, settings.store
+            "metrics API listening on %s://%s:%d (store %s)", server.scheme, host, server.port, settings.store
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

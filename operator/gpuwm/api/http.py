@@ -18,6 +18,11 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "A bad parameter, named in the body."},
     401: {"model": ErrorBody, "description": "No or invalid bearer token."},
     403: {"model": ErrorBody, "description": "Not allowed to get gpuworkloadmetrics there."},
+    429: {
+        "model": ErrorBody,
+        "description": "Too many heavy queries at once, or too many new tokens from one client; "
+        "retry after the Retry-After header's seconds.",
+    },
     503: {"model": ErrorBody, "description": "The Kubernetes API could not be asked."},
 }
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "No such object."}}
@@ -36,6 +41,15 @@ StepParam = Annotated[
     str | None, Query(description="5s, 1m or seconds; default 15s (coarser if the default range needs it).")
 ]
 ByParam = Annotated[str | None, Query(description="Breakdown: gpu, pod or node.")]
+
+
+class TooBusy(Exception):
+    """429: the API is answering as many heavy queries as it may at once."""
+
+    def __init__(self, message: str, retry_after_seconds: int = 1) -> None:
+        self.message = message
+        self.retry_after_seconds = retry_after_seconds
+        super().__init__(message)
 
 
 class NotFound(Exception):

@@ -12,6 +12,10 @@ from gpuwm.store.base import MAX_POINTS_PER_SERIES, METRIC_INDEX, METRIC_NAMES
 #: epoch values at or above this are milliseconds (1e11 s would be the year 5138)
 _MILLIS_FROM = 1e11
 _LATEST_SECONDS = 253402300799.0  # 9999-12-31T23:59:59Z
+#: a step the grid and the store's integer times can hold: from a millisecond up to the whole span of
+#: representable times (a larger one overflowed the store's 64-bit integers: a 500, not a 400)
+_SHORTEST_STEP_SECONDS = 0.001
+_LONGEST_STEP_SECONDS = _LATEST_SECONDS
 DEFAULT_STEP_SECONDS = 15.0
 BREAKDOWNS = ("gpu", "pod", "node")
 
@@ -51,7 +55,10 @@ def parse_time(parameter: str, text: str) -> float:
         ) from None
     if parsed.tzinfo is None or "T" not in value.upper():
         raise BadParameter(parameter, f"{text!r} needs a date, a time and a zone (e.g. 2026-11-22T10:00:00Z)")
-    return parsed.timestamp()
+    seconds = parsed.timestamp()
+    if not 0 <= seconds <= _LATEST_SECONDS:
+        raise BadParameter(parameter, f"{text!r} is outside 1970-01-01T00:00:00Z .. 9999-12-31T23:59:59Z")
+    return seconds
 
 
 def parse_step(text: str) -> float:
@@ -62,6 +69,10 @@ def parse_step(text: str) -> float:
         raise BadParameter("step", f"{text!r} is not a duration such as 5s, 1m or 30") from None
     if not math.isfinite(step) or step <= 0:
         raise BadParameter("step", f"{text!r} must be positive")
+    if not _SHORTEST_STEP_SECONDS <= step <= _LONGEST_STEP_SECONDS:
+        raise BadParameter(
+            "step", f"{text!r} is outside {_SHORTEST_STEP_SECONDS:g}s .. {_LONGEST_STEP_SECONDS:.0f}s"
+        )
     return step
 
 

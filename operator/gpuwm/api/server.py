@@ -9,6 +9,8 @@ from collections.abc import Generator
 import uvicorn
 from starlette.types import ASGIApp
 
+from gpuwm.api.tls import TlsFiles
+
 
 def parse_listen(listen: str) -> tuple[str, int]:
     """`HOST:PORT` (IPv6 as `[::1]:8080`) -> (host, port); the error names --api-listen."""
@@ -29,13 +31,33 @@ class _Server(uvicorn.Server):
         yield
 
 
-class ApiServer:
-    """Start and stop the API on HOST:PORT from async code; `port` is the bound port (useful with port 0)."""
+#: connections served at once; more are answered 503 by uvicorn (a flood of idle connections costs
+#: a bounded amount of memory)
+MAX_CONNECTIONS = 512
 
-    def __init__(self, app: ASGIApp, host: str, port: int, log_level: str = "warning") -> None:
+
+class ApiServer:
+    """Start and stop the API on HOST:PORT from async code; `port` is the bound port (useful with port 0).
+
+    `tls`: serve HTTPS with that certificate; None: plain HTTP.
+    """
+
+    def __init__(
+        self, app: ASGIApp, host: str, port: int, log_level: str = "warning", tls: TlsFiles | None = None
+    ) -> None:
         config = uvicorn.Config(
-            app, host=host, port=port, log_config=None, log_level=log_level, lifespan="off", access_log=False
+            app,
+            host=host,
+            port=port,
+            log_config=None,
+            log_level=log_level,
+            lifespan="off",
+            access_log=False,
+            ssl_certfile=tls.cert_file if tls is not None else None,
+            ssl_keyfile=tls.key_file if tls is not None else None,
+            limit_concurrency=MAX_CONNECTIONS,
         )
+        self.scheme = "https" if tls is not None else "http"
         self._server = _Server(config)
         self._task: asyncio.Task[None] | None = None
 
@@ -66,9 +88,9 @@ class ApiServer:
             await self._task
 
 
-async def serve(app: ASGIApp, host: str, port: int) -> None:
+async def serve(app: ASGIApp, host: str, port: int, tls: TlsFiles | None = None) -> None:
     """Serve until cancelled (for a task in the controller's loop)."""
-    server = ApiServer(app, host, port)
+    server = ApiServer(app, host, port, tls=tls)
     await server.start()
     try:
         await server.wait()

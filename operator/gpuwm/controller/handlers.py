@@ -194,22 +194,25 @@ def _start_api(runtime: ControllerRuntime) -> asyncio.Task[None] | None:
     try:
         from gpuwm.api.app import create_app
         from gpuwm.api.server import ApiServer, parse_listen
+        from gpuwm.api.tls import tls_files
     except ImportError:
         return None
+    settings = runtime.settings
     try:
-        host, port = parse_listen(runtime.settings.api_listen)
-        app = create_app(runtime.store, runtime.settings)
+        host, port = parse_listen(settings.api_listen)
+        tls = tls_files(settings.api_tls, settings.api_tls_cert_file, settings.api_tls_key_file, host)
+        app = create_app(runtime.store, settings)
     except Exception as error:  # e.g. --auth=kubernetes without credentials: CR status goes on
         logger.warning("metrics API not started: %s", error)
         return None
-    task = asyncio.create_task(_serve_api(ApiServer(app, host, port), host), name="gpuwm api")
+    task = asyncio.create_task(_serve_api(ApiServer(app, host, port, tls=tls), host), name="gpuwm api")
     task.add_done_callback(_report_api_exit)
     return task
 
 
 async def _serve_api(server: Any, host: str) -> None:
     await server.start()
-    logger.info("metrics API listening on %s:%d", host, server.port)
+    logger.info("metrics API listening on %s://%s:%d", server.scheme, host, server.port)
     try:
         await server.wait()
     finally:

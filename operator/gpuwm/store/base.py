@@ -211,6 +211,11 @@ class Store(abc.ABC):
     def query_range(self, query: RangeQuery) -> list[Series]:
         """Series for `query`, one per metric (and per breakdown label set), points on `query.grid()`."""
 
+    def series_count(self, query: RangeQuery) -> int | None:
+        """How many label sets `query` can answer with (an upper bound, known before any point is read),
+        or None where the backend cannot tell cheaply (the API then checks the size after the read)."""
+        return len(query.metrics) if query.by is None else None
+
     def forget_workload(self, uid: str) -> None:  # noqa: B027 - read-only backends keep nothing to forget
         """Drop a workload's latest figures after its retention (its points age out with the tiers)."""
 

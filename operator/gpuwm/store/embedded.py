@@ -51,7 +51,7 @@ from gpuwm.store.rows import RowBuilder, Rows, SeriesKey
 from gpuwm.store.schema import APPLICATION_ID as APPLICATION_ID  # re-exported: the file's identity
 from gpuwm.store.schema import SCHEMA_VERSION as SCHEMA_VERSION
 from gpuwm.store.schema import check_file, create_schema
-from gpuwm.store.sqlite_read import read_range
+from gpuwm.store.sqlite_read import read_range, select_series
 from gpuwm.store.tiers import Tier, parse_tiers
 
 log = logging.getLogger(__name__)
@@ -724,6 +724,11 @@ class EmbeddedStore(Store):
         return max(earliest, latest - self.tiers[-1].keep_seconds)
 
     # -- reading: time series ----------------------------------------------------------------
+
+    def series_count(self, query: RangeQuery) -> int | None:
+        if query.by is None:
+            return len(query.metrics)
+        return len(query.metrics) * len(select_series(self._reader(), query))
 
     def query_range(self, query: RangeQuery) -> list[Series]:
         connection = self._reader()

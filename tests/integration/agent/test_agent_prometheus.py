@@ -107,7 +107,7 @@ def _start_api(tmp_path: Path, port: int) -> subprocess.Popen[bytes]:
     store.close()
     process = subprocess.Popen(
         [sys.executable, "-m", "gpuwm.cli", "api", "--store", str(tmp_path / "gpuwm.db"),
-         "--api-listen", f"127.0.0.1:{port}", "--auth", "none"],
+         "--api-listen", f"127.0.0.1:{port}", "--auth", "none", "--api-tls=false"],
         stdout=subprocess.DEVNULL, stderr=(tmp_path / "api.log").open("w"),
     )
     wait_for(lambda: http_get(f"http://127.0.0.1:{port}/metrics")[0] == 200 or None, timeout_seconds=60,
@@ -135,7 +135,7 @@ def _check_prometheus_store(base: str) -> None:
     # `gpuwm api` alone on the Prometheus store: the workload found by name, its metrics through HTTP
     port = free_port()
     api = subprocess.Popen([sys.executable, "-m", "gpuwm.cli", "api", "--store", base, "--api-listen",
-                            f"127.0.0.1:{port}", "--auth", "none"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            f"127.0.0.1:{port}", "--auth", "none", "--api-tls=false"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         url = (f"http://127.0.0.1:{port}/api/v1/namespaces/team-a/workloads/train/metrics"
                f"?metric=gpu_power_watts&start={int(end) - 4}&end={int(end)}&step=1s")

@@ -114,6 +114,7 @@ def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 f"127.0.0.1:{port}",
                 "--auth",
                 "none",
+                "--api-tls=false",
             ],
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -26,11 +26,17 @@ AUTHORIZATION = ("authorization.k8s.io", "v1", "subjectaccessreviews", "SubjectA
 REVIEW_RESOURCES = {(AUTHENTICATION[0], AUTHENTICATION[2]), (AUTHORIZATION[0], AUTHORIZATION[2])}
 
 
+#: the API server's own audience (--api-audiences), which a TokenReview without spec.audiences checks for
+API_AUDIENCE = "https://kubernetes.default.svc.cluster.local"
+
+
 @dataclass
 class UserInfo:
     username: str
     uid: str = ""
     groups: list[str] = field(default_factory=list)
+    #: what the token was issued for (`kubectl create token --audience`); the API server's own by default
+    audiences: list[str] = field(default_factory=lambda: [API_AUDIENCE])
 
     def as_status_user(self) -> dict[str, Any]:
         """As the API server reports an authenticated user: its groups plus system:authenticated."""
@@ -89,7 +95,12 @@ class Reviews:
         user = self.tokens.get(token)
         if user is None:
             return {"user": {}, "error": "[invalid bearer token, token lookup failed]"}
-        return {"authenticated": True, "user": user.as_status_user(), "audiences": spec.get("audiences") or []}
+        wanted = spec.get("audiences") or [API_AUDIENCE]
+        common = [audience for audience in wanted if audience in user.audiences]
+        if not common:  # as the API server answers a token issued for other audiences
+            return {"user": {}, "error": f"[invalid bearer token, token audiences {user.audiences} is invalid for "
+                                         f"the target audiences {wanted}]"}
+        return {"authenticated": True, "user": user.as_status_user(), "audiences": common}
 
     def _access_review(self, spec: dict[str, Any]) -> dict[str, Any]:
         user, groups = spec.get("user") or "", spec.get("groups") or []
@@ -103,7 +114,9 @@ class Reviews:
                                            "or resourceAttributes must be specified")
         self.asked.append(spec)
         if resource is None:
-            return {"allowed": False}  # non-resource URLs: no rules of that kind are stored here
+            attributes = non_resource if isinstance(non_resource, dict) else {}
+            path, verb = str(attributes.get("path") or ""), str(attributes.get("verb") or "")
+            return {"allowed": self._path_allowed(str(user), [str(g) for g in groups], verb, path)}
         reason = self.reason_allowed(str(user), [str(g) for g in groups], resource)
         return {"allowed": True, "reason": reason} if reason else {"allowed": False}
 
@@ -129,6 +142,18 @@ class Reviews:
                         return (f'RBAC: allowed by RoleBinding "{binding["metadata"]["name"]}/{namespace}" of '
                                 f'{role["kind"]} "{role["metadata"]["name"]}" to {self._who(user)}')
         return None
+
+    def _path_allowed(self, user: str, groups: list[str], verb: str, path: str) -> bool:
+        """nonResourceURLs rules: only ClusterRoles bound cluster-wide grant them; `/x/*` matches by prefix."""
+        for binding in self._items("clusterrolebindings"):
+            role = self._role(binding, None) if self._binds(binding, user, groups) else None
+            for rule in (role or {}).get("rules") or []:
+                urls = rule.get("nonResourceURLs") or []
+                if _matches(rule.get("verbs"), verb) and any(
+                    url == "*" or url == path or (url.endswith("*") and path.startswith(url[:-1])) for url in urls
+                ):
+                    return True
+        return False
 
     @staticmethod
     def _who(user: str) -> str:

@@ -34,7 +34,7 @@ def emu() -> Iterator[EmulatorThread]:
     with EmulatorThread(KubernetesEmulator()) as thread:
         thread.emulator.reviews.tokens.update({
             "sa-token": service_account_user("gpuwm", "gpuwm-controller"),
-            "token-alice": UserInfo("alice"), "token-admin": UserInfo("admin"),
+            "token-alice": UserInfo("alice", audiences=["gpuwm"]), "token-admin": UserInfo("admin", audiences=["gpuwm"]),
         })
         http = KubeHttp(thread.url)
         for namespace in ("team-a", "team-b"):
