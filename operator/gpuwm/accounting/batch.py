@@ -87,6 +87,13 @@ def observe_appending_chunk(
         gpu = records.get(uuid)
         if gpu is not None and gpu.times and first <= gpu.times[-1]:
             return False
+    last_times = t[group_end - 1].tolist()
+    for uuid, first, last in zip(uuids, first_times, last_times, strict=True):
+        gpu = records.get(uuid)
+        if gpu is not None and len(gpu.stretches) > 1:  # holders that change inside an interval: cut row by row
+            low = gpu.times[-1] if gpu.times else first
+            if core._cuts(gpu, low, last):
+                return False
     # --- from here on the chunk is taken: append every device's rows
     order_list = order.tolist()
     starts, ends = group_start.tolist(), group_end.tolist()
@@ -131,7 +138,8 @@ def observe_appending_chunk(
         latest_rows[uuid] = (gpu, start + order_list[high - 1])
         gpus.append(gpu)
     _apply_pieces(core, gpus, bases, group_start, group_end, order, t, sm, memory, energy, previous_t,
-                  previous_energy, arrays.per_process[start:end][order], merged)
+                  previous_energy, arrays.per_process[start:end][order], merged,
+                  numpy.asarray(units_list, dtype=numpy.float64))
     return True
 
 
@@ -140,6 +148,7 @@ def _apply_pieces(
     order: npt.NDArray[Any], t: npt.NDArray[Any], sm: npt.NDArray[Any], memory: npt.NDArray[Any],
     energy: npt.NDArray[Any], previous_t: npt.NDArray[Any], previous_energy: npt.NDArray[Any],
     per_process: npt.NDArray[Any], merged: npt.NDArray[Any] | None = None,
+    device_units: npt.NDArray[Any] | None = None,
 ) -> None:
     """`_apply_appended` of every appended row (grouped by device) on its holders, in row order."""
     import numpy
@@ -187,23 +196,32 @@ def _apply_pieces(
     pair_workload = numpy.array(combo_workload, dtype=numpy.int64)[pair_combo]
     pair_rate = rate[pair_position]
     pair_monitored = monitored[pair_position] & valid
-    utilization = sm[pair_position].copy()
-    per_process_pairs = numpy.flatnonzero(pair_monitored & per_process[pair_position])
-    if len(per_process_pairs):
-        group_of = numpy.array(combo_group, dtype=numpy.int64)[pair_combo]
-        index = numpy.array(bases, dtype=numpy.int64)[group_of] + (pair_position - group_start[group_of])
+    # DESIGN §3 (EngineCore._attribution): a device's sole stretch without per-process data takes the
+    # device's SM % over its share, computed here for every such pair at once, as `_attribution` does
+    # it; any other pair (several holders, or per-process data) asks `_attribution` itself
+    group_sizes = numpy.array([len(gpu.stretches) for gpu in gpus], dtype=numpy.int64)
+    pair_group = groups[pair_combo]
+    if device_units is None:
+        device_units = numpy.ones(len(t))
+    with numpy.errstate(invalid="ignore", divide="ignore"):
+        utilization = numpy.minimum(100.0, sm[pair_position] / (units / device_units[pair_position]))
+    unattributed = numpy.zeros(len(pair_combo), dtype=numpy.bool_)
+    asking = numpy.flatnonzero(pair_monitored & ((group_sizes[pair_group] > 1) | per_process[pair_position]))
+    if len(asking):
+        index = numpy.array(bases, dtype=numpy.int64)[pair_group] + (pair_position - group_start[pair_group])
         cached: tuple[Any, ...] | None = None
-        value = 0.0
+        value, flag = 0.0, False
         for pair, gpu_position, point, start, end in zip(
-            per_process_pairs.tolist(), group_of[per_process_pairs].tolist(), index[per_process_pairs].tolist(),
-            piece_start[per_process_pairs].tolist(), piece_end[per_process_pairs].tolist(), strict=True,
+            asking.tolist(), pair_group[asking].tolist(), index[asking].tolist(),
+            piece_start[asking].tolist(), piece_end[asking].tolist(), strict=True,
         ):
             stretch = stretches[int(pair_combo[pair])]
             key = (gpu_position, point, stretch.workload, start, end)
             if key != cached:
                 cached = key
-                value = core._workload_utilization(gpus[gpu_position], point, stretch.workload, start, end)
+                value, flag = core._attribution(gpus[gpu_position], point, stretch.workload, start, end)
             utilization[pair] = value
+            unattributed[pair] = flag
     active = pair_monitored & (utilization >= core._threshold)
     idle = pair_monitored & ~(utilization >= core._threshold)
     memory_known = pair_monitored & ~numpy.isnan(memory[pair_position])
@@ -224,6 +242,7 @@ def _apply_pieces(
     with numpy.errstate(invalid="ignore"):
         summed("energy_joules", valid & ~numpy.isnan(pair_rate), pair_rate * unit_seconds)
         summed("unmonitored_seconds", valid & ~monitored[pair_position], unit_seconds)
+        summed("unattributed_seconds", pair_monitored & unattributed, unit_seconds)
         summed("active_seconds", active, unit_seconds)
         summed("idle_seconds", idle, unit_seconds)
         summed("life_units", pair_monitored, unit_seconds)

@@ -399,7 +399,9 @@ class EngineCore:
         devices = {stretch.uuid for stretch in pod.stretches if stretch.end > low} | {item[0] for item in desired}
         for uuid in sorted(devices):
             gpu = self._gpu(uuid, None)
-            group = [stretch for stretch in gpu.stretches if stretch.workload is workload]
+            # every holder of g, not only this workload's: whether a workload holds g alone decides its
+            # utilisation (DESIGN §3), so a stretch that comes or goes changes the others' figures too
+            group = list(gpu.stretches)
             parent = self._energy_parent(gpu)
             self._apply_range(gpu, low, INFINITY, group, -1.0)
             if parent is not None:
@@ -434,7 +436,7 @@ class EngineCore:
                     gpu.stretches.append(stretch)
                     if workload.first_run_start is None or stretch.start < workload.first_run_start:
                         workload.first_run_start = stretch.start
-            group = [stretch for stretch in gpu.stretches if stretch.workload is workload]
+            group = list(gpu.stretches)
             self._apply_range(gpu, low, INFINITY, group, 1.0)
             if parent is not None:
                 self._apply_parent_energy(parent, low, INFINITY, group, 1.0)
@@ -519,30 +521,98 @@ class EngineCore:
         sm, times = gpu.sm[index], gpu.times
         return sm == sm and times[index] - gpu.merged[index] - times[index - 1] <= self._gap
 
-    def _workload_utilization(self, gpu: Gpu, index: int, workload: Workload, start: float, end: float) -> float:
-        """W's utilisation on g over (start, end] within interval `index` (DESIGN §3).
+    @staticmethod
+    def _cuts(gpu: Gpu, start: float, end: float) -> list[float]:
+        """Times strictly inside (start, end) where g's holders change: its stretches' starts and ends.
 
-        With per-process data: the SM % of W's pods' processes over W's share of g, where the
-        share counts W's stretches covering this piece (so taking a piece back after a change
-        uses exactly the share it was applied with); without: the device's SM %.
+        Between two cuts every stretch of g either covers the whole piece or none of it, so a
+        workload's share and whether it holds g alone are constant there (DESIGN §3 judges each
+        stretch of time by who holds g in it). A piece taken back later is cut the same way.
         """
-        pod_sm = gpu.pod_sm[index]
-        if pod_sm is None:
-            sm = gpu.sm[index]
-            return sm if sm == sm else 0.0
+        stretches = gpu.stretches
+        if len(stretches) < 2:
+            return []
+        cuts: set[float] = set()
+        for stretch in stretches:
+            if start < stretch.start < end:
+                cuts.add(stretch.start)
+            if start < stretch.end < end:
+                cuts.add(stretch.end)
+        return sorted(cuts)
+
+    def _workload_utilization(self, gpu: Gpu, index: int, workload: Workload, start: float, end: float) -> float:
+        """W's utilisation on g over (start, end] within interval `index` (see `_attribution`)."""
+        return self._attribution(gpu, index, workload, start, end)[0]
+
+    def _attribution(self, gpu: Gpu, index: int, workload: Workload, start: float, end: float) -> tuple[float, bool]:
+        """W's utilisation on g over (start, end] within interval `index`, and whether it was *unattributed*.
+
+        DESIGN §3, rule of 2026-11-27: activity is never lost to attribution. NVML's process list
+        can be empty or unattributable while a GPU computes (an agent in another PID namespace,
+        MIG instances whose processes are hidden, a lost cgroup mapping), so:
+        - W holds g alone (no other workload's stretch covers the piece): g's device SM % over
+          W's share of g (capped at 100), whatever the process list says;
+        - g is shared: the SM % of W's pods' processes over W's share (capped at 100), unless
+          there is no per-process data, or g is busy (SM >= threshold) while its holders'
+          processes sum below the threshold: then every holder gets g's device SM %.
+        W's share = W's units on g (its stretches covering the piece) / g's `device_units`.
+        *Unattributed*: g was busy and its figure came from the device because the processes
+        seen could not explain it (counted, and said on the workload's Sampling condition).
+        (start, end] must lie between two of `_cuts`, so the holders are the same all along it.
+        """
+        sm = gpu.sm[index]
+        if sm != sm:  # NaN: not reported (the interval is unmonitored; callers do not ask)
+            return 0.0, False
         units = 0.0
-        used = 0.0
-        seen: set[str] = set()
+        own: list[str] = []
+        others: list[str] = []
         for stretch in gpu.stretches:
-            if stretch.workload is workload and stretch.start < end and stretch.end > start:
-                units += stretch.units
-                if stretch.pod_uid not in seen:
-                    seen.add(stretch.pod_uid)
-                    used += pod_sm.get(stretch.pod_uid, 0.0)
+            if stretch.start < end and stretch.end > start:
+                if stretch.workload is workload:
+                    units += stretch.units
+                    if stretch.pod_uid not in own:
+                        own.append(stretch.pod_uid)
+                elif stretch.pod_uid not in others:
+                    others.append(stretch.pod_uid)
         if units <= 0:
-            return 0.0
+            return 0.0, False
         share = units / gpu.device_units[index]
-        return min(100.0, used / share)
+        pod_sm = gpu.pod_sm[index]
+        threshold = self._threshold
+        busy = sm >= threshold
+        if not others:
+            explained = pod_sm is None or not busy or sum(pod_sm.get(uid, 0.0) for uid in own) >= threshold
+            return min(100.0, sm / share), not explained
+        if pod_sm is None:
+            return sm, busy
+        used = 0.0
+        for uid in own:
+            used += pod_sm.get(uid, 0.0)
+        if busy and used + sum(pod_sm.get(uid, 0.0) for uid in others) < threshold:
+            return sm, True
+        return min(100.0, used / share), False
+
+    def _account(
+        self, stretch: Stretch, units: float, piece_start: float, piece_end: float, utilization: float,
+        memory: float, sign: float,
+    ) -> None:
+        """Add (sign=1) or take back (sign=-1, `units` negative) one monitored piece of a stretch."""
+        workload = stretch.workload
+        unit_seconds = units * (piece_end - piece_start)
+        if utilization >= self._threshold:
+            workload.active_seconds += unit_seconds
+            if sign > 0 and piece_end > stretch.last_active:
+                stretch.last_active = piece_end
+        else:
+            workload.idle_seconds += unit_seconds
+        workload.life_units += unit_seconds
+        workload.life_util += unit_seconds * utilization
+        if memory != memory:  # NaN: memory not reported
+            workload.windows.add(piece_start, piece_end, units, units * utilization, 0.0, 0.0)
+        else:
+            workload.life_mem_units += unit_seconds
+            workload.life_mem += unit_seconds * memory
+            workload.windows.add(piece_start, piece_end, units, units * utilization, units, units * memory)
 
     def _apply_interval(
         self, gpu: Gpu, index: int, low: float, high: float, stretches: list[Stretch], sign: float
@@ -561,56 +631,35 @@ class EngineCore:
                 energy = max(0.0, joules - previous_joules) / (end - start)  # joules per second
         cut_start = start if start > low else low
         cut_end = end if end < high else high
-        cached_key: tuple[Workload, float, float] | None = None
-        utilization = 0.0
-        # without per-process data every holder's utilisation is the device's (see _workload_utilization):
-        # read once here, not per stretch
-        device_utilization = None
-        if monitored and gpu.pod_sm[index] is None:
-            device_utilization = gpu.sm[index]
+        cuts = self._cuts(gpu, cut_start, cut_end) if monitored else []
         memory = gpu.memory[index]
-        threshold = self._threshold
         for stretch in stretches:
             piece_start = cut_start if cut_start > stretch.start else stretch.start
             piece_end = cut_end if cut_end < stretch.end else stretch.end
             if piece_end <= piece_start:
                 continue
             workload = stretch.workload
-            seconds = piece_end - piece_start
             units = stretch.units * sign
-            unit_seconds = units * seconds
+            unit_seconds = units * (piece_end - piece_start)
             if energy is not None:
                 workload.energy_joules += energy * unit_seconds
             if not monitored:
                 workload.unmonitored_seconds += unit_seconds
                 continue
-            if device_utilization is not None:
-                utilization = device_utilization
-            else:
-                key = (workload, piece_start, piece_end)
-                if key != cached_key:
-                    cached_key = key
-                    utilization = self._workload_utilization(gpu, index, workload, piece_start, piece_end)
-            if utilization >= threshold:
-                workload.active_seconds += unit_seconds
-                if sign > 0 and piece_end > stretch.last_active:
-                    stretch.last_active = piece_end
-            else:
-                workload.idle_seconds += unit_seconds
-            workload.life_units += unit_seconds
-            workload.life_util += unit_seconds * utilization
-            if memory != memory:  # NaN: memory not reported
-                workload.windows.add(piece_start, piece_end, units, units * utilization, 0.0, 0.0)
-            else:
-                workload.life_mem_units += unit_seconds
-                workload.life_mem += unit_seconds * memory
-                workload.windows.add(piece_start, piece_end, units, units * utilization, units, units * memory)
+            bounds = [piece_start, *(cut for cut in cuts if piece_start < cut < piece_end), piece_end]
+            for position in range(len(bounds) - 1):
+                sub_start, sub_end = bounds[position], bounds[position + 1]
+                utilization, unattributed = self._attribution(gpu, index, workload, sub_start, sub_end)
+                if unattributed:
+                    workload.unattributed_seconds += units * (sub_end - sub_start)
+                self._account(stretch, units, sub_start, sub_end, utilization, memory, sign)
 
     def _apply_appended(self, gpu: Gpu, index: int, stretches: list[Stretch]) -> None:
         """`_apply_interval(gpu, index, -inf, inf, stretches, 1.0)`, the same arithmetic to the bit, for a new point.
 
         What `observe_samples` runs per appended row: the whole interval, nothing taken back (x * 1.0
-        is x, and a cut at -inf/inf is the interval itself), the per-stretch work inlined.
+        is x, and a cut at -inf/inf is the interval itself), the per-stretch work inlined. An
+        interval in which g's holders change goes through `_apply_interval` (it is cut there).
         """
         times = gpu.times
         end = times[index]
@@ -618,19 +667,20 @@ class EngineCore:
         if index == 0:
             start = -INFINITY
             monitored = False
-            sm = NOTHING
         else:
             start = times[index - 1]
-            sm = gpu.sm[index]
             monitored = self._monitored(gpu, index)
+            if monitored and self._cuts(gpu, start, end):
+                self._apply_interval(gpu, index, -INFINITY, INFINITY, stretches, 1.0)
+                return
             joules, previous_joules = gpu.energy[index], gpu.energy[index - 1]
             if joules == joules and previous_joules == previous_joules:
                 energy = max(0.0, joules - previous_joules) / (end - start)
-        per_process = monitored and gpu.pod_sm[index] is not None
         memory = gpu.memory[index]
         threshold = self._threshold
         cached_key: tuple[Workload, float, float] | None = None
-        utilization = sm
+        utilization = 0.0
+        unattributed = False
         for stretch in stretches:
             stretch_start, stretch_end = stretch.start, stretch.end
             piece_start = start if start > stretch_start else stretch_start
@@ -645,11 +695,12 @@ class EngineCore:
             if not monitored:
                 workload.unmonitored_seconds += unit_seconds
                 continue
-            if per_process:
-                key = (workload, piece_start, piece_end)
-                if key != cached_key:
-                    cached_key = key
-                    utilization = self._workload_utilization(gpu, index, workload, piece_start, piece_end)
+            key = (workload, piece_start, piece_end)
+            if key != cached_key:
+                cached_key = key
+                utilization, unattributed = self._attribution(gpu, index, workload, piece_start, piece_end)
+            if unattributed:
+                workload.unattributed_seconds += unit_seconds
             if utilization >= threshold:
                 workload.active_seconds += unit_seconds
                 if piece_end > stretch.last_active:
@@ -681,10 +732,17 @@ class EngineCore:
                     break
                 if start < low and self._monitored(gpu, index):
                     piece_start, piece_end = max(start, stretch.start), min(end, low, stretch.end)
-                    utilization = self._workload_utilization(gpu, index, stretch.workload, piece_start, piece_end)
-                    if piece_end > piece_start and utilization >= self._threshold:
-                        found = min(end, low, stretch.end)
-                        break
+                    if piece_end > piece_start:
+                        bounds = [piece_start, *self._cuts(gpu, piece_start, piece_end), piece_end]
+                        for position in range(len(bounds) - 1, 0, -1):  # the latest active piece first
+                            utilization = self._workload_utilization(
+                                gpu, index, stretch.workload, bounds[position - 1], bounds[position]
+                            )
+                            if utilization >= self._threshold:
+                                found = bounds[position]
+                                break
+                        if found > -INFINITY:
+                            break
                 index -= 1
             if found == -INFINITY and gpu.pruned and times and times[0] > stretch.start:
                 found = min(stretch.last_active, times[0])  # beyond the kept history: best known bound

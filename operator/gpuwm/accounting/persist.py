@@ -120,6 +120,7 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
             "activeSeconds": workload.active_seconds,
             "idleSeconds": workload.idle_seconds,
             "unmonitoredSeconds": workload.unmonitored_seconds,
+            "unattributedSeconds": workload.unattributed_seconds,
             "energyJoules": workload.energy_joules,
             "life": [workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem],
             "windows": workload.windows.to_raw() if raw else workload.windows.to_base64(),
@@ -249,6 +250,7 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
         workload.active_seconds = raw["activeSeconds"]
         workload.idle_seconds = raw["idleSeconds"]
         workload.unmonitored_seconds = raw["unmonitoredSeconds"]
+        workload.unattributed_seconds = raw.get("unattributedSeconds", 0.0)  # absent in states saved before 2026-11-27
         workload.energy_joules = raw["energyJoules"]
         workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem = raw["life"]
         windows = raw["windows"]  # version 1: a list of floats; 2: base64 of the doubles, or their raw bytes

@@ -207,6 +207,9 @@ class Engine(EngineCore):
             return None, memory, False
         start = max(gpu.times[index - 1], stretch.start)
         end = min(t, stretch.end)
+        cuts = self._cuts(gpu, start, end)
+        if cuts:  # the holders changed within the interval: as they were at its end
+            start = cuts[-1]
         utilization = self._workload_utilization(gpu, index, stretch.workload, start, end)
         monitored = now - t <= self._gap
         return utilization, memory, monitored
@@ -445,6 +448,7 @@ class Engine(EngineCore):
         fields["idle_gpu_seconds"] = float(workload.idle_seconds)
         fields["unmonitored_gpu_seconds"] = float(unmonitored)
         fields["idle_gpus"] = float(idle_gpus)
+        fields["unattributed_gpu_seconds"] = float(workload.unattributed_seconds)
         fields["last_active_time"] = _optional_float(last_active_time)
         fields["idle_seconds"] = float(idle_seconds)
         fields["wait_seconds"] = float(wait_seconds)

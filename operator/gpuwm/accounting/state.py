@@ -482,6 +482,7 @@ class Workload:
         "revision",
         "stretches",
         "uid",
+        "unattributed_seconds",
         "unmonitored_seconds",
         "windows",
     )
@@ -501,6 +502,9 @@ class Workload:
         self.active_seconds = 0.0  # unit-seconds, as are idle and unmonitored
         self.idle_seconds = 0.0
         self.unmonitored_seconds = 0.0
+        #: monitored unit-seconds whose utilisation came from the device because the processes seen could
+        #: not explain a busy GPU (DESIGN §3, rule of 2026-11-27)
+        self.unattributed_seconds = 0.0
         self.energy_joules = 0.0
         self.life_units = 0.0  # monitored unit-seconds
         self.life_util = 0.0  # monitored unit-seconds x utilisation %

@@ -97,6 +97,11 @@ class WorkloadFigures(_Figures):
     idle_gpu_seconds: float = 0.0
     unmonitored_gpu_seconds: float = 0.0
     idle_gpus: float = Field(default=0.0, description="Units held now whose latest sample was inactive.")
+    unattributed_gpu_seconds: float = Field(
+        default=0.0,
+        description="Monitored GPU-seconds whose utilisation came from the device because the processes seen could"
+        " not explain a busy GPU (DESIGN §3, rule of 2026-11-27).",
+    )
     last_active_time: float | None = None
     idle_seconds: float = 0.0
     wait_seconds: float = 0.0

@@ -81,6 +81,16 @@ class Node:
     name: str
     kind: NodeKind
     gpus: list[Gpu] = field(default_factory=list)
+    #: its agent sees no process (a DaemonSet without hostPID, processes in another PID namespace): every
+    #: sample's process list is empty, however busy the GPU (DESIGN §3's rule of 2026-11-27 must hold)
+    hides_processes: bool = False
+
+
+def hides_processes(index: int, nodes: int) -> bool:
+    """One whole-GPU node in eight and one time-sliced node in sixteen; node 0 of a 4 to 7 node fleet."""
+    if nodes >= 8:
+        return index % 8 == 5 or (nodes >= 16 and index % 16 == 15)
+    return nodes >= 4 and index == 0
 
 
 def node_kinds(nodes: int) -> list[NodeKind]:
@@ -114,8 +124,8 @@ def build_fleet(rng: random.Random, nodes: int, gpus_per_node: int) -> list[Node
     if nodes < 1 or gpus_per_node < 1:
         raise ValueError(f"a fleet needs at least one node and one GPU per node (got {nodes} x {gpus_per_node})")
     fleet: list[Node] = []
-    for name, kind in zip(node_names(nodes), node_kinds(nodes), strict=True):
-        node = Node(name=name, kind=kind)
+    for index, (name, kind) in enumerate(zip(node_names(nodes), node_kinds(nodes), strict=True)):
+        node = Node(name=name, kind=kind, hides_processes=hides_processes(index, nodes))
         product = {"whole": H100, "mig": A100, "shared": L4}[kind]
         for gpu_index in range(gpus_per_node):
             gpu = Gpu(

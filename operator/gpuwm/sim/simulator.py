@@ -302,7 +302,7 @@ class Simulator:
             "energy_joules": gpu.energy_joules,
             "temperature_celsius": round(28.0 + 52.0 * power / product.power_limit_watts, 1),
         }
-        truth: dict[str, float] = {}
+        seen_by_pod: dict[str, float] | None = None  # the processes' SM % per pod, as the agent sends them
         processes: list[dict[str, Any]] | None = None
         if gpu.kind == "mig":
             for device in gpu.devices:
@@ -312,8 +312,9 @@ class Simulator:
                     **identity, **chip, "uuid": device.uuid, "parent_uuid": gpu.uuid, "mig_profile": device.mig_profile,
                     "device_units": device.units, "healthy": True, "sm_percent": percent,
                     "memory_used_bytes": float(int(used)), "memory_total_bytes": device.memory_total_bytes,
-                    "memory_activity_percent": round(0.6 * percent, 1)}))
-                self.truth_ledger.sample(device.uuid, t, {device.holder: percent} if device.holder else {})
+                    "memory_activity_percent": round(0.6 * percent, 1),
+                    **({"processes": []} if gpu.node.hides_processes else {})}))
+                self.truth_ledger.sample(device.uuid, t, percent, device.units, {} if gpu.node.hides_processes else None)
         elif gpu.kind == "shared":
             processes = []
             for device, _, percent in holders:
@@ -323,9 +324,9 @@ class Simulator:
                     "sm_percent": percent * device.units,  # percent of the device; exact for 1/4 shares
                     "memory_used_bytes": float(int(device.memory_total_bytes * self._memory_fraction[pod] * device.units)),
                 })
-                truth[pod] = percent
-        else:
-            truth = {device.holder: percent for device, _, percent in holders if device.holder}
+            seen_by_pod = {process["pod_uid"]: process["sm_percent"] for process in processes}
+        if gpu.node.hides_processes:
+            processes, seen_by_pod = [], {}
         step.samples.append(_sample({
             **identity, **chip, "uuid": gpu.uuid, "device_units": 1.0, "healthy": True, "sm_percent": round(busy, 2),
             "memory_used_bytes": float(int(memory_used)), "memory_total_bytes": product.memory_total_bytes,
@@ -336,7 +337,7 @@ class Simulator:
             "pcie_rx_bytes_per_second": float(int(busy * 4.0e7)), "pcie_tx_bytes_per_second": float(int(busy * 1.0e7)),
             "processes": processes}))
         if gpu.kind != "mig":
-            self.truth_ledger.sample(gpu.uuid, t, truth)
+            self.truth_ledger.sample(gpu.uuid, t, round(busy, 2), 1.0, seen_by_pod)
 
     @staticmethod
     def _sampled_devices(gpu: Gpu) -> list[tuple[str, str | None, str | None, float]]:

@@ -92,13 +92,17 @@ class GroundTruth:
         if holding is not None:
             holding.end = t
 
-    def sample(self, sample_uuid: str, t: float, utilization_by_pod: dict[str, float] | None) -> None:
-        """A sample of the device at t; `utilization_by_pod` is each holder's true utilisation,
-        None when the device could not be read (a lost GPU)."""
+    def sample(
+        self, sample_uuid: str, t: float, device_percent: float | None, device_units: float = 1.0,
+        process_percent_by_pod: dict[str, float] | None = None,
+    ) -> None:
+        """A sample of the device at t: its SM % (None when it could not be read: a lost GPU), its size,
+        and the SM % of the processes the agent saw per pod (None: no per-process data)."""
         ledger = self._devices.setdefault(sample_uuid, _DeviceLedger())
         start = ledger.last_sample
         ledger.last_sample = t
-        monitored = utilization_by_pod is not None and t - start <= self.gap_seconds
+        monitored = device_percent is not None and t - start <= self.gap_seconds
+        covering = [holding for holding in ledger.holdings if min(t, holding.end) > max(start, holding.start)]
         kept: list[_Holding] = []
         for holding in ledger.holdings:
             seconds = min(t, holding.end) - max(start, holding.start)
@@ -106,8 +110,8 @@ class GroundTruth:
                 unit_seconds = holding.units * seconds
                 sums = self.sums[holding.workload_uid]
                 sums.allocated += unit_seconds
-                if monitored and utilization_by_pod is not None:
-                    utilization = utilization_by_pod.get(holding.pod_uid, 0.0)
+                if monitored and device_percent is not None:
+                    utilization = self._attributed(holding, covering, device_percent, device_units, process_percent_by_pod)
                     sums.utilization += unit_seconds * utilization
                     if utilization >= self.idle_threshold_percent:
                         sums.active += unit_seconds
@@ -118,6 +122,28 @@ class GroundTruth:
             if holding.end > t:
                 kept.append(holding)
         ledger.holdings = kept
+
+    def _attributed(
+        self, holding: _Holding, covering: list[_Holding], device_percent: float, device_units: float,
+        process_percent_by_pod: dict[str, float] | None,
+    ) -> float:
+        """The holder's utilisation by DESIGN §3's rule of 2026-11-27 (activity is never lost to attribution).
+
+        Written apart from the engine's (`EngineCore._attribution`) so that the two check each other:
+        a sole holding workload takes the device's SM % over its share; on a shared device the
+        processes split it, unless there are none to read or they cannot explain a busy device.
+        """
+        own = [other for other in covering if other.workload_uid == holding.workload_uid]
+        share = sum(other.units for other in own) / device_units
+        if len(own) == len(covering):
+            return min(100.0, device_percent / share)
+        if process_percent_by_pod is None:
+            return device_percent
+        holders = sum(process_percent_by_pod.get(pod, 0.0) for pod in {other.pod_uid for other in covering})
+        if device_percent >= self.idle_threshold_percent and holders < self.idle_threshold_percent:
+            return device_percent
+        used = sum(process_percent_by_pod.get(pod, 0.0) for pod in {other.pod_uid for other in own})
+        return min(100.0, used / share)
 
     def add_energy(self, workload_uid: str, joules: float) -> None:
         """Energy the holder drew (power x seconds x share), known whether or not anyone measured it."""

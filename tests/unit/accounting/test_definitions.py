@@ -86,12 +86,13 @@ def test_another_pods_processes_do_not_make_a_workload_active() -> None:
     assert b.idle_gpus == pytest.approx(0.5)
 
 
-def test_without_per_process_data_device_sm_is_the_workloads_utilisation() -> None:
+def test_a_sole_holder_without_per_process_data_takes_the_device_sm_over_its_share() -> None:
     e = engine()
     e.observe(pod(0, "half", devices=[("GPU-a", 0.5)]))
     for s in samples(0, 10, sm=40):
         e.observe(s)
-    assert figures(e, "half", 10).utilization.lifetime == pytest.approx(40)
+    # it holds GPU-a alone: all of the device's 40 % is its own, over its 0.5 share = 80 % (rule of 2026-11-27)
+    assert figures(e, "half", 10).utilization.lifetime == pytest.approx(80)
 
 
 def test_shares_on_one_physical_gpu_add_up() -> None:
@@ -229,8 +230,8 @@ def test_utilisation_is_allocation_weighted_across_gpus() -> None:
     e.observe(pod(0, "a", devices=[("GPU-a", 1.0), ("GPU-b", 0.5)]))
     for t in range(0, 11):
         e.observe(sample(t, "GPU-a", sm=30))
-        e.observe(sample(t, "GPU-b", sm=90))
-    # (1 x 30 + 0.5 x 90) / 1.5 = 50
+        e.observe(sample(t, "GPU-b", sm=45))
+    # a holds half of GPU-b alone: 45 % / 0.5 = 90 %; (1 x 30 + 0.5 x 90) / 1.5 = 50
     f = figures(e, "a", 10)
     assert f.utilization.lifetime == pytest.approx(50)
     assert f.allocated_gpus == pytest.approx(1.5)

@@ -207,3 +207,19 @@ def test_samples_validate_as_the_model() -> None:
     for step in simulator.run(60.0):
         for sample in step.samples:
             GpuSample.model_validate(sample.model_dump())
+
+
+def test_a_node_whose_agent_sees_no_process_still_reads_busy() -> None:
+    # node 0 of a 4-node fleet hides its processes (an agent without hostPID): every sample's list is empty
+    simulator = Simulator(small_config())
+    assert simulator.nodes[0].hides_processes and not any(node.hides_processes for node in simulator.nodes[1:])
+    engine, steps = run_through_engine(simulator, 2 * HOUR)
+    hidden = [sample for step in steps for sample in step.samples if sample.node == simulator.nodes[0].name]
+    assert hidden and all(sample.processes == [] for sample in hidden if sample.healthy)
+    assert_engine_matches_truth(simulator, engine)
+    on_hidden_node = [
+        figures for figures in engine.workloads(simulator.clock) if simulator.nodes[0].name in figures.nodes
+    ]
+    busy = [figures for figures in on_hidden_node if figures.active_gpu_seconds > 0]
+    assert busy, "the workloads of the node that hides its processes must read busy, not idle"
+    assert all(figures.unattributed_gpu_seconds > 0 for figures in busy)
