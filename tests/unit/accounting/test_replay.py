@@ -176,3 +176,34 @@ def test_console_script_runs(tmp_path: Path) -> None:
     assert json.loads(result.stdout)["workloads"][0]["name"] == "train"
     version = subprocess.run([sys.executable, "-m", "gpuwm.cli", "version"], capture_output=True, text=True, check=True)
     assert version.stdout.startswith("gpuwm ")
+
+
+def _pod_line(name: str, uuid: str, units: float) -> dict[str, Any]:
+    return {
+        "t": 0, "event": "pod", "namespace": "ml", "name": name, "uid": f"p-{name}", "phase": "Running", "node": "n1",
+        "labels": {}, "workload": {"apiVersion": "batch/v1", "kind": "Job", "name": name, "uid": f"w-{name}", "created": 0},
+        "devices": [{"uuid": uuid, "units": units}],
+    }
+
+
+def test_replay_reads_a_busy_gpu_with_an_empty_process_list_as_busy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # DESIGN §3, rule of 2026-11-27: a whole GPU held by one Job's pod computes at 80 % while NVML lists no
+    # process (another PID namespace); a time-sliced GPU shared by two pods is busy with processes of no pod
+    lines: list[Mapping[str, Any]] = [_pod_line("solo", "GPU-a", 1.0), _pod_line("x", "GPU-b::0", 0.5),
+                                      _pod_line("y", "GPU-b::1", 0.5)]
+    for t in range(0, 61):
+        lines.append({"t": t, "event": "sample", "node": "n1", "uuid": "GPU-a", "sm_percent": 80, "processes": []})
+        lines.append({"t": t, "event": "sample", "node": "n1", "uuid": "GPU-b", "sm_percent": 30,
+                      "processes": [{"pid": 9, "sm_percent": 30}]})
+    code, out, err = _replay(capsys, str(_write(tmp_path, lines)), "--at", "60")
+    assert code == 0, err
+    workloads = {item["name"]: item for item in json.loads(out)["workloads"]}
+    assert workloads["solo"]["activeGpuSeconds"] == pytest.approx(60)
+    assert workloads["solo"]["idleGpuSeconds"] == 0
+    assert workloads["solo"]["idleSeconds"] == 0
+    assert workloads["solo"]["utilization"]["lifetime"] == pytest.approx(80)
+    for name in ("x", "y"):  # each holder gets the device's 30 %
+        assert workloads[name]["activeGpuSeconds"] == pytest.approx(30)
+        assert workloads[name]["utilization"]["lifetime"] == pytest.approx(30)
