@@ -49,7 +49,7 @@ def control_plane(envtest_assets: Assets, tmp_path_factory: pytest.TempPathFacto
 def established(plane: ControlPlane, name: str) -> bool:
     status, crd = plane.admin().request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
     return status == 200 and any(c["type"] == "Established" and c["status"] == "True"
-                                 for c in crd.get("status", {}).get("conditions", []))
+                                 for c in (crd.get("status") or {}).get("conditions") or [])
 
 
 @pytest.fixture(scope="session")

@@ -186,11 +186,13 @@ class ControlPlane:
             raise AssertionError(f"kubectl {' '.join(arguments)} failed ({done.returncode}):\n{done.stderr}")
         return done
 
-    def token(self, namespace: str, service_account: str, seconds: int = 3600) -> str:
-        """A ServiceAccount token from the TokenRequest API (what a projected volume gives a pod)."""
-        answer = self.admin().create(
-            f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": seconds}})
+    def token(self, namespace: str, service_account: str, seconds: int = 3600,
+              audiences: list[str] | None = None) -> str:
+        """A ServiceAccount token from the TokenRequest API (what a projected volume gives a pod); for the API
+        server's own audience unless `audiences` are named."""
+        spec: dict[str, Any] = {"expirationSeconds": seconds, **({"audiences": audiences} if audiences else {})}
+        answer = self.admin().create(f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}/token",
+                                     {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec})
         return str(answer["status"]["token"])
 
     # ------------------------------------------------------------------ lifecycle
