@@ -97,6 +97,7 @@ typedef struct device {
     int samples;      /* 0: nvmlDeviceGetSamples finds nothing (forces the fallback) */
     int proc_util;    /* 0: nvmlDeviceGetProcessUtilization is not supported */
     int error;        /* every per-device call returns this when non-zero */
+    int open_error;   /* nvmlDeviceGetHandleByIndex returns this when non-zero (a GPU lost before it is opened) */
     double lost_after_s; /* < 0: never */
     unsigned int gi, ci, slices;
 } device_t;
@@ -107,6 +108,7 @@ typedef struct {
     unsigned long long used_mib;
     int sm; /* -1: no per-process sample */
     unsigned int mem;
+    int listed; /* 0: left out of the running-process list (another PID namespace), still in per-process samples */
 } proc_t;
 
 static device_t devices[MAX_DEVICES];
@@ -173,6 +175,7 @@ static void set_device_key(device_t *d, const char *key, const char *value) {
     else if (!strcmp(key, "samples")) d->samples = atoi(value);
     else if (!strcmp(key, "proc_util")) d->proc_util = atoi(value);
     else if (!strcmp(key, "error")) d->error = atoi(value);
+    else if (!strcmp(key, "open_error")) d->open_error = atoi(value);
     else if (!strcmp(key, "lost_after_s")) d->lost_after_s = atof(value);
     else if (!strcmp(key, "gi")) d->gi = (unsigned int)atoi(value);
     else if (!strcmp(key, "ci")) d->ci = (unsigned int)atoi(value);
@@ -233,6 +236,7 @@ static void load_scenario(void) {
             memset(p, 0, sizeof *p);
             p->device = -1;
             p->sm = -1;
+            p->listed = 1;
             for (char *token = strtok(NULL, " \t\r\n"); token; token = strtok(NULL, " \t\r\n")) {
                 char *eq = strchr(token, '=');
                 if (!eq) continue;
@@ -243,6 +247,7 @@ static void load_scenario(void) {
                 else if (!strcmp(token, "used_mib")) p->used_mib = strtoull(value, NULL, 10);
                 else if (!strcmp(token, "sm")) p->sm = atoi(value);
                 else if (!strcmp(token, "mem")) p->mem = (unsigned int)atoi(value);
+                else if (!strcmp(token, "listed")) p->listed = atoi(value);
             }
             if (p->device >= 0) proc_count++;
         }
@@ -326,6 +331,7 @@ nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, void **device) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     for (int i = 0; i < device_count; i++) {
         if (devices[i].parent < 0 && devices[i].index == index) {
+            if (devices[i].open_error) return devices[i].open_error;
             *device = &devices[i];
             return NVML_SUCCESS;
         }
@@ -479,11 +485,13 @@ nvmlReturn_t nvmlDeviceGetPcieThroughput(void *handle, int counter, unsigned int
 }
 #endif
 
+/* with_sm: the processes with a per-process sample (listed or not); else those the running list shows */
 __attribute__((unused)) static int procs_on(const device_t *d, proc_t **out, int with_sm) {
     int n = 0;
     for (int i = 0; i < proc_count; i++) {
         if (&devices[procs[i].device] != d) continue;
         if (with_sm && procs[i].sm < 0) continue;
+        if (!with_sm && !procs[i].listed) continue;
         if (out) out[n] = &procs[i];
         n++;
     }

@@ -6,7 +6,9 @@ after attribution has filled in the processes' pods, so a poll builds each model
 Utilisation comes from `nvmlDeviceGetSamples` since the previous poll, so a sample covers the
 whole interval rather than an instant; an empty buffer falls back to `nvmlDeviceGetUtilizationRates`.
 A call a device does not support leaves its field `None`; any other NVML error marks that device
-unhealthy for this poll and the others go on.
+unhealthy for this poll and the others go on. A GPU that cannot even be opened (GPU_IS_LOST at
+start) stays listed by its index under `unopened_uuid`, unhealthy with the error, and is tried
+again with backoff until it opens.
 """
 
 from __future__ import annotations
@@ -97,6 +99,16 @@ class NvmlUnavailable(RuntimeError):
     """NVML cannot be used on this machine: no driver, or the library is missing."""
 
 
+def unopened_uuid(node: str, index: int) -> str:
+    """The stand-in UUID of GPU `index` on `node` while NVML cannot open it (its real UUID is unreadable then).
+
+    Stable across polls and agent restarts, unique in the cluster (the controller keys GPUs by UUID),
+    never a real NVML UUID (those are `GPU-` and 32 hex digits in 8-4-4-4-12 groups) and free of
+    `::` (a time-sliced replica's separator).
+    """
+    return f"GPU-unopened-{node}-{index}"
+
+
 @dataclass
 class Device:
     """A GPU or MIG instance found by discovery, with its per-poll cursors."""
@@ -118,6 +130,8 @@ class Device:
     #: the last PCIe throughput reading (receive, transmit bytes/s) and when it was taken (monotonic seconds)
     pcie_throughput: tuple[float | None, float | None] = (None, None)
     pcie_throughput_at: float = -math.inf
+    #: why NVML could not open this GPU (then `handle` is None and `uuid` is `unopened_uuid`)
+    open_error: str | None = None
 
 
 class RawProcess(NamedTuple):
@@ -184,6 +198,9 @@ class NvmlSampler:
         self._discovered_at = -math.inf
         self._count: int | None = None
         self._started = False
+        #: when to try unopened GPUs again (monotonic seconds), and the wait after that try
+        self._reopen_at = math.inf
+        self._reopen_wait_seconds = interval_seconds
 
     def start(self) -> str:
         """Initialise NVML; raises NvmlUnavailable with the reason when there is no usable driver."""
@@ -221,7 +238,7 @@ class NvmlSampler:
                 handle = pynvml.nvmlDeviceGetHandleByIndex(index)
                 uuid = _text(pynvml.nvmlDeviceGetUUID(handle))
             except pynvml.NVMLError as error:
-                log.warning("GPU %d could not be opened: %s", index, error, extra={"gpu_index": index})
+                found.extend(self._unopened(index, error, known))
                 continue
             model = self._model(handle, uuid)
             gpu = known.get(uuid) or Device(
@@ -240,6 +257,23 @@ class NvmlSampler:
         self.devices = found
         self._count = count
         self._discovered_at = time.monotonic()
+        if any(device.handle is None for device in found):
+            self._reopen_at = self._discovered_at + self._reopen_wait_seconds
+            self._reopen_wait_seconds = min(self.rediscover_seconds, 2 * self._reopen_wait_seconds)
+        else:
+            self._reopen_at, self._reopen_wait_seconds = math.inf, self.interval_seconds
+
+    def _unopened(self, index: int, error: pynvml.NVMLError, known: dict[str, Device]) -> list[Device]:
+        """GPU `index` that NVML cannot open now: as it was if it was open before (its reads then fail and say
+        so under its real UUID), else a stand-in under `unopened_uuid` that polls report unhealthy."""
+        before = [d for d in known.values() if d.index == index and d.handle is not None]
+        if before:
+            return before  # the GPU and its MIG instances
+        reason = f"GPU {index} could not be opened: {type(error).__name__}: {error}"
+        uuid = unopened_uuid(self.node, index)
+        if uuid not in known:
+            log.warning("%s; listed as unhealthy and tried again", reason, extra={"gpu_index": index})
+        return [Device(None, uuid, index, None, open_error=reason)]
 
     def _model(self, handle: Any, uuid: str) -> str | None:
         try:
@@ -287,12 +321,18 @@ class NvmlSampler:
     def poll(self) -> PollResult:
         """One sample per device; never raises for a failing device."""
         started = time.perf_counter()
-        if time.monotonic() - self._discovered_at >= self.rediscover_seconds or self._count_changed():
+        monotonic = time.monotonic()
+        if (monotonic - self._discovered_at >= self.rediscover_seconds or monotonic >= self._reopen_at
+                or self._count_changed()):
             self.discover()
         samples: list[Reading] = []
         errors: dict[str, str] = {}
         now = time.time()
         for device in self.devices:
+            if device.open_error is not None:
+                errors[device.uuid] = device.open_error
+                samples.append(self._unhealthy(device, now, device.open_error))
+                continue
             try:
                 samples.append(self._read(device, now))
             except pynvml.NVMLError as error:
@@ -411,10 +451,17 @@ class NvmlSampler:
         return total / count
 
     def _processes(self, device: Device, device_sm_percent: float | None) -> list[RawProcess] | None:
+        """The compute processes NVML lists, and those its per-process utilisation names besides.
+
+        A process of another PID namespace (the agent's own, without hostPID) is missing from the
+        running list, yet `nvmlDeviceGetProcessUtilization` still gives its host PID and SM %: it is
+        added without a memory figure, and the host's /proc (`proc_root`) finds its pod. On a busy
+        device with an empty list that call is made for exactly this.
+        """
         running = _optional(_running_processes, device.handle)
         if running is None:
             return None
-        sm_by_pid = self._process_utilization(device) if running else {}
+        sm_by_pid = self._process_utilization(device) if running or device_sm_percent else {}
         # no per-process sample while the device itself was busy: the driver gave none, it is not 0 %
         missing = not sm_by_pid and bool(device_sm_percent)
         processes = []
@@ -428,6 +475,10 @@ class NvmlSampler:
             elif sm < 0.0:
                 sm = 0.0
             processes.append(RawProcess(pid, None if used is None else float(used), sm))
+        listed = {pid for pid, _ in running}
+        for pid, sm in sm_by_pid.items():
+            if pid not in listed:
+                processes.append(RawProcess(pid, None, min(100.0, max(0.0, sm))))
         return processes
 
     def _process_utilization(self, device: Device) -> dict[int, float]:

@@ -150,4 +150,5 @@ def test_a_driver_with_only_the_basic_calls(minimal_nvml_lib: Path, tmp_path: Pa
     assert sample["healthy"] and sample["error"] is None
     assert sample["sm_percent"] == 35.0  # nvmlDeviceGetUtilizationRates, the only figure it has
     assert sample["memory_used_bytes"] is None and sample["energy_joules"] is None and sample["processes"] is None
-    assert [d["state"] for d in snapshot["devices"]] == ["unallocated"]
+    # busy (35 %) though nobody is known to hold it and no process list exists: active, holder unknown (DESIGN §3)
+    assert [(d["state"], d["pod"]) for d in snapshot["devices"]] == [("active", None)]
