@@ -12,6 +12,7 @@ process list as NVML gave it: the controller's engine applies the same rule to t
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from gpuwm.agent.cgroup import PodRef
-from gpuwm.agent.nvml import Reading
+from gpuwm.agent.nvml import DEFAULT_MIG_SLICES, Reading
 from gpuwm.agent.podresources import Assignment
 from gpuwm.model import AgentDevice, DeviceState, GpuSample
 
@@ -199,7 +200,43 @@ def attribute(
     if device_cache is not None:
         device_cache.clear()
         device_cache.update(used)
+    read = {sample.uuid for sample in samples}
+    for uuid, holders in held.items():
+        if uuid not in read:
+            devices.extend(_unread_entries(uuid, holders, replicas, default_replicas, known_uids))
     return Attributed(samples, devices, frozenset(unexplained))
+
+
+_MIG_SLICES = re.compile(r"^nvidia\.com/mig-(\d+)g\.")
+
+
+def _unread_entries(
+    uuid: str, holders: list[Assignment], replicas: dict[str, int], default_replicas: int,
+    known_uids: dict[tuple[str, str], str],
+) -> list[AgentDevice]:
+    """Holders of a device NVML does not list (a GPU it cannot open, whose UUID it cannot read): listed unhealthy.
+
+    Their allocation stays known to the controller, and with no sample of the device their time
+    is unmonitored, never idle. A MIG slice's units come from its resource name (slices of 7).
+    """
+    entries = []
+    for holder in holders:
+        mig = _MIG_SLICES.match(holder.resource_name)
+        if holder.replica is not None:
+            units = 1.0 / max(1, replicas.get(uuid, default_replicas))
+        elif mig is not None:
+            units = min(1.0, int(mig.group(1)) / DEFAULT_MIG_SLICES) or 1.0 / DEFAULT_MIG_SLICES
+        else:
+            units = 1.0
+        entries.append(AgentDevice(
+            uuid=uuid, device_id=holder.device_id, units=units, resource_name=holder.resource_name,
+            mig_profile=holder.resource_name.removeprefix("nvidia.com/mig-") if mig is not None else None,
+            namespace=holder.namespace, pod=holder.pod, pod_uid=known_uids.get((holder.namespace, holder.pod)),
+            container=holder.container, attributed_by="pod-resources", state="unknown", healthy=False,
+            error="the device plugin assigned this device but NVML lists no device with its UUID (a GPU it cannot "
+                  "open is listed as GPU-unopened-NODE-INDEX)",
+        ))
+    return entries
 
 
 def _units(holder: Assignment, sample: GpuSample, replicas: dict[str, int], default_replicas: int) -> float:

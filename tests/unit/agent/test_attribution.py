@@ -216,3 +216,22 @@ def test_unhealthy_device_is_unknown_and_not_counted() -> None:
                        _no_pods, {}, 1.0)
     assert [(d.pod, d.state, d.healthy, d.error) for d in result.devices] == [("p", "unknown", False, "GPU is lost")]
     assert result.unexplained == frozenset()
+
+
+def test_holders_of_a_device_nvml_does_not_list_are_listed_unhealthy() -> None:
+    """A GPU lost before the agent opened it has no reading under its UUID: its holders stay listed, unmonitored."""
+    assignments = [
+        Assignment("GPU-gone", "GPU-gone", None, "nvidia.com/gpu", "ml", "job-0", "main"),
+        Assignment("MIG-gone", "MIG-gone", None, "nvidia.com/mig-3g.40gb", "ml", "slice-0", "main"),
+        Assignment("GPU-gone2::1", "GPU-gone2", 1, "nvidia.com/gpu.shared", "ml", "shared-0", "main"),
+    ]
+    result = attribute([_reading("GPU-ok", 0.0, [])], assignments, {}, 4, _no_pods, {}, 1.0)
+    gone = {d.uuid: d for d in result.devices if d.uuid != "GPU-ok"}
+    assert {uuid: (d.pod, d.units, d.state, d.healthy) for uuid, d in gone.items()} == {
+        "GPU-gone": ("job-0", 1.0, "unknown", False),
+        "MIG-gone": ("slice-0", pytest.approx(3 / 7), "unknown", False),
+        "GPU-gone2": ("shared-0", 0.25, "unknown", False),
+    }
+    assert gone["MIG-gone"].mig_profile == "3g.40gb"
+    assert all("NVML lists no device" in (d.error or "") for d in gone.values())
+    assert [s.uuid for s in result.samples] == ["GPU-ok"]  # no sample is made up for them
