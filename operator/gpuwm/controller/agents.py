@@ -5,19 +5,27 @@ feeds what came back to the engine. `since` is tracked per agent, so each pull r
 only new samples; an agent whose `seq` went backwards restarted and is read again from
 the start. An agent that does not answer yields no samples, so its GPUs become
 unmonitored (the engine's rule for gaps), never idle.
+
+What an agent sends is refused where it enters: a snapshot that names another node than
+the one pulled is dropped whole (its samples would be booked to the wrong GPUs), and a
+sample with NaN or ±Infinity in any number is dropped alone, the rest of its snapshot
+kept. Both are counted (`AgentPuller.rejected_snapshots`, `.rejected_samples`) and logged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
+import math
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from hashlib import blake2b
 from operator import attrgetter
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import quote
 
 import numpy
@@ -118,6 +126,9 @@ class Snapshot:
     #: the tag the agent gave its `gpus` and `devices` (columns only), and those `gpus` validated: kept by the puller
     devices_tag: str | None = None
     device_entries: list[DeviceEntry] | None = None
+    #: samples (GPU samples and pod stats) dropped for a number that is not finite; the columns' dropped rows are
+    #: added when the columns are read (`ColumnBatch`)
+    rejected_samples: int = 0
 
     @property
     def sample_count(self) -> int:
@@ -138,6 +149,7 @@ class Snapshot:
         if self.columns is not None:
             following.columns = self.columns if following.columns is None else concat(self.columns, following.columns)
         following.pending_columns[:0] = self.pending_columns
+        following.rejected_samples += self.rejected_samples
         return following
 
 
@@ -199,14 +211,87 @@ class KnownDevices:
 
 _ENVELOPE_FIELDS = frozenset(_ColumnsEnvelope.model_fields)
 _ENVELOPE = TypeAdapter(_ColumnsEnvelope)
+#: the members whose entries are samples: one with a number that is not finite is dropped, not the snapshot
+_SAMPLE_MEMBERS = ("samples", "pod_stats")
+
+
+class WrongNodeError(ValueError):
+    """An agent answered for another node than the one pulled (a stale address, a mixed-up static list)."""
+
+
+def _loads(payload: bytes | bytearray) -> Any:
+    """An agent's JSON. orjson refuses `NaN` and `Infinity` tokens and numbers that overflow (1e999) outright;
+    such an answer is read again by Python's reader, every token that is not a finite number as infinity: in the
+    columns NaN stands for null, and the samples that hold infinity are dropped (`gpuwm.controller.columns`)."""
+    try:
+        return orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return json.loads(payload, parse_constant=lambda _token: math.inf)
+
+
+def _not_finite_entries(error: ValidationError) -> set[tuple[str, int]] | None:
+    """The (member, position) of the samples `error` found a NaN or infinity in; None when it found anything else."""
+    found = set()
+    for detail in error.errors():
+        location = detail["loc"]
+        if (detail["type"] != "finite_number" or len(location) < 2 or location[0] not in _SAMPLE_MEMBERS
+                or not isinstance(location[1], int)):
+            return None
+        found.add((str(location[0]), location[1]))
+    return found
+
+
+_Payload = TypeVar("_Payload", bound=BaseModel)
+
+
+def _validated(
+    adapter: Callable[[Any], _Payload], payload: Mapping[str, Any] | bytes | bytearray
+) -> tuple[_Payload, int]:
+    """`adapter(payload)`, and where only samples with a number that is not finite are wrong, those samples left
+    out: (the payload validated, how many were left out). Other errors are raised as they are."""
+    try:
+        return adapter(payload), 0
+    except ValidationError as error:
+        dropped = _not_finite_entries(error)
+        if dropped is None:
+            raise
+    raw = dict(_loads(payload) if isinstance(payload, bytes | bytearray) else payload)
+    for member in _SAMPLE_MEMBERS:
+        entries = raw.get(member)
+        if isinstance(entries, list):
+            raw[member] = [entry for position, entry in enumerate(entries) if (member, position) not in dropped]
+    return adapter(raw), len(dropped)
+
+
+def _json_rows(payload: Mapping[str, Any] | bytes | bytearray) -> _SnapshotPayload:
+    if isinstance(payload, bytes | bytearray):
+        return _SnapshotPayload.model_validate_json(payload)
+    return _SnapshotPayload.model_validate(payload)
+
+
+def _infinity_for_nan(payload: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A columnar answer given as objects, a float NaN in its columns made infinity, as `_loads` reads a `NaN`
+    token (in the arrays NaN means null). Not on the pull's path: an agent's answer comes as bytes."""
+    def marked(values: Any) -> Any:
+        if isinstance(values, list) and any(type(value) is float and value != value for value in values):
+            return [math.inf if type(value) is float and value != value else value for value in values]
+        return values
+
+    changed = dict(payload)
+    for member in ("columns", "processes"):
+        if isinstance(payload.get(member), Mapping):
+            changed[member] = {name: marked(values) for name, values in payload[member].items()}
+    return changed
 
 
 def _snapshot(
     payload: _SnapshotPayload | _ColumnsEnvelope, expected_node: str, holder_cache: HolderCache | None = None,
     columns: SampleColumns | None = None, pending_columns: list[Mapping[str, Any]] | None = None,
-    known: KnownDevices | None = None,
+    known: KnownDevices | None = None, rejected_samples: int = 0,
 ) -> Snapshot:
     node = payload.node or expected_node
+    if node != expected_node:
+        raise WrongNodeError(f"the agent pulled for node {expected_node!r} answered for node {node!r}")
     if known is not None:  # the agent left its devices out: they are those the puller keeps
         holders = known.holders
     else:
@@ -214,7 +299,8 @@ def _snapshot(
     samples = payload.samples if isinstance(payload, _SnapshotPayload) else []
     return Snapshot(node=node, seq=payload.seq, agent_id=payload.agent_id, samples=samples, holders=holders,
                     pod_stats=payload.pod_stats, more=payload.more, truncated=payload.truncated, columns=columns,
-                    pending_columns=pending_columns or [])
+                    pending_columns=pending_columns or [],
+                    rejected_samples=rejected_samples + (columns.rejected_rows if columns is not None else 0))
 
 
 def _holders_of(
@@ -242,26 +328,37 @@ def parse_snapshot(
     puller) skips re-validating device holders an agent repeats unchanged. `defer_columns`: the
     columns are left unread in `pending_columns` (all else is checked), for `ColumnBatch`.
     `known`: the devices the puller keeps for this agent, what an answer with `devices_unchanged` means.
+    A sample with NaN or ±Infinity in a number is left out (`Snapshot.rejected_samples` counts it);
+    an answer for another node than `expected_node` raises WrongNodeError.
     """
     try:
         if isinstance(payload, bytes | bytearray):
             if b'"columns"' not in payload:  # rows: pydantic parses and checks them in one pass
-                return _snapshot(_SnapshotPayload.model_validate_json(payload), expected_node, holder_cache)
-            payload = orjson.loads(payload)
+                rows, rejected = _validated(_json_rows, payload)
+                return _snapshot(rows, expected_node, holder_cache, rejected_samples=rejected)
+            payload = _loads(payload)
+        elif isinstance(payload, Mapping) and payload.get("format") == "columns":
+            payload = _infinity_for_nan(payload)
         if not isinstance(payload, Mapping):
             raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
         if payload.get("format") == "columns":
-            envelope = _ENVELOPE.validate_python({key: payload[key] for key in _ENVELOPE_FIELDS if key in payload})
+            envelope, rejected = _validated(
+                _ENVELOPE.validate_python, {key: payload[key] for key in _ENVELOPE_FIELDS if key in payload})
             held, entries = _tagged_devices(envelope, payload, expected_node, known)
             if entries is not None:  # validated once here; the columns' reading takes them as they are
                 payload = {**payload, "gpus": entries}
             if defer_columns:
-                snapshot = _snapshot(envelope, expected_node, holder_cache, pending_columns=[payload], known=held)
+                snapshot = _snapshot(envelope, expected_node, holder_cache, pending_columns=[payload], known=held,
+                                     rejected_samples=rejected)
             else:
-                snapshot = _snapshot(envelope, expected_node, holder_cache, parse_columns(payload), known=held)
+                snapshot = _snapshot(envelope, expected_node, holder_cache, parse_columns(payload), known=held,
+                                     rejected_samples=rejected)
             snapshot.devices_tag, snapshot.device_entries = envelope.devices_tag, entries
             return snapshot
-        return _snapshot(_SnapshotPayload.model_validate(payload), expected_node, holder_cache)
+        rows, rejected = _validated(_json_rows, payload)
+        return _snapshot(rows, expected_node, holder_cache, rejected_samples=rejected)
+    except WrongNodeError as error:
+        raise WrongNodeError(f"agent for node {expected_node!r} sent a snapshot of another node: {error}") from None
     except (ValidationError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as error:
         raise ValueError(f"agent for node {expected_node!r} sent a malformed snapshot: {error}") from None
 
@@ -353,6 +450,9 @@ class PullResult:
 
 #: pages of one agent read in one pull; the rest waits for the next interval
 MAX_PAGES_PER_PULL = 20
+#: reasons of `AgentPuller.rejected_samples` and `.rejected_snapshots`
+NOT_FINITE = "not-finite"
+WRONG_NODE = "wrong-node"
 
 
 class ColumnBatch:
@@ -414,6 +514,7 @@ class ColumnBatch:
                 future.set_exception(ValueError(f"agent for node {node!r} sent a malformed snapshot: {failure}"))
                 continue
             parts = [result for result in mine if isinstance(result, SampleColumns)]
+            snapshot.rejected_samples += sum(part.rejected_rows for part in parts)
             if snapshot.columns is not None:
                 parts.insert(0, snapshot.columns)
             snapshot.columns = join(parts)
@@ -442,6 +543,9 @@ class AgentPuller:
         self._holder_cache: HolderCache = {}
         #: each agent's devices under the tag it gave them: asked for with it, an agent leaves them out unchanged
         self._known_devices: dict[str, KnownDevices] = {}
+        #: samples and snapshots refused since the start, by reason (`gpuwm.controller.intake_metrics` exports them)
+        self.rejected_samples: Counter[str] = Counter()
+        self.rejected_snapshots: Counter[str] = Counter()
 
     async def close(self) -> None:
         await self.http.close()
@@ -523,6 +627,11 @@ class AgentPuller:
         if snapshot.truncated:
             logger.warning("agent on %s dropped samples before the controller read them (seq %d); "
                            "that time is unmonitored", node, state.since, extra={"node": node})
+        if snapshot.rejected_samples:  # one line for the pull, however many
+            self.rejected_samples[NOT_FINITE] += snapshot.rejected_samples
+            logger.warning("agent on %s at %s sent %d samples with NaN or infinity in a number; they were dropped "
+                           "(their time is unmonitored), the rest of its snapshot kept", node, base_url,
+                           snapshot.rejected_samples, extra={"node": node, "url": base_url})
         if state.warned:
             logger.info("agent on %s answers again", node, extra={"node": node})
         state.since = snapshot.max_seq
@@ -542,11 +651,17 @@ class AgentPuller:
         Its kept devices go too: its next answer sends them again, whatever went wrong.
         """
         self._known_devices.pop(node, None)
+        if isinstance(error, WrongNodeError):
+            self.rejected_snapshots[WRONG_NODE] += 1
         state = self.state[node]
         state.failures += 1
         if not state.warned:  # one warning per outage, not one per interval
-            logger.warning("agent on %s at %s did not answer (%r); its GPUs are unmonitored until it does",
-                           node, base_url, error, extra={"node": node, "url": base_url})
+            if isinstance(error, WrongNodeError):
+                logger.warning("%s; its snapshots are dropped and the GPUs of %s unmonitored until it answers for "
+                               "%s (check --agents)", error, node, node, extra={"node": node, "url": base_url})
+            else:
+                logger.warning("agent on %s at %s did not answer (%r); its GPUs are unmonitored until it does",
+                               node, base_url, error, extra={"node": node, "url": base_url})
             state.warned = True
         return None
 

@@ -3,6 +3,13 @@
 Validated column by column (lengths, number types, GpuSample's ranges) instead of one
 pydantic object per sample; what the engine needs goes to it as a `SampleBatch`, and only
 the samples the rest of the cycle keeps (each device's latest) become GpuSample objects.
+
+In the arrays NaN stands for null (not reported). A number that is not finite is something
+else: the reader of the agent's JSON turns `NaN` and `±Infinity` into infinity (see
+`gpuwm.controller.agents`), JSON's overflowing numbers (1e999) are infinite already, and a
+row with an infinite value in any of its numbers or its processes' is dropped, the others
+kept (`SampleColumns.rejected_rows` counts them): one such figure would make every sum it
+enters infinite or NaN.
 """
 
 from __future__ import annotations
@@ -99,6 +106,8 @@ class SampleColumns:
     #: `max_seq` and `in_time_order()` where they were found for many agents' rows at once (`parse_columns_many`)
     known_max_seq: int | None = None
     known_in_time_order: bool | None = None
+    #: rows the agent sent that were dropped for a number that is not finite (see `without`)
+    rejected_rows: int = 0
 
     def __len__(self) -> int:
         return len(self.t)
@@ -137,6 +146,28 @@ class SampleColumns:
             devices=self.devices, gpu=self.gpu[order], t=self.t[order], healthy=self.healthy[order],
             numbers={name: column[order] for name, column in self.numbers.items()},
             errors={int(position[row]): error for row, error in self.errors.items()}, processes=processes,
+        )
+
+    def without(self, dropped: npt.NDArray[numpy.bool_]) -> SampleColumns:
+        """The rows not marked in `dropped` (and their processes, errors, empty process lists), in their order;
+        `rejected_rows` counts the others."""
+        kept = numpy.flatnonzero(~dropped)
+        position = numpy.full(len(self.t), -1, dtype=numpy.int64)
+        position[kept] = numpy.arange(len(kept))  # old row -> new row
+        processes = self.processes
+        if processes is not None:
+            mine = numpy.flatnonzero(~dropped[processes.row])
+            listed = mine.tolist()
+            processes = Processes(
+                position[processes.row[mine]], processes.pid[mine], [processes.pod_uid[index] for index in listed],
+                [processes.container[index] for index in listed], processes.sm_percent[mine],
+                processes.memory_used_bytes[mine], {int(position[row]) for row in processes.empty if not dropped[row]},
+            )
+        return SampleColumns(
+            devices=self.devices, gpu=self.gpu[kept], t=self.t[kept], healthy=self.healthy[kept],
+            numbers={name: column[kept] for name, column in self.numbers.items()},
+            errors={int(position[row]): error for row, error in self.errors.items() if not dropped[row]},
+            processes=processes, rejected_rows=self.rejected_rows + len(self.t) - len(kept),
         )
 
     def sample(self, row: int) -> GpuSample:
@@ -301,7 +332,7 @@ def join(parts: list[SampleColumns]) -> SampleColumns:
         t=numpy.concatenate([part.t for part in parts]),
         healthy=numpy.concatenate([part.healthy for part in parts]),
         numbers={name: numpy.concatenate([part.numbers[name] for part in parts]) for name in parts[0].numbers},
-        errors=errors, processes=processes,
+        errors=errors, processes=processes, rejected_rows=sum(part.rejected_rows for part in parts),
     )
 
 
@@ -343,27 +374,39 @@ def parse_columns(payload: Mapping[str, Any]) -> SampleColumns:
             raise ValueError(f"column 'healthy': expected {count} booleans")
         healthy = given
     table = _table(raw, count, len(devices))
-    if table is None:
-        gpu = _integers(raw.get("gpu"), "gpu", count)
-        outside = numpy.flatnonzero((gpu < 0) | (gpu >= len(devices)))
-        if len(outside):
-            row = int(outside[0])
-            raise ValueError(f"column 'gpu' row {row}: {int(gpu[row])} is not an entry of 'gpus' ({len(devices)})")
-        t = _floats(t_list, "t", count)
-        not_finite = numpy.flatnonzero(~numpy.isfinite(t))
-        if len(not_finite):
-            raise ValueError(f"column 't' row {int(not_finite[0])}: {t_list[int(not_finite[0])]!r} is not a finite time")
-        numbers = {name: _checked(raw.get(name), name, count, _BOUNDS[name]) for name in NUMBER_COLUMNS}
-        seq = numbers["seq"]
-        fractional = numpy.flatnonzero(seq != numpy.floor(seq))  # NaN (no seq) compares unequal to itself: not here
-        fractional = fractional[~numpy.isnan(seq[fractional])]
-        if len(fractional):
-            raise ValueError(f"column 'seq' row {int(fractional[0])}: expected an integer")
-    else:
+    if table is not None:  # the common case: every value in range and finite, no errors or processes to read
         gpu, t = table[0].astype(numpy.int64), table[1]
         numbers = {name: table[index] for index, name in enumerate(NUMBER_COLUMNS, start=2)}
-    return SampleColumns(devices, gpu, t, healthy, numbers, _errors(payload.get("errors"), count),
-                         _processes(payload.get("processes"), count))
+        processes = _processes(payload.get("processes"), count)
+        columns = SampleColumns(devices, gpu, t, healthy, numbers, _errors(payload.get("errors"), count), processes)
+        if processes is None:
+            return columns
+        dropped = _rows_of_infinite_processes(processes, count)
+        return columns.without(dropped) if dropped.any() else columns
+    # column by column, to name what is wrong; rows with a number that is not finite are left out of the checks
+    # and dropped at the end
+    gpu_values, t = _floats(raw.get("gpu"), "gpu", count), _floats(t_list, "t", count)
+    numbers = {name: _checked(raw.get(name), name, count, _BOUNDS[name]) for name in NUMBER_COLUMNS}
+    processes = _processes(payload.get("processes"), count)
+    dropped = numpy.isinf(gpu_values) | numpy.isinf(t)
+    for column in numbers.values():
+        dropped |= numpy.isinf(column)
+    dropped |= _rows_of_infinite_processes(processes, count)
+    gpu = _integers(numpy.where(dropped, 0.0, gpu_values), raw.get("gpu"), "gpu")
+    outside = numpy.flatnonzero(((gpu < 0) | (gpu >= len(devices))) & ~dropped)
+    if len(outside):
+        row = int(outside[0])
+        raise ValueError(f"column 'gpu' row {row}: {int(gpu[row])} is not an entry of 'gpus' ({len(devices)})")
+    missing = numpy.flatnonzero(numpy.isnan(t))
+    if len(missing):
+        raise ValueError(f"column 't' row {int(missing[0])}: {t_list[int(missing[0])]!r} is not a finite time")
+    seq = numbers["seq"]
+    fractional = numpy.flatnonzero(seq != numpy.floor(seq))  # NaN (no seq) compares unequal to itself: not here
+    fractional = fractional[~numpy.isnan(seq[fractional]) & ~dropped[fractional]]
+    if len(fractional):
+        raise ValueError(f"column 'seq' row {int(fractional[0])}: expected an integer")
+    columns = SampleColumns(devices, gpu, t, healthy, numbers, _errors(payload.get("errors"), count), processes)
+    return columns.without(dropped) if dropped.any() else columns
 
 
 def parse_columns_many(payloads: Sequence[Mapping[str, Any]]) -> list[SampleColumns | ValueError]:
@@ -497,12 +540,14 @@ def _table(raw: Mapping[str, Any], count: int, devices: int) -> Floats | None:
 
 
 def _wrong(table: Floats, devices: int | Ints) -> bool:
-    """Whether a table of `_TABLE` rows breaks GpuSample's bounds: a number out of range, a time that is not
-    finite, a `gpu` that is not an entry of its `gpus` (`devices`: their count, or each row's), a fractional seq."""
+    """Whether a table of `_TABLE` rows breaks GpuSample's bounds: a number out of range or infinite (a row to
+    drop: `parse_columns` finds it), a time that is not finite, a `gpu` that is not an entry of its `gpus`
+    (`devices`: their count, or each row's), a fractional seq."""
     with numpy.errstate(invalid="ignore"):
         gpu, t, seq = table[0], table[1], table[2]
         return bool(
-            (table < _LOW[:, None]).any() or (table > _HIGH[:, None]).any() or not numpy.isfinite(t).all()
+            (table < _LOW[:, None]).any() or (table > _HIGH[:, None]).any() or numpy.isinf(table).any()
+            or not numpy.isfinite(t).all()
             or (gpu != numpy.floor(gpu)).any() or (gpu >= devices).any()
             or ((seq != numpy.floor(seq)) & ~numpy.isnan(seq)).any()
         )
@@ -574,11 +619,11 @@ def _processes(raw: Any, count: int) -> Processes | None:
         raise ValueError("'processes': expected an object of columns")
     rows_list = raw.get("row")
     size = len(rows_list) if isinstance(rows_list, list) else 0
-    rows = _integers(rows_list, "processes.row", size)
+    rows = _integers(_floats(rows_list, "processes.row", size), rows_list, "processes.row")
     if len(rows) and (rows[0] < 0 or rows[-1] >= count or (numpy.diff(rows) < 0).any()):
         raise ValueError(f"column 'processes.row': expected rows in order, each below {count}")
     pid = _checked(raw.get("pid"), "processes.pid", size, _PROCESS_BOUNDS["pid"])
-    missing = numpy.flatnonzero(numpy.isnan(pid) | (pid != numpy.floor(pid)))
+    missing = numpy.flatnonzero(numpy.isnan(pid) | ((pid != numpy.floor(pid)) & ~numpy.isinf(pid)))
     if len(missing):
         raise ValueError(f"column 'processes.pid' row {int(missing[0])}: expected an integer")
     names = {name: _strings(raw.get(name), f"processes.{name}", size) for name in ("pod_uid", "container")}
@@ -592,6 +637,16 @@ def _processes(raw: Any, count: int) -> Processes | None:
                  _PROCESS_BOUNDS["memory_used_bytes"]),
         set(empty),
     )
+
+
+def _rows_of_infinite_processes(processes: Processes | None, count: int) -> npt.NDArray[numpy.bool_]:
+    """Which of `count` rows list a process with an infinite number."""
+    rows = numpy.zeros(count, dtype=numpy.bool_)
+    if processes is not None and len(processes.row):
+        infinite = numpy.isinf(processes.pid) | numpy.isinf(processes.sm_percent) | numpy.isinf(
+            processes.memory_used_bytes)
+        rows[processes.row[infinite]] = True
+    return rows
 
 
 def _strings(raw: Any, name: str, count: int) -> list[str | None]:
@@ -622,19 +677,23 @@ def _floats(raw: Any, name: str, count: int) -> Floats:
 
 
 def _checked(raw: Any, name: str, count: int, bounds: tuple[float | None, float | None]) -> Floats:
+    """A number column checked against its bounds; an infinite value is not checked (its row is dropped)."""
     values = _floats(raw, name, count)
     low, high = bounds
+    finite = ~numpy.isinf(values)
     for bad, says in ((values < low if low is not None else None, f"below {low:g}" if low is not None else ""),
                       (values > high if high is not None else None, f"above {high:g}" if high is not None else "")):
+        if bad is not None:
+            bad &= finite
         if bad is not None and bad.any():
             row = int(numpy.flatnonzero(bad)[0])
             raise ValueError(f"column {name!r} row {row}: {values[row]:g} is {says}")
     return values
 
 
-def _integers(raw: Any, name: str, count: int) -> Ints:
-    values = _floats(raw, name, count)
-    bad = numpy.flatnonzero(numpy.isnan(values) | (values != numpy.floor(values)))
+def _integers(values: Floats, raw: Any, name: str) -> Ints:
+    """`values` (read from the JSON array `raw`) as integers; ValueError naming the first row that is not one."""
+    bad = numpy.flatnonzero(~numpy.isfinite(values) | (values != numpy.floor(values)))
     if len(bad):
         raise ValueError(f"column {name!r} row {int(bad[0])}: {raw[int(bad[0])]!r} is not an integer")
     return values.astype(numpy.int64)

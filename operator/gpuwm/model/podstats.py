@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 class PodStatsSample(BaseModel):
     """One pod's host resource use at time `t`, as the agent reads it from the kubelet."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)  # NaN or infinity: refused
 
     t: float = Field(description="Sample time, epoch seconds.")
     node: str = Field(min_length=1)

@@ -148,7 +148,7 @@ def test_intake_from_columns_equals_intake_from_rows() -> None:
             rows = Snapshot(node=node, seq=0, agent_id=None, samples=sorted(samples, key=lambda s: s.t), holders=[],
                             pod_stats=[])
             intakes[0].take(rows)
-            intakes[1].take(parse_snapshot(_snapshot_bytes(samples), node))
+            intakes[1].take(parse_snapshot(_snapshot_bytes(samples, node=node), node))
         intakes[1].flush()
     assert engines[1].report(70.0) == engines[0].report(70.0)
     assert engines[1].gpus(70.0) == engines[0].gpus(70.0)

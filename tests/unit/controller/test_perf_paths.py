@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwm.controller.agents import HolderCache, parse_snapshot
+from gpuwm.controller.agents import HolderCache, WrongNodeError, parse_snapshot
 from gpuwm.controller.gctuning import GC_THRESHOLDS, collect_cycle_garbage, tune_garbage_collector
 from gpuwm.controller.persistence import encode_state, load_state, save_state
 
@@ -32,8 +32,8 @@ def test_unchanged_devices_reuse_the_holders_and_changed_ones_are_rebuilt() -> N
     changed = parse_snapshot(_payload("b"), "n1", cache)
     assert changed.holders is not first.holders
     assert [h.pod_uid for h in changed.holders] == ["uid-b"]
-    renamed = parse_snapshot(_payload("b", node="n1-renamed"), "n1", cache)
-    assert [h.node for h in renamed.holders] == ["n1-renamed"]
+    with pytest.raises(WrongNodeError, match="'n1-renamed'"):  # another node's devices are not taken
+        parse_snapshot(_payload("b", node="n1-renamed"), "n1", cache)
     uncached = parse_snapshot(_payload("b"), "n1")
     assert uncached.holders == changed.holders and uncached.holders is not changed.holders
 
