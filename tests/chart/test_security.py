@@ -90,7 +90,8 @@ def test_agent_is_not_privileged_and_mounts_host_paths_read_only(installed: Inst
     assert context["capabilities"] == {"drop": ["ALL"]}
     assert context["readOnlyRootFilesystem"] is True
     assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault"
-    assert not any(spec.get(field) for field in ("hostNetwork", "hostPID", "hostIPC"))
+    assert not any(spec.get(field) for field in ("hostNetwork", "hostIPC"))
+    assert spec["hostPID"] is True  # agent.hostPID: NVML lists only the processes of its caller's PID namespace
     host_paths = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
     mounts = {m["name"]: m for m in agent["volumeMounts"]}
     assert host_paths.pop("pod-resources") == "/var/lib/kubelet/pod-resources"
@@ -101,6 +102,20 @@ def test_agent_is_not_privileged_and_mounts_host_paths_read_only(installed: Inst
         if name in mounts:
             assert mounts[name]["readOnly"] is True, name
     assert env_of(agent)["NVIDIA_VISIBLE_DEVICES"]["value"] == "all"
+
+
+def test_agent_without_host_pid_reads_the_hosts_proc(install: Callable[..., Installed]) -> None:
+    """agent.hostPID=false: NVML's per-process utilisation names host PIDs, so the host's /proc is mounted to map them."""
+    installed = install(values={"agent": {"hostPID": False}})
+    assert installed.ok, installed.error
+    daemonset = installed.one("DaemonSet", "-agent")
+    spec = daemonset["spec"]["template"]["spec"]
+    agent = containers(daemonset)["agent"]
+    assert not spec.get("hostPID")
+    assert {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}["host-proc"] == "/proc"
+    mount = next(m for m in agent["volumeMounts"] if m["name"] == "host-proc")
+    assert (mount["mountPath"], mount["readOnly"]) == ("/host/proc", True)
+    assert env_of(agent)["GPUWM_PROC_ROOT"]["value"] == "/host/proc"
 
 
 def test_agent_runs_on_gpu_nodes_only(installed: Installed) -> None:
@@ -133,9 +148,8 @@ def test_rbac_has_no_wildcards_and_no_secrets(installed: Installed) -> None:
 
 
 def test_agent_may_only_read_kubelet_stats(installed: Installed) -> None:
-    assert _rules(installed, "-agent") == [
-        {"apiGroups": [""], "resources": ["nodes/proxy", "nodes/stats"], "verbs": ["get"]}
-    ]
+    """nodes/stats is what the kubelet checks for /stats/summary; nodes/proxy would also allow exec into pods."""
+    assert _rules(installed, "-agent") == [{"apiGroups": [""], "resources": ["nodes/stats"], "verbs": ["get"]}]
 
 
 def test_service_accounts_are_bound_to_their_roles(installed: Installed) -> None:
