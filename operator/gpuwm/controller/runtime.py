@@ -69,7 +69,7 @@ from gpuwm.controller.status import (
 from gpuwm.controller.units import NodeSharing
 from gpuwm.controller.writer import PROJECT_PLURAL, WORKLOAD_PLURAL, Desired, StatusWriter
 from gpuwm.model.figures import ProjectFigures, WorkloadFigures
-from gpuwm.model.trace import NamespaceEvent
+from gpuwm.model.trace import NamespaceEvent, gpu_quota
 
 logger = logging.getLogger(__name__)
 
@@ -172,10 +172,19 @@ class ControllerRuntime:
         if not metadata.get("name"):
             self._warn_once("namespace:" + repr(metadata), "skipping a namespace without metadata.name")
             return
+        annotations = {str(k): str(v) for k, v in (metadata.get("annotations") or {}).items()}
+        quota_key = self.engine_config.quota_annotation
+        if quota_key in annotations:
+            try:
+                gpu_quota(annotations[quota_key])
+            except ValueError as error:  # "NaN" or "inf" would be read as a quota: the project's figures NaN
+                self._warn_once(f"quota:{metadata['name']}:{annotations[quota_key]}",
+                                f"namespace {metadata['name']}: annotation {quota_key} {error}; no quota used")
+                del annotations[quota_key]
         self.engine.observe_namespace(NamespaceEvent(
             t=self.clock(), event="namespace", name=str(metadata["name"]),
             labels={str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
-            annotations={str(k): str(v) for k, v in (metadata.get("annotations") or {}).items()},
+            annotations=annotations,
         ))
 
     def _send(self, pod: TrackedPod) -> None:

@@ -9,6 +9,7 @@ GPU-seconds before the agent has reported which device the pod got.
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -168,11 +169,18 @@ def _container_requests(container: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _quantity(value: Any) -> float:
-    """Integer quantities only make sense for extended resources; `2` and `"2"` are both 2."""
+    """Integer quantities only make sense for extended resources; `2` and `"2"` are both 2.
+
+    `float` also reads "NaN", "inf" and "1e999": refused, they would make every GPU-second of the pod NaN
+    or infinite (a real API server refuses them; an emulator or a hand-made object may not).
+    """
     try:
-        return float(str(value))
+        quantity = float(str(value))
     except ValueError:
         raise ValueError(f"resource quantity {value!r} is not a number") from None
+    if not math.isfinite(quantity):
+        raise ValueError(f"resource quantity {value!r} is not a finite number")
+    return quantity
 
 
 def gpu_containers(pod_spec: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
