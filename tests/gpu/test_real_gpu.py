@@ -4,7 +4,9 @@ Every other tier runs the agent on the fake NVML library (tests/fakenvml); this 
 what the fake stands in for holds on a real driver: the figures each call returns, their units,
 which calls a real GPU supports, that GPU-seconds reach a GPUWorkloadMetrics as active while a
 process computes on the GPU and as idle while it only holds memory, that the driver's per-process
-utilisation tells apart two pods time-sharing a GPU, and that PCIe figures follow real copies.
+utilisation tells apart two pods time-sharing a GPU, that an agent in its own PID namespace (a
+DaemonSet without hostPID) still reads a pod's busy GPU as busy, and that PCIe figures follow real
+copies.
 
 Skipped, with the reason, where NVML cannot be initialised (no NVIDIA driver, as in CI); the
 end-to-end test also needs PyTorch with CUDA to load the GPU. Run where a GPU exists:
@@ -17,6 +19,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -84,14 +87,17 @@ def _agent_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("GPUWM_")}
 
 
-def _start_agent(tmp_path: Path, *arguments: str) -> RunningAgent:
-    """The real `gpuwm agent` on this machine's driver, polling every 0.5 s, its log in tmp_path."""
+def _start_agent(tmp_path: Path, *arguments: str, wrapper: tuple[str, ...] = ()) -> RunningAgent:
+    """The real `gpuwm agent` on this machine's driver, polling every 0.5 s, its log in tmp_path.
+
+    `wrapper`: a command the agent runs under (e.g. `unshare` for its own PID namespace).
+    """
     port = free_port()
     log_path = tmp_path / "agent.log"
     with log_path.open("w") as log_file:
         process = subprocess.Popen(
-            [sys.executable, "-m", "gpuwm.cli", "agent", "--listen", f"127.0.0.1:{port}", "--node-name", "gpu-node",
-             "--interval", "0.5", "--log-format", "text", *arguments],
+            [*wrapper, sys.executable, "-m", "gpuwm.cli", "agent", "--listen", f"127.0.0.1:{port}",
+             "--node-name", "gpu-node", "--interval", "0.5", "--log-format", "text", *arguments],
             env=_agent_env(), stdout=log_file, stderr=subprocess.STDOUT, text=True,
         )
     return RunningAgent(process, f"http://127.0.0.1:{port}", log_path)
@@ -120,14 +126,15 @@ def _in_pod(proc_root: Path, pid: int, pod_uid: str) -> None:
         f"0::/kubepods.slice/kubepods-pod{pod_uid.replace('-', '_')}.slice/cri-containerd-{pid:064x}.scope\n")
 
 
-def _agent_on_pods(tmp_path: Path, proc_root: Path, pods: list[FakePod],
-                   allocatable: dict[str, list[str]]) -> tuple[PodResourcesServer, RunningAgent]:
+def _agent_on_pods(tmp_path: Path, proc_root: Path, pods: list[FakePod], allocatable: dict[str, list[str]],
+                   wrapper: tuple[str, ...] = ()) -> tuple[PodResourcesServer, RunningAgent]:
     """A pod-resources server (kubelet's gRPC) listing `pods`, and the real agent reading it and `proc_root`."""
     pod_resources = PodResourcesServer(tmp_path / "pr.sock")
     pod_resources.pods = pods
     pod_resources.allocatable = allocatable
     pod_resources.start()
-    agent = _start_agent(tmp_path, "--proc-root", str(proc_root), "--pod-resources-socket", str(pod_resources.socket_path))
+    agent = _start_agent(tmp_path, "--proc-root", str(proc_root), "--pod-resources-socket", str(pod_resources.socket_path),
+                         wrapper=wrapper)
     return pod_resources, agent
 
 
@@ -355,6 +362,88 @@ def test_a_time_sliced_gpu_splits_by_each_pods_processes(
         for loader in loaders.values():
             loader.kill()
             loader.wait(timeout=15)
+        pod_resources.stop()
+
+
+def _own_pid_namespace() -> tuple[str, ...]:
+    """`unshare` giving the agent its own PID namespace and /proc, as a DaemonSet without hostPID runs; skips where
+    the machine does not allow it (no util-linux, or no right to create namespaces)."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("util-linux's unshare is needed to run the agent in its own PID namespace")
+    wrapper: tuple[str, ...] = (unshare, "--pid", "--fork", "--mount-proc", "--kill-child")
+    if os.geteuid() != 0:  # an unprivileged user may still create a user namespace that owns the others
+        wrapper = (unshare, "--user", "--map-root-user", *wrapper[1:])
+    probe = subprocess.run([*wrapper, "sh", "-c", "echo $$"], capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0 or probe.stdout.strip() != "1":
+        pytest.skip(f"cannot create a PID namespace here: {probe.stderr.strip() or probe.stdout.strip()}")
+    return wrapper
+
+
+NAMESPACED_BUSY_SECONDS = 15.0
+
+
+@pytest.mark.skipif(not WHOLE, reason="every GPU here is in MIG mode; this test loads a whole GPU")
+def test_an_agent_in_its_own_pid_namespace_reads_a_busy_pod_as_busy(
+    emulator: EmulatorThread, loader_command: list[str], tmp_path: Path
+) -> None:
+    """The agent in its own PID namespace (`unshare --pid --fork --mount-proc`), the load outside it. NVML's running
+    list may leave the load out (another namespace), but its per-process utilisation names the host PID, which the
+    host's /proc (here a stand-in holding the pod's cgroup, `--proc-root`) maps to the pod; and with one holder the
+    GPU's activity is the pod's whatever the list says (DESIGN §3). The workload must read busy."""
+    wrapper = _own_pid_namespace()
+    gpu = WHOLE[0]
+    http = KubeHttp(emulator.url)
+    http.create("/api/v1/namespaces", {"metadata": {"name": "gpu-pidns"}})
+    job = http.create("/apis/batch/v1/namespaces/gpu-pidns/jobs", {"metadata": {"name": "load"}, "spec": {}})
+    owner = [{"apiVersion": "batch/v1", "kind": "Job", "name": "load", "uid": job["metadata"]["uid"], "controller": True}]
+    pod_uid = _gpu_pod(http, "gpu-pidns", "load-0", "nvidia.com/gpu", owner)
+
+    loader_log = (tmp_path / "loader.log").open("w")
+    loader = subprocess.Popen([*loader_command, str(tmp_path / "never")], stdout=loader_log, stderr=subprocess.STDOUT)
+    loader_log.close()
+    proc_root = tmp_path / "host-proc"
+    _in_pod(proc_root, loader.pid, pod_uid)
+    pod_resources, agent = _agent_on_pods(
+        tmp_path, proc_root, [FakePod("gpu-pidns", "load-0", {"main": [("nvidia.com/gpu", [gpu["uuid"]])]})],
+        {"nvidia.com/gpu": [g["uuid"] for g in WHOLE]}, wrapper=wrapper)
+    controller = _controller(emulator, agent, tmp_path)
+    try:
+        _wait_ready(agent)
+        wait_for(lambda: "busy" in (tmp_path / "loader.log").read_text(), 120.0, "the loader's first product")
+        running_since = time.time()
+        _run_pod(http, "gpu-pidns", "load-0", running_since)
+        controller.start()
+        time.sleep(NAMESPACED_BUSY_SECONDS)
+
+        samples = [s for s in agent.snapshot()["samples"] if s["uuid"] == gpu["uuid"]]
+        seen = [p for s in samples for p in s["processes"] or []]
+        device = next(d for d in agent.snapshot()["devices"] if d["uuid"] == gpu["uuid"])
+        unattributed = [line for line in agent.get("/metrics")[1].decode().splitlines()
+                        if line.startswith("gpuwm_agent_unattributed_samples_total") and gpu["uuid"] in line]
+        _report("agent in its own PID namespace: the load's processes as sent, the device, fallbacks", {
+            "loader_host_pid": loader.pid, "processes_seen": seen[-3:], "device": device,
+            "unattributed": unattributed})
+
+        def cr() -> Any:
+            status, body = http.request("GET", "/apis/gpuwm.io/v1alpha1/namespaces/gpu-pidns/gpuworkloadmetrics/load")
+            return body["status"] if status == 200 and body.get("status", {}).get("allocatedGpuSeconds", 0) > 8.0 else None
+
+        status = wait_until("the load's CR with 8 GPU-s", cr, timeout=60.0, log=controller.log)
+        _report("GPUWorkloadMetrics gpu-pidns/load status", status)
+        assert device["pod"] == "load-0" and device["state"] == "active"
+        # whatever reached the agent of the load's processes came with its host PID and its pod
+        assert all(p["pod_uid"] == pod_uid for p in seen if p["pid"] == loader.pid)
+        monitored = status["allocatedGpuSeconds"] - status["unmonitoredGpuSeconds"]
+        assert status["activeGpuSeconds"] >= 0.8 * monitored > 0.0
+        assert status["idleGpuSeconds"] <= 0.2 * monitored
+        assert status["utilization"]["avg1m"] > 50.0
+    finally:
+        controller.stop()
+        agent.process.terminate()
+        agent.process.wait(timeout=15)
+        loader.kill()
+        loader.wait(timeout=15)
         pod_resources.stop()
 
 
