@@ -154,8 +154,10 @@ def device_allocations(
         or (holder.namespace == pod.namespace and holder.pod == pod.name
             and (holder.pod_uid is None or holder.pod_uid not in known_uids))
     ]
+    named = {holder.container for holder in mine}
+    unnamed = [] if None in named else unnamed_devices(pod, exclude=named)
     if not mine:
-        return []
+        return unnamed
     per_container: dict[str | None, int] = {}
     for holder in mine:
         per_container[holder.container] = per_container.get(holder.container, 0) + 1
@@ -175,7 +177,38 @@ def device_allocations(
     return [
         DeviceAllocation(uuid=uuid, units=min(1.0, max(units, 1e-9)), container=container)
         for (uuid, container), units in sorted(units_by_device.items(), key=lambda item: (item[0][0], item[0][1] or ""))
-    ]
+    ] + unnamed
+
+
+#: the UUID prefix of a device Kubernetes gave a container that no agent has named yet
+UNNAMED_DEVICE_PREFIX = "unnamed/"
+
+
+def unnamed_devices(pod: TrackedPod, exclude: Container[str | None] = ()) -> list[DeviceAllocation]:
+    """Stand-ins for the devices of a running pod's containers that no agent has named yet.
+
+    DESIGN §3 (2026-11-27): a running container's GPU units count from its requests from the
+    moment it runs, whether or not an agent reports its node (the DaemonSet not scheduled there,
+    its image not pulled); that time is unmonitored until samples cover it. A container's request
+    becomes devices of at most one unit each (`unnamed/<pod uid>/<container>/<n>`), which no
+    sample ever names; once an agent names the real devices, the pod's event is sent again from
+    its start and the engine puts the real devices in their place.
+    """
+    if pod.phase != "Running":
+        return []
+    devices: list[DeviceAllocation] = []
+    for container, units in sorted(pod.units_by_container.items()):
+        if container in exclude or not units > 0:
+            continue
+        left, number = units, 0
+        while left > 1e-9:
+            share = min(1.0, left)
+            devices.append(DeviceAllocation(
+                uuid=f"{UNNAMED_DEVICE_PREFIX}{pod.uid}/{container}/{number}", units=share, container=container,
+            ))
+            left -= share
+            number += 1
+    return devices
 
 
 def pod_event(pod: TrackedPod, devices: list[DeviceAllocation], at: float) -> PodEvent:
