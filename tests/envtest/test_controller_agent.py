@@ -171,3 +171,24 @@ def test_a_busy_gpu_without_visible_processes_reads_busy(scene: Scene, tmp_path:
     assert status["activeGpuSeconds"] >= first["status"]["activeGpuSeconds"] + 2, status
     assert status["idleGpuSeconds"] == 0, status
     assert not any(c["type"] == "Idle" and c["status"] == "True" for c in status["conditions"])
+
+
+def test_a_gpu_lost_at_start_keeps_its_pod_allocated_and_unmonitored(scene: Scene, tmp_path: Path) -> None:
+    """NVML cannot open the pod's GPU from the agent's start (GPU_IS_LOST): the Job still holds 1 GPU, its time
+    is unmonitored, never idle (DESIGN §3: allocation counts from the pod; issue 33 §2)."""
+    scene.setup(busy_without_processes(80.0).replace("mem_util=30", "mem_util=30 open_error=15"))
+    controller = _controller(scene, tmp_path)
+    controller.start()
+    try:
+        first = wait_until("train allocated", lambda: (cr := scene.cr()) and cr["status"].get("allocatedGpus") == 1
+                           and cr["status"].get("allocatedGpuSeconds", 0) >= 2 and cr, log=controller.log, timeout=60)
+        later = wait_until("more unmonitored time", lambda: (cr := scene.cr()) and
+                           cr["status"]["unmonitoredGpuSeconds"] >= first["status"]["unmonitoredGpuSeconds"] + 3
+                           and cr, log=controller.log, timeout=60)
+    finally:
+        controller.stop()
+    status = later["status"]
+    assert status["allocatedGpus"] == 1 and status["phase"] == "Running", status
+    assert status["activeGpuSeconds"] == 0 and status["idleGpuSeconds"] == 0, status
+    assert _split(status) == pytest.approx(status["allocatedGpuSeconds"], abs=0.01)
+    assert not any(c["type"] == "Idle" and c["status"] == "True" for c in status["conditions"]), status["conditions"]
