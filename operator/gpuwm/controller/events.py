@@ -10,7 +10,7 @@ import asyncio
 import collections
 import logging
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
 from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
@@ -66,19 +66,24 @@ class IdleEvents:
         self.announced: set[str] = set()
         self.posted = 0
 
-    def announce(self, workloads: list[WorkloadFigures]) -> None:
-        """Queue an Event for each workload idle longer than the threshold that was not idle before."""
+    def announce(self, workloads: list[WorkloadFigures], idle: Mapping[str, str]) -> None:
+        """Queue an Event for each workload whose Idle condition turned True (`idle`: uid -> its status).
+
+        The Idle condition is the one judge of idleness (`gpuwm.controller.status.idle_condition`:
+        observed idle time only), so an Event never says more than the CR does. While the
+        condition is Unknown (its agent not reporting) a spell already announced stays announced:
+        an outage inside one idle spell does not make a second Event.
+        """
         for figures in workloads:
-            idle = (figures.phase == "Running" and figures.allocated_gpus > 0
-                    and figures.idle_seconds >= self._idle_after)
-            if not idle:
+            status = idle.get(figures.uid, "False")
+            if status == "False":
                 self.announced.discard(figures.uid)
                 continue
-            if figures.uid in self.announced:
+            if status != "True" or figures.uid in self.announced:
                 continue
             self.announced.add(figures.uid)
-            self._queue.append((figures, f"{figures.allocated_gpus:g} GPU(s) idle for {figures.idle_seconds:.0f}s "
-                                         f"(threshold {self._idle_after:.0f}s)"))
+            self._queue.append((figures, f"{figures.allocated_gpus:g} GPU(s) idle for {figures.idle_seconds:.0f}s, "
+                                         f"observed idle for at least the {self._idle_after:.0f}s timeout"))
             self._waiting.set()
 
     async def run(self) -> None:

@@ -54,7 +54,9 @@ from gpuwm.controller.ratelimit import TokenBucket
 from gpuwm.controller.sharing import SharingSource
 from gpuwm.controller.status import (
     ConditionMemo,
+    IdleWatch,
     dns_name,
+    idle_condition,
     label_value,
     project_counters,
     project_signature,
@@ -112,7 +114,8 @@ class ControllerRuntime:
         self.puller = AgentPuller(timeout_seconds=max(1.0, min(10.0, settings.status_interval)), merge=merge_request_of(settings, self.engine_config))
         self.resolver = OwnerResolver(self._fetch_owner)
         self.writer = StatusWriter(
-            client, TokenBucket(settings.status_writes_per_second), settings.status_interval, clock=clock
+            client, TokenBucket(settings.status_writes_per_second), settings.status_interval, clock=clock,
+            counters_refresh_seconds=settings.status_counters_refresh,
         )
         self.state_path = state_path_for_store(settings.store)
         self.pods: dict[str, TrackedPod] = {}
@@ -123,6 +126,9 @@ class ControllerRuntime:
         self.cr_names: dict[str, str] = {}  # workload uid -> GPUWorkloadMetrics name ("" for none)
         self.cr_owner: dict[tuple[str, str], tuple[str, str, float | None]] = {}  # (ns, name) -> (uid, kind, created)
         self.conditions: dict[str, tuple[ConditionMemo, ...]] = {}  # each workload's, as last written
+        self.idle_watch = IdleWatch()  # since when each workload's idleness has been observed (the Idle condition)
+        #: workload uid -> seconds of its current idle stretch observed, as of the latest cycle (see IdleWatch)
+        self.observed_idle: dict[str, float] = {}
         #: workload uid -> (project, CR spec, CR labels): built once, not for each of thousands of CRs each cycle
         self._cr_static: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {}
         #: workload uid -> the settled figures last offered (the engine's own cached object, no extra memory)
@@ -259,9 +265,13 @@ class ControllerRuntime:
         projects = self._projects_with_baselines(projects, engine_workloads)
         timer.mark("engine_report")
         await asyncio.sleep(0)
+        self._observe_idleness(workloads, now)
         self._offer_workloads(workloads, now)
         self._offer_projects(projects, now)
-        self.idle_events.announce(workloads)
+        idle_after = self.settings.idle_condition_after
+        self.idle_events.announce(workloads, {
+            figures.uid: idle_condition(figures, self.observed_idle.get(figures.uid), idle_after)[0]
+            for figures in workloads})
         await self._apply_retention(workloads, now)
         await self.writer.retire_projects(now, self.settings.retention)  # projects with no workload left
         timer.mark("offer")
@@ -329,6 +339,19 @@ class ControllerRuntime:
         self.cr_owner[(figures.namespace, name)] = (figures.uid, figures.kind, figures.created_time)
         return name
 
+    def _observe_idleness(self, workloads: list[WorkloadFigures], now: float) -> None:
+        """How long each running workload's current idle stretch has been seen through samples (`IdleWatch`)."""
+        observed: dict[str, float] = {}
+        for figures in workloads:
+            if figures.phase != "Running" and figures.uid not in self.observed_idle:
+                self.idle_watch.forget(figures.uid)  # nothing to watch: no memory kept for ended workloads
+                continue
+            written_idle = any(memo.type == "Idle" and memo.status == "True" for memo in self.conditions.get(figures.uid, ()))
+            seconds = self.idle_watch.observe(figures, now, written_idle)
+            if seconds is not None:
+                observed[figures.uid] = seconds
+        self.observed_idle = observed
+
     def _offer_workloads(self, workloads: list[WorkloadFigures], now: float) -> None:
         idle_after, low = self.settings.idle_condition_after, self.settings.underutilized_percent
         for figures in workloads:
@@ -351,17 +374,18 @@ class ControllerRuntime:
             self.writer.offer(Desired(
                 plural=WORKLOAD_PLURAL, namespace=figures.namespace, name=name,
                 spec=static[1], labels=static[2],
-                render=functools.partial(self._render_workload, figures.uid, now),
+                render=functools.partial(self._render_workload, figures.uid, now, self.observed_idle.get(figures.uid)),
                 # hashes: only their equality counts, and ~3,500 queued offers and 4,000 written CRs kept the
                 # tuples (~0.8 KB a CR, ~6 MiB at 4,000 workloads); a collision (~2^-61 a comparison) delays one write
-                signature=hash(workload_signature(figures, idle_condition_after_seconds=idle_after,
-                                                  underutilized_percent=low)),
+                signature=hash(workload_signature(figures, now, idle_condition_after_seconds=idle_after,
+                                                  underutilized_percent=low,
+                                                  observed_idle_seconds=self.observed_idle.get(figures.uid))),
                 counters=hash(workload_counters(figures)),
                 # a settled workload's figures are final, no sample is behind them: not a sample -> status lag
                 sample_time=None if settled else self.latest_sample_time,
             ))
 
-    def _render_workload(self, uid: str, now: float) -> dict[str, Any]:
+    def _render_workload(self, uid: str, now: float, observed_idle_seconds: float | None = None) -> dict[str, Any]:
         """Built when the writer sends it; conditions keep their transition times across writes.
 
         The figures are computed again here, for the few CRs the token bucket lets through:
@@ -378,6 +402,7 @@ class ControllerRuntime:
             idle_condition_after_seconds=self.settings.idle_condition_after,
             underutilized_percent=self.settings.underutilized_percent,
             previous_conditions=self.conditions.get(figures.uid, ()),
+            observed_idle_seconds=observed_idle_seconds,
         )
         self.conditions[figures.uid] = remembered(conditions)
         return status
@@ -411,6 +436,7 @@ class ControllerRuntime:
             self.cr_names.pop(figures.uid, None)
             self.engine.forget_workload(figures.uid)
             self.conditions.pop(figures.uid, None)
+            self.idle_watch.forget(figures.uid)
             self._cr_static.pop(figures.uid, None)
             self._offered_settled.pop(figures.uid, None)
             self.baselines.pop(figures.uid, None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import re
 from collections.abc import Hashable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -115,6 +116,102 @@ def _condition(
                                "last_transition_time": since})
 
 
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+def _running(figures: WorkloadFigures) -> bool:
+    return figures.phase == "Running" and figures.allocated_gpus > 0
+
+
+def idle_since_second(figures: WorkloadFigures, now: float) -> int | None:
+    """The whole second the current idle stretch began (`status.idleSince`); None while active or not running.
+
+    `now - idleSeconds` is the later of lastActiveTime and the current allocation's start; the
+    millisecond of slack keeps the float subtraction from flipping the second between cycles.
+    """
+    if not _running(figures) or figures.idle_seconds <= 0:
+        return None
+    return math.floor(now - figures.idle_seconds + 1e-3)
+
+
+def idle_condition(
+    figures: WorkloadFigures, observed_idle_seconds: float | None, idle_condition_after_seconds: float
+) -> tuple[ConditionStatus, str]:
+    """The Idle condition's status and reason: True only on observed idleness (DESIGN §3).
+
+    `observed_idle_seconds`: how long the current idle stretch has been watched through samples
+    (`IdleWatch`); None when it has not been. Idle time before a workload's first sample or while
+    its agent is not reporting is not evidence of idleness: the engine's idleSeconds counts it,
+    the condition does not, and says Unknown while the workload's time is unmonitored now.
+    """
+    if not _running(figures):
+        return "False", "NotRunning"
+    if figures.idle_seconds <= 0:
+        return "False", "Active"  # a sample showed it busy: observed, whatever the other devices say
+    if not figures.sampling:
+        never = not figures.gpus or all(gpu.last_sample_time is None for gpu in figures.gpus)
+        return "Unknown", "NotYetSampled" if never else "AgentNotReporting"
+    if observed_idle_seconds is not None and observed_idle_seconds >= idle_condition_after_seconds:
+        return "True", "IdleTooLong"
+    return "False", "IdleBelowTimeout"
+
+
+class IdleWatch:
+    """Since when each running workload's current idle stretch has been observed: what the Idle timeout counts.
+
+    The engine's idleSeconds runs from the later of lastActiveTime and the allocation's start,
+    through time no sample covered (before the first one, agent outages). The Idle condition, its
+    Events and anything that acts on idleness count from the first status cycle that saw the
+    stretch through samples instead: the stretch's start when the cycle before saw the workload
+    sampled (nothing unobserved lies between), else that cycle's time (an undercount of at most a
+    status interval, never an overcount). An outage inside a stretch makes the condition Unknown
+    while it lasts and does not restart the count (the brief's "first monitored sample of the
+    current idle stretch").
+
+    Kept in memory only. After a restart a workload whose Idle condition was written True keeps
+    its stretch's start (the condition said it was observed); any other starts counting again.
+    """
+
+    def __init__(self) -> None:
+        self._stretch: dict[str, tuple[int, float]] = {}  # uid -> (stretch's start second, observed since)
+        self._sampled_at: dict[str, float] = {}  # uid -> the latest cycle that saw it running and sampled
+
+    def observe(self, figures: WorkloadFigures, now: float, written_idle: bool = False) -> float | None:
+        """Seconds of the current idle stretch observed by `now`; None while active, not running or not yet seen.
+
+        `written_idle`: the workload's Idle condition as last written was True (a restart's memory).
+        """
+        uid = figures.uid
+        stretch = idle_since_second(figures, now)
+        previous_sample = self._sampled_at.get(uid)
+        if _running(figures) and figures.sampling:
+            self._sampled_at[uid] = now
+        elif not _running(figures):
+            self._sampled_at.pop(uid, None)
+        if stretch is None:
+            self._stretch.pop(uid, None)
+            return None
+        known = self._stretch.get(uid)
+        if known is not None and known[0] == stretch:
+            return now - known[1]
+        if not figures.sampling:  # a new stretch not seen through samples yet: nothing observed
+            self._stretch.pop(uid, None)
+            return None
+        start = now - figures.idle_seconds
+        if previous_sample is not None:
+            since = max(start, previous_sample)
+        elif written_idle:
+            since = start
+        else:
+            since = now
+        self._stretch[uid] = (stretch, since)
+        return now - since
+
+    def forget(self, uid: str) -> None:
+        self._stretch.pop(uid, None)
+        self._sampled_at.pop(uid, None)
+
+
 def build_conditions(
     figures: WorkloadFigures,
     now: float,
@@ -122,10 +219,14 @@ def build_conditions(
     idle_condition_after_seconds: float = 600.0,
     underutilized_percent: float = 20.0,
     previous: Sequence[Condition | ConditionMemo] = (),
+    observed_idle_seconds: float | None = None,
 ) -> list[Condition]:
-    """Sampling, Idle and Underutilized for one workload; `previous`: those written before (their transition times)."""
+    """Sampling, Idle and Underutilized for one workload; `previous`: those written before (their transition times).
+
+    `observed_idle_seconds`: see `idle_condition` (from `IdleWatch`); None: no idleness observed.
+    """
     before: dict[str, Condition | ConditionMemo] = {condition.type: condition for condition in previous}
-    running = figures.phase == "Running" and figures.allocated_gpus > 0
+    running = _running(figures)
     if not running:
         sampling = _condition("Sampling", "Unknown", "NoGpusHeld", "the workload holds no GPUs now", now, before)
     elif figures.sampling:
@@ -134,15 +235,26 @@ def build_conditions(
         unmonitored = [gpu.uuid for gpu in figures.gpus if not gpu.monitored]
         detail = f"no recent sample from {', '.join(unmonitored[:5])}" if unmonitored else "its devices are not known yet"
         sampling = _condition("Sampling", "False", "SamplesMissing", detail, now, before)
-    if running and figures.idle_seconds >= idle_condition_after_seconds:
-        idle = _condition(
-            "Idle", "True", "IdleTooLong",
-            f"idle for {figures.idle_seconds:.0f}s (threshold {idle_condition_after_seconds:.0f}s)", now, before,
-        )
-    elif running:
-        idle = _condition("Idle", "False", "Active", f"idle for {figures.idle_seconds:.0f}s", now, before)
+    idle_status, idle_reason = idle_condition(figures, observed_idle_seconds, idle_condition_after_seconds)
+    observed = f"{observed_idle_seconds or 0.0:.0f}s"
+    if idle_status == "True":
+        message = f"observed idle for {observed} (timeout {idle_condition_after_seconds:.0f}s)"
+    elif idle_reason == "IdleBelowTimeout":
+        message = (f"observed idle for {observed} of the {idle_condition_after_seconds:.0f}s timeout "
+                   f"(idle for {figures.idle_seconds:.0f}s, part of it before samples covered it)"
+                   if observed_idle_seconds is not None and figures.idle_seconds - observed_idle_seconds >= 1
+                   else f"observed idle for {observed} of the {idle_condition_after_seconds:.0f}s timeout")
+    elif idle_status == "Unknown":
+        unmonitored = [gpu.uuid for gpu in figures.gpus if not gpu.monitored]
+        which = f" from {', '.join(unmonitored[:5])}" if unmonitored else ""
+        message = (f"no sample{which} yet: idleness is not observed" if idle_reason == "NotYetSampled"
+                   else f"no recent sample{which} (agent not reporting): idleness is not observed, "
+                        f"observed idle for {observed} before")
+    elif idle_reason == "Active":
+        message = "active in its latest sample"
     else:
-        idle = _condition("Idle", "False", "NotRunning", f"phase {figures.phase}", now, before)
+        message = f"phase {figures.phase}"
+    idle = _condition("Idle", idle_status, idle_reason, message, now, before)
     average = figures.utilization.avg1h
     if not running or average is None:
         underutilized = _condition("Underutilized", "Unknown", "NoData", "no monitored GPU time in the last hour", now, before)
@@ -166,8 +278,10 @@ def build_workload_status(
     underutilized_percent: float = 20.0,
     previous_conditions: Sequence[Condition | ConditionMemo] = (),
     observed_generation: int | None = None,
+    observed_idle_seconds: float | None = None,
 ) -> WorkloadMetricsStatus:
     """The GPUWorkloadMetrics status for `figures` as of `now` (epoch seconds)."""
+    idle_since = idle_since_second(figures, now)
     return WorkloadMetricsStatus(
         phase=figures.phase if figures.phase in _PHASES else None,
         allocated_gpus=round(figures.allocated_gpus, 4),
@@ -191,6 +305,7 @@ def build_workload_status(
         utilization=_windows(figures.utilization),
         memory_utilization=_windows(figures.memory_utilization),
         idle_seconds=round(figures.idle_seconds, 3),
+        idle_since=None if idle_since is None else _rfc3339_second(idle_since),
         last_active_time=rfc3339(figures.last_active_time),
         allocated_gpu_seconds=round(figures.allocated_gpu_seconds, 3),
         active_gpu_seconds=round(figures.active_gpu_seconds, 3),
@@ -205,6 +320,7 @@ def build_workload_status(
         conditions=build_conditions(
             figures, now, idle_condition_after_seconds=idle_condition_after_seconds,
             underutilized_percent=underutilized_percent, previous=previous_conditions,
+            observed_idle_seconds=observed_idle_seconds,
         ),
         observed_generation=observed_generation,
         last_update_time=rfc3339(now),
@@ -268,6 +384,7 @@ def workload_status_body(
     underutilized_percent: float = 20.0,
     previous_conditions: Sequence[Condition | ConditionMemo] = (),
     observed_generation: int | None = None,
+    observed_idle_seconds: float | None = None,
 ) -> tuple[dict[str, Any], list[Condition]]:
     """`build_workload_status(...).model_dump(mode="json", by_alias=True)` and its conditions, ~5x cheaper.
 
@@ -278,7 +395,9 @@ def workload_status_body(
     conditions = build_conditions(
         figures, now, idle_condition_after_seconds=idle_condition_after_seconds,
         underutilized_percent=underutilized_percent, previous=previous_conditions,
+        observed_idle_seconds=observed_idle_seconds,
     )
+    idle_since = idle_since_second(figures, now)
     pods = figures.pods if len(figures.pods) < 2 else sorted(figures.pods, key=_pod_name)
     gpus = figures.gpus if len(figures.gpus) < 2 else sorted(figures.gpus, key=_gpu_node_uuid)
     body: dict[str, Any] = {
@@ -305,6 +424,7 @@ def workload_status_body(
         "utilization": _windows_body(figures.utilization),
         "memoryUtilization": _windows_body(figures.memory_utilization),
         "idleSeconds": _round_float(figures.idle_seconds, 3),
+        "idleSince": None if idle_since is None else _rfc3339_second(idle_since),
         "lastActiveTime": rfc3339(figures.last_active_time),
         "allocatedGpuSeconds": _round_float(figures.allocated_gpu_seconds, 3),
         "activeGpuSeconds": _round_float(figures.active_gpu_seconds, 3),
@@ -355,18 +475,25 @@ def _gpu_node_uuid(gpu: GpuFigures) -> tuple[str, str]:
 
 
 def workload_signature(
-    figures: WorkloadFigures, *, idle_condition_after_seconds: float = 600.0, underutilized_percent: float = 20.0
+    figures: WorkloadFigures,
+    now: float,
+    *,
+    idle_condition_after_seconds: float = 600.0,
+    underutilized_percent: float = 20.0,
+    observed_idle_seconds: float | None = None,
 ) -> tuple[Any, ...]:
-    """What a reader acts on: phase, GPUs held, pods and devices, condition statuses. A change is news."""
-    running = figures.phase == "Running" and figures.allocated_gpus > 0
+    """What a reader acts on: phase, GPUs held, pods and devices, active or idle since when, each condition's
+    status and reason. A change is news: the writer sends it before any refresh of counters."""
+    running = _running(figures)
     average = figures.utilization.avg1h
+    underutilized = "Unknown" if not running or average is None else str(average < underutilized_percent)
     return (
         figures.phase, round(figures.allocated_gpus, 4), figures.gpu_model, tuple(sorted(figures.nodes)),
         tuple(sorted((pod.name, pod.phase, round(pod.allocated_gpus, 4)) for pod in figures.pods)),
         tuple(sorted((gpu.uuid, gpu.pod, gpu.healthy) for gpu in figures.gpus)),
         figures.start_time is not None, figures.end_time is not None,
-        running and figures.sampling, running and figures.idle_seconds >= idle_condition_after_seconds,
-        running and average is not None and average < underutilized_percent,
+        running and figures.sampling, idle_since_second(figures, now),
+        idle_condition(figures, observed_idle_seconds, idle_condition_after_seconds), underutilized,
     )
 
 

@@ -1,8 +1,12 @@
 """Writes GPUWorkloadMetrics / GPUProjectMetrics: create once, then status through `/status` only.
 
 Each cycle offers the desired status of every CR; the writer keeps only what is worth
-sending (news, or a refresh that is due) and drains it through a token bucket, news first,
-so a cluster with thousands of workloads never sends more than `rate` writes a second.
+sending (news, or a refresh that is due) and drains it through a token bucket, so a cluster
+with thousands of workloads never sends more than `rate` writes a second. Freshness is a
+matter of order, not of rate: news (a state change: phase, GPUs, active or idle, a condition)
+goes first, so it reaches its CR within a status interval or two however many CRs wait for a
+refresh; then refreshes of CRs whose figures are older than `counters_refresh_seconds` (or that
+this controller has not written yet), then the other refreshes, each lane in offer order.
 """
 
 from __future__ import annotations
@@ -91,13 +95,18 @@ class StatusWriter:
         bucket: TokenBucket,
         interval_seconds: float,
         clock: Callable[[], float] = time.time,
+        counters_refresh_seconds: float = 300.0,
     ) -> None:
         self._client = client
         self.bucket = bucket
         self._interval = interval_seconds
+        self._counters_refresh = counters_refresh_seconds
         self._clock = clock
         # dicts keep insertion order: re-offering a queued CR updates it in place, keeping its turn
         self._material: dict[Key, Desired] = {}
+        #: refreshes of CRs written `counters_refresh_seconds` ago or more, or adopted and not written by this
+        #: controller yet (an earlier one's figures): before the routine refreshes of `_due`
+        self._stale: dict[Key, Desired] = {}
         self._due: dict[Key, Desired] = {}
         self._wake = asyncio.Event()
         self.written: dict[Key, Written] = {}
@@ -119,7 +128,7 @@ class StatusWriter:
 
     @property
     def pending(self) -> int:
-        return len(self._material) + len(self._due)
+        return len(self._material) + len(self._stale) + len(self._due)
 
     def offer(self, desired: Desired) -> WriteReason:
         """Queue `desired` if it is worth a write; returns why (or "none")."""
@@ -133,28 +142,44 @@ class StatusWriter:
                 return "none"  # its CR went with the namespace it was in
             del self.buried[key]
         last = self.written.get(key)
-        reason = write_reason(
-            (last.signature, last.counters, last.at) if last else None, desired.signature, desired.counters,
-            now=self._clock(), interval_seconds=self._interval,
-        )
+        now = self._clock()
+        waiting = self._stale.get(key)
+        if (last is None and key in self.existing and key not in self._material
+                and (waiting is None or waiting.signature == desired.signature)):
+            # adopted at start, not written since: it shows an earlier controller's figures. A refresh, oldest of
+            # all; as news, 4,000 of them after a restart would hold every state change back for minutes. A state
+            # that changes while it waits is news, as for any CR
+            reason: WriteReason = "due"
+        else:
+            reason = write_reason(
+                (last.signature, last.counters, last.at) if last else None, desired.signature, desired.counters,
+                now=now, interval_seconds=self._interval,
+            )
         if reason == "none":
             self._due.pop(key, None)  # a refresh that is no longer needed
+            self._stale.pop(key, None)
             if key in self._material:
                 self._material[key] = desired  # news still to tell, with the latest figures
             return reason
         if reason == "material" or key in self._material:
             self._due.pop(key, None)
+            self._stale.pop(key, None)
             desired.reason = "material"
             self._material[key] = desired
         else:
             desired.reason = "due"
-            self._due[key] = desired
+            if last is None or now - last.at >= self._counters_refresh or key in self._stale:
+                self._due.pop(key, None)
+                self._stale[key] = desired
+            else:
+                self._due[key] = desired
         self._wake.set()
         return desired.reason
 
     def forget(self, plural: str, namespace: str | None, name: str) -> None:
         key: Key = (plural, namespace, name)
         self._material.pop(key, None)
+        self._stale.pop(key, None)
         self._due.pop(key, None)
         self.written.pop(key, None)
         self.existing.discard(key)
@@ -182,7 +207,7 @@ class StatusWriter:
         return None
 
     def _next(self) -> Desired | None:
-        for queue in (self._material, self._due):
+        for queue in (self._material, self._stale, self._due):
             if queue:
                 return queue.pop(next(iter(queue)))
         return None
@@ -309,7 +334,7 @@ class StatusWriter:
             logger.info("namespace %s is being terminated or is gone (%s); no CR writes there for %.0fs",
                         namespace, error.message, NAMESPACE_RETRY_SECONDS, extra={"namespace": namespace})
         self.closed_namespaces[namespace] = self._clock()
-        for queue in (self._material, self._due):
+        for queue in (self._material, self._stale, self._due):
             for key in [key for key in queue if key[1] == namespace]:
                 del queue[key]
         for key in [key for key in self.written if key[1] == namespace]:

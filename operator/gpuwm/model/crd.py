@@ -125,6 +125,11 @@ class WorkloadMetricsStatus(_CamelModel):
     idle_seconds: float = Field(
         default=0, description="now - max(lastActiveTime, start of the current allocation); 0 while active."
     )
+    idle_since: str | None = Field(
+        default=None, json_schema_extra=DATE_TIME,
+        description="RFC 3339 time its current idle stretch began (now - idleSeconds); absent while active or ended. "
+        "A date, so the Idle printer column stays current between status writes.",
+    )
     last_active_time: str | None = Field(default=None, json_schema_extra=DATE_TIME, description="End of the latest interval in which it was active.")
     allocated_gpu_seconds: float = Field(default=0, description="Units x seconds held by running GPU containers.")
     active_gpu_seconds: float = Field(default=0, description="Part of allocatedGpuSeconds that was active.")

@@ -152,7 +152,8 @@ def workload_metrics_crd() -> dict[str, Any]:
             ("GPUs", "number", ".status.allocatedGpus", "GPU units held now."),
             ("Util", "number", ".status.utilization.avg5m", "SM utilisation percent, 5-minute mean."),
             ("Mem", "number", ".status.memoryUtilization.avg5m", "Memory used percent, 5-minute mean."),
-            ("Idle", "number", ".status.idleSeconds", "Seconds since the GPUs were last active."),
+            # a date: kubectl shows its age, current at every `get`, however long ago the status was written
+            ("Idle", "date", ".status.idleSince", "How long the GPUs have been idle (blank while active)."),
             ("Wasted GPU-h", "number", ".status.wastedGpuHours", "Idle GPU-hours over the workload's life."),
         ],
     )

@@ -23,9 +23,9 @@ def test_memos_carry_transition_times_as_the_whole_conditions_did() -> None:
     assert all(isinstance(memo, ConditionMemo) for memo in memos)
     for later, idle_seconds in ((NOW + 60, 5.0), (NOW + 120, 900.0)):
         from_memos = build_conditions(figures(idle_seconds=idle_seconds), later, previous=memos,
-                                      idle_condition_after_seconds=600)
+                                      idle_condition_after_seconds=600, observed_idle_seconds=idle_seconds)
         from_conditions = build_conditions(figures(idle_seconds=idle_seconds), later, previous=first,
-                                           idle_condition_after_seconds=600)
+                                           idle_condition_after_seconds=600, observed_idle_seconds=idle_seconds)
         assert from_memos == from_conditions
     idle = next(c for c in from_memos if c.type == "Idle")
     assert idle.status == "True" and idle.last_transition_time == rfc3339(NOW + 120)
@@ -50,7 +50,8 @@ def _runtime(tmp_path: Path) -> ControllerRuntime:
 
 def test_saved_memos_come_back_and_states_saved_with_whole_conditions_still_restore(tmp_path: Path) -> None:
     runtime = _runtime(tmp_path)
-    conditions = build_conditions(figures(idle_seconds=900.0), NOW, idle_condition_after_seconds=600)
+    conditions = build_conditions(figures(idle_seconds=900.0), NOW, idle_condition_after_seconds=600,
+                                  observed_idle_seconds=900.0)
     runtime.conditions["w1"] = remembered(conditions)
     state = json.loads(json.dumps(recovery.snapshot_state(runtime, NOW)))
     assert state["conditions"]["w1"] == [
@@ -68,7 +69,8 @@ def test_saved_memos_come_back_and_states_saved_with_whole_conditions_still_rest
 
 def test_conditions_written_on_the_crs_become_memos_and_mark_idle_announced(tmp_path: Path) -> None:
     runtime = _runtime(tmp_path)
-    written = build_conditions(figures(idle_seconds=900.0), NOW, idle_condition_after_seconds=600)
+    written = build_conditions(figures(idle_seconds=900.0), NOW, idle_condition_after_seconds=600,
+                               observed_idle_seconds=900.0)
     items: list[dict[str, Any]] = [
         {"spec": {"workloadRef": {"uid": "w1"}},
          "status": {"conditions": [c.model_dump(mode="json", by_alias=True) for c in written]}},

@@ -28,10 +28,14 @@ async def test_one_event_per_idle_spell() -> None:
     client = Client()
     events = IdleEvents(client, TokenBucket(1000), idle_after_seconds=600, clock=lambda: 1_767_225_600.0)  # type: ignore[arg-type]
     task = asyncio.create_task(events.run())
-    events.announce([workload("a", 900), workload("b", 10), workload("c", 900, phase="Succeeded")])
-    events.announce([workload("a", 960)])  # still the same spell
-    events.announce([workload("a", 0)])  # active again
-    events.announce([workload("a", 700)])  # a new spell
+    events.announce([workload("a", 900), workload("b", 10), workload("c", 900, phase="Succeeded")],
+                    {"a": "True", "b": "False", "c": "False"})
+    events.announce([workload("a", 960)], {"a": "True"})  # still the same spell
+    events.announce([workload("a", 975)], {"a": "Unknown"})  # its agent not reporting: the same spell still
+    events.announce([workload("a", 990)], {"a": "True"})
+    events.announce([workload("a", 0)], {"a": "False"})  # active again
+    events.announce([workload("a", 700)], {"a": "True"})  # a new spell
+    events.announce([workload("d", 900)], {"d": "Unknown"})  # idle by the clock, never observed: no Event
     await asyncio.sleep(0.05)
     task.cancel()
     assert [body["involvedObject"]["name"] for _, body in client.posted] == ["job-a", "job-a"]

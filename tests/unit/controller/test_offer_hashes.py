@@ -25,13 +25,13 @@ def _runtime(tmp_path: Path, clock: list[float]) -> ControllerRuntime:
 
 def _queued(runtime: ControllerRuntime) -> str:
     writer = runtime.writer
-    return "material" if KEY in writer._material else "due" if KEY in writer._due else "none"
+    return "material" if KEY in writer._material else "due" if KEY in writer._due or KEY in writer._stale else "none"
 
 
 def _written(runtime: ControllerRuntime, at: float) -> None:
     """What the writer keeps once the queued offer went out."""
     writer = runtime.writer
-    desired = writer._material.pop(KEY, None) or writer._due.pop(KEY)
+    desired = writer._material.pop(KEY, None) or writer._due.pop(KEY, None) or writer._stale.pop(KEY)
     writer.written[KEY] = Written(signature=desired.signature, counters=desired.counters, at=at)
 
 
@@ -43,18 +43,19 @@ def test_offers_hold_hashes_and_the_writer_tells_news_refreshes_and_repeats_apar
     runtime._offer_workloads([first], NOW)
     desired = runtime.writer._material[KEY]
     assert desired.signature == hash(workload_signature(
-        first, idle_condition_after_seconds=settings.idle_condition_after,
-        underutilized_percent=settings.underutilized_percent))
+        first, NOW, idle_condition_after_seconds=settings.idle_condition_after,
+        underutilized_percent=settings.underutilized_percent, observed_idle_seconds=runtime.observed_idle.get("w1")))
     assert desired.counters == hash(workload_counters(first))
     assert isinstance(desired.signature, int) and isinstance(desired.counters, int)  # 8 bytes, not ~1 KB of tuples
     _written(runtime, NOW)
 
-    runtime._offer_workloads([figures()], NOW + 1)  # equal figures, other objects: nothing to write
+    runtime._offer_workloads([figures(idle_seconds=31.0)], NOW + 1)  # other objects, the same state: nothing to write
     assert _queued(runtime) == "none"
-    moved = figures(allocated_gpu_seconds=130.0, idle_seconds=31.0)
+    moved = figures(allocated_gpu_seconds=130.0, idle_seconds=35.0)  # the same idle stretch, 5 s on
     runtime._offer_workloads([moved], NOW + 5)  # counters moved, within the interval: not yet
     assert _queued(runtime) == "none"
     clock[0] = NOW + 16
+    moved = figures(allocated_gpu_seconds=130.0, idle_seconds=46.0)
     runtime._offer_workloads([moved], NOW + 16)  # ... and once the interval passed: a refresh
     assert _queued(runtime) == "due"
     _written(runtime, NOW + 16)

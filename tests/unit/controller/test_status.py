@@ -83,10 +83,12 @@ def test_conditions() -> None:
     active = _conditions(figures(idle_seconds=0.0, utilization=Windows(avg1h=80.0)))
     assert active == {"Sampling": ("True", "DevicesSampled"), "Idle": ("False", "Active"),
                       "Underutilized": ("False", "UtilizationOk")}
-    idle = _conditions(figures(idle_seconds=900.0, utilization=Windows(avg1h=5.0)), idle_condition_after_seconds=600)
+    idle = _conditions(figures(idle_seconds=900.0, utilization=Windows(avg1h=5.0)), idle_condition_after_seconds=600,
+                       observed_idle_seconds=600.0)
     assert idle["Idle"] == ("True", "IdleTooLong") and idle["Underutilized"] == ("True", "LowUtilization")
     unsampled = _conditions(figures(sampling=False, gpus=[GpuFigures(node="n", uuid="GPU-x", monitored=False)]))
     assert unsampled["Sampling"] == ("False", "SamplesMissing")
+    assert unsampled["Idle"] == ("Unknown", "NotYetSampled")
     ended = _conditions(figures(phase="Succeeded", allocated_gpus=0.0, idle_seconds=900.0))
     assert ended["Idle"] == ("False", "NotRunning") and ended["Sampling"][0] == "Unknown"
 
@@ -95,7 +97,8 @@ def test_condition_transition_time_moves_only_on_change() -> None:
     first = build_conditions(figures(idle_seconds=0.0), NOW)
     same = build_conditions(figures(idle_seconds=5.0), NOW + 60, previous=first)
     assert [c.last_transition_time for c in same] == [c.last_transition_time for c in first]
-    changed = build_conditions(figures(idle_seconds=900.0), NOW + 120, previous=same, idle_condition_after_seconds=600)
+    changed = build_conditions(figures(idle_seconds=900.0), NOW + 120, previous=same, idle_condition_after_seconds=600,
+                               observed_idle_seconds=700.0)
     idle = next(c for c in changed if c.type == "Idle")
     assert idle.status == "True" and idle.last_transition_time == rfc3339(NOW + 120)
 
@@ -109,13 +112,18 @@ def test_project_status() -> None:
 
 
 def _mark(f: WorkloadFigures, at: float) -> tuple[tuple[object, ...], tuple[float, ...], float]:
-    return workload_signature(f, idle_condition_after_seconds=600), workload_counters(f), at
+    return _signature(f), workload_counters(f), at
+
+
+def _signature(f: WorkloadFigures) -> tuple[object, ...]:
+    """As of NOW (the figures' own time), idle stretches watched throughout."""
+    observed = f.idle_seconds if f.idle_seconds > 0 else None
+    return workload_signature(f, NOW, idle_condition_after_seconds=600, observed_idle_seconds=observed)
 
 
 def _reason(previous: tuple[tuple[object, ...], tuple[float, ...], float] | None, f: WorkloadFigures,
             now: float) -> str:
-    return write_reason(previous, workload_signature(f, idle_condition_after_seconds=600), workload_counters(f),
-                        now=now, interval_seconds=15)
+    return write_reason(previous, _signature(f), workload_counters(f), now=now, interval_seconds=15)
 
 
 def test_write_reason() -> None:
