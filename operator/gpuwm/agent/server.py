@@ -26,6 +26,11 @@ log = logging.getLogger(__name__)
 
 #: `/v1/snapshot?format=`: rows (one JSON object per sample, the default) or columns (see gpuwm.agent.columns)
 SNAPSHOT_FORMATS = ("rows", "columns")
+#: a connection that sends nothing (a request head, or the next request on a kept-alive one) for this
+#: long is closed: each connection holds a thread, and half-open ones must not pile up
+READ_TIMEOUT_SECONDS = 10.0
+#: connections served at once (the controller keeps one or two, Prometheus one); more are closed at once
+MAX_CONNECTIONS = 32
 
 
 def parse_listen(listen: str) -> tuple[str, int]:
@@ -53,6 +58,7 @@ def _non_negative(query: dict[str, list[str]], name: str, default: int) -> int |
 class _Handler(BaseHTTPRequestHandler):
     server: AgentHTTPServer
     protocol_version = "HTTP/1.1"
+    timeout = READ_TIMEOUT_SECONDS  # socketserver sets it on the connection: every read waits at most this
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("http %s", format % args)
@@ -110,16 +116,46 @@ class AgentHTTPServer(ThreadingHTTPServer):
     """Threaded HTTP server bound to one agent; `render_metrics` writes the `/metrics` body."""
 
     daemon_threads = True
+    request_queue_size = 128  # listen backlog: a burst is accepted (and refused past the cap) at once, not in SYN retries
     timeout = 0.0  # handle_request(): a connection that went away before accept() is not waited for
 
-    def __init__(self, address: tuple[str, int], agent: Agent, render_metrics: Callable[[], bytes]) -> None:
+    def __init__(
+        self,
+        address: tuple[str, int],
+        agent: Agent,
+        render_metrics: Callable[[], bytes],
+        max_connections: int = MAX_CONNECTIONS,
+    ) -> None:
         self.agent = agent
         self.render_metrics = render_metrics
+        self.max_connections = max_connections
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self.refused_connections = 0
         super().__init__(address, _Handler)
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._stopping = False
         self._stopped = threading.Event()
         self._stopped.set()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        """A thread per connection, at most `max_connections` at once; past that the connection is closed
+        unanswered (a flood of connections costs no threads)."""
+        if not self._slots.acquire(blocking=False):
+            self.refused_connections += 1
+            log.warning("agent HTTP: %d connections open, closing one from %s", self.max_connections, client_address)
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         """Serve until `shutdown()`, asleep in select between requests (`poll_interval` is not used).

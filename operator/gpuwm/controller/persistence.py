@@ -273,9 +273,20 @@ def commit_state(staged: Path, path: Path) -> None:
         os.replace(staged, path)
         if kept:
             os.replace(swap, previous_path(path))
+        sync_directory(path.parent)
     except BaseException:
         staged.unlink(missing_ok=True)
         raise
+
+
+def sync_directory(folder: Path) -> None:
+    """fsync a folder: a rename is in its entries, so until they reach the disk a power cut can bring back
+    the old name (or no file at all), however well the file itself was synced."""
+    descriptor = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def save_state(path: Path, state: dict[str, Any]) -> None:
