@@ -26,6 +26,7 @@ CHART = ROOT / "charts" / "gpuwm"
 CI_VALUES = sorted((ROOT / "ci").glob("*-values.yaml"))
 DRIVER = Path(__file__).parent / "helm_driver.py"
 MONITORING_CRDS = Path(__file__).parent / "fixtures" / "monitoring.coreos.com-subset.yaml"
+CERT_MANAGER_CRDS = Path(__file__).parent / "fixtures" / "cert-manager.io-subset.yaml"
 HELM_VENV = ROOT / ".venv-helm"
 RELEASE_NAMESPACE = "gpuwm"
 
@@ -114,7 +115,7 @@ def api_server() -> Iterator[ApiServer]:
         "kind": "Namespace",
         "metadata": {"name": RELEASE_NAMESPACE},
     }
-    for crd in yaml.safe_load_all(MONITORING_CRDS.read_text()):
+    for crd in [*yaml.safe_load_all(MONITORING_CRDS.read_text()), *yaml.safe_load_all(CERT_MANAGER_CRDS.read_text())]:
         store.served_crd(crd)
         store.objects[("apiextensions.k8s.io/v1", "customresourcedefinitions", "", crd["metadata"]["name"])] = crd
     try:

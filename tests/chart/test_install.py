@@ -63,15 +63,17 @@ def test_install_default_values(install: Callable[..., Installed]) -> None:
     assert controller["args"][0] == "controller"
     ports = {port["name"]: port["containerPort"] for port in controller["ports"]}
     assert ports == {"http": 8080, "liveness": 8081}
-    assert controller["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness"}
-    assert controller["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert controller["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness", "scheme": "HTTP"}
+    # the API speaks HTTPS by default (apiTls)
+    assert controller["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http", "scheme": "HTTPS"}
     daemonset = installed.one("DaemonSet", "-agent")
     assert containers(daemonset)["agent"]["args"][0] == "agent"
     peering = installed.one("ClusterKopfPeering")
     assert peering["metadata"]["name"] == "gpuwm"
     assert installed.one("PodDisruptionBudget")["spec"]["minAvailable"] == 1
     kinds = {obj["kind"] for obj in installed.chart_objects()}
-    assert not kinds & {"ServiceMonitor", "PodMonitor", "PrometheusRule", "NetworkPolicy", "ConfigMap"}, kinds
+    assert not kinds & {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"}, kinds
+    assert "NetworkPolicy" in kinds  # on by default (issue 34)
 
 
 def test_install_every_optional_feature(install: Callable[..., Installed]) -> None:

@@ -25,6 +25,8 @@ FIELDS = sorted(Settings.model_fields)
 DERIVED = {
     "node_name": "the pod's spec.nodeName (env NODE_NAME from the downward API)",
     "agents": "this release's agent pods: pods:<release namespace>/app.kubernetes.io/component=agent",
+    "api_tls_cert_file": "the controller.tls Secret mounted at /etc/gpuwm/tls (tls.crt)",
+    "api_tls_key_file": "the controller.tls Secret mounted at /etc/gpuwm/tls (tls.key)",
 }
 # Values the chart sets on purpose to something other than the program's default.
 CHART_DEFAULTS = {
@@ -38,6 +40,8 @@ SAMPLES = {
     "agents": "static:gpu-node-1=http://10.0.0.1:9400",
     "cluster_id": "3f1c2a9e-0000-4000-8000-000000000001",
     "device_plugin_config": "gpu-operator/time-slicing-config/any",
+    "api_tls_cert_file": "/etc/custom-tls/tls.crt",
+    "api_tls_key_file": "/etc/custom-tls/tls.key",
 }
 
 

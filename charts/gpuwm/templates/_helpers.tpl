@@ -78,7 +78,7 @@ gpuwm's settings (gpuwm.config.Settings), by Helm value name. Each becomes GPUWM
 in both containers; a test fails when a Settings field is missing here or in values.yaml.
 */}}
 {{- define "gpuwm.settingNames" -}}
-logFormat logLevel interval idleThresholdPercent projectLabel lateEventWindow listen nodeName podResourcesSocket kubeletUrl procRoot kubeletTokenFile kubeletInsecureTls resourceNames snapshotBufferSamples namespace statusInterval snapshotMerge retention agents store stateSaveInterval idleConditionAfter underutilizedPercent statusWritesPerSecond statusCountersRefresh timeSlicedReplicas devicePluginConfig standalone liveness peeringName auth apiListen runaiCompatibleMetrics clusterId storeRollups storeLatestRowsPerInterval
+logFormat logLevel interval idleThresholdPercent projectLabel lateEventWindow listen nodeName podResourcesSocket kubeletUrl procRoot kubeletTokenFile kubeletInsecureTls resourceNames snapshotBufferSamples namespace statusInterval snapshotMerge retention agents store stateSaveInterval idleConditionAfter underutilizedPercent statusWritesPerSecond statusCountersRefresh timeSlicedReplicas devicePluginConfig standalone liveness peeringName auth apiListen apiTls apiTlsCertFile apiTlsKeyFile apiTokenAudience apiMaxPointsPerResponse apiMaxConcurrentQueries apiAuthCacheEntries apiAuthReviewsPerClientPerSecond runaiCompatibleMetrics clusterId storeRollups storeLatestRowsPerInterval
 {{- end -}}
 
 {{/* One settings value as an env string: lists comma-joined, whole numbers without exponent. */}}
@@ -139,4 +139,20 @@ capabilities:
   drop: ["ALL"]
 seccompProfile:
   type: RuntimeDefault
+{{- end -}}
+
+{{/* The Secret holding the API's HTTPS certificate (tls.crt, tls.key, ca.crt). */}}
+{{- define "gpuwm.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "gpuwm.controllerName" .)) .Values.controller.tls.secretName -}}
+{{- end -}}
+
+{{/* Whether the controller mounts that Secret: HTTPS on, a Secret source, no certificate file of the user's own. */}}
+{{- define "gpuwm.mountsTlsSecret" -}}
+{{- if and .Values.apiTls (not .Values.apiTlsCertFile) (ne .Values.controller.tls.source "selfSigned") -}}true{{- end -}}
+{{- end -}}
+
+{{/* The DNS names of the API's Service, for its certificate. */}}
+{{- define "gpuwm.serviceDnsNames" -}}
+{{- $service := include "gpuwm.controllerName" . -}}
+{{- list $service (printf "%s.%s" $service .Release.Namespace) (printf "%s.%s.svc" $service .Release.Namespace) (printf "%s.%s.svc.cluster.local" $service .Release.Namespace) | toJson -}}
 {{- end -}}

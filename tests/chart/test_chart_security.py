@@ -1,0 +1,122 @@
+"""Issue 34 in the chart: NetworkPolicies on by default, the agent without nodes/proxy, HTTPS for the API
+(self-signed by default, a cert-manager Certificate or your own Secret), and a ServiceMonitor that scrapes
+the authorised /metrics over HTTPS with an audience-bound token."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import yaml
+
+from tests.chart.conftest import CHART, Installed, containers, env_of
+
+VALUES = yaml.safe_load((CHART / "values.yaml").read_text())
+
+
+def test_network_policies_are_on_by_default(install: Callable[..., Installed]) -> None:
+    installed = install()
+    assert installed.ok, installed.error
+    agent = installed.one("NetworkPolicy", "-agent")["spec"]
+    assert agent["policyTypes"] == ["Ingress"]
+    (rule,) = agent["ingress"]
+    assert rule["ports"] == [{"port": "metrics", "protocol": "TCP"}]
+    # the controller only: no empty `from` (which would mean everyone)
+    assert [peer["podSelector"]["matchLabels"]["app.kubernetes.io/component"] for peer in rule["from"]] == [
+        "controller"
+    ]
+    assert installed.one("NetworkPolicy", "-controller")["spec"]["ingress"][0]["ports"] == [
+        {"port": "http", "protocol": "TCP"}
+    ]
+
+
+def test_agent_rbac_has_no_nodes_proxy(install: Callable[..., Installed]) -> None:
+    installed = install()
+    resources = {r for rule in installed.one("ClusterRole", "-agent")["rules"] for r in rule["resources"]}
+    assert resources == {"nodes/stats"}
+
+
+def test_api_is_https_by_default_with_a_self_signed_certificate(install: Callable[..., Installed]) -> None:
+    installed = install()
+    assert installed.ok, installed.error
+    controller = containers(installed.one("Deployment", "-controller"))["controller"]
+    env = env_of(controller)
+    assert env["GPUWM_API_TLS"]["value"] == "true"
+    assert env["GPUWM_API_TOKEN_AUDIENCE"]["value"] == "gpuwm"
+    # no files: the controller makes its certificate at start; no Secret, nothing random in the chart
+    assert "GPUWM_API_TLS_CERT_FILE" not in env
+    assert not installed.objects("Secret") and not installed.objects("Certificate")
+    for probe in ("startupProbe", "readinessProbe"):
+        assert controller[probe]["httpGet"]["scheme"] == "HTTPS"
+
+
+def test_cert_manager_certificate_is_mounted(install: Callable[..., Installed]) -> None:
+    installed = install(values={"controller": {"tls": {"source": "certManager",
+                                                         "issuerRef": {"name": "cluster-ca"}}}})
+    assert installed.ok, installed.error
+    certificate = installed.one("Certificate")
+    spec = certificate["spec"]
+    assert spec["secretName"] == "gpuwm-controller-tls"
+    assert spec["issuerRef"] == {"name": "cluster-ca", "kind": "ClusterIssuer", "group": "cert-manager.io"}
+    assert "gpuwm-controller.gpuwm.svc" in spec["dnsNames"]
+    pod = installed.one("Deployment", "-controller")["spec"]["template"]["spec"]
+    controller = containers(installed.one("Deployment", "-controller"))["controller"]
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    assert volumes["tls"]["secret"]["secretName"] == "gpuwm-controller-tls"
+    mounts = {mount["name"]: mount for mount in controller["volumeMounts"]}
+    assert mounts["tls"] == {"name": "tls", "mountPath": "/etc/gpuwm/tls", "readOnly": True}
+    env = env_of(controller)
+    assert env["GPUWM_API_TLS_CERT_FILE"]["value"] == "/etc/gpuwm/tls/tls.crt"
+    assert env["GPUWM_API_TLS_KEY_FILE"]["value"] == "/etc/gpuwm/tls/tls.key"
+
+
+def test_cert_manager_needs_an_issuer_and_a_secret_source_needs_a_name(install: Callable[..., Installed]) -> None:
+    no_issuer = install(values={"controller": {"tls": {"source": "certManager"}}})
+    assert not no_issuer.ok and "issuerRef.name" in no_issuer.error
+    no_name = install(values={"controller": {"tls": {"source": "secret"}}})
+    assert not no_name.ok and "controller.tls.secretName" in no_name.error
+
+
+def test_own_secret_is_mounted(install: Callable[..., Installed]) -> None:
+    installed = install(values={"controller": {"tls": {"source": "secret", "secretName": "my-api-tls"}}})
+    assert installed.ok, installed.error
+    pod = installed.one("Deployment", "-controller")["spec"]["template"]["spec"]
+    assert {"name": "tls", "secret": {"secretName": "my-api-tls", "defaultMode": 0o440}} in pod["volumes"]
+    assert not installed.objects("Certificate")
+
+
+def test_plain_http_when_asked(install: Callable[..., Installed]) -> None:
+    installed = install(values={"apiTls": False, "controller": {"tls": {"source": "certManager",
+                                                                          "issuerRef": {"name": "ca"}}}})
+    assert installed.ok, installed.error
+    controller = containers(installed.one("Deployment", "-controller"))["controller"]
+    assert controller["readinessProbe"]["httpGet"]["scheme"] == "HTTP"
+    assert not installed.objects("Certificate")
+    assert "tls" not in {mount["name"] for mount in controller["volumeMounts"]}
+
+
+def test_service_monitor_scrapes_https_with_a_token(install: Callable[..., Installed]) -> None:
+    installed = install(values={
+        "serviceMonitor": {"enabled": True},
+        "prometheus": {"serviceAccount": {"name": "prometheus-k8s", "namespace": "monitoring"}},
+        "controller": {"tls": {"source": "certManager", "issuerRef": {"name": "ca"}}},
+    })
+    assert installed.ok, installed.error
+    (endpoint,) = installed.one("ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https" and endpoint["path"] == "/metrics"
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "gpuwm-controller-tls", "key": "ca.crt"}
+    assert endpoint["tlsConfig"]["serverName"] == "gpuwm-controller.gpuwm.svc"
+    assert endpoint["bearerTokenFile"] == VALUES["serviceMonitor"]["bearerTokenFile"]
+    # Prometheus' service account may get /metrics, nothing else
+    reader = installed.one("ClusterRole", "-metrics-reader")
+    assert reader["rules"] == [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]
+    binding = installed.one("ClusterRoleBinding", "-metrics-reader")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}]
+
+
+def test_service_monitor_token_from_a_secret(install: Callable[..., Installed]) -> None:
+    """A token from a Secret instead of a file; the self-signed default certificate is not verified."""
+    secret = install(values={"serviceMonitor": {"enabled": True, "tokenSecret": {"name": "prom-token"}}})
+    assert secret.ok, secret.error
+    (endpoint,) = secret.one("ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": "prom-token", "key": "token"}}
+    assert "bearerTokenFile" not in endpoint and endpoint["tlsConfig"]["insecureSkipVerify"] is True
