@@ -340,7 +340,13 @@ class EngineCore:
         elif event.workload.created is not None and (workload.created is None or event.workload.created < workload.created):
             workload.created = event.workload.created
         workload.revision += 1
+        if f"{event.uid}@{workload.uid}" in self.pods:  # a late event of a pod that has left this workload
+            self._advance(event.t)
+            return
         pod = self.pods.get(event.uid)
+        if pod is not None and pod.workload is not workload:
+            self._rehome(pod, max(event.t, self.boundary))
+            pod = None
         if pod is None:
             pod = self.pods[event.uid] = Pod(event.uid, workload, event)
             workload.pods[event.uid] = pod
@@ -361,6 +367,27 @@ class EngineCore:
             workload.labels_key = (event.t, event.uid)
             workload.labels = event.labels
         self._reconcile_pod(pod, t)
+
+    def _rehome(self, pod: Pod, t: float) -> None:
+        """The pod now belongs to another workload (its owner changed): it leaves its old one at t.
+
+        `kubectl delete job --cascade=orphan` has the garbage collector strip a pod's
+        ownerReferences, so its next event names another workload (the pod itself, or a new
+        owner that adopts it). Up to t the pod's time stays its old workload's; from t its old
+        record ends (as a deleted pod ends, so a workload left with no running pod ends too) and
+        the caller starts a new record under the new workload. The old record stays with its
+        workload under the key `<pod uid>@<old workload uid>` until that workload is forgotten.
+        """
+        old = pod.workload
+        old.revision += 1
+        timeline = pod.timeline
+        index = bisect.bisect_left([entry[0] for entry in timeline], t)
+        before = timeline[index - 1][1] if index > 0 else timeline[0][1]
+        del timeline[index:]
+        timeline.append((t, before.model_copy(update={"t": t, "phase": "Deleted", "devices": []})))
+        self._reconcile_pod(pod, t)
+        del self.pods[pod.uid]
+        self.pods[f"{pod.uid}@{old.uid}"] = pod
 
     # ------------------------------------------------------- pod -> stretches
 
@@ -825,5 +852,7 @@ class EngineCore:
             gpu = self.gpu_records.get(stretch.uuid)
             if gpu is not None and stretch in gpu.stretches:
                 gpu.stretches.remove(stretch)
-        for pod_uid in workload.pods:
-            self.pods.pop(pod_uid, None)
+        for pod_uid, pod in workload.pods.items():
+            for key in (pod_uid, f"{pod_uid}@{uid}"):  # a pod that moved on is kept under the second key
+                if self.pods.get(key) is pod:
+                    del self.pods[key]

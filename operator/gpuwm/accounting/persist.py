@@ -99,6 +99,8 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
 
     workload_records = list(core.workload_records.values())
     pod_records = list(core.pods.values())
+    # a pod that moved to another workload keeps its old record under another key (EngineCore._rehome)
+    pod_keys = {id(pod): key for key, pod in core.pods.items()}
     gpu_records = list(core.gpu_records.values())
     # stretch ids first, in the order the entries name them: the same ids however the entries are read
     for records in (workload_records, pod_records, gpu_records):
@@ -129,11 +131,11 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
             "retiredRuns": [list(run) for run in workload.retired_runs],
             "retiredLastActive": _finite(workload.retired_last_active),
             "stretches": [stretch_ids[id(stretch)] for stretch in workload.stretches],
-            "pods": list(workload.pods),
+            "pods": [pod_keys.get(id(pod), uid) for uid, pod in workload.pods.items()],
         }
 
     def pod_entry(pod: Pod) -> dict[str, Any]:
-        return {
+        entry = {
             "uid": pod.uid,
             "workload": pod.workload.uid,
             "name": pod.name,
@@ -142,6 +144,10 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
             "timeline": [[t, event_json(event)] for t, event in pod.timeline],
             "stretches": [stretch_ids[id(stretch)] for stretch in pod.stretches],
         }
+        key = pod_keys.get(id(pod), pod.uid)
+        if key != pod.uid:
+            entry["key"] = key
+        return entry
 
     def gpu_entry(gpu: Gpu) -> dict[str, Any]:
         return {
@@ -228,10 +234,12 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
         event = NamespaceEvent.model_validate(raw)
         core.namespaces[event.name] = event
     # a pod's timeline, name, namespace, labels and stretch ids, until its workload is linked to it
-    saved_pods: dict[str, tuple[list[tuple[float, PodEvent]], str, str, dict[str, str], list[int]]] = {}
+    saved_pods: dict[str, tuple[list[tuple[float, PodEvent]], str, str, dict[str, str], list[int], str]] = {}
     for raw in saved_entries(state["pods"], consume):
         timeline = [(float(t), compact_pod_event(PodEvent.model_validate(event))) for t, event in raw["timeline"]]
-        saved_pods[raw["uid"]] = (timeline, raw["name"], raw["namespace"], raw["labels"], raw["stretches"])
+        saved_pods[raw.get("key", raw["uid"])] = (
+            timeline, raw["name"], raw["namespace"], raw["labels"], raw["stretches"], raw["uid"],
+        )
     workloads: dict[str, Workload] = {}
     links: list[tuple[Workload, list[int], list[str]]] = []  # each workload's stretch ids and pods, linked below
     for raw in saved_entries(state["workloads"], consume):
@@ -281,8 +289,8 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
         stretches.append(stretch)
     for workload, stretch_ids, pod_uids in links:
         workload.stretches = [stretches[index] for index in stretch_ids]
-        for pod_uid in pod_uids:
-            timeline, name, namespace, labels, pod_stretch_ids = saved_pods[pod_uid]
+        for pod_key in pod_uids:
+            timeline, name, namespace, labels, pod_stretch_ids, pod_uid = saved_pods[pod_key]
             pod = Pod(pod_uid, workload, timeline[-1][1])
             pod.name = name
             pod.namespace = namespace
@@ -290,7 +298,7 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
             pod.timeline = timeline
             pod.stretches = [stretches[index] for index in pod_stretch_ids]
             workload.pods[pod_uid] = pod
-            core.pods[pod_uid] = pod
+            core.pods[pod_key] = pod
     for raw in saved_entries(state["gpus"], consume):
         gpu = Gpu(raw["uuid"], raw["node"])
         if "history" in raw:
