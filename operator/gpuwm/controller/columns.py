@@ -345,10 +345,12 @@ _DEVICES_KEPT = 20_000  # a fleet with more distinct entries re-validates (as wi
 #: the fast path's table rows: `gpu`, `t`, then NUMBER_COLUMNS
 _TABLE = ("gpu", "t", *NUMBER_COLUMNS)
 _TABLE_AND_HEALTHY = (*_TABLE, "healthy")
-_LOW = numpy.array([0.0, -numpy.inf] + [-numpy.inf if _BOUNDS[name][0] is None else _BOUNDS[name][0]
-                                        for name in NUMBER_COLUMNS])
-_HIGH = numpy.array([numpy.inf, numpy.inf] + [numpy.inf if _BOUNDS[name][1] is None else _BOUNDS[name][1]
-                                              for name in NUMBER_COLUMNS])
+#: each row's bounds; an open bound is the largest finite float, so the same comparisons find infinities
+_FLOAT_MAX = float(numpy.finfo(numpy.float64).max)
+_LOW = numpy.array([0.0, -_FLOAT_MAX] + [-_FLOAT_MAX if _BOUNDS[name][0] is None else _BOUNDS[name][0]
+                                         for name in NUMBER_COLUMNS])
+_HIGH = numpy.array([_FLOAT_MAX, _FLOAT_MAX] + [_FLOAT_MAX if _BOUNDS[name][1] is None else _BOUNDS[name][1]
+                                                for name in NUMBER_COLUMNS])
 
 
 def parse_columns(payload: Mapping[str, Any]) -> SampleColumns:
@@ -541,13 +543,12 @@ def _table(raw: Mapping[str, Any], count: int, devices: int) -> Floats | None:
 
 def _wrong(table: Floats, devices: int | Ints) -> bool:
     """Whether a table of `_TABLE` rows breaks GpuSample's bounds: a number out of range or infinite (a row to
-    drop: `parse_columns` finds it), a time that is not finite, a `gpu` that is not an entry of its `gpus`
-    (`devices`: their count, or each row's), a fractional seq."""
+    drop: `parse_columns` finds it; see `_LOW` and `_HIGH`), a time that is not finite, a `gpu` that is not an
+    entry of its `gpus` (`devices`: their count, or each row's), a fractional seq."""
     with numpy.errstate(invalid="ignore"):
         gpu, t, seq = table[0], table[1], table[2]
         return bool(
-            (table < _LOW[:, None]).any() or (table > _HIGH[:, None]).any() or numpy.isinf(table).any()
-            or not numpy.isfinite(t).all()
+            (table < _LOW[:, None]).any() or (table > _HIGH[:, None]).any() or not numpy.isfinite(t).all()
             or (gpu != numpy.floor(gpu)).any() or (gpu >= devices).any()
             or ((seq != numpy.floor(seq)) & ~numpy.isnan(seq)).any()
         )
