@@ -243,6 +243,8 @@ def _apply_pieces(
         summed("energy_joules", valid & ~numpy.isnan(pair_rate), pair_rate * unit_seconds)
         summed("unmonitored_seconds", valid & ~monitored[pair_position], unit_seconds)
         summed("unattributed_seconds", pair_monitored & unattributed, unit_seconds)
+    if unattributed.any():
+        core.unattributed_samples += len(numpy.unique(pair_position[pair_monitored & unattributed]))
         summed("active_seconds", active, unit_seconds)
         summed("idle_seconds", idle, unit_seconds)
         summed("life_units", pair_monitored, unit_seconds)

@@ -84,6 +84,9 @@ class EngineCore:
         # own samples' energy is split among the workloads on those instances
         self.mig_children: dict[str, list[str]] = {}
         self.late_samples_dropped = 0
+        #: samples whose busy device the processes seen could not explain, so that some holder took the
+        #: device's figure (DESIGN §3, rule of 2026-11-27); counted once, when a sample is first accounted
+        self.unattributed_samples = 0
         self._last_maintenance = -INFINITY
         self._gap = self.config.gap_seconds
         self._threshold = self.config.idle_threshold_percent
@@ -660,6 +663,7 @@ class EngineCore:
         cut_end = end if end < high else high
         cuts = self._cuts(gpu, cut_start, cut_end) if monitored else []
         memory = gpu.memory[index]
+        counted = False
         for stretch in stretches:
             piece_start = cut_start if cut_start > stretch.start else stretch.start
             piece_end = cut_end if cut_end < stretch.end else stretch.end
@@ -679,7 +683,10 @@ class EngineCore:
                 utilization, unattributed = self._attribution(gpu, index, workload, sub_start, sub_end)
                 if unattributed:
                     workload.unattributed_seconds += units * (sub_end - sub_start)
+                    counted = counted or unattributed
                 self._account(stretch, units, sub_start, sub_end, utilization, memory, sign)
+        if counted and sign > 0 and low == -INFINITY and high == INFINITY:  # a new point, not a re-accounting
+            self.unattributed_samples += 1
 
     def _apply_appended(self, gpu: Gpu, index: int, stretches: list[Stretch]) -> None:
         """`_apply_interval(gpu, index, -inf, inf, stretches, 1.0)`, the same arithmetic to the bit, for a new point.
@@ -707,7 +714,7 @@ class EngineCore:
         threshold = self._threshold
         cached_key: tuple[Workload, float, float] | None = None
         utilization = 0.0
-        unattributed = False
+        unattributed = counted = False
         for stretch in stretches:
             stretch_start, stretch_end = stretch.start, stretch.end
             piece_start = start if start > stretch_start else stretch_start
@@ -728,6 +735,7 @@ class EngineCore:
                 utilization, unattributed = self._attribution(gpu, index, workload, piece_start, piece_end)
             if unattributed:
                 workload.unattributed_seconds += unit_seconds
+                counted = True
             if utilization >= threshold:
                 workload.active_seconds += unit_seconds
                 if piece_end > stretch.last_active:
@@ -742,6 +750,8 @@ class EngineCore:
                 workload.life_mem_units += unit_seconds
                 workload.life_mem += unit_seconds * memory
                 workload.windows.add(piece_start, piece_end, units, units * utilization, units, units * memory)
+        if counted:
+            self.unattributed_samples += 1
 
     def _settle_last_active(self, gpu: Gpu, stretches: list[Stretch], low: float, high: float = INFINITY) -> None:
         """After taking back (low, high]: recompute last_active of stretches whose latest activity was in it."""

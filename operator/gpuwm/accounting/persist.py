@@ -175,6 +175,7 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
         "clock": _finite(core.clock),
         "lastMaintenance": _finite(core._last_maintenance),
         "lateSamplesDropped": core.late_samples_dropped,
+        "unattributedSamples": core.unattributed_samples,
         "namespaces": [event.model_dump(by_alias=True, mode="json") for event in core.namespaces.values()],
         "migChildren": core.mig_children,
         "workloads": listed(workload_records, workload_entry),
@@ -229,6 +230,7 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
     last = state["lastMaintenance"]
     core._last_maintenance = -INFINITY if last is None else float(last)
     core.late_samples_dropped = int(state["lateSamplesDropped"])
+    core.unattributed_samples = int(state.get("unattributedSamples", 0))  # absent in states saved before 2026-11-27
     core.mig_children = {parent: list(children) for parent, children in state["migChildren"].items()}
     for raw in state["namespaces"]:
         event = NamespaceEvent.model_validate(raw)

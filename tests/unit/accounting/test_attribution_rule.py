@@ -36,6 +36,7 @@ def test_sole_holder_with_an_empty_process_list_on_a_busy_gpu_is_busy() -> None:
     assert f.idle_seconds == 0
     assert f.last_active_time == 10
     assert f.unattributed_gpu_seconds == pytest.approx(10)  # the processes did not explain it: counted
+    assert e.unattributed_samples == 10  # the samples at 1..10 (the one at 0 starts the history)
 
 
 def test_sole_holder_with_processes_of_no_pod_takes_the_device() -> None:
@@ -198,3 +199,4 @@ def test_batch_and_single_samples_give_the_same_figures_under_the_rule() -> None
     solo = figures(one, "solo", 199)
     assert solo.active_gpu_seconds > 150
     assert figures(one, "a", 199).utilization.lifetime == pytest.approx(35)  # 0.4 % explains nothing: fallback
+    assert one.unattributed_samples == batched.unattributed_samples > 0

@@ -37,7 +37,7 @@ def traces(draw: st.DrawFn) -> list[Event]:
         for t in times:
             events.append(
                 pod(
-                    float(t),
+                    float(t) + draw(st.sampled_from([0.0, 0.0, 0.5])),  # holders also change inside an interval
                     name,
                     draw(st.sampled_from(PHASES)),
                     workload=workload,
@@ -47,16 +47,23 @@ def traces(draw: st.DrawFn) -> list[Event]:
             )
     for uuid in GPUS:
         times = sorted(draw(st.sets(st.integers(0, HORIZON), max_size=HORIZON)))
-        with_processes = draw(st.booleans())
+        # per-process data: none, a holder's process, an empty list, a process of no pod, one with no SM figure
+        with_processes = draw(st.sampled_from(["none", "holder", "empty", "no-pod", "no-sm"]))
         energy = 0.0
         for t in times:
             sm = draw(st.sampled_from([0.0, 0.5, 5.0, 40.0, 100.0, None]))
             energy += draw(st.sampled_from([0.0, 50.0, 300.0]))
             fields: dict[str, Any] = {"energy_joules": energy}
-            if with_processes and sm is not None:
+            if with_processes == "holder" and sm is not None:
                 fields["processes"] = [
                     {"pid": 1, "pod_uid": f"pod-p{draw(st.integers(0, pod_count - 1))}", "sm_percent": sm}
                 ]
+            elif with_processes == "empty" and sm is not None:
+                fields["processes"] = []
+            elif with_processes == "no-pod" and sm is not None:
+                fields["processes"] = [{"pid": 1, "sm_percent": sm}]
+            elif with_processes == "no-sm" and sm is not None:
+                fields["processes"] = [{"pid": 1, "pod_uid": f"pod-p{draw(st.integers(0, pod_count - 1))}"}]
             if sm is None:
                 fields["healthy"] = False
             events.append(sample(float(t), uuid, sm, **fields))
@@ -224,3 +231,21 @@ def test_late_and_out_of_order_input_within_the_window_gives_the_same_results(
     rng.shuffle(shuffled)  # every event of a 40 s trace is within the 120 s late window
     now = HORIZON + 5.0
     assert_same(snapshot(run(shuffled), now), snapshot(run(ordered), now))
+
+
+@PROPERTY_SETTINGS
+@given(traces())
+def test_a_sole_holding_workload_figures_do_not_depend_on_the_process_list(events: list[Event]) -> None:
+    # DESIGN §3, rule of 2026-11-27: with one workload holding each GPU, what NVML lists as processes (nothing,
+    # processes of no pod, processes without SM) changes nothing but the count of unattributed GPU-seconds
+    one_workload = [
+        event.model_copy(update={"workload": event.workload.model_copy(update={"uid": "wl-w0", "name": "w0"})})
+        if isinstance(event, PodEvent) else event
+        for event in events
+    ]
+    blind = [event.model_copy(update={"processes": None}) if isinstance(event, GpuSample) else event
+             for event in one_workload]
+    with_lists, without = snapshot(run(one_workload), HORIZON + 5), snapshot(run(blind), HORIZON + 5)
+    for figures in (*with_lists, *without):
+        figures.pop("unattributed_gpu_seconds")
+    assert_same(with_lists, without)
