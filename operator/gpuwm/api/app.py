@@ -20,6 +20,7 @@ from gpuwm import __version__
 from gpuwm.api.auth import AllowAll, AuthError, Authorizer, current_client, require, require_path
 from gpuwm.api.docs import docs_page
 from gpuwm.api.http import (
+    BOOL_PATTERN,
     ERRORS,
     NOT_FOUND,
     RANGE_PARAMETERS,
@@ -68,6 +69,14 @@ from gpuwm.store.base import (
 )
 
 log = logging.getLogger(__name__)
+#: what a parameter refused by its declared pattern should look like, for the 400's message
+_EXPECTED_FORMS = {
+    "start": "RFC 3339 (2026-11-22T10:00:00Z), epoch seconds or epoch milliseconds",
+    "end": "RFC 3339 (2026-11-22T10:00:00Z), epoch seconds or epoch milliseconds",
+    "step": "a duration such as 5s, 1m or 30 (seconds)",
+    "by": "one of gpu, pod, node",
+    "idle": "true or false",
+}
 STATIC_DIR = Path(__file__).parent / "static"
 T = TypeVar("T")
 
@@ -141,6 +150,11 @@ def create_app(
         first = error.errors()[0] if error.errors() else {}
         location = [str(part) for part in first.get("loc", ())]
         parameter = location[-1] if location else None
+        expected = _EXPECTED_FORMS.get(parameter or "")
+        if first.get("type") == "string_pattern_mismatch" and expected is not None:
+            return error_response(
+                400, "bad_parameter", f"{parameter}: {str(first.get('input'))[:80]!r} is not {expected}", parameter
+            )
         return error_response(400, "bad_parameter", f"{parameter}: {first.get('msg', 'invalid')}", parameter)
 
     @app.exception_handler(AuthError)
@@ -211,7 +225,8 @@ def create_app(
         namespace: Annotated[str | None, Query(description="Only this namespace.")] = None,
         project: Annotated[str | None, Query(description="Only this project.")] = None,
         idle: Annotated[
-            str | None, Query(description="true: only workloads holding GPUs and idle now.")
+            str | None,
+            Query(description="true: only workloads holding GPUs and idle now; false: the others.", pattern=BOOL_PATTERN),
         ] = None,
     ) -> WorkloadList:
         """Current state of every workload you may read.

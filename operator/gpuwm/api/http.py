@@ -35,12 +35,28 @@ MetricParam = Annotated[
         f"Known: {', '.join(METRIC_NAMES)}."
     ),
 ]
-StartParam = Annotated[str | None, Query(description="RFC 3339, epoch seconds or epoch milliseconds.")]
-EndParam = Annotated[str | None, Query(description="RFC 3339, epoch seconds or epoch milliseconds.")]
-StepParam = Annotated[
-    str | None, Query(description="5s, 1m or seconds; default 15s (coarser if the default range needs it).")
+#: what parse_time reads: epoch seconds or milliseconds, or RFC 3339 with a zone (declared so a fuzzer
+#: or client generator sends what can be valid; a value that matches may still be out of range: 400)
+TIME_PATTERN = (
+    r"^\s*([0-9]+(\.[0-9]+)?|[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2}))\s*$"
+)
+#: what parse_step reads: 5s, 1m30s, 250ms or a bare number of seconds
+STEP_PATTERN = r"^\s*(([0-9]+(\.[0-9]+)?(ms|s|m|h|d|w))+|[0-9]+(\.[0-9]+)?)\s*$"
+BOOL_PATTERN = r"^\s*(?i:true|false|1|0|yes|no)\s*$"
+StartParam = Annotated[
+    str | None, Query(description="RFC 3339, epoch seconds or epoch milliseconds.", pattern=TIME_PATTERN)
 ]
-ByParam = Annotated[str | None, Query(description="Breakdown: gpu, pod or node.")]
+EndParam = Annotated[
+    str | None, Query(description="RFC 3339, epoch seconds or epoch milliseconds.", pattern=TIME_PATTERN)
+]
+StepParam = Annotated[
+    str | None,
+    Query(
+        description="5s, 1m or seconds, from 1 ms; default 15s (coarser if the default range needs it).",
+        pattern=STEP_PATTERN,
+    ),
+]
+ByParam = Annotated[str | None, Query(description="Breakdown: gpu, pod or node.", pattern=r"^(gpu|pod|node)$")]
 
 
 class TooBusy(Exception):
