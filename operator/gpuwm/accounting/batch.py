@@ -243,14 +243,14 @@ def _apply_pieces(
         summed("energy_joules", valid & ~numpy.isnan(pair_rate), pair_rate * unit_seconds)
         summed("unmonitored_seconds", valid & ~monitored[pair_position], unit_seconds)
         summed("unattributed_seconds", pair_monitored & unattributed, unit_seconds)
-    if unattributed.any():
-        core.unattributed_samples += len(numpy.unique(pair_position[pair_monitored & unattributed]))
         summed("active_seconds", active, unit_seconds)
         summed("idle_seconds", idle, unit_seconds)
         summed("life_units", pair_monitored, unit_seconds)
         summed("life_util", pair_monitored, unit_seconds * utilization)
         summed("life_mem_units", memory_known, unit_seconds)
         summed("life_mem", memory_known, unit_seconds * pair_memory)
+    if unattributed.any():
+        core.unattributed_samples += len(numpy.unique(pair_position[pair_monitored & unattributed]))
     if active.any():
         latest_active = numpy.full(len(stretches), -INFINITY)
         numpy.maximum.at(latest_active, pair_combo[active], piece_end[active])
