@@ -1,4 +1,4 @@
-"""`gpuwm controller|agent|api|demo|replay|version`.
+"""`gpuwm controller|agent|api|demo|replay|report|version`.
 
 Each verb lives in its component as a `command` module with `register(subparsers)`;
 this file only wires them together so components stay independent.
@@ -21,6 +21,7 @@ _VERB_MODULES = {
     "api": "gpuwm.api.command",
     "demo": "gpuwm.sim.command",
     "replay": "gpuwm.accounting.replay_command",
+    "report": "gpuwm.api.report_command",
 }
 
 

@@ -19,6 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from gpuwm import __version__
 from gpuwm.api.auth import AllowAll, AuthError, Authorizer, current_client, require, require_path
 from gpuwm.api.docs import docs_page
+from gpuwm.api.fleet import add_fleet_routes
 from gpuwm.api.http import (
     BOOL_PATTERN,
     ERRORS,
@@ -48,6 +49,7 @@ from gpuwm.api.params import (
     parse_time,
 )
 from gpuwm.api.prom_metrics import WorkloadMetricsCollector
+from gpuwm.api.report import add_report_routes
 from gpuwm.api.schemas import (
     ErrorBody,
     Health,
@@ -423,6 +425,9 @@ def create_app(
                 scope="cluster", start=query.start, end=query.end, step=query.step_seconds, series=series
             ),
         )
+
+    add_fleet_routes(app, store, settings.status_interval, guard, blocking, limits)
+    add_report_routes(app, store, settings.status_interval, settings.idle_threshold_percent, authorizer, blocking)
 
     @app.get(
         "/metrics",

@@ -1,0 +1,316 @@
+"""Fleet views: every node and GPU now (`/api/v1/nodes`, `/api/v1/gpus`) and one GPU's history.
+
+Read from the store alone, so `gpuwm api` on its own serves them as the controller does: the devices a
+running workload holds come with its latest figures (health, monitoring, activity as the engine saw them);
+the devices nobody holds come from the store's per-device series over the last few status intervals (a
+device without a utilisation point there is unmonitored). Stand-in devices (`unnamed/…`, a pod's GPUs no
+agent has named yet) are not GPUs of the fleet: their units show on the node as `unnamedUnits`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Annotated, Any, Literal, TypeVar
+
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from gpuwm.api.http import (
+    ERRORS,
+    NOT_FOUND,
+    RANGE_PARAMETERS,
+    EndParam,
+    MetricParam,
+    NotFound,
+    StartParam,
+    StepParam,
+    check_parameters,
+    metrics_json,
+)
+from gpuwm.api.limits import QueryLimits
+from gpuwm.api.params import BadParameter, choose_range, parse_metrics, parse_step, parse_time
+from gpuwm.model.figures import GpuFigures, WorkloadFigures
+from gpuwm.store.base import DEFAULT_METRICS, RangeQuery, Series, Store
+
+T = TypeVar("T")
+Blocking = Callable[..., Awaitable[Any]]
+Guard = Callable[[Request, Sequence[str] | None], Awaitable[None]]
+
+#: a device's latest figures are looked for in this many status intervals before the store's latest time
+RECENT_INTERVALS = 4
+#: the prefix of stand-in devices (gpuwm.controller.pods.UNNAMED_DEVICE_PREFIX; the API sits below the
+#: controller's layer, so the value is repeated here and a unit test keeps the two equal)
+UNNAMED_DEVICE_PREFIX = "unnamed/"
+GpuState = Literal["active", "idle-held", "allocated-empty", "free", "unhealthy", "unmonitored"]
+GPU_STATES: tuple[str, ...] = ("active", "idle-held", "allocated-empty", "free", "unhealthy", "unmonitored")
+#: a state that says more about a shared device wins when its holders differ
+_STATE_RANK = {state: rank for rank, state in enumerate(("unhealthy", "unmonitored", "active", "idle-held",
+                                                         "allocated-empty", "free"))}
+_LATEST_METRICS = (
+    "gpu_utilization_percent",
+    "gpu_memory_used_bytes",
+    "gpu_memory_total_bytes",
+    "gpu_power_watts",
+    "gpu_allocated",
+)
+
+
+class _Camel(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, serialize_by_alias=True)
+
+
+class GpuHolder(_Camel):
+    namespace: str | None = None
+    workload: str | None = None
+    workload_uid: str | None = None
+    pod: str | None = None
+    container: str | None = None
+    units: float = 0.0
+    active: bool | None = None
+
+
+class GpuView(_Camel):
+    """One device now: a whole GPU, a MIG instance, or a MIG-partitioned GPU (`migParent`)."""
+
+    node: str
+    uuid: str
+    index: int | None = None
+    model: str | None = None
+    mig_profile: str | None = None
+    parent_uuid: str | None = None
+    mig_parent: bool = Field(default=False, description="A GPU split into MIG instances: its instances are the capacity.")
+    device_units: float = 1.0
+    allocated_units: float = 0.0
+    state: GpuState
+    holders: list[GpuHolder] = Field(default_factory=list)
+    utilization_percent: float | None = Field(default=None, description="The device's SM % in its latest sample.")
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+    power_watts: float | None = None
+    healthy: bool | None = Field(default=None, description="Known for held devices; None where not known.")
+    error: str | None = None
+    last_sample_time: float | None = Field(default=None, description="Epoch seconds of its latest sample.")
+
+
+class NodeView(_Camel):
+    name: str
+    gpus: int = Field(description="Devices that are capacity: whole GPUs and MIG instances, not MIG parents.")
+    total_units: float
+    allocated_units: float
+    unnamed_units: float = Field(default=0.0, description="Units held by pods whose devices no agent has named yet.")
+    states: dict[str, int] = Field(description="Devices per state.")
+    models: list[str]
+    utilization_percent: float | None = Field(default=None, description="Mean SM % of its monitored devices.")
+    last_sample_time: float | None = None
+
+
+class GpuList(_Camel):
+    at: float | None = Field(description="The store's latest time: what `now` is for these states.")
+    gpus: list[GpuView]
+
+
+class NodeList(_Camel):
+    at: float | None
+    nodes: list[NodeView]
+
+
+def holder_state(gpu: GpuFigures) -> GpuState:
+    """DESIGN §3's per-GPU state of a held device: a process holding memory while SM is below threshold is
+    idle-held; no memory used is allocated-empty (the sample carries no process count, memory tells)."""
+    if not gpu.healthy:
+        return "unhealthy"
+    if not gpu.monitored:
+        return "unmonitored"
+    if gpu.active:
+        return "active"
+    return "idle-held" if (gpu.memory_used_bytes or 0.0) > 0.0 else "allocated-empty"
+
+
+def _latest(points: list[tuple[float, float | None]]) -> tuple[float | None, float | None]:
+    for t, value in reversed(points):
+        if value is not None:
+            return t, value
+    return None, None
+
+
+def _latest_of(by_metric: dict[str, Series], metric: str) -> float | None:
+    return _latest(by_metric[metric].points)[1] if metric in by_metric else None
+
+
+def build_fleet(
+    workloads: Iterable[WorkloadFigures], recent: Sequence[Series], at: float | None
+) -> tuple[list[GpuView], dict[str, float]]:
+    """Every device now, and the stand-in units per node. Pure: the tests call it with figures they made."""
+    held: dict[str, list[GpuFigures]] = {}
+    unnamed: dict[str, float] = {}
+    for workload in workloads:
+        if workload.end_time is not None or workload.allocated_gpus <= 0:
+            continue
+        for gpu in workload.gpus:
+            if gpu.uuid.startswith(UNNAMED_DEVICE_PREFIX):
+                unnamed[gpu.node] = unnamed.get(gpu.node, 0.0) + gpu.units
+            else:
+                held.setdefault(gpu.uuid, []).append(gpu)
+    # the devices' own series (pod label empty: the device as nobody holds it, or the part nobody holds)
+    free_series: dict[str, dict[str, Series]] = {}
+    for series in recent:
+        uuid = series.labels.get("uuid", "")
+        if uuid and not uuid.startswith(UNNAMED_DEVICE_PREFIX) and not series.labels.get("pod"):
+            free_series.setdefault(uuid, {})[series.metric] = series
+    views: dict[str, GpuView] = {}
+    for uuid, holders in held.items():
+        first = holders[0]
+        states = sorted((holder_state(gpu) for gpu in holders), key=_STATE_RANK.__getitem__)
+        views[uuid] = GpuView(
+            node=first.node, uuid=uuid, index=first.index, model=first.model, mig_profile=first.mig_profile,
+            parent_uuid=first.parent_uuid, device_units=first.device_units,
+            allocated_units=sum(gpu.units for gpu in holders), state=states[0],
+            holders=[GpuHolder(namespace=gpu.namespace, workload=gpu.workload, workload_uid=gpu.workload_uid,
+                               pod=gpu.pod, container=gpu.container, units=gpu.units, active=gpu.active)
+                     for gpu in holders],
+            utilization_percent=first.sm_percent, memory_used_bytes=first.memory_used_bytes,
+            memory_total_bytes=first.memory_total_bytes, power_watts=first.power_watts,
+            healthy=all(gpu.healthy for gpu in holders), error=next((g.error for g in holders if g.error), None),
+            last_sample_time=max((g.last_sample_time for g in holders if g.last_sample_time is not None), default=None),
+        )
+    for uuid, by_metric in free_series.items():
+        if uuid in views:
+            continue
+        labels = next(iter(by_metric.values())).labels
+        sampled_at, utilization = _latest(by_metric["gpu_utilization_percent"].points) \
+            if "gpu_utilization_percent" in by_metric else (None, None)
+        latest_point = by_metric["gpu_utilization_percent"].points[-1][1] \
+            if "gpu_utilization_percent" in by_metric and by_metric["gpu_utilization_percent"].points else None
+
+        index = labels.get("gpu")
+        views[uuid] = GpuView(
+            node=labels.get("node", ""), uuid=uuid, index=int(index) if index and index.isdigit() else None,
+            model=labels.get("model") or None, state="free" if latest_point is not None else "unmonitored",
+            utilization_percent=utilization, memory_used_bytes=_latest_of(by_metric, "gpu_memory_used_bytes"),
+            memory_total_bytes=_latest_of(by_metric, "gpu_memory_total_bytes"),
+            power_watts=_latest_of(by_metric, "gpu_power_watts"),
+            last_sample_time=sampled_at,
+        )
+    _link_mig(views)
+    ordered = sorted(views.values(), key=lambda v: (v.node, v.index if v.index is not None else -1,
+                                                    v.mig_parent is False, v.uuid))
+    return ordered, unnamed
+
+
+def _link_mig(views: dict[str, GpuView]) -> None:
+    """A MIG instance's parent is the GPU of the same node and index (free instances carry no parent label)."""
+    whole: dict[tuple[str, int | None], GpuView] = {(v.node, v.index): v for v in views.values() if not v.uuid.startswith("MIG-") and v.index is not None}
+    for view in views.values():
+        if view.parent_uuid is None and view.uuid.startswith("MIG-"):
+            parent = whole.get((view.node, view.index))
+            if parent is not None:
+                view.parent_uuid = parent.uuid
+    parents = {v.parent_uuid for v in views.values() if v.parent_uuid}
+    for view in views.values():
+        if view.uuid in parents:
+            view.mig_parent = True
+            view.device_units = 0.0  # its instances are the capacity
+        elif view.parent_uuid is not None and view.device_units >= 1.0 and view.mig_profile is None:
+            view.device_units = 0.0  # a free instance whose size the store does not know: no capacity claimed
+        if view.mig_parent and view.state == "free":
+            children = [v for v in views.values() if v.parent_uuid == view.uuid]
+            view.state = min((c.state for c in children), key=_STATE_RANK.__getitem__, default="free")
+
+
+def build_nodes(gpus: Sequence[GpuView], unnamed: dict[str, float]) -> list[NodeView]:
+    names = sorted({gpu.node for gpu in gpus} | set(unnamed))
+    nodes = []
+    for name in names:
+        mine = [gpu for gpu in gpus if gpu.node == name]
+        capacity = [gpu for gpu in mine if not gpu.mig_parent]
+        states: dict[str, int] = {}
+        for gpu in capacity:
+            states[gpu.state] = states.get(gpu.state, 0) + 1
+        monitored = [gpu.utilization_percent for gpu in mine if gpu.utilization_percent is not None and not gpu.mig_parent]
+        nodes.append(NodeView(
+            name=name, gpus=len(capacity), total_units=round(sum(gpu.device_units for gpu in capacity), 6),
+            allocated_units=round(sum(gpu.allocated_units for gpu in capacity), 6),
+            unnamed_units=round(unnamed.get(name, 0.0), 6), states=states,
+            models=sorted({gpu.model for gpu in mine if gpu.model}),
+            utilization_percent=sum(monitored) / len(monitored) if monitored else None,
+            last_sample_time=max((g.last_sample_time for g in mine if g.last_sample_time is not None), default=None),
+        ))
+    return nodes
+
+
+def read_fleet(store: Store, status_interval_seconds: float) -> tuple[float | None, list[GpuView], dict[str, float]]:
+    """The store's latest time, every device then, and stand-in units per node (blocking: run off the loop)."""
+    at = store.latest_time()
+    if at is None:
+        return None, [], {}
+    step = max(status_interval_seconds, 1.0)
+    query = RangeQuery("cluster", "", _LATEST_METRICS, at - RECENT_INTERVALS * step, at, step, "gpu")
+    gpus, unnamed = build_fleet(store.workloads(), store.query_range(query), at)
+    return at, gpus, unnamed
+
+
+def add_fleet_routes(
+    app: FastAPI, store: Store, status_interval_seconds: float, guard: Guard, blocking: Blocking, limits: QueryLimits
+) -> None:
+    """`/api/v1/nodes`, `/api/v1/gpus` and `/api/v1/gpus/{uuid}/metrics`: cluster-wide access, like a node's series."""
+
+    @app.get("/api/v1/nodes", response_model=NodeList, responses=ERRORS, tags=["fleet"])
+    async def list_nodes(request: Request) -> NodeList:
+        """Every GPU node now: its devices per state, units held and free, models; needs cluster-wide access."""
+        check_parameters(request, set())
+        await guard(request, None)
+        at, gpus, unnamed = await blocking(read_fleet, store, status_interval_seconds)
+        return NodeList(at=at, nodes=build_nodes(gpus, unnamed))
+
+    @app.get("/api/v1/gpus", response_model=GpuList, responses=ERRORS, tags=["fleet"])
+    async def list_gpus(
+        request: Request,
+        node: Annotated[str | None, Query(description="Only this node's devices.")] = None,
+        state: Annotated[str | None, Query(description=f"Only devices in this state: {', '.join(GPU_STATES)}.")] = None,
+    ) -> GpuList:
+        """Every device now: model, units, MIG layout (`parentUuid`, `migProfile`, `migParent`), holders, state
+        (active, idle-held, allocated-empty, free, unhealthy, unmonitored) and latest sample; cluster-wide access."""
+        check_parameters(request, {"node", "state"}, multi=())
+        if state is not None and state not in GPU_STATES:
+            raise BadParameter("state", f"{state[:40]!r} is not one of {', '.join(GPU_STATES)}")
+        await guard(request, None)
+        at, gpus, _unnamed = await blocking(read_fleet, store, status_interval_seconds)
+        chosen = [g for g in gpus if (node is None or g.node == node) and (state is None or g.state == state)]
+        return GpuList(at=at, gpus=chosen)
+
+    @app.get(
+        "/api/v1/gpus/{uuid}/metrics", response_model=None, responses={**ERRORS, **NOT_FOUND}, tags=["metrics"]
+    )
+    async def gpu_metrics(
+        request: Request,
+        uuid: str,
+        metric: MetricParam = [],  # noqa: B006
+        start: StartParam = None,
+        end: EndParam = None,
+        step: StepParam = None,
+    ) -> Response:
+        """Time series of one device, one series per holder over the range (and the device as nobody held
+        it, `pod` empty); default range: the last hour."""
+        check_parameters(request, RANGE_PARAMETERS - {"by"})
+        await guard(request, None)
+        _at, gpus, _unnamed = await blocking(read_fleet, store, status_interval_seconds)
+        found = next((gpu for gpu in gpus if gpu.uuid == uuid), None)
+        if found is None:
+            raise NotFound(f"no GPU {uuid!r} seen in the store's latest intervals (GET /api/v1/gpus lists them)")
+        names = parse_metrics(metric, DEFAULT_METRICS)
+        latest = await blocking(store.latest_time) or 0.0
+        earliest = await blocking(store.earliest_time)
+        default_start = max(earliest if earliest is not None else latest - 3600.0, latest - 3600.0)
+        first, last, step_seconds = choose_range(
+            parse_time("start", start) if start is not None else None,
+            parse_time("end", end) if end is not None else None,
+            parse_step(step) if step is not None else None,
+            default_start, latest,
+        )
+        query = RangeQuery("node", found.node, names, first, last, step_seconds, "gpu")
+        with limits.admit(query, None):
+            series = [s for s in await blocking(store.query_range, query) if s.labels.get("uuid") == uuid]
+            limits.check_answer(query, series)
+        return metrics_json(scope="gpu", node=found.node, start=first, end=last, step=step_seconds, series=series)
