@@ -151,7 +151,7 @@ def test_the_simulators_write_trace_output_passes() -> None:
     kinds = set()
     for number, line in enumerate(out.getvalue().splitlines(), start=1):
         kinds.add(parse_trace_line(line, number).event)
-    assert kinds == {"namespace", "pod", "sample"}
+    assert {"namespace", "pod", "sample"} <= kinds
 
 
 @pytest.mark.parametrize("text", ["NaN", "nan", "inf", "-Infinity", "1e999", "four", ""])
