@@ -42,7 +42,7 @@ from gpuwm.accounting.state import (
 from gpuwm.accounting.windows import maintain_all
 from gpuwm.model.compact import compact_pod_event
 from gpuwm.model.sample import GpuSample
-from gpuwm.model.trace import NamespaceEvent, PodEvent, SampleEvent
+from gpuwm.model.trace import NamespaceEvent, PodEvent, SampleEvent, WorkloadEvent
 
 logger = logging.getLogger(__name__)
 
@@ -93,13 +93,43 @@ class EngineCore:
 
     # ------------------------------------------------------------------ input
 
-    def observe(self, event: NamespaceEvent | PodEvent | SampleEvent | GpuSample) -> None:
+    def observe(self, event: NamespaceEvent | PodEvent | WorkloadEvent | SampleEvent | GpuSample) -> None:
         if isinstance(event, PodEvent):
             self.observe_pod(event)
         elif isinstance(event, NamespaceEvent):
             self.observe_namespace(event)
+        elif isinstance(event, WorkloadEvent):
+            self.observe_workload(event)
         else:
             self.observe_sample(event)
+
+    def observe_workload(self, event: WorkloadEvent) -> None:
+        """The workload object's own state from `event.t` on: queued or not, GPUs requested, finished, deleted.
+
+        A workload exists from its creation with or without pods (issue 35). Its state is a
+        timeline like a pod's: an event older than the late window takes effect at its edge, and
+        a second event at the same time replaces the first. The figures it drives (phase,
+        requested GPUs, queued and wait seconds) are read at report time from the timeline.
+        """
+        workload = self.workload_records.get(event.uid)
+        if workload is None:
+            workload = self.workload_records[event.uid] = Workload(event.uid, event)
+            workload.labels_key = (-INFINITY, "")  # a pod's labels name the project before the object's
+        if event.created is not None and (workload.created is None or event.created < workload.created):
+            workload.created = event.created
+        if event.t < workload.first_seen:
+            workload.first_seen = event.t
+        if not workload.pods:  # before any pod: the object's own labels name the project
+            workload.labels = event.labels
+        workload.revision += 1
+        self._advance(event.t)
+        t = max(event.t, self.boundary)
+        timeline = workload.timeline
+        index = bisect.bisect_left([entry[0] for entry in timeline], t)
+        if index < len(timeline) and timeline[index][0] == t:
+            timeline[index] = (t, event)
+        else:
+            timeline.insert(index, (t, event))
 
     def observe_namespace(self, event: NamespaceEvent) -> None:
         known = self.namespaces.get(event.name)

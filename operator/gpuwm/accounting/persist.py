@@ -17,7 +17,7 @@ from gpuwm.accounting.state import INFINITY, Gpu, Pod, Stretch, Workload
 from gpuwm.accounting.windows import WindowSums, fold_after_of
 from gpuwm.model.compact import compact_pod_event, share_fields_set
 from gpuwm.model.sample import GpuSample
-from gpuwm.model.trace import NamespaceEvent, PodEvent
+from gpuwm.model.trace import NamespaceEvent, PodEvent, WorkloadEvent
 
 STATE_VERSION = 2
 #: versions `restore_state` reads: 1 saved each GPU's history as rows ("points") and window segments as
@@ -132,6 +132,7 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
             "retiredLastActive": _finite(workload.retired_last_active),
             "stretches": [stretch_ids[id(stretch)] for stretch in workload.stretches],
             "pods": [pod_keys.get(id(pod), uid) for uid, pod in workload.pods.items()],
+            "objectTimeline": [[t, workload_event_json(event)] for t, event in workload.timeline],
         }
 
     def pod_entry(pod: Pod) -> dict[str, Any]:
@@ -158,6 +159,9 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
             "latest": None if gpu.latest is None else sample_json(gpu.latest),
             "stretches": [stretch_ids[id(stretch)] for stretch in gpu.stretches],
         }
+
+    def workload_event_json(event: WorkloadEvent) -> Any:
+        return event.model_dump(by_alias=True, mode="json")
 
     def event_json(event: PodEvent) -> Any:
         if raw:  # serialised at once by pydantic-core (see RawJson)
@@ -245,10 +249,14 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
     workloads: dict[str, Workload] = {}
     links: list[tuple[Workload, list[int], list[str]]] = []  # each workload's stretch ids and pods, linked below
     for raw in saved_entries(state["workloads"], consume):
-        first_pod = saved_pods[raw["pods"][0]][0][0][1] if raw["pods"] else None
-        if first_pod is None:
-            raise ValueError(f"workload {raw['uid']} has no pods")
-        workload = Workload(raw["uid"], first_pod)
+        object_timeline = [(float(t), WorkloadEvent.model_validate(event)) for t, event in raw.get("objectTimeline", [])]
+        first: PodEvent | WorkloadEvent | None = saved_pods[raw["pods"][0]][0][0][1] if raw["pods"] else None
+        if first is None and object_timeline:
+            first = object_timeline[0][1]
+        if first is None:
+            raise ValueError(f"workload {raw['uid']} has no pods and no object events")
+        workload = Workload(raw["uid"], first)
+        workload.timeline = object_timeline
         workload.namespace = raw["namespace"]
         workload.name = raw["name"]
         workload.kind = raw["kind"]

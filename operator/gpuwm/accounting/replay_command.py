@@ -20,11 +20,12 @@ from gpuwm.model.trace import (
     PodEvent,
     SampleEvent,
     TraceLineError,
+    WorkloadEvent,
     gpu_quota,
     parse_trace_line,
 )
 
-TraceEvents = list[NamespaceEvent | PodEvent | SampleEvent]
+TraceEvents = list[NamespaceEvent | PodEvent | WorkloadEvent | SampleEvent]
 
 
 def read_trace(path: Path, quota_annotation: str = EngineConfig.quota_annotation) -> TraceEvents:

@@ -23,7 +23,7 @@ from gpuwm.model.figures import (
     trusted_complete,
 )
 from gpuwm.model.sample import GpuSample
-from gpuwm.model.trace import NamespaceEvent, PodEvent
+from gpuwm.model.trace import NamespaceEvent, PodEvent, WorkloadEvent, gpu_quota
 
 _TERMINAL_PHASES = ("Succeeded", "Failed", "Deleted")
 #: the report's two biggest models' fields, for dicts of shared keys (see `shared_keys_fields`)
@@ -38,6 +38,72 @@ def _optional_float(value: float | None) -> float | None:
 
 def _gpu_order(item: GpuFigures) -> tuple[str, str, str, str]:
     return item.node, item.uuid, item.pod or "", item.container or ""
+
+
+#: the phases of a workload that has not got its GPUs: its requested units are unmet demand
+_WAITING_PHASES = frozenset({"Queued", "Pending"})
+
+
+def _object_state(workload: Workload, now: float) -> WorkloadEvent | None:
+    """The workload object's state at `now` (its latest event at or before it); None when only pods name it."""
+    timeline = workload.timeline
+    if not timeline:
+        return None
+    index = bisect.bisect_right([entry[0] for entry in timeline], now) - 1
+    return timeline[max(index, 0)][1]
+
+
+def _object_phase(workload: Workload, state: WorkloadEvent, now: float) -> tuple[str, float | None]:
+    """(phase, end time) from the object's own state when no GPU container runs: deleted (Ended), finished,
+    suspended (Queued), else Pending (admitted or never suspended, no GPU container running yet)."""
+    if state.deleted or state.finished is not None:
+        # when it ended: the first event of the run of ended states that `state` belongs to
+        end = now
+        for t, event in reversed(workload.timeline):
+            if t > now:
+                continue
+            if not (event.deleted or event.finished is not None):
+                break
+            end = t
+        return ("Ended" if state.deleted and state.finished is None else state.finished or "Ended"), end
+    return ("Queued" if state.suspended else "Pending"), None
+
+
+def _queued_and_requeued(
+    workload: Workload, created: float, runs: list[tuple[float, float]], now: float, end_time: float | None,
+) -> tuple[float, float]:
+    """(queuedSeconds, the wait added by queueing again after a run) from the object's timeline.
+
+    queuedSeconds: every second from creation to now (or the end) the object was held back; its
+    first event's state holds from its creation (a workload is seen suspended from the start).
+    A workload suspended again after it ran (preempted) waits again: from its suspension, or from
+    the end of the run it was suspended in, to its next run, or to now (issue 35: both count on).
+    """
+    stop = now if end_time is None else min(now, end_time)
+    timeline = [(t, event) for t, event in workload.timeline if t <= stop]
+    if not timeline:
+        return 0.0, 0.0
+    queued = 0.0
+    start = min(created, timeline[0][0])
+    for position, (t, event) in enumerate(timeline):
+        begin = start if position == 0 else t
+        until = timeline[position + 1][0] if position + 1 < len(timeline) else stop
+        if event.suspended and until > begin:
+            queued += until - begin
+    requeued = 0.0
+    first_run = runs[0][0] if runs else None
+    suspended_before = timeline[0][1].suspended
+    for t, event in timeline[1:]:
+        if event.suspended and not suspended_before and first_run is not None and t > first_run:
+            from_time = t
+            for run_start, run_end in runs:
+                if run_start <= t < run_end:
+                    from_time = run_end
+            following = [run_start for run_start, _run_end in runs if run_start >= from_time]
+            until_run = following[0] if following else stop
+            requeued += max(0.0, min(until_run, stop) - from_time)
+        suspended_before = event.suspended
+    return queued, requeued
 
 
 def _pod_order(pod: Pod) -> tuple[str, str]:
@@ -308,6 +374,10 @@ class Engine(EngineCore):
         """
         if workload.stretches or len(workload.windows) or not workload.pods:
             return None
+        if workload.timeline:  # an object that may queue again: its queued and wait seconds go on
+            state = workload.timeline[-1][1]
+            if not (state.deleted or state.finished is not None):
+                return None
         for pod in workload.pods.values():
             if pod.current.phase not in _TERMINAL_PHASES:
                 return None
@@ -407,8 +477,17 @@ class Engine(EngineCore):
                 ended = False
         if not ended:
             end_time = None
+        state = _object_state(workload, now)
         if running:
             phase = "Running"
+        elif state is not None and not (ended and end_phase != "Ended"):
+            # the object's own state, where its pods do not say they finished (a preempted workload's
+            # deleted pods do not end it: it queues again)
+            phase, object_end = _object_phase(workload, state, now)
+            if object_end is not None:
+                end_time = object_end
+            elif phase in _WAITING_PHASES:
+                end_time = None
         elif ended:
             phase = end_phase
         elif any_running:
@@ -430,6 +509,10 @@ class Engine(EngineCore):
             wait_seconds = max(0.0, workload.first_run_start - created)
         else:
             wait_seconds = max(0.0, (end_time if end_time is not None else now) - created)
+        queued_seconds = 0.0
+        if workload.timeline:
+            queued_seconds, requeued_wait = _queued_and_requeued(workload, created, runs, now, end_time)
+            wait_seconds += requeued_wait
 
         utilization_windows, memory_windows = sums.windows()
         # the engine's own numbers, every field in field order: no validation (see `trusted`), float()
@@ -456,6 +539,10 @@ class Engine(EngineCore):
         fields["energy_joules"] = float(workload.energy_joules)
         fields["utilization"] = utilization_windows
         fields["memory_utilization"] = memory_windows
+        fields["requested_gpus"] = None if state is None else float(state.requested_gpus)
+        fields["queued_seconds"] = float(queued_seconds)
+        fields["local_queue"] = None if state is None else state.local_queue
+        fields["cluster_queue"] = None if state is None else state.cluster_queue
         fields["created_time"] = _optional_float(created)
         fields["start_time"] = _optional_float(workload.first_run_start)
         fields["end_time"] = _optional_float(end_time)
@@ -523,6 +610,11 @@ class Engine(EngineCore):
                 "allocated_gpus": float(sum(figures.allocated_gpus for figures in members)),
                 "idle_gpus": float(sum(figures.idle_gpus for figures in members)),
                 "quota": _optional_float(quota),
+                "requested_gpus": float(sum(figures.requested_gpus or 0.0 for figures in members
+                                            if figures.phase in _WAITING_PHASES)),
+                "queued_workloads": sum(1 for figures in members if figures.phase == "Queued"),
+                "longest_queued_seconds": float(max((figures.queued_seconds for figures in members
+                                                     if figures.phase == "Queued"), default=0.0)),
                 "allocated_gpu_seconds": float(sum(figures.allocated_gpu_seconds for figures in members)),
                 "active_gpu_seconds": float(sum(figures.active_gpu_seconds for figures in members)),
                 "idle_gpu_seconds": float(sum(figures.idle_gpu_seconds for figures in members)),
@@ -543,9 +635,9 @@ class Engine(EngineCore):
             if raw is None:
                 continue
             try:
-                value = float(raw)
+                value = gpu_quota(raw)
             except ValueError:
-                continue  # a malformed annotation is not a quota; the controller warns about it
+                continue  # a malformed annotation (or NaN, infinity) is not a quota; the controller warns about it
             total = value if total is None else total + value
         return total
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from gpuwm.accounting.rawcolumns import RawDoubles, doubles_from_saved
 from gpuwm.accounting.windows import WindowSums, fold_after_of
 from gpuwm.model.sample import GpuSample
-from gpuwm.model.trace import PodEvent
+from gpuwm.model.trace import PodEvent, WorkloadEvent
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -481,22 +481,32 @@ class Workload:
         "retired_runs",
         "revision",
         "stretches",
+        "timeline",
         "uid",
         "unattributed_seconds",
         "unmonitored_seconds",
         "windows",
     )
 
-    def __init__(self, uid: str, event: PodEvent) -> None:
+    def __init__(self, uid: str, event: PodEvent | WorkloadEvent) -> None:
+        """From the first event that names it: a pod's (its `workload`) or the workload object's own."""
         self.uid = uid
         self.namespace = event.namespace
-        self.name = event.workload.name
-        self.kind = event.workload.kind
-        self.api_version = event.workload.api_version
-        self.created = event.workload.created
+        if isinstance(event, PodEvent):
+            self.name = event.workload.name
+            self.kind = event.workload.kind
+            self.api_version = event.workload.api_version
+            self.created = event.workload.created
+        else:
+            self.name = event.name
+            self.kind = event.kind
+            self.api_version = event.api_version
+            self.created = event.created
         self.first_seen = event.t
         self.labels: dict[str, str] = event.labels  # of the newest pod event, for the project (not a copy)
         self.labels_key = (event.t, event.uid)  # which pod event `labels` came from
+        #: the workload object's own states (WorkloadEvent), each from its time on; empty when only pods name it
+        self.timeline: list[tuple[float, WorkloadEvent]] = []
         self.pods: dict[str, Pod] = {}
         self.stretches: list[Stretch] = []
         self.active_seconds = 0.0  # unit-seconds, as are idle and unmonitored

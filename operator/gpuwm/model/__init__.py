@@ -22,6 +22,7 @@ from gpuwm.model.trace import (
     SampleEvent,
     TraceEvent,
     TraceWorkload,
+    WorkloadEvent,
     parse_trace_line,
 )
 
@@ -45,6 +46,7 @@ __all__ = [
     "TraceEvent",
     "TraceWorkload",
     "UtilizationWindows",
+    "WorkloadEvent",
     "WorkloadMetricsSpec",
     "WorkloadMetricsStatus",
     "WorkloadRef",

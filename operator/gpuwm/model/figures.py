@@ -109,6 +109,12 @@ class WorkloadFigures(_Figures):
     energy_joules: float = 0.0
     utilization: Windows = Field(default_factory=Windows)
     memory_utilization: Windows = Field(default_factory=Windows)
+    requested_gpus: float | None = Field(
+        default=None, description="GPU units its pod templates ask for (from the workload object; None: not watched)."
+    )
+    queued_seconds: float = Field(default=0.0, description="Seconds held back (suspended / not admitted) since creation.")
+    local_queue: str | None = None
+    cluster_queue: str | None = None
     created_time: float | None = None
     start_time: float | None = None
     end_time: float | None = None
@@ -129,6 +135,9 @@ class ProjectFigures(_Figures):
     allocated_gpus: float = 0.0
     idle_gpus: float = 0.0
     quota: float | None = None
+    requested_gpus: float = Field(default=0.0, description="GPU units its queued and pending workloads ask for: unmet demand.")
+    queued_workloads: int = 0
+    longest_queued_seconds: float = 0.0
     allocated_gpu_seconds: float = 0.0
     active_gpu_seconds: float = 0.0
     idle_gpu_seconds: float = 0.0

@@ -85,15 +85,45 @@ class PodEvent(_Event):
     devices: list[DeviceAllocation] = Field(default_factory=list)
 
 
+class WorkloadEvent(_Event):
+    """A workload object's own state from `t` on (a Job, PyTorchJob, JobSet, RayJob, Kueue Workload ...).
+
+    What gpuwm reads from the object itself rather than from its pods, so a workload exists from its
+    creation, queued or pending with no pod yet: whether it is held back (`suspended`: `spec.suspend`,
+    `runPolicy.suspend`, a Kueue Workload not admitted), the GPU units its pod templates ask for, the
+    Kueue queues it waits in, and whether it has finished or been deleted. A later event for the same
+    uid replaces its state from its time on; pods keep rolling up to it by uid as before.
+    """
+
+    event: Literal["workload"]
+    namespace: str = Field(min_length=1)
+    name: str = Field(min_length=1)
+    uid: str = Field(min_length=1)
+    kind: str = Field(min_length=1)
+    api_version: str = Field(alias="apiVersion", min_length=1)
+    created: float | None = Field(default=None, description="The object's creationTimestamp, seconds.")
+    suspended: bool = Field(default=False, description="Held back: suspended, or a Kueue Workload not admitted.")
+    requested_gpus: float = Field(default=0.0, ge=0, description="GPU units its pod templates ask for in all.")
+    finished: Literal["Succeeded", "Failed"] | None = Field(
+        default=None, description="The object says it has finished (a Job's Complete or Failed condition)."
+    )
+    deleted: bool = Field(default=False, description="The object is gone (deleted) from `t` on.")
+    labels: dict[str, str] = Field(default_factory=dict)
+    local_queue: str | None = Field(default=None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name).")
+    cluster_queue: str | None = Field(default=None, description="Kueue ClusterQueue it was admitted to or waits in.")
+
+
 class SampleEvent(GpuSample):
     """A GPU sample as a trace line."""
 
     event: Literal["sample"]
 
 
-TraceEvent = Annotated[NamespaceEvent | PodEvent | SampleEvent, Field(discriminator="event")]
-_trace_event_adapter: TypeAdapter[NamespaceEvent | PodEvent | SampleEvent] = TypeAdapter(TraceEvent)
-_EVENT_MODELS: dict[str, type[BaseModel]] = {"namespace": NamespaceEvent, "pod": PodEvent, "sample": SampleEvent}
+TraceEvent = Annotated[NamespaceEvent | PodEvent | WorkloadEvent | SampleEvent, Field(discriminator="event")]
+_trace_event_adapter: TypeAdapter[NamespaceEvent | PodEvent | WorkloadEvent | SampleEvent] = TypeAdapter(TraceEvent)
+_EVENT_MODELS: dict[str, type[BaseModel]] = {
+    "namespace": NamespaceEvent, "pod": PodEvent, "workload": WorkloadEvent, "sample": SampleEvent,
+}
 
 
 class TraceLineError(ValueError):
@@ -105,7 +135,7 @@ class TraceLineError(ValueError):
         super().__init__(f"line {line_number}: field '{field}': {message}")
 
 
-def parse_trace_line(text: str, line_number: int) -> NamespaceEvent | PodEvent | SampleEvent:
+def parse_trace_line(text: str, line_number: int) -> NamespaceEvent | PodEvent | WorkloadEvent | SampleEvent:
     """Parse one trace line, raising TraceLineError that names the line and the field."""
     try:
         raw = json.loads(text)
@@ -114,7 +144,7 @@ def parse_trace_line(text: str, line_number: int) -> NamespaceEvent | PodEvent |
     if not isinstance(raw, dict):
         raise TraceLineError(line_number, "<json>", "expected a JSON object")
     if "event" not in raw:
-        raise TraceLineError(line_number, "event", "missing; expected one of namespace, pod, sample")
+        raise TraceLineError(line_number, "event", "missing; expected one of namespace, pod, workload, sample")
     model = _EVENT_MODELS.get(raw["event"]) if isinstance(raw["event"], str) else None
     if model is not None:  # an unknown kind of event: validation names it
         unknown = unknown_field(raw, model)
