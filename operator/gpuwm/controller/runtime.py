@@ -120,6 +120,7 @@ class ControllerRuntime:
         self.state_path = state_path_for_store(settings.store)
         self.pods: dict[str, TrackedPod] = {}
         self.sent: dict[str, str] = {}  # pod uid -> what the engine was last told (state_key as JSON)
+        self.moved_at: dict[str, float] = {}  # pod uid -> when its workload last changed (its owner changed)
         self.holders_by_node: dict[str, list[DeviceHolder]] = {}
         self.holders_by_pod: dict[str, list[DeviceHolder]] = {}
         self.agent_pod_urls: Callable[[], Mapping[str, str]] = dict
@@ -170,6 +171,7 @@ class ControllerRuntime:
         if pod.phase == "Deleted":
             self.pods.pop(pod.uid, None)
             self.sent.pop(pod.uid, None)
+            self.moved_at.pop(pod.uid, None)
             self.holders_by_pod.pop(pod.uid, None)
 
     def on_namespace(self, body: Mapping[str, Any]) -> None:
@@ -201,12 +203,19 @@ class ControllerRuntime:
         holders = self.holders_by_pod.get(pod.uid, []) + self.holders_by_pod.get(f"{pod.namespace}/{pod.name}", [])
         devices = device_allocations(pod, holders, self.pods)
         key = json.dumps(state_key(pod, devices))
-        if self.sent.get(pod.uid) == key:
+        previous = self.sent.get(pod.uid)
+        if previous == key:
             return
         if ended is not None:
             at = ended.deletion_time or now
         else:
             at = now if pod.phase in {"Deleted", "Unknown"} else (pod.phase_since or now)
+        if previous is not None and json.loads(previous)[3] != pod.workload.uid:
+            # its owner changed (`kubectl delete job --cascade=orphan`: the garbage collector stripped its
+            # ownerReferences): the move is news of now, not of the pod's start, or the old workload's time would
+            # move with it; and no later event takes the new workload back before the move
+            self.moved_at[pod.uid] = now
+        at = max(at, self.moved_at.get(pod.uid, at))
         baseline = self.baselines.get(pod.workload.uid)
         if baseline is not None and self.baseline_cutoff is not None:
             # the CR's figures (the baseline) already count the time up to its last update
