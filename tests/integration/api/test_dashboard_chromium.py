@@ -139,11 +139,19 @@ def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+def downloads(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("downloads")
+
+
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory, downloads: Path) -> Iterator[Any]:
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
     options = webdriver.ChromeOptions()
+    options.add_experimental_option(
+        "prefs", {"download.default_directory": str(downloads), "download.prompt_for_download": False}
+    )
     assert CHROMIUM is not None and CHROMEDRIVER is not None
     options.binary_location = CHROMIUM
     for flag in (
@@ -161,6 +169,7 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(60)
+    driver.execute_cdp_cmd("Page.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
     yield driver
     driver.quit()
 
@@ -251,3 +260,153 @@ def test_demo_dashboard_holds_the_figures_against_the_ground_truth(browser: Any,
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+def _screenshots(driver: Any, name: str) -> None:
+    """The page at the two window sizes the issue reviews it at, saved under test-artifacts/."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    for width, height in ((1400, 1000), (800, 900)):
+        driver.set_window_size(width, height)
+        time.sleep(0.3)  # the charts redraw on resize
+        assert driver.save_screenshot(str(ARTIFACTS / f"dashboard-{name}-{width}x{height}.png"))
+    driver.set_window_size(1280, 1400)
+
+
+def _rows(driver: Any, selector: str) -> list[list[str]]:
+    from selenium.webdriver.common.by import By
+
+    return [[td.text for td in row.find_elements(By.TAG_NAME, "td")]
+            for row in driver.find_elements(By.CSS_SELECTOR, selector)]
+
+
+def test_all_workloads_sort_filter_and_page(api_url: str, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver = browser
+    driver.get(api_url + "/#/")
+    _wait_ready(driver)
+    assert [row[0] for row in _rows(driver, "#workloads tbody tr")] == [
+        "team-a/train", "team-b/notebook", "team-b/stale-eval"]
+    gpus_header = driver.find_element(By.CSS_SELECTOR, "#workloads th[data-key=allocatedGpus]")
+    gpus_header.click()
+    assert [row[3] for row in _rows(driver, "#workloads tbody tr")] == ["0.50", "1.00", "2.00"]
+    gpus_header.click()
+    assert [row[3] for row in _rows(driver, "#workloads tbody tr")] == ["2.00", "1.00", "0.50"]
+    assert gpus_header.get_attribute("data-sorted") == "descending"
+    Select(driver.find_element(By.ID, "filter-project")).select_by_value("beta")
+    assert [row[0] for row in _rows(driver, "#workloads tbody tr")] == ["team-b/notebook", "team-b/stale-eval"]
+    driver.find_element(By.ID, "filter-text").send_keys("stale")
+    assert [row[0] for row in _rows(driver, "#workloads tbody tr")] == ["team-b/stale-eval"]
+    driver.find_element(By.ID, "filter-text").send_keys("-nothing")
+    assert _rows(driver, "#workloads tbody tr") == [["no workload matches these filters"]]
+    assert driver.find_element(By.ID, "page-text").text.startswith("0 workloads · page 1 of 1")
+    driver.find_element(By.ID, "filter-text").clear()
+    Select(driver.find_element(By.ID, "filter-project")).select_by_value("")
+    driver.find_element(By.ID, "filter-idle").click()
+    assert [row[0] for row in _rows(driver, "#workloads tbody tr")] == ["team-b/notebook", "team-b/stale-eval"]
+    # 30 rows page at 25: the pager moves through them
+    driver.execute_script(
+        "allWorkloads = Array.from({length: 30}, (_, i) => ({...allWorkloads[0], name: 'w' + String(i).padStart(2, '0')}));"
+        "document.querySelector('#filter-idle').checked = false; drawWorkloads();")
+    assert len(_rows(driver, "#workloads tbody tr")) == 25
+    driver.find_element(By.ID, "page-next").click()
+    assert len(_rows(driver, "#workloads tbody tr")) == 5
+    assert driver.find_element(By.ID, "page-text").text == "30 workloads · page 2 of 2"
+
+
+def test_time_range_picker_zoom_and_breakdown(api_url: str, browser: Any) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver = browser
+    driver.get(api_url + "/#/workload/team-a/train")
+    _wait_ready(driver)
+    canvas = driver.find_element(By.ID, "chart-gpu_utilization_percent")
+    assert int(canvas.get_attribute("data-ticks")) >= 3  # time ticks, not only the two ends
+    panel = driver.find_element(By.CSS_SELECTOR, "#workload-charts figure")
+    assert canvas.size["width"] >= panel.size["width"] - 40  # the chart fills its panel
+    Select(driver.find_element(By.ID, "range")).select_by_value("86400")
+    _wait_ready(driver)
+    assert "one point per" in driver.find_element(By.ID, "range-text").text
+    canvas = driver.find_element(By.ID, "chart-gpu_utilization_percent")
+    assert int(canvas.get_attribute("data-points")) < 120  # 24 h at 2.5 min a point: the 30 minutes in 12 points
+    Select(driver.find_element(By.ID, "range")).select_by_value("3600")
+    _wait_ready(driver)
+    canvas = driver.find_element(By.ID, "chart-gpu_utilization_percent")
+    assert int(canvas.get_attribute("data-points")) == 120
+    # hover over the data (the last half hour of the hour shown): the read-out names the time and the value
+    width = canvas.size["width"]
+    ActionChains(driver).move_to_element_with_offset(canvas, width // 4, 0).perform()
+    tooltip = driver.find_element(By.ID, "tooltip")
+    assert tooltip.is_displayed() and "UTC" in tooltip.text and "%" in tooltip.text
+    # drag across a fifth of the chart: the range becomes that stretch
+    ActionChains(driver).move_to_element_with_offset(canvas, width // 8, 0).click_and_hold() \
+        .move_by_offset(width // 5, 0).release().perform()
+    _wait_ready(driver)
+    assert Select(driver.find_element(By.ID, "range")).first_selected_option.get_attribute("value") == "custom"
+    zoomed = int(driver.find_element(By.ID, "chart-gpu_utilization_percent").get_attribute("data-points"))
+    assert 0 < zoomed < 60
+    Select(driver.find_element(By.ID, "range")).select_by_value("")
+    _wait_ready(driver)
+    Select(driver.find_element(By.ID, "breakdown")).select_by_value("gpu")
+    _wait_ready(driver)
+    canvas = driver.find_element(By.ID, "chart-gpu_utilization_percent")
+    assert canvas.get_attribute("data-series") == "2"
+    legend = driver.find_elements(By.CSS_SELECTOR, "#workload-charts figure:first-child .chart-legend span")
+    assert len(legend) == 2 and all("node-a GPU" in item.text for item in legend)
+    _screenshots(driver, "workload-by-gpu")
+    Select(driver.find_element(By.ID, "breakdown")).select_by_value("")
+    _wait_ready(driver)
+
+
+def test_unknown_workload_shows_its_error_alone(api_url: str, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    driver.get(api_url + "/#/workload/team-a/nope")
+    _wait_ready(driver)
+    error = driver.find_element(By.ID, "error")
+    assert error.is_displayed() and "no workload 'nope'" in error.text
+    assert driver.find_elements(By.CSS_SELECTOR, "#workload-charts canvas") == []
+
+
+def test_fleet_lists_nodes_and_a_node_its_gpus(api_url: str, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    driver.get(api_url + "/#/fleet")
+    _wait_ready(driver)
+    rows = _rows(driver, "#nodes tbody tr")
+    assert [row[0] for row in rows] == ["node-a", "node-b"]
+    assert rows[0][1] == "2" and rows[1][1] == "2"
+    assert driver.find_element(By.ID, "summary").text.startswith("2 nodes · 4 GPUs")
+    _screenshots(driver, "fleet")
+    driver.find_element(By.LINK_TEXT, "node-b").click()
+    _wait_ready(driver)
+    assert driver.find_element(By.ID, "node-title").text == "Node node-b"
+    states = {row.get_attribute("data-uuid"): row.get_attribute("data-state")
+              for row in driver.find_elements(By.CSS_SELECTOR, "#node-gpus tbody tr")}
+    assert set(states) == {"gpu-7", "gpu-8"}
+    assert int(driver.find_element(By.ID, "chart-gpu_utilization_percent").get_attribute("data-points")) > 0
+    _screenshots(driver, "node")
+
+
+def test_report_downloads_as_csv(api_url: str, browser: Any, downloads: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    driver = browser
+    driver.get(api_url + "/#/")
+    _wait_ready(driver)
+    Select(driver.find_element(By.ID, "report-by")).select_by_value("workload")
+    driver.find_element(By.ID, "report-download").click()
+    target = downloads / "gpuwm-report-workload.csv"
+    WebDriverWait(driver, 30).until(lambda _d: target.exists() and target.stat().st_size > 0)
+    lines = target.read_text().splitlines()
+    assert lines[0].startswith("project,namespace,workload,kind,workloads,allocatedGpuHours")
+    assert sorted(line.split(",")[2] for line in lines[1:-1]) == ["notebook", "stale-eval", "train"]
+    assert lines[-1].startswith("total,")
+    assert driver.find_element(By.ID, "report-status").text == "3 rows downloaded"
+    _screenshots(driver, "overview")

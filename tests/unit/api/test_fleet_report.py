@@ -177,7 +177,7 @@ def test_one_gpus_history_and_an_unknown_one(run: Run, client: TestClient) -> No
 
 
 def _gpu(uuid: str, node: str = "n1", **fields: object) -> GpuFigures:
-    return GpuFigures(node=node, uuid=uuid, **fields)  # type: ignore[arg-type]
+    return GpuFigures(node=node, uuid=uuid, **fields)
 
 
 def test_stand_in_devices_are_not_gpus_of_the_fleet() -> None:

@@ -1,19 +1,22 @@
-// gpuwm dashboard: plain JS, no libraries, no network beyond this API.
+// gpuwm dashboard: plain JS, no libraries, no network beyond this API. Pages: #/ (projects and workloads),
+// #/workload/NS/NAME, #/fleet (nodes), #/node/NAME. The range bar drives start/end/step of every chart.
 "use strict";
 
 const $ = (selector) => document.querySelector(selector);
 const tokenInput = $("#token");
 tokenInput.value = localStorage.getItem("gpuwm-token") || "";
 tokenInput.addEventListener("change", () => { localStorage.setItem("gpuwm-token", tokenInput.value); route(); });
+const PAGE_ROWS = 25;
+const STATES = { active: "#15803d", "idle-held": "#c2410c", "allocated-empty": "#d97706", free: "#2f6fde",
+  unhealthy: "#b91c1c", unmonitored: "#6b7385" };
 
+function headers() { return tokenInput.value ? { Authorization: "Bearer " + tokenInput.value } : {}; }
 async function api(path) {
-  const headers = tokenInput.value ? { Authorization: "Bearer " + tokenInput.value } : {};
-  const response = await fetch(path, { headers });
-  const body = await response.json();
+  const response = await fetch(path, { headers: headers() });
+  const body = await response.json().catch(() => ({}));
   if (!response.ok) throw new Error(body.message || response.statusText);
   return body;
 }
-
 function showError(error) {
   const box = $("#error");
   box.textContent = error ? String(error.message || error) : "";
@@ -22,12 +25,15 @@ function showError(error) {
 
 const fmt = (value, digits = 1) => (value === null || value === undefined ? "–" : Number(value).toFixed(digits));
 const pct = (value) => (value === null || value === undefined ? "–" : fmt(value, 1) + " %");
+const when = (t) => (t ? new Date(t * 1000).toISOString().slice(0, 19).replace("T", " ") : "–");
 function duration(seconds) {
   if (!seconds) return "–";
   if (seconds < 120) return Math.round(seconds) + " s";
   if (seconds < 7200) return Math.round(seconds / 60) + " min";
   return (seconds / 3600).toFixed(1) + " h";
 }
+// an ended workload has no idle time: it holds nothing
+const idleFor = (w) => (w.endTime !== null && w.endTime !== undefined ? "ended" : duration(w.idleSeconds));
 function cell(text, className) {
   const td = document.createElement("td");
   td.textContent = text;
@@ -42,18 +48,131 @@ function bar(value, max, className) {
   td.appendChild(span);
   return td;
 }
-function workloadLink(w) {
+function link(text, href) {
   const td = document.createElement("td");
   const a = document.createElement("a");
-  a.href = "#/workload/" + encodeURIComponent(w.namespace) + "/" + encodeURIComponent(w.name);
-  a.textContent = w.namespace + "/" + w.name;
+  a.href = href;
+  a.textContent = text;
   td.appendChild(a);
   return td;
 }
+const workloadHref = (w) => "#/workload/" + encodeURIComponent(w.namespace) + "/" + encodeURIComponent(w.name);
+function show(id) {
+  for (const section of ["overview", "workload", "fleet", "node"]) $("#" + section).hidden = section !== id;
+}
+
+// ---- the time range: a preset (seconds before the latest data), or custom start/end (zoom sets these)
+const range = { preset: "", start: null, end: null };
+function rangeQuery() {
+  const now = Date.now() / 1000;
+  let start = null, end = null;
+  if (range.preset === "custom" && range.start !== null) { start = range.start; end = range.end; }
+  else if (range.preset) { end = now; start = now - Number(range.preset); }
+  if (start === null) { $("#range-text").textContent = ""; return ""; }
+  const step = Math.max(15, Math.ceil((end - start) / 600 / 15) * 15);  // ~600 points, whole status intervals
+  $("#range-text").textContent = `${when(start)} – ${when(end)}, one point per ${duration(step)}`;
+  return `&start=${start.toFixed(0)}&end=${end.toFixed(0)}&step=${step}`;
+}
+const toLocalInput = (t) => new Date(t * 1000).toISOString().slice(0, 16);
+const fromLocalInput = (text) => Date.parse(text + ":00Z") / 1000;
+function setRange(preset, start = null, end = null) {
+  range.preset = preset; range.start = start; range.end = end;
+  $("#range").value = preset;
+  $("#custom-range").hidden = preset !== "custom";
+  if (start !== null) { $("#range-start").value = toLocalInput(start); $("#range-end").value = toLocalInput(end); }
+  route();
+}
+$("#range").addEventListener("change", (event) => {
+  const value = event.target.value;
+  if (value === "custom") {
+    const end = Date.now() / 1000;
+    setRange("custom", range.start ?? end - 3600, range.end ?? end);
+  } else setRange(value);
+});
+$("#range-apply").addEventListener("click", () => {
+  const start = fromLocalInput($("#range-start").value), end = fromLocalInput($("#range-end").value);
+  if (!(end > start)) { showError("the range's end must be after its start"); return; }
+  setRange("custom", start, end);
+});
+const zoom = (start, end) => setRange("custom", start, end);
+
+// ---- tables: sort by a header, filter, page
+const tableState = { workloads: { key: "name", descending: false, page: 0 }, nodes: { key: "name", descending: false, page: 0 } };
+function sortable(tableId, redraw) {
+  for (const th of document.querySelectorAll(`#${tableId} th[data-key]`)) {
+    th.addEventListener("click", () => {
+      const state = tableState[tableId];
+      state.descending = state.key === th.dataset.key ? !state.descending : false;
+      state.key = th.dataset.key;
+      state.page = 0;
+      redraw();
+    });
+  }
+}
+function sortRows(rows, tableId, value) {
+  const state = tableState[tableId];
+  for (const th of document.querySelectorAll(`#${tableId} th[data-key]`)) {
+    th.dataset.sorted = th.dataset.key === state.key ? (state.descending ? "descending" : "ascending") : "";
+  }
+  const direction = state.descending ? -1 : 1;
+  return rows.slice().sort((a, b) => {
+    const x = value(a, state.key), y = value(b, state.key);
+    if (x === y) return 0;
+    if (x === null || x === undefined) return 1;
+    if (y === null || y === undefined) return -1;
+    return (x < y ? -1 : 1) * direction;
+  });
+}
+function fillSelect(select, values) {
+  const chosen = select.value;
+  const first = select.options[0];
+  select.replaceChildren(first, ...values.map((v) => new Option(v, v)));
+  select.value = values.includes(chosen) ? chosen : "";
+}
+
+let allWorkloads = [];
+const workloadValue = (w, key) => ({ name: w.namespace + "/" + w.name, utilization: w.utilization.current,
+  memory: w.memoryUtilization.current, idleSeconds: w.endTime !== null ? null : w.idleSeconds }[key] ?? w[key]);
+function drawWorkloads() {
+  const text = $("#filter-text").value.trim().toLowerCase();
+  const project = $("#filter-project").value, namespace = $("#filter-namespace").value, phase = $("#filter-phase").value;
+  const idleOnly = $("#filter-idle").checked;
+  const chosen = allWorkloads.filter((w) => (!text || (w.namespace + "/" + w.name).toLowerCase().includes(text))
+    && (!project || w.project === project) && (!namespace || w.namespace === namespace) && (!phase || w.phase === phase)
+    && (!idleOnly || (w.allocatedGpus > 0 && w.idleSeconds > 0 && w.endTime === null)));
+  const sorted = sortRows(chosen, "workloads", workloadValue);
+  const state = tableState.workloads;
+  const pages = Math.max(1, Math.ceil(sorted.length / PAGE_ROWS));
+  state.page = Math.min(state.page, pages - 1);
+  const rows = $("#workloads tbody");
+  rows.replaceChildren();
+  for (const w of sorted.slice(state.page * PAGE_ROWS, (state.page + 1) * PAGE_ROWS)) {
+    const tr = document.createElement("tr");
+    tr.dataset.workload = w.namespace + "/" + w.name;
+    tr.append(link(w.namespace + "/" + w.name, workloadHref(w)), cell(w.project), cell(w.phase),
+      cell(fmt(w.allocatedGpus, 2), "num"), cell(pct(w.utilization.current), "num"),
+      cell(pct(w.memoryUtilization.current), "num"), cell(idleFor(w), "num"));
+    rows.appendChild(tr);
+  }
+  if (!sorted.length) {
+    const tr = document.createElement("tr");
+    tr.append(cell(allWorkloads.length ? "no workload matches these filters" : "no workloads yet", "empty"));
+    tr.firstChild.colSpan = 7;
+    rows.appendChild(tr);
+  }
+  $("#page-text").textContent = `${sorted.length} workloads · page ${state.page + 1} of ${pages}`;
+  $("#page-prev").disabled = state.page === 0;
+  $("#page-next").disabled = state.page >= pages - 1;
+}
+for (const id of ["#filter-text", "#filter-project", "#filter-namespace", "#filter-phase", "#filter-idle"]) {
+  for (const kind of ["input", "change"]) $(id).addEventListener(kind, () => { tableState.workloads.page = 0; drawWorkloads(); });
+}
+$("#page-prev").addEventListener("click", () => { tableState.workloads.page--; drawWorkloads(); });
+$("#page-next").addEventListener("click", () => { tableState.workloads.page++; drawWorkloads(); });
+sortable("workloads", drawWorkloads);
 
 async function showOverview() {
-  $("#overview").hidden = false;
-  $("#workload").hidden = true;
+  show("overview");
   const [projects, workloads] = await Promise.all([api("/api/v1/projects"), api("/api/v1/workloads")]);
   const maxAllocated = Math.max(0, ...projects.projects.map((p) => p.allocatedGpus));
   const projectRows = $("#projects tbody");
@@ -74,24 +193,45 @@ async function showOverview() {
   for (const w of idle) {
     const tr = document.createElement("tr");
     tr.dataset.workload = w.namespace + "/" + w.name;
-    tr.append(workloadLink(w), cell(w.project), cell(fmt(w.allocatedGpus, 2), "num"), cell(duration(w.idleSeconds), "num"),
-      cell(fmt(w.idleGpuSeconds / 3600, 2), "num"), cell(pct(w.utilization.avg1h), "num"));
+    tr.append(link(w.namespace + "/" + w.name, workloadHref(w)), cell(w.project), cell(fmt(w.allocatedGpus, 2), "num"),
+      cell(duration(w.idleSeconds), "num"), cell(fmt(w.idleGpuSeconds / 3600, 2), "num"), cell(pct(w.utilization.avg1h), "num"));
     idleRows.appendChild(tr);
   }
-  const allRows = $("#workloads tbody");
-  allRows.replaceChildren();
-  for (const w of workloads.workloads) {
-    const tr = document.createElement("tr");
-    tr.dataset.workload = w.namespace + "/" + w.name;
-    tr.append(workloadLink(w), cell(w.project), cell(w.phase), cell(fmt(w.allocatedGpus, 2), "num"),
-      cell(pct(w.utilization.current), "num"), cell(pct(w.memoryUtilization.current), "num"), cell(duration(w.idleSeconds), "num"));
-    allRows.appendChild(tr);
-  }
+  allWorkloads = workloads.workloads;
+  const distinct = (field) => [...new Set(allWorkloads.map((w) => w[field]))].sort();
+  fillSelect($("#filter-project"), distinct("project"));
+  fillSelect($("#filter-namespace"), distinct("namespace"));
+  fillSelect($("#filter-phase"), distinct("phase"));
+  drawWorkloads();
   const allocated = projects.projects.reduce((sum, p) => sum + p.allocatedGpus, 0);
   const idleGpus = projects.projects.reduce((sum, p) => sum + p.idleGpus, 0);
   $("#summary").textContent = `${workloads.workloads.length} workloads · ${fmt(allocated, 2)} GPUs allocated · ${fmt(idleGpus, 2)} idle`;
   await showTruth();
 }
+
+// ---- the period report: the range bar's period (default: the last 24 h of data), as a CSV file
+$("#report-download").addEventListener("click", async () => {
+  const status = $("#report-status");
+  const query = rangeQuery().replace(/&step=\d+/, "");
+  status.textContent = "preparing…";
+  try {
+    const response = await fetch(`/api/v1/report?format=csv&by=${$("#report-by").value}${query}`, { headers: headers() });
+    const text = await response.text();
+    if (!response.ok) throw new Error((JSON.parse(text || "{}").message) || response.statusText);
+    const a = document.createElement("a");
+    a.href = URL.createObjectURL(new Blob([text], { type: "text/csv" }));
+    a.download = `gpuwm-report-${$("#report-by").value}.csv`;
+    document.body.appendChild(a);
+    a.click();
+    a.remove();
+    const rows = text.trim().split("\n").length - 2;  // less the header and the total
+    status.textContent = `${rows} rows downloaded`;
+    status.dataset.rows = String(rows);
+  } catch (error) {
+    status.textContent = "";
+    showError(error);
+  }
+});
 
 // `gpuwm demo` only: the simulator's exact figures (/demo/truth) against what the API says. The workloads
 // are read between two answers of the same status interval, the second not `recording` (the next one being
@@ -127,85 +267,150 @@ async function showTruth() {
   box.hidden = true;
 }
 
-// A line chart on a canvas: axes, min/max labels, gaps where points are null.
-function drawChart(canvas, points, scale, unit) {
-  const ctx = canvas.getContext("2d");
-  const width = canvas.width, height = canvas.height, left = 56, bottom = 22, top = 8, right = 8;
-  ctx.clearRect(0, 0, width, height);
-  ctx.fillStyle = "#fff";
-  ctx.fillRect(0, 0, width, height);
-  const values = points.map(([, v]) => (v === null ? null : v * scale));
-  const present = values.filter((v) => v !== null);
-  canvas.dataset.points = String(present.length);
-  ctx.strokeStyle = "#dde1ea";
-  ctx.strokeRect(left, top, width - left - right, height - top - bottom);
-  ctx.fillStyle = "#6b7385";
-  ctx.font = "11px sans-serif";
-  if (!present.length || points.length < 1) {
-    ctx.fillText("no data in this range", left + 10, top + 20);
-    return;
-  }
-  const maxValue = Math.max(...present, unit === "%" ? 100 : 0) || 1;
-  const t0 = points[0][0], t1 = points[points.length - 1][0] || t0 + 1;
-  const x = (t) => left + ((t - t0) / Math.max(1, t1 - t0)) * (width - left - right);
-  const y = (v) => height - bottom - (v / maxValue) * (height - top - bottom);
-  ctx.fillText(fmt(maxValue, 0) + " " + unit, 2, top + 10);
-  ctx.fillText("0", 2, height - bottom);
-  ctx.fillText(new Date(t0 * 1000).toISOString().slice(0, 16).replace("T", " "), left, height - 6);
-  const endLabel = new Date(t1 * 1000).toISOString().slice(11, 16);
-  ctx.fillText(endLabel, width - right - ctx.measureText(endLabel).width, height - 6);
-  ctx.strokeStyle = "#2f6fde";
-  ctx.lineWidth = 1.5;
-  ctx.beginPath();
-  let drawing = false;
-  points.forEach(([t], index) => {
-    const v = values[index];
-    if (v === null) { drawing = false; return; }
-    if (drawing) ctx.lineTo(x(t), y(v)); else ctx.moveTo(x(t), y(v));
-    drawing = true;
-  });
-  ctx.stroke();
-  if (present.length === 1) {
-    const index = values.findIndex((v) => v !== null);
-    ctx.fillStyle = "#2f6fde";
-    ctx.fillRect(x(points[index][0]) - 2, y(values[index]) - 2, 4, 4);
+// ---- charts
+const CHARTS = [
+  ["gpu_utilization_percent", "GPU utilization (%)", 1, "%", 100],
+  ["gpu_memory_used_bytes", "GPU memory used (GiB)", 1 / 1024 ** 3, "GiB", 0],
+  ["gpu_power_watts", "GPU power (W)", 1, "W", 0],
+];
+function seriesLabel(labels) {
+  if (labels.uuid) return `${labels.node || ""} GPU ${labels.gpu ?? ""} ${labels.pod ? "(" + labels.pod + ")" : ""}`.trim();
+  return labels.node || labels.pod || "";
+}
+function drawCharts(container, body) {
+  container.replaceChildren();
+  for (const [metric, title, scale, unit, max] of CHARTS) {
+    const series = body.series.filter((s) => s.metric === metric);
+    if (!series.length) continue;
+    const figure = document.createElement("figure");
+    figure.innerHTML = `<figcaption>${title}</figcaption>`;
+    container.appendChild(figure);
+    const chart = window.gpuwmChart.lineChart(figure, series.map((s) => ({ label: seriesLabel(s.labels), points: s.points })),
+      { scale, unit, max, onZoom: zoom, tooltip: $("#tooltip") });
+    chart.canvas.id = "chart-" + metric;
   }
 }
+const METRICS = CHARTS.map(([metric]) => "metric=" + metric).join("&");
 
 async function showWorkload(namespace, name) {
-  $("#overview").hidden = true;
-  $("#workload").hidden = false;
+  show("workload");
+  const charts = $("#workload-charts");
+  $("#workload-title").textContent = "";
+  $("#workload-facts").replaceChildren();
+  charts.replaceChildren();
   const base = "/api/v1/namespaces/" + encodeURIComponent(namespace) + "/workloads/" + encodeURIComponent(name);
-  const [w, metrics] = await Promise.all([
-    api(base),
-    api(base + "/metrics?metric=gpu_utilization_percent&metric=gpu_memory_used_bytes&metric=gpu_power_watts"),
-  ]);
+  const w = await api(base);  // an unknown workload stops here: its error alone, no empty charts
+  const by = $("#breakdown").value;
+  const metrics = await api(`${base}/metrics?${METRICS}${by ? "&by=" + by : ""}${rangeQuery()}`);
   $("#workload-title").textContent = `${w.kind} ${w.namespace}/${w.name}`;
-  const facts = $("#workload-facts");
-  facts.replaceChildren();
+  const ended = w.endTime !== null && w.endTime !== undefined;
   const pairs = [["project", w.project], ["phase", w.phase], ["GPUs", fmt(w.allocatedGpus, 2)],
-    ["utilization (1h)", pct(w.utilization.avg1h)], ["idle for", duration(w.idleSeconds)],
+    ["utilization (1h)", pct(w.utilization.avg1h)], ...(ended ? [["ended", when(w.endTime)]] : [["idle for", duration(w.idleSeconds)]]),
     ["wasted GPU-h", fmt(w.idleGpuSeconds / 3600, 2)], ["energy", fmt(w.energyJoules / 3.6e6, 3) + " kWh"],
     ["nodes", w.nodes.join(", ") || "–"]];
   for (const [key, value] of pairs) {
     const dt = document.createElement("dt"); dt.textContent = key;
     const dd = document.createElement("dd"); dd.textContent = value;
-    facts.append(dt, dd);
+    $("#workload-facts").append(dt, dd);
   }
-  const scales = { gpu_utilization_percent: [1, "%"], gpu_memory_used_bytes: [1 / 1024 ** 3, "GiB"], gpu_power_watts: [1, "W"] };
-  for (const series of metrics.series) {
-    const [scale, unit] = scales[series.metric];
-    drawChart($("#chart-" + series.metric), series.points, scale, unit);
+  drawCharts(charts, metrics);
+}
+$("#breakdown").addEventListener("change", () => route());
+
+// ---- fleet
+function statesText(states) {
+  return Object.entries(states).map(([state, count]) => `${count} ${state}`).join(", ");
+}
+let allNodes = [];
+const nodeValue = (n, key) => n[key];
+function drawNodes() {
+  const rows = $("#nodes tbody");
+  rows.replaceChildren();
+  for (const n of sortRows(allNodes, "nodes", nodeValue)) {
+    const tr = document.createElement("tr");
+    tr.dataset.node = n.name;
+    const states = document.createElement("td");
+    for (const [state, count] of Object.entries(n.states)) {
+      const chip = document.createElement("span");
+      chip.className = "state";
+      chip.style.background = STATES[state] || "#6b7385";
+      chip.textContent = `${count} ${state}`;
+      states.appendChild(chip);
+    }
+    tr.append(link(n.name, "#/node/" + encodeURIComponent(n.name)), cell(String(n.gpus), "num"),
+      cell(fmt(n.allocatedUnits, 2) + (n.unnamedUnits ? ` (+${fmt(n.unnamedUnits, 2)} unnamed)` : ""), "num"),
+      cell(fmt(n.totalUnits, 2), "num"), states, cell(pct(n.utilizationPercent), "num"), cell(n.models.join(", ")),
+      cell(when(n.lastSampleTime)));
+    rows.appendChild(tr);
   }
+  if (!allNodes.length) {
+    const tr = document.createElement("tr");
+    tr.append(cell("no GPU node has reported yet", "empty"));
+    tr.firstChild.colSpan = 8;
+    rows.appendChild(tr);
+  }
+}
+sortable("nodes", drawNodes);
+const legend = $("#state-legend");
+for (const [state, color] of Object.entries(STATES)) {
+  const chip = document.createElement("span");
+  chip.className = "state";
+  chip.style.background = color;
+  chip.textContent = state;
+  legend.appendChild(chip);
+}
+
+async function showFleet() {
+  show("fleet");
+  const nodes = await api("/api/v1/nodes");
+  allNodes = nodes.nodes;
+  drawNodes();
+  const gpus = allNodes.reduce((sum, n) => sum + n.gpus, 0);
+  const free = allNodes.reduce((sum, n) => sum + (n.states.free || 0), 0);
+  $("#summary").textContent = `${allNodes.length} nodes · ${gpus} GPUs · ${free} free · as of ${when(nodes.at)}`;
+}
+
+async function showNode(name) {
+  show("node");
+  $("#node-title").textContent = "";
+  const body = $("#node-gpus tbody");
+  body.replaceChildren();
+  $("#node-charts").replaceChildren();
+  const gpus = await api("/api/v1/gpus?node=" + encodeURIComponent(name));
+  if (!gpus.gpus.length) throw new Error(`no GPU node ${JSON.stringify(name)} in the store's latest intervals`);
+  $("#node-title").textContent = `Node ${name}`;
+  for (const g of gpus.gpus) {
+    const tr = document.createElement("tr");
+    tr.dataset.uuid = g.uuid;
+    tr.dataset.state = g.state;
+    const state = cell(g.state);
+    state.innerHTML = "";
+    const chip = document.createElement("span");
+    chip.className = "state";
+    chip.style.background = STATES[g.state] || "#6b7385";
+    chip.textContent = g.state;
+    state.appendChild(chip);
+    const holders = g.holders.map((h) => `${h.namespace}/${h.workload} (${fmt(h.units, 2)})`).join(", ");
+    tr.append(cell((g.parentUuid ? "  └ " : "") + g.uuid + (g.index !== null ? ` #${g.index}` : "")), cell(g.model || "–"),
+      cell(g.migParent ? "MIG parent" : g.migProfile || "–"), cell(fmt(g.deviceUnits, 2), "num"), state,
+      cell(holders || "–"), cell(fmt(g.utilizationPercent, 1), "num"),
+      cell(g.memoryUsedBytes === null ? "–" : fmt(g.memoryUsedBytes / 1024 ** 3, 1) + " GiB", "num"), cell(when(g.lastSampleTime)));
+    body.appendChild(tr);
+  }
+  const metrics = await api(`/api/v1/nodes/${encodeURIComponent(name)}/metrics?${METRICS}${rangeQuery()}`);
+  drawCharts($("#node-charts"), metrics);
 }
 
 async function route() {
   const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
   document.body.dataset.ready = "false";
+  showError(null);
+  $("#tooltip").hidden = true;
   try {
     if (parts[0] === "workload" && parts.length === 3) await showWorkload(parts[1], parts[2]);
+    else if (parts[0] === "fleet") await showFleet();
+    else if (parts[0] === "node" && parts.length === 2) await showNode(parts[1]);
     else await showOverview();
-    showError(null);
   } catch (error) {
     showError(error);
   }
