@@ -50,12 +50,24 @@ from gpuwm.api.params import (
 )
 from gpuwm.api.prom_metrics import WorkloadMetricsCollector
 from gpuwm.api.report import add_report_routes
+from gpuwm.api.runs import (
+    DEFAULT_PAGE_RUNS,
+    WORKLOAD_RANGE_PARAMETERS,
+    PodParam,
+    add_run_routes,
+    at_stored_resolution,
+    fit_resolution,
+    life_of,
+    page_of_runs,
+    parse_limit,
+    workload_identity,
+    workload_range_json,
+)
 from gpuwm.api.schemas import (
     ErrorBody,
     Health,
     MetricsBody,
     ProjectList,
-    WorkloadIdentity,
     WorkloadList,
 )
 from gpuwm.config import Settings
@@ -196,17 +208,23 @@ def create_app(
         step: str | None,
         by: str | None,
         encode: Callable[[RangeQuery, list[Series]], Response],
+        pods: Sequence[str] = (),
+        allowed: set[str] | None = None,
     ) -> Response:
         """Parse, check the answer's size before reading (400 past the limit, 429 past the heavy queries
-        at once), read and encode off the event loop (in the controller it is kopf's)."""
-        check_parameters(request, RANGE_PARAMETERS)
+        at once), read and encode off the event loop (in the controller it is kopf's). The step is the
+        stored resolution where the one asked for is finer (gpuwm.api.runs.fit_resolution)."""
+        check_parameters(request, allowed or RANGE_PARAMETERS, multi=("metric", "pod"))
         names = parse_metrics(metric, DEFAULT_METRICS)
         start_s = parse_time("start", start) if start is not None else None
         end_s = parse_time("end", end) if end is not None else None
-        step_s = parse_step(step) if step is not None else None
+        step_s, requested_step = at_stored_resolution(store, parse_step(step) if step is not None else None)
         breakdown = parse_breakdown(by)
         first, last, step_seconds = choose_range(start_s, end_s, step_s, default_start, default_end)
-        query = RangeQuery(scope, key, names, first, last, step_seconds, breakdown)  # type: ignore[arg-type]
+        query = RangeQuery(
+            scope, key, names, first, last, step_seconds, breakdown, tuple(pods), requested_step  # type: ignore[arg-type]
+        )
+        query = await blocking(fit_resolution, store, query)
         series_count = await blocking(store.series_count, query)
         with limits.admit(query, series_count):
             series = await blocking(store.query_range, query)
@@ -230,6 +248,19 @@ def create_app(
             str | None,
             Query(description="true: only workloads holding GPUs and idle now; false: the others.", pattern=BOOL_PATTERN),
         ] = None,
+        ended: Annotated[
+            str | None,
+            Query(
+                description="true: every run kept, ended ones and earlier runs of a reused name included (each by "
+                "its UID), paged (`limit`, default 500); false: only runs that have not ended. Unset: the newest "
+                "run of each name.",
+                pattern=BOOL_PATTERN,
+            ),
+        ] = None,
+        limit: Annotated[str | None, Query(description="At most this many workloads (1 .. 5000).")] = None,
+        continue_: Annotated[
+            str | None, Query(alias="continue", description="The previous page's `continue`: the next page.")
+        ] = None,
     ) -> WorkloadList:
         """Current state of every workload you may read.
 
@@ -237,12 +268,16 @@ def create_app(
         than the controller's `storeLatestRowsPerInterval` (1,000): each at most ceil(running / that)
         status intervals old. New, changed-phase and finished workloads are there within one interval.
         """
-        check_parameters(request, {"namespace", "project", "idle"}, multi=())
+        check_parameters(request, {"namespace", "project", "idle", "ended", "limit", "continue"}, multi=())
         idle_only = parse_bool("idle", idle) if idle is not None else None
+        ended_runs = parse_bool("ended", ended) if ended is not None else None
+        page_size = parse_limit(limit, DEFAULT_PAGE_RUNS if ended_runs else None)
         user = await authorizer.authenticate(bearer_token(request))
         if namespace is not None:
             await guard(request, [namespace])
-        workloads = await blocking(store.workloads)
+        workloads = await blocking(store.runs if ended_runs else store.workloads)
+        if ended_runs is False:
+            workloads = [w for w in workloads if w.end_time is None]
         chosen = [
             w
             for w in workloads
@@ -253,7 +288,10 @@ def create_app(
         if namespace is None and not await authorizer.allowed(user, None):
             allowed = {ns for ns in {w.namespace for w in chosen} if await authorizer.allowed(user, ns)}
             chosen = [w for w in chosen if w.namespace in allowed]
-        return WorkloadList(workloads=chosen)
+        if page_size is None and continue_ is None:
+            return WorkloadList(workloads=chosen)
+        page, following = page_of_runs(chosen, page_size, continue_)
+        return WorkloadList(workloads=page, continue_=following)
 
     async def find_workload(namespace: str, name: str) -> WorkloadFigures:
         found = await blocking(store.workload, namespace, name)
@@ -291,41 +329,20 @@ def create_app(
         end: EndParam = None,
         step: StepParam = None,
         by: ByParam = None,
+        pod: PodParam = [],  # noqa: B006
     ) -> Response:
-        """Time series of one workload; the default range is the workload's whole life."""
-        check_parameters(request, RANGE_PARAMETERS)
+        """Time series of the newest run of a workload (`/workloads/{uid}/metrics` for any run); the default
+        range is the run's whole life."""
+        check_parameters(request, WORKLOAD_RANGE_PARAMETERS, multi=("metric", "pod"))
         await guard(request, [namespace])
         workload = await find_workload(namespace, name)
-        _earliest, latest = await store_bounds()
-        life_start = workload.created_time if workload.created_time is not None else workload.start_time
-        life_end = workload.end_time if workload.end_time is not None else latest
-        identity = WorkloadIdentity(
-            namespace=workload.namespace,
-            name=workload.name,
-            uid=workload.uid,
-            kind=workload.kind,
-            project=workload.project,
-        )
+        earliest, latest = await store_bounds()
         return await range_answer(
-            request,
-            "workload",
-            workload.uid,
-            life_start if life_start is not None else _earliest,
-            life_end,
-            metric,
-            start,
-            end,
-            step,
-            by,
-            lambda query, series: metrics_json(
-                scope="workload",
-                workload=identity,
-                start=query.start,
-                end=query.end,
-                step=query.step_seconds,
-                series=series,
-            ),
+            request, "workload", workload.uid, *life_of(workload, earliest, latest), metric, start, end, step, by,
+            workload_range_json(workload_identity(workload)), pods=pod, allowed=WORKLOAD_RANGE_PARAMETERS,
         )
+
+    add_run_routes(app, store, blocking, guard, authorizer.authenticate, store_bounds, range_answer)
 
     @app.get("/api/v1/projects", response_model=ProjectList, responses=ERRORS, tags=["projects"])
     async def list_projects(request: Request) -> ProjectList:
@@ -366,14 +383,7 @@ def create_app(
         _earliest, latest = await store_bounds()
         return await range_answer(
             request, "project", project, max(_earliest, latest - 3600), latest, metric, start, end, step, by,
-            lambda query, series: metrics_json(
-                scope="project",
-                project=project,
-                start=query.start,
-                end=query.end,
-                step=query.step_seconds,
-                series=series,
-            ),
+            lambda query, series: metrics_json(scope="project", project=project, query=query, series=series),
         )
 
     @app.get(
@@ -399,9 +409,7 @@ def create_app(
         _earliest, latest = await store_bounds()
         return await range_answer(
             request, "node", node, max(_earliest, latest - 3600), latest, metric, start, end, step, by,
-            lambda query, series: metrics_json(
-                scope="node", node=node, start=query.start, end=query.end, step=query.step_seconds, series=series
-            ),
+            lambda query, series: metrics_json(scope="node", node=node, query=query, series=series),
         )
 
     @app.get(
@@ -421,9 +429,7 @@ def create_app(
         _earliest, latest = await store_bounds()
         return await range_answer(
             request, "cluster", "", max(_earliest, latest - 3600), latest, metric, start, end, step, by,
-            lambda query, series: metrics_json(
-                scope="cluster", start=query.start, end=query.end, step=query.step_seconds, series=series
-            ),
+            lambda query, series: metrics_json(scope="cluster", query=query, series=series),
         )
 
     add_fleet_routes(app, store, settings.status_interval, guard, blocking, limits)

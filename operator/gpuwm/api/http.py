@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse, Response
 from gpuwm.api.params import BadParameter
 from gpuwm.api.schemas import ErrorBody, WorkloadIdentity
 from gpuwm.model.figures import WorkloadFigures
-from gpuwm.store.base import DEFAULT_METRICS, METRIC_NAMES, Series
+from gpuwm.store.base import DEFAULT_METRICS, METRIC_NAMES, RangeQuery, Series
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "A bad parameter, named in the body."},
@@ -98,23 +98,33 @@ def bearer_token(request: Request) -> str | None:
 
 def metrics_json(
     scope: str,
-    start: float,
-    end: float,
-    step: float,
     series: list[Series],
+    start: float | None = None,
+    end: float | None = None,
+    step: float | None = None,
     workload: WorkloadIdentity | None = None,
     project: str | None = None,
     node: str | None = None,
+    query: RangeQuery | None = None,
 ) -> Response:
-    """A MetricsBody as JSON, encoded by orjson without per-point validation (24 h at 15 s is 5,760 points)."""
+    """A MetricsBody as JSON, encoded by orjson without per-point validation (24 h at 15 s is 5,760 points).
+
+    With `query`, its start, end and step, the step asked for and the resolution of each stretch."""
+    if query is not None:
+        start, end, step = query.start, query.end, query.step_seconds
     body = {
         "scope": scope,
-        "workload": workload.model_dump() if workload is not None else None,
+        "workload": workload.model_dump(by_alias=True) if workload is not None else None,
         "project": project,
         "node": node,
         "start": start,
         "end": end,
         "step": step,
+        "requestedStep": query.requested_step_seconds if query is not None else None,
+        "resolution": [
+            {"start": stretch.start, "end": stretch.end, "step": stretch.step_seconds}
+            for stretch in (query.resolution if query is not None else ())
+        ],
         "series": [{"metric": s.metric, "labels": s.labels, "points": s.points} for s in series],
     }
     return Response(content=orjson.dumps(body), media_type="application/json")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
 
 from gpuwm.model.figures import ProjectFigures, WorkloadFigures
 
@@ -16,7 +17,14 @@ class ErrorBody(BaseModel):
 
 
 class WorkloadList(BaseModel):
+    model_config = ConfigDict(populate_by_name=True)
+
     workloads: list[WorkloadFigures]
+    continue_: str | None = Field(
+        default=None,
+        alias="continue",
+        description="Where the list was cut at `limit`: pass it as `continue` for the next page; null on the last.",
+    )
 
 
 class ProjectList(BaseModel):
@@ -35,12 +43,38 @@ class SeriesBody(BaseModel):
     )
 
 
+class PodIdentity(BaseModel):
+    """One pod (task) of a workload run, as of its latest figures."""
+
+    name: str
+    uid: str
+    node: str | None = None
+    phase: str
+
+
 class WorkloadIdentity(BaseModel):
+    """The run a workload's range answer is about: its UID names it among runs that reused the name."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True)
+
     namespace: str
     name: str
     uid: str
     kind: str
     project: str
+    phase: str | None = Field(default=None, description="Pending, Running, Succeeded, Failed, ... as of its latest figures.")
+    created_time: float | None = Field(default=None, description="Epoch seconds; the default range starts here.")
+    start_time: float | None = Field(default=None, description="Its first running GPU container, epoch seconds.")
+    end_time: float | None = Field(default=None, description="Epoch seconds; null while it runs.")
+    pods: list[PodIdentity] = Field(default_factory=list, description="Its pods (tasks) with their phases.")
+
+
+class ResolutionStretch(BaseModel):
+    """A stretch [start, end) of the grid whose values really have `step` seconds between them."""
+
+    start: float
+    end: float
+    step: float
 
 
 class MetricsBody(BaseModel):
@@ -55,6 +89,17 @@ class MetricsBody(BaseModel):
     start: float = Field(description="First point, epoch seconds.")
     end: float = Field(description="Last point at or before this, epoch seconds.")
     step: float = Field(description="Seconds between points.")
+    requested_step: float | None = Field(
+        default=None,
+        alias="requestedStep",
+        description="The step asked for, where it was finer than the store keeps: the answer is at `step`.",
+    )
+    resolution: list[ResolutionStretch] = Field(
+        default_factory=list,
+        description="Which step each stretch's values really have: `step` where the store keeps points that "
+        "fine, a coarser tier's step where only it still covers the stretch (each of its points answers every "
+        "cell it overlaps).",
+    )
     series: list[SeriesBody]
 
 

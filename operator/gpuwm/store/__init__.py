@@ -21,6 +21,7 @@ from gpuwm.store.base import (
     Series,
     Store,
     StoreError,
+    Stretch,
 )
 
 
@@ -60,5 +61,6 @@ __all__ = [
     "Series",
     "Store",
     "StoreError",
+    "Stretch",
     "open_store",
 ]

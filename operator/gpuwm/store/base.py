@@ -120,6 +120,16 @@ class Series:
 
 
 @dataclass(frozen=True)
+class Stretch:
+    """A part of a range's grid, [start, end), whose values really have `step_seconds` between them: the
+    query's step where the store keeps points that fine, the coarser tier's step where only it covers."""
+
+    start: float
+    end: float
+    step_seconds: float
+
+
+@dataclass(frozen=True)
 class RangeQuery:
     """A time-series query as the API parsed it (times in epoch seconds)."""
 
@@ -130,6 +140,12 @@ class RangeQuery:
     end: float
     step_seconds: float
     by: Breakdown | None = None
+    #: only these pods (by name) of the workload: its `pod` (or, with by=gpu, `gpu`) series of them
+    pods: tuple[str, ...] = ()
+    #: the step the client asked for, where the answer's step is coarser (the stored resolution)
+    requested_step_seconds: float | None = None
+    #: the step each stretch of the grid really has (`Store.resolution`), once the API has asked
+    resolution: tuple[Stretch, ...] = ()
 
     def grid(self) -> list[float]:
         """The point times: start, start+step, ... up to end."""
@@ -158,6 +174,8 @@ class Store(abc.ABC):
     """One interface over the embedded and Prometheus backends."""
 
     read_only: bool = False
+    #: the finest step the backend keeps points at (None: it cannot tell); a finer step is answered at this one
+    finest_step_seconds: float | None = None
     #: how many reads the API runs at once (None: as many as its worker threads). The embedded
     #: store keeps a connection, page cache and file mapping per reading thread, so a burst of 40
     #: concurrent queries would hold 40 of each; more readers than cores buys no speed there.
@@ -210,6 +228,19 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def query_range(self, query: RangeQuery) -> list[Series]:
         """Series for `query`, one per metric (and per breakdown label set), points on `query.grid()`."""
+
+    def resolution(self, query: RangeQuery) -> list[Stretch]:
+        """Which step each stretch of `query`'s range really has (see `Stretch`); a backend without
+        tiers answers every cell at the query's step."""
+        return [Stretch(query.start, query.end, query.step_seconds)]
+
+    def workload_by_uid(self, uid: str) -> WorkloadFigures | None:
+        """The latest figures of one run of a workload, by its UID (any run still kept, ended ones too)."""
+        return next((w for w in self.runs() if w.uid == uid), None)
+
+    def runs(self) -> list[WorkloadFigures]:
+        """Every run kept, including earlier runs of a reused name, ordered by (namespace, name, start)."""
+        return self.workloads()
 
     def series_count(self, query: RangeQuery) -> int | None:
         """How many label sets `query` can answer with (an upper bound, known before any point is read),

@@ -35,7 +35,7 @@ from pydantic import BaseModel
 from gpuwm.model import GpuSample, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
 from gpuwm.model.jsonfast import model_json
-from gpuwm.store.base import METRIC_NAMES, RangeQuery, Series, Store, StoreError
+from gpuwm.store.base import METRIC_NAMES, RangeQuery, Series, Store, StoreError, Stretch
 from gpuwm.store.chunks import ChunkWriter, chunk_spans
 from gpuwm.store.codec import (
     BLOCK,
@@ -51,7 +51,7 @@ from gpuwm.store.rows import RowBuilder, Rows, SeriesKey
 from gpuwm.store.schema import APPLICATION_ID as APPLICATION_ID  # re-exported: the file's identity
 from gpuwm.store.schema import SCHEMA_VERSION as SCHEMA_VERSION
 from gpuwm.store.schema import check_file, create_schema
-from gpuwm.store.sqlite_read import read_range, select_series
+from gpuwm.store.sqlite_read import plan_stretches, read_range, select_series
 from gpuwm.store.tiers import Tier, parse_tiers
 
 log = logging.getLogger(__name__)
@@ -102,6 +102,7 @@ class EmbeddedStore(Store):
             else parse_tiers([str(tier) for tier in tiers])
         )
         self.spans = chunk_spans(self.tiers)
+        self.finest_step_seconds = float(self.tiers[0].step_seconds)
         self.retention_seconds = retention_seconds
         check_file(self.path)
         if not self.path.parent.exists():
@@ -697,6 +698,14 @@ class EmbeddedStore(Store):
         )
         return WorkloadFigures.model_validate_json(row[0]) if row else None
 
+    def workload_by_uid(self, uid: str) -> WorkloadFigures | None:
+        row = self._reader().execute("SELECT figures FROM latest_workloads WHERE uid = ?", (uid,)).fetchone()
+        return WorkloadFigures.model_validate_json(row[0]) if row else None
+
+    def runs(self) -> list[WorkloadFigures]:
+        rows = self._reader().execute("SELECT figures FROM latest_workloads ORDER BY namespace, name, at, uid")
+        return [WorkloadFigures.model_validate_json(figures) for (figures,) in rows]
+
     def projects(self) -> list[ProjectFigures]:
         rows = self._reader().execute("SELECT figures FROM latest_projects ORDER BY name")
         return [ProjectFigures.model_validate_json(figures) for (figures,) in rows]
@@ -730,16 +739,27 @@ class EmbeddedStore(Store):
             return len(query.metrics)
         return len(query.metrics) * len(select_series(self._reader(), query))
 
+    def _watermarks(self, connection: sqlite3.Connection) -> dict[int, float | None]:
+        return {
+            tier.step_seconds: self._get_meta(f"rollup_until:{tier.step_seconds}", connection) for tier in self.tiers
+        }
+
+    def resolution(self, query: RangeQuery) -> list[Stretch]:
+        connection = self._reader()
+        connection.execute("BEGIN")
+        try:
+            latest = self._get_meta("latest_time", connection)
+            return plan_stretches(self.tiers, latest, self._watermarks(connection), query)
+        finally:
+            connection.execute("COMMIT")
+
     def query_range(self, query: RangeQuery) -> list[Series]:
         connection = self._reader()
         # one read transaction: the watermarks, chunks and head rows of one snapshot, so an interval
         # compacted meanwhile is read once, from the head or from its chunk
         connection.execute("BEGIN")
         try:
-            watermarks = {
-                tier.step_seconds: self._get_meta(f"rollup_until:{tier.step_seconds}", connection)
-                for tier in self.tiers
-            }
+            watermarks = self._watermarks(connection)
             latest = self._get_meta("latest_time", connection)
             return read_range(connection, self.spans, latest, watermarks, query)
         finally:

@@ -1,6 +1,10 @@
 """Reading the embedded store: which tier answers which part of a range, its chunks and head rows, the grid.
 
-A point at t is the mean (or, for counters, the max) of the stored points in [t, t + step).
+A point at t is the mean (or, for counters, the max) of the stored points in [t, t + step). Where the
+only tier that still covers a stretch is coarser than the step (a run older than the finest tier's
+keep), each stored point stands for its whole interval [p, p + tier step) and answers every cell it
+overlaps, so the cells there are never null where a point covers them (`resolution` names the
+stretches whose values really have the coarser step).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from gpuwm.store.base import (
     RangeQuery,
     Rollup,
     Series,
+    Stretch,
     check_range,
 )
 from gpuwm.store.chunks import TierSpan, read_chunks
@@ -82,6 +87,59 @@ def plan_segments(
     return segments
 
 
+def plan_stretches(
+    tiers: Sequence[Tier],
+    latest: float | None,
+    watermarks: dict[int, float | None],
+    query: RangeQuery,
+) -> list[Stretch]:
+    """Which step the cells of `query`'s grid really have, stretch by stretch: the query's step where the
+    tier read there is as fine as it, that tier's step where only a coarser one covers the stretch."""
+    cells = len(query.grid())
+    end = query.start + cells * query.step_seconds
+    segments = plan_segments(tiers, latest, watermarks, query.start, end, query.step_seconds)
+    stretches: list[Stretch] = []
+    for tier, low, high in segments:
+        step = float(max(query.step_seconds, tier.step_seconds))
+        first, last = max(float(low), query.start), min(float(high), end)
+        if last <= first:
+            continue
+        if stretches and stretches[-1].step_seconds == step and stretches[-1].end >= first:
+            stretches[-1] = Stretch(stretches[-1].start, last, step)
+        else:
+            stretches.append(Stretch(first, last, step))
+    if not stretches:
+        stretches = [Stretch(query.start, end, query.step_seconds)]
+    # the pieces before the first and after the last segment read at the query's step
+    if stretches[0].start > query.start:
+        stretches.insert(0, Stretch(query.start, stretches[0].start, query.step_seconds))
+    if stretches[-1].end < end:
+        stretches.append(Stretch(stretches[-1].end, end, query.step_seconds))
+    return stretches
+
+
+def _spread(
+    times: npt.NDArray[np.int64], tier_step: int, low: int, high: int, start: float, step: float, cells: int
+) -> Iterator[tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64], npt.NDArray[np.float64]]]:
+    """For points of a tier coarser than the grid: (which points, their cell, their weight) for each of the
+    cells a point's interval [p, p + tier_step), cut to [low, high), overlaps; a point's weights sum to one
+    (the share of its interval in each cell), so it weighs what a point of the grid's step weighs."""
+    begin = np.maximum(times.astype(np.float64), float(low))
+    finish = np.minimum(times.astype(np.float64) + tier_step, float(high))
+    first = np.floor((begin - start) / step).astype(np.int64)
+    widest = math.ceil(tier_step / step) + 1
+    for offset in range(widest):
+        cell = first + offset
+        cell_start = start + cell * step
+        overlap = np.minimum(finish, cell_start + step) - np.maximum(begin, cell_start)
+        chosen = (overlap > 0) & (cell >= 0) & (cell < cells)
+        if not chosen.any():
+            if offset > 0 and not (overlap > 0).any():
+                break
+            continue
+        yield chosen, cell[chosen], overlap[chosen] / tier_step
+
+
 def select_series(connection: sqlite3.Connection, query: RangeQuery) -> list[tuple[int, dict[str, str]]]:
     selection = _SELECTION.get((query.scope, query.by))
     if selection is None:
@@ -89,18 +147,43 @@ def select_series(connection: sqlite3.Connection, query: RangeQuery) -> list[tup
             "by", f"{query.by!r} is not a breakdown of {query.scope} metrics; use gpu, pod or node"
         )
     kind, column = selection
+    if query.pods:
+        kind = _pod_selection(query)
     if column is None:
         rows = connection.execute("SELECT id, labels FROM series WHERE kind = ?", (kind,)).fetchall()
     else:
         rows = connection.execute(
             f"SELECT id, labels FROM series WHERE kind = ? AND {column} = ?", (kind, query.key)
         ).fetchall()
+    if query.pods:
+        rows = _only_pods(query, [(series_id, labels) for series_id, labels in rows])
     if len(rows) > MAX_SERIES_PER_QUERY:
         raise QueryError(
             "by",
             f"{len(rows)} series exceed the limit of {MAX_SERIES_PER_QUERY}; narrow the scope or drop by=",
         )
     return [(int(series_id), json.loads(labels)) for series_id, labels in rows]
+
+
+def _pod_selection(query: RangeQuery) -> str:
+    """The series kind that answers a `pod=` query: the pods' own series, or their GPUs' with by=gpu."""
+    if query.scope != "workload":
+        raise QueryError("pod", "selects pods of a workload; it applies to workload metrics only")
+    if query.by not in (None, "pod", "gpu"):
+        raise QueryError("by", f"{query.by!r} does not combine with pod=; use by=pod, by=gpu or leave by out")
+    return "gpu" if query.by == "gpu" else "pod"
+
+
+def _only_pods(query: RangeQuery, rows: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The rows of the pods asked for; a pod name the workload never had is refused, naming the ones it has."""
+    named: dict[str, list[tuple[int, str]]] = {}
+    for series_id, labels in rows:
+        named.setdefault(str(json.loads(labels).get("pod", "")), []).append((series_id, labels))
+    missing = [pod for pod in query.pods if pod not in named]
+    if missing:
+        known = ", ".join(sorted(name for name in named if name)) or "none recorded"
+        raise QueryError("pod", f"no pod {missing[0]!r} in this workload's series; its pods: {known}")
+    return [row for pod in query.pods for row in named[pod]]
 
 
 def _contributions(
@@ -187,32 +270,42 @@ def read_range(
         for tier, low, high in segments:
             span = next(span for span in spans if span.tier == tier)
             with_head = tier == tiers[0]
+            coarser = tier.step_seconds > step
             for series_id, times, values in _contributions(connection, span, ids, metrics, low, high, with_head):
                 inside = (times >= low) & (times < high)
-                cell = np.floor((times - query.start) / step).astype(np.int64)
-                inside &= (cell >= 0) & (cell < cells)
                 if not inside.any():
                     continue
-                cell = cell[inside]
+                times = times[inside]
                 values = values[:, inside]
-                present = ~np.isnan(values)
+                if coarser:  # each point answers every cell its interval overlaps
+                    pieces = list(_spread(times, tier.step_seconds, low, high, query.start, step, cells))
+                else:
+                    cell = np.floor((times - query.start) / step).astype(np.int64)
+                    chosen = (cell >= 0) & (cell < cells)
+                    pieces = [(chosen, cell[chosen], np.ones(int(chosen.sum())))] if chosen.any() else []
                 if series_id not in sums:
                     sums[series_id] = np.zeros((len(metrics), cells))
                     counts[series_id] = np.zeros((len(metrics), cells))
                     maxima[series_id] = np.full((len(metrics), cells), -np.inf)
-                for position in range(len(metrics)):
-                    mask = present[position]
-                    if not mask.any():
-                        continue
-                    where = cell[mask]
-                    row = values[position][mask]
-                    counts[series_id][position] += np.bincount(where, minlength=cells)
-                    if is_max[position]:
-                        np.maximum.at(maxima[series_id][position], where, row)
-                    else:
-                        sums[series_id][position] += np.bincount(where, weights=row, minlength=cells)
+                for chosen, cell, weight in pieces:
+                    part = values[:, chosen]
+                    present = ~np.isnan(part)
+                    for position in range(len(metrics)):
+                        mask = present[position]
+                        if not mask.any():
+                            continue
+                        where = cell[mask]
+                        row = part[position][mask]
+                        counts[series_id][position] += np.bincount(where, weights=weight[mask], minlength=cells)
+                        if is_max[position]:
+                            np.maximum.at(maxima[series_id][position], where, row)
+                        else:
+                            sums[series_id][position] += np.bincount(
+                                where, weights=row * weight[mask], minlength=cells
+                            )
     result: list[Series] = []
-    breakdown = query.by is not None and not (query.scope == "node" and query.by == "node")
+    # a breakdown leaves out series without a point in the range; pods asked for by name stay, null
+    breakdown = query.by is not None and not (query.scope == "node" and query.by == "node") and not query.pods
     empty: list[float | None] = [None] * cells
     for series_id, labels in selected:
         count = counts.get(series_id)
@@ -229,6 +322,6 @@ def read_range(
                 column = np.where(count[position] > 0, column, np.nan)
                 points = [None if value != value else value for value in column.tolist()]
             result.append(Series(metric=name, labels=dict(labels), points=list(zip(grid, points, strict=True))))
-    if not selected and not breakdown:
+    if not selected and not breakdown and not query.pods:
         result = [Series(metric=name, labels={}, points=[(t, None) for t in grid]) for name in query.metrics]
     return result

@@ -67,6 +67,11 @@ async def test_workload_metrics_default_range_is_its_life(client: httpx.AsyncCli
         "uid": "uid-train",
         "kind": "Job",
         "project": "alpha",
+        "phase": "Running",
+        "createdTime": 900.0,
+        "startTime": 910.0,
+        "endTime": None,
+        "pods": [{"name": "train-0", "uid": "pod-uid-train", "node": "node-a", "phase": "Running"}],
     }
     assert (body["start"], body["end"], body["step"]) == (900.0, 1050.0, 15.0)
     util = next(s for s in body["series"] if s["metric"] == "gpu_utilization_percent")
@@ -203,7 +208,7 @@ BAD = "/api/v1/namespaces/team-a/workloads/train/metrics"
         ("/api/v1/cluster/metrics?start=1e20", "start"),
         ("/api/v1/cluster/metrics?by=namespace", "by"),
         ("/api/v1/workloads?idle=maybe", "idle"),
-        ("/api/v1/workloads?limit=5", "limit"),
+        ("/api/v1/workloads?top=5", "top"),
     ],
 )
 async def test_bad_parameters_get_400_naming_them(

@@ -163,13 +163,22 @@ def test_rollups_within_resolution_and_retention_exact(tmp_path: Path) -> None:
         assert [t for t, _ in util.points] == [t for t, _ in expected]
         # the roll-ups keep 0.1 % (codec.ROLLUP_QUANTUM); the newest minute is the exact 15 s point
         assert [v for _, v in util.points] == pytest.approx([v for _, v in expected], abs=0.05 + 1e-9)
-        # at a 15 s step, the old part only has one point per minute (the roll-up), the new part every 15 s
-        (fine,) = store.query_range(
-            RangeQuery("workload", "uid-train", ("gpu_utilization_percent",), 0, 600, 15)
+        # at a 15 s step, the old part only has one point per minute (the roll-up): it answers each of the
+        # minute's four cells (issue 39: never null where a stored point covers the cell), and the
+        # resolution says those cells have a 60 s step; the new part has every 15 s point
+        query = RangeQuery("workload", "uid-train", ("gpu_utilization_percent",), 0, 600, 15)
+        (fine,) = store.query_range(query)
+        assert all(v is not None for _, v in fine.points)
+        minutes = dict(util.points)
+        assert [v for t, v in fine.points if t < 480] == pytest.approx(
+            [minutes[t // 60 * 60] for t, _ in fine.points if t < 480], abs=1e-9
         )
-        present = [t for t, v in fine.points if v is not None]
-        assert present[:3] == [0, 60, 120]
-        assert present[-9:] == [480, 495, 510, 525, 540, 555, 570, 585, 600]
+        assert [v for t, v in fine.points if t >= 480] == pytest.approx(
+            [util_at(t) for t, _ in fine.points if t >= 480], abs=1e-9
+        )
+        assert [(s.start, s.end, s.step_seconds) for s in store.resolution(query)] == [
+            (0, 480, 60), (480, 615, 15)
+        ]
         # retention dropped the 15 s chunks before 480 whole; the head holds only the open span
         connection = store._reader()
         fine_chunks = connection.execute("SELECT count(*) FROM chunks WHERE tier = 15 AND start < 480").fetchone()[0]

@@ -1,0 +1,231 @@
+"""Issue 39 through the HTTP API on a real embedded store with small tiers: a run older than the finest
+tier comes back whole (no nulls where a stored point covers the cell), a step finer than stored is
+answered at the stored step, runs of a reused name are reached by UID and listed page by page, and a
+range query selects one pod (task)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpuwm.api.app import create_app
+from gpuwm.config import Settings
+from gpuwm.model import GpuSample
+from gpuwm.model.figures import GpuFigures, PodFigures, WorkloadFigures
+from gpuwm.store.embedded import EmbeddedStore
+from tests.unit.store.store_data import cluster, project, sample
+
+#: 15 s points kept 2 minutes, 1-minute roll-ups kept a day
+TIERS = ["15s:2m", "1m:1d"]
+#: the first run of `train` lives 0 .. 345 and fails; the second (same name, new UID) 360 .. 900
+FIRST_TIMES = [float(t) for t in range(0, 360, 15)]
+SECOND_TIMES = [float(t) for t in range(360, 915, 15)]
+
+
+def util_of(run: str, pod: int, t: float) -> float:
+    """A distinct utilisation per run, pod and time (whole numbers: means stay exact)."""
+    return float((int(t) // 15 * 7 + pod * 20 + (0 if run == "first" else 50)) % 100)
+
+
+def run_figures(run: str, t: float, ended: float | None = None) -> WorkloadFigures:
+    """Job `train` of two pods (worker-0 on gpu-0, worker-1 on gpu-1); `run` names the run (its UIDs)."""
+    uid = f"uid-train-{run}"
+    pods = [f"{run}-worker-{index}" for index in range(2)]
+    return WorkloadFigures(
+        uid=uid,
+        namespace="team-a",
+        name="train",
+        kind="Job",
+        api_version="batch/v1",
+        project="alpha",
+        phase="Failed" if ended is not None else "Running",
+        allocated_gpus=2.0,
+        created_time=FIRST_TIMES[0] if run == "first" else SECOND_TIMES[0],
+        start_time=FIRST_TIMES[0] if run == "first" else SECOND_TIMES[0],
+        end_time=ended,
+        nodes=["node-a"],
+        pods=[
+            PodFigures(name=f"worker-{index}", uid=pods[index], node="node-a",
+                       phase="Failed" if ended is not None else "Running", allocated_gpus=1.0)
+            for index in range(2)
+        ],
+        gpus=[
+            GpuFigures(node="node-a", uuid=f"gpu-{index}", units=1.0, utilization_percent=util_of(run, index, t),
+                       pod=f"worker-{index}", pod_uid=pods[index], namespace="team-a", workload="train",
+                       workload_uid=uid)
+            for index in range(2)
+        ],
+    )
+
+
+def samples(run: str, t: float) -> list[GpuSample]:
+    return [sample(t, f"gpu-{index}", sm=util_of(run, index, t)) for index in range(2)]
+
+
+def populate(path: Path) -> EmbeddedStore:
+    store = EmbeddedStore(path, tiers=TIERS)
+    # an ended run holds no GPU any more (its figures stay, kept with the run's UID)
+    ended = run_figures("first", FIRST_TIMES[-1], ended=FIRST_TIMES[-1]).model_copy(
+        update={"gpus": [], "allocated_gpus": 0.0}
+    )
+    for t in FIRST_TIMES:
+        job = run_figures("first", t)
+        store.record(t, samples("first", t), [job], [project("alpha", [job])], cluster(2))
+    for t in SECOND_TIMES:
+        job = run_figures("second", t)
+        store.record(t, samples("second", t), [ended, job], [project("alpha", [job])], cluster(2))
+    store.compact(everything=True)
+    return store
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[EmbeddedStore]:
+    opened = populate(tmp_path / "runs.db")
+    yield opened
+    opened.close()
+
+
+@pytest.fixture
+async def client(store: EmbeddedStore) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(store, Settings(auth="none"))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gpuwm") as http:
+        yield http
+
+
+def minute_mean(run: str, pod: int, minute: float) -> float:
+    return sum(util_of(run, pod, minute + k) for k in (0, 15, 30, 45)) / 4
+
+
+# -- 1. resolution that never hides data ------------------------------------------------------------------
+
+
+async def test_whole_life_of_a_run_older_than_the_finest_tier_has_no_nulls(client: httpx.AsyncClient) -> None:
+    response = await client.get("/api/v1/workloads/uid-train-first/metrics?metric=gpu_utilization_percent")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    # all of it is in the 1-minute tier: answered at its step, and the answer says so
+    assert (body["start"], body["end"], body["step"], body["requestedStep"]) == (0.0, 345.0, 60.0, 15.0)
+    assert body["resolution"] == [{"start": 0.0, "end": 360.0, "step": 60.0}]
+    (util,) = body["series"]
+    assert [t for t, _ in util["points"]] == [0.0, 60.0, 120.0, 180.0, 240.0, 300.0]
+    assert all(value is not None for _, value in util["points"])
+    expected = [(minute_mean("first", 0, m) + minute_mean("first", 1, m)) / 2 for m in range(0, 360, 60)]
+    assert [v for _, v in util["points"]] == pytest.approx(expected, abs=0.05)
+
+
+async def test_a_range_across_the_tiers_fills_the_coarse_stretch_and_says_which_step_it_has(
+    client: httpx.AsyncClient,
+) -> None:
+    body = (
+        await client.get("/api/v1/cluster/metrics?metric=gpu_allocated&start=600&end=900&step=15s")
+    ).json()
+    assert body["step"] == 15.0 and body["requestedStep"] is None
+    # the 15 s tier keeps 900 - 120 = 780 on; before that only the minutes
+    assert body["resolution"] == [
+        {"start": 600.0, "end": 780.0, "step": 60.0},
+        {"start": 780.0, "end": 915.0, "step": 15.0},
+    ]
+    (allocated,) = body["series"]
+    assert len(allocated["points"]) == 21
+    assert [v for _, v in allocated["points"]] == [2.0] * 21  # every cell answered, none null
+
+
+async def test_a_step_finer_than_stored_is_answered_at_the_stored_step(client: httpx.AsyncClient) -> None:
+    response = await client.get(
+        "/api/v1/namespaces/team-a/workloads/train/metrics?metric=gpu_utilization_percent&start=780&end=900&step=5s"
+    )
+    body = response.json()
+    assert (body["step"], body["requestedStep"]) == (15.0, 5.0)
+    assert body["resolution"] == [{"start": 780.0, "end": 915.0, "step": 15.0}]
+    (util,) = body["series"]
+    assert [t for t, _ in util["points"]] == [float(t) for t in range(780, 915, 15)]
+    assert [v for _, v in util["points"]] == [
+        (util_of("second", 0, t) + util_of("second", 1, t)) / 2 for t in range(780, 915, 15)
+    ]
+
+
+# -- 2. runs by ID ------------------------------------------------------------------------------------------
+
+
+async def test_a_reused_name_keeps_its_earlier_run_reachable_by_uid(client: httpx.AsyncClient) -> None:
+    newest = (await client.get("/api/v1/namespaces/team-a/workloads/train")).json()
+    assert newest["uid"] == "uid-train-second" and newest["phase"] == "Running"
+    first = await client.get("/api/v1/workloads/uid-train-first")
+    assert first.status_code == 200
+    assert (first.json()["uid"], first.json()["phase"], first.json()["endTime"]) == ("uid-train-first", "Failed", 345.0)
+    missing = await client.get("/api/v1/workloads/uid-nope")
+    assert missing.status_code == 404 and "uid-nope" in missing.json()["message"]
+    # the name path's metrics are the newest run's; the UID path's the earlier run's
+    by_name = (await client.get("/api/v1/namespaces/team-a/workloads/train/metrics?metric=gpu_allocated")).json()
+    assert by_name["workload"]["uid"] == "uid-train-second" and by_name["start"] == 360.0
+    by_uid = (await client.get("/api/v1/workloads/uid-train-first/metrics?metric=gpu_allocated")).json()
+    assert by_uid["workload"]["uid"] == "uid-train-first"
+    assert by_uid["workload"]["phase"] == "Failed" and by_uid["workload"]["endTime"] == 345.0
+    assert [p["phase"] for p in by_uid["workload"]["pods"]] == ["Failed", "Failed"]
+    assert [v for _, v in by_uid["series"][0]["points"]] == [2.0] * 6
+
+
+async def test_the_list_names_every_run_with_ended_true_page_by_page(client: httpx.AsyncClient) -> None:
+    plain = (await client.get("/api/v1/workloads")).json()
+    assert [w["uid"] for w in plain["workloads"]] == ["uid-train-second"] and plain["continue"] is None
+    every = (await client.get("/api/v1/workloads?ended=true")).json()
+    assert [w["uid"] for w in every["workloads"]] == ["uid-train-first", "uid-train-second"]
+    first_page = (await client.get("/api/v1/workloads?ended=true&limit=1")).json()
+    assert [w["uid"] for w in first_page["workloads"]] == ["uid-train-first"]
+    assert first_page["continue"]
+    second_page = (
+        await client.get("/api/v1/workloads", params={"ended": "true", "limit": "1", "continue": first_page["continue"]})
+    ).json()
+    assert [w["uid"] for w in second_page["workloads"]] == ["uid-train-second"] and second_page["continue"] is None
+    running = (await client.get("/api/v1/workloads?ended=false")).json()
+    assert [w["uid"] for w in running["workloads"]] == ["uid-train-second"]
+
+
+@pytest.mark.parametrize(
+    ("url", "parameter"),
+    [
+        ("/api/v1/workloads?ended=maybe", "ended"),
+        ("/api/v1/workloads?ended=true&limit=0", "limit"),
+        ("/api/v1/workloads?ended=true&limit=many", "limit"),
+        ("/api/v1/workloads?ended=true&continue=not-a-token", "continue"),
+        ("/api/v1/workloads/uid-train-first?pod=worker-0", "pod"),
+        ("/api/v1/workloads/uid-train-first/metrics?pod=worker-9", "pod"),
+        ("/api/v1/workloads/uid-train-first/metrics?pod=worker-0&by=node", "by"),
+        ("/api/v1/cluster/metrics?pod=worker-0", "pod"),
+    ],
+)
+async def test_bad_run_parameters_get_400_naming_them(client: httpx.AsyncClient, url: str, parameter: str) -> None:
+    response = await client.get(url)
+    assert response.status_code == 400, response.text
+    assert response.json()["parameter"] == parameter
+
+
+# -- 5. one pod or task -------------------------------------------------------------------------------------
+
+
+async def test_pod_selects_one_task_of_the_run(client: httpx.AsyncClient) -> None:
+    body = (
+        await client.get(
+            "/api/v1/namespaces/team-a/workloads/train/metrics?metric=gpu_utilization_percent&pod=worker-1"
+            "&start=780&end=900"
+        )
+    ).json()
+    (util,) = body["series"]
+    assert util["labels"]["pod"] == "worker-1" and util["labels"]["workload_uid"] == "uid-train-second"
+    assert [v for _, v in util["points"]] == [util_of("second", 1, t) for t in range(780, 915, 15)]
+    both = (
+        await client.get(
+            "/api/v1/workloads/uid-train-first/metrics?metric=gpu_utilization_percent&pod=worker-1&pod=worker-0"
+        )
+    ).json()
+    assert [s["labels"]["pod"] for s in both["series"]] == ["worker-1", "worker-0"]
+    assert [v for _, v in both["series"][1]["points"]] == pytest.approx(
+        [minute_mean("first", 0, m) for m in range(0, 360, 60)], abs=0.05
+    )
+    gpus = (
+        await client.get("/api/v1/workloads/uid-train-first/metrics?metric=gpu_utilization_percent&pod=worker-0&by=gpu")
+    ).json()
+    assert [(s["labels"]["pod"], s["labels"]["uuid"]) for s in gpus["series"]] == [("worker-0", "gpu-0")]
