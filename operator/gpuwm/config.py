@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import re
 from collections.abc import Iterable, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BeforeValidator, Field, ValidationError
 from pydantic.alias_generators import to_camel
@@ -222,7 +222,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser, field_names: Iterabl
     """Add one `--flag` per settings field; unset flags fall back to env and defaults."""
     for name in field_names:
         field = Settings.model_fields[name]
-        help_text = field.description or ""
+        help_text = settings_help(name)
         if field.annotation is bool:
             # `--api-tls`, `--api-tls=false` and `--no-api-tls` all work (the docs write `--flag=false`)
             parser.add_argument(
@@ -234,7 +234,29 @@ def add_settings_arguments(parser: argparse.ArgumentParser, field_names: Iterabl
                 help=argparse.SUPPRESS,
             )
         else:
-            parser.add_argument(Settings.flag_name(name), dest=name, default=None, help=help_text)
+            choices = get_args(field.annotation) if get_origin(field.annotation) is Literal else ()
+            parser.add_argument(Settings.flag_name(name), dest=name, default=None, help=help_text,
+                                metavar="{" + ",".join(map(str, choices)) + "}" if choices else None)
+
+
+def settings_help(name: str) -> str:
+    """A flag's help: what it is, its choices, its default and its environment variable, so `--help` alone
+    answers "what may I write and what happens if I do not" (argparse's % escaped)."""
+    field = Settings.model_fields[name]
+    parts = [field.description or ""]
+    if get_origin(field.annotation) is Literal:
+        parts.append("one of " + ", ".join(str(choice) for choice in get_args(field.annotation)))
+    default = field.get_default(call_default_factory=True)
+    if isinstance(default, bool):
+        shown = "true" if default else "false"
+    elif isinstance(default, list):
+        shown = ",".join(str(item) for item in default) or "none"
+    elif default is None or default == "":
+        shown = "unset"
+    else:
+        shown = str(default)
+    parts.append(f"default {shown}; env GPUWM_{name.upper()}")
+    return (parts[0].rstrip(".") + " (" + "; ".join(parts[1:]) + ").").replace("%", "%%")
 
 
 def _flag_bool(text: str) -> bool:

@@ -33,7 +33,12 @@ FIELDS = (
 
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "api", help="serve the metrics API, dashboard and /metrics over a store"
+        "api", help="serve the metrics API, dashboard and /metrics over a store",
+        description="Serve the metrics API (/api/v1/..., OpenAPI at /openapi.json, reference at /docs), the "
+        "dashboard (/) and Prometheus' /metrics over an existing store, without the controller: more API "
+        "replicas over a Prometheus store, or a look at an embedded store file copied off a cluster. HTTPS "
+        "by default (a self-signed certificate unless --api-tls-cert-file); --auth=kubernetes checks bearer "
+        "tokens with TokenReview and SubjectAccessReview, so it needs cluster credentials.",
     )
     add_settings_arguments(parser, FIELDS)
     parser.set_defaults(handler=run)

@@ -36,8 +36,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--nodes", type=int, default=8, help="simulated GPU nodes (default 8)")
     parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node, 1-16 (default 8)")
     parser.add_argument("--speed", type=float, default=60.0, help="simulated seconds per real second (default 60)")
-    parser.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT of the API and dashboard")
-    parser.add_argument("--seed", type=int, default=1, help="random seed: the same seed gives the same run")
+    parser.add_argument("--listen", default="127.0.0.1:8080", help="HOST:PORT of the API and dashboard (default 127.0.0.1:8080)")
+    parser.add_argument("--seed", type=int, default=1, help="random seed: the same seed gives the same run (default 1)")
     parser.add_argument("--warmup", default="20m", help="simulated history before now, computed at start (default 20m)")
     parser.add_argument("--store", default=None, help="embedded store file (default: a temporary file)")
     parser.add_argument("--faults", action=argparse.BooleanOptionalAction, default=False,
@@ -45,9 +45,9 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--table", action=argparse.BooleanOptionalAction, default=None,
                         help="live table in the terminal (default: when stdout is a terminal)")
     parser.add_argument("--write-trace", default=None, metavar="FILE",
-                        help="write --duration of simulated run as a replay trace to FILE and exit")
+                        help="write --duration of simulated run as a replay trace to FILE and exit (default: serve the demo)")
     parser.add_argument("--write-truth", default=None, metavar="FILE",
-                        help="with --write-trace: also write the simulator's ground truth per workload (JSON)")
+                        help="with --write-trace: also write the simulator's ground truth per workload (JSON; default: not written)")
     parser.add_argument("--duration", default="1h", help="with --write-trace: simulated time to write (default 1h)")
     parser.add_argument("--start", type=float, default=0.0, help="with --write-trace: first sample time (default 0)")
     add_settings_arguments(parser, FIELDS)
