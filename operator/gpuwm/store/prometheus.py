@@ -13,6 +13,7 @@ the lookback), not the mean over [t, t+step) that the embedded store returns.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import re
@@ -202,7 +203,16 @@ class PrometheusStore(Store):
 
     def workload(self, namespace: str, name: str) -> WorkloadFigures | None:
         found = self._workloads(f"{{namespace={quote(namespace)}, workload={quote(name)}}}")
+        # a reused name's runs: the newest (the latest created) is the name's
+        found.sort(key=lambda w: w.created_time if w.created_time is not None else -math.inf)
+        return found[-1] if found else None
+
+    def workload_by_uid(self, uid: str) -> WorkloadFigures | None:
+        found = self._workloads(f"{{workload_uid={quote(uid)}}}")
         return found[0] if found else None
+
+    def runs(self) -> list[WorkloadFigures]:
+        return self._workloads("")
 
     def projects(self) -> list[ProjectFigures]:
         return self._projects("")
@@ -284,7 +294,11 @@ class PrometheusStore(Store):
     # -- time series --------------------------------------------------------------------------
 
     def _narrowing(self, query: RangeQuery, end: float) -> str | None:
-        """Label matchers for the pods (workload) or namespaces (project) seen in the range; None if none."""
+        """Label matchers for the pods (workload) or namespaces (project) seen in the range; None if none.
+
+        With `query.pods`, only those pods: one the workload did not have in the range is refused."""
+        if query.pods and query.scope != "workload":
+            raise QueryError("pod", "selects pods of a workload; it applies to workload metrics only")
         if query.scope not in ("workload", "project"):
             return ""
         label = "workload_uid" if query.scope == "workload" else "project"
@@ -298,6 +312,11 @@ class PrometheusStore(Store):
             return None
         namespaces = sorted({item["metric"].get("namespace", "") for item in found})
         pods = sorted({item["metric"].get("pod", "") for item in found})
+        if query.pods:
+            missing = [pod for pod in query.pods if pod not in pods]
+            if missing:
+                raise QueryError("pod", f"no pod {missing[0]!r} in this workload's series; its pods: {', '.join(pods)}")
+            pods = sorted(set(query.pods))
         matchers = [f"namespace=~{quote('|'.join(re.escape(n) for n in namespaces))}"]
         if len(pods) <= 500:
             matchers.append(f"pod=~{quote('|'.join(re.escape(p) for p in pods))}")
@@ -305,6 +324,10 @@ class PrometheusStore(Store):
 
     def query_range(self, query: RangeQuery) -> list[Series]:
         check_range(query)
+        if query.pods:  # the pods' own series (by=gpu: their GPUs'), as the embedded store answers
+            if query.by not in (None, "pod", "gpu"):
+                raise QueryError("by", f"{query.by!r} does not combine with pod=; use by=pod, by=gpu or leave by out")
+            query = dataclasses.replace(query, by=query.by or "pod")
         if query.scope == "node" and query.by == "node":
             query = RangeQuery(
                 query.scope, query.key, query.metrics, query.start, query.end, query.step_seconds
@@ -341,6 +364,21 @@ class PrometheusStore(Store):
                     labels = scope_labels(query.scope, query.key)
                 points = [(t, by_time.get(index)) for index, t in enumerate(grid)]
                 result.append(Series(metric=metric, labels=labels, points=points))
+        if query.pods:  # in the order asked for; each pod named has its series, null where it has no point
+            result = _pod_series(query, grid, result)
         if len(result) > 2_000:
             raise QueryError("by", f"{len(result)} series; narrow the scope or drop by=")
         return result
+
+
+def _pod_series(query: RangeQuery, grid: list[float], result: list[Series]) -> list[Series]:
+    """The series of `query.pods` in the order asked for: a pod without a point in the range gets a null
+    series of each metric (by=pod), as the embedded store keeps a pod asked for by name."""
+    ordered: list[Series] = []
+    for pod in query.pods:
+        for metric in query.metrics:
+            found = [s for s in result if s.metric == metric and s.labels.get("pod") == pod]
+            if not found and query.by == "pod":
+                found = [Series(metric, {"workload_uid": query.key, "pod": pod}, [(t, None) for t in grid])]
+            ordered += found
+    return ordered
