@@ -2,7 +2,7 @@
 
 helm-sdkpy needs Python >= 3.12 and the project targets 3.11, so Helm runs in `.venv-helm`
 (made by .ci/run, else here on first use: `python3.12 -m venv` and `pip install -r
-ci/helm-requirements.txt`; or taken from $GPUWM_HELM_PYTHON) and is driven through tests/chart/helm_driver.py.
+.ci/helm-requirements.txt`; or taken from $GPUWM_HELM_PYTHON) and is driven through tests/chart/helm_driver.py.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tests.chart.apiserver import ApiServer
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gpuwm"
-CI_VALUES = sorted((ROOT / "ci").glob("*-values.yaml"))
+CI_VALUES = sorted((ROOT / ".ci").glob("*-values.yaml"))
 DRIVER = Path(__file__).parent / "helm_driver.py"
 MONITORING_CRDS = Path(__file__).parent / "fixtures" / "monitoring.coreos.com-subset.yaml"
 CERT_MANAGER_CRDS = Path(__file__).parent / "fixtures" / "cert-manager.io-subset.yaml"
@@ -62,7 +62,7 @@ def helm_python() -> str:
         pytest.skip("helm-sdkpy needs Python >= 3.12 and no python3.12/python3.13 is on PATH")
     env = {**os.environ, "PYENV_VERSION": os.environ.get("PYENV_VERSION", "3.12.1")}
     subprocess.run([*interpreter, "-m", "venv", "--clear", str(HELM_VENV)], check=True, env=env)
-    requirements = ROOT / "ci" / "helm-requirements.txt"
+    requirements = ROOT / ".ci" / "helm-requirements.txt"
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", str(requirements)], check=True, timeout=600)
     return str(python)
 

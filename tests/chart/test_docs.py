@@ -49,7 +49,7 @@ def test_templates_are_deterministic() -> None:
 
 def test_two_installs_render_identical_objects(install: Callable[..., Installed]) -> None:
     def rendered() -> dict[tuple[str, str], Any]:
-        installed = install(ROOT / "ci" / "all-features-values.yaml")
+        installed = install(ROOT / ".ci" / "all-features-values.yaml")
         assert installed.ok, installed.error
         objects = {}
         for obj in installed.chart_objects():

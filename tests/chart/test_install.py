@@ -77,7 +77,7 @@ def test_install_default_values(install: Callable[..., Installed]) -> None:
 
 
 def test_install_every_optional_feature(install: Callable[..., Installed]) -> None:
-    installed = install(ROOT / "ci" / "all-features-values.yaml")
+    installed = install(ROOT / ".ci" / "all-features-values.yaml")
     assert installed.ok, installed.error
     for kind in ("ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap", "PodDisruptionBudget"):
         assert installed.objects(kind), f"no {kind} rendered with every feature on"
@@ -99,7 +99,7 @@ def test_install_every_optional_feature(install: Callable[..., Installed]) -> No
 
 
 def test_install_namespaced(install: Callable[..., Installed]) -> None:
-    installed = install(ROOT / "ci" / "namespaced-values.yaml")
+    installed = install(ROOT / ".ci" / "namespaced-values.yaml")
     assert installed.ok, installed.error
     peering = installed.one("KopfPeering")
     assert peering["metadata"]["namespace"] == "team-a"
@@ -185,7 +185,7 @@ def _exported_metric_names() -> set[str]:
 def test_alerts_and_dashboard_use_series_the_controller_exports(install: Callable[..., Installed]) -> None:
     import re
 
-    installed = install(ROOT / "ci" / "all-features-values.yaml")
+    installed = install(ROOT / ".ci" / "all-features-values.yaml")
     exprs = [rule["expr"] for rule in installed.one("PrometheusRule")["spec"]["groups"][0]["rules"]]
     dashboard = json.loads(installed.one("ConfigMap", "-dashboard")["data"]["gpuwm.json"])
     exprs += [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]

@@ -11,7 +11,7 @@ import pytest
 
 from tests.chart.conftest import ROOT, Installed, containers, env_of
 
-ALL_FEATURES = ROOT / "ci" / "all-features-values.yaml"
+ALL_FEATURES = ROOT / ".ci" / "all-features-values.yaml"
 # Volume types the "restricted" Pod Security Standard allows.
 RESTRICTED_VOLUMES = {
     "configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret",
