@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuwm.model.figures import ProjectFigures, WorkloadFigures
+from gpuwm.model.figures import GpuFigures, ProjectFigures, WorkloadFigures
 from gpuwm.store.base import Store
 
 WORKLOAD_LABELS = ["namespace", "workload", "workload_uid", "kind", "project"]
@@ -243,6 +243,20 @@ class WorkloadMetricsCollector(Collector):
                 if value is not None:
                     gauge.add_metric(labels(workload), value)
             yield gauge
+        requested = GaugeMetricFamily(
+            "runai_requested_gpus_per_workload",
+            "GPU units the workload's pods request (held from the moment they run).",
+            labels=["clusterId", "workload_type", "workload_id", "workload_name", "project", "namespace"],
+        )
+        for workload in workloads:
+            if workload.end_time is None:
+                requested.add_metric(
+                    [cluster_id, runai_workload_type(workload.kind), workload.uid, workload.name, workload.project,
+                     workload.namespace],
+                    workload.allocated_gpus,
+                )
+        yield requested
+        yield from _runai_device_metrics(cluster_id, workloads)
         per_project: tuple[tuple[str, str, Callable[[ProjectFigures], float | None]], ...] = (
             (
                 "runai_allocated_gpu_count_per_project",
@@ -293,3 +307,77 @@ def _memory_used_mebibytes(workload: WorkloadFigures) -> float | None:
         total += gpu.memory_used_bytes * share
         seen = True
     return total / 2**20 if seen else None
+
+
+def _runai_device_metrics(cluster_id: str, workloads: Iterable[WorkloadFigures]) -> Iterator[Metric]:
+    """Run:ai's per-GPU, per-node and per-pod names, from the devices the workloads hold (as of their latest
+    figures; a GPU no workload holds is not in them: the agent's gpuwm_gpu_* series cover every device)."""
+    devices: dict[tuple[str, str], GpuFigures] = {}  # (node, uuid): one device once, however many holders
+    per_pod: list[tuple[WorkloadFigures, GpuFigures]] = []
+    for workload in workloads:
+        if workload.end_time is not None:
+            continue
+        for gpu in workload.gpus:
+            devices.setdefault((gpu.node, gpu.uuid), gpu)
+            per_pod.append((workload, gpu))
+
+    def gpu_label(gpu: GpuFigures) -> str:
+        return str(gpu.index) if gpu.index is not None else gpu.uuid
+
+    per_gpu: dict[str, tuple[str, Callable[[GpuFigures], float | None]]] = {
+        "runai_gpu_utilization_per_gpu": ("GPU utilization per GPU, percent (the device's SM %).",
+                                          lambda g: g.sm_percent if g.sm_percent is not None else g.utilization_percent),
+        "runai_gpu_memory_used_mebibytes_per_gpu": ("Used GPU memory per GPU, MiB.", lambda g: _mib(g.memory_used_bytes)),
+        "runai_gpu_memory_total_mebibytes_per_gpu": ("Total GPU memory per GPU, MiB.", lambda g: _mib(g.memory_total_bytes)),
+        "runai_allocated_gpu_count_per_gpu": ("Whether a pod holds the GPU (0/1).", lambda g: 1.0),
+    }
+    node_sums: dict[str, dict[str, list[float]]] = {}
+    for name, (help_text, value_of) in per_gpu.items():
+        gauge = GaugeMetricFamily(name, help_text, labels=["clusterId", "gpu", "node", "uuid"])
+        for (node, uuid), gpu in sorted(devices.items()):
+            value = value_of(gpu)
+            if value is not None:
+                gauge.add_metric([cluster_id, gpu_label(gpu), node, uuid], value)
+                node_sums.setdefault(name, {}).setdefault(node, []).append(value)
+        yield gauge
+    per_node = {
+        "runai_gpu_utilization_per_node": ("runai_gpu_utilization_per_gpu", "GPU utilization per node, percent (mean).", True),
+        "runai_gpu_memory_used_mebibytes_per_node": ("runai_gpu_memory_used_mebibytes_per_gpu", "Used GPU memory per node, MiB.", False),
+        "runai_gpu_memory_total_mebibytes_per_node": ("runai_gpu_memory_total_mebibytes_per_gpu", "Total GPU memory per node, MiB.", False),
+        "runai_allocated_gpu_count_per_node": ("runai_allocated_gpu_count_per_gpu", "GPUs held per node.", False),
+    }
+    for name, (source, help_text, mean) in per_node.items():
+        gauge = GaugeMetricFamily(name, help_text, labels=["clusterId", "node"])
+        for node, values in sorted(node_sums.get(source, {}).items()):
+            gauge.add_metric([cluster_id, node], sum(values) / len(values) if mean else sum(values))
+        yield gauge
+    pod_labels = ["clusterId", "pod_name", "pod_uuid", "pod_namespace", "node", "gpu"]
+    utilization = GaugeMetricFamily(
+        "runai_gpu_utilization_per_pod_per_gpu", "GPU utilization per pod per GPU, percent (the pod's share).",
+        labels=pod_labels,
+    )
+    memory = GaugeMetricFamily(
+        "runai_gpu_memory_used_mebibytes_per_pod_per_gpu", "Used GPU memory per pod per GPU, MiB.", labels=pod_labels
+    )
+    held: dict[tuple[str, str, str, str], float] = {}
+    for workload, gpu in per_pod:
+        labels = [cluster_id, gpu.pod or "", gpu.pod_uid or "", workload.namespace, gpu.node, gpu_label(gpu)]
+        if gpu.utilization_percent is not None:
+            utilization.add_metric(labels, gpu.utilization_percent)
+        used = _mib(gpu.memory_used_bytes)
+        if used is not None:
+            memory.add_metric(labels, used)
+        key = (gpu.pod or "", gpu.pod_uid or "", workload.namespace, gpu.node)
+        held[key] = held.get(key, 0.0) + gpu.units
+    yield utilization
+    yield memory
+    count = GaugeMetricFamily(
+        "runai_allocated_gpu_count_per_pod", "GPU units held per pod.", labels=pod_labels[:-1]
+    )
+    for (pod, pod_uid, namespace, node), units in sorted(held.items()):
+        count.add_metric([cluster_id, pod, pod_uid, namespace, node], units)
+    yield count
+
+
+def _mib(value: float | None) -> float | None:
+    return value / 2**20 if value is not None else None

@@ -253,6 +253,18 @@ async def test_prometheus_metrics_and_runai_names(client: httpx.AsyncClient) -> 
         "runai_run_time_seconds_per_workload",
         "runai_allocated_gpu_count_per_project",
         "runai_gpu_utilization_per_project",
+        "runai_requested_gpus_per_workload",
+        "runai_gpu_utilization_per_gpu",
+        "runai_gpu_memory_used_mebibytes_per_gpu",
+        "runai_gpu_memory_total_mebibytes_per_gpu",
+        "runai_allocated_gpu_count_per_gpu",
+        "runai_gpu_utilization_per_node",
+        "runai_gpu_memory_used_mebibytes_per_node",
+        "runai_gpu_memory_total_mebibytes_per_node",
+        "runai_allocated_gpu_count_per_node",
+        "runai_gpu_utilization_per_pod_per_gpu",
+        "runai_gpu_memory_used_mebibytes_per_pod_per_gpu",
+        "runai_allocated_gpu_count_per_pod",
     }
     emitted = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line.startswith("runai_")}
     assert emitted and emitted <= published, emitted - published

@@ -229,3 +229,27 @@ async def test_pod_selects_one_task_of_the_run(client: httpx.AsyncClient) -> Non
         await client.get("/api/v1/workloads/uid-train-first/metrics?metric=gpu_utilization_percent&pod=worker-0&by=gpu")
     ).json()
     assert [(s["labels"]["pod"], s["labels"]["uuid"]) for s in gpus["series"]] == [("worker-0", "gpu-0")]
+
+
+# -- 6. Run:ai's per-GPU, per-node and per-pod names ------------------------------------------------------
+
+
+async def test_runai_names_per_gpu_node_and_pod(store: EmbeddedStore) -> None:
+    app = create_app(store, Settings(auth="none", runai_compatible_metrics=True, cluster_id="c-1"))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gpuwm") as http:
+        text = (await http.get("/metrics")).text
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("runai_")}
+    last = SECOND_TIMES[-1]
+    u0, u1 = util_of("second", 0, last), util_of("second", 1, last)
+    assert values['runai_requested_gpus_per_workload{clusterId="c-1",namespace="team-a",project="alpha",'
+                  'workload_id="uid-train-second",workload_name="train",workload_type="training"}'] == 2.0
+    # the ended first run holds nothing: only the second's devices and pods
+    assert values['runai_allocated_gpu_count_per_node{clusterId="c-1",node="node-a"}'] == 2.0
+    assert values['runai_gpu_utilization_per_node{clusterId="c-1",node="node-a"}'] == (u0 + u1) / 2
+    assert values['runai_allocated_gpu_count_per_gpu{clusterId="c-1",gpu="gpu-1",node="node-a",uuid="gpu-1"}'] == 1.0
+    assert values['runai_gpu_utilization_per_pod_per_gpu{clusterId="c-1",gpu="gpu-1",node="node-a",'
+                  'pod_name="worker-1",pod_namespace="team-a",pod_uuid="second-worker-1"}'] == u1
+    assert values['runai_allocated_gpu_count_per_pod{clusterId="c-1",node="node-a",pod_name="worker-0",'
+                  'pod_namespace="team-a",pod_uuid="second-worker-0"}'] == 1.0
+    assert not [key for key in values if "first-worker" in key]
