@@ -127,7 +127,10 @@ class ControllerRuntime:
         self.cr_names: dict[str, str] = {}  # workload uid -> GPUWorkloadMetrics name ("" for none)
         self.cr_owner: dict[tuple[str, str], tuple[str, str, float | None]] = {}  # (ns, name) -> (uid, kind, created)
         self.conditions: dict[str, tuple[ConditionMemo, ...]] = {}  # each workload's, as last written
-        self.idle_watch = IdleWatch()  # since when each workload's idleness has been observed (the Idle condition)
+        #: how old a device's latest sample may be at a report and still count as reporting: the engine's gap, plus
+        #: a status interval for the pull's spread (see status.reporting)
+        self.reporting_slack_seconds = self.engine_config.gap_seconds + settings.status_interval
+        self.idle_watch = IdleWatch(self.reporting_slack_seconds)  # since when each workload's idleness was observed
         #: workload uid -> seconds of its current idle stretch observed, as of the latest cycle (see IdleWatch)
         self.observed_idle: dict[str, float] = {}
         #: workload uid -> (project, CR spec, CR labels): built once, not for each of thousands of CRs each cycle
@@ -278,8 +281,9 @@ class ControllerRuntime:
         self._offer_workloads(workloads, now)
         self._offer_projects(projects, now)
         idle_after = self.settings.idle_condition_after
+        slack = self.reporting_slack_seconds
         self.idle_events.announce(workloads, {
-            figures.uid: idle_condition(figures, self.observed_idle.get(figures.uid), idle_after)[0]
+            figures.uid: idle_condition(figures, self.observed_idle.get(figures.uid), idle_after, now, slack)[0]
             for figures in workloads})
         await self._apply_retention(workloads, now)
         await self.writer.retire_projects(now, self.settings.retention)  # projects with no workload left
@@ -388,7 +392,8 @@ class ControllerRuntime:
                 # tuples (~0.8 KB a CR, ~6 MiB at 4,000 workloads); a collision (~2^-61 a comparison) delays one write
                 signature=hash(workload_signature(figures, now, idle_condition_after_seconds=idle_after,
                                                   underutilized_percent=low,
-                                                  observed_idle_seconds=self.observed_idle.get(figures.uid))),
+                                                  observed_idle_seconds=self.observed_idle.get(figures.uid),
+                                                  reporting_slack_seconds=self.reporting_slack_seconds)),
                 counters=hash(workload_counters(figures)),
                 # a settled workload's figures are final, no sample is behind them: not a sample -> status lag
                 sample_time=None if settled else self.latest_sample_time,
@@ -411,7 +416,7 @@ class ControllerRuntime:
             idle_condition_after_seconds=self.settings.idle_condition_after,
             underutilized_percent=self.settings.underutilized_percent,
             previous_conditions=self.conditions.get(figures.uid, ()),
-            observed_idle_seconds=observed_idle_seconds,
+            observed_idle_seconds=observed_idle_seconds, reporting_slack_seconds=self.reporting_slack_seconds,
         )
         self.conditions[figures.uid] = remembered(conditions)
         return status

@@ -123,19 +123,52 @@ def _running(figures: WorkloadFigures) -> bool:
     return figures.phase == "Running" and figures.allocated_gpus > 0
 
 
-def idle_since_second(figures: WorkloadFigures, now: float) -> int | None:
+def _recent(gpu: GpuFigures, now: float, slack_seconds: float) -> bool:
+    return gpu.monitored or (slack_seconds > 0 and gpu.last_sample_time is not None
+                             and now - gpu.last_sample_time <= slack_seconds)
+
+
+def reporting(figures: WorkloadFigures, now: float, slack_seconds: float = 0.0) -> bool:
+    """Whether every unit the workload holds has a recent sample: the engine's `sampling`, or each device's
+    latest sample within `slack_seconds` of `now`.
+
+    The engine calls a device monitored now while its latest sample is within 3 poll intervals
+    of the report's time; a controller pulling hundreds of agents one after the other reports
+    seconds after the first agent answered, so that flag flips with the pull's timing alone.
+    The controller passes the engine's gap plus a status interval as the slack: a device the
+    latest pull heard from counts as reporting, one that stayed silent for a whole interval does
+    not. Units no agent has named yet (allocated from the pod's requests) are never reporting.
+    """
+    if figures.sampling:
+        return True
+    if slack_seconds <= 0 or not figures.gpus:
+        return False
+    named_units = sum(gpu.units for gpu in figures.gpus)
+    return named_units >= figures.allocated_gpus - 1e-6 and all(_recent(gpu, now, slack_seconds) for gpu in figures.gpus)
+
+
+def seen_active(figures: WorkloadFigures, now: float, slack_seconds: float = 0.0) -> bool:
+    """Active now: the engine says so (idleSeconds 0), or a recent latest sample of one of its devices was active
+    (the engine's idleSeconds runs from a busy device's last sample once it is a few polls old; see `reporting`)."""
+    if figures.idle_seconds <= 0:
+        return True
+    return slack_seconds > 0 and any(gpu.active and _recent(gpu, now, slack_seconds) for gpu in figures.gpus)
+
+
+def idle_since_second(figures: WorkloadFigures, now: float, slack_seconds: float = 0.0) -> int | None:
     """The whole second the current idle stretch began (`status.idleSince`); None while active or not running.
 
     `now - idleSeconds` is the later of lastActiveTime and the current allocation's start; the
     millisecond of slack keeps the float subtraction from flipping the second between cycles.
     """
-    if not _running(figures) or figures.idle_seconds <= 0:
+    if not _running(figures) or seen_active(figures, now, slack_seconds):
         return None
     return math.floor(now - figures.idle_seconds + 1e-3)
 
 
 def idle_condition(
-    figures: WorkloadFigures, observed_idle_seconds: float | None, idle_condition_after_seconds: float
+    figures: WorkloadFigures, observed_idle_seconds: float | None, idle_condition_after_seconds: float,
+    now: float = 0.0, slack_seconds: float = 0.0,
 ) -> tuple[ConditionStatus, str]:
     """The Idle condition's status and reason: True only on observed idleness (DESIGN §3).
 
@@ -143,12 +176,13 @@ def idle_condition(
     (`IdleWatch`); None when it has not been. Idle time before a workload's first sample or while
     its agent is not reporting is not evidence of idleness: the engine's idleSeconds counts it,
     the condition does not, and says Unknown while the workload's time is unmonitored now.
+    `now`, `slack_seconds`: see `reporting` (0: the engine's own flags alone).
     """
     if not _running(figures):
         return "False", "NotRunning"
-    if figures.idle_seconds <= 0:
+    if seen_active(figures, now, slack_seconds):
         return "False", "Active"  # a sample showed it busy: observed, whatever the other devices say
-    if not figures.sampling:
+    if not reporting(figures, now, slack_seconds):
         never = not figures.gpus or all(gpu.last_sample_time is None for gpu in figures.gpus)
         return "Unknown", "NotYetSampled" if never else "AgentNotReporting"
     if observed_idle_seconds is not None and observed_idle_seconds >= idle_condition_after_seconds:
@@ -172,7 +206,8 @@ class IdleWatch:
     its stretch's start (the condition said it was observed); any other starts counting again.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, slack_seconds: float = 0.0) -> None:
+        self.slack_seconds = slack_seconds  # see `reporting`
         self._stretch: dict[str, tuple[int, float]] = {}  # uid -> (stretch's start second, observed since)
         self._sampled_at: dict[str, float] = {}  # uid -> the latest cycle that saw it running and sampled
 
@@ -182,9 +217,10 @@ class IdleWatch:
         `written_idle`: the workload's Idle condition as last written was True (a restart's memory).
         """
         uid = figures.uid
-        stretch = idle_since_second(figures, now)
+        stretch = idle_since_second(figures, now, self.slack_seconds)
+        sampled = reporting(figures, now, self.slack_seconds)
         previous_sample = self._sampled_at.get(uid)
-        if _running(figures) and figures.sampling:
+        if _running(figures) and sampled:
             self._sampled_at[uid] = now
         elif not _running(figures):
             self._sampled_at.pop(uid, None)
@@ -194,7 +230,7 @@ class IdleWatch:
         known = self._stretch.get(uid)
         if known is not None and known[0] == stretch:
             return now - known[1]
-        if not figures.sampling:  # a new stretch not seen through samples yet: nothing observed
+        if not sampled:  # a new stretch not seen through samples yet: nothing observed
             self._stretch.pop(uid, None)
             return None
         start = now - figures.idle_seconds
@@ -220,22 +256,25 @@ def build_conditions(
     underutilized_percent: float = 20.0,
     previous: Sequence[Condition | ConditionMemo] = (),
     observed_idle_seconds: float | None = None,
+    reporting_slack_seconds: float = 0.0,
 ) -> list[Condition]:
     """Sampling, Idle and Underutilized for one workload; `previous`: those written before (their transition times).
 
     `observed_idle_seconds`: see `idle_condition` (from `IdleWatch`); None: no idleness observed.
+    `reporting_slack_seconds`: see `reporting`.
     """
     before: dict[str, Condition | ConditionMemo] = {condition.type: condition for condition in previous}
     running = _running(figures)
     if not running:
         sampling = _condition("Sampling", "Unknown", "NoGpusHeld", "the workload holds no GPUs now", now, before)
-    elif figures.sampling:
+    elif reporting(figures, now, reporting_slack_seconds):
         sampling = _condition("Sampling", "True", "DevicesSampled", "every device it holds has a recent sample", now, before)
     else:
-        unmonitored = [gpu.uuid for gpu in figures.gpus if not gpu.monitored]
+        unmonitored = [gpu.uuid for gpu in figures.gpus if not _recent(gpu, now, reporting_slack_seconds)]
         detail = f"no recent sample from {', '.join(unmonitored[:5])}" if unmonitored else "its devices are not known yet"
         sampling = _condition("Sampling", "False", "SamplesMissing", detail, now, before)
-    idle_status, idle_reason = idle_condition(figures, observed_idle_seconds, idle_condition_after_seconds)
+    idle_status, idle_reason = idle_condition(figures, observed_idle_seconds, idle_condition_after_seconds,
+                                              now, reporting_slack_seconds)
     observed = f"{observed_idle_seconds or 0.0:.0f}s"
     if idle_status == "True":
         message = f"observed idle for {observed} (timeout {idle_condition_after_seconds:.0f}s)"
@@ -245,7 +284,7 @@ def build_conditions(
                    if observed_idle_seconds is not None and figures.idle_seconds - observed_idle_seconds >= 1
                    else f"observed idle for {observed} of the {idle_condition_after_seconds:.0f}s timeout")
     elif idle_status == "Unknown":
-        unmonitored = [gpu.uuid for gpu in figures.gpus if not gpu.monitored]
+        unmonitored = [gpu.uuid for gpu in figures.gpus if not _recent(gpu, now, reporting_slack_seconds)]
         which = f" from {', '.join(unmonitored[:5])}" if unmonitored else ""
         message = (f"no sample{which} yet: idleness is not observed" if idle_reason == "NotYetSampled"
                    else f"no recent sample{which} (agent not reporting): idleness is not observed, "
@@ -279,9 +318,10 @@ def build_workload_status(
     previous_conditions: Sequence[Condition | ConditionMemo] = (),
     observed_generation: int | None = None,
     observed_idle_seconds: float | None = None,
+    reporting_slack_seconds: float = 0.0,
 ) -> WorkloadMetricsStatus:
     """The GPUWorkloadMetrics status for `figures` as of `now` (epoch seconds)."""
-    idle_since = idle_since_second(figures, now)
+    idle_since = idle_since_second(figures, now, reporting_slack_seconds)
     return WorkloadMetricsStatus(
         phase=figures.phase if figures.phase in _PHASES else None,
         allocated_gpus=round(figures.allocated_gpus, 4),
@@ -320,7 +360,7 @@ def build_workload_status(
         conditions=build_conditions(
             figures, now, idle_condition_after_seconds=idle_condition_after_seconds,
             underutilized_percent=underutilized_percent, previous=previous_conditions,
-            observed_idle_seconds=observed_idle_seconds,
+            observed_idle_seconds=observed_idle_seconds, reporting_slack_seconds=reporting_slack_seconds,
         ),
         observed_generation=observed_generation,
         last_update_time=rfc3339(now),
@@ -385,6 +425,7 @@ def workload_status_body(
     previous_conditions: Sequence[Condition | ConditionMemo] = (),
     observed_generation: int | None = None,
     observed_idle_seconds: float | None = None,
+    reporting_slack_seconds: float = 0.0,
 ) -> tuple[dict[str, Any], list[Condition]]:
     """`build_workload_status(...).model_dump(mode="json", by_alias=True)` and its conditions, ~5x cheaper.
 
@@ -395,9 +436,9 @@ def workload_status_body(
     conditions = build_conditions(
         figures, now, idle_condition_after_seconds=idle_condition_after_seconds,
         underutilized_percent=underutilized_percent, previous=previous_conditions,
-        observed_idle_seconds=observed_idle_seconds,
+        observed_idle_seconds=observed_idle_seconds, reporting_slack_seconds=reporting_slack_seconds,
     )
-    idle_since = idle_since_second(figures, now)
+    idle_since = idle_since_second(figures, now, reporting_slack_seconds)
     pods = figures.pods if len(figures.pods) < 2 else sorted(figures.pods, key=_pod_name)
     gpus = figures.gpus if len(figures.gpus) < 2 else sorted(figures.gpus, key=_gpu_node_uuid)
     body: dict[str, Any] = {
@@ -481,6 +522,7 @@ def workload_signature(
     idle_condition_after_seconds: float = 600.0,
     underutilized_percent: float = 20.0,
     observed_idle_seconds: float | None = None,
+    reporting_slack_seconds: float = 0.0,
 ) -> tuple[Any, ...]:
     """What a reader acts on: phase, GPUs held, pods and devices, active or idle since when, each condition's
     status and reason. A change is news: the writer sends it before any refresh of counters."""
@@ -492,8 +534,10 @@ def workload_signature(
         tuple(sorted((pod.name, pod.phase, round(pod.allocated_gpus, 4)) for pod in figures.pods)),
         tuple(sorted((gpu.uuid, gpu.pod, gpu.healthy) for gpu in figures.gpus)),
         figures.start_time is not None, figures.end_time is not None,
-        running and figures.sampling, idle_since_second(figures, now),
-        idle_condition(figures, observed_idle_seconds, idle_condition_after_seconds), underutilized,
+        running and reporting(figures, now, reporting_slack_seconds),
+        idle_since_second(figures, now, reporting_slack_seconds),
+        idle_condition(figures, observed_idle_seconds, idle_condition_after_seconds, now, reporting_slack_seconds),
+        underutilized,
     )
 
 

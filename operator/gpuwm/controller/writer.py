@@ -77,6 +77,9 @@ class WriterStats:
     failures: int = 0
     #: sample -> CR status lag of the latest writes (bounded: a long-running controller must not grow)
     lag_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_HISTORY))
+    #: writes taken from each lane: "news" (state changes, new CRs), "stale" (figures older than the counters
+    #: refresh, or adopted and not written yet), "refresh" (the routine ones)
+    taken: dict[str, int] = field(default_factory=lambda: {"news": 0, "stale": 0, "refresh": 0})
 
 
 Key = tuple[str, str | None, str]
@@ -207,8 +210,9 @@ class StatusWriter:
         return None
 
     def _next(self) -> Desired | None:
-        for queue in (self._material, self._stale, self._due):
+        for lane, queue in (("news", self._material), ("stale", self._stale), ("refresh", self._due)):
             if queue:
+                self.stats.taken[lane] += 1
                 return queue.pop(next(iter(queue)))
         return None
 

@@ -212,3 +212,23 @@ async def test_a_refresh_older_than_the_counters_refresh_goes_before_routine_one
         _offer(writer, name, 0, 1.0)
     _offer(writer, "a", 1, 1.0)  # ... and a state change of a: before everything
     assert [d.name for d in (writer._next(), writer._next(), writer._next()) if d is not None] == ["a", "old", "b"]
+
+
+def test_samples_a_pull_old_are_still_reporting_and_a_busy_one_still_active() -> None:
+    """A report seconds after the pull (hundreds of agents pulled in turn) sees busy devices' latest samples a
+    few polls old: the engine then says unmonitored now and starts idleSeconds. With the slack the controller
+    passes (the engine's gap plus a status interval) that is neither a state change nor idleness."""
+    slack = 3.0 + 15.0
+    fresh = held(NOW, start=NOW - 1000, last_sample=NOW - 0.5, monitored=True, active_until=NOW)
+    late = fresh.model_copy(update={"sampling": False, "idle_seconds": 4.0, "last_active_time": NOW - 4.0, "gpus": [
+        fresh.gpus[0].model_copy(update={"monitored": False, "last_sample_time": NOW - 4.0, "active": True})]})
+    assert workload_signature(late, NOW, reporting_slack_seconds=slack) == workload_signature(
+        fresh.model_copy(update={"gpus": [fresh.gpus[0].model_copy(update={"active": True})]}), NOW,
+        reporting_slack_seconds=slack)
+    assert idle_condition(late, None, TIMEOUT, NOW, slack) == ("False", "Active")
+    assert workload_status_body(late, NOW, reporting_slack_seconds=slack)[0]["idleSince"] is None
+    assert workload_signature(late, NOW) != workload_signature(fresh, NOW)  # without the slack: a flip
+    silent = late.model_copy(update={"gpus": [late.gpus[0].model_copy(update={"last_sample_time": NOW - 30.0})]})
+    assert idle_condition(silent, None, TIMEOUT, NOW, slack) == ("Unknown", "AgentNotReporting")
+    unnamed = fresh.model_copy(update={"sampling": False, "allocated_gpus": 2.0, "idle_seconds": 30.0})
+    assert idle_condition(unnamed, None, TIMEOUT, NOW, slack)[0] == "Unknown"  # a unit no agent named yet
