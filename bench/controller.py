@@ -4,7 +4,11 @@ The API emulator and the agents run in a child process on loopback (so their CPU
 counted); this process runs the controller's real runtime (owner walk, agent pulls, engine,
 status builder, rate-limited writer, state save) and prints per-cycle figures:
 CPU seconds per status cycle, RSS, status writes per second, and the lag from a sample to
-the CR status that includes it (p50/p99).
+the CR status that includes it (p50/p99, over the statuses written). Freshness as
+`kubectl get gwm` sees it (`Freshness`): the age of EVERY running workload's CR figures at the
+end of each interval (p50/p99/max over all CRs, written lately or not, and read back from the
+API at the end), and the lag from a state change (`--state-changes` workloads end or go idle
+before `--change-cycle`) to the first written status that shows it.
 
     .venv/bin/python bench/controller.py                  # full size, 15 s cycles, 11 after an hour (steady: 4-11)
     .venv/bin/python bench/controller.py --nodes 100 --cycles 3 --status-interval 5 --history-minutes 5
@@ -44,6 +48,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import aiohttp  # noqa: E402
 from aiohttp import web  # noqa: E402
 from tests.integration.fakeagent import FakeNode, merge_of  # noqa: E402
 from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator  # noqa: E402
@@ -131,6 +136,65 @@ def track_phase_peaks() -> dict[str, float]:
 
     runtime_module._PhaseTimer.mark = marked  # type: ignore[method-assign]
     return peaks
+
+
+def percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+class Freshness:
+    """What `kubectl get gwm` would show and how old it is: the age of EVERY CR's figures, and state-change lag.
+
+    Watches the writer's `write` (its signature is the same in every version of the writer): each
+    GPUWorkloadMetrics status it sends is seen as rendered and its `lastUpdateTime` (the time its
+    figures are as of) kept per CR. The age of a CR's figures at a moment is that moment minus its
+    `lastUpdateTime`, over all running workloads' CRs, not only those written lately; a CR not
+    written since the bench began counts from the bench's start (its figures are older still).
+    A state change (`change`) is reached when a status that shows it is written: its lag is that
+    write's time minus the change's.
+    """
+
+    def __init__(self, runtime: ControllerRuntime, names: list[str]) -> None:
+        self.names = names
+        self.started = time.time()
+        self.as_of: dict[str, float] = {}
+        self.changes: dict[str, tuple[float, str, Any]] = {}  # CR name -> (changed at, kind, shows it?)
+        self.lags: dict[str, list[float]] = {}  # kind -> lag of each change reached
+        writer = runtime.writer
+        write = writer.write
+
+        async def watched(desired: Any) -> None:
+            render, seen = desired.render, []
+
+            def rendered() -> dict[str, Any]:
+                status = render()
+                seen.append(status)
+                return status
+
+            desired.render = rendered
+            await write(desired)
+            if seen and desired.plural == "gpuworkloadmetrics":
+                self._written(desired.name, seen[-1], time.time())
+
+        writer.write = watched  # type: ignore[method-assign]
+
+    def _written(self, name: str, status: dict[str, Any], at: float) -> None:
+        stamp = status.get("lastUpdateTime")
+        if stamp:
+            self.as_of[name] = time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+        change = self.changes.get(name)
+        if change is not None and change[2](status):
+            del self.changes[name]
+            self.lags.setdefault(change[1], []).append(at - change[0])
+
+    def change(self, name: str, kind: str, shows: Any, at: float) -> None:
+        self.changes[name] = (at, kind, shows)
+
+    def ages(self, now: float) -> tuple[list[float], int]:
+        """Each running workload's CR figures' age now, and how many were not written since the start."""
+        ages = [now - self.as_of.get(name, self.started) for name in self.names]
+        return ages, sum(name not in self.as_of for name in self.names)
 
 
 def layout(nodes: int, gpus_per_node: int, gpus_per_workload: int) -> list[tuple[str, str, str, list[str]]]:
@@ -290,8 +354,16 @@ def serve_cluster(args: argparse.Namespace, pipe: Any) -> None:
             body = node.snapshot_json(int(request.query.get("since", "0")), request.query.get("format"),
                                       merge_of(request), request.query.get(DEVICES_TAG_PARAM))
             return web.Response(body=body, content_type="application/json")
+        async def control(request: web.Request) -> web.Response:
+            # the bench's state changes: a node's GPUs turn idle (or busy) from the next poll on
+            node = nodes[request.match_info["node"]]
+            node.sm_percent = float(request.query["sm"])
+            if not node.sm_percent:
+                node.sm_jitter_percent = 0.0  # idle is 0 %, not 0 +- the jitter
+            return web.Response(text="ok")
         app = web.Application()
         app.router.add_get("/{node}/v1/snapshot", snapshot)
+        app.router.add_post("/{node}/control", control)
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -392,6 +464,9 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         print(f"history: {args.history_minutes:g} minutes, {rows} samples into the engine in {cpu:.1f} CPU-s; "
               f"{segments} window segments; RSS {rss_mib():.0f} MiB")
     compacted_before = getattr(runtime.store, "compacted_blocks", 0)
+    freshness = Freshness(runtime, [name for _, name, _, _ in plan])
+    ages_steady: list[float] = []
+    control = aiohttp.ClientSession()
     writer = asyncio.create_task(runtime.writer.run())
     cycle_cpu: list[float] = []
     cycle_system: list[float] = []  # the kernel's share of each interval (sends and receives on loopback)
@@ -414,6 +489,8 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         if phase_peaks is not None:
             phase_peaks["between"] = rss_mib("VmHWM")  # the writer's work since the last cycle
             reset_peak_rss()
+        if cycle + 1 == args.change_cycle and args.state_changes:
+            await change_states(args, runtime, plan, jobs, freshness, control, agents_url)
         saved_before = runtime._last_save
         await runtime.cycle()
         if runtime._last_save != saved_before:  # this cycle saved the engine state
@@ -432,6 +509,12 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         print(f"cycle {cycle + 1} ({segments} window segments): cycle {cpu_cycle:.2f} CPU-s ({wall_cycle:.2f} s wall), with writes "
               f"{total_cpu:.2f} CPU-s per interval; RSS {rss_mib():.0f} MiB (peak {rss_mib('VmHWM'):.0f}); writes {rate:.1f}/s; "
               f"queued {runtime.writer.pending}")
+        ages, unwritten = freshness.ages(time.time())  # at the end of the interval: the oldest they get
+        if cycle >= (STARTUP_CYCLES if args.cycles > STARTUP_CYCLES else 1):
+            ages_steady.extend(ages)
+        print(f"    age of every running workload's CR figures: p50 {percentile(ages, 0.5):.0f} s, "
+              f"p99 {percentile(ages, 0.99):.0f} s, max {max(ages):.0f} s ({unwritten} not written since the start); "
+              f"state changes not yet shown {len(freshness.changes)}")
         writer_cpu = total_cpu - cpu_cycle  # the writer (and anything else on the loop) between cycles
         phases.append({**runtime.cycle_cpu_seconds, "writes_between_cycles": writer_cpu})
         print("    phases (CPU-s): " + ", ".join(f"{k} {v:.2f}" for k, v in phases[-1].items()))
@@ -442,6 +525,7 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         if phase_peaks is not None:
             print("    peak RSS by phase (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in phase_peaks.items()))
     writer.cancel()
+    await control.close()
     if profiler is not None:
         import pstats
 
@@ -450,11 +534,33 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         if args.profile_file:
             stats.dump_stats(args.profile_file)
         stats.sort_stats(args.profile).print_stats(args.profile_lines)
+    print("writes taken by lane: " + ", ".join(f"{lane} {count}"
+                                               for lane, count in getattr(runtime.writer.stats, "taken", {}).items()))
     lags = sorted(runtime.writer.stats.lag_seconds)
     if lags:
         p99 = lags[min(len(lags) - 1, int(0.99 * len(lags)))]
         print(f"lag sample -> CR status: p50 {statistics.median(lags):.1f} s, p99 {p99:.1f} s "
               f"({p99 / args.status_interval:.2f} intervals) over {len(lags)} writes")
+    if ages_steady:
+        print(f"age of every running workload's CR figures at the end of each steady interval: "
+              f"p50 {percentile(ages_steady, 0.5):.0f} s, p99 {percentile(ages_steady, 0.99):.0f} s, "
+              f"max {max(ages_steady):.0f} s ({max(ages_steady) / args.status_interval:.1f} intervals)")
+    for kind, lags_of in sorted(freshness.lags.items()):
+        print(f"state change -> CR ({kind}): {len(lags_of)} shown, lag p50 {statistics.median(lags_of):.1f} s, "
+              f"max {max(lags_of):.1f} s ({max(lags_of) / args.status_interval:.2f} intervals)")
+    for kind in sorted({kind for _, kind, _ in freshness.changes.values()}):
+        waiting = [time.time() - at for at, kind_of, _ in freshness.changes.values() if kind_of == kind]
+        print(f"state change -> CR ({kind}): {len(waiting)} NOT shown by the end, waiting {max(waiting):.1f} s "
+              f"({max(waiting) / args.status_interval:.2f} intervals) and more")
+    listed = await client.list_items("/apis/gpuwm.io/v1alpha1/gpuworkloadmetrics")
+    read_now = time.time()
+    stamps = [((item.get("status") or {}).get("lastUpdateTime")) for item in listed]
+    read_ages = [read_now - time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ")) + time.timezone
+                 for stamp in stamps if stamp]
+    if read_ages:
+        print(f"read back from the API at the end: {len(listed)} GPUWorkloadMetrics, lastUpdateTime age p50 "
+              f"{percentile(read_ages, 0.5):.0f} s, p99 {percentile(read_ages, 0.99):.0f} s, max {max(read_ages):.0f} s; "
+              f"{len(stamps) - len(read_ages)} with no status")
     # steady: after the startup cycles (the first writes every CR; the first three each save the engine state,
     # later ones every stateSaveInterval, 2 minutes: cycle 11, 19, ...)
     skip = STARTUP_CYCLES if len(cycle_cpu) > STARTUP_CYCLES else 1
@@ -512,6 +618,35 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         shutil.rmtree(state_dir, ignore_errors=True)  # the store and the state file: ~150 MB a run
 
 
+async def change_states(args: argparse.Namespace, runtime: ControllerRuntime, plan: list[tuple[str, str, str, list[str]]],
+                        jobs: dict[str, str], freshness: Freshness, control: aiohttp.ClientSession, agents_url: str) -> None:
+    """`--state-changes` workloads change state now: half of them end (their pods succeed), half go idle (their
+    nodes' GPUs at 0 %, every workload on those nodes); each is timed until a written status shows it."""
+    count = args.state_changes // 2
+    ending = plan[1::max(1, len(plan) // max(1, count))][:count]
+    for namespace, name, node, gpus in ending:
+        now = time.time()
+        body = pod_body(namespace, name, node, len(gpus), jobs[name], args.pods_started)
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now))
+        body["status"] = {"phase": "Succeeded", "startTime": args.pods_started, "containerStatuses": [
+            {"name": "main", "state": {"terminated": {"startedAt": args.pods_started, "finishedAt": stamp, "exitCode": 0}}}]}
+        await runtime.on_pod(body, None)
+        freshness.change(name, "ended", lambda status: status.get("phase") != "Running", now)
+        freshness.names.remove(name)  # its figures are final: not part of the age of what is running
+    ended = {name for _, name, _, _ in ending}
+    per_node = max(1, args.gpus_per_node // args.gpus_per_workload)
+    idle_nodes = sorted({node for _, _, node, _ in plan})[::2][:max(1, (count + per_node - 1) // per_node)]
+    for node in idle_nodes:
+        now = time.time()
+        async with control.post(f"{agents_url}/{node}/control", params={"sm": "0"}) as answer:
+            answer.raise_for_status()
+        for _, name, node_of, _ in plan:
+            if node_of == node and name not in ended:
+                freshness.change(name, "went idle", lambda status: (status.get("idleSeconds") or 0) > 0, now)
+    print(f"state changes before this cycle: {len(ending)} workloads ended, "
+          f"{sum(kind == 'went idle' for _, kind, _ in freshness.changes.values())} went idle")
+
+
 def first_run(args: argparse.Namespace, api_url: str, agents_url: str, jobs: dict[str, str]) -> None:
     """`--restart`'s first controller, in a child process: history and cycles, then its state saved."""
     sys.stdout = open(os.devnull, "w")  # noqa: SIM115 (the child's figures are not the ones reported)
@@ -537,6 +672,10 @@ def main() -> int:
                         help="each sample's SM %% is 60 +- this (whole percents): utilisation that changes from "
                              "one sample to the next, as it does on real GPUs")
     parser.add_argument("--writes-per-second", type=float, default=20.0)
+    parser.add_argument("--state-changes", type=int, default=40,
+                        help="workloads that change state before --change-cycle (half end, half go idle), each timed "
+                             "until its CR shows it; 0: none")
+    parser.add_argument("--change-cycle", type=int, default=5, help="the cycle the state changes come before")
     parser.add_argument("--snapshot-merge", type=float, default=15.0,
                         help="the controller's snapshotMerge, seconds (0: the agents send every poll)")
     parser.add_argument("--cycles", type=int, default=11,
