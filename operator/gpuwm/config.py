@@ -104,6 +104,12 @@ class Settings(BaseSettings):
     snapshot_buffer_samples: int = Field(
         default=100_000, ge=100, description="Samples the agent keeps for /v1/snapshot pulls."
     )
+    nvml_buffer_read_seconds: DurationSeconds = Field(
+        default=5.0, le=60.0,
+        description="How often the agent reads NVML's utilisation sample buffers and energy counter (milliseconds of "
+        "driver CPU a call): each read is split into the polls since by the samples' timestamps, so a poll's sample "
+        "leaves the agent up to this late; keep it under half of what the driver's buffers hold (bench/README.md).",
+    )
 
     # controller
     namespace: str | None = Field(default=None, description="Watch one namespace; cluster-wide when unset.")

@@ -32,7 +32,20 @@ typedef int nvmlReturn_t;
 #define MAX_PROCS 256
 #define MAX_PATTERN 32
 #define SAMPLE_PERIOD_US 166667ULL /* NVML keeps about six utilisation samples a second */
-#define SAMPLE_BUFFER_US 20000000ULL
+#define DEFAULT_BUFFER_SAMPLES 120 /* samples a utilisation buffer holds (driver key buffer_samples) */
+
+/*
+ * What each call costs on a real driver, in microseconds of the caller's CPU (bench/README.md: an H200 and
+ * an H100 with driver 580): spent in a busy loop, so the agent's CPU on the fake is what it would be on a GPU
+ * node. Driver keys of the same names set them; cost_scale=0 (or FAKE_NVML_COST_SCALE=0) turns them off.
+ */
+#define COST_SAMPLES_US 2530.0      /* nvmlDeviceGetSamples, one call with a buffer */
+#define COST_SAMPLES_SIZE_US 280.0  /* nvmlDeviceGetSamples asked for the count only (pynvml's first call) */
+#define COST_ENERGY_US 2810.0       /* nvmlDeviceGetTotalEnergyConsumption */
+#define COST_PROCESS_UTIL_US 2440.0 /* nvmlDeviceGetProcessUtilization */
+#define COST_PCIE_US 780.0          /* nvmlDeviceGetPcieThroughput (besides its 20 ms wait) */
+#define COST_MIG_MODE_US 140.0      /* nvmlDeviceGetMigMode */
+#define COST_CALL_US 3.0            /* every other per-device call: memory, power, clocks, processes, ... */
 
 typedef union {
     double dVal;
@@ -120,6 +133,34 @@ static char driver_version[80] = "550.54.15";
 static long long scenario_mtime_ns = -1;
 static struct timespec start_time;
 static int initialised;
+static int buffer_samples = DEFAULT_BUFFER_SAMPLES;
+static double cost_scale = 1.0, samples_cost_us = COST_SAMPLES_US, samples_size_cost_us = COST_SAMPLES_SIZE_US,
+              energy_cost_us = COST_ENERGY_US, process_utilization_cost_us = COST_PROCESS_UTIL_US,
+              pcie_cost_us = COST_PCIE_US, mig_mode_cost_us = COST_MIG_MODE_US, call_cost_us = COST_CALL_US;
+
+static void default_costs(void) {
+    const char *scale = getenv("FAKE_NVML_COST_SCALE");
+    cost_scale = scale ? atof(scale) : 1.0;
+    samples_cost_us = COST_SAMPLES_US;
+    samples_size_cost_us = COST_SAMPLES_SIZE_US;
+    energy_cost_us = COST_ENERGY_US;
+    process_utilization_cost_us = COST_PROCESS_UTIL_US;
+    pcie_cost_us = COST_PCIE_US;
+    mig_mode_cost_us = COST_MIG_MODE_US;
+    call_cost_us = COST_CALL_US;
+    buffer_samples = DEFAULT_BUFFER_SAMPLES;
+}
+
+/* Spend `us` microseconds of this thread's CPU (times cost_scale), as the driver's call would. */
+static void spend(double us) {
+    us *= cost_scale;
+    if (us <= 0) return;
+    struct timespec start, now;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &start);
+    do {
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+    } while ((double)(now.tv_sec - start.tv_sec) * 1e6 + (double)(now.tv_nsec - start.tv_nsec) / 1e3 < us);
+}
 
 static double elapsed_s(void) {
     struct timespec now;
@@ -196,6 +237,7 @@ static void load_scenario(void) {
     device_count = 0;
     proc_count = 0;
     init_error = 0;
+    default_costs();
     unsigned int physical = 0;
     char line[2048];
     while (fgets(line, sizeof line, file)) {
@@ -210,6 +252,15 @@ static void load_scenario(void) {
                 *eq = 0;
                 if (!strcmp(token, "init_error")) init_error = atoi(eq + 1);
                 else if (!strcmp(token, "version")) snprintf(driver_version, sizeof driver_version, "%s", eq + 1);
+                else if (!strcmp(token, "buffer_samples")) buffer_samples = atoi(eq + 1);
+                else if (!strcmp(token, "cost_scale") && !getenv("FAKE_NVML_COST_SCALE")) cost_scale = atof(eq + 1);
+                else if (!strcmp(token, "samples_cost_us")) samples_cost_us = atof(eq + 1);
+                else if (!strcmp(token, "samples_size_cost_us")) samples_size_cost_us = atof(eq + 1);
+                else if (!strcmp(token, "energy_cost_us")) energy_cost_us = atof(eq + 1);
+                else if (!strcmp(token, "process_utilization_cost_us")) process_utilization_cost_us = atof(eq + 1);
+                else if (!strcmp(token, "pcie_cost_us")) pcie_cost_us = atof(eq + 1);
+                else if (!strcmp(token, "mig_mode_cost_us")) mig_mode_cost_us = atof(eq + 1);
+                else if (!strcmp(token, "call_cost_us")) call_cost_us = atof(eq + 1);
             }
         } else if ((!strcmp(kind, "gpu") || !strcmp(kind, "mig")) && device_count < MAX_DEVICES) {
             device_t *d = &devices[device_count];
@@ -260,6 +311,7 @@ static nvmlReturn_t check(void *handle, device_t **out) {
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     device_t *d = (device_t *)handle;
     if (d < devices || d >= devices + MAX_DEVICES || !d->in_use) return NVML_ERROR_INVALID_ARGUMENT;
+    spend(call_cost_us);
     if (d->error) return d->error;
     if (d->lost_after_s >= 0 && elapsed_s() >= d->lost_after_s) return NVML_ERROR_GPU_IS_LOST;
     if (d->parent >= 0) {
@@ -395,9 +447,11 @@ nvmlReturn_t nvmlDeviceGetSamples(void *handle, int type, unsigned long long las
                                   unsigned int *count, nvmlSample_t *samples) {
     DEVICE_OR_RETURN(handle);
     if (type != 1 && type != 2) return NVML_ERROR_NOT_SUPPORTED;
+    spend((samples == NULL ? samples_size_cost_us : samples_cost_us) - call_cost_us);
     if (!d->samples) return NVML_ERROR_NOT_FOUND;
     unsigned long long now = now_us();
-    unsigned long long oldest = now - SAMPLE_BUFFER_US;
+    /* the buffer holds the latest buffer_samples samples: older ones are gone */
+    unsigned long long oldest = now - (unsigned long long)(buffer_samples > 0 ? buffer_samples : 0) * SAMPLE_PERIOD_US;
     if (last_seen > oldest) oldest = last_seen;
     unsigned long long first = oldest / SAMPLE_PERIOD_US + 1, last = now / SAMPLE_PERIOD_US;
     unsigned int available = last >= first ? (unsigned int)(last - first + 1) : 0;
@@ -446,6 +500,7 @@ nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(void *handle, unsigned int *limit) 
 #ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(void *handle, unsigned long long *energy) {
     DEVICE_OR_RETURN(handle);
+    spend(energy_cost_us - call_cost_us);
     if (d->parent >= 0) return NVML_ERROR_NOT_SUPPORTED;
     *energy = d->energy_mj + (unsigned long long)((double)d->power_mw * elapsed_s());
     return NVML_SUCCESS;
@@ -476,6 +531,7 @@ nvmlReturn_t nvmlDeviceGetClockInfo(void *handle, int type, unsigned int *clock)
 #ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetPcieThroughput(void *handle, int counter, unsigned int *value) {
     DEVICE_OR_RETURN(handle);
+    spend(pcie_cost_us - call_cost_us);
     if (d->parent >= 0) return NVML_ERROR_NOT_SUPPORTED;
     usleep(20000); /* the real call counts bytes for 20 ms before it returns */
     if (counter == 0) *value = d->pcie_tx_kbs;
@@ -528,6 +584,7 @@ nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(void *handle, unsigned int 
 nvmlReturn_t nvmlDeviceGetProcessUtilization(void *handle, nvmlProcessUtilizationSample_t *utilization,
                                              unsigned int *count, unsigned long long last_seen) {
     DEVICE_OR_RETURN(handle);
+    spend(process_utilization_cost_us - call_cost_us);
     if (!d->proc_util) return NVML_ERROR_NOT_SUPPORTED;
     unsigned long long now = now_us();
     proc_t *found[MAX_PROCS];
@@ -564,6 +621,7 @@ __attribute__((unused)) static int mig_children(const device_t *parent, device_t
 #ifndef FAKENVML_MINIMAL
 nvmlReturn_t nvmlDeviceGetMigMode(void *handle, unsigned int *current, unsigned int *pending) {
     DEVICE_OR_RETURN(handle);
+    spend(mig_mode_cost_us - call_cost_us);
     if (d->parent >= 0) return NVML_ERROR_NOT_SUPPORTED;
     *current = *pending = mig_children(d, NULL) > 0 ? 1 : 0;
     return NVML_SUCCESS;

@@ -56,7 +56,9 @@ def utilization_by_holder(
 ) -> tuple[list[float | None], bool]:
     """Each holder's SM % of the device by DESIGN §3 (rule of 2026-11-27), and whether the processes fell short.
 
-    `processes`: (pod UID, SM %) of each process NVML listed, None when it gave no list.
+    `processes`: (pod UID, SM %) of each process NVML listed, None when it gave no list; a list none
+    of whose processes has an SM figure is no per-process data either (the sampler reads none for a
+    sole holder's device), as the engine reads it (`accounting.state.sample_values`).
     - one holder: all the device's activity is its own, device SM % ÷ its share (capped at 100),
       whatever the process list says;
     - several: each gets its processes' SM % ÷ its share (capped at 100), unless the device is busy
@@ -68,6 +70,10 @@ def utilization_by_holder(
     """
     if device_sm_percent is None:
         return [None] * len(holders), False
+    if processes and all(sm_percent is None for _, sm_percent in processes):
+        processes = None
+        if len(holders) == 1:  # its figure is the device's whatever the processes say: nothing fell short
+            return [min(100.0, device_sm_percent / holders[0].share)], False
     uids = {holder.pod_uid for holder in holders if holder.pod_uid is not None}
     by_uid: dict[str, float] = {}
     for uid, sm_percent in processes or []:

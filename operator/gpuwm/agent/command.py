@@ -24,7 +24,7 @@ log = logging.getLogger("gpuwm.agent")
 AGENT_SETTINGS = (
     "listen", "interval", "node_name", "pod_resources_socket", "kubelet_url", "kubelet_token_file",
     "kubelet_insecure_tls", "resource_names", "proc_root", "snapshot_buffer_samples", "idle_threshold_percent",
-    "time_sliced_replicas", "log_level", "log_format",
+    "time_sliced_replicas", "nvml_buffer_read_seconds", "log_level", "log_format",
 )
 MIN_INTERVAL_SECONDS = 0.1
 
@@ -91,7 +91,7 @@ def _once(agent: Agent) -> int:
     if not agent.start_nvml():
         return 1
     try:
-        agent.poll_once()
+        agent.poll_once(read_buffers=True)
         json.dump(json.loads(agent.snapshot_json(0)), sys.stdout, indent=2)
         sys.stdout.write("\n")
     finally:

@@ -23,7 +23,7 @@ from gpuwm.agent.cgroup import CgroupReader
 from gpuwm.agent.columns import devices_members, sample_columns
 from gpuwm.agent.kubelet import KubeletStatsClient
 from gpuwm.agent.merge import MergeRequest, merge_polls
-from gpuwm.agent.nvml import NvmlSampler, NvmlUnavailable
+from gpuwm.agent.nvml import Device, NvmlSampler, NvmlUnavailable, Reading
 from gpuwm.agent.podresources import PodResourcesClient
 from gpuwm.config import Settings
 from gpuwm.model import AgentDevice, GpuSample, PodStatsSample
@@ -71,7 +71,7 @@ class Agent:
         self.settings = settings
         self.node = node
         self.agent_id = uuid_module.uuid4().hex
-        self.sampler = NvmlSampler(node, settings.interval)
+        self.sampler = NvmlSampler(node, settings.interval, buffer_read_seconds=settings.nvml_buffer_read_seconds)
         self.pod_resources = PodResourcesClient(settings.pod_resources_socket, list(settings.resource_names))
         self.cgroups = CgroupReader(settings.proc_root)
         self.kubelet = (
@@ -89,6 +89,8 @@ class Agent:
         self._known_uids: dict[tuple[str, str], str] = {}
         self._device_cache: dict[tuple[Any, ...], list[AgentDevice]] = {}
         self._last_sets: tuple[frozenset[str], frozenset[int]] = (frozenset(), frozenset())
+        self._sets_changed = True
+        self._holders_by_uuid: dict[str, frozenset[Any]] = {}
 
     # --- NVML lifecycle -------------------------------------------------------------------------
 
@@ -115,49 +117,87 @@ class Agent:
 
     # --- polling ----------------------------------------------------------------------------------
 
-    def poll_once(self) -> None:
-        """One poll: NVML, attribution (pod-resources, cgroups), kubelet stats when due."""
+    def poll_once(self, read_buffers: bool = False) -> None:
+        """One poll: NVML, attribution (pod-resources, cgroups), kubelet stats when due.
+
+        The sampler hands over a poll's readings when it reads the driver's buffers (every
+        `nvmlBufferReadSeconds`, and at once when a device's holders, processes or health change):
+        then every poll since is attributed, one poll at a time, and recorded. `read_buffers`
+        (`--once`) reads them now.
+        """
         retry_due = time.monotonic() - self._nvml_tried_at >= NVML_RETRY_SECONDS
         if not self.nvml_ready and not (retry_due and self.start_nvml()):
             return
         started = time.perf_counter()
-        result = self.sampler.poll()
+        # before the poll, so that it knows each device's holders (a change the last poll saw lists again)
+        self.pod_resources.refresh(self._sets_changed)
+        self._holders_by_uuid = self._assigned_holders()
+        result = self.sampler.poll(self._holders_of, read_buffers)
+        device_set = frozenset(device.uuid for device in self.sampler.devices)
+        self._sets_changed = (device_set, result.pids) != self._last_sets
+        self._last_sets = (device_set, result.pids)
+        pod_stats = self._read_kubelet()
         base_seq = self._records.latest_seq  # only this thread appends, so the numbers stay consecutive
+        samples: list[GpuSample] = []
+        unexplained: list[bool] = []
+        devices: list[AgentDevice] | None = None
         for offset, reading in enumerate(result.samples, start=1):
             reading.fields["seq"] = base_seq + offset
-        device_set = frozenset(r.uuid for r in result.samples)
-        pid_set = frozenset(p.pid for r in result.samples for p in (r.processes or []))
-        changed = (device_set, pid_set) != self._last_sets
-        self._last_sets = (device_set, pid_set)
-        self.pod_resources.refresh(changed)
-        if changed:  # lookups only happen for PIDs in the set, so an unchanged set has nothing to drop
-            self.cgroups.retain(set(pid_set))
-        pod_stats = self._read_kubelet()
-        attributed = attribute(
-            result.samples,
-            self.pod_resources.assignments,
-            self.pod_resources.replicas,
-            self.settings.time_sliced_replicas,
-            self.cgroups.pod_of,
-            self._known_uids,
-            self.settings.idle_threshold_percent,
-            self._device_cache,
-        )
-        next_seq = base_seq + len(result.samples) + 1
+        for poll in _polls(result.samples):
+            attributed = attribute(
+                poll,
+                self.pod_resources.assignments,
+                self.pod_resources.replicas,
+                self.settings.time_sliced_replicas,
+                self.cgroups.pod_of,
+                self._known_uids,
+                self.settings.idle_threshold_percent,
+                self._device_cache,
+            )
+            samples.extend(attributed.samples)
+            unexplained.extend(sample.uuid in attributed.unexplained for sample in attributed.samples)
+            devices = attributed.devices
+        if result.read_buffers:
+            self.cgroups.retain(set(result.pids))  # PIDs no longer on a GPU: every reading naming them has left
+        next_seq = base_seq + len(samples) + 1
         pod_stats = [stats.model_copy(update={"seq": next_seq + offset}) for offset, stats in enumerate(pod_stats)]
-        records: list[tuple[bytes, BaseModel]] = [(SAMPLE, sample) for sample in attributed.samples]
+        records: list[tuple[bytes, BaseModel]] = [(SAMPLE, sample) for sample in samples]
         records += [(POD_STATS, stats) for stats in pod_stats]
         with self.lock:
             self._records.append(records)
-            for sample in attributed.samples:
-                self._count(sample, sample.uuid in attributed.unexplained)
-            self.state.samples = attributed.samples
-            self.state.devices = attributed.devices
+            for sample, flag in zip(samples, unexplained, strict=True):
+                self._count(sample, flag)
+            if samples:
+                latest = {sample.uuid: sample for sample in samples}
+                self.state.samples = [latest[uuid] for uuid in dict.fromkeys(s.uuid for s in samples)]
+            if devices is not None:
+                self.state.devices = devices
             if pod_stats:
                 self.state.pod_stats = pod_stats
             self.state.polls_total += 1
             self.state.last_poll_t = time.time()
             self.state.last_poll_seconds = time.perf_counter() - started
+
+    def _assigned_holders(self) -> dict[str, frozenset[Any]]:
+        """The pods pod-resources names on each device, by UUID (a device plugin may name GPUs by index)."""
+        holders: dict[str, set[Any]] = {}
+        by_index = {str(d.index): d.uuid for d in self.sampler.devices if d.parent_uuid is None and d.index is not None}
+        for assignment in self.pod_resources.assignments:
+            uuid = by_index.get(assignment.uuid, assignment.uuid)
+            holders.setdefault(uuid, set()).add((assignment.namespace, assignment.pod))
+        return {uuid: frozenset(pods) for uuid, pods in holders.items()}
+
+    def _holders_of(self, device: Device, pids: frozenset[int]) -> frozenset[Any]:
+        """The pods holding `device` at this poll: pod-resources' assignments, else the pods its processes run in.
+
+        Looking the PIDs up now also keeps their pods while they run: a poll's reading may leave the
+        sampler after its processes ended (`CgroupReader` caches until `retain`).
+        """
+        pods = [self.cgroups.pod_of(pid) for pid in pids]
+        assigned = self._holders_by_uuid.get(device.uuid)
+        if assigned is not None:
+            return assigned
+        return frozenset(pod.pod_uid for pod in pods if pod is not None)
 
     def _read_kubelet(self) -> list[PodStatsSample]:
         if self.kubelet is None:
@@ -265,3 +305,14 @@ class Agent:
         if self.nvml_ready and last is not None and time.time() - last > max(30.0, 10 * self.settings.interval):
             return False, f"no poll for {time.time() - last:.0f}s"
         return True, "ok"
+
+
+def _polls(readings: list[Reading]) -> list[list[Reading]]:
+    """Readings in time order, grouped by poll (the same `t`)."""
+    polls: list[list[Reading]] = []
+    for reading in readings:
+        if polls and polls[-1][0].fields["t"] == reading.fields["t"]:
+            polls[-1].append(reading)
+        else:
+            polls.append([reading])
+    return polls

@@ -3,8 +3,24 @@
 A reading holds exactly the fields of `GpuSample` as plain values; the agent validates it once,
 after attribution has filled in the processes' pods, so a poll builds each model only once.
 
-Utilisation comes from `nvmlDeviceGetSamples` since the previous poll, so a sample covers the
-whole interval rather than an instant; an empty buffer falls back to `nvmlDeviceGetUtilizationRates`.
+Each poll makes the driver's instant calls (memory, power, temperature, clocks, the process list:
+microseconds each). The buffered and cumulative figures (`nvmlDeviceGetSamples` for SM and
+memory activity, the energy counter) cost milliseconds of CPU a call on a real driver, and they
+need not be read every poll: the driver keeps timestamped utilisation samples, and the energy
+counter only grows. So they are read at most every `buffer_read_seconds` (and at once when a
+device's holders, processes or health change, on a new device, or when the caller asks), and
+what they return is split into the polls held since by the samples' own timestamps
+(`interval_means`); the energy counter's growth is spread over those polls by their power
+readings (`spread_energy`). A poll's reading therefore leaves the sampler when that read
+happens, up to `buffer_read_seconds` after the poll, still covering exactly its own interval.
+An interval no utilisation sample covers falls back to `nvmlDeviceGetUtilizationRates`.
+
+Per-process utilisation is read only where it decides something (DESIGN §3): on a device held
+by more than one pod, every poll (the driver answers one figure per process since the cursor,
+which cannot be split afterwards), and, once per read, on a busy device whose process list is
+empty (a process in another PID namespace: the call names its host PID). A sole holder takes
+the device's figures, so its processes carry no SM figure (`sm_percent` None: no per-process data).
+
 A call a device does not support leaves its field `None`; any other NVML error marks that device
 unhealthy for this poll and the others go on. A GPU that cannot even be opened (GPU_IS_LOST at
 start) stays listed by its index under `unopened_uuid`, unhealthy with the error, and is tried
@@ -17,7 +33,9 @@ import ctypes
 import logging
 import math
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any, NamedTuple, TypeVar
 
 import pynvml
@@ -74,8 +92,9 @@ def _running_processes(handle: Any) -> list[tuple[int, int | None]]:
     return found
 
 
-#: room for the utilisation samples since the last poll in one `nvmlDeviceGetSamples` call (~6 a second)
-_SAMPLE_BUFFER = 64
+#: room for the utilisation samples since the last read in one `nvmlDeviceGetSamples` call (~6 a second, a read
+#: every few seconds); more than this (after a pause) takes pynvml's two calls
+_SAMPLE_BUFFER = 256
 
 
 def _samples(handle: Any, sampling_type: int, last_seen_us: int) -> tuple[int, Any]:
@@ -93,6 +112,60 @@ def _samples(handle: Any, sampling_type: int, last_seen_us: int) -> tuple[int, A
     if result != pynvml.NVML_SUCCESS:
         raise pynvml.NVMLError(result)
     return value_type.value, buffer[: min(count.value, _SAMPLE_BUFFER)]
+
+
+def interval_means(
+    samples: Sequence[tuple[int, float]], bounds_us: Sequence[int]
+) -> list[float | None]:
+    """The mean of the samples (timestamp µs, value) in each interval (bounds[i-1], bounds[i]], in time order.
+
+    An interval no sample falls in (polls faster than the driver samples) takes the first sample after
+    it, whose own period covers it; None where there is none (the caller falls back to an instant figure).
+    """
+    ordered = sorted(samples)
+    means: list[float | None] = []
+    position = 0
+    for end in bounds_us[1:]:
+        total, count = 0.0, 0
+        while position < len(ordered) and ordered[position][0] <= end:
+            if ordered[position][0] > bounds_us[0]:
+                total += ordered[position][1]
+                count += 1
+            position += 1
+        if count:
+            means.append(total / count)
+        elif position < len(ordered):
+            means.append(ordered[position][1])
+        else:
+            means.append(None)
+    return means
+
+
+def spread_energy(
+    previous_mj: float | None, now_mj: float | None, times: Sequence[float], power_mw: Sequence[float | None]
+) -> list[float | None]:
+    """The energy counter (mJ) at each of the polls `times[1:]`, from two readings of it: `previous_mj` at
+    `times[0]`, `now_mj` at the last poll. The growth between them is spread by each interval's power × its
+    length (by length alone where a power is missing), so the polls' differences add up to the counter's own.
+    Without an earlier reading, or when the counter went backwards (a driver reload), every poll gets the new one.
+    """
+    count = len(times) - 1
+    if now_mj is None:
+        return [None] * count
+    if previous_mj is None or now_mj < previous_mj or count <= 1:
+        return [now_mj] * count
+    lengths = [max(0.0, later - earlier) for earlier, later in pairwise(times)]
+    weights = [length * power if power is not None and power > 0 else 0.0
+               for length, power in zip(lengths, power_mw, strict=True)]
+    if sum(weights) <= 0:
+        weights = lengths if sum(lengths) > 0 else [1.0] * count
+    total, growth, running = sum(weights), now_mj - previous_mj, 0.0
+    spread: list[float | None] = []
+    for weight in weights:
+        running += weight
+        spread.append(previous_mj + growth * running / total)
+    spread[-1] = now_mj
+    return spread
 
 
 class NvmlUnavailable(RuntimeError):
@@ -132,6 +205,40 @@ class Device:
     pcie_throughput_at: float = -math.inf
     #: why NVML could not open this GPU (then `handle` is None and `uuid` is `unopened_uuid`)
     open_error: str | None = None
+    #: polls taken since the buffers were last read, waiting for their share of the next read
+    pending: list[Pending] = field(default_factory=list)
+    #: the time (s) of the last poll whose reading left the sampler, the lower bound of the next poll's interval
+    emitted_t: float | None = None
+    #: the energy counter (mJ) at `emitted_t`, where it was read
+    energy_mj: float | None = None
+    #: what the last poll saw: its pods (from the caller), its processes' PIDs and whether it was healthy
+    holders: frozenset[Any] = frozenset()
+    pids: frozenset[int] = frozenset()
+    healthy: bool | None = None
+
+
+@dataclass(slots=True)
+class Pending:
+    """One poll of one device until the buffers are read: its instant figures, or a finished unhealthy reading."""
+
+    t: float
+    fields: dict[str, Any]
+    #: (PID, used bytes) from the running list; None when the device gave none (or failed)
+    running: list[tuple[int, int | None]] | None = None
+    #: per-process SM % read at this poll (a shared device); None when not read
+    sm_by_pid: dict[int, float] | None = None
+    power_mw: float | None = None
+    final: bool = False
+    #: the pods holding the device at this poll, as the caller names them
+    holders: frozenset[Any] = frozenset()
+
+
+#: the pods holding a device at a poll, given the PIDs its process list names (the caller's view)
+HoldersOf = Callable[["Device", frozenset[int]], frozenset[Any]]
+
+
+def _no_holders(device: Device, pids: frozenset[int]) -> frozenset[Any]:
+    return frozenset()
 
 
 class RawProcess(NamedTuple):
@@ -161,6 +268,10 @@ class PollResult:
     samples: list[Reading]
     nvml_seconds: float
     errors: dict[str, str] = field(default_factory=dict)
+    #: the PIDs this poll's process lists name (the readings may be of earlier polls)
+    pids: frozenset[int] = frozenset()
+    #: whether this poll read the buffers (then `samples` holds every poll since the last read)
+    read_buffers: bool = False
 
 
 def _text(value: str | bytes) -> str:
@@ -189,10 +300,14 @@ def mig_profile_name(slices: int, memory_mib: float) -> str:
 class NvmlSampler:
     """Reads every GPU on the node; discovery is redone every `rediscover_seconds` or on a count change."""
 
-    def __init__(self, node: str, interval_seconds: float, rediscover_seconds: float = 30.0) -> None:
+    def __init__(self, node: str, interval_seconds: float, rediscover_seconds: float = 30.0,
+                 buffer_read_seconds: float = 5.0) -> None:
         self.node = node
         self.interval_seconds = interval_seconds
         self.rediscover_seconds = rediscover_seconds
+        self.buffer_read_seconds = buffer_read_seconds
+        self._buffers_read_at = -math.inf
+        self._device_set: frozenset[str] = frozenset()
         self.devices: list[Device] = []
         self.driver_version: str | None = None
         self._discovered_at = -math.inf
@@ -318,31 +433,44 @@ class NvmlSampler:
             instances.append(device)
         return instances
 
-    def poll(self) -> PollResult:
-        """One sample per device; never raises for a failing device."""
+    def poll(self, holders: HoldersOf = _no_holders, read_buffers: bool = False) -> PollResult:
+        """Take this poll's instant figures of every device, and the readings of every poll since the last read.
+
+        `holders`: the pods holding a device as the caller knows them, given the PIDs NVML lists on it: a
+        device with more than one gets its per-process utilisation every poll, and a change reads the buffers
+        at once (so the polls before it are attributed while the caller's view of them still holds).
+        `read_buffers`: read them now (`--once`). Never raises for a failing device.
+        """
         started = time.perf_counter()
         monotonic = time.monotonic()
         if (monotonic - self._discovered_at >= self.rediscover_seconds or monotonic >= self._reopen_at
                 or self._count_changed()):
             self.discover()
-        samples: list[Reading] = []
         errors: dict[str, str] = {}
         now = time.time()
+        due = read_buffers or monotonic - self._buffers_read_at + self.interval_seconds / 2 >= self.buffer_read_seconds
+        device_set = frozenset(device.uuid for device in self.devices)
+        due = due or device_set != self._device_set
+        self._device_set = device_set
+        pids: set[int] = set()
         for device in self.devices:
-            if device.open_error is not None:
-                errors[device.uuid] = device.open_error
-                samples.append(self._unhealthy(device, now, device.open_error))
-                continue
-            try:
-                samples.append(self._read(device, now))
-            except pynvml.NVMLError as error:
-                errors[device.uuid] = f"{type(error).__name__}: {error}"
-                samples.append(self._unhealthy(device, now, errors[device.uuid]))
-            except Exception as error:  # a binding surprise on one GPU must not stop the others
-                errors[device.uuid] = f"{type(error).__name__}: {error}"
-                log.exception("GPU %s: unexpected error while sampling", device.uuid)
-                samples.append(self._unhealthy(device, now, errors[device.uuid]))
-        return PollResult(samples, time.perf_counter() - started, errors)
+            pending = self._instant(device, now, holders, errors)
+            device.pending.append(pending)
+            device_pids = frozenset(pid for pid, _ in pending.running or ())
+            pids.update(device_pids)
+            healthy = not pending.final
+            # a new device, new holders, processes come or go, health changes: the polls so far leave now
+            due = (due or device.emitted_t is None or device.healthy != healthy or device.pids != device_pids
+                   or device.holders != pending.holders)
+            device.healthy, device.pids, device.holders = healthy, device_pids, pending.holders
+        samples: list[Reading] = []
+        if due:
+            self._buffers_read_at = monotonic
+            for device in self.devices:
+                samples.extend(self._read_buffers(device, errors))
+            # in time order, each poll's devices together in device order (the caller attributes a poll as one)
+            samples.sort(key=lambda reading: float(reading.fields["t"]))
+        return PollResult(samples, time.perf_counter() - started, errors, frozenset(pids), due)
 
     def _count_changed(self) -> bool:
         try:
@@ -359,13 +487,25 @@ class NvmlSampler:
     def _unhealthy(self, device: Device, now: float, error: str) -> Reading:
         return Reading({**self._identity(device, now), "healthy": False, "error": error})
 
-    def _read(self, device: Device, now: float) -> Reading:
+    def _instant(self, device: Device, now: float, holders: HoldersOf, errors: dict[str, str]) -> Pending:
+        """This poll's instant figures of `device`, or its unhealthy reading (`final`)."""
+        if device.open_error is not None:
+            errors[device.uuid] = device.open_error
+            return Pending(now, self._unhealthy(device, now, device.open_error).fields, final=True)
+        try:
+            return self._read(device, now, holders)
+        except pynvml.NVMLError as error:
+            errors[device.uuid] = f"{type(error).__name__}: {error}"
+        except Exception as error:  # a binding surprise on one GPU must not stop the others
+            errors[device.uuid] = f"{type(error).__name__}: {error}"
+            log.exception("GPU %s: unexpected error while sampling", device.uuid)
+        return Pending(now, self._unhealthy(device, now, errors[device.uuid]).fields, final=True)
+
+    def _read(self, device: Device, now: float, holders_of: HoldersOf) -> Pending:
         handle = device.handle
-        sm_percent, memory_activity_percent = self._utilization(device)
         if device.all_supported and device.parent_handle is None:
             try:  # the usual case, one try for all the figures: a whole GPU that reports them all
                 memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-                energy_mj = pynvml.nvmlDeviceGetTotalEnergyConsumption(handle)
                 temperature = pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
                 power_mw = pynvml.nvmlDeviceGetPowerUsage(handle)
                 limit_mw = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle)
@@ -377,7 +517,6 @@ class NvmlSampler:
             memory = _optional(pynvml.nvmlDeviceGetMemoryInfo, handle)
             # the chip-wide figures of a MIG instance are its parent's (NVML has none per instance)
             chip = device.parent_handle if device.parent_handle is not None else handle
-            energy_mj = _optional(pynvml.nvmlDeviceGetTotalEnergyConsumption, chip)
             temperature = _optional(pynvml.nvmlDeviceGetTemperature, chip, pynvml.NVML_TEMPERATURE_GPU)
             if device.parent_handle is None:
                 power_mw = _optional(pynvml.nvmlDeviceGetPowerUsage, handle)
@@ -392,20 +531,82 @@ class NvmlSampler:
             "t": now, "node": self.node, "uuid": device.uuid, "index": device.index, "model": device.model,
             "parent_uuid": device.parent_uuid, "mig_profile": device.mig_profile, "device_units": device.device_units,
             "healthy": True,
-            "sm_percent": sm_percent,
+            "sm_percent": None,
             "memory_used_bytes": None if memory is None else float(_field(memory, "used")),
             "memory_total_bytes": None if memory is None else float(_field(memory, "total")),
-            "memory_activity_percent": memory_activity_percent,
+            "memory_activity_percent": None,
             "power_watts": None if power_mw is None else power_mw / 1000.0,
             "power_limit_watts": None if limit_mw is None else limit_mw / 1000.0,
-            "energy_joules": None if energy_mj is None else energy_mj / 1000.0,
+            "energy_joules": None,
             "temperature_celsius": None if temperature is None else float(temperature),
             "sm_clock_mhz": None if sm_clock is None else float(sm_clock),
             "memory_clock_mhz": None if memory_clock is None else float(memory_clock),
             "pcie_rx_bytes_per_second": rx_bytes_per_second,
             "pcie_tx_bytes_per_second": tx_bytes_per_second,
         }
-        return Reading(fields, self._processes(device, sm_percent))
+        running = _optional(_running_processes, handle)
+        holders = holders_of(device, frozenset(pid for pid, _ in running or ()))
+        previous_t = device.pending[-1].t if device.pending else device.emitted_t
+        # a shared device's processes split its activity: read each poll, as the driver gives one figure per
+        # process since the cursor (not a series that a later read could split)
+        sm_by_pid = (self._process_utilization(device, previous_t)
+                     if len(holders) > 1 and running is not None and device.process_utilization_supported else None)
+        return Pending(now, fields, running, sm_by_pid, power_mw, holders=holders)
+
+    def _read_buffers(self, device: Device, errors: dict[str, str]) -> list[Reading]:
+        """Every poll of `device` since the last read, finished with the buffers' figures split among them."""
+        pending, device.pending = device.pending, []
+        if not pending:
+            return []
+        readings: list[Reading] = []
+        healthy = [poll for poll in pending if not poll.final]
+        if healthy:
+            try:
+                finished = self._finish(device, healthy)
+            except pynvml.NVMLError as error:  # the device failed between its instant calls and this read
+                errors[device.uuid] = f"{type(error).__name__}: {error}"
+                finished = [self._unhealthy(device, poll.t, errors[device.uuid]) for poll in healthy]
+            by_time = {poll.t: reading for poll, reading in zip(healthy, finished, strict=True)}
+        else:
+            by_time = {}
+        for poll in pending:
+            readings.append(Reading(poll.fields) if poll.final else by_time[poll.t])
+        device.emitted_t = pending[-1].t
+        return readings
+
+    def _finish(self, device: Device, polls: list[Pending]) -> list[Reading]:
+        """`polls`' readings: SM and memory activity split by the samples' timestamps, the energy spread by power."""
+        start_t = device.emitted_t if device.emitted_t is not None else device.util_cursor_us / 1e6
+        times = [start_t, *(poll.t for poll in polls)]
+        bounds_us = [int(t * 1e6) for t in times]
+        sm = self._split(device, pynvml.NVML_GPU_UTILIZATION_SAMPLES, "util_cursor_us", bounds_us)
+        memory = self._split(device, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, "memory_util_cursor_us", bounds_us)
+        if None in sm or None in memory:  # intervals no sample covers: the instant rates, read once
+            rates = _optional(pynvml.nvmlDeviceGetUtilizationRates, device.handle)
+            if rates is not None:
+                sm = [float(rates.gpu) if value is None else value for value in sm]
+                memory = [float(rates.memory) if value is None else value for value in memory]
+        chip = device.parent_handle if device.parent_handle is not None else device.handle
+        energy_mj = _optional(pynvml.nvmlDeviceGetTotalEnergyConsumption, chip)
+        energies = spread_energy(device.energy_mj, energy_mj, times, [poll.power_mw for poll in polls])
+        device.energy_mj = energy_mj
+        # a busy device whose process list is empty: the processes run in another PID namespace, and
+        # per-process utilisation still names their host PIDs (one figure each over these polls)
+        hidden: dict[int, float] | None = None
+        if device.process_utilization_supported and any(
+                poll.running == [] and poll.sm_by_pid is None and (value or 0.0) > 0 for poll, value in zip(polls, sm, strict=True)):
+            hidden = self._process_utilization(device, start_t)
+        readings = []
+        for poll, sm_percent, memory_percent, energy in zip(polls, sm, memory, energies, strict=True):
+            fields = poll.fields
+            fields["sm_percent"] = _percent(sm_percent)
+            fields["memory_activity_percent"] = _percent(memory_percent)
+            fields["energy_joules"] = None if energy is None else energy / 1000.0
+            sm_by_pid = poll.sm_by_pid
+            if sm_by_pid is None and hidden is not None and poll.running == [] and (sm_percent or 0.0) > 0:
+                sm_by_pid = hidden
+            readings.append(Reading(fields, self._processes(device, poll.running, sm_by_pid, fields["sm_percent"])))
+        return readings
 
     def _pcie(self, device: Device) -> tuple[float | None, float | None]:
         """(receive, transmit) bytes/s: the 20 ms reading, taken at most every `PCIE_THROUGHPUT_EVERY_SECONDS`."""
@@ -418,50 +619,42 @@ class NvmlSampler:
                                       None if tx_kbs is None else tx_kbs * 1024.0)
         return device.pcie_throughput
 
-    def _utilization(self, device: Device) -> tuple[float | None, float | None]:
-        """(SM %, memory activity %) over the samples since the last poll, else the instant rates."""
-        sm = self._samples_mean(device, pynvml.NVML_GPU_UTILIZATION_SAMPLES, "util_cursor_us")
-        memory = self._samples_mean(device, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, "memory_util_cursor_us")
-        if sm is None or memory is None:
-            rates = _optional(pynvml.nvmlDeviceGetUtilizationRates, device.handle)
-            if rates is not None:
-                sm = float(rates.gpu) if sm is None else sm
-                memory = float(rates.memory) if memory is None else memory
-        return _percent(sm), _percent(memory)
-
-    def _samples_mean(self, device: Device, sampling_type: int, cursor: str) -> float | None:
-        last_seen = int(getattr(device, cursor))
+    def _split(self, device: Device, sampling_type: int, cursor: str, bounds_us: list[int]) -> list[float | None]:
+        """The buffer's samples since the cursor, as a mean per interval of `bounds_us` (see `interval_means`)."""
+        last_seen = max(int(getattr(device, cursor)), bounds_us[0])
         try:
             value_type, samples = _samples(device.handle, sampling_type, last_seen)
         except (*_UNSUPPORTED, pynvml.NVMLError_NotFound):
-            return None
+            return [None] * (len(bounds_us) - 1)
         # one pass, reading the struct fields through the plain descriptor (see _field)
         name = _VALUE_FIELDS[value_type] if 0 <= value_type < len(_VALUE_FIELDS) else "uiVal"
-        total, count, newest = 0.0, 0, last_seen
+        end = bounds_us[-1]
+        stamped = []
+        newest = last_seen
         for sample in samples:
             stamp = _field(sample, "timeStamp")
-            if stamp > last_seen:
-                total += getattr(_field(sample, "sampleValue"), name)
-                count += 1
-                if stamp > newest:
+            if last_seen < stamp:
+                stamped.append((stamp, float(getattr(_field(sample, "sampleValue"), name))))
+                if newest < stamp <= end:
                     newest = stamp
-        if not count:
-            return None
-        setattr(device, cursor, newest)
-        return total / count
+        setattr(device, cursor, newest)  # samples after the last poll stay for the next read
+        return interval_means(stamped, bounds_us)
 
-    def _processes(self, device: Device, device_sm_percent: float | None) -> list[RawProcess] | None:
+    def _processes(self, device: Device, running: list[tuple[int, int | None]] | None,
+                   sm_by_pid: dict[int, float] | None, device_sm_percent: float | None) -> list[RawProcess] | None:
         """The compute processes NVML lists, and those its per-process utilisation names besides.
 
         A process of another PID namespace (the agent's own, without hostPID) is missing from the
         running list, yet `nvmlDeviceGetProcessUtilization` still gives its host PID and SM %: it is
-        added without a memory figure, and the host's /proc (`proc_root`) finds its pod. On a busy
-        device with an empty list that call is made for exactly this.
+        added without a memory figure, and the host's /proc (`proc_root`) finds its pod.
+        `sm_by_pid` None: per-process utilisation was not read (a sole holder's device): no SM figures.
         """
-        running = _optional(_running_processes, device.handle)
         if running is None:
             return None
-        sm_by_pid = self._process_utilization(device) if running or device_sm_percent else {}
+        if sm_by_pid is None:
+            if not running and not device_sm_percent:
+                return []  # idle and no process: that says "no processes", as a read would
+            return [RawProcess(pid, None if used is None else float(used), None) for pid, used in running]
         # no per-process sample while the device itself was busy: the driver gave none, it is not 0 %
         missing = not sm_by_pid and bool(device_sm_percent)
         processes = []
@@ -481,19 +674,22 @@ class NvmlSampler:
                 processes.append(RawProcess(pid, None, min(100.0, max(0.0, sm))))
         return processes
 
-    def _process_utilization(self, device: Device) -> dict[int, float]:
-        """Mean SM % per PID since the last poll ({} when none ran; unsupported devices are remembered)."""
+    def _process_utilization(self, device: Device, since_t: float | None) -> dict[int, float]:
+        """Mean SM % per PID since `since_t` (or the cursor) ({} when none ran; unsupported devices are remembered)."""
         if not device.process_utilization_supported:
             return {}
+        cursor = device.process_cursor_us
+        if since_t is not None:
+            cursor = max(cursor, int(since_t * 1e6))
         try:
-            samples = pynvml.nvmlDeviceGetProcessUtilization(device.handle, device.process_cursor_us)
+            samples = pynvml.nvmlDeviceGetProcessUtilization(device.handle, cursor)
         except pynvml.NVMLError_NotFound:
             return {}
         except _UNSUPPORTED:
             device.process_utilization_supported = False
             return {}
         totals: dict[int, tuple[float, int]] = {}
-        cursor = newest = device.process_cursor_us
+        newest = cursor
         for sample in samples:
             stamp = _field(sample, "timeStamp")
             if stamp > cursor:

@@ -50,7 +50,8 @@ def test_once_reports_every_figure(
     assert (gpu.pcie_rx_bytes_per_second, gpu.pcie_tx_bytes_per_second) == (1000 * 1024.0, 2000 * 1024.0)
     assert gpu.energy_joules is not None and 5000.0 <= gpu.energy_joules < 5000.0 + 350.0 * 60  # NVML mJ -> J
     (process,) = gpu.processes or []
-    assert (process.pid, process.pod_uid, process.container, process.sm_percent) == (1001, UID_TRAIN, "main", 45.0)
+    # a sole holder takes the device's figures (DESIGN §3): its per-process utilisation is not read
+    assert (process.pid, process.pod_uid, process.container, process.sm_percent) == (1001, UID_TRAIN, "main", None)
     assert process.memory_used_bytes == 1500 * 1024**2
 
     # an empty sample buffer falls back to nvmlDeviceGetUtilizationRates
@@ -79,8 +80,9 @@ def test_once_reports_every_figure(
     assert by_pod["infer-b"].units == 0.25
     assert (by_pod["mig-job"].uuid, by_pod["mig-job"].pod_uid) == ("MIG-5555", UID_MIG)
     assert by_pod["mig-job"].units == pytest.approx(3 / 7)
-    shared = {p.pid: p.pod_uid for p in samples["GPU-3333"].processes or []}
-    assert shared == {1003: UID_INFER_A, 1004: UID_INFER_B}
+    shared = {p.pid: (p.pod_uid, p.sm_percent) for p in samples["GPU-3333"].processes or []}
+    # two pods hold it: the driver's per-process utilisation splits it
+    assert shared == {1003: (UID_INFER_A, 10.0), 1004: (UID_INFER_B, 30.0)}
     unallocated = [d for d in devices if d.uuid == "GPU-6666"]
     assert [(d.state, d.healthy, d.pod) for d in unallocated] == [("unknown", False, None)]
 
@@ -126,15 +128,32 @@ def test_driver_not_loaded(fake_nvml_lib: Path, tmp_path: Path) -> None:
 
 
 def test_busy_device_without_process_samples_leaves_process_sm_unknown(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    """Two pods' processes on each GPU (found by their cgroups, no pod-resources): per-process utilisation is read."""
     scenario = write_scenario(
         tmp_path / "s.txt",
         "gpu uuid=GPU-busy util=70\ngpu uuid=GPU-idle util=0\n"
-        "proc device=GPU-busy pid=1 used_mib=10 sm=-1\nproc device=GPU-idle pid=2 used_mib=10 sm=-1\n",
+        "proc device=GPU-busy pid=1 used_mib=10 sm=-1\nproc device=GPU-busy pid=3 used_mib=10 sm=-1\n"
+        "proc device=GPU-idle pid=2 used_mib=10 sm=-1\nproc device=GPU-idle pid=4 used_mib=10 sm=-1\n",
     )
-    snapshot = _once(fake_nvml_lib, scenario, "--pod-resources-socket", str(tmp_path / "none.sock"))
-    sm = {s["uuid"]: s["processes"][0]["sm_percent"] for s in snapshot["samples"]}
+    proc_root = tmp_path / "proc"
+    for pid in (1, 2, 3, 4):
+        (proc_root / str(pid)).mkdir(parents=True)
+        (proc_root / str(pid) / "cgroup").write_text(
+            f"0::/kubepods.slice/kubepods-pod0000000{pid}_0000_4000_8000_000000000000.slice/cri-containerd-{pid:064x}.scope\n")
+    snapshot = _once(fake_nvml_lib, scenario, "--pod-resources-socket", str(tmp_path / "none.sock"),
+                     "--proc-root", str(proc_root))
+    sm = {s["uuid"]: {p["sm_percent"] for p in s["processes"]} for s in snapshot["samples"]}
     # busy with no per-process sample: unknown (the engine falls back to the device figure); idle: 0 %
-    assert sm == {"GPU-busy": None, "GPU-idle": 0.0}
+    assert sm == {"GPU-busy": {None}, "GPU-idle": {0.0}}
+
+
+def test_sole_holder_processes_carry_no_sm_figure(fake_nvml_lib: Path, tmp_path: Path) -> None:
+    """One process (one pod) on a GPU: its SM figure would decide nothing, so none is read (None, not 0)."""
+    scenario = write_scenario(tmp_path / "s.txt", "gpu uuid=GPU-a util=70\nproc device=GPU-a pid=1 used_mib=10 sm=60\n")
+    snapshot = _once(fake_nvml_lib, scenario, "--pod-resources-socket", str(tmp_path / "none.sock"))
+    (sample,) = snapshot["samples"]
+    assert sample["sm_percent"] == 70.0
+    assert [(p["pid"], p["sm_percent"]) for p in sample["processes"]] == [(1, None)]
 
 
 @pytest.fixture(scope="module")

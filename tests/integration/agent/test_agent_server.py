@@ -44,8 +44,8 @@ def _find(values: Metrics, name: str, **labels: str) -> list[float]:
 def test_metrics_and_snapshot_feed(
     start_agent: StartAgent, fake_nvml_lib: Path, scenario: Path, fake_proc: Path, pod_resources: PodResourcesServer
 ) -> None:
-    agent = start_agent(
-        fake_nvml_lib, scenario, "--interval", "0.2", "--proc-root", str(fake_proc),
+    agent = start_agent(  # buffers read every other poll: the feed below sees new polls within 0.6 s
+        fake_nvml_lib, scenario, "--interval", "0.2", "--nvml-buffer-read-seconds", "0.4", "--proc-root", str(fake_proc),
         "--pod-resources-socket", str(pod_resources.socket_path),
     )
     def counting() -> Metrics | None:
