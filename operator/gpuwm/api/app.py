@@ -53,7 +53,9 @@ from gpuwm.api.report import add_report_routes
 from gpuwm.api.runs import (
     DEFAULT_PAGE_RUNS,
     WORKLOAD_RANGE_PARAMETERS,
+    LeaderParam,
     PodParam,
+    WorkloadByParam,
     add_run_routes,
     at_stored_resolution,
     fit_resolution,
@@ -62,6 +64,7 @@ from gpuwm.api.runs import (
     parse_limit,
     workload_identity,
     workload_range_json,
+    workload_selection,
 )
 from gpuwm.api.schemas import (
     ErrorBody,
@@ -328,18 +331,21 @@ def create_app(
         start: StartParam = None,
         end: EndParam = None,
         step: StepParam = None,
-        by: ByParam = None,
+        by: WorkloadByParam = None,
         pod: PodParam = [],  # noqa: B006
+        leader: LeaderParam = None,
     ) -> Response:
         """Time series of the newest run of a workload (`/workloads/{uid}/metrics` for any run); the default
         range is the run's whole life."""
         check_parameters(request, WORKLOAD_RANGE_PARAMETERS, multi=("metric", "pod"))
         await guard(request, [namespace])
         workload = await find_workload(namespace, name)
+        identity = workload_identity(workload)
+        breakdown, pods, by_rank = workload_selection(identity, by, leader, pod)
         earliest, latest = await store_bounds()
         return await range_answer(
-            request, "workload", workload.uid, *life_of(workload, earliest, latest), metric, start, end, step, by,
-            workload_range_json(workload_identity(workload)), pods=pod, allowed=WORKLOAD_RANGE_PARAMETERS,
+            request, "workload", workload.uid, *life_of(workload, earliest, latest), metric, start, end, step,
+            breakdown, workload_range_json(identity, by_rank), pods=pods, allowed=WORKLOAD_RANGE_PARAMETERS,
         )
 
     add_run_routes(app, store, blocking, guard, authorizer.authenticate, store_bounds, range_answer)

@@ -23,9 +23,9 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
 
 from gpuwm.api.http import (
+    BOOL_PATTERN,
     ERRORS,
     NOT_FOUND,
-    ByParam,
     EndParam,
     MetricParam,
     NotFound,
@@ -35,7 +35,8 @@ from gpuwm.api.http import (
     check_parameters,
     metrics_json,
 )
-from gpuwm.api.params import BadParameter
+from gpuwm.api.params import BadParameter, parse_bool
+from gpuwm.api.ranks import rank_pods
 from gpuwm.api.schemas import MetricsBody, PodIdentity, WorkloadIdentity
 from gpuwm.model.figures import WorkloadFigures
 from gpuwm.store.base import RangeQuery, Series, Store
@@ -46,7 +47,7 @@ T = TypeVar("T")
 DEFAULT_PAGE_RUNS = 500
 MAX_PAGE_RUNS = 5000
 #: the parameters of a workload's range query: the common ones and `pod`
-WORKLOAD_RANGE_PARAMETERS = {"metric", "start", "end", "step", "by", "pod"}
+WORKLOAD_RANGE_PARAMETERS = {"metric", "start", "end", "step", "by", "pod", "leader"}
 
 PodParam = Annotated[
     list[str],
@@ -54,6 +55,21 @@ PodParam = Annotated[
         description="Only this pod of the workload (by name), repeatable: one series per pod "
         "(with by=gpu, one per GPU of those pods). A name the workload never had is refused (400)."
     ),
+]
+
+
+WorkloadByParam = Annotated[
+    str | None,
+    Query(
+        description="Breakdown: gpu, pod, node or rank (the pods' series in rank order: the leader role, then "
+        "workers by index; every pod series carries its `rank`).",
+        pattern=r"^(gpu|pod|node|rank)$",
+    ),
+]
+LeaderParam = Annotated[
+    str | None,
+    Query(description="true: only the leader's series (rank 0: master, chief, launcher or head, else the lowest "
+          "index).", pattern=BOOL_PATTERN),
 ]
 
 
@@ -79,7 +95,8 @@ class RangeAnswer(Protocol):
 
 
 def workload_identity(workload: WorkloadFigures) -> WorkloadIdentity:
-    """What a workload's range answer says about the run: which one, its phase, life and pods."""
+    """What a workload's range answer says about the run: which one, its phase, life and pods (in rank order)."""
+    ranks = {rank.pod: rank for rank in rank_pods(workload.name, [pod.name for pod in workload.pods])}
     return WorkloadIdentity(
         namespace=workload.namespace,
         name=workload.name,
@@ -90,7 +107,11 @@ def workload_identity(workload: WorkloadFigures) -> WorkloadIdentity:
         created_time=workload.created_time,
         start_time=workload.start_time,
         end_time=workload.end_time,
-        pods=[PodIdentity(name=pod.name, uid=pod.uid, node=pod.node, phase=pod.phase) for pod in workload.pods],
+        pods=[
+            PodIdentity(name=pod.name, uid=pod.uid, node=pod.node, phase=pod.phase, rank=ranks[pod.name].rank,
+                        role=ranks[pod.name].role or None)
+            for pod in sorted(workload.pods, key=lambda pod: ranks[pod.name].rank)
+        ],
     )
 
 
@@ -115,13 +136,39 @@ def fit_resolution(store: Store, query: RangeQuery) -> RangeQuery:
     return dataclasses.replace(query, resolution=tuple(stretches))
 
 
-def workload_range_json(identity: WorkloadIdentity) -> Callable[[RangeQuery, list[Series]], Response]:
-    """The encoder of a workload's range answer."""
+def workload_range_json(
+    identity: WorkloadIdentity, by_rank: bool = False
+) -> Callable[[RangeQuery, list[Series]], Response]:
+    """The encoder of a workload's range answer: each pod series labelled with its pod's rank (by=rank: in
+    rank order)."""
+    ranks = {pod.name: pod.rank for pod in identity.pods if pod.rank is not None}
 
     def encode(query: RangeQuery, series: list[Series]) -> Response:
+        for each in series:
+            rank = ranks.get(each.labels.get("pod", ""))
+            if rank is not None:
+                each.labels["rank"] = str(rank)
+        if by_rank:
+            series = sorted(series, key=lambda each: ranks.get(each.labels.get("pod", ""), len(ranks)))
         return metrics_json(scope="workload", workload=identity, query=query, series=series)
 
     return encode
+
+
+def workload_selection(
+    identity: WorkloadIdentity, by: str | None, leader: str | None, pods: Sequence[str]
+) -> tuple[str | None, tuple[str, ...], bool]:
+    """(the store's breakdown, the pods asked for, whether in rank order) for `by`, `leader` and `pod`."""
+    chosen = tuple(pods)
+    if leader is not None and parse_bool("leader", leader):
+        if chosen:
+            raise BadParameter("leader", "selects the leader's pod; give either leader=true or pod=, not both")
+        if not identity.pods:
+            raise BadParameter("leader", f"workload {identity.name!r} has no pods to lead")
+        chosen = (identity.pods[0].name,)
+    if by == "rank":
+        return "pod", chosen, True
+    return by, chosen, False
 
 
 # -- listing runs ------------------------------------------------------------------------------
@@ -222,12 +269,15 @@ def add_run_routes(
         start: StartParam = None,
         end: EndParam = None,
         step: StepParam = None,
-        by: ByParam = None,
+        by: WorkloadByParam = None,
         pod: PodParam = [],  # noqa: B006
+        leader: LeaderParam = None,
     ) -> Response:
         """Time series of one run, by its UID; the default range is the run's whole life."""
         check_parameters(request, WORKLOAD_RANGE_PARAMETERS, multi=("metric", "pod"))
         workload = await find_run(request, uid)
+        identity = workload_identity(workload)
+        breakdown, pods, by_rank = workload_selection(identity, by, leader, pod)
         earliest, latest = await store_bounds()
         return await range_answer(
             request,
@@ -238,9 +288,9 @@ def add_run_routes(
             start,
             end,
             step,
-            by,
-            workload_range_json(workload_identity(workload)),
-            pods=pod,
+            breakdown,
+            workload_range_json(identity, by_rank),
+            pods=pods,
             allowed=WORKLOAD_RANGE_PARAMETERS,
         )
 

@@ -50,6 +50,8 @@ class PodIdentity(BaseModel):
     uid: str
     node: str | None = None
     phase: str
+    rank: int | None = Field(default=None, description="0 for the leader (master, chief, launcher, head), then workers by index.")
+    role: str | None = Field(default=None, description="The replica type its name carries (master, worker, head, ...).")
 
 
 class WorkloadIdentity(BaseModel):

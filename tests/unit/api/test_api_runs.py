@@ -253,3 +253,53 @@ async def test_runai_names_per_gpu_node_and_pod(store: EmbeddedStore) -> None:
     assert values['runai_allocated_gpu_count_per_pod{clusterId="c-1",node="node-a",pod_name="worker-0",'
                   'pod_namespace="team-a",pod_uuid="second-worker-0"}'] == 1.0
     assert not [key for key in values if "first-worker" in key]
+
+
+# -- 4. ranks -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("workload", "pods", "ranked"),
+    [
+        # Kubeflow PyTorchJob: the master leads, workers by index (10 after 2, not after 1)
+        ("bert", ["bert-worker-10", "bert-worker-2", "bert-master-0", "bert-worker-0"],
+         [("bert-master-0", "master"), ("bert-worker-0", "worker"), ("bert-worker-2", "worker"),
+          ("bert-worker-10", "worker")]),
+        # an indexed Job: its completion index, the random suffix ignored
+        ("sweep", ["sweep-2-x7k2p", "sweep-0-ab3cd", "sweep-1-zz9qq"],
+         [("sweep-0-ab3cd", ""), ("sweep-1-zz9qq", ""), ("sweep-2-x7k2p", "")]),
+        # JobSet: job index, then pod index
+        ("js", ["js-workers-1-0-aaaaa", "js-workers-0-1-bbbbb", "js-workers-0-0-ccccc"],
+         [("js-workers-0-0-ccccc", ""), ("js-workers-0-1-bbbbb", ""), ("js-workers-1-0-aaaaa", "")]),
+        # Ray: the head leads
+        ("ray", ["ray-gpu-group-worker-q8v2m", "ray-head-7xk9s"],
+         [("ray-head-7xk9s", "head"), ("ray-gpu-group-worker-q8v2m", "worker")]),
+        # MPI: the launcher leads; ps after the workers
+        ("mpi", ["mpi-ps-0", "mpi-worker-0", "mpi-launcher-abcde"],
+         [("mpi-launcher-abcde", "launcher"), ("mpi-worker-0", "worker"), ("mpi-ps-0", "ps")]),
+    ],
+)
+def test_rank_pods(workload: str, pods: list[str], ranked: list[tuple[str, str]]) -> None:
+    from gpuwm.api.ranks import rank_pods
+
+    assert [(rank.pod, rank.role) for rank in rank_pods(workload, pods)] == ranked
+    assert [rank.rank for rank in rank_pods(workload, pods)] == list(range(len(pods)))
+
+
+async def test_by_rank_and_the_leader(client: httpx.AsyncClient) -> None:
+    url = "/api/v1/workloads/uid-train-second/metrics?metric=gpu_utilization_percent&start=780&end=900"
+    body = (await client.get(url + "&by=rank")).json()
+    assert [(p["name"], p["rank"], p["role"]) for p in body["workload"]["pods"]] == [
+        ("worker-0", 0, "worker"), ("worker-1", 1, "worker")
+    ]
+    assert [(s["labels"]["pod"], s["labels"]["rank"]) for s in body["series"]] == [("worker-0", "0"), ("worker-1", "1")]
+    by_pod = (await client.get(url + "&by=pod")).json()
+    assert {s["labels"]["pod"]: s["labels"]["rank"] for s in by_pod["series"]} == {"worker-0": "0", "worker-1": "1"}
+    leader = (await client.get(url + "&leader=true")).json()
+    (util,) = leader["series"]
+    assert util["labels"]["pod"] == "worker-0"
+    assert [v for _, v in util["points"]] == [util_of("second", 0, t) for t in range(780, 915, 15)]
+    both = await client.get(url + "&leader=true&pod=worker-1")
+    assert both.status_code == 400 and both.json()["parameter"] == "leader"
+    on_project = await client.get("/api/v1/projects/alpha/metrics?by=rank")
+    assert on_project.status_code == 400 and on_project.json()["parameter"] == "by"
