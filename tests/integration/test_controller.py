@@ -256,7 +256,7 @@ def test_controller_end_to_end_with_restart(cluster: Cluster, tmp_path: Path) ->
         assert ended["status"]["allocatedGpuSeconds"] == pytest.approx(finished - started, abs=2.0 + 2 * STATUS_INTERVAL)
 
         # the metrics API runs inside the controller, over the same store
-        match = re.findall(r"metrics API listening on 127.0.0.1:(\d+)", log.read_text())
+        match = re.findall(r"metrics API listening on (?:https?://)?127\.0\.0\.1:(\d+)", log.read_text())
         assert match, "the controller did not start the metrics API"
         with urllib.request.urlopen(f"http://127.0.0.1:{match[-1]}/api/v1/workloads", timeout=10) as response:
             listed = json.loads(response.read())
@@ -304,7 +304,8 @@ def test_merged_polls_count_as_every_poll_in_the_real_controller(cluster: Cluste
     # unmonitored: only the time before the agent's first poll (the pod's start is whole seconds); merged runs,
     # 3 s and 15 polls each, are monitored
     assert status["unmonitoredGpuSeconds"] == pytest.approx(node_a.samples[0]["t"] - int(started), abs=0.3)
-    assert status["activeGpuSeconds"] == pytest.approx(idled - started, abs=3.0 + 1.5)
+    # busy from the agent's first poll (which waits for the controller's first pull) until it idled
+    assert status["activeGpuSeconds"] == pytest.approx(idled - node_a.samples[0]["t"], abs=3.0 + 1.5)
     assert status["utilization"]["current"] == 0.0 and status["idleSeconds"] >= 5
     assert epoch(status["lastActiveTime"]) == pytest.approx(idled, abs=1.0)
 
