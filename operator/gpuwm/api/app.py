@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.registry import Collector
 
 from gpuwm import __version__
 from gpuwm.api.auth import AllowAll, AuthError, Authorizer, current_client, require, require_path
@@ -99,9 +100,13 @@ T = TypeVar("T")
 
 
 def create_app(
-    store: Store, settings: Settings | None = None, authorizer: Authorizer | None = None
+    store: Store, settings: Settings | None = None, authorizer: Authorizer | None = None,
+    extra_collectors: Sequence[Collector] = (),
 ) -> FastAPI:
-    """The API over `store`; `authorizer` defaults from settings.auth (kubernetes needs credentials at start)."""
+    """The API over `store`; `authorizer` defaults from settings.auth (kubernetes needs credentials at start).
+
+    `extra_collectors`: more series for `/metrics` (the controller's own counters, when it serves the API).
+    """
     settings = settings or Settings()
     if authorizer is None:
         if settings.auth == "none":
@@ -131,6 +136,8 @@ def create_app(
     registry.register(WorkloadMetricsCollector(
         store, runai_compatible=settings.runai_compatible_metrics, cluster_id=settings.cluster_id
     ))
+    for collector in extra_collectors:
+        registry.register(collector)
     app.state.store = store
     app.state.authorizer = authorizer
 

@@ -197,11 +197,14 @@ def _start_api(runtime: ControllerRuntime) -> asyncio.Task[None] | None:
         from gpuwm.api.tls import tls_files
     except ImportError:
         return None
+    from gpuwm.controller.intake_metrics import EngineCollector, IntakeCollector
     settings = runtime.settings
     try:
         host, port = parse_listen(settings.api_listen)
         tls = tls_files(settings.api_tls, settings.api_tls_cert_file, settings.api_tls_key_file, host)
-        app = create_app(runtime.store, settings)
+        app = create_app(runtime.store, settings, extra_collectors=(
+            IntakeCollector(lambda: runtime.puller), EngineCollector(lambda: runtime.engine),
+        ))
     except Exception as error:  # e.g. --auth=kubernetes without credentials: CR status goes on
         logger.warning("metrics API not started: %s", error)
         return None

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpuwm.accounting import Engine
 from gpuwm.controller.agents import NOT_FINITE, WRONG_NODE, AgentPuller
 
 #: the reasons always exported (at 0 before any), so an alert on a rate has a series from the start
@@ -47,3 +48,30 @@ def _counter(name: str, documentation: str, counts: Mapping[str, int], reasons: 
     for reason in sorted(set(reasons) | set(counts)):
         family.add_metric([reason], float(counts.get(reason, 0)))
     return family
+
+
+class EngineCollector(Collector):
+    """The engine's counters of its input: samples whose busy GPU the processes seen could not explain
+    (DESIGN §3, rule of 2026-11-27: their holders took the device's figure) and samples dropped as too late.
+
+    A rising `gpuwm_controller_unattributed_samples_total` says that agents do not see the processes
+    on busy GPUs (an agent without hostPID, MIG instances hiding them): figures still count the
+    activity, but a shared GPU's holders can no longer be told apart.
+    """
+
+    def __init__(self, engine: Engine | Callable[[], Engine | None]) -> None:
+        self._engine = engine
+
+    def collect(self) -> Iterator[Metric]:
+        engine = self._engine if isinstance(self._engine, Engine) else self._engine()
+        unattributed = CounterMetricFamily(
+            "gpuwm_controller_unattributed_samples",
+            "Samples of a busy GPU whose holders' processes could not explain it (the device's figure was used).",
+        )
+        unattributed.add_metric([], float(0 if engine is None else engine.unattributed_samples))
+        yield unattributed
+        late = CounterMetricFamily(
+            "gpuwm_controller_late_samples_dropped", "Samples older than the late-event window, dropped.",
+        )
+        late.add_metric([], float(0 if engine is None else engine.late_samples_dropped))
+        yield late
