@@ -13,7 +13,7 @@ import pytest
 
 from gpuwm.api.app import create_app
 from gpuwm.config import Settings
-from gpuwm.model import GpuSample
+from gpuwm.model import GpuSample, PodStatsSample
 from gpuwm.model.figures import GpuFigures, PodFigures, WorkloadFigures
 from gpuwm.store.embedded import EmbeddedStore
 from tests.unit.store.store_data import cluster, project, sample
@@ -65,6 +65,16 @@ def samples(run: str, t: float) -> list[GpuSample]:
     return [sample(t, f"gpu-{index}", sm=util_of(run, index, t)) for index in range(2)]
 
 
+def pod_stats(run: str, t: float) -> list[PodStatsSample]:
+    """Each pod's CPU, memory, network and ephemeral storage (the kubelet's stats summary)."""
+    return [
+        PodStatsSample(t=t, node="node-a", namespace="team-a", pod=f"worker-{index}", pod_uid=f"{run}-worker-{index}",
+                       cpu_usage_cores=1.5 + index, memory_used_bytes=2e9, network_rx_bytes_per_second=1e6,
+                       network_tx_bytes_per_second=2e6, ephemeral_storage_used_bytes=5e9)
+        for index in range(2)
+    ]
+
+
 def populate(path: Path) -> EmbeddedStore:
     store = EmbeddedStore(path, tiers=TIERS)
     # an ended run holds no GPU any more (its figures stay, kept with the run's UID)
@@ -73,10 +83,12 @@ def populate(path: Path) -> EmbeddedStore:
     )
     for t in FIRST_TIMES:
         job = run_figures("first", t)
-        store.record(t, samples("first", t), [job], [project("alpha", [job])], cluster(2))
+        store.record(t, samples("first", t), [job], [project("alpha", [job])], cluster(2), pod_stats("first", t))
     for t in SECOND_TIMES:
         job = run_figures("second", t)
-        store.record(t, samples("second", t), [ended, job], [project("alpha", [job])], cluster(2))
+        store.record(
+            t, samples("second", t), [ended, job], [project("alpha", [job])], cluster(2), pod_stats("second", t)
+        )
     store.compact(everything=True)
     return store
 
