@@ -13,14 +13,26 @@ anything, and the chunk takes the row-by-row path.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuwm.accounting.state import INFINITY, Gpu, SampleBatch, Stretch, Workload
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
-    from gpuwm.accounting.engine import EngineCore
+
+class EngineCore(Protocol):
+    """What this path reads and adds to of `gpuwm.accounting.engine.EngineCore` (which imports this module)."""
+
+    gpu_records: dict[str, Gpu]
+    mig_children: dict[str, list[str]]
+    unattributed_samples: int
+    gap_seconds: float
+    threshold_percent: float
+
+    def cuts(self, gpu: Gpu, start: float, end: float) -> list[float]: ...
+
+    def attribution(self, gpu: Gpu, index: int, workload: Workload, start: float, end: float) -> tuple[float, bool]: ...
 
 
 class BatchArrays:
@@ -92,7 +104,7 @@ def observe_appending_chunk(
         gpu = records.get(uuid)
         if gpu is not None and len(gpu.stretches) > 1:  # holders that change inside an interval: cut row by row
             low = gpu.times[-1] if gpu.times else first
-            if core._cuts(gpu, low, last):
+            if core.cuts(gpu, low, last):
                 return False
     # --- from here on the chunk is taken: append every device's rows
     order_list = order.tolist()
@@ -183,7 +195,7 @@ def _apply_pieces(
     has_previous = numpy.isfinite(start_t)
     with numpy.errstate(invalid="ignore", divide="ignore"):
         judged = t - start_t if merged is None else t - merged - start_t  # merged polls: the gap before the first
-        monitored = has_previous & ~numpy.isnan(sm) & (judged <= core._gap)
+        monitored = has_previous & ~numpy.isnan(sm) & (judged <= core.gap_seconds)
         rate = numpy.maximum(0.0, energy - start_energy) / (t - start_t)  # NaN where either is not reported
     stretch_start = numpy.array([stretch.start for stretch in stretches])[pair_combo]
     stretch_end = numpy.array([stretch.end for stretch in stretches])[pair_combo]
@@ -196,7 +208,7 @@ def _apply_pieces(
     pair_workload = numpy.array(combo_workload, dtype=numpy.int64)[pair_combo]
     pair_rate = rate[pair_position]
     pair_monitored = monitored[pair_position] & valid
-    # DESIGN §3 (EngineCore._attribution): a device's sole stretch without per-process data takes the
+    # DESIGN §3 (EngineCore.attribution): a device's sole stretch without per-process data takes the
     # device's SM % over its share, computed here for every such pair at once, as `_attribution` does
     # it; any other pair (several holders, or per-process data) asks `_attribution` itself
     group_sizes = numpy.array([len(gpu.stretches) for gpu in gpus], dtype=numpy.int64)
@@ -219,11 +231,11 @@ def _apply_pieces(
             key = (gpu_position, point, stretch.workload, start, end)
             if key != cached:
                 cached = key
-                value, flag = core._attribution(gpus[gpu_position], point, stretch.workload, start, end)
+                value, flag = core.attribution(gpus[gpu_position], point, stretch.workload, start, end)
             utilization[pair] = value
             unattributed[pair] = flag
-    active = pair_monitored & (utilization >= core._threshold)
-    idle = pair_monitored & ~(utilization >= core._threshold)
+    active = pair_monitored & (utilization >= core.threshold_percent)
+    idle = pair_monitored & ~(utilization >= core.threshold_percent)
     memory_known = pair_monitored & ~numpy.isnan(memory[pair_position])
     pair_memory = memory[pair_position]
     workloads = list(workload_ids)

@@ -88,8 +88,10 @@ class EngineCore:
         #: device's figure (DESIGN §3, rule of 2026-11-27); counted once, when a sample is first accounted
         self.unattributed_samples = 0
         self._last_maintenance = -INFINITY
-        self._gap = self.config.gap_seconds
-        self._threshold = self.config.idle_threshold_percent
+        #: an interval longer than this is unmonitored (DESIGN §3: 3 x the poll interval)
+        self.gap_seconds = self.config.gap_seconds
+        #: a holder at or above this utilisation is active (DESIGN §3, `idleThresholdPercent`)
+        self.threshold_percent = self.config.idle_threshold_percent
 
     # ------------------------------------------------------------------ input
 
@@ -579,10 +581,10 @@ class EngineCore:
         the gap since the sample before; a sample of merged polls by the gap before its run's first poll,
         t - merged - previous t (`batch._apply_pieces` is the vectorised twin)."""
         sm, times = gpu.sm[index], gpu.times
-        return sm == sm and times[index] - gpu.merged[index] - times[index - 1] <= self._gap
+        return sm == sm and times[index] - gpu.merged[index] - times[index - 1] <= self.gap_seconds
 
     @staticmethod
-    def _cuts(gpu: Gpu, start: float, end: float) -> list[float]:
+    def cuts(gpu: Gpu, start: float, end: float) -> list[float]:
         """Times strictly inside (start, end) where g's holders change: its stretches' starts and ends.
 
         Between two cuts every stretch of g either covers the whole piece or none of it, so a
@@ -601,10 +603,10 @@ class EngineCore:
         return sorted(cuts)
 
     def _workload_utilization(self, gpu: Gpu, index: int, workload: Workload, start: float, end: float) -> float:
-        """W's utilisation on g over (start, end] within interval `index` (see `_attribution`)."""
-        return self._attribution(gpu, index, workload, start, end)[0]
+        """W's utilisation on g over (start, end] within interval `index` (see `attribution`)."""
+        return self.attribution(gpu, index, workload, start, end)[0]
 
-    def _attribution(self, gpu: Gpu, index: int, workload: Workload, start: float, end: float) -> tuple[float, bool]:
+    def attribution(self, gpu: Gpu, index: int, workload: Workload, start: float, end: float) -> tuple[float, bool]:
         """W's utilisation on g over (start, end] within interval `index`, and whether it was *unattributed*.
 
         DESIGN §3, rule of 2026-11-27: activity is never lost to attribution. NVML's process list
@@ -638,7 +640,7 @@ class EngineCore:
             return 0.0, False
         share = units / gpu.device_units[index]
         pod_sm = gpu.pod_sm[index]
-        threshold = self._threshold
+        threshold = self.threshold_percent
         busy = sm >= threshold
         if not others:
             explained = pod_sm is None or not busy or sum(pod_sm.get(uid, 0.0) for uid in own) >= threshold
@@ -659,7 +661,7 @@ class EngineCore:
         """Add (sign=1) or take back (sign=-1, `units` negative) one monitored piece of a stretch."""
         workload = stretch.workload
         unit_seconds = units * (piece_end - piece_start)
-        if utilization >= self._threshold:
+        if utilization >= self.threshold_percent:
             workload.active_seconds += unit_seconds
             if sign > 0 and piece_end > stretch.last_active:
                 stretch.last_active = piece_end
@@ -691,7 +693,7 @@ class EngineCore:
                 energy = max(0.0, joules - previous_joules) / (end - start)  # joules per second
         cut_start = start if start > low else low
         cut_end = end if end < high else high
-        cuts = self._cuts(gpu, cut_start, cut_end) if monitored else []
+        cuts = self.cuts(gpu, cut_start, cut_end) if monitored else []
         memory = gpu.memory[index]
         counted = False
         for stretch in stretches:
@@ -710,7 +712,7 @@ class EngineCore:
             bounds = [piece_start, *(cut for cut in cuts if piece_start < cut < piece_end), piece_end]
             for position in range(len(bounds) - 1):
                 sub_start, sub_end = bounds[position], bounds[position + 1]
-                utilization, unattributed = self._attribution(gpu, index, workload, sub_start, sub_end)
+                utilization, unattributed = self.attribution(gpu, index, workload, sub_start, sub_end)
                 if unattributed:
                     workload.unattributed_seconds += units * (sub_end - sub_start)
                     counted = counted or unattributed
@@ -734,14 +736,14 @@ class EngineCore:
         else:
             start = times[index - 1]
             monitored = self._monitored(gpu, index)
-            if monitored and self._cuts(gpu, start, end):
+            if monitored and self.cuts(gpu, start, end):
                 self._apply_interval(gpu, index, -INFINITY, INFINITY, stretches, 1.0)
                 return
             joules, previous_joules = gpu.energy[index], gpu.energy[index - 1]
             if joules == joules and previous_joules == previous_joules:
                 energy = max(0.0, joules - previous_joules) / (end - start)
         memory = gpu.memory[index]
-        threshold = self._threshold
+        threshold = self.threshold_percent
         cached_key: tuple[Workload, float, float] | None = None
         utilization = 0.0
         unattributed = counted = False
@@ -762,7 +764,7 @@ class EngineCore:
             key = (workload, piece_start, piece_end)
             if key != cached_key:
                 cached_key = key
-                utilization, unattributed = self._attribution(gpu, index, workload, piece_start, piece_end)
+                utilization, unattributed = self.attribution(gpu, index, workload, piece_start, piece_end)
             if unattributed:
                 workload.unattributed_seconds += unit_seconds
                 counted = True
@@ -800,12 +802,12 @@ class EngineCore:
                 if start < low and self._monitored(gpu, index):
                     piece_start, piece_end = max(start, stretch.start), min(end, low, stretch.end)
                     if piece_end > piece_start:
-                        bounds = [piece_start, *self._cuts(gpu, piece_start, piece_end), piece_end]
+                        bounds = [piece_start, *self.cuts(gpu, piece_start, piece_end), piece_end]
                         for position in range(len(bounds) - 1, 0, -1):  # the latest active piece first
                             utilization = self._workload_utilization(
                                 gpu, index, stretch.workload, bounds[position - 1], bounds[position]
                             )
-                            if utilization >= self._threshold:
+                            if utilization >= self.threshold_percent:
                                 found = bounds[position]
                                 break
                         if found > -INFINITY:

@@ -86,12 +86,12 @@ def run(arguments: argparse.Namespace) -> int:
     if interval <= 0:
         raise ConfigError(f"--interval: must be more than 0 seconds, got {arguments.interval!r}")
     threshold = (
-        _float_option("--idle-threshold", arguments.idle_threshold)
+        _float_option("--idle-threshold-percent", arguments.idle_threshold)
         if arguments.idle_threshold is not None
         else defaults.idle_threshold_percent
     )
     if not 0 <= threshold <= 100:
-        raise ConfigError(f"--idle-threshold: must be between 0 and 100 percent, got {threshold}")
+        raise ConfigError(f"--idle-threshold-percent: must be between 0 and 100 percent, got {threshold}")
     at = _float_option("--at", arguments.at) if arguments.at is not None else None
     config = EngineConfig(
         interval_seconds=interval,
@@ -124,7 +124,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser(
         "replay",
         help="run a trace (JSON lines) through the accounting engine and print the figures",
-        description="Read TRACE (one JSON event per line: namespace, pod, sample) and print per-workload and "
+        description="Read TRACE (one JSON event per line: namespace, pod, workload, sample) and print per-workload and "
         "per-project figures at --at (default: the last event's time).",
     )
     parser.add_argument("trace", metavar="TRACE.jsonl", help="trace file")
@@ -133,7 +133,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--interval", default=None, help="the agents' poll interval (default 1s): intervals over 3x are unmonitored"
     )
     parser.add_argument(
-        "--idle-threshold", default=None, help="percent at or above which a workload is active (default 1)"
+        "--idle-threshold-percent", dest="idle_threshold", default=None,
+        help="percent at or above which a workload is active (default 1; the name every other verb uses)",
     )
+    # the name replay had before it took the shared spelling; kept working, left out of --help
+    parser.add_argument("--idle-threshold", dest="idle_threshold", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--project-label", default=None, help="label naming the project (default gpuwm.io/project)")
     parser.set_defaults(handler=run)

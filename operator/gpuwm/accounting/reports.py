@@ -273,11 +273,11 @@ class Engine(EngineCore):
             return None, memory, False
         start = max(gpu.times[index - 1], stretch.start)
         end = min(t, stretch.end)
-        cuts = self._cuts(gpu, start, end)
+        cuts = self.cuts(gpu, start, end)
         if cuts:  # the holders changed within the interval: as they were at its end
             start = cuts[-1]
         utilization = self._workload_utilization(gpu, index, stretch.workload, start, end)
-        monitored = now - t <= self._gap
+        monitored = now - t <= self.gap_seconds
         return utilization, memory, monitored
 
     @staticmethod
@@ -358,7 +358,7 @@ class Engine(EngineCore):
         fields["utilization_percent"] = utilization
         fields["last_sample_time"] = gpu.last_time
         fields["monitored"] = monitored
-        fields["active"] = None if utilization is None else utilization >= self._threshold
+        fields["active"] = None if utilization is None else utilization >= self.threshold_percent
         return trusted_complete(GpuFigures, fields)
 
     # ------------------------------------------------------------- reports
@@ -413,7 +413,7 @@ class Engine(EngineCore):
         nodes: set[str] = set()
         models: set[str] = set()
         gpu_records = self.gpu_records
-        threshold = self._threshold
+        threshold = self.threshold_percent
         for stretch in workload.stretches:
             gpu = gpu_records.get(stretch.uuid)
             if stretch.last_active > last_active:
@@ -688,7 +688,7 @@ class Engine(EngineCore):
                 continue
             holders = [s for s in gpu.stretches if s.start <= at < s.end]
             if not holders:
-                monitored = at - latest.t <= self._gap and latest.sm_percent is not None
+                monitored = at - latest.t <= self.gap_seconds and latest.sm_percent is not None
                 result.append(
                     GpuFigures(utilization_percent=latest.sm_percent, monitored=monitored, **self._device_fields(gpu))
                 )

@@ -6,6 +6,10 @@ sample), so comparing the engine's figures with it checks the engine's arithmeti
 the samples' encoding at once. The interval rules are DESIGN §3's: a sample covers
 (previous sample, t]; an interval longer than 3 x the poll interval, before a device's
 first sample, after its latest sample, or with no utilisation (a lost GPU) is unmonitored.
+
+It also keeps what the simulator did with each workload object (issue 35): when it was created,
+the GPU units it asked for, when Kueue held it back and admitted it, and when it ran. Queued and
+wait seconds follow from those times alone, never from the events the engine reads.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ class TruthFigures(BaseModel):
     unmonitored_gpu_seconds: float = 0.0
     energy_joules: float = Field(default=0.0, description="Power drawn x seconds x the holder's share of the GPU.")
     utilization_unit_seconds: float = Field(default=0.0, description="Monitored unit-seconds x utilisation percent.")
+    requested_gpus: float | None = Field(default=None, description="Units its pods ask for; None: its object is not watched.")
+    queued_seconds: float = Field(default=0.0, description="Seconds held back by Kueue since creation.")
+    wait_seconds: float = Field(default=0.0, description="Creation to its first run, and every stretch between runs since.")
 
     @property
     def lifetime_utilization_percent(self) -> float | None:
@@ -61,6 +68,41 @@ class _Holding:
 
 
 @dataclass(slots=True)
+class _Life:
+    """One workload object's life as the simulator lived it: created, held back, admitted, run, ended."""
+
+    created: float
+    requested_gpus: float | None
+    held_since: float | None  # held back by Kueue since (None: not held now)
+    held_seconds: float = 0.0  # of earlier stretches held back
+    runs: list[tuple[float, float]] = field(default_factory=list)  # (start, end) of ended runs
+    running_since: float | None = None
+    ended: float | None = None
+
+    def queued_seconds(self, now: float) -> float:
+        stop = now if self.ended is None else min(now, self.ended)
+        held = 0.0 if self.held_since is None else max(0.0, stop - self.held_since)
+        return self.held_seconds + held
+
+    def wait_seconds(self, now: float) -> float:
+        """Creation to the first run; then every stretch between one run and the next (or now): the
+        simulator ends a run early only by preempting the workload, which then waits to run again."""
+        stop = now if self.ended is None else min(now, self.ended)
+        starts = [start for start, _end in self.runs]
+        ends = [end for _start, end in self.runs]
+        if self.running_since is not None:
+            starts.append(self.running_since)
+        if not starts:
+            return max(0.0, stop - self.created)
+        wait = starts[0] - self.created
+        for end, following in zip(ends, starts[1:], strict=False):
+            wait += following - end
+        if self.running_since is None and self.ended is None:
+            wait += stop - ends[-1]  # preempted and not running again yet
+        return wait
+
+
+@dataclass(slots=True)
 class _DeviceLedger:
     last_sample: float = -math.inf
     holdings: list[_Holding] = field(default_factory=list)
@@ -75,10 +117,42 @@ class GroundTruth:
         self.sums: dict[str, _Sums] = {}
         self._devices: dict[str, _DeviceLedger] = {}
         self._open: dict[tuple[str, str], _Holding] = {}  # (sample uuid, pod uid) -> open holding
+        self._lives: dict[str, _Life] = {}
 
     def track(self, workload_uid: str) -> None:
         """A workload exists (from its first pod event), with or without GPUs yet."""
         self.sums.setdefault(workload_uid, _Sums())
+
+    def created(self, workload_uid: str, created: float, requested_gpus: float | None, held: bool) -> None:
+        """A workload created at `created`, asking for `requested_gpus` (None: its object is not watched),
+        held back by Kueue from its creation when `held`."""
+        self.track(workload_uid)
+        self._lives[workload_uid] = _Life(created, requested_gpus, created if held else None)
+
+    def held(self, workload_uid: str, t: float) -> None:
+        """Kueue holds it back from t on (preempted)."""
+        life = self._lives[workload_uid]
+        if life.held_since is None:
+            life.held_since = t
+
+    def admitted(self, workload_uid: str, t: float) -> None:
+        life = self._lives[workload_uid]
+        if life.held_since is not None:
+            life.held_seconds += t - life.held_since
+            life.held_since = None
+
+    def run_started(self, workload_uid: str, t: float) -> None:
+        self._lives[workload_uid].running_since = t
+
+    def run_ended(self, workload_uid: str, t: float) -> None:
+        life = self._lives[workload_uid]
+        if life.running_since is not None:
+            life.runs.append((life.running_since, t))
+            life.running_since = None
+
+    def ended(self, workload_uid: str, t: float) -> None:
+        self.run_ended(workload_uid, t)
+        self._lives[workload_uid].ended = t
 
     def allocate(self, sample_uuid: str, workload_uid: str, pod_uid: str, units: float, t: float) -> None:
         """Pod `pod_uid` holds `units` of the device sampled as `sample_uuid` from t on."""
@@ -129,7 +203,7 @@ class GroundTruth:
     ) -> float:
         """The holder's utilisation by DESIGN §3's rule of 2026-11-27 (activity is never lost to attribution).
 
-        Written apart from the engine's (`EngineCore._attribution`) so that the two check each other:
+        Written apart from the engine's (`EngineCore.attribution`) so that the two check each other:
         a sole holding workload takes the device's SM % over its share; on a shared device the
         processes split it, unless there are none to read or they cannot explain a busy device.
         """
@@ -155,6 +229,11 @@ class GroundTruth:
     def finish(self, now: float) -> dict[str, TruthFigures]:
         """Figures as of `now`: allocated time after each device's latest sample is unmonitored."""
         result = {uid: sums.figures() for uid, sums in self.sums.items()}
+        for uid, life in self._lives.items():
+            figures = result[uid]
+            figures.requested_gpus = life.requested_gpus
+            figures.queued_seconds = life.queued_seconds(now)
+            figures.wait_seconds = life.wait_seconds(now)
         for ledger in self._devices.values():
             for holding in ledger.holdings:
                 seconds = min(now, holding.end) - max(ledger.last_sample, holding.start)

@@ -15,7 +15,7 @@ from gpuwm.config import Settings
 from gpuwm.model.figures import ClusterFigures, WorkloadFigures
 from gpuwm.store import Store
 from gpuwm.store.embedded import EmbeddedStore
-from gpuwm.store.openmetrics import OpenMetricsBackfill
+from gpuwm.api.openmetrics import OpenMetricsBackfill
 from gpuwm.store.prometheus import PrometheusStore
 from tests.integration.store.prometheus_fixture import (
     MISSING,

@@ -18,7 +18,7 @@ from gpuwm.model import PodStatsSample
 from gpuwm.model.figures import ClusterFigures
 from gpuwm.store import RangeQuery, ReadOnlyStoreError, Series
 from gpuwm.store.embedded import EmbeddedStore
-from gpuwm.store.openmetrics import OpenMetricsBackfill
+from gpuwm.api.openmetrics import OpenMetricsBackfill
 from gpuwm.store.prometheus import PrometheusStore
 from tests.integration.store.prometheus_fixture import (
     MISSING,

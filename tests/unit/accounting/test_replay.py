@@ -112,7 +112,7 @@ def test_interval_and_idle_threshold_options(tmp_path: Path, capsys: pytest.Capt
     code, out, _ = _replay(capsys, str(trace))
     assert code == 0
     assert json.loads(out)["workloads"][0]["unmonitoredGpuSeconds"] == 10  # 5 s steps > 3 x 1 s
-    code, out, _ = _replay(capsys, str(trace), "--interval", "5s", "--idle-threshold", "10")
+    code, out, _ = _replay(capsys, str(trace), "--interval", "5s", "--idle-threshold-percent", "10")
     workload = json.loads(out)["workloads"][0]
     assert workload["unmonitoredGpuSeconds"] == 0
     assert workload["idleGpuSeconds"] == 10  # 5 % < 10 %
