@@ -6,12 +6,18 @@ its 20 ms count) stretches every poll. Run it on a GPU node, or on the fake libr
     .venv/bin/python bench/nvml_calls.py [--repeat 50]
     LD_LIBRARY_PATH=DIR FAKE_NVML_SCENARIO=FILE .venv/bin/python bench/nvml_calls.py
 
-Prints a table (median and max per call, for GPU 0) and the agent's own poll time over the same GPUs.
+Prints a table (median and max per call, for GPU 0), the agent's own poll time over the same GPUs, how many
+seconds each of the driver's sample buffers holds (samples per second x buffer length; the agent's
+`nvmlBufferReadSeconds` should stay under half of it), what `nvmlDeviceGetSamples` costs by how far back it
+reads, what per-process utilisation returns while a process computes (with PyTorch), and the real agent's CPU
+per GPU-second at 1 Hz (a `gpuwm agent` process, with the default buffer read and with every poll reading).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import itertools
 import math
 import statistics
 import sys
@@ -144,11 +150,149 @@ def _pcie_during_copies(seconds: float) -> None:
         pynvml.nvmlShutdown()
 
 
+#: computes on GPU 0 (bf16 matrix products) for argv[1] seconds, printing "busy" once it started
+LOADER = """
+import sys, time
+import torch
+a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+b = torch.randn_like(a)
+torch.cuda.synchronize()
+print("busy", flush=True)
+started = time.time()
+while time.time() - started < float(sys.argv[1]):
+    for _ in range(10):
+        a @ b
+    torch.cuda.synchronize()
+"""
+
+
+def _full_buffer(handle: Any, sampling_type: int) -> list[int]:
+    """The timestamps of every sample the driver holds (pynvml's two calls; a sample in between fails: again)."""
+    for _ in range(5):
+        try:
+            _, samples = pynvml.nvmlDeviceGetSamples(handle, sampling_type, 0)
+            return sorted(int(sample.timeStamp) for sample in samples)
+        except pynvml.NVMLError_InsufficientSize:
+            continue
+        except pynvml.NVMLError as error:
+            print(f"  samples of type {sampling_type}: {type(error).__name__}")
+            return []
+    return []
+
+
+def _buffers(handle: Any) -> None:
+    """How many samples each buffer holds, over how many seconds, and what a read costs by how far back it goes."""
+    for name, kind in (("GPU utilisation", pynvml.NVML_GPU_UTILIZATION_SAMPLES),
+                       ("memory utilisation", pynvml.NVML_MEMORY_UTILIZATION_SAMPLES)):
+        stamps = _full_buffer(handle, kind)
+        if len(stamps) > 1:
+            span = (stamps[-1] - stamps[0]) / 1e6
+            gaps = sorted(later - earlier for earlier, later in itertools.pairwise(stamps))
+            print(f"{name} samples: the buffer holds {len(stamps)} over {span:.2f} s "
+                  f"({(len(stamps) - 1) / span:.2f} a second; median gap {gaps[len(gaps) // 2] / 1000:.1f} ms; "
+                  f"newest {time.time() - stamps[-1] / 1e6:.2f} s old)")
+    for back in (1.0, 5.0, 10.0, 0.0):
+        cursor = int((time.time() - back) * 1e6) if back else 0
+        cpus = []
+        for _ in range(10):
+            cpu = time.thread_time()
+            with contextlib.suppress(pynvml.NVMLError):
+                _samples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, cursor)
+            cpus.append(time.thread_time() - cpu)
+        label = f"the last {back:.0f} s" if back else "the whole buffer"
+        print(f"the agent's nvmlDeviceGetSamples(GPU) reading {label}: CPU p50 {1000 * statistics.median(cpus):.3f} ms")
+
+
+def _process_samples(handle: Any, seconds: float) -> None:
+    """What nvmlDeviceGetProcessUtilization returns while a process computes: entries per PID and their stamps."""
+    import importlib.util
+    import subprocess
+
+    if importlib.util.find_spec("torch") is None:
+        print("(no PyTorch here: per-process utilisation under load not measured)")
+        return
+    loader = subprocess.Popen([sys.executable, "-c", LOADER, str(seconds)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert loader.stdout is not None
+        if loader.stdout.readline().strip() != "busy":
+            print("(the loader did not start)")
+            return
+        time.sleep(min(seconds / 2, 8.0))
+        for back in (0.0, 5.0, 1.0):
+            cursor = int((time.time() - back) * 1e6) if back else 0
+            try:
+                entries = pynvml.nvmlDeviceGetProcessUtilization(handle, cursor)
+            except pynvml.NVMLError as error:
+                print(f"per-process utilisation since {back or 'the start'}: {type(error).__name__}")
+                continue
+            by_pid: dict[int, list[tuple[int, int]]] = {}
+            for entry in entries:
+                by_pid.setdefault(int(entry.pid), []).append((int(entry.timeStamp), int(entry.smUtil)))
+            for pid, found in by_pid.items():
+                stamps = sorted(stamp for stamp, _ in found)
+                print(f"per-process utilisation since {f'{back:.0f} s ago' if back else 'the buffer start (0)'}: "
+                      f"PID {pid}{' (the loader)' if pid == loader.pid else ''}: {len(found)} entries over "
+                      f"{(stamps[-1] - stamps[0]) / 1e6:.2f} s, SM % {[sm for _, sm in found][:8]}")
+        print(f"the loader's device SM % over the same time: {_samples_mean(handle, 5.0)}")
+    finally:
+        loader.kill()
+        loader.wait()
+
+
+def _samples_mean(handle: Any, back: float) -> float | None:
+    value_type, samples = _samples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, int((time.time() - back) * 1e6))
+    values = [getattr(sample.sampleValue, _VALUE_FIELDS[value_type]) for sample in samples]
+    return sum(values) / len(values) if values else None
+
+
+def _agent_cpu(seconds: float, buffer_read_seconds: str, gpus: int) -> None:
+    """A real `gpuwm agent` at 1 Hz: its CPU per GPU-second after a 5 s start, and RSS."""
+    import os
+    import socket
+    import subprocess
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "operator")}
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "gpuwm.cli", "agent", "--listen", f"127.0.0.1:{port}", "--interval", "1s",
+         "--node-name", "bench", "--pod-resources-socket", "/nonexistent.sock", "--log-level", "error",
+         "--nvml-buffer-read-seconds", buffer_read_seconds], env=env)
+    ticks = os.sysconf("SC_CLK_TCK")
+
+    def cpu() -> float:
+        """Its threads' time on a CPU in nanoseconds (schedstat) where the kernel keeps it, else /proc's ticks."""
+        try:
+            return sum(int((task / "schedstat").read_text().split()[0])
+                       for task in Path(f"/proc/{agent.pid}/task").iterdir()) / 1e9
+        except (OSError, ValueError, IndexError):
+            fields = Path(f"/proc/{agent.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / ticks
+
+    try:
+        time.sleep(5.0)
+        before, started = cpu(), time.monotonic()
+        time.sleep(seconds)
+        used, wall = cpu() - before, time.monotonic() - started
+        rss = next(int(line.split()[1]) / 1024 for line in Path(f"/proc/{agent.pid}/status").read_text().splitlines()
+                   if line.startswith("VmRSS:"))
+    finally:
+        agent.terminate()
+        agent.wait(timeout=15)
+    print(f"the agent at 1 Hz, nvmlBufferReadSeconds={buffer_read_seconds}: {1000 * used / (wall * gpus):.2f} ms CPU "
+          f"per GPU-second ({used:.2f} CPU-s in {wall:.1f} s, {gpus} GPU(s)), RSS {rss:.1f} MiB")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=int, default=50)
     parser.add_argument("--pcie-copy-seconds", type=float, default=0.0,
                         help="also copy host<->GPU with PyTorch this long each way, printing both PCIe readings")
+    parser.add_argument("--load-seconds", type=float, default=12.0,
+                        help="how long a PyTorch process computes while per-process utilisation is read (0: not)")
+    parser.add_argument("--agent-seconds", type=float, default=30.0,
+                        help="how long each real agent run is measured for its CPU per GPU-second (0: not)")
     options = parser.parse_args()
     if options.pcie_copy_seconds:
         _pcie_during_copies(options.pcie_copy_seconds)
@@ -172,7 +316,20 @@ def main() -> int:
         polls.append(sampler.poll().nvml_seconds)
     sampler.stop()
     print(f"the agent's poll of {len(sampler.devices)} device(s), 20 at 10 Hz: p50 {1000 * statistics.median(polls):.2f} ms, "
-          f"max {1000 * max(polls):.2f} ms (PCIe read on the first, at most every 5 s)")
+          f"max {1000 * max(polls):.2f} ms (PCIe read on the first, at most every 5 s; buffers read every 5 s)")
+
+    pynvml.nvmlInit()
+    try:
+        handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+        gpus = pynvml.nvmlDeviceGetCount()
+        _buffers(handle)
+        if options.load_seconds:
+            _process_samples(handle, options.load_seconds)
+    finally:
+        pynvml.nvmlShutdown()
+    if options.agent_seconds:
+        for buffer_read_seconds in ("5s", "0"):
+            _agent_cpu(options.agent_seconds, buffer_read_seconds, gpus)
     return 0
 
 

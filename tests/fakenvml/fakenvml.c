@@ -447,9 +447,9 @@ nvmlReturn_t nvmlDeviceGetSamples(void *handle, int type, unsigned long long las
                                   unsigned int *count, nvmlSample_t *samples) {
     DEVICE_OR_RETURN(handle);
     if (type != 1 && type != 2) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned long long now = now_us(); /* the samples as of the call's start: its cost does not add one */
     spend((samples == NULL ? samples_size_cost_us : samples_cost_us) - call_cost_us);
     if (!d->samples) return NVML_ERROR_NOT_FOUND;
-    unsigned long long now = now_us();
     /* the buffer holds the latest buffer_samples samples: older ones are gone */
     unsigned long long oldest = now - (unsigned long long)(buffer_samples > 0 ? buffer_samples : 0) * SAMPLE_PERIOD_US;
     if (last_seen > oldest) oldest = last_seen;

@@ -87,6 +87,12 @@ def _agent_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("GPUWM_")}
 
 
+#: the agent's buffer reads here: the tests' controller writes status every second and counts a device reporting
+#: within its gap (3 polls) plus that second, so a 5 s lag (the default, against 15 s status writes) would read
+#: as an agent not reporting; 1 s still splits each read into two polls by the samples' timestamps
+BUFFER_READ_SECONDS = "1"
+
+
 def _start_agent(tmp_path: Path, *arguments: str, wrapper: tuple[str, ...] = ()) -> RunningAgent:
     """The real `gpuwm agent` on this machine's driver, polling every 0.5 s, its log in tmp_path.
 
@@ -97,7 +103,8 @@ def _start_agent(tmp_path: Path, *arguments: str, wrapper: tuple[str, ...] = ())
     with log_path.open("w") as log_file:
         process = subprocess.Popen(
             [*wrapper, sys.executable, "-m", "gpuwm.cli", "agent", "--listen", f"127.0.0.1:{port}",
-             "--node-name", "gpu-node", "--interval", "0.5", "--log-format", "text", *arguments],
+             "--node-name", "gpu-node", "--interval", "0.5", "--nvml-buffer-read-seconds", BUFFER_READ_SECONDS,
+             "--log-format", "text", *arguments],
             env=_agent_env(), stdout=log_file, stderr=subprocess.STDOUT, text=True,
         )
     return RunningAgent(process, f"http://127.0.0.1:{port}", log_path)

@@ -1,0 +1,205 @@
+"""The driver's buffered and cumulative figures read every `buffer_read_seconds`, split into the polls since.
+
+A stub driver (pynvml's functions replaced, a fake clock) counts the calls: the expensive ones
+(`nvmlDeviceGetSamples`, the energy counter, per-process utilisation) run once per read, yet every
+poll still gets the utilisation of its own second, from the samples' timestamps.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pynvml
+import pytest
+
+from gpuwm.agent import nvml
+from gpuwm.agent.nvml import Device, NvmlSampler, Reading, interval_means, spread_energy
+
+SAMPLE_PERIOD_US = 166_667
+POWER_MW = 300_000
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class Driver:
+    """One GPU: SM % by the sample's second (`busy_seconds`: 100 %, else 0), power constant, energy its integral."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, clock: Clock) -> None:
+        self.clock = clock
+        self.busy_seconds: set[int] = set()
+        self.running: list[tuple[int, int | None]] = [(10, 1 << 20)]
+        self.per_process: dict[int, float] = {10: 40.0}
+        self.samples_found = True
+        self.calls: dict[str, int] = {"samples": 0, "energy": 0, "process_utilization": 0, "rates": 0}
+        monkeypatch.setattr(nvml, "time", clock)
+        monkeypatch.setattr(nvml, "_samples", self.samples)
+        monkeypatch.setattr(nvml, "_running_processes", lambda handle: list(self.running))
+        instant = {
+            "nvmlDeviceGetMemoryInfo": lambda handle: SimpleNamespace(used=1.0, total=2.0),
+            "nvmlDeviceGetTemperature": lambda handle, sensor: 50,
+            "nvmlDeviceGetPowerUsage": lambda handle: POWER_MW,
+            "nvmlDeviceGetEnforcedPowerLimit": lambda handle: 700_000,
+            "nvmlDeviceGetClockInfo": lambda handle, kind: 1980,
+            "nvmlDeviceGetPcieThroughput": lambda handle, counter: 1,
+            "nvmlDeviceGetCount": lambda: 1,
+            "nvmlDeviceGetTotalEnergyConsumption": self.energy,
+            "nvmlDeviceGetUtilizationRates": self.rates,
+            "nvmlDeviceGetProcessUtilization": self.process_utilization,
+        }
+        for name, function in instant.items():
+            monkeypatch.setattr(pynvml, name, function)
+
+    def samples(self, handle: Any, sampling_type: int, last_seen_us: int) -> tuple[int, list[Any]]:
+        self.calls["samples"] += 1
+        if not self.samples_found:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        now_us = int(self.clock.now * 1e6)
+        found = []
+        for k in range(last_seen_us // SAMPLE_PERIOD_US + 1, now_us // SAMPLE_PERIOD_US + 1):
+            stamp = k * SAMPLE_PERIOD_US
+            busy = sampling_type == pynvml.NVML_GPU_UTILIZATION_SAMPLES and int((stamp - 1) // 1_000_000) in self.busy_seconds
+            found.append(SimpleNamespace(timeStamp=stamp, sampleValue=SimpleNamespace(uiVal=100 if busy else 0)))
+        return 1, found
+
+    def energy(self, handle: Any) -> int:
+        self.calls["energy"] += 1
+        return int(POWER_MW * self.clock.now)
+
+    def rates(self, handle: Any) -> Any:
+        self.calls["rates"] += 1
+        return SimpleNamespace(gpu=7, memory=8)
+
+    def process_utilization(self, handle: Any, last_seen_us: int) -> list[Any]:
+        self.calls["process_utilization"] += 1
+        if not self.per_process:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return [SimpleNamespace(pid=pid, timeStamp=int(self.clock.now * 1e6), smUtil=sm)
+                for pid, sm in self.per_process.items()]
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def driver(monkeypatch: pytest.MonkeyPatch, clock: Clock) -> Driver:
+    return Driver(monkeypatch, clock)
+
+
+def _sampler(clock: Clock, buffer_read_seconds: float = 5.0) -> NvmlSampler:
+    sampler = NvmlSampler("n", 1.0, rediscover_seconds=1e9, buffer_read_seconds=buffer_read_seconds)
+    start_us = int((clock.now - 1.0) * 1e6)
+    sampler.devices = [Device(object(), "GPU-1", 0, "m", util_cursor_us=start_us, memory_util_cursor_us=start_us,
+                              process_cursor_us=start_us)]
+    sampler._device_set = frozenset({"GPU-1"})
+    sampler._count, sampler._discovered_at = 1, clock.now
+    return sampler
+
+
+def _polls(sampler: NvmlSampler, clock: Clock, count: int, **options: Any) -> list[list[Reading]]:
+    """`count` polls a second apart (the first now): the readings each handed over."""
+    handed = []
+    for number in range(count):
+        if number:
+            clock.now += 1.0
+        handed.append(sampler.poll(**options).samples)
+    return handed
+
+
+def test_buffers_read_every_period_and_each_poll_keeps_its_own_second(driver: Driver, clock: Clock) -> None:
+    driver.busy_seconds = {1003, 1007}  # busy in (1003, 1004] and (1007, 1008]: one poll each
+    sampler = _sampler(clock)
+    handed = _polls(sampler, clock, 11)
+    # the first poll leaves at once; then every 5 polls, each with all the polls since
+    assert [len(readings) for readings in handed] == [1, 0, 0, 0, 0, 5, 0, 0, 0, 0, 5]
+    readings = [reading.fields for batch in handed for reading in batch]
+    assert [fields["t"] for fields in readings] == [1000.0 + second for second in range(11)]
+    assert {fields["t"]: fields["sm_percent"] for fields in readings if fields["sm_percent"]} == {1004.0: 100.0, 1008.0: 100.0}
+    assert all(fields["sm_percent"] == 0.0 for fields in readings if fields["t"] not in (1004.0, 1008.0))
+    # the energy counter, read three times, still steps with each poll (its growth spread by power)
+    assert [fields["energy_joules"] for fields in readings] == pytest.approx([POWER_MW * f["t"] / 1000 for f in readings])
+    assert driver.calls == {"samples": 6, "energy": 3, "process_utilization": 0, "rates": 0}
+    # a sole holder (here: none named) gets no per-process read: its processes carry no SM figure
+    assert [(p.pid, p.sm_percent) for p in handed[5][0].processes or []] == [(10, None)]
+
+
+def test_a_change_of_holders_reads_at_once_and_a_shared_device_reads_per_process_every_poll(
+    driver: Driver, clock: Clock
+) -> None:
+    sampler = _sampler(clock)
+    pods: frozenset[str] = frozenset({"a"})
+    handed = _polls(sampler, clock, 3, holders=lambda device, pids: pods)
+    assert [len(readings) for readings in handed] == [1, 0, 0]
+    assert driver.calls["process_utilization"] == 0
+    pods = frozenset({"a", "b"})
+    clock.now += 1.0
+    assert [r.fields["t"] for r in sampler.poll(holders=lambda device, pids: pods).samples] == [1001.0, 1002.0, 1003.0]
+    clock.now += 1.0
+    assert sampler.poll(holders=lambda device, pids: pods).samples == []
+    assert driver.calls["process_utilization"] == 2  # each poll of the shared device
+    clock.now += 1.0
+    (reading, *_) = sampler.poll(holders=lambda device, pids: pods, read_buffers=True).samples
+    assert [(p.pid, p.sm_percent) for p in reading.processes or []] == [(10, 40.0)]
+
+
+def test_processes_coming_or_going_read_at_once(driver: Driver, clock: Clock) -> None:
+    sampler = _sampler(clock)
+    _polls(sampler, clock, 2)
+    driver.running = [(10, 1 << 20), (11, 1 << 20)]
+    clock.now += 1.0
+    assert [r.fields["t"] for r in sampler.poll().samples] == [1001.0, 1002.0]
+
+
+def test_a_busy_device_with_no_listed_process_names_host_pids_once_per_read(driver: Driver, clock: Clock) -> None:
+    """The agent in its own PID namespace: NVML's list is empty, per-process utilisation gives the host PID."""
+    driver.running, driver.per_process, driver.busy_seconds = [], {4242: 80.0}, set(range(990, 1010))
+    sampler = _sampler(clock)
+    handed = _polls(sampler, clock, 6)
+    assert driver.calls["process_utilization"] == 2  # one per read, not one per poll
+    for reading in handed[5]:
+        assert [(p.pid, p.sm_percent, p.memory_used_bytes) for p in reading.processes or []] == [(4242, 80.0, None)]
+
+
+def test_an_idle_device_without_processes_says_no_processes(driver: Driver, clock: Clock) -> None:
+    driver.running, driver.per_process = [], {}
+    (reading,) = _sampler(clock).poll().samples
+    assert reading.processes == [] and reading.fields["sm_percent"] == 0.0
+    assert driver.calls["process_utilization"] == 0
+
+
+def test_no_samples_fall_back_to_the_instant_rates_read_once(driver: Driver, clock: Clock) -> None:
+    driver.samples_found = False
+    sampler = _sampler(clock)
+    handed = _polls(sampler, clock, 6)
+    assert [r.fields["sm_percent"] for r in handed[5]] == [7.0] * 5
+    assert [r.fields["memory_activity_percent"] for r in handed[5]] == [8.0] * 5
+    assert driver.calls["rates"] == 2
+
+
+def test_interval_means_split_samples_by_their_timestamps() -> None:
+    samples = [(5, 10.0), (15, 20.0), (16, 40.0), (35, 90.0), (1, 99.0)]  # (1, 99): before the first bound
+    assert interval_means(samples, [2, 10, 20, 30, 40, 50]) == [10.0, 30.0, 90.0, 90.0, None]
+    assert interval_means([], [0, 10]) == [None]
+
+
+def test_spread_energy_adds_up_to_the_counter_and_follows_power() -> None:
+    spread = spread_energy(1_000.0, 1_900.0, [0.0, 1.0, 2.0, 3.0], [100.0, 200.0, 0.0])
+    assert spread == pytest.approx([1_300.0, 1_900.0, 1_900.0])
+    assert spread_energy(1_000.0, 1_300.0, [0.0, 1.0, 3.0], [None, None]) == pytest.approx([1_100.0, 1_300.0])
+    assert spread_energy(None, 500.0, [0.0, 1.0, 2.0], [1.0, 1.0]) == [500.0, 500.0]  # nothing earlier to spread from
+    assert spread_energy(900.0, 500.0, [0.0, 1.0, 2.0], [1.0, 1.0]) == [500.0, 500.0]  # the counter went back
+    assert spread_energy(900.0, None, [0.0, 1.0], [1.0]) == [None]
