@@ -82,12 +82,13 @@ class GpuNode:
         (self.proc_root / str(PID) / "cgroup").write_text(
             f"0::/kubepods.slice/kubepods-pod{uid.replace('-', '_')}.slice/cri-containerd-{PID:064x}.scope\n")
 
-    def start(self, interval: float = 0.5) -> RunningAgent:
+    def start(self, interval: float = 0.5, port: int | None = None) -> RunningAgent:
+        """The agent on `port` (a free one unless named: a controller started before it knows its URL)."""
         self.proc_root.mkdir(parents=True, exist_ok=True)
         if not self.scenario.exists():
             self.set(idle())
         self.pod_resources.start()
-        port = free_port()
+        port = port or free_port()
         log_path = self.directory / "agent.log"
         with log_path.open("w") as log_file:
             process = subprocess.Popen(
