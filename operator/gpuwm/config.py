@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import BeforeValidator, Field, ValidationError
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
 from pydantic.alias_generators import to_camel
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -56,6 +56,26 @@ DurationSeconds = Annotated[float, BeforeValidator(parse_duration_seconds), Fiel
 CommaList = Annotated[list[str], NoDecode, BeforeValidator(_split_list)]
 
 DEFAULT_RESOURCE_NAMES = ["nvidia.com/gpu", "nvidia.com/mig-*", "nvidia.com/gpu.shared"]
+
+#: the workload objects watched by default (issue 35): built-in kinds with their version, CRDs by group and kind
+#: alone, so whichever version the cluster's operator serves as preferred is watched
+DEFAULT_WORKLOAD_KINDS = [
+    "batch/v1/Job", "batch/v1/CronJob", "jobset.x-k8s.io/JobSet",
+    "kubeflow.org/PyTorchJob", "kubeflow.org/TFJob", "kubeflow.org/MPIJob", "kubeflow.org/XGBoostJob",
+    "kubeflow.org/PaddleJob", "trainer.kubeflow.org/TrainJob", "ray.io/RayJob", "ray.io/RayCluster",
+    "apps/v1/Deployment", "apps/v1/StatefulSet", "leaderworkerset.x-k8s.io/LeaderWorkerSet",
+    "serving.kserve.io/InferenceService", "kueue.x-k8s.io/Workload",
+]
+#: GROUP/VERSION/Kind, GROUP/Kind (the preferred version) or VERSION/Kind (the core group)
+_WORKLOAD_KIND = re.compile(r"^(?:[a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?(?:v[0-9]+(?:(?:alpha|beta)[0-9]+)?/)?[A-Z][A-Za-z0-9]*$")
+
+
+def _check_workload_kinds(kinds: list[str]) -> list[str]:
+    for text in kinds:
+        if "/" not in text or not _WORKLOAD_KIND.match(text):
+            raise ValueError(f"workload kind {text!r} is not GROUP/VERSION/Kind, GROUP/Kind or VERSION/Kind "
+                             "(e.g. batch/v1/Job, kubeflow.org/PyTorchJob)")
+    return kinds
 
 
 class Settings(BaseSettings):
@@ -146,6 +166,12 @@ class Settings(BaseSettings):
         pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?(/[-._a-zA-Z0-9]+)?$",
         description="NVIDIA device plugin ConfigMap NAMESPACE/NAME[/DEFAULT-KEY] with sharing.timeSlicing replicas, "
         "read for nodes without the nvidia.com/gpu.replicas label.",
+    )
+    workload_kinds: Annotated[CommaList, AfterValidator(_check_workload_kinds)] = Field(
+        default_factory=lambda: list(DEFAULT_WORKLOAD_KINDS),
+        description="Workload objects watched for queued and pending workloads and their requested GPUs, as "
+        "GROUP/VERSION/Kind or GROUP/Kind (the served preferred version); kinds not installed are skipped until "
+        "their CRD appears. The chart grants get/list/watch on each.",
     )
     standalone: bool = Field(default=False, description="Run without kopf peering (one replica only).")
     liveness: str | None = Field(

@@ -78,7 +78,7 @@ gpuwm's settings (gpuwm.config.Settings), by Helm value name. Each becomes GPUWM
 in both containers; a test fails when a Settings field is missing here or in values.yaml.
 */}}
 {{- define "gpuwm.settingNames" -}}
-logFormat logLevel interval idleThresholdPercent projectLabel lateEventWindow listen nodeName podResourcesSocket kubeletUrl procRoot kubeletTokenFile kubeletInsecureTls resourceNames snapshotBufferSamples nvmlBufferReadSeconds namespace statusInterval snapshotMerge retention agents store stateSaveInterval idleConditionAfter underutilizedPercent statusWritesPerSecond statusCountersRefresh timeSlicedReplicas devicePluginConfig standalone liveness peeringName auth apiListen apiTls apiTlsCertFile apiTlsKeyFile apiTokenAudience apiMaxPointsPerResponse apiMaxConcurrentQueries apiAuthCacheEntries apiAuthReviewsPerClientPerSecond runaiCompatibleMetrics clusterId storeRollups storeLatestRowsPerInterval
+logFormat logLevel interval idleThresholdPercent projectLabel lateEventWindow listen nodeName podResourcesSocket kubeletUrl procRoot kubeletTokenFile kubeletInsecureTls resourceNames workloadKinds snapshotBufferSamples nvmlBufferReadSeconds namespace statusInterval snapshotMerge retention agents store stateSaveInterval idleConditionAfter underutilizedPercent statusWritesPerSecond statusCountersRefresh timeSlicedReplicas devicePluginConfig standalone liveness peeringName auth apiListen apiTls apiTlsCertFile apiTlsKeyFile apiTokenAudience apiMaxPointsPerResponse apiMaxConcurrentQueries apiAuthCacheEntries apiAuthReviewsPerClientPerSecond runaiCompatibleMetrics clusterId storeRollups storeLatestRowsPerInterval
 {{- end -}}
 
 {{/* One settings value as an env string: lists comma-joined, whole numbers without exponent. */}}

@@ -14,7 +14,7 @@ from gpuwm.controller.gctuning import limit_malloc_arenas
 
 FIELDS = (
     "log_format", "log_level", "namespace", "standalone", "peering_name", "liveness",
-    "resource_names", "project_label", "idle_threshold_percent", "interval", "late_event_window",
+    "resource_names", "workload_kinds", "project_label", "idle_threshold_percent", "interval", "late_event_window",
     "status_interval", "snapshot_merge", "retention", "agents", "store", "state_save_interval", "idle_condition_after", "underutilized_percent",
     "status_writes_per_second", "status_counters_refresh", "time_sliced_replicas", "device_plugin_config", "api_listen", "auth",
     "runai_compatible_metrics", "cluster_id", "store_rollups", "store_latest_rows_per_interval",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import socket
 import tempfile
 import time
@@ -29,12 +30,15 @@ from gpuwm.controller.kube import KubeClient
 from gpuwm.controller.login import kube_login
 from gpuwm.controller.runtime import ControllerRuntime
 from gpuwm.controller.units import requests_gpu
+from gpuwm.controller.workload_kinds import WorkloadKind, parse_workload_kinds
+from gpuwm.controller.workload_objects import WorkloadObjects
 
 logger = logging.getLogger("gpuwm.controller")
 
 #: set by `gpuwm controller` before kopf starts; the `when=` filters read it
 SETTINGS: Settings | None = None
 RUNTIME: ControllerRuntime | None = None
+WORKLOADS: WorkloadObjects | None = None
 _TASKS: list[asyncio.Task[None]] = []
 
 #: the controller's handlers. A plain registry, not kopf's default: that one probes for the official
@@ -45,6 +49,70 @@ REGISTRY = kopf.OperatorRegistry()
 def configure(settings: Settings) -> None:
     global SETTINGS
     SETTINGS = settings
+    register_workload_kinds(parse_workload_kinds(settings.workload_kinds))
+
+
+#: the kinds whose handler is registered (configure may run more than once in one process: tests)
+_REGISTERED_KINDS: set[WorkloadKind] = set()
+
+
+def register_workload_kinds(kinds: list[WorkloadKind]) -> None:
+    """One `@kopf.on.event` per configured workload kind (issue 35), and one log line per kind not installed.
+
+    kopf watches a kind once its CRD exists, and picks up CRDs created later; for every kind it cannot
+    resolve it logs one warning listing them all, again on each CRD change: `AbsentKinds` turns that into
+    one line per absent kind.
+    """
+    for kind in kinds:
+        if kind in _REGISTERED_KINDS:
+            continue
+        _REGISTERED_KINDS.add(kind)
+        kopf.on.event(group=kind.group, version=kind.version, kind=kind.kind, id=f"workload:{kind.text}",
+                      registry=REGISTRY)(workload_object_event)
+    observation = logging.getLogger("kopf._core.reactor.observation")
+    if not any(isinstance(existing, AbsentKinds) for existing in observation.filters):
+        observation.addFilter(AbsentKinds())
+
+
+async def workload_object_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
+    """A watched workload object (or a Kueue Workload) changed: its state goes to the engine when it changed."""
+    if WORKLOADS is not None:
+        WORKLOADS.on_object(body, deleted=event.get("type") == "DELETED")
+
+
+_SELECTOR = re.compile(r"Selector\(([^)]*)\)")
+_SELECTOR_FIELD = re.compile(r"(\w+)='([^']*)'")
+
+
+class AbsentKinds(logging.Filter):
+    """kopf's "Unresolved resources cannot be served" warning for workload kinds -> one info line per kind, once.
+
+    A cluster without Ray or KServe is the common case, not a fault: the kind is skipped until its
+    CRD appears. Selectors of other handlers (pods, nodes, namespaces) keep kopf's warning.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reported: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith("Unresolved resources cannot be served"):
+            return True
+        selectors = [dict(_SELECTOR_FIELD.findall(found)) for found in _SELECTOR.findall(message)]
+        ours = [selector for selector in selectors if str(selector.get("id", "")).startswith("workload:")
+                or any(selector.get("kind") == kind.kind and selector.get("group", "") == kind.group
+                       for kind in _REGISTERED_KINDS)]
+        if not selectors or len(ours) != len(selectors):
+            return True
+        for selector in ours:
+            text = "/".join(part for part in (selector.get("group"), selector.get("version"), selector.get("kind"))
+                            if part)
+            if text not in self.reported:
+                self.reported.add(text)
+                logger.info("workload kind %s is not installed: skipped until its CRD appears", text,
+                            extra={"kind": text})
+        return False
 
 
 def _settings() -> Settings:
@@ -129,7 +197,7 @@ def tune_kopf(settings: kopf.OperatorSettings, gpuwm_settings: Settings) -> None
 @kopf.on.startup(errors=kopf.ErrorsMode.TEMPORARY, backoff=2.0, registry=REGISTRY)
 async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **kwargs: Any) -> None:
     """Log in, restore the engine, then start the status loop and the writer (before any pod event)."""
-    global RUNTIME
+    global RUNTIME, WORKLOADS
     gpuwm_settings = _settings()
     info = kube_login(settings, logger)
     if info is None:
@@ -147,7 +215,11 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **kwargs
     source = await recovery.restore(runtime)
     runtime.store = _open_store(gpuwm_settings)
     tune_garbage_collector()
+    workloads = WorkloadObjects(lambda: runtime.engine, runtime.clock, gpuwm_settings.resource_names,
+                                gpuwm_settings.time_sliced_replicas)
+    await end_vanished_workloads(runtime, parse_workload_kinds(gpuwm_settings.workload_kinds))
     RUNTIME = runtime
+    WORKLOADS = workloads
     _TASKS.append(asyncio.create_task(_delayed_cycles(runtime), name="gpuwm status cycles"))
     _TASKS.append(asyncio.create_task(runtime.writer.run(), name="gpuwm status writer"))
     _TASKS.append(asyncio.create_task(runtime.idle_events.run(), name="gpuwm events"))
@@ -155,6 +227,30 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **kwargs
     if api is not None:
         _TASKS.append(api)
     logger.info("gpuwm controller started (state from %s, agents %s)", source, gpuwm_settings.agents)
+
+
+async def end_vanished_workloads(runtime: ControllerRuntime, kinds: list[WorkloadKind]) -> None:
+    """Restored workloads still queued or pending whose object went while the controller was down end now.
+
+    Their delete event is gone with the controller; the watch lists only the objects that exist.
+    """
+    from gpuwm.model.trace import WorkloadEvent
+
+    watched = {kind.kind for kind in kinds}
+    now = runtime.clock()
+    for figures in runtime.engine.workloads(now):
+        if figures.requested_gpus is None or figures.kind not in watched or figures.phase not in ("Queued", "Pending"):
+            continue
+        try:
+            found = await runtime.client.get_object(figures.api_version, figures.kind, figures.namespace, figures.name)
+        except Exception as error:  # unknown now: its next event (or none) says
+            logger.warning("cannot read %s %s/%s (%s)", figures.kind, figures.namespace, figures.name, error)
+            continue
+        if found is None or str((found.get("metadata") or {}).get("uid")) != figures.uid:
+            runtime.engine.observe_workload(WorkloadEvent(
+                t=now, event="workload", namespace=figures.namespace, name=figures.name, uid=figures.uid,
+                kind=figures.kind, api_version=figures.api_version, created=figures.created_time, deleted=True,
+                requested_gpus=figures.requested_gpus or 0.0))
 
 
 async def _delayed_cycles(runtime: ControllerRuntime) -> None:

@@ -9,7 +9,11 @@ and the last owner reached is the workload.
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable
 from typing import Any
+
+from gpuwm.config import DEFAULT_WORKLOAD_KINDS
+from gpuwm.controller.workload_kinds import parse_workload_kinds
 
 #: owner kinds the controller walks through (`get` only), by API group
 OWNER_KINDS: dict[str, list[str]] = {
@@ -21,6 +25,13 @@ OWNER_KINDS: dict[str, list[str]] = {
     "ray.io": ["rayjobs", "rayclusters", "rayservices"],
     "leaderworkerset.x-k8s.io": ["leaderworkersets"],
 }
+
+
+def workload_kind_rules(kinds: Iterable[str] = DEFAULT_WORKLOAD_KINDS) -> list[dict[str, Any]]:
+    """get/list/watch on each watched workload kind (`workloadKinds`; the chart renders the same from its value)."""
+    return [{"apiGroups": [kind.group], "resources": [kind.plural], "verbs": ["get", "list", "watch"]}
+            for kind in parse_workload_kinds(kinds)]
+
 
 REQUIRED_RULES: list[dict[str, Any]] = [
     # the GPU pods (kopf watch + agent discovery; the startup list ends pods deleted while down)
@@ -45,6 +56,8 @@ REQUIRED_RULES: list[dict[str, Any]] = [
      "verbs": ["get", "list", "watch", "patch"]},
     # the owner walk
     *({"apiGroups": [group], "resources": resources, "verbs": ["get"]} for group, resources in OWNER_KINDS.items()),
+    # the workload objects themselves (issue 35): queued and pending workloads, requested GPUs
+    *workload_kind_rules(),
 ]
 
 

@@ -133,8 +133,9 @@ class ControllerRuntime:
         self.idle_watch = IdleWatch(self.reporting_slack_seconds)  # since when each workload's idleness was observed
         #: workload uid -> seconds of its current idle stretch observed, as of the latest cycle (see IdleWatch)
         self.observed_idle: dict[str, float] = {}
-        #: workload uid -> (project, CR spec, CR labels): built once, not for each of thousands of CRs each cycle
-        self._cr_static: dict[str, tuple[str, dict[str, Any], dict[str, str]]] = {}
+        #: workload uid -> ((project, Kueue queues), CR spec, CR labels): built once, not for each of thousands of
+        #: CRs each cycle
+        self._cr_static: dict[str, tuple[tuple[str, str | None, str | None], dict[str, Any], dict[str, str]]] = {}
         #: workload uid -> the settled figures last offered (the engine's own cached object, no extra memory)
         self._offered_settled: dict[str, WorkloadFigures] = {}
         self.baselines: dict[str, dict[str, float]] = {}  # from CR status when no engine state survived
@@ -379,8 +380,9 @@ class ControllerRuntime:
             else:
                 self._offered_settled.pop(figures.uid, None)
             static = self._cr_static.get(figures.uid)
-            if static is None or static[0] != figures.project:  # spec and labels change with the project only
-                static = self._cr_static[figures.uid] = (figures.project, {
+            held = (figures.project, figures.local_queue, figures.cluster_queue)
+            if static is None or static[0] != held:  # spec and labels change with the project and queues only
+                static = self._cr_static[figures.uid] = (held, {
                     "workloadRef": {"apiVersion": figures.api_version, "kind": figures.kind, "name": figures.name,
                                     "uid": figures.uid}, "project": figures.project,
                 }, workload_labels(figures))

@@ -38,6 +38,9 @@ WORKLOAD_UID_LABEL = "gpuwm.io/workload-uid"
 WORKLOAD_KIND_LABEL = "gpuwm.io/workload-kind"
 WORKLOAD_NAME_LABEL = "gpuwm.io/workload-name"
 PROJECT_LABEL = "gpuwm.io/project"
+#: the Kueue queues a workload waits in or was admitted to (`kubectl get gwm -l gpuwm.io/cluster-queue=...`)
+LOCAL_QUEUE_LABEL = "gpuwm.io/local-queue"
+CLUSTER_QUEUE_LABEL = "gpuwm.io/cluster-queue"
 
 WriteReason = Literal["material", "due", "none"]
 
@@ -324,6 +327,7 @@ def build_workload_status(
     idle_since = idle_since_second(figures, now, reporting_slack_seconds)
     return WorkloadMetricsStatus(
         phase=figures.phase if figures.phase in _PHASES else None,
+        requested_gpus=_round_optional(figures.requested_gpus, 4),
         allocated_gpus=round(figures.allocated_gpus, 4),
         gpu_model=figures.gpu_model,
         nodes=sorted(figures.nodes),
@@ -353,6 +357,7 @@ def build_workload_status(
         unmonitored_gpu_seconds=round(figures.unmonitored_gpu_seconds, 3),
         wasted_gpu_hours=round(figures.idle_gpu_seconds / 3600.0, 4),
         energy_joules=round(figures.energy_joules, 3),
+        queued_seconds=round(figures.queued_seconds, 3),
         wait_seconds=round(figures.wait_seconds, 3),
         run_seconds=round(figures.run_seconds, 3),
         start_time=rfc3339(figures.start_time),
@@ -377,6 +382,9 @@ def build_project_status(
         namespaces=sorted(figures.namespaces),
         allocated_gpus=round(figures.allocated_gpus, 4),
         quota=figures.quota,
+        requested_gpus=round(figures.requested_gpus, 4),
+        queued_workloads=figures.queued_workloads,
+        longest_queued_seconds=round(figures.longest_queued_seconds, 3),
         idle_gpus=round(figures.idle_gpus, 4),
         utilization=_windows(figures.utilization),
         memory_utilization=_windows(figures.memory_utilization),
@@ -443,6 +451,7 @@ def workload_status_body(
     gpus = figures.gpus if len(figures.gpus) < 2 else sorted(figures.gpus, key=_gpu_node_uuid)
     body: dict[str, Any] = {
         "phase": figures.phase if figures.phase in _PHASES else None,
+        "requestedGpus": _round_optional(figures.requested_gpus, 4),
         "allocatedGpus": _round_float(figures.allocated_gpus, 4),
         "gpuModel": figures.gpu_model,
         "nodes": sorted(figures.nodes),
@@ -473,6 +482,7 @@ def workload_status_body(
         "unmonitoredGpuSeconds": _round_float(figures.unmonitored_gpu_seconds, 3),
         "wastedGpuHours": _round_float(figures.idle_gpu_seconds / 3600.0, 4),
         "energyJoules": _round_float(figures.energy_joules, 3),
+        "queuedSeconds": _round_float(figures.queued_seconds, 3),
         "waitSeconds": _round_float(figures.wait_seconds, 3),
         "runSeconds": _round_float(figures.run_seconds, 3),
         "startTime": rfc3339(figures.start_time),
@@ -492,6 +502,9 @@ def project_status_body(figures: ProjectFigures, now: float, observed_generation
         "namespaces": sorted(figures.namespaces),
         "allocatedGpus": _round_float(figures.allocated_gpus, 4),
         "quota": _optional_float(figures.quota),
+        "requestedGpus": _round_float(figures.requested_gpus, 4),
+        "queuedWorkloads": figures.queued_workloads,
+        "longestQueuedSeconds": _round_float(figures.longest_queued_seconds, 3),
         "idleGpus": _round_float(figures.idle_gpus, 4),
         "utilization": _windows_body(figures.utilization),
         "memoryUtilization": _windows_body(figures.memory_utilization),
@@ -531,6 +544,8 @@ def workload_signature(
     underutilized = "Unknown" if not running or average is None else str(average < underutilized_percent)
     return (
         figures.phase, round(figures.allocated_gpus, 4), figures.gpu_model, tuple(sorted(figures.nodes)),
+        None if figures.requested_gpus is None else round(figures.requested_gpus, 4),
+        figures.local_queue, figures.cluster_queue,
         tuple(sorted((pod.name, pod.phase, round(pod.allocated_gpus, 4)) for pod in figures.pods)),
         tuple(sorted((gpu.uuid, gpu.pod, gpu.healthy) for gpu in figures.gpus)),
         figures.start_time is not None, figures.end_time is not None,
@@ -545,18 +560,19 @@ def workload_counters(figures: WorkloadFigures) -> tuple[float, ...]:
     """The figures that move with time; all equal means a refresh would say nothing new."""
     return (round(figures.allocated_gpu_seconds, 3), round(figures.unmonitored_gpu_seconds, 3),
             round(figures.idle_gpu_seconds, 3), round(figures.idle_seconds, 3), round(figures.energy_joules, 3),
-            *_rounded_windows(figures.utilization))
+            round(figures.queued_seconds, 3), round(figures.wait_seconds, 3), *_rounded_windows(figures.utilization))
 
 
 def project_signature(figures: ProjectFigures) -> tuple[Any, ...]:
     return (figures.workloads, figures.running_workloads, tuple(sorted(figures.namespaces)),
-            round(figures.allocated_gpus, 4), round(figures.idle_gpus, 4), figures.quota)
+            round(figures.allocated_gpus, 4), round(figures.idle_gpus, 4), figures.quota,
+            round(figures.requested_gpus, 4), figures.queued_workloads)
 
 
 def project_counters(figures: ProjectFigures) -> tuple[float, ...]:
     return (round(figures.allocated_gpu_seconds, 3), round(figures.idle_gpu_seconds, 3),
             round(figures.unmonitored_gpu_seconds, 3), round(figures.energy_joules, 3),
-            *_rounded_windows(figures.utilization))
+            round(figures.longest_queued_seconds, 3), *_rounded_windows(figures.utilization))
 
 
 def _rounded_windows(windows: Windows) -> tuple[float, ...]:
@@ -615,11 +631,16 @@ def workload_cr_name(name: str, kind: str, clash: bool) -> str:
 
 
 def workload_labels(figures: WorkloadFigures) -> dict[str, str]:
-    """Labels linking a GPUWorkloadMetrics to its workload and project (selectable with kubectl -l)."""
-    return {
+    """Labels linking a GPUWorkloadMetrics to its workload, project and Kueue queues (selectable with kubectl -l)."""
+    labels = {
         MANAGED_BY_LABEL: MANAGED_BY,
         WORKLOAD_UID_LABEL: label_value(figures.uid),
         WORKLOAD_KIND_LABEL: label_value(figures.kind),
         WORKLOAD_NAME_LABEL: label_value(figures.name),
         PROJECT_LABEL: label_value(figures.project),
     }
+    if figures.local_queue:
+        labels[LOCAL_QUEUE_LABEL] = label_value(figures.local_queue)
+    if figures.cluster_queue:
+        labels[CLUSTER_QUEUE_LABEL] = label_value(figures.cluster_queue)
+    return labels

@@ -21,10 +21,19 @@ from typing import Any
 
 from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
 from gpuwm.controller.ratelimit import TokenBucket
-from gpuwm.controller.status import MANAGED_BY, MANAGED_BY_LABEL, WriteReason, write_reason
+from gpuwm.controller.status import (
+    CLUSTER_QUEUE_LABEL,
+    LOCAL_QUEUE_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    WriteReason,
+    write_reason,
+)
 from gpuwm.model.crd import GROUP, VERSION
 
 logger = logging.getLogger(__name__)
+#: labels that come after a CR's creation (a Kueue ClusterQueue once admitted): a CR adopted at a restart may lack them
+_LATER_LABELS = frozenset({LOCAL_QUEUE_LABEL, CLUSTER_QUEUE_LABEL})
 
 API_VERSION = f"{GROUP}/{VERSION}"
 WORKLOAD_PLURAL = "gpuworkloadmetrics"
@@ -115,6 +124,9 @@ class StatusWriter:
         self.written: dict[Key, Written] = {}
         self.existing: set[Key] = set()
         self.skipped: set[Key] = set()  # names held by objects gpuwm did not create
+        #: a hash of the labels each CR was created or last patched with: labels that change later (a workload's
+        #: Kueue ClusterQueue, known once it is admitted) are patched onto it
+        self.labels_hash: dict[Key, int] = {}
         #: metadata.generation of each CR as last answered by the API server (status.observedGeneration)
         self.generations: dict[Key, int] = {}
         #: namespaces being terminated (or gone) -> when that was seen; no writes there for a while
@@ -188,6 +200,7 @@ class StatusWriter:
         self.existing.discard(key)
         self.generations.pop(key, None)
         self.buried.pop(key, None)
+        self.labels_hash.pop(key, None)
 
     def _namespace_closed(self, namespace: str | None) -> bool:
         """Whether `namespace` was being terminated lately (creates there fail with 403 until it is gone)."""
@@ -276,6 +289,7 @@ class StatusWriter:
                 await self._create(desired, path)
             except ForeignObjectError:
                 return
+        await self._patch_labels(key, desired, path)
         status = desired.render()
         status["observedGeneration"] = self.generations.get(key)
         try:
@@ -299,6 +313,17 @@ class StatusWriter:
         if desired.sample_time is not None:
             self.stats.lag_seconds.append(now - desired.sample_time)
 
+    async def _patch_labels(self, key: Key, desired: Desired, path: str) -> None:
+        """Labels added since the CR was created (or, on a CR adopted at a restart, any beyond the fixed ones)."""
+        labels = {**desired.labels, MANAGED_BY_LABEL: MANAGED_BY}
+        labels_hash = hash(frozenset(labels.items()))
+        known = self.labels_hash.get(key)
+        if known == labels_hash or (known is None and not _LATER_LABELS.intersection(labels)):
+            self.labels_hash[key] = labels_hash
+            return
+        self._remember_generation(key, await self._client.merge_patch(path, {"metadata": {"labels": labels}}))
+        self.labels_hash[key] = labels_hash
+
     async def _create(self, desired: Desired, path: str) -> None:
         key: Key = (desired.plural, desired.namespace, desired.name)
         kind = WORKLOAD_KIND if desired.plural == WORKLOAD_PLURAL else PROJECT_KIND
@@ -312,6 +337,7 @@ class StatusWriter:
         collection = resource_path(API_VERSION, desired.plural, desired.namespace)
         try:
             self._remember_generation(key, await self._client.create(collection, body))
+            self.labels_hash[key] = hash(frozenset(labels.items()))
             self.stats.creates += 1
         except KubeApiError as error:
             if error.status != 409:
@@ -325,6 +351,7 @@ class StatusWriter:
             # ours (a restart, or a race): keep its spec in line with ours
             adopted = await self._client.merge_patch(path, {"metadata": {"labels": labels}, "spec": desired.spec})
             self._remember_generation(key, adopted)
+            self.labels_hash[key] = hash(frozenset(labels.items()))
         self.existing.add(key)
 
     async def _foreign(self, collection: str, name: str) -> bool:

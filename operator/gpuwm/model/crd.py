@@ -94,13 +94,22 @@ class WorkloadMetricsSpec(_CamelModel):
 #: 1.5 MiB object limit and every status write would be refused
 MAX_LISTED = 256
 
-WorkloadPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Ended"]
+WorkloadPhase = Literal["Queued", "Pending", "Running", "Succeeded", "Failed", "Ended"]
 
 
 class WorkloadMetricsStatus(_CamelModel):
     """GPU allocation, utilisation, idle time and energy of one workload (DESIGN §3 definitions)."""
 
-    phase: WorkloadPhase | None = Field(default=None, description="Pending, Running, Succeeded, Failed or Ended.")
+    phase: WorkloadPhase | None = Field(
+        default=None,
+        description="Queued (held back: suspended, or its Kueue Workload not admitted), Pending (admitted, no GPU "
+        "container running), Running, Succeeded, Failed or Ended.",
+    )
+    requested_gpus: float | None = Field(
+        default=None,
+        description="GPU units its pod templates ask for (replicas x per-pod request), read from the workload object; "
+        "absent where the object's kind is not watched.",
+    )
     allocated_gpus: float = Field(default=0, description="GPU units the workload holds now.")
     gpu_model: str | None = Field(default=None, description="GPU product name of its devices.")
     nodes: list[str] = Field(default_factory=list, description="Nodes its GPU pods run on.")
@@ -137,7 +146,14 @@ class WorkloadMetricsStatus(_CamelModel):
     unmonitored_gpu_seconds: float = Field(default=0, description="Part of allocatedGpuSeconds not covered by samples.")
     wasted_gpu_hours: float = Field(default=0, description="idleGpuSeconds / 3600, for the printer column.")
     energy_joules: float = Field(default=0, description="Energy of its devices, split by units.")
-    wait_seconds: float = Field(default=0, description="Workload creation to its first running GPU container.")
+    queued_seconds: float = Field(
+        default=0, description="Seconds held back (suspended or not admitted) since creation, again after a preemption."
+    )
+    wait_seconds: float = Field(
+        default=0,
+        description="Workload creation to its first running GPU container; after a preemption it counts on until the "
+        "next run.",
+    )
     run_seconds: float = Field(default=0, description="Time with at least one running GPU container.")
     start_time: str | None = Field(default=None, json_schema_extra=DATE_TIME, description="RFC 3339 time its first GPU container started.")
     end_time: str | None = Field(default=None, json_schema_extra=DATE_TIME, description="RFC 3339 time its last GPU pod ended.")
@@ -160,6 +176,11 @@ class ProjectMetricsStatus(_CamelModel):
     namespaces: list[str] = Field(default_factory=list, description="Namespaces the project's workloads are in.")
     allocated_gpus: float = Field(default=0, description="GPU units held now.")
     quota: float | None = Field(default=None, description="GPU quota from the namespace annotation gpuwm.io/gpu-quota.")
+    requested_gpus: float = Field(
+        default=0, description="GPU units its queued and pending workloads ask for: demand not met yet."
+    )
+    queued_workloads: int = Field(default=0, ge=0, description="Workloads held back (phase Queued).")
+    longest_queued_seconds: float = Field(default=0, description="queuedSeconds of its longest-queued workload now.")
     idle_gpus: float = Field(default=0, description="Units held now whose latest sample was inactive.")
     utilization: UtilizationWindows = Field(default_factory=UtilizationWindows, description="SM utilisation percent.")
     memory_utilization: UtilizationWindows = Field(

@@ -149,6 +149,8 @@ def workload_metrics_crd() -> dict[str, Any]:
         "GPU allocation, utilisation, idle time and energy of one workload, kept by the gpuwm controller.",
         [
             ("Project", "string", ".spec.project", "Project of the workload."),
+            ("Phase", "string", ".status.phase", "Queued, Pending, Running, Succeeded, Failed or Ended."),
+            ("Requested", "number", ".status.requestedGpus", "GPU units its pod templates ask for."),
             ("GPUs", "number", ".status.allocatedGpus", "GPU units held now."),
             ("Util", "number", ".status.utilization.avg5m", "SM utilisation percent, 5-minute mean."),
             ("Mem", "number", ".status.memoryUtilization.avg5m", "Memory used percent, 5-minute mean."),
@@ -172,6 +174,8 @@ def project_metrics_crd() -> dict[str, Any]:
             ("Project", "string", ".spec.project", "Project name."),
             ("Workloads", "integer", ".status.workloads", "Workloads with figures."),
             ("GPUs", "number", ".status.allocatedGpus", "GPU units held now."),
+            ("Requested", "number", ".status.requestedGpus", "GPU units its queued and pending workloads ask for."),
+            ("Queued", "integer", ".status.queuedWorkloads", "Workloads held back."),
             ("Quota", "number", ".status.quota", "GPU quota."),
             ("Idle GPUs", "number", ".status.idleGpus", "Units held whose latest sample was inactive."),
             ("Util", "number", ".status.utilization.avg5m", "SM utilisation percent, 5-minute mean."),

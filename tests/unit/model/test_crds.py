@@ -106,8 +106,14 @@ def test_design_section_4_names_and_columns() -> None:
         (version,) = crd["spec"]["versions"]
         assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [c["name"] for c in workload["spec"]["versions"][0]["additionalPrinterColumns"]]
-    assert columns == ["Project", "GPUs", "Util", "Mem", "Idle", "Wasted GPU-h", "Age"]
+    # DESIGN §4's columns, with the phase and the GPUs requested beside those held (issue 35)
+    assert columns == ["Project", "Phase", "Requested", "GPUs", "Util", "Mem", "Idle", "Wasted GPU-h", "Age"]
+    project_columns = [c["name"] for c in project["spec"]["versions"][0]["additionalPrinterColumns"]]
+    assert {"Requested", "Queued"} <= set(project_columns)
     status = workload["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert "Queued" in status["phase"]["enum"] and {"requestedGpus", "queuedSeconds"} <= set(status)
+    project_status = project["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert {"requestedGpus", "queuedWorkloads", "longestQueuedSeconds"} <= set(project_status)
     for field in ["phase", "allocatedGpus", "gpuModel", "nodes", "pods", "gpus", "utilization", "memoryUtilization", "idleSeconds", "lastActiveTime", "allocatedGpuSeconds", "activeGpuSeconds", "idleGpuSeconds", "energyJoules", "waitSeconds", "runSeconds", "startTime", "endTime", "conditions", "observedGeneration", "lastUpdateTime"]:
         assert field in status, field
     gpu_fields = status["gpus"]["items"]["properties"]
