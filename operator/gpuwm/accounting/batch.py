@@ -253,10 +253,10 @@ def _apply_pieces(
 
     with numpy.errstate(invalid="ignore"):
         summed("energy_joules", valid & ~numpy.isnan(pair_rate), pair_rate * unit_seconds)
-        summed("unmonitored_seconds", valid & ~monitored[pair_position], unit_seconds)
-        summed("unattributed_seconds", pair_monitored & unattributed, unit_seconds)
-        summed("active_seconds", active, unit_seconds)
-        summed("idle_seconds", idle, unit_seconds)
+        summed("unmonitored_gpu_seconds", valid & ~monitored[pair_position], unit_seconds)
+        summed("unattributed_gpu_seconds", pair_monitored & unattributed, unit_seconds)
+        summed("active_gpu_seconds", active, unit_seconds)
+        summed("idle_gpu_seconds", idle, unit_seconds)
         summed("life_units", pair_monitored, unit_seconds)
         summed("life_util", pair_monitored, unit_seconds * utilization)
         summed("life_mem_units", memory_known, unit_seconds)

@@ -662,11 +662,11 @@ class EngineCore:
         workload = stretch.workload
         unit_seconds = units * (piece_end - piece_start)
         if utilization >= self.threshold_percent:
-            workload.active_seconds += unit_seconds
+            workload.active_gpu_seconds += unit_seconds
             if sign > 0 and piece_end > stretch.last_active:
                 stretch.last_active = piece_end
         else:
-            workload.idle_seconds += unit_seconds
+            workload.idle_gpu_seconds += unit_seconds
         workload.life_units += unit_seconds
         workload.life_util += unit_seconds * utilization
         if memory != memory:  # NaN: memory not reported
@@ -707,14 +707,14 @@ class EngineCore:
             if energy is not None:
                 workload.energy_joules += energy * unit_seconds
             if not monitored:
-                workload.unmonitored_seconds += unit_seconds
+                workload.unmonitored_gpu_seconds += unit_seconds
                 continue
             bounds = [piece_start, *(cut for cut in cuts if piece_start < cut < piece_end), piece_end]
             for position in range(len(bounds) - 1):
                 sub_start, sub_end = bounds[position], bounds[position + 1]
                 utilization, unattributed = self.attribution(gpu, index, workload, sub_start, sub_end)
                 if unattributed:
-                    workload.unattributed_seconds += units * (sub_end - sub_start)
+                    workload.unattributed_gpu_seconds += units * (sub_end - sub_start)
                     counted = counted or unattributed
                 self._account(stretch, units, sub_start, sub_end, utilization, memory, sign)
         if counted and sign > 0 and low == -INFINITY and high == INFINITY:  # a new point, not a re-accounting
@@ -759,21 +759,21 @@ class EngineCore:
             if energy == energy:
                 workload.energy_joules += energy * unit_seconds
             if not monitored:
-                workload.unmonitored_seconds += unit_seconds
+                workload.unmonitored_gpu_seconds += unit_seconds
                 continue
             key = (workload, piece_start, piece_end)
             if key != cached_key:
                 cached_key = key
                 utilization, unattributed = self.attribution(gpu, index, workload, piece_start, piece_end)
             if unattributed:
-                workload.unattributed_seconds += unit_seconds
+                workload.unattributed_gpu_seconds += unit_seconds
                 counted = True
             if utilization >= threshold:
-                workload.active_seconds += unit_seconds
+                workload.active_gpu_seconds += unit_seconds
                 if piece_end > stretch.last_active:
                     stretch.last_active = piece_end
             else:
-                workload.idle_seconds += unit_seconds
+                workload.idle_gpu_seconds += unit_seconds
             workload.life_units += unit_seconds
             workload.life_util += unit_seconds * utilization
             if memory != memory:
@@ -871,7 +871,7 @@ class EngineCore:
         workload = stretch.workload
         tail_start = stretch.start if gpu.last_time is None else max(stretch.start, gpu.last_time)
         if stretch.end > tail_start:  # never covered by a sample: unmonitored for good
-            workload.unmonitored_seconds += stretch.units * (stretch.end - tail_start)
+            workload.unmonitored_gpu_seconds += stretch.units * (stretch.end - tail_start)
         workload.retired_last_active = max(workload.retired_last_active, stretch.last_active)
         runs = workload.retired_runs
         runs.append((stretch.start, stretch.end))

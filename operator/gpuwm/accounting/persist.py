@@ -119,10 +119,10 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
             "firstSeen": workload.first_seen,
             "labels": workload.labels,
             "labelsKey": list(workload.labels_key),
-            "activeSeconds": workload.active_seconds,
-            "idleSeconds": workload.idle_seconds,
-            "unmonitoredSeconds": workload.unmonitored_seconds,
-            "unattributedSeconds": workload.unattributed_seconds,
+            "activeSeconds": workload.active_gpu_seconds,
+            "idleSeconds": workload.idle_gpu_seconds,
+            "unmonitoredSeconds": workload.unmonitored_gpu_seconds,
+            "unattributedSeconds": workload.unattributed_gpu_seconds,
             "energyJoules": workload.energy_joules,
             "life": [workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem],
             "windows": workload.windows.to_raw() if raw else workload.windows.to_base64(),
@@ -265,10 +265,10 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
         workload.first_seen = raw["firstSeen"]
         workload.labels = dict(raw["labels"])
         workload.labels_key = (raw["labelsKey"][0], raw["labelsKey"][1])
-        workload.active_seconds = raw["activeSeconds"]
-        workload.idle_seconds = raw["idleSeconds"]
-        workload.unmonitored_seconds = raw["unmonitoredSeconds"]
-        workload.unattributed_seconds = raw.get("unattributedSeconds", 0.0)  # absent in states saved before 2026-11-27
+        workload.active_gpu_seconds = raw["activeSeconds"]
+        workload.idle_gpu_seconds = raw["idleSeconds"]
+        workload.unmonitored_gpu_seconds = raw["unmonitoredSeconds"]
+        workload.unattributed_gpu_seconds = raw.get("unattributedSeconds", 0.0)  # absent in states saved before 2026-11-27
         workload.energy_joules = raw["energyJoules"]
         workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem = raw["life"]
         windows = raw["windows"]  # version 1: a list of floats; 2: base64 of the doubles, or their raw bytes

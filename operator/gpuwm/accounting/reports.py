@@ -403,7 +403,7 @@ class Engine(EngineCore):
     ) -> tuple[WorkloadFigures, _Sums]:
         sums = _Sums.of_workload(workload, workload.windows.windows(now) if windows is None else windows)
         values = sums.values
-        unmonitored = workload.unmonitored_seconds
+        unmonitored = workload.unmonitored_gpu_seconds
         allocated_gpus = 0.0
         idle_gpus = 0.0
         active_now = False
@@ -526,12 +526,12 @@ class Engine(EngineCore):
         fields["project"] = self.project_of(workload)
         fields["phase"] = phase
         fields["allocated_gpus"] = float(allocated_gpus)
-        fields["allocated_gpu_seconds"] = float(workload.active_seconds + workload.idle_seconds + unmonitored)
-        fields["active_gpu_seconds"] = float(workload.active_seconds)
-        fields["idle_gpu_seconds"] = float(workload.idle_seconds)
+        fields["allocated_gpu_seconds"] = float(workload.active_gpu_seconds + workload.idle_gpu_seconds + unmonitored)
+        fields["active_gpu_seconds"] = float(workload.active_gpu_seconds)
+        fields["idle_gpu_seconds"] = float(workload.idle_gpu_seconds)
         fields["unmonitored_gpu_seconds"] = float(unmonitored)
         fields["idle_gpus"] = float(idle_gpus)
-        fields["unattributed_gpu_seconds"] = float(workload.unattributed_seconds)
+        fields["unattributed_gpu_seconds"] = float(workload.unattributed_gpu_seconds)
         fields["last_active_time"] = _optional_float(last_active_time)
         fields["idle_seconds"] = float(idle_seconds)
         fields["wait_seconds"] = float(wait_seconds)

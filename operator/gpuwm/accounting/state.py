@@ -460,13 +460,13 @@ class Workload:
     """A workload's pods, stretches and the figures applied so far."""
 
     __slots__ = (
-        "active_seconds",
+        "active_gpu_seconds",
         "api_version",
         "created",
         "energy_joules",
         "first_run_start",
         "first_seen",
-        "idle_seconds",
+        "idle_gpu_seconds",
         "kind",
         "labels",
         "labels_key",
@@ -483,8 +483,8 @@ class Workload:
         "stretches",
         "timeline",
         "uid",
-        "unattributed_seconds",
-        "unmonitored_seconds",
+        "unattributed_gpu_seconds",
+        "unmonitored_gpu_seconds",
         "windows",
     )
 
@@ -509,12 +509,12 @@ class Workload:
         self.timeline: list[tuple[float, WorkloadEvent]] = []
         self.pods: dict[str, Pod] = {}
         self.stretches: list[Stretch] = []
-        self.active_seconds = 0.0  # unit-seconds, as are idle and unmonitored
-        self.idle_seconds = 0.0
-        self.unmonitored_seconds = 0.0
+        self.active_gpu_seconds = 0.0  # unit-seconds, as are idle and unmonitored
+        self.idle_gpu_seconds = 0.0
+        self.unmonitored_gpu_seconds = 0.0
         #: monitored unit-seconds whose utilisation came from the device because the processes seen could
         #: not explain a busy GPU (DESIGN §3, rule of 2026-11-27)
-        self.unattributed_seconds = 0.0
+        self.unattributed_gpu_seconds = 0.0
         self.energy_joules = 0.0
         self.life_units = 0.0  # monitored unit-seconds
         self.life_util = 0.0  # monitored unit-seconds x utilisation %

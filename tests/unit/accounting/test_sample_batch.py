@@ -147,7 +147,7 @@ def test_columns_equal_samples_one_by_one(seed: int, late: bool) -> None:
     assert columns.gpus(460.0) == one_by_one.gpus(460.0)
     assert _state(columns) == _state(one_by_one)
     numbers = [columns.clock, *(getattr(workload, name) for workload in columns.workload_records.values()
-                                for name in ("active_seconds", "idle_seconds", "energy_joules", "life_util"))]
+                                for name in ("active_gpu_seconds", "idle_gpu_seconds", "energy_joules", "life_util"))]
     assert all(type(value) is float for value in numbers)  # no numpy scalar leaks into the state
 
 
