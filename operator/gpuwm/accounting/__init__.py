@@ -3,8 +3,8 @@
 Imports nothing from Kubernetes, NVML, HTTP or storage (an import-linter contract).
 """
 
+from gpuwm.accounting.engine import Engine
 from gpuwm.accounting.persist import StateError
-from gpuwm.accounting.reports import Engine
 from gpuwm.accounting.state import EngineConfig
 
 __all__ = ["Engine", "EngineConfig", "StateError"]

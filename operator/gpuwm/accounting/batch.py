@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class EngineCore(Protocol):
-    """What this path reads and adds to of `gpuwm.accounting.engine.EngineCore` (which imports this module)."""
+    """What this path reads and adds to of `gpuwm.accounting.core.EngineCore` (which imports this module)."""
 
     gpu_records: dict[str, Gpu]
     mig_children: dict[str, list[str]]

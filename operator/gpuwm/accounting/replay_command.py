@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuwm.accounting.reports import Engine
+from gpuwm.accounting.engine import Engine
 from gpuwm.accounting.state import EngineConfig
 from gpuwm.config import ConfigError, Settings, parse_duration_seconds
 from gpuwm.model.trace import (

@@ -45,7 +45,7 @@ def _no_window_pass(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("the window sums were computed again")
 
     monkeypatch.setattr(windows_module, "windows_of", refuse)
-    monkeypatch.setattr("gpuwm.accounting.reports.windows_of", refuse)
+    monkeypatch.setattr("gpuwm.accounting.engine.windows_of", refuse)
 
 
 def test_figures_at_the_reports_time_reuse_its_sums_and_equal_a_fresh_computation(

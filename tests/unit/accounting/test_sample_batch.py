@@ -158,7 +158,7 @@ def test_the_vectorised_path_takes_most_chunks_of_traces_without_late_rows(monke
         taken.append(observe_appending_chunk(*args))
         return taken[-1]
 
-    monkeypatch.setattr("gpuwm.accounting.engine.observe_appending_chunk", spy)
+    monkeypatch.setattr("gpuwm.accounting.core.observe_appending_chunk", spy)
     for seed in range(20):
         _run(_trace(seed, late=False), columns=True)
     assert sum(taken) > len(taken) / 3, (sum(taken), len(taken))  # half the traces have a MIG parent

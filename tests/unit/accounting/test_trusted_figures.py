@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from gpuwm.accounting import Engine, EngineConfig
-from gpuwm.accounting.reports import _Sums
+from gpuwm.accounting.engine import _Sums
 from gpuwm.model.figures import GpuFigures, PodFigures, Windows, WorkloadFigures, trusted, trusted_complete
 from gpuwm.model.jsonfast import model_json
 from tests.unit.accounting.test_properties import HORIZON, PROPERTY_SETTINGS, Event, traces
