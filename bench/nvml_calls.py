@@ -254,7 +254,7 @@ def _agent_cpu(seconds: float, buffer_read_seconds: str, gpus: int) -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "operator")}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT / "operator"), os.environ.get("PYTHONPATH"))))}
     agent = subprocess.Popen(
         [sys.executable, "-m", "gpuwm.cli", "agent", "--listen", f"127.0.0.1:{port}", "--interval", "1s",
          "--node-name", "bench", "--pod-resources-socket", "/nonexistent.sock", "--log-level", "error",

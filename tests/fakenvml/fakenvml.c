@@ -32,7 +32,7 @@ typedef int nvmlReturn_t;
 #define MAX_PROCS 256
 #define MAX_PATTERN 32
 #define SAMPLE_PERIOD_US 166667ULL /* NVML keeps about six utilisation samples a second */
-#define DEFAULT_BUFFER_SAMPLES 120 /* samples a utilisation buffer holds (driver key buffer_samples) */
+#define DEFAULT_BUFFER_SAMPLES 84 /* samples a utilisation buffer holds (driver key buffer_samples): 14 s, as an H200's */
 
 /*
  * What each call costs on a real driver, in microseconds of the caller's CPU (bench/README.md: an H200 and
