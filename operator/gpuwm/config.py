@@ -20,6 +20,11 @@ _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, 
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 
 
+#: DESIGN §3: a workload is active on a GPU at or above this utilisation (`idleThresholdPercent`); the one
+#: place the default is written (the engine, the agent, the simulator and every verb read it from here)
+DEFAULT_IDLE_THRESHOLD_PERCENT = 1.0
+
+
 def parse_duration_seconds(value: object) -> float:
     """Seconds from `15s`, `1m30s`, `7d`, `250ms` or a bare number of seconds."""
     if isinstance(value, bool):
@@ -94,7 +99,8 @@ class Settings(BaseSettings):
         default=1.0, description="The agents' poll interval; a sample interval over 3x this is unmonitored."
     )
     idle_threshold_percent: float = Field(
-        default=1.0, ge=0, le=100, description="A workload is active on a GPU at or above this utilisation."
+        default=DEFAULT_IDLE_THRESHOLD_PERCENT, ge=0, le=100,
+        description="A workload is active on a GPU at or above this utilisation.",
     )
     project_label: str = Field(default="gpuwm.io/project", description="Label on pod or namespace naming the project.")
     late_event_window: DurationSeconds = Field(

@@ -93,12 +93,10 @@ def run(arguments: argparse.Namespace) -> int:
     if not 0 <= threshold <= 100:
         raise ConfigError(f"--idle-threshold-percent: must be between 0 and 100 percent, got {threshold}")
     at = _float_option("--at", arguments.at) if arguments.at is not None else None
-    config = EngineConfig(
-        interval_seconds=interval,
-        idle_threshold_percent=threshold,
-        project_label=arguments.project_label or defaults.project_label,
-        late_event_window_seconds=defaults.late_event_window,
-    )
+    config = EngineConfig.from_settings(defaults.model_copy(update={
+        "interval": interval, "idle_threshold_percent": threshold,
+        "project_label": arguments.project_label or defaults.project_label,
+    }))
     path = Path(arguments.trace)
     try:
         events = read_trace(path, config.quota_annotation)

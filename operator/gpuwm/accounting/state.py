@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from gpuwm.accounting.rawcolumns import RawDoubles, doubles_from_saved
 from gpuwm.accounting.windows import WindowSums, fold_after_of
+from gpuwm.config import DEFAULT_IDLE_THRESHOLD_PERCENT, Settings
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import PodEvent, WorkloadEvent
 
@@ -28,7 +29,7 @@ class EngineConfig:
     """What the accounting depends on besides its input."""
 
     interval_seconds: float = 1.0
-    idle_threshold_percent: float = 1.0
+    idle_threshold_percent: float = DEFAULT_IDLE_THRESHOLD_PERCENT
     project_label: str = "gpuwm.io/project"
     late_event_window_seconds: float = 120.0
     #: a GPU that has sent no sample for this long and that no pod holds is forgotten: a node the
@@ -36,6 +37,16 @@ class EngineConfig:
     #: units for ever, and its record would stay in memory (autoscaled fleets see new GPUs daily).
     gpu_gone_seconds: float = 3600.0
     quota_annotation: str = "gpuwm.io/gpu-quota"
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> EngineConfig:
+        """The engine's configuration as every verb reads it from the one settings object."""
+        return cls(
+            interval_seconds=settings.interval,
+            idle_threshold_percent=settings.idle_threshold_percent,
+            project_label=settings.project_label,
+            late_event_window_seconds=settings.late_event_window,
+        )
 
     @property
     def gap_seconds(self) -> float:

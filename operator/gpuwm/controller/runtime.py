@@ -103,12 +103,7 @@ class ControllerRuntime:
         self.settings = settings
         self.client = client
         self.clock = clock
-        self.engine_config = EngineConfig(
-            interval_seconds=settings.interval,
-            idle_threshold_percent=settings.idle_threshold_percent,
-            project_label=settings.project_label,
-            late_event_window_seconds=settings.late_event_window,
-        )
+        self.engine_config = EngineConfig.from_settings(settings)
         self.engine = Engine(self.engine_config)
         self.agents = parse_agents_spec(settings.agents)
         self.puller = AgentPuller(timeout_seconds=max(1.0, min(10.0, settings.status_interval)), merge=merge_request_of(settings, self.engine_config))

@@ -184,10 +184,7 @@ async def run_demo(options: DemoOptions) -> int:
     try:
         started_wall = time.time()
         simulator = _simulator(options, started_wall - options.warmup_seconds)
-        engine = Engine(EngineConfig(
-            interval_seconds=settings.interval, idle_threshold_percent=settings.idle_threshold_percent,
-            project_label=settings.project_label, late_event_window_seconds=settings.late_event_window,
-        ))
+        engine = Engine(EngineConfig.from_settings(settings))
         controller = SimulatedController(simulator, engine, store, settings.status_interval, settings.retention)
         app = create_app(store, settings.model_copy(update={"auth": "none", "api_listen": options.listen}))
         add_truth_route(app, controller)
