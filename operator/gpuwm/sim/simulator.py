@@ -5,8 +5,10 @@ same run, event for event. Each `step()` is one poll interval ending at `t`:
 
 1. every device that can be read is sampled for (t - interval, t], with the utilisation
    of the pods that held it then (the ground truth ledger is told the true figures);
-2. then the cluster changes at t: workloads end, arrive (Pending), and are placed
-   (Running), each as a `PodEvent` describing the pod from t on.
+2. then the cluster changes at t: workloads end, are preempted, arrive (Pending, or
+   Queued: a Kueue job created suspended, with no pods) and are placed (Running; a Kueue
+   job admitted), each as a `PodEvent` describing the pod from t on and, for the kinds
+   gpuwm watches, a `WorkloadEvent` describing the workload object from t on.
 
 Faults: an agent outage (no samples from a node, the engine must count the time as
 unmonitored) and a lost GPU (healthy=false, no utilisation, error "GPU is lost").
@@ -22,7 +24,14 @@ from typing import Any
 
 from gpuwm.model.podstats import PodStatsSample
 from gpuwm.model.sample import GpuSample
-from gpuwm.model.trace import DeviceAllocation, NamespaceEvent, PodEvent, PodPhase, TraceWorkload
+from gpuwm.model.trace import (
+    DeviceAllocation,
+    NamespaceEvent,
+    PodEvent,
+    PodPhase,
+    TraceWorkload,
+    WorkloadEvent,
+)
 from gpuwm.sim.fleet import Device, Gpu, Node, NodeKind, build_fleet, random_uuid
 from gpuwm.sim.scenario import AgentOutage, GpuLoss, SimConfig, default_faults
 from gpuwm.sim.truth import GroundTruth, TruthFigures
@@ -34,6 +43,12 @@ __all__ = ["AgentOutage", "GpuLoss", "SimConfig", "Simulator", "Step", "default_
 PLACEMENT_EVERY_SECONDS = 5.0
 #: mean lifetime (capped at this) used to set the arrival rate for the occupancy target
 _HORIZON_SECONDS = 2 * 3600.0
+#: a running Kueue job is preempted about once in this much run time (a higher-priority job took its GPUs)
+PREEMPT_EVERY_SECONDS = 4 * 3600.0
+#: a job that Kueue never admits is deleted by its user this long after its creation
+GIVE_UP_SECONDS = 90 * 60.0
+#: a preempted job is not admitted again before this much later (Kueue's requeue backoff)
+REQUEUE_BACKOFF_SECONDS = 60.0
 
 
 _sample = GpuSample.model_validate  # validating a dict is faster than model_construct in pydantic 2
@@ -45,7 +60,7 @@ class Step:
 
     t: float
     samples: list[GpuSample] = field(default_factory=list)
-    events: list[NamespaceEvent | PodEvent] = field(default_factory=list)
+    events: list[NamespaceEvent | PodEvent | WorkloadEvent] = field(default_factory=list)
     pod_stats: list[PodStatsSample] = field(default_factory=list)
 
 
@@ -164,6 +179,7 @@ class Simulator:
             if not free[node]:
                 del free[node]
         workload.started = t
+        workload.runs += 1
         self.running[workload.uid] = workload
         return True
 
@@ -194,6 +210,51 @@ class Simulator:
                      for device in pod.devices] if running else [],
         )
 
+    def _workload_event(self, workload: SimWorkload, t: float, **state: object) -> list[WorkloadEvent]:
+        """The workload object's state from t on (none for a kind gpuwm does not watch)."""
+        if not workload.watched:
+            return []
+        return [WorkloadEvent.model_validate({
+            "t": t, "event": "workload", "namespace": workload.namespace, "name": workload.name, "uid": workload.uid,
+            "kind": workload.owner_kind, "apiVersion": workload.api_version, "created": workload.created,
+            "suspended": workload.suspended, "requested_gpus": self._units_of(workload), "labels": workload.labels,
+            "local_queue": workload.local_queue, "cluster_queue": workload.cluster_queue, **state,
+        })]
+
+    def _created(self, workload: SimWorkload) -> None:
+        self.truth_ledger.created(workload.uid, workload.created,
+                                  self._units_of(workload) if workload.watched else None, workload.suspended)
+
+    def _admit(self, workload: SimWorkload, t: float, step: Step) -> bool:
+        """Place it (Kueue admits a suspended job as it places it); its events at t."""
+        if not workload.admissible or t < workload.requeue_at or not self._place(workload, t):
+            return False
+        self.truth_ledger.admitted(workload.uid, t)
+        self.truth_ledger.run_started(workload.uid, t)
+        if workload.suspended:
+            workload.suspended = False
+            step.events.extend(self._workload_event(workload, t))
+        step.events.extend(self._pod_event(workload, i, t, "Running") for i in range(len(workload.pods)))
+        return True
+
+    def _preempt(self, workload: SimWorkload, t: float, step: Step) -> None:
+        """Kueue suspends a running job: its pods are deleted, it queues again with new pods to come."""
+        workload.suspended = True
+        workload.preemptions += 1
+        step.events.extend(self._workload_event(workload, t))
+        self.truth_ledger.held(workload.uid, t)
+        self.truth_ledger.run_ended(workload.uid, t)
+        assert workload.started is not None
+        workload.ran_seconds += t - workload.started
+        self._release(workload, t)
+        step.events.extend(self._pod_event(workload, i, t, "Deleted") for i in range(len(workload.pods)))
+        workload.started = None
+        for pod in workload.pods:  # the job's controller makes new pods once it is admitted again
+            pod.uid, pod.devices, pod.node = random_uuid(self.rng), [], None
+        workload.requeue_at = t + REQUEUE_BACKOFF_SECONDS
+        self.pending.append(workload)
+        self._placement_due = min(self._placement_due, t)
+
     def _namespace_events(self, t: float) -> list[NamespaceEvent | PodEvent]:
         events: list[NamespaceEvent | PodEvent] = []
         for name, project in ALL_NAMESPACES:
@@ -210,39 +271,58 @@ class Simulator:
             while held < self.config.occupancy * self.capacity_units and misses < 20:
                 workload = self._new_workload(t - self.rng.uniform(5.0, 300.0))
                 workload.duration_seconds *= self.rng.uniform(0.1, 1.0)  # already part-way through
+                if not workload.admissible:  # queued since before the run: it stays so
+                    self._created(workload)
+                    self.pending.append(workload)
+                    step.events.extend(self._workload_event(workload, t))
+                    continue
+                workload.suspended = False  # admitted before the run began
                 if not self._place(workload, t):
                     del self.workloads[workload.uid]
                     misses += 1
                     continue
+                self._created(workload)
+                self.truth_ledger.run_started(workload.uid, t)
                 held += self._units_of(workload)
+                step.events.extend(self._workload_event(workload, t))
                 step.events.extend(self._pod_event(workload, i, t, "Running") for i in range(len(workload.pods)))
         for workload in list(self.running.values()):
-            if workload.started is not None and t >= workload.started + workload.duration_seconds:
+            if workload.started is not None and t >= workload.started + workload.duration_seconds - workload.ran_seconds:
                 workload.ended = t
                 self._release(workload, t)
+                self.truth_ledger.ended(workload.uid, t)
                 phase: PodPhase = "Deleted"  # a Deployment's or Notebook's pods go away
                 if workload.kind in ("training", "batch"):
                     phase = "Failed" if workload.fails else "Succeeded"
                 step.events.extend(self._pod_event(workload, i, t, phase) for i in range(len(workload.pods)))
+                if phase == "Deleted":
+                    step.events.extend(self._workload_event(workload, t, deleted=True))
+                else:
+                    step.events.extend(self._workload_event(workload, t, finished=phase))
                 self._placement_due = min(self._placement_due, t)
+        for workload in list(self.running.values()):
+            if workload.local_queue is not None and workload.started is not None and workload.started < t and self.rng.random() < self.config.interval_seconds / PREEMPT_EVERY_SECONDS:
+                self._preempt(workload, t, step)
+        for workload in self.pending:
+            if not workload.admissible and t >= workload.created + GIVE_UP_SECONDS:  # its user deletes it
+                workload.ended = t
+                self.truth_ledger.ended(workload.uid, t)
+                step.events.extend(self._workload_event(workload, t, deleted=True))
+        self.pending = [workload for workload in self.pending if workload.ended is None]
         while self._next_arrival <= t:
             if len(self.pending) >= max(20, 2 * len(self.nodes)):  # a queue this long: users submit elsewhere
                 self._next_arrival += self.rng.expovariate(self._arrivals_per_second)
                 continue
             workload = self._new_workload(t)
             self.pending.append(workload)
-            self.truth_ledger.track(workload.uid)
-            step.events.extend(self._pod_event(workload, i, t, "Pending") for i in range(len(workload.pods)))
+            self._created(workload)
+            step.events.extend(self._workload_event(workload, t))
+            if not workload.suspended:  # a suspended job has no pods until Kueue admits it
+                step.events.extend(self._pod_event(workload, i, t, "Pending") for i in range(len(workload.pods)))
             self._next_arrival += self.rng.expovariate(self._arrivals_per_second)
             self._placement_due = min(self._placement_due, t)
         if t >= self._placement_due and self.pending:
-            still: list[SimWorkload] = []
-            for workload in self.pending:
-                if self._place(workload, t):
-                    step.events.extend(self._pod_event(workload, i, t, "Running") for i in range(len(workload.pods)))
-                else:
-                    still.append(workload)
-            self.pending = still
+            self.pending = [workload for workload in self.pending if not self._admit(workload, t, step)]
             self._placement_due = t + PLACEMENT_EVERY_SECONDS
 
     # --------------------------------------------------------------- samples

@@ -53,7 +53,7 @@ def workload_row(figures: WorkloadFigures, now: float) -> tuple[str, ...]:
 
 def visible_workloads(workloads: list[WorkloadFigures], limit: int) -> tuple[list[WorkloadFigures], int]:
     """Those holding GPUs or waiting for them, holders first; and how many were left out."""
-    current = [w for w in workloads if w.allocated_gpus > 0 or w.phase == "Pending"]
+    current = [w for w in workloads if w.allocated_gpus > 0 or w.phase in ("Queued", "Pending")]
     current.sort(key=lambda w: (w.allocated_gpus <= 0, w.namespace, w.name))
     return current[:limit], max(0, len(current) - limit)
 

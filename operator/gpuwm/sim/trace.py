@@ -47,5 +47,8 @@ def truth_report(simulator: Simulator) -> dict[str, Any]:
             "unmonitoredGpuSeconds": figures.unmonitored_gpu_seconds,
             "energyJoules": figures.energy_joules,
             "lifetimeUtilization": figures.lifetime_utilization_percent,
+            "requestedGpus": figures.requested_gpus,
+            "queuedSeconds": figures.queued_seconds,
+            "waitSeconds": figures.wait_seconds,
         })
     return {"at": simulator.clock, "seed": simulator.config.seed, "workloads": workloads}

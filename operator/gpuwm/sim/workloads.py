@@ -7,6 +7,12 @@ Four kinds, the mix that makes GPU accounting interesting:
 - notebook (Notebook): one MIG slice, time-sliced share or GPU; idle most of the time
 - inference (Deployment): a share or a GPU per replica; load follows the time of day
 
+Training and batch jobs go through a simulated Kueue: created suspended (no pods), admitted when
+the simulator can place them, suspended again when preempted (their pods deleted) and admitted
+again later; one in `UNREACHABLE_EVERY` waits in a ClusterQueue with no quota and is never
+admitted. gpuwm watches every kind's object but the Notebook's (a kind outside its default list),
+whose workload it knows from its pods alone.
+
 `demand` is in percent of what the pod holds (its share), the figure DESIGN §3 calls the
 workload's utilisation; the simulator turns it into device and per-process SM %.
 """
@@ -45,6 +51,13 @@ _OWNER: dict[WorkloadKind, tuple[str, str]] = {
     "inference": ("apps/v1", "Deployment"),
 }
 _WEIGHTS: dict[WorkloadKind, float] = {"training": 0.3, "batch": 0.35, "notebook": 0.2, "inference": 0.15}
+#: the kinds Kueue admits (created suspended); the kinds whose objects gpuwm watches (issue 35)
+KUEUE_KINDS: frozenset[WorkloadKind] = frozenset({"training", "batch"})
+WATCHED_KINDS: frozenset[WorkloadKind] = frozenset({"training", "batch", "inference"})
+#: every this many workloads (by serial), a Kueue one goes to the ClusterQueue without quota: never admitted
+UNREACHABLE_EVERY = 12
+#: that ClusterQueue's name
+UNREACHABLE_QUEUE = "reserved-h100"
 
 
 @dataclass(frozen=True)
@@ -89,10 +102,24 @@ class SimWorkload:
     busy_percent: float = 90.0
     quiet_until: float = -math.inf  # training/batch: stalled until; notebook: bursting until
     demand_percent: float = 0.0  # this step's utilisation of its share
+    #: Kueue's queues when Kueue admits it (created suspended), else None
+    local_queue: str | None = None
+    cluster_queue: str | None = None
+    watched: bool = False  # gpuwm watches the object itself, not only its pods
+    suspended: bool = False  # held back by Kueue now (before admission, or preempted)
+    ran_seconds: float = 0.0  # run time of its earlier runs (before preemptions)
+    requeue_at: float = -math.inf  # preempted: not admitted again before this time (Kueue's backoff)
+    preemptions: int = 0
+    runs: int = 0  # times placed (admitted) and run
 
     @property
     def running(self) -> bool:
         return self.started is not None and self.ended is None
+
+    @property
+    def admissible(self) -> bool:
+        """Kueue may admit it (its ClusterQueue has quota); always so for workloads outside Kueue."""
+        return self.cluster_queue != UNREACHABLE_QUEUE
 
     def step_demand(self, t: float, dt: float, rng: random.Random) -> float:
         """The workload's utilisation of its share over (t - dt, t]; 0 or at least 5 (clear of any threshold)."""
@@ -174,11 +201,17 @@ def new_workload(
         labels["gpuwm.io/project"] = "ads"  # a pod label overrides the namespace's project
     name = f"{_NAMES[kind][serial % len(_NAMES[kind])]}-{serial:04d}"
     api_version, owner_kind = _OWNER[kind]
+    local_queue = cluster_queue = None
+    if kind in KUEUE_KINDS:  # names only: no draws, so adding Kueue left every other draw as it was
+        local_queue = f"{namespace}-gpus"
+        cluster_queue = UNREACHABLE_QUEUE if serial % UNREACHABLE_EVERY == UNREACHABLE_EVERY // 2 else "whole-gpus"
     workload = SimWorkload(
         uid=uid, kind=kind, namespace=namespace, name=name, api_version=api_version, owner_kind=owner_kind,
         labels=labels, request=request, created=created, duration_seconds=_duration_seconds(kind, rng),
         fails=kind in ("training", "batch") and rng.random() < 0.05,
         busy_percent=rng.uniform(78.0, 97.0) if kind != "inference" else rng.uniform(60.0, 95.0),
+        local_queue=local_queue, cluster_queue=cluster_queue, watched=kind in WATCHED_KINDS,
+        suspended=kind in KUEUE_KINDS,
     )
     suffix = "".join(rng.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(5))
     for index in range(request.pods):

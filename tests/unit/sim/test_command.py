@@ -19,7 +19,7 @@ def test_write_trace_and_truth(tmp_path: Path, capsys: pytest.CaptureFixture[str
     assert "gpuwm replay" in capsys.readouterr().err
     lines = trace.read_text().splitlines()
     events = [parse_trace_line(line, number) for number, line in enumerate(lines, start=1)]
-    assert {event.event for event in events} == {"namespace", "pod", "sample"}
+    assert {event.event for event in events} == {"namespace", "pod", "workload", "sample"}
     assert events[-1].t == 300.0
     report = json.loads(truth.read_text())
     assert report["seed"] == 8 and report["at"] == 300.0 and report["workloads"]

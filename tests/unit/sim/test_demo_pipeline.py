@@ -84,7 +84,7 @@ def test_terminal_table(pipeline: tuple[Simulator, SimulatedController, Embedded
     simulator, controller, _ = pipeline
     shown, hidden = visible_workloads(controller.workloads, 3)
     holding = [w for w in controller.workloads if w.allocated_gpus > 0]
-    assert len(shown) == min(3, len(holding) + len([w for w in controller.workloads if w.phase == "Pending"]))
+    assert len(shown) == min(3, len(holding) + len([w for w in controller.workloads if w.phase in ("Queued", "Pending")]))
     assert all(w.allocated_gpus > 0 for w in shown[: len(holding)])
     assert hidden >= 0
     row = workload_row(shown[0], simulator.clock)

@@ -11,9 +11,17 @@ import pytest
 
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.cli import main
-from gpuwm.model import GpuSample, PodEvent
+from gpuwm.model import GpuSample, PodEvent, WorkloadEvent
 from gpuwm.sim.fleet import H100
-from gpuwm.sim.simulator import AgentOutage, GpuLoss, SimConfig, Simulator, Step, default_faults
+from gpuwm.sim.simulator import (
+    REQUEUE_BACKOFF_SECONDS,
+    AgentOutage,
+    GpuLoss,
+    SimConfig,
+    Simulator,
+    Step,
+    default_faults,
+)
 from gpuwm.sim.trace import truth_report, write_trace
 from gpuwm.sim.truth import TruthFigures
 
@@ -56,6 +64,11 @@ def assert_engine_matches_truth(simulator: Simulator, engine: Engine, energy_mea
                 continue
             assert getattr(figures, name) == pytest.approx(getattr(expected, name), rel=1e-9, abs=1e-6), (
                 simulator.workloads[uid].kind, simulator.workloads[uid].request, name)
+        kind = simulator.workloads[uid].kind
+        assert figures.requested_gpus == (None if expected.requested_gpus is None
+                                          else pytest.approx(expected.requested_gpus, rel=1e-12)), (kind, uid)
+        assert figures.queued_seconds == pytest.approx(expected.queued_seconds, abs=1e-6), (kind, uid, "queued")
+        assert figures.wait_seconds == pytest.approx(expected.wait_seconds, abs=1e-6), (kind, uid, "wait")
         lifetime = expected.lifetime_utilization_percent
         if lifetime is None:
             assert figures.utilization.lifetime is None
@@ -106,14 +119,18 @@ def test_engine_matches_ground_truth_without_faults(clean_run: tuple[Simulator, 
 def test_every_workload_kind_and_a_queue(clean_run: tuple[Simulator, Engine, list[Step]]) -> None:
     simulator, engine, steps = clean_run
     assert {workload.kind for workload in simulator.workloads.values()} == {"training", "batch", "notebook", "inference"}
-    pending_since: dict[str, float] = {}
+    waiting_since: dict[str, float] = {}  # a pod Pending, or a Kueue job suspended, since
     waited = []
     for step in steps:
         for event in step.events:
-            if isinstance(event, PodEvent) and event.phase == "Pending":
-                pending_since[event.uid] = event.t
-            elif isinstance(event, PodEvent) and event.phase == "Running" and event.uid in pending_since:
-                waited.append(event.t - pending_since.pop(event.uid))
+            if isinstance(event, WorkloadEvent) and event.suspended:
+                waiting_since.setdefault(event.uid, event.t)
+            elif isinstance(event, WorkloadEvent) and event.uid in waiting_since:
+                waited.append(event.t - waiting_since.pop(event.uid))
+            elif isinstance(event, PodEvent) and event.phase == "Pending":
+                waiting_since[event.uid] = event.t
+            elif isinstance(event, PodEvent) and event.phase == "Running" and event.uid in waiting_since:
+                waited.append(event.t - waiting_since.pop(event.uid))
     assert any(seconds > 0 for seconds in waited), "no workload ever waited for capacity"
     figures = {f.uid: f for f in engine.workloads(simulator.clock)}
     queued = [f for f in figures.values() if f.wait_seconds > 0 and f.start_time is not None]
@@ -170,9 +187,12 @@ def test_outage_at_the_end_counts_as_unmonitored_until_now() -> None:
     probe = Simulator(small_config())
     node = probe.nodes[0].name
     simulator = Simulator(small_config(outages=(AgentOutage(node=node, start=1800.0, end=10 * HOUR),)))
-    engine, _ = run_through_engine(simulator, HOUR)
+    engine, steps = run_through_engine(simulator, HOUR)
     assert_engine_matches_truth(simulator, engine, energy_measured=False)
-    held_on_node = [uid for uid, w in simulator.workloads.items() if w.running and any(p.node == node for p in w.pods)]
+    held_on_node = {  # from before the outage (held through it, or till a preemption or its end)
+        event.workload.uid for step in steps for event in step.events
+        if isinstance(event, PodEvent) and event.node == node and event.phase == "Running" and event.t < 1800.0
+    }
     truth = simulator.truth()
     assert any(truth[uid].unmonitored_gpu_seconds >= 1700.0 for uid in held_on_node)
 
@@ -194,10 +214,13 @@ def test_replay_of_the_written_trace_matches_ground_truth(tmp_path: Path, capsys
     report = json.loads(capsys.readouterr().out)
     replayed = {(w["namespace"], w["name"]): w for w in report["workloads"]}
     assert len(replayed) == len(truth["workloads"]) > 5
+    assert any(w["phase"] == "Queued" for w in replayed.values())  # the trace's workload events were read
     for expected in truth["workloads"]:
         got = replayed[(expected["namespace"], expected["name"])]
-        for name in ("allocatedGpuSeconds", "activeGpuSeconds", "idleGpuSeconds", "unmonitoredGpuSeconds"):
+        for name in ("allocatedGpuSeconds", "activeGpuSeconds", "idleGpuSeconds", "unmonitoredGpuSeconds",
+                     "queuedSeconds", "waitSeconds"):
             assert got[name] == pytest.approx(expected[name], rel=1e-9, abs=1e-6), (expected["name"], name)
+        assert got["requestedGpus"] == expected["requestedGpus"]
         slack = MAX_POWER_WATTS * expected["unmonitoredGpuSeconds"]
         assert got["energyJoules"] == pytest.approx(expected["energyJoules"], rel=1e-9, abs=1e-6 + slack)
 
@@ -223,3 +246,81 @@ def test_a_node_whose_agent_sees_no_process_still_reads_busy() -> None:
     busy = [figures for figures in on_hidden_node if figures.active_gpu_seconds > 0]
     assert busy, "the workloads of the node that hides its processes must read busy, not idle"
     assert all(figures.unattributed_gpu_seconds > 0 for figures in busy)
+
+
+@pytest.fixture(scope="module")
+def queue_run() -> tuple[Simulator, Engine, list[Step]]:
+    """A busy fleet (every unit wanted) for 3 hours: jobs queue in Kueue, are preempted and come back."""
+    simulator = Simulator(small_config(seed=3, gpus_per_node=4, occupancy=1.0, interval_seconds=5.0))
+    engine, steps = run_through_engine(simulator, 3 * HOUR)
+    return simulator, engine, steps
+
+
+def test_queued_preempted_and_never_admitted_workloads_match_ground_truth(
+    queue_run: tuple[Simulator, Engine, list[Step]],
+) -> None:
+    simulator, engine, _ = queue_run
+    assert_engine_matches_truth(simulator, engine)  # requested GPUs, queued and wait seconds included
+    now = simulator.clock
+    figures = {f.uid: f for f in engine.workloads(now)}
+    workloads = simulator.workloads.values()
+    admitted_late = [w for w in workloads if w.local_queue and figures[w.uid].queued_seconds > 0 and w.started]
+    assert admitted_late, "no job waited in Kueue and was admitted"
+    preempted = [w for w in workloads if w.preemptions and w.runs > w.preemptions]
+    assert preempted, "no job was preempted and admitted again"
+    for workload in preempted:
+        f = figures[workload.uid]
+        assert f.phase == ("Running" if workload.running else "Failed" if workload.fails else "Succeeded")
+        assert f.queued_seconds >= REQUEUE_BACKOFF_SECONDS and f.wait_seconds >= f.queued_seconds - 1e-9
+    never = [w for w in workloads if not w.admissible and w.ended is None]
+    assert never, "no job waited the whole run"
+    for workload in never:
+        f = figures[workload.uid]
+        assert (f.phase, f.start_time, f.allocated_gpu_seconds) == ("Queued", None, 0.0)
+        assert f.queued_seconds == f.wait_seconds == pytest.approx(now - workload.created)
+        assert f.cluster_queue == "reserved-h100" and f.local_queue == f"{workload.namespace}-gpus"
+    gave_up = [w for w in workloads if not w.admissible and w.ended is not None]
+    assert gave_up and all(figures[w.uid].phase == "Ended" for w in gave_up)
+    notebooks = [f for uid, f in figures.items() if simulator.workloads[uid].kind == "notebook"]
+    assert notebooks and all(f.requested_gpus is None and f.queued_seconds == 0 for f in notebooks)  # pods only
+
+
+def test_project_figures_are_the_queued_and_pending_workloads_of_the_ground_truth(
+    queue_run: tuple[Simulator, Engine, list[Step]],
+) -> None:
+    simulator, engine, _ = queue_run
+    now = simulator.clock
+    truth = simulator.truth()
+    phases = {f.uid: (f.project, f.phase) for f in engine.workloads(now)}
+    projects = {p.name: p for p in engine.projects(now)}
+    waiting = 0
+    for name, project in projects.items():
+        queued = [uid for uid, (of, phase) in phases.items() if of == name and phase == "Queued"]
+        pending = [uid for uid, (of, phase) in phases.items() if of == name and phase == "Pending"]
+        requested = sum(truth[uid].requested_gpus or 0.0 for uid in queued + pending)
+        assert project.requested_gpus == pytest.approx(requested), name
+        assert project.queued_workloads == len(queued), name
+        assert project.longest_queued_seconds == pytest.approx(max((truth[uid].queued_seconds for uid in queued), default=0.0))
+        waiting += len(queued)
+    assert waiting > 0
+
+
+def test_a_kueue_job_has_no_pods_until_admitted_and_new_ones_after_a_preemption(
+    queue_run: tuple[Simulator, Engine, list[Step]],
+) -> None:
+    simulator, _, steps = queue_run
+    events = [event for step in steps for event in step.events]
+    preempted = next(w for w in simulator.workloads.values() if w.preemptions and w.runs > w.preemptions)
+    own = [e for e in events if (isinstance(e, WorkloadEvent) and e.uid == preempted.uid)
+           or (isinstance(e, PodEvent) and e.workload.uid == preempted.uid)]
+    states = [("workload", e.suspended) if isinstance(e, WorkloadEvent) else ("pod", e.phase) for e in own]
+    suspensions = [i for i, state in enumerate(states) if state == ("workload", True)]
+    assert len(suspensions) >= 1 + (preempted.created >= simulator.config.start_time)
+    for index in suspensions:  # after a suspension: no pod runs until it is admitted again
+        following = states[index + 1:]
+        admitted = following.index(("workload", False))
+        assert ("pod", "Running") not in following[:admitted]
+    pods = {e.uid for e in own if isinstance(e, PodEvent)}
+    assert len(pods) > len(preempted.pods)  # the pods made after the preemption are new pods
+    requested = {e.requested_gpus for e in own if isinstance(e, WorkloadEvent)}
+    assert requested == {preempted.request.count * preempted.request.pods * 1.0}
