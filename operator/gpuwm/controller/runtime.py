@@ -32,6 +32,7 @@ from gpuwm.controller.agents import (
 )
 from gpuwm.controller.events import IdleEvents
 from gpuwm.controller.gctuning import collect_cycle_garbage, release_free_memory
+from gpuwm.controller.idleness import IdleWatch, idle_condition
 from gpuwm.controller.kube import KubeApiError, KubeClient
 from gpuwm.controller.owners import OwnerResolver
 from gpuwm.controller.persistence import (
@@ -54,9 +55,7 @@ from gpuwm.controller.ratelimit import TokenBucket
 from gpuwm.controller.sharing import SharingSource
 from gpuwm.controller.status import (
     ConditionMemo,
-    IdleWatch,
     dns_name,
-    idle_condition,
     label_value,
     project_counters,
     project_signature,

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import math
 import re
 from collections.abc import Hashable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple, get_args
 
+from gpuwm.controller.idleness import holds_gpus, idle_condition, idle_since_second, reporting, sample_recent
 from gpuwm.model.crd import (
     MAX_LISTED,
     Condition,
@@ -119,138 +119,6 @@ def _condition(
                                "last_transition_time": since})
 
 
-ConditionStatus = Literal["True", "False", "Unknown"]
-
-
-def _running(figures: WorkloadFigures) -> bool:
-    return figures.phase == "Running" and figures.allocated_gpus > 0
-
-
-def _recent(gpu: GpuFigures, now: float, slack_seconds: float) -> bool:
-    return gpu.monitored or (slack_seconds > 0 and gpu.last_sample_time is not None
-                             and now - gpu.last_sample_time <= slack_seconds)
-
-
-def reporting(figures: WorkloadFigures, now: float, slack_seconds: float = 0.0) -> bool:
-    """Whether every unit the workload holds has a recent sample: the engine's `sampling`, or each device's
-    latest sample within `slack_seconds` of `now`.
-
-    The engine calls a device monitored now while its latest sample is within 3 poll intervals
-    of the report's time; a controller pulling hundreds of agents one after the other reports
-    seconds after the first agent answered, so that flag flips with the pull's timing alone.
-    The controller passes the engine's gap plus a status interval as the slack: a device the
-    latest pull heard from counts as reporting, one that stayed silent for a whole interval does
-    not. Units no agent has named yet (allocated from the pod's requests) are never reporting.
-    """
-    if figures.sampling:
-        return True
-    if slack_seconds <= 0 or not figures.gpus:
-        return False
-    named_units = sum(gpu.units for gpu in figures.gpus)
-    return named_units >= figures.allocated_gpus - 1e-6 and all(_recent(gpu, now, slack_seconds) for gpu in figures.gpus)
-
-
-def seen_active(figures: WorkloadFigures, now: float, slack_seconds: float = 0.0) -> bool:
-    """Active now: the engine says so (idleSeconds 0), or a recent latest sample of one of its devices was active
-    (the engine's idleSeconds runs from a busy device's last sample once it is a few polls old; see `reporting`)."""
-    if figures.idle_seconds <= 0:
-        return True
-    return slack_seconds > 0 and any(gpu.active and _recent(gpu, now, slack_seconds) for gpu in figures.gpus)
-
-
-def idle_since_second(figures: WorkloadFigures, now: float, slack_seconds: float = 0.0) -> int | None:
-    """The whole second the current idle stretch began (`status.idleSince`); None while active or not running.
-
-    `now - idleSeconds` is the later of lastActiveTime and the current allocation's start; the
-    millisecond of slack keeps the float subtraction from flipping the second between cycles.
-    """
-    if not _running(figures) or seen_active(figures, now, slack_seconds):
-        return None
-    return math.floor(now - figures.idle_seconds + 1e-3)
-
-
-def idle_condition(
-    figures: WorkloadFigures, observed_idle_seconds: float | None, idle_condition_after_seconds: float,
-    now: float = 0.0, slack_seconds: float = 0.0,
-) -> tuple[ConditionStatus, str]:
-    """The Idle condition's status and reason: True only on observed idleness (DESIGN §3).
-
-    `observed_idle_seconds`: how long the current idle stretch has been watched through samples
-    (`IdleWatch`); None when it has not been. Idle time before a workload's first sample or while
-    its agent is not reporting is not evidence of idleness: the engine's idleSeconds counts it,
-    the condition does not, and says Unknown while the workload's time is unmonitored now.
-    `now`, `slack_seconds`: see `reporting` (0: the engine's own flags alone).
-    """
-    if not _running(figures):
-        return "False", "NotRunning"
-    if seen_active(figures, now, slack_seconds):
-        return "False", "Active"  # a sample showed it busy: observed, whatever the other devices say
-    if not reporting(figures, now, slack_seconds):
-        never = not figures.gpus or all(gpu.last_sample_time is None for gpu in figures.gpus)
-        return "Unknown", "NotYetSampled" if never else "AgentNotReporting"
-    if observed_idle_seconds is not None and observed_idle_seconds >= idle_condition_after_seconds:
-        return "True", "IdleTooLong"
-    return "False", "IdleBelowTimeout"
-
-
-class IdleWatch:
-    """Since when each running workload's current idle stretch has been observed: what the Idle timeout counts.
-
-    The engine's idleSeconds runs from the later of lastActiveTime and the allocation's start,
-    through time no sample covered (before the first one, agent outages). The Idle condition, its
-    Events and anything that acts on idleness count from the first status cycle that saw the
-    stretch through samples instead: the stretch's start when the cycle before saw the workload
-    sampled (nothing unobserved lies between), else that cycle's time (an undercount of at most a
-    status interval, never an overcount). An outage inside a stretch makes the condition Unknown
-    while it lasts and does not restart the count (the brief's "first monitored sample of the
-    current idle stretch").
-
-    Kept in memory only. After a restart a workload whose Idle condition was written True keeps
-    its stretch's start (the condition said it was observed); any other starts counting again.
-    """
-
-    def __init__(self, slack_seconds: float = 0.0) -> None:
-        self.slack_seconds = slack_seconds  # see `reporting`
-        self._stretch: dict[str, tuple[int, float]] = {}  # uid -> (stretch's start second, observed since)
-        self._sampled_at: dict[str, float] = {}  # uid -> the latest cycle that saw it running and sampled
-
-    def observe(self, figures: WorkloadFigures, now: float, written_idle: bool = False) -> float | None:
-        """Seconds of the current idle stretch observed by `now`; None while active, not running or not yet seen.
-
-        `written_idle`: the workload's Idle condition as last written was True (a restart's memory).
-        """
-        uid = figures.uid
-        stretch = idle_since_second(figures, now, self.slack_seconds)
-        sampled = reporting(figures, now, self.slack_seconds)
-        previous_sample = self._sampled_at.get(uid)
-        if _running(figures) and sampled:
-            self._sampled_at[uid] = now
-        elif not _running(figures):
-            self._sampled_at.pop(uid, None)
-        if stretch is None:
-            self._stretch.pop(uid, None)
-            return None
-        known = self._stretch.get(uid)
-        if known is not None and known[0] == stretch:
-            return now - known[1]
-        if not sampled:  # a new stretch not seen through samples yet: nothing observed
-            self._stretch.pop(uid, None)
-            return None
-        start = now - figures.idle_seconds
-        if previous_sample is not None:
-            since = max(start, previous_sample)
-        elif written_idle:
-            since = start
-        else:
-            since = now
-        self._stretch[uid] = (stretch, since)
-        return now - since
-
-    def forget(self, uid: str) -> None:
-        self._stretch.pop(uid, None)
-        self._sampled_at.pop(uid, None)
-
-
 def build_conditions(
     figures: WorkloadFigures,
     now: float,
@@ -267,13 +135,13 @@ def build_conditions(
     `reporting_slack_seconds`: see `reporting`.
     """
     before: dict[str, Condition | ConditionMemo] = {condition.type: condition for condition in previous}
-    running = _running(figures)
+    running = holds_gpus(figures)
     if not running:
         sampling = _condition("Sampling", "Unknown", "NoGpusHeld", "the workload holds no GPUs now", now, before)
     elif reporting(figures, now, reporting_slack_seconds):
         sampling = _condition("Sampling", "True", "DevicesSampled", "every device it holds has a recent sample", now, before)
     else:
-        unmonitored = [gpu.uuid for gpu in figures.gpus if not _recent(gpu, now, reporting_slack_seconds)]
+        unmonitored = [gpu.uuid for gpu in figures.gpus if not sample_recent(gpu, now, reporting_slack_seconds)]
         detail = f"no recent sample from {', '.join(unmonitored[:5])}" if unmonitored else "its devices are not known yet"
         sampling = _condition("Sampling", "False", "SamplesMissing", detail, now, before)
     idle_status, idle_reason = idle_condition(figures, observed_idle_seconds, idle_condition_after_seconds,
@@ -287,7 +155,7 @@ def build_conditions(
                    if observed_idle_seconds is not None and figures.idle_seconds - observed_idle_seconds >= 1
                    else f"observed idle for {observed} of the {idle_condition_after_seconds:.0f}s timeout")
     elif idle_status == "Unknown":
-        unmonitored = [gpu.uuid for gpu in figures.gpus if not _recent(gpu, now, reporting_slack_seconds)]
+        unmonitored = [gpu.uuid for gpu in figures.gpus if not sample_recent(gpu, now, reporting_slack_seconds)]
         which = f" from {', '.join(unmonitored[:5])}" if unmonitored else ""
         message = (f"no sample{which} yet: idleness is not observed" if idle_reason == "NotYetSampled"
                    else f"no recent sample{which} (agent not reporting): idleness is not observed, "
@@ -539,7 +407,7 @@ def workload_signature(
 ) -> tuple[Any, ...]:
     """What a reader acts on: phase, GPUs held, pods and devices, active or idle since when, each condition's
     status and reason. A change is news: the writer sends it before any refresh of counters."""
-    running = _running(figures)
+    running = holds_gpus(figures)
     average = figures.utilization.avg1h
     underutilized = "Unknown" if not running or average is None else str(average < underutilized_percent)
     return (

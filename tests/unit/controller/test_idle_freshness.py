@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from gpuwm.controller.idleness import IdleWatch, idle_condition
 from gpuwm.controller.ratelimit import TokenBucket
 from gpuwm.controller.status import (
-    IdleWatch,
     build_conditions,
     build_workload_status,
-    idle_condition,
     workload_signature,
     workload_status_body,
 )
