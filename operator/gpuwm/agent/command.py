@@ -15,6 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from gpuwm.config import ConfigError, Settings, add_settings_arguments, settings_from_arguments
+from gpuwm.logs import configure_logging
 
 if TYPE_CHECKING:
     from gpuwm.agent.core import Agent
@@ -42,29 +43,6 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
-class _JsonFormatter(logging.Formatter):
-    _standard = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message", "asctime"}
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "time": round(record.created, 3), "level": record.levelname.lower(),
-            "logger": record.name, "message": record.getMessage(),
-        }
-        entry.update({k: v for k, v in vars(record).items() if k not in self._standard})
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
-
-
-def _configure_logging(settings: Settings) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    use_json = settings.log_format == "json" or (settings.log_format == "auto" and not sys.stderr.isatty())
-    handler.setFormatter(_JsonFormatter() if use_json else logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(settings.log_level.upper())
-
-
 def load_settings(arguments: argparse.Namespace) -> Settings:
     settings = settings_from_arguments(arguments, AGENT_SETTINGS)
     if settings.interval < MIN_INTERVAL_SECONDS:
@@ -77,7 +55,7 @@ def load_settings(arguments: argparse.Namespace) -> Settings:
 
 def run(arguments: argparse.Namespace) -> int:
     settings = load_settings(arguments)
-    _configure_logging(settings)
+    configure_logging(settings)
     from gpuwm.agent.core import Agent  # late: pynvml and grpc load only for this verb
 
     node = settings.node_name or socket.gethostname()

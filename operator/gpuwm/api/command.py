@@ -10,8 +10,10 @@ import signal
 from typing import Any
 
 from gpuwm.config import ConfigError, add_settings_arguments, settings_from_arguments
+from gpuwm.logs import configure_logging
 
 FIELDS = (
+    "log_format",
     "store",
     "api_listen",
     "api_tls",
@@ -46,9 +48,7 @@ def register(subparsers: Any) -> None:
 
 def run(arguments: argparse.Namespace) -> int:
     settings = settings_from_arguments(arguments, FIELDS)
-    logging.basicConfig(
-        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s"
-    )
+    configure_logging(settings)
     from gpuwm.api.app import create_app
     from gpuwm.api.auth import AuthError
     from gpuwm.api.server import ApiServer, parse_listen

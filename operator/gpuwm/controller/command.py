@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import sys
 from collections.abc import Callable
 from typing import Any
 
 from gpuwm.config import ConfigError, Settings, add_settings_arguments, settings_from_arguments
 from gpuwm.controller.gctuning import limit_malloc_arenas
+from gpuwm.logs import wants_json
 
 FIELDS = (
     "log_format", "log_level", "namespace", "standalone", "peering_name", "liveness",
@@ -37,7 +37,7 @@ def register(subparsers: Any) -> None:
 def _configure_logging(settings: Settings) -> None:
     import kopf
 
-    json_logs = settings.log_format == "json" or (settings.log_format == "auto" and not sys.stderr.isatty())
+    json_logs = wants_json(settings)  # gpuwm.logs: the one reading of --log-format; kopf's formatter adds the object
     kopf.configure(
         debug=settings.log_level == "debug", verbose=settings.log_level == "debug",
         quiet=settings.log_level in {"warning", "error"},

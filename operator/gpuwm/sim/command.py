@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 from gpuwm.config import ConfigError, add_settings_arguments, parse_duration_seconds, settings_from_arguments
+from gpuwm.logs import configure_logging
 
 FIELDS = (
     "interval",
@@ -22,6 +22,7 @@ FIELDS = (
     "store_latest_rows_per_interval",
     "retention",
     "log_level",
+    "log_format",
 )
 
 
@@ -75,8 +76,7 @@ def _check_fleet(arguments: argparse.Namespace) -> None:
 
 def run(arguments: argparse.Namespace) -> int:
     settings = settings_from_arguments(arguments, FIELDS)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s %(message)s",
-                        stream=sys.stderr)
+    configure_logging(settings)
     _check_fleet(arguments)
     if arguments.write_trace is not None:
         return _write_trace(arguments, settings.interval, settings.idle_threshold_percent)

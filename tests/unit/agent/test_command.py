@@ -66,7 +66,7 @@ def _verbs(parser: argparse.ArgumentParser) -> list[str]:
 
 
 def test_every_verb_is_listed_and_a_verb_alone_builds_only_its_own() -> None:
-    assert _verbs(build_parser()) == ["controller", "agent", "api", "demo", "replay", "version"]
-    for verb in ("controller", "agent", "api", "demo", "replay"):
+    assert _verbs(build_parser()) == ["controller", "agent", "api", "demo", "replay", "report", "version"]
+    for verb in ("controller", "agent", "api", "demo", "replay", "report"):
         assert _verbs(build_parser(verb)) == [verb, "version"]
     assert _verbs(build_parser("no-such-verb")) == _verbs(build_parser())  # argparse then names the choices
