@@ -50,6 +50,7 @@ from gpuwm.api.params import (
     parse_time,
 )
 from gpuwm.api.prom_metrics import WorkloadMetricsCollector
+from gpuwm.api.queue import add_queue_routes
 from gpuwm.api.report import add_report_routes
 from gpuwm.api.runs import (
     DEFAULT_PAGE_RUNS,
@@ -447,6 +448,7 @@ def create_app(
 
     add_fleet_routes(app, store, settings.status_interval, guard, blocking, limits)
     add_report_routes(app, store, settings.status_interval, settings.idle_threshold_percent, authorizer, blocking)
+    add_queue_routes(app, store, authorizer, blocking)
 
     @app.get(
         "/metrics",

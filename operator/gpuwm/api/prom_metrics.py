@@ -45,7 +45,21 @@ _WORKLOAD_GAUGES: tuple[tuple[str, str, Callable[[WorkloadFigures], float | None
         "End of the latest interval in which it was active.",
         lambda w: w.last_active_time,
     ),
-    ("wait_seconds", "Creation to its first running GPU container.", lambda w: w.wait_seconds),
+    (
+        "wait_seconds",
+        "Creation to its first running GPU container, plus every wait to run again after a preemption.",
+        lambda w: w.wait_seconds,
+    ),
+    (
+        "queued_seconds",
+        "Seconds held back (suspended, or not admitted by Kueue) since creation; counts on after a preemption.",
+        lambda w: w.queued_seconds,
+    ),
+    (
+        "requested_gpus",
+        "GPU units its pod templates ask for (from the workload object; absent where only its pods are known).",
+        lambda w: w.requested_gpus,
+    ),
     ("run_seconds", "Time with at least one running GPU container.", lambda w: w.run_seconds),
     ("created_timestamp_seconds", "When the workload was created.", lambda w: w.created_time),
     ("start_timestamp_seconds", "When its first GPU container started.", lambda w: w.start_time),
@@ -83,6 +97,17 @@ _PROJECT_GAUGES: tuple[tuple[str, str, Callable[[ProjectFigures], float | None]]
     ("memory_utilization_percent", "GPU memory used, percent.", lambda p: p.memory_utilization.current),
     ("workloads", "Workloads of the project with figures.", lambda p: p.workloads),
     ("running_workloads", "Workloads holding GPUs now.", lambda p: p.running_workloads),
+    (
+        "requested_gpus",
+        "GPU units its queued and pending workloads ask for: demand not met now.",
+        lambda p: p.requested_gpus,
+    ),
+    ("queued_workloads", "Its workloads held back (Queued) now.", lambda p: p.queued_workloads),
+    (
+        "longest_queued_seconds",
+        "Queued seconds of its longest-queued workload among those Queued now (0: none).",
+        lambda p: p.longest_queued_seconds,
+    ),
 )
 _PROJECT_COUNTERS: tuple[tuple[str, str, Callable[[ProjectFigures], float]], ...] = (
     (
@@ -125,7 +150,7 @@ class WorkloadMetricsCollector(Collector):
         workloads = list(workloads)
         info = GaugeMetricFamily(
             "gpuwm_workload_info",
-            "A workload with GPU pods (value 1); labels name it.",
+            "A workload (value 1): with GPU pods, or a watched object queued or pending; labels name it.",
             labels=[*WORKLOAD_LABELS, "phase"],
         )
         pods = GaugeMetricFamily(
