@@ -200,5 +200,6 @@ def test_notes_tell_what_to_run_next(install: Callable[..., Installed]) -> None:
     installed = install()
     notes = installed.release["info"]["notes"]
     assert "kubectl get gpuworkloadmetrics -A" in notes
-    assert "http://gpuwm-controller.gpuwm.svc:8080/api/v1/workloads" in notes
-    assert "kubectl apply --server-side" in notes
+    assert "https://gpuwm-controller.gpuwm.svc:8080/api/v1/workloads" in notes  # HTTPS by default (apiTls)
+    assert "--audience gpuwm" in notes  # a token for the API's audience, or a 401
+    assert "kubectl apply --server-side --force-conflicts" in notes  # over Helm-made CRDs, or a conflict
