@@ -99,6 +99,21 @@ def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     workdir = tmp_path_factory.mktemp("dashboard")
     database = workdir / "gpuwm.db"
     _populate(database)
+    yield from _serve(workdir, database)
+
+
+@pytest.fixture(scope="module")
+def queue_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`gpuwm api` over a store whose workloads queue (issue 35): the engine's figures of workload events."""
+    from tests.unit.api.test_api_queue import figures_store
+
+    workdir = tmp_path_factory.mktemp("queue")
+    figures_store(workdir / "gpuwm.db").close()
+    yield from _serve(workdir, workdir / "gpuwm.db")
+
+
+def _serve(workdir: Path, database: Path) -> Iterator[str]:
+    """`gpuwm api` on `database` at a free 127.0.0.1 port until the generator is closed."""
     port = _free_port()
     log_path = workdir / "api.log"
     with log_path.open("w") as log:
@@ -410,3 +425,36 @@ def test_report_downloads_as_csv(api_url: str, browser: Any, downloads: Path) ->
     assert lines[-1].startswith("total,")
     assert driver.find_element(By.ID, "report-status").text == "3 rows downloaded"
     _screenshots(driver, "overview")
+
+
+def test_queue_lists_waiting_workloads_by_wait(queue_url: str, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select
+
+    driver = browser
+    driver.get(queue_url + "/#/")
+    _wait_ready(driver)
+    driver.find_element(By.ID, "nav-queue").click()
+    _wait_ready(driver)
+    assert driver.find_element(By.ID, "queue").is_displayed()
+    rows = _rows(driver, "#queue-workloads tbody tr")
+    assert [(row[0], row[2], row[3], row[4], row[6]) for row in rows] == [
+        ("team-a/backlog", "Queued", "4.00", "15 min", "15 min"),  # 900 s
+        ("team-a/admitted", "Pending", "2.00", "10 min", "5 min"),  # waited 600 s, queued 300 s
+        ("team-b/preempted", "Queued", "1.00", "8 min", "7 min"),  # 450 s, 400 s: ran 200..600
+    ]
+    assert rows[0][7:9] == ["team-a-q", "gpus"]
+    widths = [float(bar.get_attribute("style").split("width:")[1].split("px")[0])
+              for bar in driver.find_elements(By.CSS_SELECTOR, "#queue-workloads tbody .bar")]
+    assert widths == sorted(widths, reverse=True) and widths[0] == 120.0
+    assert driver.find_element(By.ID, "summary").text.startswith(
+        "3 waiting · 2 queued · 1 pending · 7.00 GPUs requested · longest wait 15 min")
+    demand = _rows(driver, "#queue-projects tbody tr")
+    assert [row[:4] for row in demand] == [["alpha", "1", "6.00", "15 min"], ["beta", "1", "1.00", "7 min"]]
+    _screenshots(driver, "queue")
+    Select(driver.find_element(By.ID, "queue-namespace")).select_by_value("team-b")
+    assert [row[0] for row in _rows(driver, "#queue-workloads tbody tr")] == ["team-b/preempted"]
+    driver.find_element(By.LINK_TEXT, "team-b/preempted").click()
+    _wait_ready(driver)
+    facts = driver.find_element(By.ID, "workload-facts").text
+    assert "requested GPUs\n1.00" in facts and "queued\n7 min" in facts and "team-b-q → gpus" in facts

@@ -1,5 +1,6 @@
 // gpuwm dashboard: plain JS, no libraries, no network beyond this API. Pages: #/ (projects and workloads),
-// #/workload/NS/NAME, #/fleet (nodes), #/node/NAME. The range bar drives start/end/step of every chart.
+// #/workload/NS/NAME, #/fleet (nodes), #/node/NAME, #/queue (workloads waiting for GPUs). The range bar drives
+// start/end/step of every chart.
 "use strict";
 
 const $ = (selector) => document.querySelector(selector);
@@ -58,7 +59,7 @@ function link(text, href) {
 }
 const workloadHref = (w) => "#/workload/" + encodeURIComponent(w.namespace) + "/" + encodeURIComponent(w.name);
 function show(id) {
-  for (const section of ["overview", "workload", "fleet", "node"]) $("#" + section).hidden = section !== id;
+  for (const section of ["overview", "workload", "fleet", "node", "queue"]) $("#" + section).hidden = section !== id;
 }
 
 // ---- the time range: a preset (seconds before the latest data), or custom start/end (zoom sets these)
@@ -307,7 +308,11 @@ async function showWorkload(namespace, name) {
   const pairs = [["project", w.project], ["phase", w.phase], ["GPUs", fmt(w.allocatedGpus, 2)],
     ["utilization (1h)", pct(w.utilization.avg1h)], ...(ended ? [["ended", when(w.endTime)]] : [["idle for", duration(w.idleSeconds)]]),
     ["wasted GPU-h", fmt(w.idleGpuSeconds / 3600, 2)], ["energy", fmt(w.energyJoules / 3.6e6, 3) + " kWh"],
-    ["nodes", w.nodes.join(", ") || "–"]];
+    ["nodes", w.nodes.join(", ") || "–"],
+    // from the workload object itself, where gpuwm watches it (issue 35)
+    ...(w.requestedGpus !== null && w.requestedGpus !== undefined ? [["requested GPUs", fmt(w.requestedGpus, 2)]] : []),
+    ["waited", duration(w.waitSeconds)], ...(w.queuedSeconds ? [["queued", duration(w.queuedSeconds)]] : []),
+    ...(w.localQueue || w.clusterQueue ? [["Kueue queues", `${w.localQueue || "–"} → ${w.clusterQueue || "–"}`]] : [])];
   for (const [key, value] of pairs) {
     const dt = document.createElement("dt"); dt.textContent = key;
     const dd = document.createElement("dd"); dd.textContent = value;
@@ -401,6 +406,63 @@ async function showNode(name) {
   drawCharts($("#node-charts"), metrics);
 }
 
+// ---- the queue: who waits for GPUs, for how long, for how many (GET /api/v1/queue)
+let queueView = { workloads: [] };
+function drawQueue() {
+  const project = $("#queue-project").value, namespace = $("#queue-namespace").value;
+  const chosen = queueView.workloads.filter((w) => (!project || w.project === project) && (!namespace || w.namespace === namespace));
+  const longest = Math.max(0, ...chosen.map((w) => w.waitSeconds));
+  const rows = $("#queue-workloads tbody");
+  rows.replaceChildren();
+  for (const w of chosen) {  // the API's order: longest wait first
+    const tr = document.createElement("tr");
+    tr.dataset.workload = w.namespace + "/" + w.name;
+    tr.dataset.phase = w.phase;
+    tr.append(link(w.namespace + "/" + w.name, workloadHref(w)), cell(w.project), cell(w.phase),
+      cell(w.requestedGpus === null ? "–" : fmt(w.requestedGpus, 2), "num"), cell(duration(w.waitSeconds), "num"),
+      bar(w.waitSeconds, longest, w.phase === "Queued" ? "queued" : "pending"), cell(duration(w.queuedSeconds), "num"),
+      cell(w.localQueue || "–"), cell(w.clusterQueue || "–"), cell(when(w.createdTime)));
+    rows.appendChild(tr);
+  }
+  if (!chosen.length) {
+    const tr = document.createElement("tr");
+    tr.append(cell(queueView.workloads.length ? "no waiting workload matches these filters" : "no workload is waiting for GPUs", "empty"));
+    tr.firstChild.colSpan = 10;
+    rows.appendChild(tr);
+  }
+}
+for (const id of ["#queue-project", "#queue-namespace"]) $(id).addEventListener("change", drawQueue);
+
+async function showQueue() {
+  show("queue");
+  const [view, projects] = await Promise.all([api("/api/v1/queue"), api("/api/v1/projects")]);
+  queueView = view;
+  const distinct = (field) => [...new Set(view.workloads.map((w) => w[field]))].sort();
+  fillSelect($("#queue-project"), distinct("project"));
+  fillSelect($("#queue-namespace"), distinct("namespace"));
+  drawQueue();
+  const rows = $("#queue-projects tbody");
+  rows.replaceChildren();
+  const demand = projects.projects.filter((p) => p.requestedGpus > 0 || p.queuedWorkloads > 0)
+    .sort((a, b) => b.requestedGpus - a.requestedGpus || a.name.localeCompare(b.name));
+  for (const p of demand) {
+    const tr = document.createElement("tr");
+    tr.dataset.project = p.name;
+    tr.append(cell(p.name), cell(String(p.queuedWorkloads), "num"), cell(fmt(p.requestedGpus, 2), "num"),
+      cell(duration(p.longestQueuedSeconds), "num"), cell(fmt(p.allocatedGpus, 2), "num"),
+      cell(p.quota === null ? "–" : fmt(p.quota, 2), "num"));
+    rows.appendChild(tr);
+  }
+  if (!demand.length) {
+    const tr = document.createElement("tr");
+    tr.append(cell("no project waits for GPUs", "empty"));
+    tr.firstChild.colSpan = 6;
+    rows.appendChild(tr);
+  }
+  $("#summary").textContent = `${view.workloads.length} waiting · ${view.queued} queued · ${view.pending} pending · `
+    + `${fmt(view.requestedGpus, 2)} GPUs requested · longest wait ${duration(view.longestWaitSeconds)}`;
+}
+
 async function route() {
   const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
   document.body.dataset.ready = "false";
@@ -410,6 +472,7 @@ async function route() {
     if (parts[0] === "workload" && parts.length === 3) await showWorkload(parts[1], parts[2]);
     else if (parts[0] === "fleet") await showFleet();
     else if (parts[0] === "node" && parts.length === 2) await showNode(parts[1]);
+    else if (parts[0] === "queue") await showQueue();
     else await showOverview();
   } catch (error) {
     showError(error);
