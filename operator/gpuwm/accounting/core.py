@@ -379,16 +379,21 @@ class EngineCore:
             self._advance(event.t)
             return
         pod = self.pods.get(event.uid)
+        moved_in = -INFINITY
         if pod is not None and pod.workload is not workload:
-            self._rehome(pod, max(event.t, self.boundary))
+            moved_in = max(event.t, self.boundary, pod.moved_in)
+            self._rehome(pod, moved_in)
             pod = None
         if pod is None:
             pod = self.pods[event.uid] = Pod(event.uid, workload, event)
+            pod.moved_in = moved_in
             workload.pods[event.uid] = pod
         if event.t < workload.first_seen:
             workload.first_seen = event.t
         self._advance(event.t)
-        t = max(event.t, self.boundary)
+        # a pod that moved here from another workload is this one's from the move on: an event dated
+        # earlier (a device named late, from the pod's start) must not take back its old workload's time
+        t = max(event.t, self.boundary, pod.moved_in)
         timeline = pod.timeline
         index = bisect.bisect_left([entry[0] for entry in timeline], t)
         if index < len(timeline) and timeline[index][0] == t:

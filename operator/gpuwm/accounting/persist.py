@@ -136,7 +136,7 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
         }
 
     def pod_entry(pod: Pod) -> dict[str, Any]:
-        entry = {
+        entry: dict[str, Any] = {
             "uid": pod.uid,
             "workload": pod.workload.uid,
             "name": pod.name,
@@ -148,6 +148,8 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
         key = pod_keys.get(id(pod), pod.uid)
         if key != pod.uid:
             entry["key"] = key
+        if pod.moved_in > -INFINITY:
+            entry["movedIn"] = pod.moved_in
         return entry
 
     def gpu_entry(gpu: Gpu) -> dict[str, Any]:
@@ -240,11 +242,12 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
         event = NamespaceEvent.model_validate(raw)
         core.namespaces[event.name] = event
     # a pod's timeline, name, namespace, labels and stretch ids, until its workload is linked to it
-    saved_pods: dict[str, tuple[list[tuple[float, PodEvent]], str, str, dict[str, str], list[int], str]] = {}
+    saved_pods: dict[str, tuple[list[tuple[float, PodEvent]], str, str, dict[str, str], list[int], str, float]] = {}
     for raw in saved_entries(state["pods"], consume):
         timeline = [(float(t), compact_pod_event(PodEvent.model_validate(event))) for t, event in raw["timeline"]]
         saved_pods[raw.get("key", raw["uid"])] = (
             timeline, raw["name"], raw["namespace"], raw["labels"], raw["stretches"], raw["uid"],
+            float(raw.get("movedIn", -INFINITY)),
         )
     workloads: dict[str, Workload] = {}
     links: list[tuple[Workload, list[int], list[str]]] = []  # each workload's stretch ids and pods, linked below
@@ -300,8 +303,9 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
     for workload, stretch_ids, pod_uids in links:
         workload.stretches = [stretches[index] for index in stretch_ids]
         for pod_key in pod_uids:
-            timeline, name, namespace, labels, pod_stretch_ids, pod_uid = saved_pods[pod_key]
+            timeline, name, namespace, labels, pod_stretch_ids, pod_uid, moved_in = saved_pods[pod_key]
             pod = Pod(pod_uid, workload, timeline[-1][1])
+            pod.moved_in = moved_in
             pod.name = name
             pod.namespace = namespace
             pod.labels = dict(labels)

@@ -451,7 +451,7 @@ def _nan(value: float | None) -> float:
 class Pod:
     """A GPU pod: its state timeline (a later event replaces the state from its time on)."""
 
-    __slots__ = ("labels", "name", "namespace", "stretches", "timeline", "uid", "workload")
+    __slots__ = ("labels", "moved_in", "name", "namespace", "stretches", "timeline", "uid", "workload")
 
     def __init__(self, uid: str, workload: Workload, event: PodEvent) -> None:
         self.uid = uid
@@ -461,6 +461,8 @@ class Pod:
         self.labels: dict[str, str] = event.labels  # the frozen event's own: never changed here
         self.timeline: list[tuple[float, PodEvent]] = []
         self.stretches: list[Stretch] = []
+        #: when the pod moved to this workload from another (its owner changed); -inf: it began here
+        self.moved_in = -INFINITY
 
     @property
     def current(self) -> PodEvent:

@@ -53,3 +53,17 @@ def test_the_moved_pod_survives_a_save_and_restore_and_forgetting_the_old_worklo
     restored.observe(pod(21, "train-0", "Succeeded", workload="train-0", kind="Pod"))
     ended = restored.workload("wl-train-0", 21)
     assert ended is not None and ended.phase == "Succeeded"
+
+
+def test_an_event_of_the_moved_pod_dated_before_the_move_does_not_take_back_the_old_workloads_time() -> None:
+    # after the move at 10, the agent names another device from the pod's start (0): the new record stays from 10
+    e = _moved()
+    e.observe(pod(0, "train-0", workload="train-0", kind="Pod", devices=[("GPU-b", 1.0)]))
+    old, new = e.workload("wl-job-a", 20), e.workload("wl-train-0", 20)
+    assert old is not None and new is not None
+    assert old.allocated_gpu_seconds == pytest.approx(10)
+    assert new.allocated_gpu_seconds == pytest.approx(10)  # not 20: one GPU for 20 s is 20 GPU-seconds in all
+    restored = Engine.restore(e.save(), e.config)
+    restored.observe(pod(0, "train-0", workload="train-0", kind="Pod", devices=[("GPU-a", 1.0)]))
+    again = restored.workload("wl-train-0", 20)
+    assert again is not None and again.allocated_gpu_seconds == pytest.approx(10)  # the move's time is kept
