@@ -121,8 +121,9 @@ class ControllerRuntime:
         self.cr_names: dict[str, str] = {}  # workload uid -> GPUWorkloadMetrics name ("" for none)
         self.cr_owner: dict[tuple[str, str], tuple[str, str, float | None]] = {}  # (ns, name) -> (uid, kind, created)
         self.conditions: dict[str, tuple[ConditionMemo, ...]] = {}  # each workload's, as last written
-        #: how old a device's latest sample may be at a report and still count as reporting: the engine's gap, plus
-        #: a status interval for the pull's spread (see status.reporting)
+        #: how old a device's latest sample may be at a report and still count as reporting (see idleness.reporting):
+        #: the engine's gap, a status interval for the pull's spread, and each cycle how late its report came after
+        #: its pull began (a slow cycle must not read every agent as silent)
         self.reporting_slack_seconds = self.engine_config.gap_seconds + settings.status_interval
         self.idle_watch = IdleWatch(self.reporting_slack_seconds)  # since when each workload's idleness was observed
         #: workload uid -> seconds of its current idle stretch observed, as of the latest cycle (see IdleWatch)
@@ -243,6 +244,7 @@ class ControllerRuntime:
     async def cycle(self) -> None:
         """Pull, account, offer statuses, retention, save; CPU seconds per phase go to `cycle_cpu_seconds`."""
         timer = _PhaseTimer()
+        pull_started = self.clock()
         intake = SampleIntake(self.engine, self.holders_by_node)
         result = await self.puller.pull_all(self.agent_urls(), on_snapshot=intake.take)
         intake.flush()  # columnar snapshots go to the engine as one batch
@@ -263,6 +265,9 @@ class ControllerRuntime:
             self.latest_sample_time = max(self.latest_sample_time or 0.0, intake.latest_time)
         samples = sorted(intake.latest.values(), key=attrgetter("t"))  # the store reads each device's latest
         now = self.clock()
+        self.reporting_slack_seconds = (self.engine_config.gap_seconds + self.settings.status_interval
+                                        + max(0.0, now - pull_started))
+        self.idle_watch.slack_seconds = self.reporting_slack_seconds
         if self._last_save is None or now - self._last_save >= self.settings.state_save_interval or self.cycles < 3:
             # before the report: the state's encoding and the report's figures are never in memory together
             await self.save_in_background(now)
@@ -383,7 +388,8 @@ class ControllerRuntime:
             self.writer.offer(Desired(
                 plural=WORKLOAD_PLURAL, namespace=figures.namespace, name=name,
                 spec=static[1], labels=static[2],
-                render=functools.partial(self._render_workload, figures.uid, now, self.observed_idle.get(figures.uid)),
+                render=functools.partial(self._render_workload, figures.uid, now, self.observed_idle.get(figures.uid),
+                                         self.reporting_slack_seconds),
                 # hashes: only their equality counts, and ~3,500 queued offers and 4,000 written CRs kept the
                 # tuples (~0.8 KB a CR, ~6 MiB at 4,000 workloads); a collision (~2^-61 a comparison) delays one write
                 signature=hash(workload_signature(figures, now, idle_condition_after_seconds=idle_after,
@@ -395,7 +401,8 @@ class ControllerRuntime:
                 sample_time=None if settled else self.latest_sample_time,
             ))
 
-    def _render_workload(self, uid: str, now: float, observed_idle_seconds: float | None = None) -> dict[str, Any]:
+    def _render_workload(self, uid: str, now: float, observed_idle_seconds: float | None = None,
+                         reporting_slack_seconds: float = 0.0) -> dict[str, Any]:
         """Built when the writer sends it; conditions keep their transition times across writes.
 
         The figures are computed again here, for the few CRs the token bucket lets through:
@@ -412,7 +419,7 @@ class ControllerRuntime:
             idle_condition_after_seconds=self.settings.idle_condition_after,
             underutilized_percent=self.settings.underutilized_percent,
             previous_conditions=self.conditions.get(figures.uid, ()),
-            observed_idle_seconds=observed_idle_seconds, reporting_slack_seconds=self.reporting_slack_seconds,
+            observed_idle_seconds=observed_idle_seconds, reporting_slack_seconds=reporting_slack_seconds,
         )
         self.conditions[figures.uid] = remembered(conditions)
         return status
