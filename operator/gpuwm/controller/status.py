@@ -138,6 +138,16 @@ def build_conditions(
     running = holds_gpus(figures)
     if not running:
         sampling = _condition("Sampling", "Unknown", "NoGpusHeld", "the workload holds no GPUs now", now, before)
+    elif reporting(figures, now, reporting_slack_seconds) and figures.unattributed_gpu_seconds > 0:
+        # DESIGN §3, rule of 2026-11-27: the figures hold, but a busy GPU's activity was taken from the device
+        # because the agent saw none of the processes that explain it (no number here: it would change the
+        # condition, and so force a write, every cycle)
+        sampling = _condition(
+            "Sampling", "True", "DeviceFiguresUsed",
+            "every device it holds has a recent sample; part of its utilisation came from the device, not its "
+            "processes: the agent saw no process explaining a busy GPU (an agent without hostPID, MIG instances)",
+            now, before,
+        )
     elif reporting(figures, now, reporting_slack_seconds):
         sampling = _condition("Sampling", "True", "DevicesSampled", "every device it holds has a recent sample", now, before)
     else:

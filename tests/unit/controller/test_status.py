@@ -177,3 +177,12 @@ def test_counters_carry_every_utilization_window_in_field_order() -> None:
     assert workload_counters(figures(utilization=windows))[-len(Windows.model_fields):] == expected
     project = ProjectFigures(name="vision", utilization=windows)
     assert project_counters(project)[-len(Windows.model_fields):] == expected == (12.35, -1.0, 5.0, 0.0, 100.0)
+
+
+def test_sampling_says_when_figures_came_from_the_device_not_its_processes() -> None:
+    # DESIGN §3, rule of 2026-11-27: a busy GPU whose processes the agent could not see counts as busy, and says so
+    conditions = {c.type: c for c in build_conditions(figures(unattributed_gpu_seconds=12.0), NOW)}
+    sampling = conditions["Sampling"]
+    assert (sampling.status, sampling.reason) == ("True", "DeviceFiguresUsed")
+    assert "hostPID" in sampling.message
+    assert _conditions(figures())["Sampling"] == ("True", "DevicesSampled")
