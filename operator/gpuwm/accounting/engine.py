@@ -166,8 +166,8 @@ class _Sums:
 
 
 class _ReportWindows:
-    """Each workload's `windows.windows(now)` of one report, kept until the next report or input (~2.5 MiB at
-    4,000 workloads: the report's own lists, not copies; packing them cost ~4 ms a report)."""
+    """Each workload's `windows.windows(now)` of one report, kept until the next report or input (the
+    report's own lists, not copies: packing them cost more than keeping them; bench/README.md)."""
 
     __slots__ = ("_row_of", "_windows", "now")
 
@@ -561,7 +561,7 @@ class Engine(EngineCore):
     def workload(self, uid: str, now: float | None = None) -> WorkloadFigures | None:
         """One workload's figures; at the latest report's `now` with no input since, from that report's window sums
         (the status writer renders a few hundred CRs a cycle, each at its report's time: one numpy pass over a
-        workload's hour of segments each, ~0.1 ms, saved)."""
+        workload's hour of segments each, saved)."""
         workload = self.workload_records.get(uid)
         if workload is None:
             return None

@@ -37,8 +37,8 @@ class LazyEntries(Sequence[dict[str, Any]]):
     """A saved list whose entries are built when read: `save_state(core, lazy=True)`'s big lists.
 
     The controller streams the state to its file a batch of entries at a time; with every
-    entry built first, the whole state (~40 MB of dicts and base64 strings at 8,000 GPUs, more
-    than the 18 MB file) sat in memory at once and made the controller's peak RSS. Read in
+    entry built first, the whole state (dicts and base64 strings, more
+    than the file) sat in memory at once and made the controller's peak RSS. Read in
     batches, only a batch is alive. Reading an entry twice builds the same entry twice.
     """
 
@@ -202,9 +202,9 @@ def restore_state(core: Any, state: dict[str, Any], consume: bool = False) -> No
     `consume`: each entry of the state's big lists is dropped from it once restored (the controller's
     restart, whose loaded state is garbage afterwards). The loaded JSON's small objects (dicts, floats,
     strings) fill Python's memory arenas, and the restored engine keeps some of its strings and
-    floats: freed only at the end, the JSON left ~90 arenas of 1 MiB that those few objects held
-    (~27 MiB free inside them at 8,000 GPUs); dropped as it goes, the engine's own objects reuse
-    its memory (~12 MiB less RSS after a restart, bench/README).
+    floats: freed only at the end, the JSON left arenas that those few objects held mostly
+    empty; dropped as it goes, the engine's own objects reuse its memory (less RSS after a
+    restart: bench/README.md).
     """
     if state.get("version") not in READABLE_VERSIONS:
         raise StateError(f"engine state version {state.get('version')!r} is not one of {READABLE_VERSIONS}; "
@@ -320,7 +320,7 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
         else:
             gpu.load_rows(raw["points"])
         gpu.pruned = bool(raw["pruned"])
-        # its fields-set shared: each validated sample had its own set of ~25 names (~2.2 KB, ~18 MB at 8,000 GPUs)
+        # its fields-set shared: each validated sample had its own set of field names
         gpu.latest = None if raw["latest"] is None else share_fields_set(GpuSample.model_validate(raw["latest"]))
         gpu.stretches = [stretches[index] for index in raw["stretches"]]
         core.gpu_records[gpu.uuid] = gpu

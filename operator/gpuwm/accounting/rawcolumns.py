@@ -1,7 +1,6 @@
 """Columns of doubles in the saved engine state: base64 inside the JSON, or raw bytes beside it.
 
-At 8,000 GPUs and 4,000 workloads the window segments and GPU histories are ~45 MB of doubles,
-85 % of the controller's state file. As base64 in the JSON they cost a third more bytes to
+The window segments and GPU histories are most of the controller's state file, as doubles. As base64 in the JSON they cost a third more bytes to
 write, and an encoding pass each save (every `state_save_interval`); the controller's state file therefore
 carries them as raw little-endian bytes after its JSON (`gpuwm.controller.persistence`),
 and the JSON names where each one lies. Anything else that saves the engine (tests, a state
@@ -42,7 +41,7 @@ class RawJson:
     """A value already serialised as JSON (a model's `to_json`), for a raw state's encoder to splice in as it is.
 
     The controller's state saves each device's latest sample and each pod event: 8,000 + 4,000
-    models dumped to Python dicts (~5 us each) and encoded again each save. Serialised once by
+    models dumped to Python dicts and encoded again each save. Serialised once by
     pydantic-core instead, the same JSON comes out (tests/unit/controller/test_persistence.py).
     """
 

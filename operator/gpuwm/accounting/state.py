@@ -163,7 +163,7 @@ class UniformColumn(Generic[T]):
     """A history column kept as one value and a length while every sample has the same value.
 
     A device's size never changes and most GPUs never report per-process figures, so at 1 Hz
-    these two columns were 16 bytes per sample of repeats (~17 MB at 8,000 GPUs x 2 minutes).
+    these two columns were mostly repeats of one value (bench/README.md has the sizes).
     The first differing value turns the column into the full sequence `materialize` builds.
     With `adopt`, an empty uniform column takes its first value as the repeated one (a MIG
     slice's 3/7); without, only `value` repeats (None: no per-process data).
@@ -283,7 +283,7 @@ class Gpu:
     """One physical GPU or MIG instance: its recent sample history and the stretches on it.
 
     The history is kept as parallel float arrays (NaN where a figure was not reported):
-    a million Python objects for 8,000 GPUs x 2 minutes would cost ~200 MB; arrays ~50 MB.
+    a Python object per value would cost several times what the arrays do at a fleet's size.
     Sample i describes the interval (times[i-1], times[i]].
     """
 
@@ -364,7 +364,7 @@ class Gpu:
         """The history as JSON-able columns: each float column base64 of its little-endian doubles (NaN kept).
 
         What the engine state saves: rows would be a Python list per sample (10^6 of them for
-        8,000 GPUs x 2 minutes at 1 Hz, ~200 MB while saving); columns are a few strings per GPU.
+        a fleet's late window at 1 Hz); columns are a few strings per GPU.
         `podSm` is null when no sample carried per-process data; `units` (a device's size, which
         does not change) is a plain number when every sample has the same.
 

@@ -27,15 +27,15 @@ _EXACT_SECONDS = 70.0  # segments newer than now-70s stay exact (1m window edge)
 _FINE_SECONDS = 330.0  # segments newer than now-330s go to 5 s buckets (5m window edge)
 _MIN_CAPACITY_SEGMENTS = 128
 #: a workload folds again once this many segments came after its last fold: with merged polls (gpuwm.agent.merge)
-#: ~0.2 segments a second, so a busy workload folds every few minutes; twice its folded size (the rule at 1 Hz
-#: of single polls) kept ~230 segments per workload where ~130 hold the hour
+#: a busy workload then folds every few minutes; twice its folded size (the rule at 1 Hz of single polls) kept
+#: far more segments per workload than the hour needs
 _FOLD_AFTER_SEGMENTS = 64
 #: each workload's own fold point is 64 +- this many segments (`fold_after_of`, from its uid): workloads started
-#: together (a job array; a benchmark's 4,000) folded together, so their segments, and the controller's RSS
-#: with them, rose and fell by ~18 MiB every ~5 minutes, and one maintenance folded all of them at once
+#: together (a job array; a benchmark's thousands) folded together, so their segments, and the controller's RSS
+#: with them, rose and fell in waves, and one maintenance folded all of them at once
 _FOLD_SPREAD_SEGMENTS = 16
 _NUMPY_FROM_SEGMENTS = 24  # below this a plain loop is faster than numpy's call overhead
-_WORKLOADS_PER_PASS = 128  # workloads per numpy pass over segments: ~5 MiB of temporaries at 1 Hz
+_WORKLOADS_PER_PASS = 128  # workloads per numpy pass over segments: bounds the pass's temporaries
 _TRIM_FROM_SEGMENTS = 8  # segments past the hour are dropped once this many lead (see `_trim`)
 
 
@@ -247,7 +247,7 @@ class WindowSums:
 
         `capacity`: the saved `capacity`. Without it (states saved before it was) the next fold is due
         `fold_after` segments from now: every restored workload then began its fold cycle at the restore,
-        so after a restart their segments piled up past the steady state (~+20 % at 4,000 workloads)
+        so after a restart their segments piled up past the steady state
         until each folded, and the folds, so the short windows' figures, fell elsewhere than in an
         engine that never stopped.
         """
@@ -279,7 +279,7 @@ def windows_of(many: Sequence[WindowSums], now: float) -> list[tuple[list[float]
     the plain loop in `windows` does, so the two agree to the bit whichever computes a
     workload's figures; a pass over many workloads' segments replaces thousands of small numpy
     calls. The passes take `_WORKLOADS_PER_PASS` workloads each: one pass over an hour of
-    segments of 4,000 workloads (~1.2 million at 1 Hz) held ~170 MiB of copies and temporaries.
+    segments of thousands of workloads held their copies and temporaries all at once.
     """
     result: list[tuple[list[float], list[float], list[float]]] = []
     for low in range(0, len(many), _WORKLOADS_PER_PASS):

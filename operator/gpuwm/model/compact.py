@@ -2,7 +2,7 @@
 
 A finished workload's pods stay in the engine for the retention (7 days by default), so a
 large cluster holds tens of thousands of them. Each validated model carries its own
-`__pydantic_fields_set__`, a set of the field names given: ~200-700 bytes, the biggest part
+`__pydantic_fields_set__`, a set of the field names given: the biggest part
 of a small model. Frozen models never add to it (pydantic does so on assignment only), so
 instances that were given the same fields can share one set.
 """
@@ -38,7 +38,7 @@ def intern_strings(instance: _Model) -> _Model:
 
     What an agent sends repeats in every pull and across devices (node, model and resource
     names, namespaces, the device's UUID the engine also keeps): parsed JSON gives each a new
-    string, and a long-lived model keeps it alive (~5 MiB of copies at 1,000 nodes).
+    string, and a long-lived model keeps it alive.
     """
     if not instance.model_config.get("frozen"):
         raise TypeError(f"{type(instance).__name__} is not frozen: its values can change, they are not shared")
@@ -50,7 +50,7 @@ def intern_strings(instance: _Model) -> _Model:
 
 
 def compact_pod_event(event: PodEvent) -> PodEvent:
-    """A pod event and its workload and devices with shared fields-sets (~1.3 KB less per event)."""
+    """A pod event and its workload and devices with shared fields-sets."""
     share_fields_set(event)
     share_fields_set(event.workload)
     for device in event.devices:

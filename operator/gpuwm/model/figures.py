@@ -16,7 +16,7 @@ from pydantic_core import PydanticUndefined
 _Model = TypeVar("_Model", bound=BaseModel)
 _new_object = object.__new__
 #: BaseModel's slots, set through their descriptors: what `object.__setattr__` does for them, without looking
-#: the name up along the class's MRO each time (a third of building a model this way; a report builds ~30,000)
+#: the name up along the class's MRO each time (a large part of building a model this way; a report builds tens of thousands)
 _set_dict = BaseModel.__dict__["__dict__"].__set__
 _set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
 _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
@@ -186,8 +186,8 @@ def shared_keys_fields(cls: type[BaseModel]) -> dict[str, Any]:
     CPython keeps an instance `__dict__` of a plain class as values over a key table shared by
     the class ("split" dicts, up to 30 keys), and `dict.copy()` of one keeps it so. Filled by
     assigning each field in turn (no key is added, the order stays the field order), a copy is
-    ~300 bytes for a 24-field model where a dict literal is ~830, and is built faster: a cycle
-    builds ~12,000 report models (GpuFigures, WorkloadFigures) and 8,000 latest GpuSamples.
+    a fraction of a plain dict's size, and is built faster: a cycle builds a report model per
+    device and workload and a latest GpuSample per device (bench/README.md).
     Elsewhere (another interpreter) the copy is an ordinary dict: the same contents, only bigger.
     """
     holder = type(f"_{cls.__name__}Fields", (), {})()
@@ -198,7 +198,7 @@ def shared_keys_fields(cls: type[BaseModel]) -> dict[str, Any]:
 
 
 def trusted(cls: type[_Model], values: dict[str, Any]) -> _Model:
-    """`cls(**values)` without validation, for figures the engine computed itself (~4x cheaper).
+    """`cls(**values)` without validation, for figures the engine computed itself (several times cheaper).
 
     A report builds some 28,000 of these models per status interval; validating numbers the
     engine made costs more than computing them. `values` must already hold each field's type
@@ -216,8 +216,9 @@ def trusted_complete(cls: type[_Model], values: dict[str, Any], fields_set: set[
 
     `fields_set`: the fields given (as validation would record them); by default every field,
     as one set per class shared by its instances: pydantic only ever adds field names to it
-    (on assignment), which it holds already, so it never changes. A report keeps ~24,000 of
-    these models; one set less each is ~20 % fewer objects for the garbage collector to scan.
+    (on assignment), which it holds already, so it never changes. A report keeps one of
+    these models per device and workload; one set less each is fewer objects for the garbage
+    collector to scan.
     """
     instance = _new_object(cls)
     _set_dict(instance, values)
