@@ -19,6 +19,7 @@ import functools
 import json
 import logging
 import math
+import ssl
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -28,14 +29,16 @@ from operator import attrgetter
 from typing import Any, TypeVar
 from urllib.parse import quote
 
+import aiohttp
 import numpy
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from yarl import URL
 
+from gpuwm import __version__
 from gpuwm.accounting import Engine
 from gpuwm.agent.columns import DEVICES_TAG_MAX_LENGTH, DEVICES_TAG_PARAM
 from gpuwm.agent.merge import MergeRequest
-from gpuwm.controller.agenthttp import AgentHttpClient, AgentHttpError
 from gpuwm.controller.columns import (
     DeviceEntry,
     SampleColumns,
@@ -528,17 +531,35 @@ def _page_rows(page: Mapping[str, Any]) -> int:
     return len(times) if isinstance(times, list) else 0
 
 
+#: the largest body read from one agent: a page of the agent's feed is at most a few MB
+MAX_BODY_BYTES = 256 * 2**20
+
+
+class AgentHttpError(Exception):
+    """A pull that failed below HTTP (no connection, a malformed or cut answer, a body over the limit); names the URL."""
+
+
 class AgentPuller:
-    """Pulls every agent's `/v1/snapshot?since=SEQ` concurrently, each with a timeout."""
+    """Pulls every agent's `/v1/snapshot?since=SEQ` concurrently, each with a timeout.
+
+    The requests go through one `aiohttp.ClientSession` (created on the first pull, inside the
+    event loop) whose connector keeps one connection per agent alive between pulls.
+    """
 
     def __init__(self, timeout_seconds: float = 5.0, max_concurrency: int = 64, keepalive_seconds: float = 60.0,
-                 merge: MergeRequest | None = None) -> None:
+                 merge: MergeRequest | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+                 ssl_context: ssl.SSLContext | None = None) -> None:
         self._limit = asyncio.Semaphore(max_concurrency)
+        self._max_concurrency = max_concurrency
+        self._timeout_seconds = timeout_seconds
+        #: idle connections live longer than a status interval (aiohttp's 15 s default is one interval, so
+        #: every pull would pay a new TCP connection); the connector closes those idle for longer itself
+        self._keepalive_seconds = keepalive_seconds
+        self._max_body_bytes = max_body_bytes
+        self._ssl: ssl.SSLContext | bool = True if ssl_context is None else ssl_context  # https: system CAs by default
+        self._session: aiohttp.ClientSession | None = None
         #: what the agents are asked to merge (gpuwm.agent.merge); an agent that does not know it sends every poll
         self._query_tail = "&format=columns" + ("" if merge is None else merge.query())
-        #: idle connections live longer than a status interval (aiohttp's 15 s default was one
-        #: interval, so every pull paid a new TCP connection); one per agent
-        self.http = AgentHttpClient(timeout_seconds, keepalive_seconds=keepalive_seconds)
         self.state: dict[str, AgentState] = {}
         self._holder_cache: HolderCache = {}
         #: each agent's devices under the tag it gave them: asked for with it, an agent leaves them out unchanged
@@ -547,8 +568,46 @@ class AgentPuller:
         self.rejected_samples: Counter[str] = Counter()
         self.rejected_snapshots: Counter[str] = Counter()
 
+    def session(self) -> aiohttp.ClientSession:
+        """The agents' HTTP session, made on first use (aiohttp wants a running event loop for it)."""
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(limit=self._max_concurrency, keepalive_timeout=self._keepalive_seconds,
+                                             ssl=self._ssl)
+            self._session = aiohttp.ClientSession(
+                connector=connector,
+                timeout=aiohttp.ClientTimeout(total=self._timeout_seconds),
+                headers={"Accept": "application/json", "User-Agent": f"gpuwm-controller/{__version__}"},
+                cookie_jar=aiohttp.DummyCookieJar(),  # agents set none; nothing to keep per answer
+            )
+        return self._session
+
     async def close(self) -> None:
-        await self.http.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def get(self, base_url: str, target: str) -> tuple[int, bytes]:
+        """(status, body) of GET `base_url` + `target`; raises AgentHttpError or TimeoutError naming the URL.
+
+        `base_url` may carry a path prefix. `target` is a path and a query the puller encoded
+        itself (`quote`), so the URL goes to aiohttp as encoded, not quoted a second time.
+        """
+        url = base_url.rstrip("/") + target
+        try:
+            async with self.session().get(URL(url, encoded=True)) as response:
+                length = response.content_length
+                if length is not None and length > self._max_body_bytes:
+                    raise AgentHttpError(f"{url}: a body of {length} bytes is over the limit of {self._max_body_bytes}")
+                body = bytearray()
+                async for chunk in response.content.iter_any():
+                    body += chunk
+                    if len(body) > self._max_body_bytes:
+                        raise AgentHttpError(f"{url}: the body is over the limit of {self._max_body_bytes} bytes")
+                return response.status, bytes(body)
+        except TimeoutError as error:  # before ClientError: aiohttp's socket timeouts are both
+            raise TimeoutError(f"{url}: no whole answer within {self._timeout_seconds:g} s") from error
+        except (aiohttp.ClientError, ValueError) as error:  # ValueError: yarl's, for a malformed base URL
+            raise AgentHttpError(f"{url}: {type(error).__name__}: {error}") from error
 
     def restore_positions(self, positions: Mapping[str, Any]) -> None:
         """Resume from saved positions, so samples already accounted for are not fed twice."""
@@ -573,7 +632,6 @@ class AgentPuller:
         come instead of holding them all (hundreds of MiB) until the last agent answered.
         """
         nodes = sorted(agents)
-        self.http.prune_idle()  # connections to agents that are gone
         for gone in self._holder_cache.keys() - agents.keys():
             del self._holder_cache[gone]
         for gone in self._known_devices.keys() - agents.keys():
@@ -669,7 +727,7 @@ class AgentPuller:
         # an agent older than the columnar feed ignores `format` and answers rows: parse_snapshot reads both
         known = self._known_devices.get(node)
         tag = "" if known is None else known.query
-        status, payload = await self.http.get(base_url, f"/v1/snapshot?since={since}{self._query_tail}{tag}")
+        status, payload = await self.get(base_url, f"/v1/snapshot?since={since}{self._query_tail}{tag}")
         if status != 200:
             raise ValueError(f"HTTP {status} from {base_url}/v1/snapshot")
         snapshot = parse_snapshot(payload, node, self._holder_cache, defer_columns=True, known=known)

@@ -2,8 +2,10 @@
 
 kopf does the watching; this client does the rest (owner `get`s, CR create/patch/delete,
 Events, agent discovery) on the same event loop, with the credentials kopf logged in with,
-so nothing blocks the loop and there is one notion of "the cluster". 429 and 5xx answers
-and dropped connections are retried with exponential backoff (honouring Retry-After).
+so nothing blocks the loop and there is one notion of "the cluster". Every call, status writes
+included, goes through one `aiohttp.ClientSession` (kopf's own HTTP library) holding the
+credentials and the TLS context. 429 and 5xx answers and dropped connections are retried with
+exponential backoff (honouring Retry-After).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 import ssl
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -22,20 +23,16 @@ from typing import Any
 
 import aiohttp
 import orjson
-from yarl import URL
 
 from gpuwm import __version__
-from gpuwm.controller.agenthttp import AgentHttpClient, AgentHttpError
 
 logger = logging.getLogger(__name__)
 
 MERGE_PATCH = "application/merge-patch+json"
 FIELD_MANAGER = "gpuwm"
 RETRIED_STATUSES = frozenset({429, 500, 502, 503, 504})
-#: the query of every create and patch (one object: `request` recognises it and skips encoding it)
+#: the query of every create and patch
 FIELD_MANAGER_PARAMS: Mapping[str, str] = {"fieldManager": FIELD_MANAGER}
-#: a server URL or path that needs no percent-encoding (DNS names, ports, resource paths)
-_PLAIN_URL = re.compile(r"[A-Za-z0-9._~:/-]*")
 USER_AGENT = f"gpuwm-controller/{__version__}"
 
 #: plural names of the owner kinds the chart grants `get` on; other kinds go through discovery
@@ -132,7 +129,6 @@ class KubeClient:
         relogin: Callable[[], Mapping[str, str]] | None = None,
     ) -> None:
         self.server = server.rstrip("/")
-        self._plain_server = _PLAIN_URL.fullmatch(self.server) is not None
         # a User-Agent of its own: the API server's audit log and priority-and-fairness rules can name it
         self._headers = {"User-Agent": USER_AGENT, **dict(headers or {})}
         self._ssl = ssl_context
@@ -140,13 +136,6 @@ class KubeClient:
         self._backoffs = tuple(retry_backoffs_seconds)
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
-        #: patches of CRs and their status (the hot path: status writes, up to the write rate every second) go over
-        #: a lean HTTP/1.1 client (gpuwm.controller.agenthttp; ~0.13 ms less CPU a write), the rest through aiohttp
-        self._lean: AgentHttpClient | None = (
-            AgentHttpClient(request_timeout_seconds,
-                            ssl_context=_lean_context(ssl_context) if self.server.startswith("https:") else None)
-            if self._plain_server else None
-        )
         self._relogin = relogin
         self._plurals: dict[tuple[str, str], str] = dict(KNOWN_PLURALS)
         self._served: dict[str, set[str]] = {}
@@ -201,15 +190,14 @@ class KubeClient:
     async def _session_(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(limit=self._max_connections, ssl=self._ssl if self._ssl is not None else True)
-            self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout, connector=connector)
+            self._session = aiohttp.ClientSession(headers=self._headers, timeout=self._timeout, connector=connector,
+                                                  cookie_jar=aiohttp.DummyCookieJar())
         return self._session
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
-        if self._lean is not None:
-            await self._lean.close()
 
     async def request(
         self,
@@ -233,23 +221,13 @@ class KubeClient:
             data = orjson.dumps(body)  # orjson writes NaN and the infinities as null
         else:
             data = json.dumps(body, allow_nan=False)
-        # a patch of a CR or its status (with the field manager, a plain path): the lean client's, see __init__
-        lean = (self._lean if method == "PATCH" and params is FIELD_MANAGER_PARAMS
-                and _PLAIN_URL.fullmatch(path) is not None else None)
-        lean_body = b"" if lean is None else data.encode() if isinstance(data, str) else data or b""
         attempt = 0
         relogged = False
-        headers: Mapping[str, str]
         while True:
             self.requests += 1
             delay: float | None = None
             try:
-                if lean is not None:
-                    status, headers, raw = await lean.request(
-                        method, self.server, f"{path}?fieldManager={FIELD_MANAGER}", lean_body,
-                        {**self._headers, "Content-Type": content_type})
-                else:
-                    status, headers, raw = await self._aiohttp_request(method, path, params, data, content_type)
+                status, retry_after, raw = await self._send(method, path, params, data, content_type)
                 if status < 300:
                     return _decode(raw)
                 text = raw.decode("utf-8", errors="replace")
@@ -263,8 +241,8 @@ class KubeClient:
                     continue
                 if status not in RETRIED_STATUSES or attempt >= len(self._backoffs):
                     raise KubeApiError(status, method, path, *_message_and_reason(text))
-                delay = _retry_after(headers.get("retry-after"), self._backoffs[attempt])
-            except (TimeoutError, aiohttp.ClientConnectionError, AgentHttpError) as error:
+                delay = _retry_after(retry_after, self._backoffs[attempt])
+            except (TimeoutError, aiohttp.ClientConnectionError) as error:
                 if attempt >= len(self._backoffs):
                     raise KubeApiError(0, method, path, f"connection failed: {error!r}") from error
                 delay = self._backoffs[attempt]
@@ -273,32 +251,16 @@ class KubeClient:
             logger.debug("retrying %s %s in %.2fs (attempt %d)", method, path, delay, attempt)
             await asyncio.sleep(delay)
 
-    async def _aiohttp_request(
+    async def _send(
         self, method: str, path: str, params: Mapping[str, str] | None, data: str | bytes | None, content_type: str,
-    ) -> tuple[int, Mapping[str, str], bytes]:
-        """(status, headers (any case), body) of one call through aiohttp."""
+    ) -> tuple[int, str | None, bytes]:
+        """(status, Retry-After header, body) of one call."""
         session = await self._session_()
-        url, query = self._url(path, params)
         async with session.request(
-            method, url, params=query, data=data, headers={"Content-Type": content_type} if data is not None else None,
+            method, self.server + path, params=params, data=data,
+            headers={"Content-Type": content_type} if data is not None else None,
         ) as response:
-            raw = await response.read()
-            retry_after = response.headers.get("Retry-After")
-            return response.status, {} if retry_after is None else {"retry-after": retry_after}, raw
-
-    def _url(self, path: str, params: Mapping[str, str] | None) -> tuple[str | URL, Mapping[str, str] | None]:
-        """The URL and query to hand aiohttp: built once, unparsed and unquoted, where nothing needs quoting.
-
-        Status writes and creates (plain resource paths, the field manager query) skip yarl's
-        parse and encoding of the URL each time (~10 % of a status write's client CPU); the
-        bytes sent are the same (a test compares them).
-        """
-        if self._plain_server and _PLAIN_URL.fullmatch(path) is not None:
-            if params is None:
-                return URL(self.server + path, encoded=True), None
-            if params is FIELD_MANAGER_PARAMS:
-                return URL(f"{self.server}{path}?fieldManager={FIELD_MANAGER}", encoded=True), None
-        return self.server + path, params
+            return response.status, response.headers.get("Retry-After"), await response.read()
 
     async def get(self, path: str, params: Mapping[str, str] | None = None) -> dict[str, Any] | None:
         return await self.request("GET", path, params=params)
@@ -383,21 +345,6 @@ def _decode(raw: bytes) -> dict[str, Any] | None:
         return None
     payload: dict[str, Any] = orjson.loads(raw)
     return payload
-
-
-def _lean_context(context: ssl.SSLContext | bool | None) -> ssl.SSLContext | None:
-    """The lean client's TLS settings for what aiohttp is given: the same context, none checked (False), or
-    the system's CA bundle (None or True, aiohttp's default). HTTP/1.1 is named in ALPN: an API server that
-    speaks HTTP/2 too must not pick it for a client that reads HTTP/1.1 (aiohttp speaks only HTTP/1.1 as well)."""
-    if isinstance(context, ssl.SSLContext):
-        chosen = context
-    else:
-        chosen = ssl.create_default_context()
-        if context is False:
-            chosen.check_hostname = False
-            chosen.verify_mode = ssl.CERT_NONE
-    chosen.set_alpn_protocols(["http/1.1"])
-    return chosen
 
 
 def _message_and_reason(text: str) -> tuple[str, str]:

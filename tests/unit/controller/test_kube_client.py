@@ -153,8 +153,8 @@ async def test_answers_are_parsed_whole_over_one_kept_alive_connection(api: tupl
 STATUS = "/apis/gpuwm.io/v1alpha1/namespaces/ns/gpuworkloadmetrics/w/status"
 
 
-async def test_status_writes_go_over_the_lean_client_with_the_same_rules(api: tuple[Api, str]) -> None:
-    """Retries (Retry-After), giving up, 404, 401 and the answer: as through aiohttp, which is never opened."""
+async def test_status_writes_keep_the_rules_of_every_call(api: tuple[Api, str]) -> None:
+    """A status write's retries (Retry-After), giving up, 404, 401 and answer, over one kept-alive connection."""
     state, url = api
     answer = {"metadata": {"generation": 2}, "status": {"idleSeconds": None}}
     state.answers = [(429, {"message": "slow down"}, {"Retry-After": "0"}), (503, {}, {}), (200, answer, {})]
@@ -162,7 +162,7 @@ async def test_status_writes_go_over_the_lean_client_with_the_same_rules(api: tu
                         relogin=lambda: {"Authorization": "Bearer new"})
     try:
         assert await client.merge_patch(STATUS, {"status": {"idleSeconds": float("nan")}}, nan_as_null=True) == answer
-        assert client.retries == 2 and client._session is None
+        assert client.retries == 2 and len(state.peers) == 1
         assert [seen[:2] for seen in state.seen] == [("PATCH", STATUS + "?fieldManager=gpuwm")] * 3
         assert state.bodies[-1] == ("application/merge-patch+json", b'{"status":{"idleSeconds":null}}')
         assert state.agents[-1] == f"gpuwm-controller/{__version__}" and state.seen[-1][2] == "Bearer old"
@@ -176,13 +176,13 @@ async def test_status_writes_go_over_the_lean_client_with_the_same_rules(api: tu
         state.answers = [(401, {"message": "token expired"}, {})]
         assert await client.merge_patch(STATUS, {"status": {}}) == {"ok": True}
         assert [seen[2] for seen in state.seen[-2:]] == ["Bearer old", "Bearer new"]
-        assert len(state.peers) == 2 and client._session is None  # one connection until the relogin closed it
+        assert len(state.peers) == 2  # one connection until the relogin closed it
     finally:
         await client.close()
 
 
 async def test_status_writes_over_https_with_a_client_certificate(tmp_path: Any) -> None:
-    """The lean client uses the TLS settings the client was given: the cluster CA and the client certificate."""
+    """Status writes use the TLS settings the client was given: the cluster CA and the client certificate."""
     from tests.integration.kubeemu.tls import make_pki
 
     pki, other = make_pki(tmp_path / "pki"), make_pki(tmp_path / "other")
@@ -192,7 +192,7 @@ async def test_status_writes_over_https_with_a_client_certificate(tmp_path: Any)
         stranger = KubeClient(url, ssl_context=other.client_context(), retry_backoffs_seconds=())
         try:
             assert await trusted.merge_patch(STATUS, {"status": {"v": 1}}, nan_as_null=True) == {"ok": True}
-            assert trusted._session is None and state.seen == [("PATCH", STATUS + "?fieldManager=gpuwm", None)]
+            assert state.seen == [("PATCH", STATUS + "?fieldManager=gpuwm", None)]
             with pytest.raises(KubeApiError, match="connection failed") as caught:  # a server its CA did not sign
                 await stranger.merge_patch(STATUS, {"status": {"v": 1}}, nan_as_null=True)
             assert caught.value.status == 0 and len(state.seen) == 1

@@ -7,6 +7,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp.connector
 import pytest
 from aiohttp import web
 
@@ -109,10 +110,12 @@ async def test_the_connection_to_an_agent_outlives_a_status_interval(monkeypatch
     async with serving(app) as url:
         try:
             await puller.pull_all({"n1": url})
-            # the client ages idle connections by its clock: the next pull, 20 s on
-            monkeypatch.setattr(puller.http, "_clock", lambda: time.monotonic() + 20.0)
+            # aiohttp's connector ages idle connections by its `monotonic`: the next pull, 20 s on
+            monkeypatch.setattr(aiohttp.connector, "monotonic", lambda: time.monotonic() + 20.0)
             await puller.pull_all({"n1": url})
             assert len(peers) == 2 and peers[0] == peers[1]  # the same kept-alive connection
-            assert puller.http.connections_opened == 1
+            monkeypatch.setattr(aiohttp.connector, "monotonic", lambda: time.monotonic() + 90.0)
+            await puller.pull_all({"n1": url})  # idle past the keep-alive time (60 s): a new one
+            assert len(peers) == 3 and peers[2] != peers[0]
         finally:
             await puller.close()
