@@ -45,7 +45,7 @@ class Run:
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     """3 nodes (whole, MIG and time-sliced GPUs) for 40 simulated minutes with an agent outage and a lost GPU."""
     outages, losses = default_faults(node_names(3), START, 1800)
-    simulator = Simulator(SimConfig(seed=1, nodes=3, gpus_per_node=2, interval_seconds=1.0, start_time=START,
+    simulator = Simulator(SimConfig(seed=3, nodes=3, gpus_per_node=2, interval_seconds=1.0, start_time=START,
                                     idle_threshold_percent=1.0, outages=outages, gpu_losses=losses))
     engine = Engine(EngineConfig(interval_seconds=1.0, idle_threshold_percent=1.0))
     store = EmbeddedStore(tmp_path_factory.mktemp("fleet") / "gpuwm.db")

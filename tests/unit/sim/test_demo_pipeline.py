@@ -57,6 +57,9 @@ async def test_api_reports_the_ground_truth(pipeline: tuple[Simulator, Simulated
         assert item["idleGpuSeconds"] == pytest.approx(expected.idle_gpu_seconds, rel=1e-9, abs=1e-6)
         assert item["unmonitoredGpuSeconds"] == pytest.approx(expected.unmonitored_gpu_seconds, rel=1e-9, abs=1e-6)
         assert_energy(item["energyJoules"], expected)
+        assert item["requestedGpus"] == expected.requested_gpus
+        assert item["queuedSeconds"] == pytest.approx(expected.queued_seconds, abs=1e-6)
+        assert item["waitSeconds"] == pytest.approx(expected.wait_seconds, abs=1e-6)
         unmonitored += item["unmonitoredGpuSeconds"]
     assert unmonitored > 0  # the outage and the lost GPU show as unmonitored, never as idle
     projects = {item["name"]: item for item in (await get(store, "/api/v1/projects")).json()["projects"]}
