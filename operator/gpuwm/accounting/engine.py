@@ -468,7 +468,9 @@ class Engine(EngineCore):
                 if pod_stretch.start <= now < pod_stretch.end:
                     pod_units += pod_stretch.units
             pods.append(trusted_complete(PodFigures, {"name": pod.name, "uid": pod.uid, "node": current.node,
-                                             "phase": current.phase, "allocated_gpus": float(pod_units)}))
+                                             "phase": current.phase, "allocated_gpus": float(pod_units),
+                                             "labels": current.labels, "resources": current.resources,
+                                             "failure_reason": current.failure_reason}))
             if current.phase in _TERMINAL_PHASES:
                 terminal_time = pod.timeline[-1][0]
                 if end_time is None or terminal_time >= end_time:
@@ -513,7 +515,9 @@ class Engine(EngineCore):
         queued_seconds = 0.0
         if workload.timeline:
             queued_seconds, requeued_wait = _queued_and_requeued(workload, created, runs, now, end_time)
-            wait_seconds += requeued_wait
+            # a workload waits at least as long as it was held back: a container start the kubelet writes in
+            # whole seconds can read up to a second before the admission the controller saw
+            wait_seconds = max(wait_seconds + requeued_wait, queued_seconds)
 
         utilization_windows, memory_windows = sums.windows()
         # the engine's own numbers, every field in field order: no validation (see `trusted`), float()

@@ -118,3 +118,13 @@ def test_a_workload_line_with_an_unknown_field_is_refused(typo: str) -> None:
             f'"apiVersion": "batch/v1", "{typo}": 1}}')
     with pytest.raises(TraceLineError, match=typo):
         parse_trace_line(line, 3)
+
+
+def test_wait_is_never_shorter_than_the_time_held_back() -> None:
+    # admitted at 30.4, its container's start written in whole seconds (30): it waited 30.4 s, not 30
+    e = engine()
+    e.observe(job(0, suspended=True))
+    e.observe(job(30.4))
+    e.observe(two_gpu_pod(30))
+    f = at(e, 40)
+    assert f.queued_seconds == pytest.approx(30.4) and f.wait_seconds == pytest.approx(30.4)
