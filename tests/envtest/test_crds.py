@@ -74,7 +74,8 @@ def test_a_cr_built_from_the_models_is_accepted(control_plane: ControlPlane, nam
 
     # the printer columns read the status fields that exist
     table = control_plane.kubectl("get", "gwm", "-n", namespace, "train", "--no-headers").stdout.split()
-    assert table[:3] == ["train", "vision", "1"], table
+    # NAME, Project, Phase, then Requested (none asked: left empty) and GPUs
+    assert table[:4] == ["train", "vision", "Running", "1"], table
 
     project = http.create(GPM, {"apiVersion": "gpuwm.io/v1alpha1", "kind": "GPUProjectMetrics",
                                 "metadata": {"name": "vision"}, "spec": _dump(ProjectMetricsSpec(project="vision"))})
