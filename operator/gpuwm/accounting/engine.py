@@ -468,7 +468,9 @@ class Engine(EngineCore):
                 if pod_stretch.start <= now < pod_stretch.end:
                     pod_units += pod_stretch.units
             pods.append(trusted_complete(PodFigures, {"name": pod.name, "uid": pod.uid, "node": current.node,
-                                             "phase": current.phase, "allocated_gpus": float(pod_units)}))
+                                             "phase": current.phase, "allocated_gpus": float(pod_units),
+                                             "labels": current.labels, "resources": current.resources,
+                                             "failure_reason": current.failure_reason}))
             if current.phase in _TERMINAL_PHASES:
                 terminal_time = pod.timeline[-1][0]
                 if end_time is None or terminal_time >= end_time:

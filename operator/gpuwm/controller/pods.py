@@ -9,6 +9,7 @@ time the pod started, and the engine places it there (within its late-event wind
 
 from __future__ import annotations
 
+import re
 from collections.abc import Collection, Container, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -16,9 +17,27 @@ from typing import Any
 from gpuwm.controller.agents import DeviceHolder
 from gpuwm.controller.owners import parse_kubernetes_time
 from gpuwm.controller.units import NodeSharing, requested_units
+from gpuwm.model.podstats import PodResources
 from gpuwm.model.trace import DeviceAllocation, PodEvent, PodPhase, TraceWorkload
 
 _PHASES: frozenset[str] = frozenset({"Pending", "Running", "Succeeded", "Failed", "Unknown"})
+#: labels the operators of distributed jobs put on their pods to say which replica each one is: kept
+#: beside `labels_kept` whatever it says, since the API ranks a workload's pods by them (issue 39 §4)
+RANK_LABELS: frozenset[str] = frozenset({
+    "training.kubeflow.org/replica-type",
+    "training.kubeflow.org/replica-index",
+    "batch.kubernetes.io/job-completion-index",
+    "jobset.sigs.k8s.io/job-index",
+    "jobset.sigs.k8s.io/replicatedjob-name",
+    "ray.io/node-type",
+})
+#: how long a failure reason may be (a container's termination message can be 4 KiB; a finished pod is
+#: held for the retention)
+FAILURE_REASON_MAX_CHARS = 512
+_BINARY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_QUANTITY = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)(Ki|Mi|Gi|Ti|Pi|Ei|[numkKMGTPE]?)")
+_DECIMAL_SUFFIXES = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+                     "P": 1e15, "E": 1e18}
 
 
 class MalformedPodError(ValueError):
@@ -40,6 +59,8 @@ class TrackedPod:
     phase_since: float | None = None
     created: float | None = None
     deletion_time: float | None = None  # metadata.deletionTimestamp: the kubelet has killed it by then
+    resources: PodResources | None = None
+    failure_reason: str | None = None
     sent: tuple[Any, ...] | None = field(default=None, repr=False)
 
     @property
@@ -75,6 +96,58 @@ def phase_start_time(pod: Mapping[str, Any], phase: str) -> float | None:
     return None
 
 
+def parse_quantity(value: object) -> float:
+    """A Kubernetes quantity ("500m", "2", "1.5Gi", "1e3") as a float; ValueError naming it otherwise."""
+    match = _QUANTITY.fullmatch(str(value).strip())
+    if match is None:
+        raise ValueError(f"quantity {value!r} is not a Kubernetes quantity (such as 500m, 2, 1.5Gi)")
+    number, suffix = match.groups()
+    return float(number) * (_BINARY_SUFFIXES.get(suffix) or _DECIMAL_SUFFIXES[suffix])
+
+
+def pod_resources(spec: Mapping[str, Any]) -> PodResources | None:
+    """The pod's CPU, memory and ephemeral-storage requests and limits, summed over its containers.
+
+    A request missing on a container adds nothing; a limit missing on any container leaves the pod
+    without that limit (the container may use the node's). Init containers run before the others and
+    are left out. None when no container sets any of them."""
+    containers = [c for c in spec.get("containers") or [] if isinstance(c, Mapping)]
+    figures: dict[str, float | None] = {}
+    for resource, name in (("cpu", "cpu"), ("memory", "memory"), ("ephemeral-storage", "ephemeral_storage")):
+        unit = "cores" if resource == "cpu" else "bytes"
+        for kind in ("requests", "limits"):
+            # a container with a limit and no request is given the limit as its request (Kubernetes' defaulting)
+            values = [((c.get("resources") or {}).get(kind) or {}).get(resource)
+                      or (((c.get("resources") or {}).get("limits") or {}).get(resource) if kind == "requests" else None)
+                      for c in containers]
+            given = [parse_quantity(v) for v in values if v is not None]
+            if not given or (kind == "limits" and len(given) < len(values)):
+                figures[f"{name}_{kind[:-1]}_{unit}"] = None
+            else:
+                figures[f"{name}_{kind[:-1]}_{unit}"] = sum(given)
+    if all(value is None for value in figures.values()):
+        return None
+    return PodResources.model_validate(figures)
+
+
+def failure_reason(pod: Mapping[str, Any]) -> str | None:
+    """Why a Failed pod failed: the first terminated container with a non-zero exit (its reason and
+    message), else the pod's own reason and message (Evicted, DeadlineExceeded ...). None otherwise."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Failed":
+        return None
+    for container in status.get("containerStatuses") or []:
+        terminated = (container.get("state") or {}).get("terminated") or {}
+        if terminated and terminated.get("exitCode") not in (0, None):
+            words = [f"container {container.get('name')}: {terminated.get('reason') or 'Error'}",
+                     f"exit code {terminated.get('exitCode')}"]
+            if terminated.get("message"):
+                words.append(str(terminated["message"]).strip())
+            return ", ".join(words)[:FAILURE_REASON_MAX_CHARS]
+    words = [str(status[key]).strip() for key in ("reason", "message") if status.get(key)]
+    return ": ".join(words)[:FAILURE_REASON_MAX_CHARS] if words else "Failed"
+
+
 def track_pod(
     pod: Mapping[str, Any],
     workload: TraceWorkload,
@@ -103,6 +176,10 @@ def track_pod(
         units = requested_units(spec, resource_patterns, replicas=replicas, shared_replicas=shared_replicas)
     except (ValueError, AttributeError, TypeError) as error:
         raise MalformedPodError(f"{where}: GPU resource request unreadable: {error}") from None
+    try:
+        resources = pod_resources(spec)
+    except (ValueError, AttributeError, TypeError) as error:
+        raise MalformedPodError(f"{where}: CPU, memory or ephemeral-storage request unreadable: {error}") from None
     raw_phase = str((pod.get("status") or {}).get("phase") or "Pending")
     phase: PodPhase = "Deleted" if deleted else (raw_phase if raw_phase in _PHASES else "Unknown")  # type: ignore[assignment]
     labels = metadata.get("labels") or {}
@@ -112,13 +189,16 @@ def track_pod(
         uid=str(metadata["uid"]),
         phase=phase,
         node=str(spec["nodeName"]) if spec.get("nodeName") else None,
-        labels={str(k): str(v) for k, v in labels.items() if labels_kept is None or k in labels_kept}
+        labels={str(k): str(v) for k, v in labels.items()
+                if labels_kept is None or k in labels_kept or k in RANK_LABELS}
         if isinstance(labels, Mapping) else {},
         units_by_container=units,
         workload=workload,
         phase_since=phase_start_time(pod, raw_phase),
         created=parse_kubernetes_time(metadata.get("creationTimestamp")),
         deletion_time=parse_kubernetes_time(metadata.get("deletionTimestamp")),
+        resources=resources,
+        failure_reason=failure_reason(pod),
     )
 
 
@@ -216,13 +296,14 @@ def pod_event(pod: TrackedPod, devices: list[DeviceAllocation], at: float) -> Po
     held = devices if pod.phase == "Running" else []
     return PodEvent(
         t=at, event="pod", namespace=pod.namespace, name=pod.name, uid=pod.uid, phase=pod.phase,
-        node=pod.node, labels=pod.labels, workload=pod.workload, devices=held,
+        node=pod.node, labels=pod.labels, workload=pod.workload, devices=held, resources=pod.resources,
+        failure_reason=pod.failure_reason,
     )
 
 
 def state_key(pod: TrackedPod, devices: list[DeviceAllocation]) -> tuple[Any, ...]:
     """What the engine has been told about the pod; a change means a new event."""
     return (
-        pod.phase, pod.node, tuple(sorted(pod.labels.items())), pod.workload.uid,
+        pod.phase, pod.node, tuple(sorted(pod.labels.items())), pod.workload.uid, pod.resources, pod.failure_reason,
         tuple((d.uuid, round(d.units, 6), d.container) for d in devices) if pod.phase == "Running" else (),
     )

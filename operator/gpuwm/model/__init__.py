@@ -12,7 +12,7 @@ from gpuwm.model.crd import (
     WorkloadMetricsStatus,
     WorkloadRef,
 )
-from gpuwm.model.podstats import PodStatsSample
+from gpuwm.model.podstats import PodResources, PodStatsSample
 from gpuwm.model.sample import GpuSample, ProcessSample
 from gpuwm.model.trace import (
     DeviceAllocation,
@@ -37,6 +37,7 @@ __all__ = [
     "NamespaceEvent",
     "PodEvent",
     "PodPhase",
+    "PodResources",
     "PodStatsSample",
     "PodStatus",
     "ProcessSample",

@@ -13,6 +13,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 from pydantic_core import PydanticUndefined
 
+from gpuwm.model.podstats import PodResources
+
 _Model = TypeVar("_Model", bound=BaseModel)
 _new_object = object.__new__
 #: BaseModel's slots, set through their descriptors: what `object.__setattr__` does for them, without looking
@@ -50,6 +52,9 @@ class PodFigures(_Figures):
     node: str | None = None
     phase: str
     allocated_gpus: float = 0.0
+    labels: dict[str, str] = Field(default_factory=dict, description="The labels the controller keeps (project, rank).")
+    resources: PodResources | None = None
+    failure_reason: str | None = None
 
 
 class GpuFigures(_Figures):

@@ -1,4 +1,5 @@
-"""Per-pod host resources from the kubelet stats summary (CPU, memory, network, ephemeral storage)."""
+"""Per-pod host resources: what the agent reads from the kubelet (stats summary: CPU, memory, network,
+ephemeral storage; cAdvisor: disk reads and writes), and what the pod spec asks for (`PodResources`)."""
 
 from __future__ import annotations
 
@@ -21,3 +22,28 @@ class PodStatsSample(BaseModel):
     network_rx_bytes_per_second: float | None = Field(default=None, ge=0)
     network_tx_bytes_per_second: float | None = Field(default=None, ge=0)
     ephemeral_storage_used_bytes: float | None = Field(default=None, ge=0)
+    disk_read_bytes_per_second: float | None = Field(
+        default=None, ge=0, description="Block-device reads of the pod's containers (cAdvisor container_fs_reads_bytes_total)."
+    )
+    disk_write_bytes_per_second: float | None = Field(
+        default=None, ge=0, description="Block-device writes of the pod's containers (cAdvisor container_fs_writes_bytes_total)."
+    )
+
+
+class PodResources(BaseModel):
+    """A pod's CPU, memory and ephemeral-storage requests and limits, summed over its containers.
+
+    Read from the pod spec by the controller rather than from cAdvisor's spec series: cAdvisor has the
+    CPU limit (quota / period) and the memory limit, but no memory or ephemeral-storage request, and its
+    CPU shares are the request only after a round trip through cgroup v2's weight. None: no container
+    sets it (a limit missing on one container leaves the pod unlimited, so it is None too).
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
+
+    cpu_request_cores: float | None = Field(default=None, ge=0)
+    cpu_limit_cores: float | None = Field(default=None, ge=0)
+    memory_request_bytes: float | None = Field(default=None, ge=0)
+    memory_limit_bytes: float | None = Field(default=None, ge=0)
+    ephemeral_storage_request_bytes: float | None = Field(default=None, ge=0)
+    ephemeral_storage_limit_bytes: float | None = Field(default=None, ge=0)

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from gpuwm.model.podstats import PodResources
 from gpuwm.model.sample import GpuSample
 
 PodPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Deleted", "Unknown"]
@@ -83,6 +84,12 @@ class PodEvent(_Event):
     labels: dict[str, str] = Field(default_factory=dict)
     workload: TraceWorkload
     devices: list[DeviceAllocation] = Field(default_factory=list)
+    resources: PodResources | None = Field(
+        default=None, description="CPU, memory and ephemeral-storage requests and limits from the pod spec."
+    )
+    failure_reason: str | None = Field(
+        default=None, description="Why a Failed pod failed: its terminated container's reason and message."
+    )
 
 
 class WorkloadEvent(_Event):

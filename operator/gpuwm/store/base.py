@@ -99,6 +99,24 @@ METRICS: tuple[MetricInfo, ...] = (
     _metric("network_rx_bytes_per_second", "bytes/s", "Network receive of the scope's GPU pods, summed."),
     _metric("network_tx_bytes_per_second", "bytes/s", "Network transmit of the scope's GPU pods, summed."),
     _metric("ephemeral_storage_used_bytes", "bytes", "Ephemeral storage of the scope's GPU pods, summed."),
+    # schema 5 (issue 39 §3): requests and limits from the pod specs, and what the pods use of them
+    _metric("cpu_request_cores", "cores", "CPU requests of the scope's GPU pods (from their specs), summed."),
+    _metric("cpu_limit_cores", "cores", "CPU limits of the scope's GPU pods (from their specs), summed."),
+    _metric(
+        "cpu_usage_percent_of_request", "percent",
+        "CPU used as percent of the CPU requested, over the scope's pods that request CPU.",
+    ),
+    _metric(
+        "cpu_usage_percent_of_limit", "percent",
+        "CPU used as percent of the CPU limit, over the scope's pods that have a limit.",
+    ),
+    _metric("memory_request_bytes", "bytes", "Memory requests of the scope's GPU pods (from their specs), summed."),
+    _metric("memory_limit_bytes", "bytes", "Memory limits of the scope's GPU pods (from their specs), summed."),
+    _metric("disk_read_bytes_per_second", "bytes/s", "Block-device reads of the scope's GPU pods, summed."),
+    _metric("disk_write_bytes_per_second", "bytes/s", "Block-device writes of the scope's GPU pods, summed."),
+    _metric(
+        "ephemeral_storage_limit_bytes", "bytes", "Ephemeral-storage limits of the scope's GPU pods (specs), summed."
+    ),
 )
 METRIC_NAMES: tuple[str, ...] = tuple(metric.name for metric in METRICS)
 METRIC_INDEX: dict[str, int] = {name: index for index, name in enumerate(METRIC_NAMES)}

@@ -101,8 +101,11 @@ _SECOND_ORDER: BoolArray = np.array([metric.rollup is Rollup.MAX for metric in M
 #: column (idle seconds, pod stats): 30 % of the chunk bytes on bench/api.py's size run. Never
 #: reorder or renumber: the file names parts by number.
 WHOLE = 0
+#: the metrics schemas 3 and 4 kept (the first ones of METRICS): a whole chunk of schema 3 holds these,
+#: and so does a head row written before schema 5
+SCHEMA4_METRIC_COUNT = 19
 PARTS: dict[int, npt.NDArray[np.intp]] = {
-    WHOLE: np.arange(METRIC_COUNT, dtype=np.intp),
+    WHOLE: np.arange(SCHEMA4_METRIC_COUNT, dtype=np.intp),
     # 1: the device figures: utilisation, memory, power, temperature, clocks, PCIe
     1: np.array([0, 1, 2, 3, 4, 5, 7, 8, 9, 10, 11], dtype=np.intp),
     # 2: energy (a device's counter, a workload's or project's own total: rarely the same points)
@@ -111,9 +114,11 @@ PARTS: dict[int, npt.NDArray[np.intp]] = {
     3: np.array([12, 13], dtype=np.intp),
     # 4: the pods' own stats (CPU, memory, network, ephemeral storage)
     4: np.array([14, 15, 16, 17, 18], dtype=np.intp),
+    # 5 (schema 5): the pods' requests, limits, use of them, and disk rates
+    5: np.arange(SCHEMA4_METRIC_COUNT, METRIC_COUNT, dtype=np.intp),
 }
-#: the parts schema 4 writes, each metric in exactly one of them
-SPLIT_PARTS: tuple[int, ...] = (1, 2, 3, 4)
+#: the parts schema 5 writes, each metric in exactly one of them
+SPLIT_PARTS: tuple[int, ...] = (1, 2, 3, 4, 5)
 #: the smallest value that reaches byte plane k (plane 0: any value above 0)
 _PLANE_FLOOR = np.array([1] + [256**k for k in range(1, 8)], dtype=np.uint64)
 #: the largest magnitude a quantized value may have (leaves room for differences without overflow)
@@ -152,9 +157,15 @@ def encode_head(block: IntArray) -> bytes:
 
 
 def decode_head(data: bytes) -> IntArray:
-    """The inverse of `encode_head`: [BLOCK, METRIC_COUNT] int64."""
+    """The inverse of `encode_head`: [BLOCK, METRIC_COUNT] int64. A row written with fewer metrics
+    (before schema 5) has the later ones MISSING: its width is in its length."""
     planes = np.frombuffer(zlib.decompress(data), dtype=np.uint8).reshape(8, -1)
-    return np.ascontiguousarray(planes.T).view(np.int64).reshape(BLOCK, METRIC_COUNT)
+    block = np.ascontiguousarray(planes.T).view(np.int64).reshape(BLOCK, -1)
+    if block.shape[1] == METRIC_COUNT:
+        return block
+    wider = np.full((BLOCK, METRIC_COUNT), MISSING, dtype=np.int64)
+    wider[:, : block.shape[1]] = block
+    return wider
 
 
 # -- chunks --------------------------------------------------------------------------------------
@@ -175,7 +186,12 @@ def _divide_out(deltas: IntArray) -> tuple[IntArray, IntArray]:
     return deltas // divisor[:, :, None], divisor
 
 
-def encode_chunks(values: IntArray, level: int = FINE_ZLIB_LEVEL, part: int = WHOLE) -> list[bytes]:
+def _members(part: int | None) -> npt.NDArray[np.intp]:
+    """The metrics a chunk of `part` holds (None: every metric, in a chunk no file names as a part)."""
+    return np.arange(METRIC_COUNT, dtype=np.intp) if part is None else PARTS[part]
+
+
+def encode_chunks(values: IntArray, level: int = FINE_ZLIB_LEVEL, part: int | None = None) -> list[bytes]:
     """Series x metrics x points (int64, MISSING = absent) -> one compressed chunk per series.
 
     With `part`, `values` holds only that part's metrics (`PARTS[part]`, in that order) and so
@@ -188,9 +204,10 @@ def encode_chunks(values: IntArray, level: int = FINE_ZLIB_LEVEL, part: int = WH
     the selection of rows and zlib run per series.
     """
     series, metrics, points = values.shape
-    if metrics != len(PARTS[part]):
-        raise ValueError(f"part {part} has {len(PARTS[part])} metrics, values have {metrics}")
-    second_order = _SECOND_ORDER[PARTS[part]]
+    members = _members(part)
+    if metrics != len(members):
+        raise ValueError(f"part {part} has {len(members)} metrics, values have {metrics}")
+    second_order = _SECOND_ORDER[members]
     present = values != MISSING
     filled = np.where(present, values, 0)
     counts = present.sum(axis=2)
@@ -230,12 +247,12 @@ def encode_chunks(values: IntArray, level: int = FINE_ZLIB_LEVEL, part: int = WH
 
 
 def decode_chunk(
-    data: bytes, points: int, metrics: npt.NDArray[np.intp] | None = None, part: int = WHOLE
+    data: bytes, points: int, metrics: npt.NDArray[np.intp] | None = None, part: int | None = None
 ) -> IntArray:
     """One chunk back to [metrics, points] int64 (MISSING = absent); only the `metrics` asked for are rebuilt.
 
     `metrics` are positions within the chunk's `part` (for the whole part, metric indices)."""
-    width = len(PARTS[part])
+    width = len(_members(part))
     raw = zlib.decompress(data)
     offset = (width * points + 7) // 8
     present = np.unpackbits(np.frombuffer(raw, dtype=np.uint8, count=offset))[: width * points]
@@ -252,7 +269,7 @@ def decode_chunk(
     zigzag = np.ascontiguousarray(planes[:, chosen, :].transpose(1, 2, 0)).view(np.uint64)[:, :, 0]
     quotient = (zigzag >> np.uint64(1)).view(np.int64) ^ -(zigzag & np.uint64(1)).view(np.int64)
     deltas = quotient * divisor[chosen][:, None]
-    second = _SECOND_ORDER[PARTS[part]][chosen]
+    second = _SECOND_ORDER[_members(part)][chosen]
     deltas[second] = np.cumsum(deltas[second], axis=1)
     result = np.cumsum(deltas, axis=1)
     result[~present[chosen]] = MISSING
@@ -288,7 +305,7 @@ def decode_parts(
 ) -> IntArray:
     """A chunk's parts ((part, bytes) of those it has) back to [metrics, points] (every metric
     without `metrics`); a metric in none of them is MISSING throughout."""
-    wanted = PARTS[WHOLE] if metrics is None else metrics
+    wanted = np.arange(METRIC_COUNT, dtype=np.intp) if metrics is None else metrics
     result = np.full((len(wanted), points), MISSING, dtype=np.int64)
     for part, data in parts:
         members = PARTS[part]

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpuwm.model import GpuSample, PodStatsSample
+from gpuwm.model import GpuSample, PodResources, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
 from gpuwm.store.base import METRIC_INDEX, METRIC_NAMES
 
@@ -80,7 +80,30 @@ _POD_STATS = (
     "network_rx_bytes_per_second",
     "network_tx_bytes_per_second",
     "ephemeral_storage_used_bytes",
+    "disk_read_bytes_per_second",
+    "disk_write_bytes_per_second",
 )
+#: from the pod spec (`PodFigures.resources`), summed as the stats are
+_POD_RESOURCES = (
+    ("cpu_request_cores", "cpu_request_cores"),
+    ("cpu_limit_cores", "cpu_limit_cores"),
+    ("memory_request_bytes", "memory_request_bytes"),
+    ("memory_limit_bytes", "memory_limit_bytes"),
+    ("ephemeral_storage_limit_bytes", "ephemeral_storage_limit_bytes"),
+)
+#: the metrics summed over a series' pods, in the order of `pod_host_row`'s first values
+POD_SUMMED: tuple[str, ...] = (*_POD_STATS, *(metric for metric, _ in _POD_RESOURCES))
+#: CPU use as percent of (request, limit): over the pods that have one, so a pod without a limit adds
+#: neither its use nor a limit (`pod_host_row`'s last two values are its use where it has each)
+_CPU_PERCENTS = (("cpu_usage_percent_of_request", "cpu_request_cores"), ("cpu_usage_percent_of_limit", "cpu_limit_cores"))
+
+
+def pod_host_row(stat: PodStatsSample, resources: PodResources | None) -> tuple[float | None, ...]:
+    """One pod's host figures: `POD_SUMMED`, then its CPU use where it requests CPU and where it has a limit."""
+    given = [getattr(stat, name) for name in _POD_STATS]
+    spec = [None if resources is None else getattr(resources, field) for _, field in _POD_RESOURCES]
+    usage = stat.cpu_usage_cores
+    return (*given, *spec, *(usage if limit else None for limit in spec[:2]))
 _PER_DEVICE_KINDS = frozenset({"node", "cluster"})
 
 
@@ -128,7 +151,6 @@ class _Fields:
 
 
 _dict_of = attrgetter("__dict__")
-_pod_stat_fields = _Fields(*_POD_STATS)
 _sample_figures_units = _Fields(*_SAMPLE_FIGURES_UNITS)
 #: per GPU: what a workload's series and pairs depend on (4), then what is read each interval
 _gpu_fields = _Fields("uuid", "pod_uid", "node", "pod", "units", "utilization_percent", "sm_percent", "device_units")
@@ -360,9 +382,15 @@ class RowBuilder:
         if layout is None or layout.entries != in_order or layout.extra != extra:
             layout = self._layout = self._assemble(in_order, extra)
         self._in_use = layout.count
+        resources_by_pod: dict[str, PodResources] = {}
+        if stats_by_pod:
+            for pods in pod_lists:
+                for pod in pods:
+                    if pod.resources is not None:
+                        resources_by_pod[pod.uid] = pod.resources
         return layout.fill(
             latest, sample_list, figures, gpu_columns[4:], idle_of, energy_of, [each.energy_joules for each in projects],
-            free_rows, stats_by_pod, labels,
+            free_rows, stats_by_pod, labels, resources_by_pod,
         )
 
     def _assemble(self, entries: list[_Entry], extra: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]) -> _Layout:
@@ -513,6 +541,7 @@ class _Layout:
         free_rows: list[int],
         stats_by_pod: dict[str, PodStatsSample],
         labels: dict[SeriesKey, dict[str, str]],
+        resources_by_pod: Mapping[str, PodResources] | None = None,
     ) -> Rows:
         """This interval's rows from its samples and figures."""
         held, devices = self.held, self.devices
@@ -600,7 +629,7 @@ class _Layout:
                 member_slots = [slot for slot, uids in pods.items() for _ in uids]
                 self.members = (self.row_of[np.array(member_slots, dtype=np.int64)],
                                 [uid for uids in pods.values() for uid in uids])
-            _sum_pod_stats(*self.members, stats_by_pod, values)
+            _sum_pod_stats(*self.members, stats_by_pod, resources_by_pod or {}, values)
         return Rows(keys=self.keys, values=values, labels=labels)
 
 
@@ -712,11 +741,14 @@ def _aggregate(
 
 
 def _sum_pod_stats(
-    member_series: IntArray, member_uids: list[str], stats_by_pod: dict[str, PodStatsSample], values: FloatArray
+    member_series: IntArray, member_uids: list[str], stats_by_pod: dict[str, PodStatsSample],
+    resources_by_pod: Mapping[str, PodResources], values: FloatArray,
 ) -> None:
-    """Pod stats summed over each series' pods (gpu series have none); None where none of its pods has one."""
+    """Pod stats and spec figures summed over each series' pods (gpu series have none), None where
+    none of its pods has one; CPU use as percent of the requests and limits of the pods that have them."""
     pod_row = {uid: row for row, uid in enumerate(stats_by_pod)}
-    stats = _as_array(_pod_stat_fields.read(list(stats_by_pod.values())), len(_POD_STATS))
+    width = len(POD_SUMMED) + len(_CPU_PERCENTS)
+    stats = _as_array([pod_host_row(stat, resources_by_pod.get(uid)) for uid, stat in stats_by_pod.items()], width)
     rows = np.fromiter(map(pod_row.get, member_uids, repeat(-1)), dtype=np.int64, count=len(member_uids))
     kept = rows >= 0
     if not kept.any():
@@ -724,9 +756,16 @@ def _sum_pod_stats(
     members = member_series[kept]
     picked = stats[rows[kept]]
     count = len(values)
-    for position, name in enumerate(_POD_STATS):
+    totals: list[FloatArray] = []
+    for position in range(width):
         column = picked[:, position]
         has = ~np.isnan(column)
         total = np.bincount(members[has], weights=column[has], minlength=count)
         seen = np.bincount(members[has], minlength=count) > 0
-        values[:, METRIC_INDEX[name]] = np.where(seen, total, values[:, METRIC_INDEX[name]])
+        totals.append(np.where(seen, total, np.nan))
+    for position, name in enumerate(POD_SUMMED):
+        values[:, METRIC_INDEX[name]] = np.where(np.isnan(totals[position]), values[:, METRIC_INDEX[name]], totals[position])
+    for offset, (name, denominator) in enumerate(_CPU_PERCENTS):
+        used, given = totals[len(POD_SUMMED) + offset], totals[POD_SUMMED.index(denominator)]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            values[:, METRIC_INDEX[name]] = np.where(given > 0, 100.0 * used / given, np.nan)

@@ -20,9 +20,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from gpuwm.model import GpuSample, PodStatsSample
+from gpuwm.model import GpuSample, PodResources, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
 from gpuwm.store.base import METRIC_INDEX, METRIC_NAMES
+from gpuwm.store.rows import POD_SUMMED, pod_host_row
 
 SeriesKey = tuple[str, str]  # (kind, key)
 Values = list[float | None]
@@ -161,19 +162,18 @@ def _device_energy(parts: Sequence[_Part]) -> float | None:
     return sum(by_physical.values()) if by_physical else None
 
 
-_POD_STATS = (
-    "cpu_usage_cores",
-    "memory_used_bytes",
-    "network_rx_bytes_per_second",
-    "network_tx_bytes_per_second",
-    "ephemeral_storage_used_bytes",
-)
-
-
-def _fill_pod_stats(values: Values, stats: Sequence[PodStatsSample]) -> None:
-    for name in _POD_STATS:
-        present = [getattr(sample, name) for sample in stats if getattr(sample, name) is not None]
+def _fill_pod_stats(values: Values, stats: Sequence[PodStatsSample], resources: dict[str, PodResources]) -> None:
+    """Summed pod by pod; CPU percent over the pods with a request / limit."""
+    per_pod = [pod_host_row(sample, resources.get(sample.pod_uid)) for sample in stats]
+    for position, name in enumerate(POD_SUMMED):
+        present = [value for row in per_pod if (value := row[position]) is not None]
         values[METRIC_INDEX[name]] = sum(present) if present else None
+    for offset, (name, denominator) in enumerate(
+        (("cpu_usage_percent_of_request", "cpu_request_cores"), ("cpu_usage_percent_of_limit", "cpu_limit_cores"))
+    ):
+        used = [value for row in per_pod if (value := row[len(POD_SUMMED) + offset]) is not None]
+        given = values[METRIC_INDEX[denominator]]
+        values[METRIC_INDEX[name]] = 100.0 * sum(used) / given if used and given else None
 
 
 def _index_label(index: int | None, sample: GpuSample | None) -> str:
@@ -204,6 +204,7 @@ def build_rows(
     for stat in pod_stats:
         if stat.pod_uid not in stats_by_pod or stat.t >= stats_by_pod[stat.pod_uid].t:
             stats_by_pod[stat.pod_uid] = stat
+    resources = {pod.uid: pod.resources for w in workloads for pod in w.pods if pod.resources is not None}
 
     groups: dict[SeriesKey, _Group] = {}
 
@@ -362,6 +363,6 @@ def build_rows(
         else:
             values[idle_column] = found.idle_seconds
         if kind != "gpu" and found.pods and stats_by_pod:
-            _fill_pod_stats(values, [stats_by_pod[uid] for uid in found.pods if uid in stats_by_pod])
+            _fill_pod_stats(values, [stats_by_pod[uid] for uid in found.pods if uid in stats_by_pod], resources)
         rows[(kind, key)] = SeriesRow(labels=found.labels, values=values)
     return rows

@@ -13,7 +13,15 @@ import numpy as np
 import pytest
 
 from gpuwm.store import RangeQuery, StoreError
-from gpuwm.store.codec import MISSING, RESOLUTION, decode_chunk, dequantize, encode_chunks, quantize
+from gpuwm.store.codec import (
+    METRIC_COUNT,
+    MISSING,
+    RESOLUTION,
+    decode_chunk,
+    dequantize,
+    encode_chunks,
+    quantize,
+)
 from gpuwm.store.embedded import APPLICATION_ID, EmbeddedStore
 
 from .store_data import cluster, project, sample, workload
@@ -171,7 +179,7 @@ def test_retention_drops_whole_chunks_and_rollups_within_resolution(tmp_path: Pa
 def test_bulk_load_writes_the_chunks_compaction_writes(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     count, ticks = 5, 44  # five series, 44 intervals of 15 s: five and a half fine spans, two whole coarse spans
-    values = rng.integers(0, 10_000, size=(count, 19, ticks)).astype(np.float64) / 100
+    values = rng.integers(0, 10_000, size=(count, METRIC_COUNT, ticks)).astype(np.float64) / 100
     values[1, 3, 5:9] = np.nan
     values[2] = np.nan
     values[3, :, 12] = np.nan
@@ -205,7 +213,7 @@ def test_bulk_load_writes_the_chunks_compaction_writes(tmp_path: Path) -> None:
 
 def test_codec_round_trip_keeps_values_and_gaps() -> None:
     rng = np.random.default_rng(11)
-    values = rng.normal(0, 1e6, size=(6, 19, 240)).round(3)
+    values = rng.normal(0, 1e6, size=(6, METRIC_COUNT, 240)).round(3)
     values[0] = 42.0  # constant
     values[1, :, ::7] = np.nan  # scattered gaps
     values[2] = np.nan  # nothing at all
@@ -230,7 +238,7 @@ def test_codec_round_trip_keeps_values_and_gaps() -> None:
 def test_short_decimals_read_back_as_the_same_float() -> None:
     values = np.array([[2.1, 12.345, 37.5, 1e9 + 0.5, 0.001, 99.99]])
     columns = np.array([14, 4, 0, 1, 18, 3])  # cores, watts, percent, bytes, bytes, percent
-    row = np.full((1, 19), np.nan)
+    row = np.full((1, METRIC_COUNT), np.nan)
     row[0, columns] = values[0]
     back = dequantize(quantize(row))
     assert back[0, 14] == 2.1 and back[0, 4] == 12.345 and back[0, 0] == 37.5 and back[0, 3] == 99.99
@@ -289,12 +297,12 @@ def test_head_block_round_trip() -> None:
     from gpuwm.store.codec import BLOCK, decode_head, encode_head
 
     rng = np.random.default_rng(5)
-    block = rng.integers(-(2**40), 2**40, size=(BLOCK, 19), dtype=np.int64)
+    block = rng.integers(-(2**40), 2**40, size=(BLOCK, METRIC_COUNT), dtype=np.int64)
     block[::3, 4] = MISSING
     block[7] = MISSING
     block[9, 1] = 2**58  # the largest value a metric may hold
     assert np.array_equal(decode_head(encode_head(block)), block)
-    small = np.full((BLOCK, 19), MISSING, dtype=np.int64)
+    small = np.full((BLOCK, METRIC_COUNT), MISSING, dtype=np.int64)
     small[0, 0] = 0
     assert np.array_equal(decode_head(encode_head(small)), small)
 
@@ -307,16 +315,16 @@ def test_a_series_that_starts_inside_the_chunk_is_divided_by_its_gcd() -> None:
     """
     rng = np.random.default_rng(5)
     steps = rng.integers(0, 1000, size=240).astype(np.int64) * 100_000  # 0.1 % steps, in 1e-6 %
-    late = np.full((1, 19, 240), MISSING, dtype=np.int64)
+    late = np.full((1, METRIC_COUNT, 240), MISSING, dtype=np.int64)
     late[0, 0, 100:] = steps[100:]
-    early = np.full((1, 19, 240), MISSING, dtype=np.int64)
+    early = np.full((1, METRIC_COUNT, 240), MISSING, dtype=np.int64)
     early[0, 0, :140] = steps[100:]
     late_data, early_data = encode_chunks(late)[0], encode_chunks(early)[0]
     assert np.array_equal(decode_chunk(late_data, 240), late[0])
     assert np.array_equal(decode_chunk(early_data, 240), early[0])
     # the divisor written for the late row is the gcd of its differences, not 1
     raw = zlib.decompress(late_data)
-    divisors = np.frombuffer(raw, dtype="<i8", count=19, offset=(19 * 240 + 7) // 8)
+    divisors = np.frombuffer(raw, dtype="<i8", count=METRIC_COUNT, offset=(METRIC_COUNT * 240 + 7) // 8)
     assert divisors[0] == 100_000
     # so it costs about what the same points cost at the chunk's start
     assert len(late_data) <= len(early_data) + 16
@@ -328,7 +336,7 @@ def test_blocks_encode_and_roll_up_series_by_series_in_passes(monkeypatch: pytes
     from gpuwm.store import codec
 
     rng = np.random.default_rng(5)
-    values = rng.normal(0, 1e6, size=(64, 19, 240)).round(3)
+    values = rng.normal(0, 1e6, size=(64, METRIC_COUNT, 240)).round(3)
     values[:, :, ::9] = np.nan  # gaps
     values[3] = np.nan  # a series with no point: no chunk for it
     values[7, 6] = np.cumsum(np.abs(rng.normal(300, 50, 240)))  # a counter (second differences, a max roll-up)

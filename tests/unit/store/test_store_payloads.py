@@ -17,6 +17,7 @@ from gpuwm.store.codec import (
     METRIC_COUNT,
     MISSING,
     PARTS,
+    SCHEMA4_METRIC_COUNT,
     WHOLE,
     decode_parts,
     encode_chunks,
@@ -225,7 +226,8 @@ def _whole_chunks(path: Path) -> list[tuple[int, int, int, int, bytes]]:
     connection = sqlite3.connect(path)
     series_ids = [row[0] for row in connection.execute("SELECT id FROM series")]
     tiers = [row[0] for row in connection.execute("SELECT DISTINCT tier FROM chunks")]
-    rows = [(tier, series_id, start, points, encode_chunks(decode_parts(parts, points)[None], 9)[0])
+    rows = [(tier, series_id, start, points,
+             encode_chunks(decode_parts(parts, points)[None, :SCHEMA4_METRIC_COUNT], 9, WHOLE)[0])
             for tier in tiers for series_id, start, points, parts in read_chunks(connection, tier, series_ids, -1, 2**40)]
     connection.close()
     return rows
@@ -360,7 +362,7 @@ def test_parts_cover_every_metric_once_and_decode_alone() -> None:
 
     members = np.concatenate([PARTS[part] for part in SPLIT_PARTS])
     assert sorted(members.tolist()) == list(range(METRIC_COUNT))
-    assert np.array_equal(PARTS[WHOLE], np.arange(METRIC_COUNT))
+    assert np.array_equal(PARTS[WHOLE], np.arange(SCHEMA4_METRIC_COUNT))  # what schema 3 wrote
     rng = np.random.default_rng(3)
     values = quantize(rng.normal(50, 20, size=(2, 12, METRIC_COUNT))).transpose(0, 2, 1).copy()
     values[1][PARTS[4]] = MISSING  # the second series has no pod stats
@@ -371,8 +373,10 @@ def test_parts_cover_every_metric_once_and_decode_alone() -> None:
         assert np.array_equal(decode_parts(present, 12), row)
         subset = np.array([13, 0, 6, 17], dtype=np.intp)  # any order, across parts
         assert np.array_equal(decode_parts(present, 12, subset), row[subset])
-        whole = encode_chunks(row[None])[0]
+        whole = encode_chunks(row[None, :SCHEMA4_METRIC_COUNT], part=WHOLE)[0]  # schema 3's, without schema 5's metrics
         assert np.array_equal(decode_parts([(WHOLE, whole)], 12, subset), row[subset])
+        later = decode_parts([(WHOLE, whole)], 12)[SCHEMA4_METRIC_COUNT:]
+        assert (later == MISSING).all()
 
 
 def test_payloads_of_quantized_values_are_deterministic() -> None:
