@@ -73,7 +73,7 @@ _HEAD_DROP_INTERVALS = 30
 #: at 1,000 nodes the cycle's RSS peak did not move, bench/README: it bounds that memory for larger fleets)
 _LATEST_ROWS_PER_WRITE = 256
 #: workload phases whose figures change every interval (new objects: not worth keeping to compare)
-_LIVE_PHASES = frozenset({"Running", "Pending"})
+_LIVE_PHASES = frozenset({"Running", "Pending", "Queued"})  # a Queued one's queuedSeconds grows
 
 
 #: series rows deleted per compaction round at most (~11 us each): a store that kept every series
