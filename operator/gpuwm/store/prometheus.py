@@ -155,6 +155,8 @@ class PrometheusStore(Store):
             "created_timestamp_seconds",
             "start_timestamp_seconds",
             "end_timestamp_seconds",
+            "queued_seconds",
+            "requested_gpus",
         ):
             gauges[name] = self._values(
                 f"max by (workload_uid) (gpuwm_workload_{name}{selector})", "workload_uid"
@@ -190,6 +192,8 @@ class PrometheusStore(Store):
                     last_active_time=value("last_active_timestamp_seconds", None),
                     wait_seconds=value("wait_seconds") or 0.0,
                     run_seconds=value("run_seconds") or 0.0,
+                    queued_seconds=value("queued_seconds") or 0.0,
+                    requested_gpus=value("requested_gpus", None),  # absent: its object is not watched
                     **_cumulative_figures(value),
                     created_time=value("created_timestamp_seconds", None),
                     start_time=value("start_timestamp_seconds", None),
@@ -234,6 +238,9 @@ class PrometheusStore(Store):
                 "idle_gpu_seconds_total",
                 "unmonitored_gpu_seconds_total",
                 "energy_joules_total",
+                "requested_gpus",
+                "queued_workloads",
+                "longest_queued_seconds",
             )
         }
         namespaces: dict[str, set[str]] = {}
@@ -256,6 +263,9 @@ class PrometheusStore(Store):
                     allocated_gpus=value("allocated_gpus") or 0.0,
                     idle_gpus=value("idle_gpus") or 0.0,
                     quota=value("quota_gpus", None),
+                    requested_gpus=value("requested_gpus") or 0.0,
+                    queued_workloads=int(value("queued_workloads") or 0),
+                    longest_queued_seconds=value("longest_queued_seconds") or 0.0,
                     **_cumulative_figures(value),
                 )
             )

@@ -43,7 +43,7 @@ def _interval(k: int, t: float) -> tuple[list, list, list, list]:  # type: ignor
     u1 = float((k * 13 + 20) % 100)
     train = workload(
         "train", [("gpu-0", 1.0, u0), ("gpu-1", 1.0, u1)], energy_joules=50.0 * k, created=T0 - 60
-    )
+    ).model_copy(update={"requested_gpus": 2.0, "queued_seconds": 30.0})  # watched, queued 30 s before it ran
     notebook = workload(
         "notebook",
         [("gpu-7", 1.0, 0.0)],
@@ -82,7 +82,8 @@ def _interval(k: int, t: float) -> tuple[list, list, list, list]:  # type: ignor
     return (
         samples,
         [train, notebook],
-        [project("alpha", [train], 50.0 * k), project("beta", [notebook])],
+        [project("alpha", [train], 50.0 * k), project("beta", [notebook]).model_copy(update={
+            "requested_gpus": 4.0, "queued_workloads": 1, "longest_queued_seconds": 120.0})],
         stats,
     )
 
@@ -188,6 +189,12 @@ def test_latest_state(stores: tuple[EmbeddedStore, PrometheusStore]) -> None:
     expected = embedded.workload("team-a", "train")
     assert expected is not None and expected.energy_joules == train.energy_joules
     assert train.created_time == T0 - 60 and [p.name for p in train.pods] == ["train-0"]
+    assert (train.requested_gpus, train.queued_seconds) == (2.0, 30.0)  # the workload object's figures (issue 35)
+    notebook = prometheus.workload("team-b", "notebook")
+    assert notebook is not None and notebook.requested_gpus is None  # only its pods are known
+    beta = prometheus.project("beta")
+    assert beta is not None and (beta.requested_gpus, beta.queued_workloads, beta.longest_queued_seconds) == (
+        4.0, 1, 120.0)
     assert prometheus.workload("team-a", "nope") is None
     assert sorted(w.name for w in prometheus.workloads()) == ["notebook", "train"]
     assert [(p.name, p.namespaces) for p in prometheus.projects()] == [
