@@ -11,11 +11,11 @@ import httpx
 import pytest
 
 from gpuwm.api.app import create_app
+from gpuwm.api.openmetrics import OpenMetricsBackfill
 from gpuwm.config import Settings
 from gpuwm.model.figures import ClusterFigures, WorkloadFigures
 from gpuwm.store import Store
 from gpuwm.store.embedded import EmbeddedStore
-from gpuwm.api.openmetrics import OpenMetricsBackfill
 from gpuwm.store.prometheus import PrometheusStore
 from tests.integration.store.prometheus_fixture import (
     MISSING,

@@ -13,12 +13,12 @@ import httpx
 import pytest
 
 from gpuwm.api.app import create_app
+from gpuwm.api.openmetrics import OpenMetricsBackfill
 from gpuwm.config import Settings
 from gpuwm.model import PodStatsSample
 from gpuwm.model.figures import ClusterFigures
 from gpuwm.store import RangeQuery, ReadOnlyStoreError, Series
 from gpuwm.store.embedded import EmbeddedStore
-from gpuwm.api.openmetrics import OpenMetricsBackfill
 from gpuwm.store.prometheus import PrometheusStore
 from tests.integration.store.prometheus_fixture import (
     MISSING,
