@@ -32,7 +32,7 @@ def test_network_policies_are_on_by_default(install: Callable[..., Installed]) -
 def test_agent_rbac_has_no_nodes_proxy(install: Callable[..., Installed]) -> None:
     installed = install()
     resources = {r for rule in installed.one("ClusterRole", "-agent")["rules"] for r in rule["resources"]}
-    assert resources == {"nodes/stats"}
+    assert resources == {"nodes/stats", "nodes/metrics"}
 
 
 def test_api_is_https_by_default_with_a_self_signed_certificate(install: Callable[..., Installed]) -> None:

@@ -148,8 +148,11 @@ def test_rbac_has_no_wildcards_and_no_secrets(installed: Installed) -> None:
 
 
 def test_agent_may_only_read_kubelet_stats(installed: Installed) -> None:
-    """nodes/stats is what the kubelet checks for /stats/summary; nodes/proxy would also allow exec into pods."""
-    assert _rules(installed, "-agent") == [{"apiGroups": [""], "resources": ["nodes/stats"], "verbs": ["get"]}]
+    """nodes/stats is what the kubelet checks for /stats/summary, nodes/metrics for /metrics/cadvisor; nodes/proxy
+    would also allow exec into pods."""
+    assert _rules(installed, "-agent") == [
+        {"apiGroups": [""], "resources": ["nodes/stats", "nodes/metrics"], "verbs": ["get"]}
+    ]
 
 
 def test_service_accounts_are_bound_to_their_roles(installed: Installed) -> None:

@@ -1,7 +1,9 @@
-"""Per-pod CPU, memory, network and ephemeral storage from the kubelet's `/stats/summary`.
+"""Per-pod CPU, memory, network and ephemeral storage from the kubelet's `/stats/summary`, and disk
+read and write rates from its cAdvisor endpoint `/metrics/cadvisor` (the summary has none).
 
-Authenticated with the pod's service-account token (read on each call: projected tokens rotate).
-Network figures in the summary are cumulative byte counters; rates come from two readings.
+Authenticated with the pod's service-account token (read on each call: projected tokens rotate); the
+summary needs `nodes/stats`, cAdvisor `nodes/metrics` (never `nodes/proxy`, which would open every
+kubelet call). Network and disk figures are cumulative byte counters; rates come from two readings.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import ssl
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwm.model import PodStatsSample
 
@@ -32,6 +36,29 @@ def _network_totals(pod: dict[str, Any]) -> tuple[float, float] | None:
     return None
 
 
+#: cAdvisor's cumulative block-device byte counters, per container and device
+_DISK_COUNTERS = ("container_fs_reads_bytes_total", "container_fs_writes_bytes_total")
+
+
+def disk_totals(text: str) -> dict[tuple[str, str], tuple[float, float]]:
+    """(namespace, pod) -> (bytes read, bytes written) so far, summed over the pod's containers and
+    devices, from cAdvisor's exposition. The pod's own cgroup (container "") and the pause container
+    ("POD") are left out: the first sums its containers' again, the second reads nothing of the job's."""
+    totals: dict[tuple[str, str], list[float]] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name + "_total" not in _DISK_COUNTERS and family.name not in _DISK_COUNTERS:
+            continue
+        column = 0 if "reads" in family.name else 1
+        for sample in family.samples:
+            if not sample.name.endswith("_total"):
+                continue
+            labels = sample.labels
+            if labels.get("container") in ("", "POD", None) or not labels.get("pod") or not labels.get("namespace"):
+                continue
+            totals.setdefault((labels["namespace"], labels["pod"]), [0.0, 0.0])[column] += sample.value
+    return {key: (value[0], value[1]) for key, value in totals.items()}
+
+
 class KubeletStatsClient:
     """Reads the local kubelet's stats summary and turns it into `PodStatsSample`s."""
 
@@ -45,6 +72,9 @@ class KubeletStatsClient:
         timeout_seconds: float = 5.0,
     ) -> None:
         self.url = url.rstrip("/") + "/stats/summary"
+        self.cadvisor_url = url.rstrip("/") + "/metrics/cadvisor"
+        self._previous_disk: dict[tuple[str, str], tuple[float, float, float]] = {}
+        self.disk_error: str | None = None
         self.node = node
         self.token_file = token_file
         self.timeout_seconds = timeout_seconds
@@ -58,14 +88,32 @@ class KubeletStatsClient:
             else:
                 self._ssl = ssl.create_default_context(cafile=ca_file if Path(ca_file).exists() else None)
 
-    def _request(self) -> dict[str, Any]:
-        request = urllib.request.Request(self.url, headers={"Accept": "application/json"})
+    def _get(self, url: str, accept: str) -> bytes:
+        request = urllib.request.Request(url, headers={"Accept": accept})
         if self.token_file and Path(self.token_file).exists():
             token = Path(self.token_file).read_text().strip()
             request.add_header("Authorization", f"Bearer {token}")
         with urllib.request.urlopen(request, timeout=self.timeout_seconds, context=self._ssl) as response:
-            payload: dict[str, Any] = json.load(response)
+            body: bytes = response.read()
+        return body
+
+    def _request(self) -> dict[str, Any]:
+        payload: dict[str, Any] = json.loads(self._get(self.url, "application/json"))
         return payload
+
+    def _disk(self) -> dict[tuple[str, str], tuple[float, float]] | None:
+        """cAdvisor's disk counters, or None (and one warning per new error) when they cannot be read:
+        the other figures do not depend on them."""
+        try:
+            totals = disk_totals(self._get(self.cadvisor_url, "text/plain").decode())
+        except (OSError, ValueError) as error:
+            message = f"kubelet cAdvisor metrics {self.cadvisor_url} unreadable: {error}"
+            if self.disk_error != message:
+                log.warning("%s; check the agent's RBAC for nodes/metrics (disk rates left out)", message)
+            self.disk_error = message
+            return None
+        self.disk_error = None
+        return totals
 
     def read(self, now: float) -> list[PodStatsSample]:
         """One sample per pod on the node; [] (and `error` set) when the kubelet cannot be read."""
@@ -78,9 +126,24 @@ class KubeletStatsClient:
             self.healthy, self.error = False, message
             return []
         self.healthy, self.error = True, None
-        return self.parse(summary, now)
+        return self.parse(summary, now, self._disk())
 
-    def parse(self, summary: dict[str, Any], now: float) -> list[PodStatsSample]:
+    def _disk_rates(
+        self, key: tuple[str, str], disk: dict[tuple[str, str], tuple[float, float]] | None, now: float
+    ) -> tuple[float | None, float | None]:
+        totals = None if disk is None else disk.get(key)
+        if totals is None:
+            return None, None
+        previous = self._previous_disk.get(key)
+        self._previous_disk[key] = (now, *totals)
+        if previous is None or now <= previous[0] or totals[0] < previous[1] or totals[1] < previous[2]:
+            return None, None  # the first reading, or a counter that went back (a container restarted)
+        return (totals[0] - previous[1]) / (now - previous[0]), (totals[1] - previous[2]) / (now - previous[0])
+
+    def parse(
+        self, summary: dict[str, Any], now: float, disk: dict[tuple[str, str], tuple[float, float]] | None = None
+    ) -> list[PodStatsSample]:
+        """One sample per pod of the summary, with disk rates from `disk` (`disk_totals`) where given."""
         samples = []
         seen: set[str] = set()
         for pod in summary.get("pods") or []:
@@ -100,6 +163,7 @@ class KubeletStatsClient:
                     rx_rate = (totals[0] - previous[1]) / (now - previous[0])
                     tx_rate = (totals[1] - previous[2]) / (now - previous[0])
                 self._previous_network[uid] = (now, totals[0], totals[1])
+            read_rate, write_rate = self._disk_rates((namespace, name), disk, now)
             samples.append(
                 PodStatsSample(
                     t=now, node=self.node, namespace=namespace, pod=name, pod_uid=uid,
@@ -108,9 +172,16 @@ class KubeletStatsClient:
                     network_rx_bytes_per_second=rx_rate,
                     network_tx_bytes_per_second=tx_rate,
                     ephemeral_storage_used_bytes=None if storage is None else float(storage),
+                    disk_read_bytes_per_second=read_rate,
+                    disk_write_bytes_per_second=write_rate,
                 )
             )
         for uid in list(self._previous_network):
             if uid not in seen:
                 del self._previous_network[uid]
+        names = {((p.get("podRef") or {}).get("namespace"), (p.get("podRef") or {}).get("name"))
+                 for p in summary.get("pods") or []}
+        for key in list(self._previous_disk):
+            if key not in names:
+                del self._previous_disk[key]
         return samples

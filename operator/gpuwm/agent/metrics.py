@@ -56,6 +56,8 @@ POD_GAUGES = [
     ("network_rx_bytes_per_second", "Pod network receive rate.", "network_rx_bytes_per_second"),
     ("network_tx_bytes_per_second", "Pod network transmit rate.", "network_tx_bytes_per_second"),
     ("ephemeral_storage_used_bytes", "Pod ephemeral storage used.", "ephemeral_storage_used_bytes"),
+    ("disk_read_bytes_per_second", "Pod block-device read rate (cAdvisor).", "disk_read_bytes_per_second"),
+    ("disk_write_bytes_per_second", "Pod block-device write rate (cAdvisor).", "disk_write_bytes_per_second"),
 ]
 #: (metric name without prefix, help, type) of the agent's own node-labelled families, in order
 AGENT_FAMILIES = [

@@ -21,6 +21,8 @@ _AGENT_POD = (
     "network_rx_bytes_per_second",
     "network_tx_bytes_per_second",
     "ephemeral_storage_used_bytes",
+    "disk_read_bytes_per_second",
+    "disk_write_bytes_per_second",
 )
 _BY_LABELS = {
     None: "",

@@ -33,8 +33,25 @@ def _summary(rx: int, tx: int) -> dict[str, Any]:
     }
 
 
+def _cadvisor(read: int, written: int) -> str:
+    """cAdvisor's exposition as the kubelet serves it: per container and device, the pod cgroup and pause too."""
+    lines = ["# HELP container_fs_reads_bytes_total Cumulative count of bytes read",
+             "# TYPE container_fs_reads_bytes_total counter"]
+    for container, device, value in (("train", "/dev/nvme0n1", read), ("sidecar", "/dev/nvme0n1", 100),
+                                     ("", "/dev/nvme0n1", 10**9), ("POD", "/dev/nvme0n1", 10**9)):
+        lines.append(f'container_fs_reads_bytes_total{{container="{container}",device="{device}",id="/x",'
+                     f'namespace="team",pod="train-0"}} {value} 1700000000000')
+    lines += ["# HELP container_fs_writes_bytes_total Cumulative count of bytes written",
+              "# TYPE container_fs_writes_bytes_total counter",
+              f'container_fs_writes_bytes_total{{container="train",device="/dev/nvme0n1",namespace="team",pod="train-0"}} {written}',
+              "# TYPE container_cpu_usage_seconds_total counter",
+              'container_cpu_usage_seconds_total{container="train",namespace="team",pod="train-0"} 5']
+    return "\n".join(lines) + "\n"
+
+
 class _Kubelet(BaseHTTPRequestHandler):
     summary: ClassVar[dict[str, Any]] = {}
+    cadvisor: ClassVar[str | None] = None
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -44,7 +61,14 @@ class _Kubelet(BaseHTTPRequestHandler):
             self.send_response(401)
             self.end_headers()
             return
-        body = json.dumps(type(self).summary).encode()
+        if self.path == "/metrics/cadvisor":
+            if type(self).cadvisor is None:
+                self.send_response(403)  # no nodes/metrics in the agent's role
+                self.end_headers()
+                return
+            body = (type(self).cadvisor or "").encode()
+        else:
+            body = json.dumps(type(self).summary).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -89,3 +113,28 @@ def test_wrong_token_is_an_error_not_a_crash(kubelet: str, tmp_path: Path) -> No
     assert not client.healthy
     assert "401" in (client.error or "")
     assert "wrong" not in (client.error or "")  # the token never reaches a message
+
+
+def test_disk_rates_from_cadvisor_and_the_summary_without_them(kubelet: str, tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    client = KubeletStatsClient(kubelet, "n1", str(token))
+    _Kubelet.summary = _summary(rx=0, tx=0)
+    _Kubelet.cadvisor = None
+    # no nodes/metrics: the summary's figures still come, the disk rates do not, and the error says why
+    (pod, _) = client.read(now=100.0)
+    assert client.healthy and pod.cpu_usage_cores == 2.5 and pod.disk_read_bytes_per_second is None
+    assert "403" in (client.disk_error or "") and "/metrics/cadvisor" in (client.disk_error or "")
+    _Kubelet.cadvisor = _cadvisor(read=1_000, written=50)
+    client.read(now=110.0)  # the first counters: no rate yet
+    _Kubelet.cadvisor = _cadvisor(read=21_000, written=2_050)
+    rates = {s.pod: s for s in client.read(now=120.0)}
+    assert client.disk_error is None
+    # the train and sidecar containers' bytes (the pod cgroup's and the pause container's left out)
+    assert rates["train-0"].disk_read_bytes_per_second == pytest.approx(2000.0)
+    assert rates["train-0"].disk_write_bytes_per_second == pytest.approx(200.0)
+    assert rates["bare"].disk_read_bytes_per_second is None
+    # a counter that goes back (a restarted container) gives no rate rather than a negative one
+    _Kubelet.cadvisor = _cadvisor(read=10, written=0)
+    assert {s.pod: s for s in client.read(now=130.0)}["train-0"].disk_read_bytes_per_second is None
+    _Kubelet.cadvisor = None
