@@ -65,6 +65,16 @@ class _Zeros:
         return 0.0
 
 
+def place_in_timeline(timeline: list[tuple[float, Any]], t: float, event: Any) -> int:
+    """Put `event` at `t` in a (t, event) timeline in time order; one at the same `t` is replaced. Its index."""
+    index = bisect.bisect_left([entry[0] for entry in timeline], t)
+    if index < len(timeline) and timeline[index][0] == t:
+        timeline[index] = (t, event)
+    else:
+        timeline.insert(index, (t, event))
+    return index
+
+
 def physical_uuid(uuid: str) -> str:
     """`GPU-x::2` (a time-sliced replica id) is GPU-x: samples are per physical device."""
     return uuid.split("::", 1)[0] if "::" in uuid else uuid
@@ -125,13 +135,7 @@ class EngineCore:
             workload.labels = event.labels
         workload.revision += 1
         self._advance(event.t)
-        t = max(event.t, self.boundary)
-        timeline = workload.timeline
-        index = bisect.bisect_left([entry[0] for entry in timeline], t)
-        if index < len(timeline) and timeline[index][0] == t:
-            timeline[index] = (t, event)
-        else:
-            timeline.insert(index, (t, event))
+        place_in_timeline(workload.timeline, max(event.t, self.boundary), event)
 
     def observe_namespace(self, event: NamespaceEvent) -> None:
         known = self.namespaces.get(event.name)
@@ -395,11 +399,7 @@ class EngineCore:
         # earlier (a device named late, from the pod's start) must not take back its old workload's time
         t = max(event.t, self.boundary, pod.moved_in)
         timeline = pod.timeline
-        index = bisect.bisect_left([entry[0] for entry in timeline], t)
-        if index < len(timeline) and timeline[index][0] == t:
-            timeline[index] = (t, event)
-        else:
-            timeline.insert(index, (t, event))
+        index = place_in_timeline(timeline, t, event)
         if index == len(timeline) - 1:
             # the event's own labels, not copies: events are frozen and nothing here changes the dicts
             pod.name, pod.namespace, pod.labels = event.name, event.namespace, event.labels

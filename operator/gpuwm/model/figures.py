@@ -52,7 +52,7 @@ class PodFigures(_Figures):
     node: str | None = None
     phase: str
     allocated_gpus: float = 0.0
-    labels: dict[str, str] = Field(default_factory=dict, description="The labels the controller keeps (project, rank).")
+    labels: dict[str, str] | None = Field(default=None, description="The labels the controller keeps (project, rank).")
     resources: PodResources | None = None
     failure_reason: str | None = None
 
