@@ -201,6 +201,17 @@ class Settings(BaseSettings):
         description="PEM certificate (chain) of the API's HTTPS; empty: a self-signed one made at start, kept in memory.",
     )
     api_tls_key_file: str = Field(default="", description="PEM private key of apiTlsCertFile.")
+    api_tls_secret: str = Field(
+        default="",
+        description="Without apiTlsCertFile: the Secret (kubernetes.io/tls, in the controller's own namespace, "
+        "POD_NAMESPACE) where the controller keeps the CA and certificate it makes, reused at every start so "
+        "clients can verify the API with its ca.crt; empty: a self-signed certificate made at each start, in memory.",
+    )
+    api_tls_dns_names: CommaList = Field(
+        default_factory=list,
+        description="Names the certificate kept in apiTlsSecret is made for (the API Service's DNS names; "
+        "a kept certificate that lacks one is replaced).",
+    )
     api_token_audience: str = Field(
         default="gpuwm",
         min_length=1,

@@ -1,11 +1,14 @@
 """Issue 34 in the chart: NetworkPolicies on by default, the agent without nodes/proxy, HTTPS for the API
-(self-signed by default, a cert-manager Certificate or your own Secret), and a ServiceMonitor that scrapes
+(by default a CA and certificate the controller keeps in a Secret, a cert-manager Certificate or your own
+Secret), and a ServiceMonitor that scrapes
 the authorised /metrics over HTTPS with an audience-bound token."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
+import pytest
 import yaml
 
 from tests.chart.conftest import CHART, Installed, containers, env_of
@@ -42,11 +45,52 @@ def test_api_is_https_by_default_with_a_self_signed_certificate(install: Callabl
     env = env_of(controller)
     assert env["GPUWM_API_TLS"]["value"] == "true"
     assert env["GPUWM_API_TOKEN_AUDIENCE"]["value"] == "gpuwm"
-    # no files: the controller makes its certificate at start; no Secret, nothing random in the chart
+    # no files: the controller makes its CA and certificate once and keeps them in a Secret the chart does
+    # not render (nothing random in the chart), made for the Service's names
     assert "GPUWM_API_TLS_CERT_FILE" not in env
+    assert env["GPUWM_API_TLS_SECRET"]["value"] == "gpuwm-controller-tls"
+    assert env["GPUWM_API_TLS_DNS_NAMES"]["value"] == ",".join([
+        "gpuwm-controller", "gpuwm-controller.gpuwm", "gpuwm-controller.gpuwm.svc",
+        "gpuwm-controller.gpuwm.svc.cluster.local"])
+    assert env["POD_NAMESPACE"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.namespace"
     assert not installed.objects("Secret") and not installed.objects("Certificate")
     for probe in ("startupProbe", "readinessProbe"):
         assert controller[probe]["httpGet"]["scheme"] == "HTTPS"
+
+
+@pytest.mark.parametrize(("values", "name"), [({}, "gpuwm-controller-tls"), ({"apiTlsSecret": "api-cert"}, "api-cert")])
+def test_the_kept_certificates_secret_is_the_only_one_the_controller_may_touch(
+    install: Callable[..., Installed], values: dict[str, Any], name: str,
+) -> None:
+    """A Role in the release namespace: get/update/patch on that one Secret by name, create on secrets (which
+    RBAC cannot restrict by name); no list or watch; bound to the controller's ServiceAccount alone."""
+    installed = install(values=values)
+    assert installed.ok, installed.error
+    role = installed.one("Role", "-controller-tls")
+    assert role["metadata"]["namespace"] == "gpuwm"
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [name], "verbs": ["get", "update", "patch"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    ]
+    binding = installed.one("RoleBinding", "-controller-tls")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "gpuwm-controller-tls"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpuwm-controller", "namespace": "gpuwm"}]
+    env = env_of(containers(installed.one("Deployment", "-controller"))["controller"])
+    assert env["GPUWM_API_TLS_SECRET"]["value"] == name
+
+
+@pytest.mark.parametrize("values", [
+    {"apiTls": False}, {"controller": {"tls": {"source": "certManager", "issuerRef": {"name": "ca"}}}},
+    {"controller": {"tls": {"source": "secret", "secretName": "mine"}}}, {"apiTlsCertFile": "/c", "apiTlsKeyFile": "/k"},
+])
+def test_no_access_to_secrets_where_the_controller_keeps_none(
+    install: Callable[..., Installed], values: dict[str, Any],
+) -> None:
+    installed = install(values=values)
+    assert installed.ok, installed.error
+    assert not installed.objects("Role") and not installed.objects("RoleBinding")
+    assert "GPUWM_API_TLS_SECRET" not in env_of(containers(installed.one("Deployment", "-controller"))["controller"])
 
 
 def test_cert_manager_certificate_is_mounted(install: Callable[..., Installed]) -> None:
@@ -114,9 +158,18 @@ def test_service_monitor_scrapes_https_with_a_token(install: Callable[..., Insta
 
 
 def test_service_monitor_token_from_a_secret(install: Callable[..., Installed]) -> None:
-    """A token from a Secret instead of a file; the self-signed default certificate is not verified."""
+    """A token from a Secret instead of a file; the default certificate is verified with the kept Secret's CA."""
     secret = install(values={"serviceMonitor": {"enabled": True, "tokenSecret": {"name": "prom-token"}}})
     assert secret.ok, secret.error
     (endpoint,) = secret.one("ServiceMonitor")["spec"]["endpoints"]
     assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": "prom-token", "key": "token"}}
-    assert "bearerTokenFile" not in endpoint and endpoint["tlsConfig"]["insecureSkipVerify"] is True
+    assert "bearerTokenFile" not in endpoint and "insecureSkipVerify" not in endpoint["tlsConfig"]
+    assert endpoint["tlsConfig"]["ca"]["secret"] == {"name": "gpuwm-controller-tls", "key": "ca.crt"}
+    assert endpoint["tlsConfig"]["serverName"] == "gpuwm-controller.gpuwm.svc"
+
+
+def test_service_monitor_skips_verification_only_when_told(install: Callable[..., Installed]) -> None:
+    skipped = install(values={"serviceMonitor": {"enabled": True, "insecureSkipVerify": True}})
+    assert skipped.ok, skipped.error
+    (endpoint,) = skipped.one("ServiceMonitor")["spec"]["endpoints"]
+    assert endpoint["tlsConfig"]["insecureSkipVerify"] is True and "ca" not in endpoint["tlsConfig"]

@@ -27,6 +27,8 @@ DERIVED = {
     "agents": "this release's agent pods: pods:<release namespace>/app.kubernetes.io/component=agent",
     "api_tls_cert_file": "the controller.tls Secret mounted at /etc/gpuwm/tls (tls.crt)",
     "api_tls_key_file": "the controller.tls Secret mounted at /etc/gpuwm/tls (tls.key)",
+    "api_tls_secret": "<release>-controller-tls with controller.tls.source selfSigned",
+    "api_tls_dns_names": "the API Service's DNS names with controller.tls.source selfSigned",
 }
 # Values the chart sets on purpose to something other than the program's default.
 CHART_DEFAULTS = {
@@ -42,6 +44,8 @@ SAMPLES = {
     "device_plugin_config": "gpu-operator/time-slicing-config/any",
     "api_tls_cert_file": "/etc/custom-tls/tls.crt",
     "api_tls_key_file": "/etc/custom-tls/tls.key",
+    "api_tls_secret": "custom-api-tls",
+    "api_tls_dns_names": "api.example.com,gpuwm.example.com",
 }
 
 

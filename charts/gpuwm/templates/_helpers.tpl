@@ -78,7 +78,7 @@ gpuwm's settings (gpuwm.config.Settings), by Helm value name. Each becomes GPUWM
 in both containers; a test fails when a Settings field is missing here or in values.yaml.
 */}}
 {{- define "gpuwm.settingNames" -}}
-logFormat logLevel interval idleThresholdPercent projectLabel lateEventWindow listen nodeName podResourcesSocket kubeletUrl procRoot kubeletTokenFile kubeletInsecureTls resourceNames workloadKinds snapshotBufferSamples nvmlBufferReadSeconds namespace statusInterval snapshotMerge retention agents store stateSaveInterval idleConditionAfter underutilizedPercent statusWritesPerSecond statusCountersRefresh timeSlicedReplicas devicePluginConfig standalone liveness peeringName auth apiListen apiTls apiTlsCertFile apiTlsKeyFile apiTokenAudience apiMaxPointsPerResponse apiMaxConcurrentQueries apiAuthCacheEntries apiAuthReviewsPerClientPerSecond runaiCompatibleMetrics clusterId storeRollups storeLatestRowsPerInterval
+logFormat logLevel interval idleThresholdPercent projectLabel lateEventWindow listen nodeName podResourcesSocket kubeletUrl procRoot kubeletTokenFile kubeletInsecureTls resourceNames workloadKinds snapshotBufferSamples nvmlBufferReadSeconds namespace statusInterval snapshotMerge retention agents store stateSaveInterval idleConditionAfter underutilizedPercent statusWritesPerSecond statusCountersRefresh timeSlicedReplicas devicePluginConfig standalone liveness peeringName auth apiListen apiTls apiTlsCertFile apiTlsKeyFile apiTlsSecret apiTlsDnsNames apiTokenAudience apiMaxPointsPerResponse apiMaxConcurrentQueries apiAuthCacheEntries apiAuthReviewsPerClientPerSecond runaiCompatibleMetrics clusterId storeRollups storeLatestRowsPerInterval
 {{- end -}}
 
 {{/* One settings value as an env string: lists comma-joined, whole numbers without exponent. */}}
@@ -149,6 +149,23 @@ seccompProfile:
 {{/* Whether the controller mounts that Secret: HTTPS on, a Secret source, no certificate file of the user's own. */}}
 {{- define "gpuwm.mountsTlsSecret" -}}
 {{- if and .Values.apiTls (not .Values.apiTlsCertFile) (ne .Values.controller.tls.source "selfSigned") -}}true{{- end -}}
+{{- end -}}
+
+{{/* Whether the controller keeps its own certificate in a Secret: HTTPS on, source selfSigned, no certificate file. */}}
+{{- define "gpuwm.keepsTlsSecret" -}}
+{{- if and .Values.apiTls (not .Values.apiTlsCertFile) (eq .Values.controller.tls.source "selfSigned") -}}true{{- end -}}
+{{- end -}}
+
+{{/* The Secret the controller keeps its certificate in (apiTlsSecret, else <release>-controller-tls). */}}
+{{- define "gpuwm.keptTlsSecretName" -}}
+{{- default (include "gpuwm.tlsSecretName" .) .Values.apiTlsSecret -}}
+{{- end -}}
+
+{{/* The Secret whose ca.crt verifies the API: the kept one (selfSigned) or the mounted one; empty with neither. */}}
+{{- define "gpuwm.caSecretName" -}}
+{{- if include "gpuwm.keepsTlsSecret" . -}}{{ include "gpuwm.keptTlsSecretName" . }}
+{{- else if include "gpuwm.mountsTlsSecret" . -}}{{ include "gpuwm.tlsSecretName" . }}
+{{- end -}}
 {{- end -}}
 
 {{/* The DNS names of the API's Service, for its certificate. */}}

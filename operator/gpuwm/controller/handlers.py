@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import socket
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -295,21 +296,59 @@ def _start_api(runtime: ControllerRuntime) -> asyncio.Task[None] | None:
         return None
     from gpuwm.controller.intake_metrics import EngineCollector, IntakeCollector
     settings = runtime.settings
+    # no certificate files given: the one kept in --api-tls-secret (read or made once the task runs)
+    kept = settings.api_tls and not settings.api_tls_cert_file and bool(settings.api_tls_secret)
     try:
         host, port = parse_listen(settings.api_listen)
-        tls = tls_files(settings.api_tls, settings.api_tls_cert_file, settings.api_tls_key_file, host)
+        tls = None if kept else tls_files(settings.api_tls, settings.api_tls_cert_file, settings.api_tls_key_file, host)
         app = create_app(runtime.store, settings, extra_collectors=(
             IntakeCollector(lambda: runtime.puller), EngineCollector(lambda: runtime.engine),
         ))
     except Exception as error:  # e.g. --auth=kubernetes without credentials: CR status goes on
         logger.warning("metrics API not started: %s", error)
         return None
-    task = asyncio.create_task(_serve_api(ApiServer(app, host, port, tls=tls), host), name="gpuwm api")
+
+    async def server() -> Any:
+        files = await _kept_certificate(runtime, host) if kept else tls
+        return ApiServer(app, host, port, tls=files)
+
+    task = asyncio.create_task(_serve_api(server(), host), name="gpuwm api")
     task.add_done_callback(_report_api_exit)
     return task
 
 
-async def _serve_api(server: Any, host: str) -> None:
+def own_namespace() -> str | None:
+    """The controller pod's namespace: POD_NAMESPACE (the chart's downward API), else its service account's."""
+    found = os.environ.get("POD_NAMESPACE", "").strip()
+    if not found:
+        with contextlib.suppress(OSError):
+            found = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace").read_text().strip()
+    return found or None
+
+
+async def _kept_certificate(runtime: ControllerRuntime, host: str) -> Any:
+    """The API's certificate from the Secret --api-tls-secret in the controller's namespace (made there when
+    missing or due); one made in memory, with a warning naming the cause, when that Secret cannot be used."""
+    from gpuwm.api.tls import kept_in_secret, self_signed
+
+    settings = runtime.settings
+    namespace = own_namespace()
+    if namespace is None:
+        logger.warning("metrics API: --api-tls-secret %s needs the controller's namespace (env POD_NAMESPACE); "
+                       "serving a certificate made in memory", settings.api_tls_secret)
+        return self_signed(host)
+    try:
+        files, _ = await kept_in_secret(runtime.client, namespace, settings.api_tls_secret, settings.api_tls_dns_names)
+    except Exception as error:
+        logger.warning("metrics API: cannot keep the certificate in Secret %s/%s (%s); serving one made in memory "
+                       "(the controller needs get, create and patch on that Secret: the chart's Role)",
+                       namespace, settings.api_tls_secret, error)
+        return self_signed(host)
+    return files
+
+
+async def _serve_api(making: Awaitable[Any], host: str) -> None:
+    server = await making
     await server.start()
     logger.info("metrics API listening on %s://%s:%d", server.scheme, host, server.port)
     try:
