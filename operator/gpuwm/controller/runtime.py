@@ -505,13 +505,19 @@ class ControllerRuntime:
             return
         pod_stats = [stat for snapshot in result.snapshots for stat in snapshot.pod_stats]
         store = self.store
+        # handed over in a list the thread empties: the executor's worker holds `record` a moment after the
+        # loop resumes, and the interval's figures must be free before `_compact` runs (see `cycle`)
+        handed = [samples, workloads, projects, cluster, pod_stats]
 
         def record() -> float:
             started = time.thread_time()
+            interval = list(handed)
+            handed.clear()
             if _slices(store):  # the embedded store: its compaction slice comes in `_compact`
-                store.record(now, samples, workloads, projects, cluster, pod_stats, compact=False)
+                store.record(now, *interval, compact=False)
             else:
-                store.record(now, samples, workloads, projects, cluster, pod_stats)
+                store.record(now, *interval)
+            del interval
             return time.thread_time() - started
 
         self.store_cpu_seconds = 0.0
