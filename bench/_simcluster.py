@@ -39,7 +39,7 @@ from gpuwm.controller.status import build_project_status, build_workload_status 
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures  # noqa: E402
 from gpuwm.model.podstats import PodStatsSample  # noqa: E402
 from gpuwm.model.sample import GpuSample  # noqa: E402
-from gpuwm.model.trace import NamespaceEvent, PodEvent, parse_trace_line  # noqa: E402
+from gpuwm.model.trace import NamespaceEvent, PodEvent, WorkloadEvent, parse_trace_line  # noqa: E402
 from gpuwm.sim.simulator import SimConfig, Simulator  # noqa: E402
 from gpuwm.sim.trace import truth_report  # noqa: E402
 from gpuwm.store.embedded import EmbeddedStore  # noqa: E402
@@ -129,7 +129,7 @@ async def _agents_main(config: SimConfig, pipe: Connection) -> None:
             for event in step.events:
                 line = event.model_dump_json(by_alias=True)
                 events.append(line)
-                latest[event.uid if isinstance(event, PodEvent) else event.name] = line
+                latest[event.uid if isinstance(event, PodEvent | WorkloadEvent) else event.name] = line
         return staged, events
 
     while True:
@@ -163,11 +163,11 @@ async def _agents_main(config: SimConfig, pipe: Connection) -> None:
     await runner.cleanup()
 
 
-def _events(lines: list[str]) -> list[NamespaceEvent | PodEvent]:
-    events: list[NamespaceEvent | PodEvent] = []
+def _events(lines: list[str]) -> list[NamespaceEvent | PodEvent | WorkloadEvent]:
+    events: list[NamespaceEvent | PodEvent | WorkloadEvent] = []
     for number, line in enumerate(lines, start=1):
         event = parse_trace_line(line, number)
-        assert isinstance(event, NamespaceEvent | PodEvent)
+        assert isinstance(event, NamespaceEvent | PodEvent | WorkloadEvent)
         events.append(event)
     return events
 
@@ -201,7 +201,7 @@ class SimulatedAgents:
                 return reply
             self._stash.setdefault(reply["op"], []).append(reply)
 
-    def wait_advance(self) -> tuple[float, list[NamespaceEvent | PodEvent]]:
+    def wait_advance(self) -> tuple[float, list[NamespaceEvent | PodEvent | WorkloadEvent]]:
         reply = self._reply("advance")
         return float(reply["clock"]), _events(reply["events"])
 
@@ -210,7 +210,7 @@ class SimulatedAgents:
         before the controller pulls it: that interval's samples from them are lost."""
         self.kill_next = list(nodes)
 
-    def relist(self) -> list[NamespaceEvent | PodEvent]:
+    def relist(self) -> list[NamespaceEvent | PodEvent | WorkloadEvent]:
         """Every pod's and namespace's current state, as a restarted controller's watch would list them."""
         self._pipe.send({"op": "relist"})
         return _events(self._reply("relist")["events"])
