@@ -80,12 +80,14 @@ def test_prometheus_scrapes_the_agent(
         ((_, by_namespace),) = _query(base, 'sum by (namespace) (gpuwm_gpu_allocated{namespace="team-c"})')
         assert by_namespace == pytest.approx(3 / 7)
         assert [v for _, v in _query(base, 'gpuwm_gpu_healthy{uuid="GPU-6666"}')] == [0.0]
-        # the energy counter grows at the power draw, 350 W (deriv: a regression, not rate's range extrapolation)
+        # the energy counter grows at the power draw, 350 W (deriv: a regression, not rate's range extrapolation).
+        # The agent reads the counter every nvmlBufferReadSeconds (5 s) and spreads it over the polls since, so
+        # /metrics moves in steps of 5 s: the regression spans several steps (a few would bias it)
         wait_for(
-            lambda: _query(base, 'count_over_time(gpuwm_gpu_energy_joules_total{uuid="GPU-1111"}[30s]) >= 5'),
-            timeout_seconds=30, what="five scrapes of the energy counter",
+            lambda: _query(base, 'count_over_time(gpuwm_gpu_energy_joules_total{uuid="GPU-1111"}[60s]) >= 40'),
+            timeout_seconds=90, what="forty scrapes of the energy counter",
         )
-        ((_, watts),) = _query(base, 'deriv(gpuwm_gpu_energy_joules_total{uuid="GPU-1111"}[30s])')
+        ((_, watts),) = _query(base, 'deriv(gpuwm_gpu_energy_joules_total{uuid="GPU-1111"}[60s])')
         assert watts == pytest.approx(350.0, rel=0.2)
         _check_prometheus_store(base)
     finally:
