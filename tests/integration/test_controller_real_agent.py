@@ -75,8 +75,10 @@ def test_controller_with_the_real_agent(
     _pod(http, "serving", "infer-b", UID_INFER_B, "server", "nvidia.com/gpu.shared", _owner(replicaset), started)
     _pod(http, "team-c", "mig-job", UID_MIG, "worker", "nvidia.com/mig-3g.40gb", _owner(mig_job), started)
 
-    agent = start_agent(fake_nvml_lib, scenario, "--interval", "0.5", "--proc-root", str(fake_proc),
-                        "--pod-resources-socket", str(pod_resources.socket_path))
+    # the driver's buffers read every second, not every 5 s: the controller's 1 s and 4 s status intervals see
+    # every poll by their next cycle
+    agent = start_agent(fake_nvml_lib, scenario, "--interval", "0.5", "--nvml-buffer-read-seconds", "1",
+                        "--proc-root", str(fake_proc), "--pod-resources-socket", str(pod_resources.socket_path))
     log = tmp_path / "controller.log"
     controller = Controller(emulator.write_kubeconfig(tmp_path / "kubeconfig"), f"static:node-1={agent.url}",
                             tmp_path / "gpuwm.db", log, status_interval=status_interval, interval=0.5)
