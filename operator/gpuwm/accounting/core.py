@@ -184,7 +184,7 @@ class EngineCore:
             gpu.append(sample_values(sample))
             gpu.latest = sample
             if gpu.stretches:
-                self._apply_interval(gpu, len(times) - 1, -INFINITY, INFINITY, gpu.stretches, 1.0)
+                self._apply_appended(gpu, len(times) - 1, gpu.stretches)
             if uuid in self.mig_children:
                 self._apply_parent_energy(gpu, times[-2] if len(times) > 1 else t, t, self._child_stretches(uuid), 1.0)
         if sample.parent_uuid is not None and sample.energy_joules is None:
@@ -350,7 +350,7 @@ class EngineCore:
                     gpu.append(values)
                     latest_rows[uuid] = (gpu, row)
                     if gpu.stretches:
-                        self._apply_interval(gpu, len(times) - 1, -INFINITY, INFINITY, gpu.stretches, 1.0)
+                        self._apply_appended(gpu, len(times) - 1, gpu.stretches)
                     if uuid in children:
                         self._apply_parent_energy(
                             gpu, times[-2] if len(times) > 1 else t, t, self._child_stretches(uuid), 1.0
@@ -752,6 +752,12 @@ class EngineCore:
         cached_key: tuple[Workload, float, float] | None = None
         utilization = 0.0
         unattributed = counted = False
+        # the common case, a GPU with one stretch and no per-process data: `attribution`'s first branch
+        # (its sole holder takes the device's SM % over its share), computed here as it computes it
+        sole = None
+        if monitored and len(gpu.stretches) == 1 and gpu.pod_sm[index] is None:
+            sole = gpu.stretches[0]
+            utilization = min(100.0, gpu.sm[index] / (sole.units / gpu.device_units[index]))
         for stretch in stretches:
             stretch_start, stretch_end = stretch.start, stretch.end
             piece_start = start if start > stretch_start else stretch_start
@@ -766,10 +772,11 @@ class EngineCore:
             if not monitored:
                 workload.unmonitored_gpu_seconds += unit_seconds
                 continue
-            key = (workload, piece_start, piece_end)
-            if key != cached_key:
-                cached_key = key
-                utilization, unattributed = self.attribution(gpu, index, workload, piece_start, piece_end)
+            if stretch is not sole:
+                key = (workload, piece_start, piece_end)
+                if key != cached_key:
+                    cached_key = key
+                    utilization, unattributed = self.attribution(gpu, index, workload, piece_start, piece_end)
             if unattributed:
                 workload.unattributed_gpu_seconds += unit_seconds
                 counted = True
