@@ -75,4 +75,4 @@ def test_failure_reason_and_the_engine_carries_it_with_resources_and_labels() ->
     (pod_figures,) = figures.pods
     assert pod_figures.failure_reason == "container c: OOMKilled, exit code 137, out of memory"
     assert pod_figures.resources == PodResources(cpu_request_cores=1.0)
-    assert pod_figures.labels["training.kubeflow.org/replica-index"] == "1"
+    assert pod_figures.labels is not None and pod_figures.labels["training.kubeflow.org/replica-index"] == "1"
