@@ -36,17 +36,6 @@ class GrpcError(Exception):
         self.details = details
 
 
-def call_unary(
-    socket_path: str, method: str, request: bytes, timeout_seconds: float, max_receive_bytes: int
-) -> bytes:
-    """Send `request` (serialised protobuf) to `method` (`/package.Service/Method`); return the reply bytes."""
-    channel = UnaryChannel(socket_path)
-    try:
-        return channel.call(method, request, timeout_seconds, max_receive_bytes)
-    finally:
-        channel.close()
-
-
 class UnaryChannel:
     """One HTTP/2 connection kept open between calls (a connect and the HTTP/2 preamble each List
     cost more than the call); a connection the server closed meanwhile is opened again, once per call."""
