@@ -96,7 +96,11 @@ class RangeAnswer(Protocol):
 
 def workload_identity(workload: WorkloadFigures) -> WorkloadIdentity:
     """What a workload's range answer says about the run: which one, its phase, life and pods (in rank order)."""
-    ranks = {rank.pod: rank for rank in rank_pods(workload.name, [pod.name for pod in workload.pods])}
+    ranks = {
+        rank.pod: rank
+        for rank in rank_pods(workload.name, [pod.name for pod in workload.pods],
+                              {pod.name: pod.labels for pod in workload.pods})
+    }
     return WorkloadIdentity(
         namespace=workload.namespace,
         name=workload.name,

@@ -50,8 +50,15 @@ class PodIdentity(BaseModel):
     uid: str
     node: str | None = None
     phase: str
-    rank: int | None = Field(default=None, description="0 for the leader (master, chief, launcher, head), then workers by index.")
-    role: str | None = Field(default=None, description="The replica type its name carries (master, worker, head, ...).")
+    rank: int | None = Field(
+        default=None,
+        description="0 for the leader (master, chief, launcher, head), then workers by index: from the operators' "
+        "rank labels (Kubeflow replica type/index, Job completion index, JobSet job index, Ray node type), "
+        "else from the pod's name.",
+    )
+    role: str | None = Field(
+        default=None, description="The replica type its labels or name carry (master, worker, head, ...)."
+    )
 
 
 class WorkloadIdentity(BaseModel):
