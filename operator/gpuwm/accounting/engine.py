@@ -548,6 +548,7 @@ class Engine(EngineCore):
         fields["queued_seconds"] = float(queued_seconds)
         fields["local_queue"] = None if state is None else state.local_queue
         fields["cluster_queue"] = None if state is None else state.cluster_queue
+        fields["failure_reason"] = None if state is None else state.message
         fields["created_time"] = _optional_float(created)
         fields["start_time"] = _optional_float(workload.first_run_start)
         fields["end_time"] = _optional_float(end_time)

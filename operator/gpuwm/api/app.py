@@ -64,6 +64,7 @@ from gpuwm.api.runs import (
     life_of,
     page_of_runs,
     parse_limit,
+    with_failure_reason,
     workload_identity,
     workload_range_json,
     workload_selection,
@@ -323,7 +324,7 @@ def create_app(
         beyond `storeLatestRowsPerInterval` running workloads)."""
         check_parameters(request, set())
         await guard(request, [namespace])
-        return await find_workload(namespace, name)
+        return with_failure_reason(await find_workload(namespace, name))
 
     @app.get(
         "/api/v1/namespaces/{namespace}/workloads/{name}/metrics",

@@ -94,6 +94,20 @@ class RangeAnswer(Protocol):
     ) -> Awaitable[Response]: ...
 
 
+def failure_reason(workload: WorkloadFigures) -> str | None:
+    """Why the run failed: its object's Failed condition message (a Job's BackoffLimitExceeded names what no
+    pod can), else the first failed pod's reason (its container's exit, an eviction); None where none is known."""
+    if workload.failure_reason:
+        return workload.failure_reason
+    return next((pod.failure_reason for pod in workload.pods if pod.failure_reason), None)
+
+
+def with_failure_reason(workload: WorkloadFigures) -> WorkloadFigures:
+    """`workload` as the API answers it: its `failureReason` falls back to a failed pod's."""
+    reason = failure_reason(workload)
+    return workload if reason == workload.failure_reason else workload.model_copy(update={"failure_reason": reason})
+
+
 def workload_identity(workload: WorkloadFigures) -> WorkloadIdentity:
     """What a workload's range answer says about the run: which one, its phase, life and pods (in rank order)."""
     ranks = {
@@ -111,6 +125,7 @@ def workload_identity(workload: WorkloadFigures) -> WorkloadIdentity:
         created_time=workload.created_time,
         start_time=workload.start_time,
         end_time=workload.end_time,
+        failure_reason=failure_reason(workload),
         pods=[
             PodIdentity(name=pod.name, uid=pod.uid, node=pod.node, phase=pod.phase, rank=ranks[pod.name].rank,
                         role=ranks[pod.name].role or None)
@@ -258,7 +273,7 @@ def add_run_routes(
         """Current state of one run of a workload, by its UID: earlier runs of a reused name too, for as
         long as the store keeps them (`/namespaces/{ns}/workloads/{name}` is always the newest run)."""
         check_parameters(request, set())
-        return await find_run(request, uid)
+        return with_failure_reason(await find_run(request, uid))
 
     @app.get(
         "/api/v1/workloads/{uid}/metrics",

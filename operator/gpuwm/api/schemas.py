@@ -75,6 +75,10 @@ class WorkloadIdentity(BaseModel):
     created_time: float | None = Field(default=None, description="Epoch seconds; the default range starts here.")
     start_time: float | None = Field(default=None, description="Its first running GPU container, epoch seconds.")
     end_time: float | None = Field(default=None, description="Epoch seconds; null while it runs.")
+    failure_reason: str | None = Field(
+        default=None,
+        description="Why it failed: its object's Failed condition message (a Job's), else a failed pod's reason.",
+    )
     pods: list[PodIdentity] = Field(default_factory=list, description="Its pods (tasks) with their phases.")
 
 

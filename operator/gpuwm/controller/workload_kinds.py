@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from gpuwm.controller.owners import controller_reference
+from gpuwm.controller.pods import FAILURE_REASON_MAX_CHARS
 from gpuwm.controller.units import requested_units
 
 Finished = Literal["Succeeded", "Failed"] | None
@@ -126,6 +127,22 @@ def _finished_by_conditions(obj: Mapping[str, Any], succeeded: Sequence[str], fa
         return "Failed"
     if any(conditions.get(name) == "True" for name in succeeded):
         return "Succeeded"
+    return None
+
+
+def failure_message(obj: Mapping[str, Any]) -> str | None:
+    """Why the object says it failed: its True `Failed` condition's reason and message (Job, JobSet,
+    Kubeflow jobs), else a failed RayJob's `status.message`; None where it has not failed or says nothing.
+
+    A Job's condition names what no pod can (BackoffLimitExceeded, DeadlineExceeded, a failure policy's
+    rule), so the API prefers it to a failed pod's reason."""
+    status = _mapping(obj.get("status"))
+    for condition in status.get("conditions") or []:
+        if isinstance(condition, Mapping) and condition.get("type") == "Failed" and condition.get("status") == "True":
+            words = [str(condition[key]).strip() for key in ("reason", "message") if condition.get(key)]
+            return ": ".join(words)[:FAILURE_REASON_MAX_CHARS] if words else None
+    if str(status.get("jobStatus") or "") in ("FAILED", "STOPPED") and status.get("message"):
+        return str(status["message"]).strip()[:FAILURE_REASON_MAX_CHARS]
     return None
 
 

@@ -21,6 +21,7 @@ from gpuwm.controller.workload_kinds import (
     KUEUE_WORKLOAD_KIND,
     KueueState,
     asks_for_gpus,
+    failure_message,
     is_top_level,
     kueue_state,
     reader_of,
@@ -135,6 +136,7 @@ class WorkloadObjects:
             uid=uid, kind=kind, api_version=str(body.get("apiVersion") or ""),
             created=parse_kubernetes_time(metadata.get("creationTimestamp")),
             suspended=suspended, requested_gpus=requested, finished=reader.finished(body), deleted=deleted,
+            message=failure_message(body),
             labels=labels, local_queue=local_queue,
             cluster_queue=kueue.cluster_queue if kueue is not None else None,
         )
@@ -149,4 +151,4 @@ def _key(event: WorkloadEvent) -> tuple[Any, ...]:
     """Everything the engine reads of the event but its time."""
     return (event.namespace, event.name, event.kind, event.api_version, event.created, event.suspended,
             event.requested_gpus, event.finished, event.deleted, tuple(sorted(event.labels.items())),
-            event.local_queue, event.cluster_queue)
+            event.local_queue, event.cluster_queue, event.message)

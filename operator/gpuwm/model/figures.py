@@ -120,6 +120,11 @@ class WorkloadFigures(_Figures):
     queued_seconds: float = Field(default=0.0, description="Seconds held back (suspended / not admitted) since creation.")
     local_queue: str | None = None
     cluster_queue: str | None = None
+    failure_reason: str | None = Field(
+        default=None,
+        description="Why it failed as its object says (a Job's Failed condition message); the API falls back to a"
+        " failed pod's reason.",
+    )
     created_time: float | None = None
     start_time: float | None = None
     end_time: float | None = None

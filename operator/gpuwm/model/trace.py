@@ -114,6 +114,9 @@ class WorkloadEvent(_Event):
     finished: Literal["Succeeded", "Failed"] | None = Field(
         default=None, description="The object says it has finished (a Job's Complete or Failed condition)."
     )
+    message: str | None = Field(
+        default=None, description="Why it failed, as the object says (its Failed condition's reason and message)."
+    )
     deleted: bool = Field(default=False, description="The object is gone (deleted) from `t` on.")
     labels: dict[str, str] = Field(default_factory=dict)
     local_queue: str | None = Field(default=None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name).")

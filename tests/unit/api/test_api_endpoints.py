@@ -71,6 +71,7 @@ async def test_workload_metrics_default_range_is_its_life(client: httpx.AsyncCli
         "createdTime": 900.0,
         "startTime": 910.0,
         "endTime": None,
+        "failureReason": None,
         "pods": [{"name": "train-0", "uid": "pod-uid-train", "node": "node-a", "phase": "Running", "rank": 0, "role": None}],
     }
     assert (body["start"], body["end"], body["step"]) == (900.0, 1050.0, 15.0)

@@ -118,3 +118,50 @@ def test_rank_labels(pods: dict[str, dict[str, str] | None], ranked: list[tuple[
     found = rank_pods(next(iter(pods)).split("-")[0], list(pods), pods)
     assert [(rank.pod, rank.role) for rank in found] == ranked
     assert [rank.rank for rank in found] == list(range(len(pods)))
+
+
+# -- the failure reason -------------------------------------------------------------------------------------
+
+
+def failed_run(uid: str, job_message: str | None, pod_reason: str | None) -> WorkloadFigures:
+    """A failed one-pod Job `name=uid` that ended at 100; its pod failed with `pod_reason`."""
+    return WorkloadFigures(
+        uid=uid, namespace="team-a", name=uid, kind="Job", api_version="batch/v1", project="alpha",
+        phase="Failed", created_time=0.0, start_time=0.0, end_time=100.0, failure_reason=job_message,
+        pods=[
+            PodFigures(name=f"{uid}-0-abcde", uid=f"pod-{uid}", node="node-a", phase="Succeeded"),
+            PodFigures(name=f"{uid}-1-abcde", uid=f"pod2-{uid}", node="node-a", phase="Failed",
+                       failure_reason=pod_reason),
+        ],
+    )
+
+
+async def test_the_failure_reason_of_a_run(tmp_path: Path) -> None:
+    store = EmbeddedStore(tmp_path / "failed.db", tiers=["15s:1d"])
+    runs = [
+        failed_run("both", "BackoffLimitExceeded: Job has reached the specified backoff limit",
+                   "container main: OOMKilled, exit code 137"),
+        failed_run("pod-only", None, "container main: Error, exit code 1, CUDA error: out of memory"),
+        failed_run("neither", None, None),
+    ]
+    store.record(100.0, [sample(100.0, "gpu-0")], runs, [project("alpha", runs)], cluster(1))
+    app = create_app(store, Settings(auth="none"))
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gpuwm") as http:
+            expected = {
+                "both": "BackoffLimitExceeded: Job has reached the specified backoff limit",
+                "pod-only": "container main: Error, exit code 1, CUDA error: out of memory",
+                "neither": None,
+            }
+            for uid, reason in expected.items():
+                run = (await http.get(f"/api/v1/workloads/{uid}")).json()
+                assert run["failureReason"] == reason, uid
+                by_name = (await http.get(f"/api/v1/namespaces/team-a/workloads/{uid}")).json()
+                assert by_name["failureReason"] == reason, uid
+                answer = (await http.get(f"/api/v1/workloads/{uid}/metrics?metric=gpu_allocated")).json()
+                assert (answer["workload"]["phase"], answer["workload"]["failureReason"]) == ("Failed", reason)
+            # the pod's own reason stays on the pod
+            run = (await http.get("/api/v1/workloads/both")).json()
+            assert [pod["failureReason"] for pod in run["pods"]] == [None, "container main: OOMKilled, exit code 137"]
+    finally:
+        store.close()

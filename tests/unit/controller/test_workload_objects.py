@@ -180,3 +180,20 @@ def test_absent_kinds_are_one_line_each_once(caplog: pytest.LogCaptureFixture) -
     assert sum("kubeflow.org/v1/PyTorchJob is not installed" in line for line in lines) == 1
     assert not any("RayJob" in line and "Unresolved" in line for line in lines)
     assert any("nodez" in line for line in lines)  # not a workload kind: kopf's own warning stays
+
+
+def test_a_failed_job_says_why(setup: Any) -> None:
+    """The Failed condition's reason and message reach the workload's figures (issue 39 §5)."""
+    engine, objects, clock = setup
+    objects.on_object(job())
+    assert figures_of(engine, T0 + 1).failure_reason is None
+    clock.now = T0 + 30
+    failed = {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+              "message": "Job has reached the specified backoff limit"}
+    sent = objects.on_object(job(conditions=[failed]))
+    assert sent is not None and sent.finished == "Failed"
+    assert sent.message == "BackoffLimitExceeded: Job has reached the specified backoff limit"
+    assert figures_of(engine, T0 + 40).failure_reason == sent.message
+    # a False Failed condition says nothing
+    assert objects.on_object(job(uid="job-2", conditions=[{**failed, "status": "False"}])) is not None
+    assert figures_of(engine, T0 + 40, uid="job-2").failure_reason is None
