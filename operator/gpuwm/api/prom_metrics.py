@@ -281,6 +281,7 @@ class WorkloadMetricsCollector(Collector):
                     workload.allocated_gpus,
                 )
         yield requested
+        yield from _runai_host_metrics(cluster_id, workloads)
         yield from _runai_device_metrics(cluster_id, workloads)
         per_project: tuple[tuple[str, str, Callable[[ProjectFigures], float | None]], ...] = (
             (
@@ -332,6 +333,40 @@ def _memory_used_mebibytes(workload: WorkloadFigures) -> float | None:
         total += gpu.memory_used_bytes * share
         seen = True
     return total / 2**20 if seen else None
+
+
+def _pods_resources(workload: WorkloadFigures, field: str, limit: bool) -> float | None:
+    """The sum of `field` over the workload's running and pending pods' spec resources; None where no pod
+    sets it, and for a limit also where one pod has none (that pod, and so the workload, is unlimited)."""
+    values = [
+        getattr(pod.resources, field) if pod.resources is not None else None
+        for pod in workload.pods
+        if pod.phase in ("Running", "Pending")
+    ]
+    given = [value for value in values if value is not None]
+    if not given or (limit and len(given) < len(values)):
+        return None
+    return float(sum(given))
+
+
+def _runai_host_metrics(cluster_id: str, workloads: Iterable[WorkloadFigures]) -> Iterator[Metric]:
+    """Run:ai's CPU and memory requests and limits per active workload (labels job_name, job_uuid), from
+    the pods' specs the figures carry: what Run:ai's allocation dashboards select on."""
+    names = (
+        ("runai_active_job_cpu_requested_cores", "Workload's requested CPU cores.", "cpu_request_cores", False),
+        ("runai_active_job_memory_requested_bytes", "Workload's requested CPU memory, bytes.", "memory_request_bytes",
+         False),
+        ("runai_cpu_limits_per_active_workload", "Workload's CPU limit, cores.", "cpu_limit_cores", True),
+        ("runai_memory_limits_per_active_workload", "Workload's CPU memory limit, bytes.", "memory_limit_bytes", True),
+    )
+    active = [workload for workload in workloads if workload.end_time is None]
+    for name, help_text, field, limit in names:
+        gauge = GaugeMetricFamily(name, help_text, labels=["clusterId", "job_name", "job_uuid", "namespace"])
+        for workload in active:
+            value = _pods_resources(workload, field, limit)
+            if value is not None:
+                gauge.add_metric([cluster_id, workload.name, workload.uid, workload.namespace], value)
+        yield gauge
 
 
 def _runai_device_metrics(cluster_id: str, workloads: Iterable[WorkloadFigures]) -> Iterator[Metric]:

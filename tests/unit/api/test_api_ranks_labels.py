@@ -165,3 +165,48 @@ async def test_the_failure_reason_of_a_run(tmp_path: Path) -> None:
             assert [pod["failureReason"] for pod in run["pods"]] == [None, "container main: OOMKilled, exit code 137"]
     finally:
         store.close()
+
+
+# -- Run:ai's CPU and memory requests and limits per workload ------------------------------------------------
+
+
+async def test_runai_cpu_and_memory_requests_and_limits(tmp_path: Path) -> None:
+    from gpuwm.model.podstats import PodResources
+
+    def job(name: str, resources: list[PodResources | None]) -> WorkloadFigures:
+        return WorkloadFigures(
+            uid=f"uid-{name}", namespace="team-a", name=name, kind="Job", api_version="batch/v1", project="alpha",
+            phase="Running", created_time=0.0, start_time=0.0,
+            pods=[PodFigures(name=f"{name}-{index}", uid=f"pod-{name}-{index}", phase="Running", resources=each)
+                  for index, each in enumerate(resources)],
+        )
+
+    both = PodResources(cpu_request_cores=2.0, cpu_limit_cores=4.0, memory_request_bytes=8e9, memory_limit_bytes=16e9)
+    runs = [
+        job("limited", [both, both.model_copy(update={"cpu_request_cores": 1.5})]),
+        # one pod has no CPU limit: the workload is unlimited (no limit series), its requests still sum
+        job("partly", [both, PodResources(cpu_request_cores=1.0, memory_limit_bytes=1e9)]),
+        job("bare", [None]),
+    ]
+    store = EmbeddedStore(tmp_path / "runai.db", tiers=["15s:1d"])
+    store.record(100.0, [sample(100.0, "gpu-0")], runs, [project("alpha", runs)], cluster(1))
+    app = create_app(store, Settings(auth="none", runai_compatible_metrics=True, cluster_id="c-1"))
+    try:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gpuwm") as http:
+            text = (await http.get("/metrics")).text
+    finally:
+        store.close()
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith("runai_") and "job_uuid" in line}
+
+    def of(name: str, workload: str) -> float | None:
+        return values.get(f'{name}{{clusterId="c-1",job_name="{workload}",job_uuid="uid-{workload}",namespace="team-a"}}')
+
+    assert [of("runai_active_job_cpu_requested_cores", w) for w in ("limited", "partly", "bare")] == [3.5, 3.0, None]
+    assert [of("runai_active_job_memory_requested_bytes", w) for w in ("limited", "partly", "bare")] == [
+        16e9, 8e9, None
+    ]
+    assert [of("runai_cpu_limits_per_active_workload", w) for w in ("limited", "partly", "bare")] == [8.0, None, None]
+    assert [of("runai_memory_limits_per_active_workload", w) for w in ("limited", "partly", "bare")] == [
+        32e9, 17e9, None
+    ]
