@@ -92,8 +92,10 @@ class GpuNode:
         log_path = self.directory / "agent.log"
         with log_path.open("w") as log_file:
             process = subprocess.Popen(
+                # the driver's buffers read every second (not every 5 s): the tier's short status intervals
+                # then see every poll by their next cycle
                 agent_command("--listen", f"127.0.0.1:{port}", "--node-name", self.name, "--interval", str(interval),
-                              "--proc-root", str(self.proc_root),
+                              "--nvml-buffer-read-seconds", "1", "--proc-root", str(self.proc_root),
                               "--pod-resources-socket", str(self.pod_resources.socket_path)),
                 env=fake_nvml_env(self.nvml_lib, self.scenario), stdout=log_file, stderr=subprocess.STDOUT, text=True)
         self.agent = RunningAgent(process, f"http://127.0.0.1:{port}", log_path)
