@@ -61,13 +61,10 @@ from gpuwm.api.runs import (
     add_run_routes,
     at_stored_resolution,
     fit_resolution,
-    life_of,
     page_of_runs,
     parse_limit,
     with_failure_reason,
-    workload_identity,
-    workload_range_json,
-    workload_selection,
+    workload_range,
 )
 from gpuwm.api.schemas import (
     ErrorBody,
@@ -349,13 +346,8 @@ def create_app(
         check_parameters(request, WORKLOAD_RANGE_PARAMETERS, multi=("metric", "pod"))
         await guard(request, [namespace])
         workload = await find_workload(namespace, name)
-        identity = workload_identity(workload)
-        breakdown, pods, by_rank = workload_selection(identity, by, leader, pod)
-        earliest, latest = await store_bounds()
-        return await range_answer(
-            request, "workload", workload.uid, *life_of(workload, earliest, latest), metric, start, end, step,
-            breakdown, workload_range_json(identity, by_rank), pods=pods, allowed=WORKLOAD_RANGE_PARAMETERS,
-        )
+        return await workload_range(request, workload, metric, start, end, step, by, pod, leader,
+                                    store_bounds, range_answer)
 
     add_run_routes(app, store, blocking, guard, authorizer.authenticate, store_bounds, range_answer)
 

@@ -295,23 +295,23 @@ def add_run_routes(
         """Time series of one run, by its UID; the default range is the run's whole life."""
         check_parameters(request, WORKLOAD_RANGE_PARAMETERS, multi=("metric", "pod"))
         workload = await find_run(request, uid)
-        identity = workload_identity(workload)
-        breakdown, pods, by_rank = workload_selection(identity, by, leader, pod)
-        earliest, latest = await store_bounds()
-        return await range_answer(
-            request,
-            "workload",
-            workload.uid,
-            *life_of(workload, earliest, latest),
-            metric,
-            start,
-            end,
-            step,
-            breakdown,
-            workload_range_json(identity, by_rank),
-            pods=pods,
-            allowed=WORKLOAD_RANGE_PARAMETERS,
-        )
+        return await workload_range(request, workload, metric, start, end, step, by, pod, leader,
+                                    store_bounds, range_answer)
+
+
+async def workload_range(
+    request: Request, workload: WorkloadFigures, metric: list[str], start: str | None, end: str | None,
+    step: str | None, by: str | None, pod: list[str], leader: str | None,
+    store_bounds: Callable[[], Awaitable[tuple[float, float]]], range_answer: RangeAnswer,
+) -> Response:
+    """One run's time series, as both workload paths answer them (by name: the newest run; by UID: any)."""
+    identity = workload_identity(workload)
+    breakdown, pods, by_rank = workload_selection(identity, by, leader, pod)
+    earliest, latest = await store_bounds()
+    return await range_answer(
+        request, "workload", workload.uid, *life_of(workload, earliest, latest), metric, start, end, step,
+        breakdown, workload_range_json(identity, by_rank), pods=pods, allowed=WORKLOAD_RANGE_PARAMETERS,
+    )
 
 
 def life_of(workload: WorkloadFigures, earliest: float, latest: float) -> tuple[float, float]:
