@@ -9,11 +9,12 @@ from __future__ import annotations
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Literal
 
 from gpuwm.model import GpuSample, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
+from gpuwm.model.metrics import STORED, Metric
+from gpuwm.model.metrics import Rollup as Rollup
 
 #: at most this many points per series, like Prometheus' query_range limit
 MAX_POINTS_PER_SERIES = 11_000
@@ -41,83 +42,8 @@ Scope = Literal["workload", "project", "node", "cluster"]
 Breakdown = Literal["gpu", "pod", "node"]
 
 
-class Rollup(Enum):
-    """How values combine over time (roll-ups, coarse steps) within one series."""
-
-    MEAN = "mean"  # gauges
-    MAX = "max"  # cumulative counters and growing durations: the latest value is the largest
-
-
-@dataclass(frozen=True)
-class MetricInfo:
-    name: str
-    unit: str
-    rollup: Rollup
-    description: str
-
-
-def _metric(name: str, unit: str, description: str, rollup: Rollup = Rollup.MEAN) -> MetricInfo:
-    return MetricInfo(name=name, unit=unit, rollup=rollup, description=description)
-
-
-#: DESIGN §5 metric names, in the embedded store's column order (never reorder: it is the file layout)
-METRICS: tuple[MetricInfo, ...] = (
-    _metric(
-        "gpu_utilization_percent", "percent", "SM utilisation, unit-weighted mean over the scope's devices."
-    ),
-    _metric(
-        "gpu_memory_used_bytes", "bytes", "Device memory used, summed (a shared device counts by share)."
-    ),
-    _metric(
-        "gpu_memory_total_bytes", "bytes", "Device memory total, summed (a shared device counts by share)."
-    ),
-    _metric("gpu_memory_utilization_percent", "percent", "Memory used as percent of memory total."),
-    _metric("gpu_power_watts", "watts", "Power draw, summed (a shared device counts by share)."),
-    _metric(
-        "gpu_power_limit_watts", "watts", "Enforced power limit, summed (a shared device counts by share)."
-    ),
-    _metric(
-        "gpu_energy_joules",
-        "joules",
-        "Cumulative energy: the workload's/project's energyJoules, or the devices' counters for GPU, node and cluster.",
-        Rollup.MAX,
-    ),
-    _metric("gpu_temperature_celsius", "celsius", "Hottest device of the scope."),
-    _metric("gpu_sm_clock_mhz", "MHz", "SM clock, mean over devices."),
-    _metric("gpu_memory_clock_mhz", "MHz", "Memory clock, mean over devices."),
-    _metric("gpu_pcie_rx_bytes_per_second", "bytes/s", "PCIe receive, summed."),
-    _metric("gpu_pcie_tx_bytes_per_second", "bytes/s", "PCIe transmit, summed."),
-    _metric("gpu_allocated", "GPU units", "GPU units held."),
-    _metric(
-        "gpu_idle_seconds",
-        "seconds",
-        "The workload's idleSeconds; for a project, node or cluster the longest among its workloads.",
-        Rollup.MAX,
-    ),
-    _metric("cpu_usage_cores", "cores", "CPU of the scope's GPU pods, summed."),
-    _metric("memory_used_bytes", "bytes", "Working-set memory of the scope's GPU pods, summed."),
-    _metric("network_rx_bytes_per_second", "bytes/s", "Network receive of the scope's GPU pods, summed."),
-    _metric("network_tx_bytes_per_second", "bytes/s", "Network transmit of the scope's GPU pods, summed."),
-    _metric("ephemeral_storage_used_bytes", "bytes", "Ephemeral storage of the scope's GPU pods, summed."),
-    # schema 5 (issue 39 §3): requests and limits from the pod specs, and what the pods use of them
-    _metric("cpu_request_cores", "cores", "CPU requests of the scope's GPU pods (from their specs), summed."),
-    _metric("cpu_limit_cores", "cores", "CPU limits of the scope's GPU pods (from their specs), summed."),
-    _metric(
-        "cpu_usage_percent_of_request", "percent",
-        "CPU used as percent of the CPU requested, over the scope's pods that request CPU.",
-    ),
-    _metric(
-        "cpu_usage_percent_of_limit", "percent",
-        "CPU used as percent of the CPU limit, over the scope's pods that have a limit.",
-    ),
-    _metric("memory_request_bytes", "bytes", "Memory requests of the scope's GPU pods (from their specs), summed."),
-    _metric("memory_limit_bytes", "bytes", "Memory limits of the scope's GPU pods (from their specs), summed."),
-    _metric("disk_read_bytes_per_second", "bytes/s", "Block-device reads of the scope's GPU pods, summed."),
-    _metric("disk_write_bytes_per_second", "bytes/s", "Block-device writes of the scope's GPU pods, summed."),
-    _metric(
-        "ephemeral_storage_limit_bytes", "bytes", "Ephemeral-storage limits of the scope's GPU pods (specs), summed."
-    ),
-)
+#: DESIGN §5 metric names, in the embedded store's column order: the catalogue's stored metrics
+METRICS: tuple[Metric, ...] = STORED
 METRIC_NAMES: tuple[str, ...] = tuple(metric.name for metric in METRICS)
 METRIC_INDEX: dict[str, int] = {name: index for index, name in enumerate(METRIC_NAMES)}
 DEFAULT_METRICS: tuple[str, ...] = (

@@ -2,28 +2,27 @@
 
 from __future__ import annotations
 
+from gpuwm.model.metrics import BY_NAME, STORED, Aggregation, Source
+
+#: PromQL's operator for each of the catalogue's aggregations across devices
+_OPERATOR = {Aggregation.SUM: "sum", Aggregation.MEAN: "avg", Aggregation.MAX: "max"}
+#: at workload and project scope the engine's figure (the controller's series), not the devices': below
+_FROM_FIGURES = frozenset({"gpu_energy_joules", "gpu_idle_seconds"})
+#: the stored metrics read straight off the agent's per-device series, aggregated across devices
 _AGENT_GPU = {
-    "gpu_utilization_percent": "avg",
-    "gpu_memory_used_bytes": "sum",
-    "gpu_memory_total_bytes": "sum",
-    "gpu_power_watts": "sum",
-    "gpu_power_limit_watts": "sum",
-    "gpu_temperature_celsius": "max",
-    "gpu_sm_clock_mhz": "avg",
-    "gpu_memory_clock_mhz": "avg",
-    "gpu_pcie_rx_bytes_per_second": "sum",
-    "gpu_pcie_tx_bytes_per_second": "sum",
-    "gpu_allocated": "sum",
+    metric.name: _OPERATOR[metric.aggregation]
+    for metric in STORED
+    if metric.series_help is not None and metric.source in (Source.GPU, Source.AGENT)
+    and metric.aggregation in _OPERATOR and metric.name not in _FROM_FIGURES
 }
-_AGENT_POD = (
-    "cpu_usage_cores",
-    "memory_used_bytes",
-    "network_rx_bytes_per_second",
-    "network_tx_bytes_per_second",
-    "ephemeral_storage_used_bytes",
-    "disk_read_bytes_per_second",
-    "disk_write_bytes_per_second",
-)
+#: the stored metrics read off the agent's per-pod series, summed
+_AGENT_POD = frozenset(metric.name for metric in STORED if metric.series_help is not None and metric.source is Source.POD)
+#: the stored ratios of two metrics the agent exports
+_RATIOS = {
+    metric.name: metric.ratio_of
+    for metric in STORED
+    if metric.ratio_of is not None and all(BY_NAME[part].series_help is not None for part in metric.ratio_of)
+}
 _BY_LABELS = {
     None: "",
     "gpu": "node, uuid, gpu, namespace, pod",
@@ -58,11 +57,13 @@ def promql(metric: str, scope: str, key: str, by: str | None, narrow: str = "") 
     """The PromQL for one API metric over one scope and breakdown, or None where the series do not exist."""
     grouping = f" by ({_BY_LABELS[by]})" if by else ""
     if metric in _AGENT_GPU:
-        name = "gpuwm_gpu_allocated" if metric == "gpu_allocated" else f"gpuwm_{metric}"
-        return f"{_AGENT_GPU[metric]}{grouping} ({_scoped(name, scope, key, narrow)})"
-    if metric == "gpu_memory_utilization_percent":
-        used = _scoped("gpuwm_gpu_memory_used_bytes", scope, key, narrow)
-        total = _scoped("gpuwm_gpu_memory_total_bytes", scope, key, narrow)
+        return f"{_AGENT_GPU[metric]}{grouping} ({_scoped(f'gpuwm_{metric}', scope, key, narrow)})"
+    if metric in _RATIOS:
+        numerator, denominator = _RATIOS[metric]
+        if by == "gpu" and BY_NAME[numerator].source is Source.POD:
+            return None
+        used = _scoped(f"gpuwm_{numerator}", scope, key, narrow)
+        total = _scoped(f"gpuwm_{denominator}", scope, key, narrow)
         return f"100 * sum{grouping} ({used}) / sum{grouping} ({total})"
     if metric in _AGENT_POD:
         if by == "gpu":

@@ -42,68 +42,62 @@ import numpy.typing as npt
 
 from gpuwm.model import GpuSample, PodResources, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
-from gpuwm.store.base import METRIC_INDEX, METRIC_NAMES
+from gpuwm.model.metrics import Aggregation, Source
+from gpuwm.store.base import METRIC_INDEX, METRIC_NAMES, METRICS
 
 SeriesKey = tuple[str, str]  # (kind, key)
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
-_SHARED_COLUMNS = [
-    METRIC_INDEX[name]
-    for name in (
-        "gpu_memory_used_bytes",
-        "gpu_memory_total_bytes",
-        "gpu_power_watts",
-        "gpu_power_limit_watts",
-        "gpu_pcie_rx_bytes_per_second",
-        "gpu_pcie_tx_bytes_per_second",
-    )
+# The catalogue's stored metrics by how a series' value is made of its parts (tests/unit/model/
+# test_metric_catalogue.py checks every stored metric gets a value). Made apart, by name: utilisation
+# (weighted by units held), energy (each physical GPU's counter once; the workload's own figure), idle
+# seconds (the workloads' figures), GPU units held, and the ratios.
+_OWN_RULE = frozenset({"gpu_utilization_percent", "gpu_energy_joules", "gpu_idle_seconds", "gpu_allocated"})
+_DEVICE = [metric for metric in METRICS if metric.source is Source.GPU and metric.name not in _OWN_RULE]
+#: device figures summed, a shared device counting by share (memory, power, PCIe)
+_BY_SHARE = [metric for metric in _DEVICE if metric.aggregation is Aggregation.SUM]
+#: device figures whose largest counts (temperature), and whose mean counts (clocks)
+_DEVICE_MAX = [metric for metric in _DEVICE if metric.aggregation is Aggregation.MAX]
+_DEVICE_MEAN = [metric for metric in _DEVICE if metric.aggregation is Aggregation.MEAN]
+#: the device ratio (memory utilisation): (its column, the numerator's and denominator's columns)
+_DEVICE_RATIOS = [
+    (METRIC_INDEX[metric.name], *(METRIC_INDEX[part] for part in metric.ratio_of))
+    for metric in _DEVICE if metric.ratio_of is not None
 ]
-#: per sample: the six shared figures, then temperature, SM clock, memory clock, SM %, energy, device units
+_SHARED_COLUMNS = [METRIC_INDEX[metric.name] for metric in _BY_SHARE]
+#: per sample: the figures summed by share, the maxima, the means, then SM %, energy and device units
 _SAMPLE_FIGURES_UNITS = (
-    "memory_used_bytes",
-    "memory_total_bytes",
-    "power_watts",
-    "power_limit_watts",
-    "pcie_rx_bytes_per_second",
-    "pcie_tx_bytes_per_second",
-    "temperature_celsius",
-    "sm_clock_mhz",
-    "memory_clock_mhz",
+    *(str(metric.field) for metric in (*_BY_SHARE, *_DEVICE_MAX, *_DEVICE_MEAN)),
     "sm_percent",
     "energy_joules",
     "device_units",
 )
-_POD_STATS = (
-    "cpu_usage_cores",
-    "memory_used_bytes",
-    "network_rx_bytes_per_second",
-    "network_tx_bytes_per_second",
-    "ephemeral_storage_used_bytes",
-    "disk_read_bytes_per_second",
-    "disk_write_bytes_per_second",
-)
-#: from the pod spec (`PodFigures.resources`), summed as the stats are
-_POD_RESOURCES = (
-    ("cpu_request_cores", "cpu_request_cores"),
-    ("cpu_limit_cores", "cpu_limit_cores"),
-    ("memory_request_bytes", "memory_request_bytes"),
-    ("memory_limit_bytes", "memory_limit_bytes"),
-    ("ephemeral_storage_limit_bytes", "ephemeral_storage_limit_bytes"),
-)
+_MAX_AT = len(_BY_SHARE)  # the first maximum's position in a sample's figures
+_MEAN_AT = _MAX_AT + len(_DEVICE_MAX)
+_SM, _ENERGY, _UNITS = (_SAMPLE_FIGURES_UNITS.index(name) for name in ("sm_percent", "energy_joules", "device_units"))
+_WIDTH = len(_SAMPLE_FIGURES_UNITS)
+_POD_STATS = tuple(str(metric.field) for metric in METRICS if metric.source is Source.POD and metric.field)
+#: (metric, `PodResources` field) from the pod spec (`PodFigures.resources`), summed as the stats are
+_POD_RESOURCES = tuple((metric.name, str(metric.field)) for metric in METRICS if metric.source is Source.POD_SPEC)
 #: the metrics summed over a series' pods, in the order of `pod_host_row`'s first values
 POD_SUMMED: tuple[str, ...] = (*_POD_STATS, *(metric for metric, _ in _POD_RESOURCES))
-#: CPU use as percent of (request, limit): over the pods that have one, so a pod without a limit adds
-#: neither its use nor a limit (`pod_host_row`'s last two values are its use where it has each)
-_CPU_PERCENTS = (("cpu_usage_percent_of_request", "cpu_request_cores"), ("cpu_usage_percent_of_limit", "cpu_limit_cores"))
+#: (metric, numerator, denominator) of the pod ratios (CPU use as percent of the request, of the limit): over
+#: the pods that have a denominator, so a pod without a limit adds neither its use nor a limit
+#: (`pod_host_row`'s last values are the numerator where the pod has each denominator)
+_POD_RATIOS = tuple(
+    (metric.name, *metric.ratio_of) for metric in METRICS if metric.source is Source.POD and metric.ratio_of
+)
+_RATIO_PARTS = tuple((POD_SUMMED.index(numerator), POD_SUMMED.index(denominator)) for _, numerator, denominator in _POD_RATIOS)
 
 
 def pod_host_row(stat: PodStatsSample, resources: PodResources | None) -> tuple[float | None, ...]:
-    """One pod's host figures: `POD_SUMMED`, then its CPU use where it requests CPU and where it has a limit."""
-    given = [getattr(stat, name) for name in _POD_STATS]
-    spec = [None if resources is None else getattr(resources, field) for _, field in _POD_RESOURCES]
-    usage = stat.cpu_usage_cores
-    return (*given, *spec, *(usage if limit else None for limit in spec[:2]))
+    """One pod's host figures: `POD_SUMMED`, then each pod ratio's numerator where the pod has its denominator."""
+    summed = (
+        *[getattr(stat, name) for name in _POD_STATS],
+        *[None if resources is None else getattr(resources, field) for _, field in _POD_RESOURCES],
+    )
+    return (*summed, *(summed[numerator] if summed[denominator] else None for numerator, denominator in _RATIO_PARTS))
 _PER_DEVICE_KINDS = frozenset({"node", "cluster"})
 
 
@@ -301,7 +295,7 @@ class RowBuilder:
                 latest[each.uuid] = each
         sample_list = list(latest.values())
         # per sample: the 11 figures, then device units; a last row of NaN for "no sample" (row -1)
-        figures = np.vstack((_as_array(_sample_figures_units.read(sample_list), 12), np.full((1, 12), np.nan)))
+        figures = np.vstack((_as_array(_sample_figures_units.read(sample_list), _WIDTH), np.full((1, _WIDTH), np.nan)))
         stats_by_pod: dict[str, PodStatsSample] = {}
         for stat in pod_stats:
             if stat.pod_uid not in stats_by_pod or stat.t >= stats_by_pod[stat.pod_uid].t:
@@ -563,14 +557,14 @@ class _Layout:
         values_of_gpu = np.array(gpu_values, dtype=np.float64).reshape(4, held).T
         units = values_of_gpu[:, 0]
         sampled = rows >= 0
-        device_units = np.where(sampled, figures[rows, 11], values_of_gpu[:, 3])
+        device_units = np.where(sampled, figures[rows, _UNITS], values_of_gpu[:, 3])
         with np.errstate(invalid="ignore", divide="ignore"):
             share = np.where(device_units > 0, np.fmin(1.0, units / device_units), 1.0)
         no_util = np.fromiter(map(_is_none, gpu_values[1]), dtype=np.bool_, count=held)
-        util = np.where(no_util, figures[rows, 9], values_of_gpu[:, 1])
+        util = np.where(no_util, figures[rows, _SM], values_of_gpu[:, 1])
         device_first = self.device_first
         device_rows = rows[device_first]
-        device_util = np.where(device_rows >= 0, figures[device_rows, 9], values_of_gpu[device_first, 2])
+        device_util = np.where(device_rows >= 0, figures[device_rows, _SM], values_of_gpu[device_first, 2])
         free_count = len(free_rows)
         free_row_array = np.array(free_rows, dtype=np.int64)
         sample_of_part = np.concatenate((rows, device_rows, free_row_array))
@@ -579,7 +573,7 @@ class _Layout:
             units=np.concatenate((units, np.bincount(self.device_of_gpu, weights=units, minlength=devices),
                                   np.zeros(free_count))),
             share=np.concatenate((share, np.ones(devices + free_count))),
-            util=np.concatenate((util, device_util, figures[free_row_array, 9])),
+            util=np.concatenate((util, device_util, figures[free_row_array, _SM])),
         )
         count = self.count
         values = _aggregate(count, self.per_device, np.ascontiguousarray(figures.T), parts, self.pairs_s, self.pairs_p)
@@ -591,7 +585,7 @@ class _Layout:
             energy[self.energy_rows] = np.array(energy_of, dtype=np.float64)[self.energy_workload]
         if len(self.energy_project_rows):
             energy[self.energy_project_rows] = np.array(project_energy, dtype=np.float64)[self.energy_project]
-        counter = figures[:-1, 10]
+        counter = figures[:-1, _ENERGY]
         gpu_pairs = self.gpu_rows
         gpu_rows = sample_of_part[self.gpu_parts]
         energy[gpu_pairs] = np.nan
@@ -722,21 +716,21 @@ def _aggregate(
         total, seen = sums(columns[position][rows] * share)
         values[:, column] = np.where(seen > 0, total, np.nan)
     del share
-    used = values[:, _SHARED_COLUMNS[0]]
-    total = values[:, _SHARED_COLUMNS[1]]
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ratio = np.minimum(100.0, 100.0 * used / total)
-    values[:, METRIC_INDEX["gpu_memory_utilization_percent"]] = np.where(
-        ~np.isnan(used) & ~np.isnan(total) & (total != 0), ratio, np.nan
-    )
-    temperature = columns[6][rows]
-    hottest = np.full(count, -np.inf)
-    np.maximum.at(hottest, pairs_s, np.where(np.isnan(temperature), -np.inf, temperature))
-    values[:, METRIC_INDEX["gpu_temperature_celsius"]] = np.where(np.isinf(hottest), np.nan, hottest)
-    for position, name in ((7, "gpu_sm_clock_mhz"), (8, "gpu_memory_clock_mhz")):
-        clock_sum, clock_count = sums(columns[position][rows])
+    for column, numerator, denominator in _DEVICE_RATIOS:
+        used = values[:, numerator]
+        total = values[:, denominator]
         with np.errstate(invalid="ignore", divide="ignore"):
-            values[:, METRIC_INDEX[name]] = np.where(clock_count > 0, clock_sum / clock_count, np.nan)
+            ratio = np.minimum(100.0, 100.0 * used / total)
+        values[:, column] = np.where(~np.isnan(used) & ~np.isnan(total) & (total != 0), ratio, np.nan)
+    for position, metric in enumerate(_DEVICE_MAX, start=_MAX_AT):
+        figure = columns[position][rows]
+        largest = np.full(count, -np.inf)
+        np.maximum.at(largest, pairs_s, np.where(np.isnan(figure), -np.inf, figure))
+        values[:, METRIC_INDEX[metric.name]] = np.where(np.isinf(largest), np.nan, largest)
+    for position, metric in enumerate(_DEVICE_MEAN, start=_MEAN_AT):
+        figure_sum, figure_count = sums(columns[position][rows])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            values[:, METRIC_INDEX[metric.name]] = np.where(figure_count > 0, figure_sum / figure_count, np.nan)
     return values
 
 
@@ -747,7 +741,7 @@ def _sum_pod_stats(
     """Pod stats and spec figures summed over each series' pods (gpu series have none), None where
     none of its pods has one; CPU use as percent of the requests and limits of the pods that have them."""
     pod_row = {uid: row for row, uid in enumerate(stats_by_pod)}
-    width = len(POD_SUMMED) + len(_CPU_PERCENTS)
+    width = len(POD_SUMMED) + len(_POD_RATIOS)
     stats = _as_array([pod_host_row(stat, resources_by_pod.get(uid)) for uid, stat in stats_by_pod.items()], width)
     rows = np.fromiter(map(pod_row.get, member_uids, repeat(-1)), dtype=np.int64, count=len(member_uids))
     kept = rows >= 0
@@ -765,7 +759,7 @@ def _sum_pod_stats(
         totals.append(np.where(seen, total, np.nan))
     for position, name in enumerate(POD_SUMMED):
         values[:, METRIC_INDEX[name]] = np.where(np.isnan(totals[position]), values[:, METRIC_INDEX[name]], totals[position])
-    for offset, (name, denominator) in enumerate(_CPU_PERCENTS):
+    for offset, (name, _, denominator) in enumerate(_POD_RATIOS):
         used, given = totals[len(POD_SUMMED) + offset], totals[POD_SUMMED.index(denominator)]
         with np.errstate(invalid="ignore", divide="ignore"):
             values[:, METRIC_INDEX[name]] = np.where(given > 0, 100.0 * used / given, np.nan)
