@@ -75,6 +75,20 @@ DEFAULT_WORKLOAD_KINDS = [
 _WORKLOAD_KIND = re.compile(r"^(?:[a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?(?:v[0-9]+(?:(?:alpha|beta)[0-9]+)?/)?[A-Z][A-Za-z0-9]*$")
 
 
+#: a Kubernetes label key: an optional DNS-subdomain prefix and "/", then a name of at most 63 characters
+_LABEL_KEY = re.compile(
+    r"^(?:[a-z0-9](?:[-a-z0-9]*[a-z0-9])?(?:\.[a-z0-9](?:[-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]*[A-Za-z0-9])?$"
+)
+
+
+def _check_label_key(key: str) -> str:
+    """Empty (no label) or a key a pod label can have: a typo would otherwise leave the label empty silently."""
+    prefix, _, name = key.rpartition("/")
+    if key and (not _LABEL_KEY.match(key) or len(name) > 63 or len(prefix) > 253):
+        raise ValueError(f"{key!r} is not a Kubernetes label key ([prefix/]name, e.g. user or runai/user)")
+    return key
+
+
 def _check_workload_kinds(kinds: list[str]) -> list[str]:
     for text in kinds:
         if "/" not in text or not _WORKLOAD_KIND.match(text):
@@ -243,6 +257,11 @@ class Settings(BaseSettings):
     cluster_id: str = Field(
         default="",
         description="clusterId label on the Run:ai-compatible metrics (your Run:ai cluster UUID, where dashboards filter on it).",
+    )
+    runai_user_label: Annotated[str, AfterValidator(_check_label_key)] = Field(
+        default="",
+        description="Pod label whose value fills the user label of the Run:ai-compatible workload metrics (e.g. user); "
+        "empty: user stays empty.",
     )
     store_rollups: CommaList = Field(
         default_factory=lambda: ["15s:2d", "5m:30d"],

@@ -27,6 +27,7 @@ FIELDS = (
     "auth",
     "runai_compatible_metrics",
     "cluster_id",
+    "runai_user_label",
     "store_rollups",
     "retention",
     "log_level",

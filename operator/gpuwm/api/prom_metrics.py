@@ -3,7 +3,9 @@
 A prometheus-client Collector that reads the store at scrape time (no state of its own).
 `gpuwm_workload_pod_info` maps the agent's (namespace, pod) labels to workloads, which is
 how PromQL over the agent's `gpuwm_gpu_*` series is grouped by workload and project.
-With `runai_compatible=True` the same figures are also exported under Run:ai's names.
+`gpuwm_pod_*` carry the running GPU pods' spec requests and limits, which the Prometheus store joins the
+same way for the range API's request, limit and percent-of figures. With `runai_compatible=True` the figures
+are also exported under Run:ai's names (gpuwm.api.runai_metrics).
 """
 
 from __future__ import annotations
@@ -13,12 +15,11 @@ from collections.abc import Callable, Iterable, Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gpuwm.model.figures import GpuFigures, ProjectFigures, WorkloadFigures
+from gpuwm.api.runai_metrics import RunaiOptions, runai_metrics
+from gpuwm.model.figures import ProjectFigures, WorkloadFigures
 from gpuwm.store.base import Store
 
 WORKLOAD_LABELS = ["namespace", "workload", "workload_uid", "kind", "project"]
-#: Run:ai's per-workload labels, then gpuwm's own two (project, namespace) for joins
-RUNAI_WORKLOAD_LABELS = ["clusterId", "workload_id", "workload_name", "workload_type", "user", "project", "namespace"]
 
 # (name, help, value of a workload); gauges
 _WORKLOAD_GAUGES: tuple[tuple[str, str, Callable[[WorkloadFigures], float | None]], ...] = (
@@ -126,6 +127,19 @@ _PROJECT_COUNTERS: tuple[tuple[str, str, Callable[[ProjectFigures], float]], ...
 )
 
 
+#: (series name, PodResources field, help): each running GPU pod's spec, labelled like the agent's pod series
+POD_RESOURCES: tuple[tuple[str, str, str], ...] = (
+    ("gpuwm_pod_cpu_request_cores", "cpu_request_cores", "CPU the pod's containers request, cores."),
+    ("gpuwm_pod_cpu_limit_cores", "cpu_limit_cores", "CPU limit of the pod (absent: a container has none), cores."),
+    ("gpuwm_pod_memory_request_bytes", "memory_request_bytes", "Memory the pod's containers request, bytes."),
+    ("gpuwm_pod_memory_limit_bytes", "memory_limit_bytes", "Memory limit of the pod (absent: a container has none)."),
+    (
+        "gpuwm_pod_ephemeral_storage_limit_bytes", "ephemeral_storage_limit_bytes",
+        "Ephemeral-storage limit of the pod (absent: a container has none), bytes.",
+    ),
+)
+
+
 def _workload_labels(workload: WorkloadFigures) -> list[str]:
     return [workload.namespace, workload.name, workload.uid, workload.kind, workload.project]
 
@@ -133,10 +147,17 @@ def _workload_labels(workload: WorkloadFigures) -> list[str]:
 class WorkloadMetricsCollector(Collector):
     """Renders the latest workload and project figures of `store` at each scrape."""
 
-    def __init__(self, store: Store, runai_compatible: bool = False, cluster_id: str = "") -> None:
+    def __init__(
+        self,
+        store: Store,
+        runai_compatible: bool = False,
+        cluster_id: str = "",
+        user_label: str = "",
+        status_interval_seconds: float = 15.0,
+    ) -> None:
         self.store = store
         self.runai_compatible = runai_compatible
-        self.cluster_id = cluster_id
+        self.runai = RunaiOptions(cluster_id, user_label, status_interval_seconds)
 
     def collect(self) -> Iterator[Metric]:
         workloads = self.store.workloads()
@@ -144,7 +165,7 @@ class WorkloadMetricsCollector(Collector):
         yield from self._workload_metrics(workloads)
         yield from self._project_metrics(projects)
         if self.runai_compatible:
-            yield from self._runai_metrics(workloads, projects)
+            yield from runai_metrics(self.store, self.runai, workloads, projects)
 
     def _workload_metrics(self, workloads: Iterable[WorkloadFigures]) -> Iterator[Metric]:
         workloads = list(workloads)
@@ -174,6 +195,7 @@ class WorkloadMetricsCollector(Collector):
                 )
         yield info
         yield pods
+        yield from _pod_resources(workloads)
         for name, help_text, value_of in _WORKLOAD_GAUGES:
             gauge = GaugeMetricFamily(f"gpuwm_workload_{name}", help_text, labels=WORKLOAD_LABELS)
             for workload in workloads:
@@ -202,242 +224,22 @@ class WorkloadMetricsCollector(Collector):
                 counter.add_metric([project.name], total_of(project))
             yield counter
 
-    def _runai_metrics(
-        self, workloads: list[WorkloadFigures], projects: list[ProjectFigures]
-    ) -> Iterator[Metric]:
-        """Run:ai's published per-workload and per-project names and labels (cluster 2.17+ docs).
 
-        Dashboards and idle-timeout rules written against Run:ai select on these names and on
-        `clusterId`, `workload_id`, `workload_name`, `workload_type` and `project`; extra labels
-        (`namespace`) do not break their selectors.
-        """
-        cluster_id = self.cluster_id
-
-        def labels(workload: WorkloadFigures) -> list[str]:
-            return [
-                cluster_id,
-                workload.uid,
-                workload.name,
-                runai_workload_type(workload.kind),
-                "",
-                workload.project,
-                workload.namespace,
-            ]
-
-        per_workload: tuple[tuple[str, str, Callable[[WorkloadFigures], float | None]], ...] = (
-            (
-                "runai_allocated_gpu_count_per_workload",
-                "Number of allocated GPUs per workload.",
-                lambda w: w.allocated_gpus,
-            ),
-            (
-                "runai_gpu_utilization_per_workload",
-                "Average GPU utilization per workload, percent.",
-                lambda w: w.utilization.current,
-            ),
-            (
-                "runai_gpu_idle_seconds_per_workload",
-                "Seconds passed since the workload utilized any of its allocated GPUs.",
-                lambda w: w.idle_seconds,
-            ),
-            (
-                "runai_last_gpu_utilization_time_per_workload",
-                "Last time (Unix timestamp) the workload utilized any of its allocated GPUs.",
-                lambda w: w.last_active_time,
-            ),
-            (
-                "runai_gpu_memory_used_mebibytes_per_workload",
-                "Used GPU memory per workload, MiB (shared devices split by units held).",
-                _memory_used_mebibytes,
-            ),
-            (
-                "runai_wait_time_seconds_per_workload",
-                "Seconds from creation to the first running GPU container.",
-                lambda w: w.wait_seconds,
-            ),
-            (
-                "runai_run_time_seconds_per_workload",
-                "Seconds with at least one running GPU container.",
-                lambda w: w.run_seconds,
-            ),
-        )
-        for name, help_text, value_of in per_workload:
-            gauge = GaugeMetricFamily(name, help_text, labels=RUNAI_WORKLOAD_LABELS)
-            for workload in workloads:
-                value = value_of(workload)
-                if value is not None:
-                    gauge.add_metric(labels(workload), value)
-            yield gauge
-        requested = GaugeMetricFamily(
-            "runai_requested_gpus_per_workload",
-            "GPU units the workload's pods request (held from the moment they run).",
-            labels=["clusterId", "workload_type", "workload_id", "workload_name", "project", "namespace"],
-        )
-        for workload in workloads:
-            if workload.end_time is None:
-                requested.add_metric(
-                    [cluster_id, runai_workload_type(workload.kind), workload.uid, workload.name, workload.project,
-                     workload.namespace],
-                    workload.allocated_gpus,
-                )
-        yield requested
-        yield from _runai_host_metrics(cluster_id, workloads)
-        yield from _runai_device_metrics(cluster_id, workloads)
-        per_project: tuple[tuple[str, str, Callable[[ProjectFigures], float | None]], ...] = (
-            (
-                "runai_allocated_gpu_count_per_project",
-                "Number of allocated GPUs per project.",
-                lambda p: p.allocated_gpus,
-            ),
-            (
-                "runai_gpu_utilization_per_project",
-                "Average GPU utilization per project, percent.",
-                lambda p: p.utilization.current,
-            ),
-        )
-        for name, help_text, project_value in per_project:
-            gauge = GaugeMetricFamily(name, help_text, labels=["clusterId", "project"])
-            for project in projects:
-                value = project_value(project)
-                if value is not None:
-                    gauge.add_metric([cluster_id, project.name], value)
-            yield gauge
-
-
-#: Run:ai's workload_type values: training, interactive or inference
-_TRAINING_KINDS = frozenset(
-    {"Job", "CronJob", "JobSet", "PyTorchJob", "TFJob", "MPIJob", "XGBoostJob", "PaddleJob", "JAXJob", "TrainJob", "RayJob"}
-)
-_INFERENCE_KINDS = frozenset(
-    {"Deployment", "StatefulSet", "LeaderWorkerSet", "InferenceService", "RayService", "ReplicaSet"}
-)
-
-
-def runai_workload_type(kind: str) -> str:
-    """Map a top-level kind onto Run:ai's three workload types; anything else (bare pods, notebooks) is interactive."""
-    if kind in _TRAINING_KINDS:
-        return "training"
-    if kind in _INFERENCE_KINDS:
-        return "inference"
-    return "interactive"
-
-
-def _memory_used_mebibytes(workload: WorkloadFigures) -> float | None:
-    """Memory of the devices it holds, each weighted by the share it holds (as the store's per-unit rule)."""
-    total = 0.0
-    seen = False
-    for gpu in workload.gpus:
-        if gpu.memory_used_bytes is None or gpu.units <= 0:
-            continue
-        share = min(1.0, gpu.units / gpu.device_units) if gpu.device_units > 0 else 1.0
-        total += gpu.memory_used_bytes * share
-        seen = True
-    return total / 2**20 if seen else None
-
-
-def _pods_resources(workload: WorkloadFigures, field: str, limit: bool) -> float | None:
-    """The sum of `field` over the workload's running and pending pods' spec resources; None where no pod
-    sets it, and for a limit also where one pod has none (that pod, and so the workload, is unlimited)."""
-    values = [
-        getattr(pod.resources, field) if pod.resources is not None else None
+def _pod_resources(workloads: Iterable[WorkloadFigures]) -> Iterator[Metric]:
+    """The spec requests and limits of running workloads' running and pending pods, on (namespace, pod, node):
+    the agent's pod series' labels, so PromQL divides one by the other pod by pod (an ended run's pods,
+    whose names a new run may reuse, are left out)."""
+    live = [
+        (workload.namespace, pod)
+        for workload in workloads
+        if workload.end_time is None
         for pod in workload.pods
-        if pod.phase in ("Running", "Pending")
+        if pod.phase in ("Running", "Pending") and pod.resources is not None
     ]
-    given = [value for value in values if value is not None]
-    if not given or (limit and len(given) < len(values)):
-        return None
-    return float(sum(given))
-
-
-def _runai_host_metrics(cluster_id: str, workloads: Iterable[WorkloadFigures]) -> Iterator[Metric]:
-    """Run:ai's CPU and memory requests and limits per active workload (labels job_name, job_uuid), from
-    the pods' specs the figures carry: what Run:ai's allocation dashboards select on."""
-    names = (
-        ("runai_active_job_cpu_requested_cores", "Workload's requested CPU cores.", "cpu_request_cores", False),
-        ("runai_active_job_memory_requested_bytes", "Workload's requested CPU memory, bytes.", "memory_request_bytes",
-         False),
-        ("runai_cpu_limits_per_active_workload", "Workload's CPU limit, cores.", "cpu_limit_cores", True),
-        ("runai_memory_limits_per_active_workload", "Workload's CPU memory limit, bytes.", "memory_limit_bytes", True),
-    )
-    active = [workload for workload in workloads if workload.end_time is None]
-    for name, help_text, field, limit in names:
-        gauge = GaugeMetricFamily(name, help_text, labels=["clusterId", "job_name", "job_uuid", "namespace"])
-        for workload in active:
-            value = _pods_resources(workload, field, limit)
+    for name, field, help_text in POD_RESOURCES:
+        gauge = GaugeMetricFamily(name, help_text, labels=["namespace", "pod", "node"])
+        for namespace, pod in live:
+            value = getattr(pod.resources, field)
             if value is not None:
-                gauge.add_metric([cluster_id, workload.name, workload.uid, workload.namespace], value)
+                gauge.add_metric([namespace, pod.name, pod.node or ""], value)
         yield gauge
-
-
-def _runai_device_metrics(cluster_id: str, workloads: Iterable[WorkloadFigures]) -> Iterator[Metric]:
-    """Run:ai's per-GPU, per-node and per-pod names, from the devices the workloads hold (as of their latest
-    figures; a GPU no workload holds is not in them: the agent's gpuwm_gpu_* series cover every device)."""
-    devices: dict[tuple[str, str], GpuFigures] = {}  # (node, uuid): one device once, however many holders
-    per_pod: list[tuple[WorkloadFigures, GpuFigures]] = []
-    for workload in workloads:
-        if workload.end_time is not None:
-            continue
-        for gpu in workload.gpus:
-            devices.setdefault((gpu.node, gpu.uuid), gpu)
-            per_pod.append((workload, gpu))
-
-    def gpu_label(gpu: GpuFigures) -> str:
-        return str(gpu.index) if gpu.index is not None else gpu.uuid
-
-    per_gpu: dict[str, tuple[str, Callable[[GpuFigures], float | None]]] = {
-        "runai_gpu_utilization_per_gpu": ("GPU utilization per GPU, percent (the device's SM %).",
-                                          lambda g: g.sm_percent if g.sm_percent is not None else g.utilization_percent),
-        "runai_gpu_memory_used_mebibytes_per_gpu": ("Used GPU memory per GPU, MiB.", lambda g: _mib(g.memory_used_bytes)),
-        "runai_gpu_memory_total_mebibytes_per_gpu": ("Total GPU memory per GPU, MiB.", lambda g: _mib(g.memory_total_bytes)),
-        "runai_allocated_gpu_count_per_gpu": ("Whether a pod holds the GPU (0/1).", lambda g: 1.0),
-    }
-    node_sums: dict[str, dict[str, list[float]]] = {}
-    for name, (help_text, value_of) in per_gpu.items():
-        gauge = GaugeMetricFamily(name, help_text, labels=["clusterId", "gpu", "node", "uuid"])
-        for (node, uuid), gpu in sorted(devices.items()):
-            value = value_of(gpu)
-            if value is not None:
-                gauge.add_metric([cluster_id, gpu_label(gpu), node, uuid], value)
-                node_sums.setdefault(name, {}).setdefault(node, []).append(value)
-        yield gauge
-    per_node = {
-        "runai_gpu_utilization_per_node": ("runai_gpu_utilization_per_gpu", "GPU utilization per node, percent (mean).", True),
-        "runai_gpu_memory_used_mebibytes_per_node": ("runai_gpu_memory_used_mebibytes_per_gpu", "Used GPU memory per node, MiB.", False),
-        "runai_gpu_memory_total_mebibytes_per_node": ("runai_gpu_memory_total_mebibytes_per_gpu", "Total GPU memory per node, MiB.", False),
-        "runai_allocated_gpu_count_per_node": ("runai_allocated_gpu_count_per_gpu", "GPUs held per node.", False),
-    }
-    for name, (source, help_text, mean) in per_node.items():
-        gauge = GaugeMetricFamily(name, help_text, labels=["clusterId", "node"])
-        for node, values in sorted(node_sums.get(source, {}).items()):
-            gauge.add_metric([cluster_id, node], sum(values) / len(values) if mean else sum(values))
-        yield gauge
-    pod_labels = ["clusterId", "pod_name", "pod_uuid", "pod_namespace", "node", "gpu"]
-    utilization = GaugeMetricFamily(
-        "runai_gpu_utilization_per_pod_per_gpu", "GPU utilization per pod per GPU, percent (the pod's share).",
-        labels=pod_labels,
-    )
-    memory = GaugeMetricFamily(
-        "runai_gpu_memory_used_mebibytes_per_pod_per_gpu", "Used GPU memory per pod per GPU, MiB.", labels=pod_labels
-    )
-    held: dict[tuple[str, str, str, str], float] = {}
-    for workload, gpu in per_pod:
-        labels = [cluster_id, gpu.pod or "", gpu.pod_uid or "", workload.namespace, gpu.node, gpu_label(gpu)]
-        if gpu.utilization_percent is not None:
-            utilization.add_metric(labels, gpu.utilization_percent)
-        used = _mib(gpu.memory_used_bytes)
-        if used is not None:
-            memory.add_metric(labels, used)
-        key = (gpu.pod or "", gpu.pod_uid or "", workload.namespace, gpu.node)
-        held[key] = held.get(key, 0.0) + gpu.units
-    yield utilization
-    yield memory
-    count = GaugeMetricFamily(
-        "runai_allocated_gpu_count_per_pod", "GPU units held per pod.", labels=pod_labels[:-1]
-    )
-    for (pod, pod_uid, namespace, node), units in sorted(held.items()):
-        count.add_metric([cluster_id, pod, pod_uid, namespace, node], units)
-    yield count
-
-
-def _mib(value: float | None) -> float | None:
-    return value / 2**20 if value is not None else None

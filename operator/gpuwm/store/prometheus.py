@@ -4,7 +4,8 @@ Series it reads (Prometheus, Thanos, Mimir or VictoriaMetrics behind the same Pr
   agent       gpuwm_gpu_<metric>{node, gpu, uuid, model, mig_profile, namespace, pod, container},
               gpuwm_gpu_energy_joules_total, gpuwm_gpu_allocated, gpuwm_<pod metric>{node, namespace, pod}
   controller  gpuwm_workload_info, gpuwm_workload_pod_info{namespace, pod, workload, workload_uid, project, node},
-              gpuwm_workload_*, gpuwm_project_* (see gpuwm.api.prom_metrics)
+              gpuwm_workload_*, gpuwm_project_*, gpuwm_pod_<spec figure>{namespace, pod, node}
+              (see gpuwm.api.prom_metrics)
 Workload and project scopes join the agent's series on (namespace, pod) with
 gpuwm_workload_pod_info. A point at t is PromQL's value at t (the latest sample within
 the lookback), not the mean over [t, t+step) that the embedded store returns.
@@ -36,9 +37,40 @@ from gpuwm.store.base import (
     StoreError,
     check_range,
 )
-from gpuwm.store.promql import promql, quote, scope_labels
+from gpuwm.store.promql import _scoped, promql, quote, scope_labels
 
 log = logging.getLogger(__name__)
+
+#: the pods' spec requests and limits: the controller's gpuwm_pod_* series (gpuwm.api.prom_metrics), on the
+#: agent's pod labels (namespace, pod, node), so they join workloads and projects as the pod stats do
+_POD_SPEC = (
+    "cpu_request_cores",
+    "cpu_limit_cores",
+    "memory_request_bytes",
+    "memory_limit_bytes",
+    "ephemeral_storage_limit_bytes",
+)
+#: CPU use as percent of the request or limit, over the pods that have one (as the embedded store counts)
+_CPU_PERCENT_OF = {
+    "cpu_usage_percent_of_request": "gpuwm_pod_cpu_request_cores",
+    "cpu_usage_percent_of_limit": "gpuwm_pod_cpu_limit_cores",
+}
+_BY_POD_LABELS = {None: "", "pod": " by (namespace, pod, node)", "node": " by (node)"}
+
+
+def spec_promql(metric: str, scope: str, key: str, by: str | None, narrow: str = "") -> str | None:
+    """The PromQL of a pod-spec figure (request, limit, CPU use as percent of either), or None where it is not
+    one or has no per-GPU breakdown (a pod's spec is not split among its devices)."""
+    if (metric not in _POD_SPEC and metric not in _CPU_PERCENT_OF) or by not in _BY_POD_LABELS:
+        return None
+    grouping = _BY_POD_LABELS[by]
+    if metric in _POD_SPEC:
+        return f"sum{grouping} ({_scoped(f'gpuwm_pod_{metric}', scope, key, narrow)})"
+    spec = _CPU_PERCENT_OF[metric]
+    # use and spec both over the pods that have the two, matched pod by pod
+    used = f"({_scoped('gpuwm_cpu_usage_cores', scope, key, narrow)} and on (namespace, pod) {spec})"
+    given = f"({_scoped(spec, scope, key, narrow)} and on (namespace, pod) gpuwm_cpu_usage_cores)"
+    return f"100 * sum{grouping} ({used}) / (sum{grouping} ({given}) > 0)"
 
 
 def _cumulative_figures(value: Callable[..., float | None]) -> dict[str, Any]:
@@ -353,7 +385,9 @@ class PrometheusStore(Store):
             ]
         result: list[Series] = []
         for metric in query.metrics:
-            expression = promql(metric, query.scope, query.key, query.by, narrow)
+            expression = promql(metric, query.scope, query.key, query.by, narrow) or spec_promql(
+                metric, query.scope, query.key, query.by, narrow
+            )
             if expression is None:
                 if query.by is None:
                     result.append(

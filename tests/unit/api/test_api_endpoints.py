@@ -306,7 +306,7 @@ def test_auth_none_logs_a_loud_warning(store: EmbeddedStore, caplog: pytest.LogC
 
 
 def test_runai_workload_type_and_memory_by_share() -> None:
-    from gpuwm.api.prom_metrics import _memory_used_mebibytes, runai_workload_type
+    from gpuwm.api.runai_metrics import _memory_used_mebibytes, runai_workload_type
     from gpuwm.model.figures import GpuFigures, WorkloadFigures
 
     assert [runai_workload_type(kind) for kind in ("PyTorchJob", "Job", "Deployment", "Pod", "Notebook")] == [
