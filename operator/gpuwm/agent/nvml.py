@@ -3,17 +3,22 @@
 A reading holds exactly the fields of `GpuSample` as plain values; the agent validates it once,
 after attribution has filled in the processes' pods, so a poll builds each model only once.
 
-Each poll makes the driver's instant calls (memory, power, temperature, clocks, the process list:
-microseconds each). The buffered and cumulative figures (`nvmlDeviceGetSamples` for SM and
-memory activity, the energy counter) cost milliseconds of CPU a call on a real driver, and they
-need not be read every poll: the driver keeps timestamped utilisation samples, and the energy
-counter only grows. So they are read at most every `buffer_read_seconds` (and at once when a
-device's holders, processes or health change, on a new device, or when the caller asks), and
-what they return is split into the polls held since by the samples' own timestamps
-(`interval_means`); the energy counter's growth is spread over those polls by their power
-readings (`spread_energy`). A poll's reading therefore leaves the sampler when that read
+Each poll makes the driver's instant calls (memory, power, temperature, clocks, utilisation
+rates, the process list: microseconds each). The buffered and cumulative figures
+(`nvmlDeviceGetSamples` for SM activity, the energy counter) cost milliseconds of CPU a call on a
+real driver, and they need not be read every poll: the driver keeps timestamped utilisation
+samples, and the energy counter only grows. So they are read at most every `buffer_read_seconds`
+(and at once when a device's holders, processes or health change, on a new device, or when the
+caller asks), and what they return is split into the polls held since by the samples' own
+timestamps (`interval_means`); the energy counter's growth is spread over those polls by their
+power readings (`spread_energy`). A poll's reading therefore leaves the sampler when that read
 happens, up to `buffer_read_seconds` after the poll, still covering exactly its own interval.
-An interval no utilisation sample covers falls back to `nvmlDeviceGetUtilizationRates`.
+An interval no utilisation sample covers falls back to that poll's `nvmlDeviceGetUtilizationRates`.
+
+Memory activity (`memory_activity_percent`, the memory controller's busy time) is that instant
+call's figure, the driver's latest sample period at the poll: no definition rests on it (DESIGN
+§3's memory utilisation is memory used over total), and reading its own sample buffer costs the
+driver as much CPU as the SM one (bench/README.md, issue 37).
 
 Per-process utilisation is read only where it decides something (DESIGN §3): on a device held
 by more than one pod, every poll (the driver answers one figure per process since the cursor,
@@ -195,7 +200,6 @@ class Device:
     mig_profile: str | None = None
     device_units: float = 1.0
     util_cursor_us: int = 0
-    memory_util_cursor_us: int = 0
     process_cursor_us: int = 0
     process_utilization_supported: bool = True
     #: every per-poll figure read without an "unsupported" error so far (one try block per poll)
@@ -228,6 +232,8 @@ class Pending:
     #: per-process SM % read at this poll (a shared device); None when not read
     sm_by_pid: dict[int, float] | None = None
     power_mw: float | None = None
+    #: the device's SM % from `nvmlDeviceGetUtilizationRates` at this poll: the figure where no sample covers it
+    instant_sm_percent: float | None = None
     final: bool = False
     #: the pods holding the device at this poll, as the caller names them
     holders: frozenset[Any] = frozenset()
@@ -357,7 +363,7 @@ class NvmlSampler:
                 continue
             model = self._model(handle, uuid)
             gpu = known.get(uuid) or Device(
-                handle, uuid, index, model, util_cursor_us=start_us, memory_util_cursor_us=start_us, process_cursor_us=start_us
+                handle, uuid, index, model, util_cursor_us=start_us, process_cursor_us=start_us
             )
             gpu.handle, gpu.index, gpu.model = handle, index, model or gpu.model
             found.append(gpu)
@@ -425,7 +431,7 @@ class NvmlSampler:
             units = min(1.0, slices / total_slices) if slices else 1.0 / total_slices
             device = known.get(uuid) or Device(
                 handle, uuid, gpu.index, gpu.model,
-                util_cursor_us=start_us, memory_util_cursor_us=start_us, process_cursor_us=start_us,
+                util_cursor_us=start_us, process_cursor_us=start_us,
             )
             device.handle, device.index, device.model = handle, gpu.index, gpu.model
             device.parent_uuid, device.parent_handle = gpu.uuid, gpu.handle
@@ -511,10 +517,12 @@ class NvmlSampler:
                 limit_mw = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle)
                 sm_clock = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
                 memory_clock = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)
+                rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
             except (*_UNSUPPORTED, pynvml.NVMLError_NotFound):
                 device.all_supported = False  # from now on each figure on its own, as below
         if not device.all_supported or device.parent_handle is not None:
             memory = _optional(pynvml.nvmlDeviceGetMemoryInfo, handle)
+            rates = _optional(pynvml.nvmlDeviceGetUtilizationRates, handle)
             # the chip-wide figures of a MIG instance are its parent's (NVML has none per instance)
             chip = device.parent_handle if device.parent_handle is not None else handle
             temperature = _optional(pynvml.nvmlDeviceGetTemperature, chip, pynvml.NVML_TEMPERATURE_GPU)
@@ -534,7 +542,7 @@ class NvmlSampler:
             "sm_percent": None,
             "memory_used_bytes": None if memory is None else float(_field(memory, "used")),
             "memory_total_bytes": None if memory is None else float(_field(memory, "total")),
-            "memory_activity_percent": None,
+            "memory_activity_percent": None if rates is None else _percent(float(_field(rates, "memory"))),
             "power_watts": None if power_mw is None else power_mw / 1000.0,
             "power_limit_watts": None if limit_mw is None else limit_mw / 1000.0,
             "energy_joules": None,
@@ -551,7 +559,8 @@ class NvmlSampler:
         # process since the cursor (not a series that a later read could split)
         sm_by_pid = (self._process_utilization(device, previous_t)
                      if len(holders) > 1 and running is not None and device.process_utilization_supported else None)
-        return Pending(now, fields, running, sm_by_pid, power_mw, holders=holders)
+        instant_sm = None if rates is None else float(_field(rates, "gpu"))
+        return Pending(now, fields, running, sm_by_pid, power_mw, instant_sm, holders=holders)
 
     def _read_buffers(self, device: Device, errors: dict[str, str]) -> list[Reading]:
         """Every poll of `device` since the last read, finished with the buffers' figures split among them."""
@@ -575,17 +584,13 @@ class NvmlSampler:
         return readings
 
     def _finish(self, device: Device, polls: list[Pending]) -> list[Reading]:
-        """`polls`' readings: SM and memory activity split by the samples' timestamps, the energy spread by power."""
+        """`polls`' readings: SM activity split by the samples' timestamps, the energy spread by power."""
         start_t = device.emitted_t if device.emitted_t is not None else device.util_cursor_us / 1e6
         times = [start_t, *(poll.t for poll in polls)]
         bounds_us = [int(t * 1e6) for t in times]
-        sm = self._split(device, pynvml.NVML_GPU_UTILIZATION_SAMPLES, "util_cursor_us", bounds_us)
-        memory = self._split(device, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, "memory_util_cursor_us", bounds_us)
-        if None in sm or None in memory:  # intervals no sample covers: the instant rates, read once
-            rates = _optional(pynvml.nvmlDeviceGetUtilizationRates, device.handle)
-            if rates is not None:
-                sm = [float(rates.gpu) if value is None else value for value in sm]
-                memory = [float(rates.memory) if value is None else value for value in memory]
+        sm = self._split(device, bounds_us)
+        if None in sm:  # intervals no sample covers: the poll's instant rate
+            sm = [poll.instant_sm_percent if value is None else value for poll, value in zip(polls, sm, strict=True)]
         chip = device.parent_handle if device.parent_handle is not None else device.handle
         energy_mj = _optional(pynvml.nvmlDeviceGetTotalEnergyConsumption, chip)
         energies = spread_energy(device.energy_mj, energy_mj, times, [poll.power_mw for poll in polls])
@@ -597,10 +602,9 @@ class NvmlSampler:
                 poll.running == [] and poll.sm_by_pid is None and (value or 0.0) > 0 for poll, value in zip(polls, sm, strict=True)):
             hidden = self._process_utilization(device, start_t)
         readings = []
-        for poll, sm_percent, memory_percent, energy in zip(polls, sm, memory, energies, strict=True):
+        for poll, sm_percent, energy in zip(polls, sm, energies, strict=True):
             fields = poll.fields
             fields["sm_percent"] = _percent(sm_percent)
-            fields["memory_activity_percent"] = _percent(memory_percent)
             fields["energy_joules"] = None if energy is None else energy / 1000.0
             sm_by_pid = poll.sm_by_pid
             if sm_by_pid is None and hidden is not None and poll.running == [] and (sm_percent or 0.0) > 0:
@@ -619,11 +623,11 @@ class NvmlSampler:
                                       None if tx_kbs is None else tx_kbs * 1024.0)
         return device.pcie_throughput
 
-    def _split(self, device: Device, sampling_type: int, cursor: str, bounds_us: list[int]) -> list[float | None]:
-        """The buffer's samples since the cursor, as a mean per interval of `bounds_us` (see `interval_means`)."""
-        last_seen = max(int(getattr(device, cursor)), bounds_us[0])
+    def _split(self, device: Device, bounds_us: list[int]) -> list[float | None]:
+        """The SM samples since the cursor, as a mean per interval of `bounds_us` (see `interval_means`)."""
+        last_seen = max(device.util_cursor_us, bounds_us[0])
         try:
-            value_type, samples = _samples(device.handle, sampling_type, last_seen)
+            value_type, samples = _samples(device.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, last_seen)
         except (*_UNSUPPORTED, pynvml.NVMLError_NotFound):
             return [None] * (len(bounds_us) - 1)
         # one pass, reading the struct fields through the plain descriptor (see _field)
@@ -637,7 +641,7 @@ class NvmlSampler:
                 stamped.append((stamp, float(getattr(_field(sample, "sampleValue"), name))))
                 if newest < stamp <= end:
                     newest = stamp
-        setattr(device, cursor, newest)  # samples after the last poll stay for the next read
+        device.util_cursor_us = newest  # samples after the last poll stay for the next read
         return interval_means(stamped, bounds_us)
 
     def _processes(self, device: Device, running: list[tuple[int, int | None]] | None,

@@ -1,8 +1,9 @@
 """The driver's buffered and cumulative figures read every `buffer_read_seconds`, split into the polls since.
 
 A stub driver (pynvml's functions replaced, a fake clock) counts the calls: the expensive ones
-(`nvmlDeviceGetSamples`, the energy counter, per-process utilisation) run once per read, yet every
-poll still gets the utilisation of its own second, from the samples' timestamps.
+(`nvmlDeviceGetSamples` for SM activity, the energy counter, per-process utilisation) run once per
+read, yet every poll still gets the utilisation of its own second, from the samples' timestamps;
+the instant utilisation rates (memory activity, and SM where no sample covers a poll) every poll.
 """
 
 from __future__ import annotations
@@ -79,8 +80,10 @@ class Driver:
         return int(POWER_MW * self.clock.now)
 
     def rates(self, handle: Any) -> Any:
+        """SM 7 %, memory 8 % at t=1000, each one more a second later: each poll's own figures are told apart."""
         self.calls["rates"] += 1
-        return SimpleNamespace(gpu=7, memory=8)
+        step = int(self.clock.now - 1000.0)
+        return SimpleNamespace(gpu=7 + step, memory=8 + step)
 
     def process_utilization(self, handle: Any, last_seen_us: int) -> list[Any]:
         self.calls["process_utilization"] += 1
@@ -103,7 +106,7 @@ def driver(monkeypatch: pytest.MonkeyPatch, clock: Clock) -> Driver:
 def _sampler(clock: Clock, buffer_read_seconds: float = 5.0) -> NvmlSampler:
     sampler = NvmlSampler("n", 1.0, rediscover_seconds=1e9, buffer_read_seconds=buffer_read_seconds)
     start_us = int((clock.now - 1.0) * 1e6)
-    sampler.devices = [Device(object(), "GPU-1", 0, "m", util_cursor_us=start_us, memory_util_cursor_us=start_us,
+    sampler.devices = [Device(object(), "GPU-1", 0, "m", util_cursor_us=start_us,
                               process_cursor_us=start_us)]
     sampler._device_set = frozenset({"GPU-1"})
     sampler._count, sampler._discovered_at = 1, clock.now
@@ -132,7 +135,9 @@ def test_buffers_read_every_period_and_each_poll_keeps_its_own_second(driver: Dr
     assert all(fields["sm_percent"] == 0.0 for fields in readings if fields["t"] not in (1004.0, 1008.0))
     # the energy counter, read three times, still steps with each poll (its growth spread by power)
     assert [fields["energy_joules"] for fields in readings] == pytest.approx([POWER_MW * f["t"] / 1000 for f in readings])
-    assert driver.calls == {"samples": 6, "energy": 3, "process_utilization": 0, "rates": 0}
+    # SM samples and energy once per read; memory activity is each poll's instant rate (SM's is not used)
+    assert driver.calls == {"samples": 3, "energy": 3, "process_utilization": 0, "rates": 11}
+    assert [fields["memory_activity_percent"] for fields in readings] == [8.0 + second for second in range(11)]
     # a sole holder (here: none named) gets no per-process read: its processes carry no SM figure
     assert [(p.pid, p.sm_percent) for p in handed[5][0].processes or []] == [(10, None)]
 
@@ -181,13 +186,14 @@ def test_an_idle_device_without_processes_says_no_processes(driver: Driver, cloc
     assert driver.calls["process_utilization"] == 0
 
 
-def test_no_samples_fall_back_to_the_instant_rates_read_once(driver: Driver, clock: Clock) -> None:
+def test_no_samples_fall_back_to_each_polls_instant_rates(driver: Driver, clock: Clock) -> None:
     driver.samples_found = False
     sampler = _sampler(clock)
     handed = _polls(sampler, clock, 6)
-    assert [r.fields["sm_percent"] for r in handed[5]] == [7.0] * 5
-    assert [r.fields["memory_activity_percent"] for r in handed[5]] == [8.0] * 5
-    assert driver.calls["rates"] == 2
+    assert [r.fields["t"] for r in handed[5]] == [1001.0, 1002.0, 1003.0, 1004.0, 1005.0]
+    assert [r.fields["sm_percent"] for r in handed[5]] == [8.0, 9.0, 10.0, 11.0, 12.0]
+    assert [r.fields["memory_activity_percent"] for r in handed[5]] == [9.0, 10.0, 11.0, 12.0, 13.0]
+    assert driver.calls["rates"] == 6
 
 
 def test_interval_means_split_samples_by_their_timestamps() -> None:
