@@ -28,14 +28,14 @@ sys.path.insert(0, str(ROOT / "operator"))
 
 import orjson  # noqa: E402
 from aiohttp import web  # noqa: E402
-
-from gpuwm.accounting import Engine, EngineConfig  # noqa: E402
 from gpuwm.agent.columns import DEVICES_TAG_PARAM, columns_answer_json, sample_columns  # noqa: E402
 from gpuwm.agent.merge import MergeRequest, merge_polls, merge_request  # noqa: E402
+
+from gpuwm.accounting import Engine, EngineConfig  # noqa: E402
 from gpuwm.config import Settings  # noqa: E402
-from gpuwm.controller.agents import AgentPuller, SampleIntake  # noqa: E402
-from gpuwm.controller.gctuning import collect_cycle_garbage, release_free_memory, tune_garbage_collector  # noqa: E402
-from gpuwm.controller.status import build_project_status, build_workload_status  # noqa: E402
+from gpuwm.controller.pull.agents import AgentPuller, SampleIntake  # noqa: E402
+from gpuwm.controller.state.gctuning import collect_cycle_garbage, release_free_memory, tune_garbage_collector  # noqa: E402
+from gpuwm.controller.status.build import build_project_status, build_workload_status  # noqa: E402
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures  # noqa: E402
 from gpuwm.model.podstats import PodStatsSample  # noqa: E402
 from gpuwm.model.sample import GpuSample  # noqa: E402

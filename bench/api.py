@@ -456,7 +456,7 @@ def _simulated_intervals(nodes: int, start: float, count: int, warmup: int) -> I
 
 def writer_cost(args: argparse.Namespace, workdir: Path) -> None:
     """What the controller pays each status interval: record() of every series, with compaction slices."""
-    from gpuwm.controller.gctuning import tune_garbage_collector
+    from gpuwm.controller.state.gctuning import tune_garbage_collector
 
     tune_garbage_collector()
     span = 3600
@@ -551,7 +551,7 @@ def size_projection(args: argparse.Namespace, workdir: Path) -> None:
     measured as the store wrote it; the run starts on a span of the coarsest tier, so a run of one
     such span (5 min: 20 h; 1 h: 10 days) measures every tier at steady state.
     """
-    from gpuwm.controller.gctuning import tune_garbage_collector
+    from gpuwm.controller.state.gctuning import tune_garbage_collector
 
     tune_garbage_collector()
     path = workdir / "size.db"

@@ -50,17 +50,17 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
 from aiohttp import web  # noqa: E402
+from gpuwm.agent.columns import DEVICES_TAG_PARAM  # noqa: E402
 from tests.integration.fakeagent import FakeNode, merge_of  # noqa: E402
 from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator  # noqa: E402
 
 from _interpreter import interpreter_description  # noqa: E402
-from gpuwm.agent.columns import DEVICES_TAG_PARAM  # noqa: E402
 from gpuwm.config import Settings  # noqa: E402
-from gpuwm.controller.agents import DeviceHolder, index_holders  # noqa: E402
 from gpuwm.controller.command import event_loop_factory  # noqa: E402
-from gpuwm.controller.gctuning import MALLOC_ARENAS, limit_malloc_arenas, tune_garbage_collector  # noqa: E402
-from gpuwm.controller.kube import KubeClient  # noqa: E402
+from gpuwm.controller.kube.client import KubeClient  # noqa: E402
+from gpuwm.controller.pull.agents import DeviceHolder, index_holders  # noqa: E402
 from gpuwm.controller.runtime import ControllerRuntime  # noqa: E402
+from gpuwm.controller.state.gctuning import MALLOC_ARENAS, limit_malloc_arenas, tune_garbage_collector  # noqa: E402
 
 NAMESPACES = 40
 #: cycles left out of the steady figures when there are more (see `run_bench`): the runtime saves its state at
@@ -406,7 +406,7 @@ def pod_body(namespace: str, name: str, node: str, gpus: int, job_uid: str, star
 async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, jobs: dict[str, str]) -> None:
     if args.process_modules:
         # what `gpuwm controller` holds besides the runtime in a pod: kopf (without the official client: the
-        # service account login does not load it, gpuwm.controller.login), its handlers and the metrics API
+        # service account login does not load it, gpuwm.controller.kube.login), its handlers and the metrics API
         import gpuwm.api.app
         import gpuwm.controller.handlers  # noqa: F401
     plan = layout(args.nodes, args.gpus_per_node, args.gpus_per_workload)
@@ -429,8 +429,7 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
     if restarted:
         args.history_minutes = 0.0  # the restored engine has the earlier run's hour
     if args.existing_crs or restarted:
-        from gpuwm.controller import recovery
-
+        from gpuwm.controller.state import recovery
         restore_cpu = time.process_time()
         source = await recovery.restore(runtime)
         segments = sum(len(workload.windows) for workload in runtime.engine.workload_records.values())

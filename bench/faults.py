@@ -43,11 +43,11 @@ from typing import Any
 from _simcluster import ROOT, SimulatedAgents, SimulatedController, lost_gpu_seconds
 from gpuwm.accounting import Engine
 from gpuwm.config import Settings, parse_duration_seconds
-from gpuwm.controller import persistence
-from gpuwm.controller.agents import AgentPuller
-from gpuwm.controller.kube import KubeClient
+from gpuwm.controller.kube.client import KubeClient
+from gpuwm.controller.pull.agents import AgentPuller
 from gpuwm.controller.runtime import ControllerRuntime
-from gpuwm.controller.writer import API_VERSION, WORKLOAD_PLURAL
+from gpuwm.controller.state import persistence
+from gpuwm.controller.status.writer import API_VERSION, WORKLOAD_PLURAL
 from gpuwm.sim.fleet import node_names
 from gpuwm.sim.simulator import AgentOutage, GpuLoss, SimConfig
 
@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))  # the integration tests' Kubernetes API emulator 
 
 def save_state(controller: SimulatedController, path: Path) -> None:
     """What the controller persists: the engine and its position in every agent's feed, in the controller's
-    own state file (`gpuwm.controller.persistence`: sections of JSON lines and raw columns, written atomically)."""
+    own state file (`gpuwm.controller.state.persistence`: sections of JSON lines and raw columns, written atomically)."""
     persistence.save_state(path, {"engine": controller.engine.save(lazy=True, raw=True),
                                   "agents": controller.puller.positions(), "saved_at": controller.clock})
 

@@ -29,7 +29,7 @@ from pathlib import Path
 from _interpreter import interpreter_description
 from _simcluster import SimulatedAgents, SimulatedController, lost_gpu_seconds, rss_mib
 from gpuwm.config import parse_duration_seconds
-from gpuwm.controller.gctuning import limit_malloc_arenas
+from gpuwm.controller.state.gctuning import limit_malloc_arenas
 from gpuwm.sim.simulator import SimConfig
 
 GIB = 1024.0**3

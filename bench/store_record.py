@@ -30,7 +30,7 @@ from typing import Any
 
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.config import Settings
-from gpuwm.controller.gctuning import tune_garbage_collector
+from gpuwm.controller.state.gctuning import tune_garbage_collector
 from gpuwm.model import GpuSample, PodEvent, PodStatsSample
 from gpuwm.model.trace import NamespaceEvent
 from gpuwm.store import rows as rows_module

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuwm.config import Settings
-from gpuwm.controller.kube import KubeClient
+from gpuwm.controller.kube.client import KubeClient
 from gpuwm.controller.runtime import ControllerRuntime
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import DeviceAllocation, PodEvent, TraceWorkload

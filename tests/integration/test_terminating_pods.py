@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from gpuwm.config import Settings
-from gpuwm.controller.agents import DeviceHolder
-from gpuwm.controller.kube import KubeClient
+from gpuwm.controller.kube.client import KubeClient
+from gpuwm.controller.pull.agents import DeviceHolder
 from gpuwm.controller.runtime import ControllerRuntime
 from gpuwm.model.sample import GpuSample
 from tests.integration.kubeemu import EmulatorThread, KubeHttp, KubernetesEmulator

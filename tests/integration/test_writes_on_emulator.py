@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from gpuwm.config import Settings
-from gpuwm.controller.events import idle_event_body
-from gpuwm.controller.kube import KubeClient
+from gpuwm.controller.kube.client import KubeClient
 from gpuwm.controller.runtime import ControllerRuntime
+from gpuwm.controller.status.events import idle_event_body
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import DeviceAllocation, PodEvent, TraceWorkload
 from tests.integration.kubeemu import EmulatorThread, KubeHttp, KubernetesEmulator

@@ -2,7 +2,7 @@
 
 The window segments and GPU histories are most of the controller's state file, as doubles. As base64 in the JSON they cost a third more bytes to
 write, and an encoding pass each save (every `state_save_interval`); the controller's state file therefore
-carries them as raw little-endian bytes after its JSON (`gpuwm.controller.persistence`),
+carries them as raw little-endian bytes after its JSON (`gpuwm.controller.state.persistence`),
 and the JSON names where each one lies. Anything else that saves the engine (tests, a state
 encoded in one piece) gets base64 text, as before.
 """

@@ -40,7 +40,7 @@ Guard = Callable[[Request, Sequence[str] | None], Awaitable[None]]
 
 #: a device's latest figures are looked for in this many status intervals before the store's latest time
 RECENT_INTERVALS = 4
-#: the prefix of stand-in devices (gpuwm.controller.pods.UNNAMED_DEVICE_PREFIX; the API sits below the
+#: the prefix of stand-in devices (gpuwm.controller.watch.pods.UNNAMED_DEVICE_PREFIX; the API sits below the
 #: controller's layer, so the value is repeated here and a unit test keeps the two equal)
 UNNAMED_DEVICE_PREFIX = "unnamed/"
 GpuState = Literal["active", "idle-held", "allocated-empty", "free", "unhealthy", "unmonitored"]

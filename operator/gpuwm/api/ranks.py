@@ -2,7 +2,7 @@
 
 Users of Baseten and ModelArts address a job's tasks by rank (`worker-0`, the leader as the multinode
 default). The operators say which replica a pod is in its labels, which the controller keeps on the
-pod's figures whatever `labels_kept` says (controller/pods.py RANK_LABELS): Kubeflow
+pod's figures whatever `labels_kept` says (controller/watch/pods.py RANK_LABELS): Kubeflow
 `training.kubeflow.org/replica-type` and `replica-index`, an indexed Job's
 `batch.kubernetes.io/job-completion-index`, JobSet's `jobset.sigs.k8s.io/replicatedjob-name` and
 `job-index` (its pods' completion index within the job after it), Ray's `ray.io/node-type` head/worker.

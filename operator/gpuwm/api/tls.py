@@ -127,7 +127,7 @@ def _key_pem(key: EllipticCurvePrivateKey) -> bytes:
 
 
 class SecretClient(Protocol):
-    """The calls of the controller's Kubernetes client this needs (gpuwm.controller.kube.KubeClient).
+    """The calls of the controller's Kubernetes client this needs (gpuwm.controller.kube.client.KubeClient).
 
     `get` answers None for a missing object; failures raise an exception with the HTTP `status`.
     """

@@ -9,7 +9,6 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuwm.config import ConfigError, Settings, add_settings_arguments, settings_from_arguments
-from gpuwm.controller.gctuning import limit_malloc_arenas
 from gpuwm.logs import wants_json
 
 FIELDS = (
@@ -48,7 +47,7 @@ def _configure_logging(settings: Settings) -> None:
 
 def check_settings(settings: Settings) -> None:
     """Reject option combinations kopf would only fail on later, naming the option."""
-    from gpuwm.controller.agents import parse_agents_spec
+    from gpuwm.controller.pull import parse_agents_spec
 
     try:
         parse_agents_spec(settings.agents)
@@ -83,6 +82,7 @@ def run(arguments: argparse.Namespace) -> int:
     import kopf
 
     from gpuwm.controller import handlers
+    from gpuwm.controller.state import limit_malloc_arenas
 
     _configure_logging(settings)
     limit_malloc_arenas()  # before any thread allocates (kopf's, the store's)

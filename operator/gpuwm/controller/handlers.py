@@ -23,16 +23,12 @@ from typing import Any
 import kopf
 
 from gpuwm.config import Settings
-from gpuwm.controller import recovery
-from gpuwm.controller.agents import PodAgents, agent_url_of_pod, parse_agents_spec
-from gpuwm.controller.events import COMPONENT
-from gpuwm.controller.gctuning import tune_garbage_collector
-from gpuwm.controller.kube import KubeClient
-from gpuwm.controller.login import kube_login
+from gpuwm.controller.kube import KubeClient, kube_login
+from gpuwm.controller.pull import PodAgents, agent_url_of_pod, parse_agents_spec
 from gpuwm.controller.runtime import ControllerRuntime
-from gpuwm.controller.units import requests_gpu
-from gpuwm.controller.workload_kinds import WorkloadKind, parse_workload_kinds
-from gpuwm.controller.workload_objects import WorkloadObjects
+from gpuwm.controller.state import recovery, tune_garbage_collector
+from gpuwm.controller.status import COMPONENT
+from gpuwm.controller.watch import WorkloadKind, WorkloadObjects, parse_workload_kinds, requests_gpu
 
 logger = logging.getLogger("gpuwm.controller")
 
@@ -169,7 +165,7 @@ def namespace_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None
 
 @kopf.on.login(registry=REGISTRY)
 def login(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) -> kopf.ConnectionInfo | None:
-    """The service account in a pod, else the kubeconfig (as `kopf run` logs in: `gpuwm.controller.login`)."""
+    """The service account in a pod, else the kubeconfig (as `kopf run` logs in: `gpuwm.controller.kube.login`)."""
     return kube_login(settings, logger)
 
 
@@ -294,7 +290,7 @@ def _start_api(runtime: ControllerRuntime) -> asyncio.Task[None] | None:
         from gpuwm.api.tls import tls_files
     except ImportError:
         return None
-    from gpuwm.controller.intake_metrics import EngineCollector, IntakeCollector
+    from gpuwm.controller.pull import EngineCollector, IntakeCollector
     settings = runtime.settings
     # no certificate files given: the one kept in --api-tls-secret (read or made once the task runs)
     kept = settings.api_tls and not settings.api_tls_cert_file and bool(settings.api_tls_secret)

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpuwm.config import DEFAULT_WORKLOAD_KINDS
-from gpuwm.controller.workload_kinds import parse_workload_kinds
+from gpuwm.controller.watch import parse_workload_kinds
 
 #: owner kinds the controller walks through (`get` only), by API group
 OWNER_KINDS: dict[str, list[str]] = {

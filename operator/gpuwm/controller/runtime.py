@@ -20,8 +20,8 @@ from typing import Any
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.agent.merge import MergeRequest
 from gpuwm.config import Settings
-from gpuwm.controller import recovery
-from gpuwm.controller.agents import (
+from gpuwm.controller.kube import KubeApiError, KubeClient, TokenBucket
+from gpuwm.controller.pull import (
     AgentPuller,
     DeviceHolder,
     PodAgents,
@@ -30,32 +30,26 @@ from gpuwm.controller.agents import (
     index_holders,
     parse_agents_spec,
 )
-from gpuwm.controller.events import IdleEvents
-from gpuwm.controller.gctuning import collect_cycle_garbage, release_free_memory
-from gpuwm.controller.idleness import IdleWatch, idle_condition
-from gpuwm.controller.kube import KubeApiError, KubeClient
-from gpuwm.controller.owners import OwnerResolver
-from gpuwm.controller.persistence import (
+from gpuwm.controller.state import (
+    collect_cycle_garbage,
     commit_state,
     encode_state_chunks,
+    recovery,
+    release_free_memory,
     save_state,
     stage_state,
     state_path_for_store,
 )
-from gpuwm.controller.pods import (
-    MalformedPodError,
-    TrackedPod,
-    device_allocations,
-    ended_by_deletion,
-    pod_event,
-    state_key,
-    track_pod,
-)
-from gpuwm.controller.ratelimit import TokenBucket
-from gpuwm.controller.sharing import SharingSource
 from gpuwm.controller.status import (
+    PROJECT_PLURAL,
+    WORKLOAD_PLURAL,
     ConditionMemo,
+    Desired,
+    IdleEvents,
+    IdleWatch,
+    StatusWriter,
     dns_name,
+    idle_condition,
     label_value,
     project_counters,
     project_signature,
@@ -67,8 +61,18 @@ from gpuwm.controller.status import (
     workload_signature,
     workload_status_body,
 )
-from gpuwm.controller.units import NodeSharing
-from gpuwm.controller.writer import PROJECT_PLURAL, WORKLOAD_PLURAL, Desired, StatusWriter
+from gpuwm.controller.watch import (
+    MalformedPodError,
+    NodeSharing,
+    OwnerResolver,
+    SharingSource,
+    TrackedPod,
+    device_allocations,
+    ended_by_deletion,
+    pod_event,
+    state_key,
+    track_pod,
+)
 from gpuwm.model.figures import ProjectFigures, WorkloadFigures
 from gpuwm.model.trace import NamespaceEvent, gpu_quota
 

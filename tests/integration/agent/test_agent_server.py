@@ -11,10 +11,10 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
+from gpuwm.agent.merge import MergeRequest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwm.agent.merge import MergeRequest
-from gpuwm.controller.columns import parse_columns
+from gpuwm.controller.pull.columns import parse_columns
 from gpuwm.model import AgentSnapshot, GpuSample
 from tests.fakenvml import write_scenario
 from tests.fakenvml.podresources_server import PodResourcesServer

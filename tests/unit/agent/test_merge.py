@@ -13,11 +13,11 @@ import random
 from typing import Any
 
 import pytest
-
-from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.agent.columns import sample_columns
 from gpuwm.agent.merge import MergeRequest, merge_polls, merge_request
-from gpuwm.controller.columns import parse_columns
+
+from gpuwm.accounting import Engine, EngineConfig
+from gpuwm.controller.pull.columns import parse_columns
 from gpuwm.model import GpuSample, PodEvent
 from tests.unit.accounting.helpers import pod
 

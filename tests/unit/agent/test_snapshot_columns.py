@@ -8,16 +8,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import orjson
+from gpuwm.agent.merge import MergeRequest
+from gpuwm.model.agent import AgentDevice
 
 from gpuwm.agent.buffer import SAMPLE
 from gpuwm.agent.core import Agent
-from gpuwm.agent.merge import MergeRequest
 from gpuwm.agent.metrics import MetricsRenderer
 from gpuwm.agent.server import AgentHTTPServer, serve_in_thread
 from gpuwm.config import Settings
-from gpuwm.controller.agents import KnownDevices, parse_snapshot
+from gpuwm.controller.pull.agents import KnownDevices, parse_snapshot
 from gpuwm.model import GpuSample
-from gpuwm.model.agent import AgentDevice
 
 
 def _get(url: str) -> tuple[int, bytes]:

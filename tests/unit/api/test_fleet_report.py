@@ -20,7 +20,7 @@ from gpuwm.api.report import report_step
 from gpuwm.api.server import ApiServer
 from gpuwm.cli import main
 from gpuwm.config import ConfigError, Settings
-from gpuwm.controller.pods import UNNAMED_DEVICE_PREFIX as CONTROLLER_PREFIX
+from gpuwm.controller.watch.pods import UNNAMED_DEVICE_PREFIX as CONTROLLER_PREFIX
 from gpuwm.model.figures import GpuFigures, WorkloadFigures
 from gpuwm.sim.demo import SimulatedController
 from gpuwm.sim.fleet import node_names

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
-from gpuwm.controller.agents import AgentHttpError, AgentPuller
+from gpuwm.controller.pull.agents import AgentHttpError, AgentPuller
 
 from .loopback import serving
 

@@ -13,10 +13,10 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
+from gpuwm.agent.columns import sample_columns
 
 from gpuwm.accounting import Engine, EngineConfig
-from gpuwm.agent.columns import sample_columns
-from gpuwm.controller.agents import AgentPuller, SampleIntake, Snapshot, parse_snapshot
+from gpuwm.controller.pull.agents import AgentPuller, SampleIntake, Snapshot, parse_snapshot
 from gpuwm.model import GpuSample
 from tests.unit.accounting.helpers import pod
 
@@ -200,7 +200,8 @@ def test_device_entries_hold_the_agents_device_fields_in_order() -> None:
     import dataclasses
 
     from gpuwm.agent.columns import DEVICE_FIELDS
-    from gpuwm.controller.columns import DeviceEntry
+
+    from gpuwm.controller.pull.columns import DeviceEntry
 
     assert tuple(field.name for field in dataclasses.fields(DeviceEntry)) == DEVICE_FIELDS
 
@@ -224,7 +225,7 @@ def _plain_body(rng: random.Random, node: str, rows: int, seq_from: int) -> dict
 def _same_parse(ours: Any, theirs: Any) -> None:
     import numpy
 
-    from gpuwm.controller.columns import SampleColumns
+    from gpuwm.controller.pull.columns import SampleColumns
 
     if isinstance(theirs, ValueError):
         assert isinstance(ours, ValueError) and str(ours) == str(theirs)
@@ -269,7 +270,7 @@ def test_pages_read_together_equal_each_read_on_its_own(seed: int) -> None:
     """`parse_columns_many`: the same SampleColumns (or the same error) as `parse_columns` of each page, whatever
     mix of plain pages, pages of another shape, with processes or errors, empty or malformed it is given; a bad
     page fails alone."""
-    from gpuwm.controller.columns import parse_columns, parse_columns_many
+    from gpuwm.controller.pull.columns import parse_columns, parse_columns_many
 
     rng = random.Random(seed)
     pages = [_plain_body(rng, f"n{index}", rng.choice([1, 3, 9, 24]), 1 + 100 * index) for index in range(30)]
@@ -291,7 +292,7 @@ def test_pages_read_together_equal_each_read_on_its_own(seed: int) -> None:
 
 @pytest.mark.parametrize("index", range(len(_BREAKS)))
 def test_each_kind_of_bad_page_among_good_ones_fails_alone(index: int) -> None:
-    from gpuwm.controller.columns import SampleColumns, parse_columns, parse_columns_many
+    from gpuwm.controller.pull.columns import SampleColumns, parse_columns, parse_columns_many
 
     rng = random.Random(index)
     pages = [_plain_body(rng, f"n{number}", 6, 1 + 10 * number) for number in range(5)]
@@ -312,7 +313,7 @@ async def test_a_pull_reads_columns_outside_its_connection_slot_and_a_bad_agent_
     """Pages wait to be read with other agents' outside the puller's connection slots: with 2 slots, an agent
     that answers only once every other agent was asked is still answered in time; a malformed agent fails alone,
     its `since` kept; the others' samples reach the intake (also when every page is read as soon as it waits)."""
-    from gpuwm.controller.agents import ColumnBatch
+    from gpuwm.controller.pull.agents import ColumnBatch
 
     rng = random.Random(5)
     nodes = [f"n{index}" for index in range(6)]

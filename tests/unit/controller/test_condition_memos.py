@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 
 from gpuwm.config import Settings
-from gpuwm.controller import recovery
-from gpuwm.controller.kube import KubeClient
+from gpuwm.controller.kube.client import KubeClient
 from gpuwm.controller.runtime import ControllerRuntime
-from gpuwm.controller.status import ConditionMemo, build_conditions, memo_from_json, remembered, rfc3339
+from gpuwm.controller.state import recovery
+from gpuwm.controller.status.build import ConditionMemo, build_conditions, memo_from_json, remembered, rfc3339
 
 from .test_status import NOW, figures
 
@@ -88,7 +88,7 @@ def test_a_save_cut_off_by_shutdown_finishes_before_the_last_one(tmp_path: Path,
     import threading
 
     from gpuwm.controller import runtime as runtime_module
-    from gpuwm.controller.persistence import commit_state, load_state, previous_path
+    from gpuwm.controller.state.persistence import commit_state, load_state, previous_path
 
     runtime = _runtime(tmp_path)
     runtime.save(NOW - 120)  # two saves before: the file before last exists, as after any minute of running

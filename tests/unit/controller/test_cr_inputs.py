@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from gpuwm.config import DEFAULT_RESOURCE_NAMES, Settings
-from gpuwm.controller.kube import KubeClient
-from gpuwm.controller.pods import MalformedPodError, track_pod
+from gpuwm.controller.kube.client import KubeClient
 from gpuwm.controller.runtime import ControllerRuntime
-from gpuwm.controller.units import requested_units, requests_gpu
+from gpuwm.controller.watch.pods import MalformedPodError, track_pod
+from gpuwm.controller.watch.units import requested_units, requests_gpu
 
 from .test_pods_agents import JOB, pod_body
 

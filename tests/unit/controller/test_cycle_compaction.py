@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from gpuwm.config import Settings
-from gpuwm.controller.kube import KubeClient
+from gpuwm.controller.kube.client import KubeClient
 from gpuwm.controller.runtime import ControllerRuntime
 from gpuwm.model.figures import WorkloadFigures
 from gpuwm.model.sample import GpuSample

@@ -10,7 +10,7 @@ import httpx
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.api.app import create_app
 from gpuwm.config import Settings
-from gpuwm.controller.intake_metrics import EngineCollector, IntakeCollector
+from gpuwm.controller.pull.intake_metrics import EngineCollector, IntakeCollector
 from gpuwm.model import GpuSample, PodEvent
 from gpuwm.store.embedded import EmbeddedStore
 

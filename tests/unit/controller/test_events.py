@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gpuwm.controller.events import IdleEvents, idle_event_body
-from gpuwm.controller.ratelimit import TokenBucket
+from gpuwm.controller.kube.ratelimit import TokenBucket
+from gpuwm.controller.status.events import IdleEvents, idle_event_body
 from gpuwm.model.figures import WorkloadFigures
 
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwm.controller.idleness import IdleWatch, idle_condition
-from gpuwm.controller.ratelimit import TokenBucket
-from gpuwm.controller.status import (
+from gpuwm.controller.kube.ratelimit import TokenBucket
+from gpuwm.controller.status.build import (
     build_conditions,
     build_workload_status,
     workload_signature,
     workload_status_body,
 )
-from gpuwm.controller.writer import WORKLOAD_PLURAL, Desired, StatusWriter, Written
+from gpuwm.controller.status.idleness import IdleWatch, idle_condition
+from gpuwm.controller.status.writer import WORKLOAD_PLURAL, Desired, StatusWriter, Written
 from gpuwm.model.figures import GpuFigures, WorkloadFigures
 from tests.unit.controller.test_pods_agents import RecordingClient
 

@@ -12,12 +12,12 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
+from gpuwm.agent.columns import sample_columns
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuwm.agent.columns import sample_columns
-from gpuwm.controller.agents import AgentPuller, Snapshot, WrongNodeError, parse_snapshot
-from gpuwm.controller.columns import SampleColumns, parse_columns_many
-from gpuwm.controller.intake_metrics import IntakeCollector
+from gpuwm.controller.pull.agents import AgentPuller, Snapshot, WrongNodeError, parse_snapshot
+from gpuwm.controller.pull.columns import SampleColumns, parse_columns_many
+from gpuwm.controller.pull.intake_metrics import IntakeCollector
 
 from .loopback import serving
 
@@ -165,7 +165,7 @@ async def test_the_puller_counts_and_logs_what_it_refused(agents: tuple[Agents, 
     scraped = generate_latest(registry).decode()
     assert 'gpuwm_controller_rejected_samples_total{reason="not-finite"} 0.0' in scraped
     state.token = "NaN"
-    caplog.set_level(logging.WARNING, logger="gpuwm.controller.agents")
+    caplog.set_level(logging.WARNING, logger="gpuwm.controller.pull.agents")
     taken: list[Snapshot] = []
     result = await puller.pull_all({"good": f"{url}/good", "lost": f"{url}/lost"}, on_snapshot=taken.append)
     assert result.failed_nodes == ["lost"]

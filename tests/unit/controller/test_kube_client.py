@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 
 from gpuwm import __version__
-from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
+from gpuwm.controller.kube.client import KubeApiError, KubeClient, resource_path
 
 from .loopback import serving
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import kopf
 import pytest
 
-from gpuwm.controller import login
-from gpuwm.controller.login import InClusterError, in_cluster_login, kube_login
+from gpuwm.controller.kube import login
+from gpuwm.controller.kube.login import InClusterError, in_cluster_login, kube_login
 
 ENV = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}
 
@@ -91,7 +91,7 @@ def test_kube_login_prefers_the_pod_and_falls_back_to_the_kubeconfig(
     )
     code = (
         "import logging, kopf\n"
-        "from gpuwm.controller.login import kube_login\n"
+        "from gpuwm.controller.kube.login import kube_login\n"
         "info = kube_login(kopf.OperatorSettings(), logging.getLogger('test'))\n"
         "print(info.server, info.token)\n"
     )

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from gpuwm.config import Settings
-from gpuwm.controller.kube import KubeClient
+from gpuwm.controller.kube.client import KubeClient
 from gpuwm.controller.runtime import ControllerRuntime
-from gpuwm.controller.status import workload_counters, workload_signature
-from gpuwm.controller.writer import WORKLOAD_PLURAL, Written
+from gpuwm.controller.status.build import workload_counters, workload_signature
+from gpuwm.controller.status.writer import WORKLOAD_PLURAL, Written
 from gpuwm.model.figures import PodFigures
 
 from .test_status import NOW, figures

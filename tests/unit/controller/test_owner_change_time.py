@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from gpuwm.config import Settings
-from gpuwm.controller.agents import DeviceHolder
-from gpuwm.controller.kube import KubeClient
-from gpuwm.controller.owners import OwnerResolver
+from gpuwm.controller.kube.client import KubeClient
+from gpuwm.controller.pull.agents import DeviceHolder
 from gpuwm.controller.runtime import ControllerRuntime
-from gpuwm.controller.units import NodeSharing
+from gpuwm.controller.watch.owners import OwnerResolver
+from gpuwm.controller.watch.units import NodeSharing
 
 from .test_pods_agents import pod_body
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpuwm.controller.owners import OwnerResolver, controller_reference
+from gpuwm.controller.watch.owners import OwnerResolver, controller_reference
 
 NS = "ns"
 

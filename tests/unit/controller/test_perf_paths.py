@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuwm.controller.agents import HolderCache, WrongNodeError, parse_snapshot
-from gpuwm.controller.gctuning import GC_THRESHOLDS, collect_cycle_garbage, tune_garbage_collector
-from gpuwm.controller.persistence import encode_state, load_state, save_state
+from gpuwm.controller.pull.agents import HolderCache, WrongNodeError, parse_snapshot
+from gpuwm.controller.state.gctuning import GC_THRESHOLDS, collect_cycle_garbage, tune_garbage_collector
+from gpuwm.controller.state.persistence import encode_state, load_state, save_state
 
 
 def _payload(pod: str, node: str = "n1") -> dict[str, object]:
@@ -74,7 +74,7 @@ def test_free_memory_is_released_on_glibc_and_skipped_elsewhere() -> None:
     import ctypes
     import platform
 
-    from gpuwm.controller.gctuning import release_free_memory
+    from gpuwm.controller.state.gctuning import release_free_memory
 
     glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
     assert release_free_memory() is glibc
@@ -84,7 +84,7 @@ def test_free_memory_is_released_on_glibc_and_skipped_elsewhere() -> None:
 
 _ARENAS_PROBE = r"""
 import ctypes, os, sys, threading
-from gpuwm.controller.gctuning import limit_malloc_arenas
+from gpuwm.controller.state.gctuning import limit_malloc_arenas
 print(limit_malloc_arenas() if sys.argv[1] == "limit" else "default", flush=True)
 barrier = threading.Barrier(4)
 kept = []
@@ -116,7 +116,7 @@ def test_malloc_arenas_are_limited_to_one_heap_for_every_thread(mode: str) -> No
 
 
 def test_malloc_arena_limit_leaves_an_explicit_environment_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpuwm.controller.gctuning import limit_malloc_arenas
+    from gpuwm.controller.state.gctuning import limit_malloc_arenas
 
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert limit_malloc_arenas() is False

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gpuwm.controller.persistence import load_state, save_state, state_path_for_store
+from gpuwm.controller.state.persistence import load_state, save_state, state_path_for_store
 
 
 def test_state_path_next_to_the_store() -> None:
@@ -31,7 +31,7 @@ def test_round_trip_and_no_leftovers(tmp_path: Path) -> None:
 def test_each_save_is_written_over_the_state_before_last_in_place(tmp_path: Path) -> None:
     """No new file per save: the file before last is overwritten (its pages are cached), then takes the
     state's name; the old state becomes the file before last. A shorter state leaves nothing of a longer one."""
-    from gpuwm.controller.persistence import previous_path
+    from gpuwm.controller.state.persistence import previous_path
 
     path = tmp_path / "state.json"
     save_state(path, {"engine": {"a": list(range(500))}, "saved_at": 1.0})
@@ -48,7 +48,7 @@ def test_each_save_is_written_over_the_state_before_last_in_place(tmp_path: Path
 def test_leftovers_of_a_killed_save_do_no_harm(tmp_path: Path) -> None:
     """Killed between the link and the renames: a `.swap` name is left, or the file before last is the
     state itself under a second name. The next save neither fails nor writes over the state it reads."""
-    from gpuwm.controller.persistence import previous_path
+    from gpuwm.controller.state.persistence import previous_path
 
     path = tmp_path / "state.json"
     save_state(path, {"engine": {"a": [1]}})
@@ -103,7 +103,7 @@ def test_state_goes_elsewhere_when_the_store_directory_is_not_writable(tmp_path:
 
 
 def test_streamed_state_is_the_same_document_in_bounded_pieces(tmp_path: Path) -> None:
-    from gpuwm.controller.persistence import encode_state, encode_state_chunks
+    from gpuwm.controller.state.persistence import encode_state, encode_state_chunks
 
     state = {
         "engine": {"gpus": {f"GPU-{i}": {"history": "A" * 200, "units": i, 3: [1.5, None]} for i in range(2000)},
@@ -120,7 +120,7 @@ def test_streamed_state_is_the_same_document_in_bounded_pieces(tmp_path: Path) -
 
 
 def test_a_save_failing_mid_stream_keeps_the_previous_state(tmp_path: Path) -> None:
-    from gpuwm.controller.persistence import write_state
+    from gpuwm.controller.state.persistence import write_state
 
     path = tmp_path / "state.json"
     save_state(path, {"engine": {"a": [1]}})
@@ -155,8 +155,8 @@ def test_a_lazy_engine_state_is_written_in_sections_built_a_batch_at_a_time(
     import orjson
 
     from gpuwm.accounting.persist import LazyEntries
-    from gpuwm.controller import persistence
-    from gpuwm.controller.persistence import (
+    from gpuwm.controller.state import persistence
+    from gpuwm.controller.state.persistence import (
         LINES_KEY,
         SECTIONS_MAGIC,
         SavedLines,
@@ -207,7 +207,7 @@ def test_a_sectioned_state_restores_the_same_engine_and_controller(tmp_path: Pat
     import orjson
 
     from gpuwm.accounting import Engine, EngineConfig
-    from gpuwm.controller.persistence import SavedLines, encode_state_chunks, write_state
+    from gpuwm.controller.state.persistence import SavedLines, encode_state_chunks, write_state
 
     engine = _busy_engine(workloads=20, seconds=5)
     path = tmp_path / "state.json"
@@ -259,8 +259,7 @@ def _file_before_sections(state: dict[str, Any]) -> bytes:
     """A state file as controllers wrote it before sections: the JSON, its raw columns, `RAW_MAGIC`'s trailer."""
     import struct
 
-    from gpuwm.controller import persistence
-
+    from gpuwm.controller.state import persistence
     raw = persistence._RawSection()
     document = b"".join(persistence._chunks({"version": persistence.STATE_VERSION, **state}, 4, raw.default))
     columns = b"".join(bytes(memoryview(column.data).cast("B")) for column in raw.columns)
@@ -276,7 +275,7 @@ def test_raw_columns_go_after_the_json_and_restore_the_same_engine(tmp_path: Pat
     import orjson
 
     from gpuwm.accounting import Engine, EngineConfig
-    from gpuwm.controller.persistence import (
+    from gpuwm.controller.state.persistence import (
         RAW_KEY,
         RAW_MAGIC,
         SECTIONS_MAGIC,
@@ -310,7 +309,7 @@ def test_raw_columns_go_after_the_json_and_restore_the_same_engine(tmp_path: Pat
 
 def test_a_state_without_raw_columns_is_plain_json(tmp_path: Path) -> None:
     """Nothing raw to carry (a small state, the tests' states): the file is JSON alone, as before."""
-    from gpuwm.controller.persistence import RAW_MAGIC, encode_state, encode_state_chunks
+    from gpuwm.controller.state.persistence import RAW_MAGIC, encode_state, encode_state_chunks
 
     state = {"engine": _busy_engine().save(), "saved_at": 40.0}
     assert b"".join(encode_state_chunks(state)) == encode_state(state)
@@ -320,7 +319,7 @@ def test_a_state_without_raw_columns_is_plain_json(tmp_path: Path) -> None:
 def test_raw_columns_in_one_piece_are_base64(tmp_path: Path) -> None:
     """`encode_state` has nowhere to put raw bytes: they go into the JSON as base64, which restores too."""
     from gpuwm.accounting import Engine, EngineConfig
-    from gpuwm.controller.persistence import encode_state
+    from gpuwm.controller.state.persistence import encode_state
 
     engine = _busy_engine(merged=True)
     path = tmp_path / "state.json"
@@ -339,7 +338,7 @@ def test_a_damaged_raw_state_file_is_none_not_a_crash(tmp_path: Path, damage: st
 
     from gpuwm.accounting import Engine, EngineConfig
     from gpuwm.accounting.persist import StateError
-    from gpuwm.controller.persistence import RAW_MAGIC
+    from gpuwm.controller.state.persistence import RAW_MAGIC
 
     path = tmp_path / "state.json"
     data = _file_before_sections({"engine": _busy_engine().save(raw=True)})
@@ -380,7 +379,7 @@ def test_a_damaged_sectioned_state_file_is_none_or_unusable_not_a_crash(
 
     from gpuwm.accounting import Engine, EngineConfig
     from gpuwm.accounting.persist import StateError
-    from gpuwm.controller.persistence import SECTIONS_MAGIC, encode_state_chunks, write_state
+    from gpuwm.controller.state.persistence import SECTIONS_MAGIC, encode_state_chunks, write_state
 
     path = tmp_path / "state.json"
     write_state(path, encode_state_chunks({"engine": _busy_engine().save(lazy=True, raw=True)}))
@@ -440,7 +439,7 @@ def test_a_raw_state_holds_the_same_samples_and_pod_events_as_dumped_models(tmp_
 
     from gpuwm.accounting import Engine, EngineConfig
     from gpuwm.accounting.rawcolumns import RawJson
-    from gpuwm.controller.persistence import encode_state, encode_state_chunks, write_state
+    from gpuwm.controller.state.persistence import encode_state, encode_state_chunks, write_state
     from tests.unit.accounting.helpers import sample
 
     engine = _busy_engine(workloads=4, seconds=5)

@@ -9,7 +9,7 @@ import pytest
 
 from gpuwm.accounting import Engine
 from gpuwm.config import DEFAULT_RESOURCE_NAMES
-from gpuwm.controller.pods import MalformedPodError, parse_quantity, pod_event, track_pod
+from gpuwm.controller.watch.pods import MalformedPodError, parse_quantity, pod_event, track_pod
 from gpuwm.model import PodResources
 from gpuwm.model.trace import DeviceAllocation, TraceWorkload
 

@@ -9,7 +9,9 @@ import pytest
 
 from gpuwm.accounting import Engine
 from gpuwm.config import DEFAULT_RESOURCE_NAMES
-from gpuwm.controller.agents import (
+from gpuwm.controller.kube.client import KubeApiError
+from gpuwm.controller.kube.ratelimit import TokenBucket
+from gpuwm.controller.pull.agents import (
     DeviceHolder,
     PodAgents,
     SampleIntake,
@@ -18,10 +20,8 @@ from gpuwm.controller.agents import (
     parse_agents_spec,
     parse_snapshot,
 )
-from gpuwm.controller.kube import KubeApiError
-from gpuwm.controller.pods import MalformedPodError, device_allocations, pod_event, state_key, track_pod
-from gpuwm.controller.ratelimit import TokenBucket
-from gpuwm.controller.writer import Desired, StatusWriter
+from gpuwm.controller.status.writer import Desired, StatusWriter
+from gpuwm.controller.watch.pods import MalformedPodError, device_allocations, pod_event, state_key, track_pod
 from gpuwm.model.trace import TraceWorkload
 
 JOB = TraceWorkload(api_version="batch/v1", kind="Job", name="train", uid="j1", created=0.0)
@@ -180,7 +180,7 @@ async def test_writer_news_first_and_at_the_bucket_rate() -> None:
 
 
 def test_agent_url_of_pod_uses_the_declared_port() -> None:
-    from gpuwm.controller.agents import agent_url_of_pod
+    from gpuwm.controller.pull.agents import agent_url_of_pod
 
     pod: dict[str, Any] = {"spec": {"nodeName": "n1", "containers": [{"name": "agent", "ports": [
         {"name": "grpc", "containerPort": 9000}, {"name": "http", "containerPort": 9500}]}]},

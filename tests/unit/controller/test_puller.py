@@ -11,7 +11,7 @@ import aiohttp.connector
 import pytest
 from aiohttp import web
 
-from gpuwm.controller.agents import AgentPuller
+from gpuwm.controller.pull.agents import AgentPuller
 
 from .loopback import serving
 

@@ -10,12 +10,12 @@ import orjson
 import pytest
 
 from gpuwm.config import Settings
-from gpuwm.controller import recovery
-from gpuwm.controller.agents import DeviceHolder
-from gpuwm.controller.kube import KubeClient
-from gpuwm.controller.persistence import SavedLines, load_state
-from gpuwm.controller.pods import TrackedPod
+from gpuwm.controller.kube.client import KubeClient
+from gpuwm.controller.pull.agents import DeviceHolder
 from gpuwm.controller.runtime import ControllerRuntime
+from gpuwm.controller.state import recovery
+from gpuwm.controller.state.persistence import SavedLines, load_state
+from gpuwm.controller.watch.pods import TrackedPod
 from gpuwm.model.trace import TraceWorkload
 from tests.unit.accounting.helpers import pod, sample
 

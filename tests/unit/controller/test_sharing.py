@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 
 from gpuwm.config import DEFAULT_RESOURCE_NAMES, Settings
-from gpuwm.controller.kube import KubeApiError
-from gpuwm.controller.pods import track_pod
-from gpuwm.controller.sharing import SharingSource, parse_device_plugin_config
-from gpuwm.controller.units import NodeSharing, device_plugin_config_key, device_plugin_replicas
+from gpuwm.controller.kube.client import KubeApiError
+from gpuwm.controller.watch.pods import track_pod
+from gpuwm.controller.watch.sharing import SharingSource, parse_device_plugin_config
+from gpuwm.controller.watch.units import NodeSharing, device_plugin_config_key, device_plugin_replicas
 from gpuwm.model.trace import TraceWorkload
 
 CONFIG_PATH = "/api/v1/namespaces/gpu-operator/configmaps/time-slicing-config"

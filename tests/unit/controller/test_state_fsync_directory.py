@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwm.controller import persistence
+from gpuwm.controller.state import persistence
 
 
 def test_folder_is_synced_after_the_rename(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from gpuwm.config import Settings
-from gpuwm.controller.kube import KubeClient
+from gpuwm.controller.kube.client import KubeClient
 from gpuwm.controller.runtime import ControllerRuntime
 
 START = 1_790_000_000.0

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuwm.controller.ratelimit import TokenBucket
-from gpuwm.controller.status import (
+from gpuwm.controller.kube.ratelimit import TokenBucket
+from gpuwm.controller.status.build import (
     build_conditions,
     build_project_status,
     build_workload_status,

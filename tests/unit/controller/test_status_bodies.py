@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpuwm.accounting import Engine
-from gpuwm.controller.status import (
+from gpuwm.controller.status.build import (
     build_conditions,
     build_project_status,
     build_workload_status,

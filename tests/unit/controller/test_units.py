@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpuwm.config import DEFAULT_RESOURCE_NAMES
-from gpuwm.controller.units import (
+from gpuwm.controller.watch.units import (
     matches_resource,
     mig_fraction,
     mig_profile,

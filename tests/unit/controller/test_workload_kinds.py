@@ -10,7 +10,7 @@ import pytest
 
 from gpuwm.config import DEFAULT_RESOURCE_NAMES, DEFAULT_WORKLOAD_KINDS, Settings
 from gpuwm.controller.rbac import workload_kind_rules
-from gpuwm.controller.workload_kinds import (
+from gpuwm.controller.watch.workload_kinds import (
     READERS,
     WorkloadKind,
     asks_for_gpus,

@@ -10,9 +10,9 @@ import pytest
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.config import DEFAULT_RESOURCE_NAMES
 from gpuwm.controller import handlers
-from gpuwm.controller.status import workload_labels, workload_status_body
-from gpuwm.controller.workload_kinds import parse_workload_kinds
-from gpuwm.controller.workload_objects import WorkloadObjects
+from gpuwm.controller.status.build import workload_labels, workload_status_body
+from gpuwm.controller.watch.workload_kinds import parse_workload_kinds
+from gpuwm.controller.watch.workload_objects import WorkloadObjects
 from gpuwm.model.figures import WorkloadFigures
 
 CREATED = "2026-01-01T00:00:00Z"

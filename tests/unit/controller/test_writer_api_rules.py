@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from gpuwm.controller.kube import KubeApiError
-from gpuwm.controller.ratelimit import TokenBucket
-from gpuwm.controller.writer import Desired, StatusWriter
+from gpuwm.controller.kube.client import KubeApiError
+from gpuwm.controller.kube.ratelimit import TokenBucket
+from gpuwm.controller.status.writer import Desired, StatusWriter
 
 
 class GenerationClient:
@@ -151,7 +151,7 @@ async def test_a_status_with_nan_goes_out_as_null() -> None:
     """Through the real client to a loopback server: what reaches the API server is JSON, NaN as null."""
     from aiohttp import web
 
-    from gpuwm.controller.kube import KubeClient
+    from gpuwm.controller.kube.client import KubeClient
     from tests.unit.controller.loopback import serving
 
     bodies: list[bytes] = []
@@ -178,7 +178,7 @@ async def test_a_status_with_nan_goes_out_as_null() -> None:
 
 
 async def test_the_client_refuses_to_send_nan() -> None:
-    from gpuwm.controller.kube import KubeClient
+    from gpuwm.controller.kube.client import KubeClient
 
     client = KubeClient("http://127.0.0.1:9")
     with pytest.raises(ValueError, match="JSON compliant"):

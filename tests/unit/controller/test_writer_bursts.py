@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from gpuwm.controller.ratelimit import TokenBucket
-from gpuwm.controller.writer import WRITE_BURST_SECONDS, StatusWriter
+from gpuwm.controller.kube.ratelimit import TokenBucket
+from gpuwm.controller.status.writer import WRITE_BURST_SECONDS, StatusWriter
 from tests.unit.controller.test_pods_agents import RecordingClient, desired
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gpuwm.controller.ratelimit import TokenBucket
-from gpuwm.controller.writer import Desired, StatusWriter
+from gpuwm.controller.kube.ratelimit import TokenBucket
+from gpuwm.controller.status.writer import Desired, StatusWriter
 
 
 class Client:

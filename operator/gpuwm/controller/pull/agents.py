@@ -39,7 +39,7 @@ from gpuwm import __version__
 from gpuwm.accounting import Engine
 from gpuwm.agent.columns import DEVICES_TAG_MAX_LENGTH, DEVICES_TAG_PARAM
 from gpuwm.agent.merge import MergeRequest
-from gpuwm.controller.columns import (
+from gpuwm.controller.pull.columns import (
     DeviceEntry,
     SampleColumns,
     concat,
@@ -225,7 +225,7 @@ class WrongNodeError(ValueError):
 def _loads(payload: bytes | bytearray) -> Any:
     """An agent's JSON. orjson refuses `NaN` and `Infinity` tokens and numbers that overflow (1e999) outright;
     such an answer is read again by Python's reader, every token that is not a finite number as infinity: in the
-    columns NaN stands for null, and the samples that hold infinity are dropped (`gpuwm.controller.columns`)."""
+    columns NaN stands for null, and the samples that hold infinity are dropped (`gpuwm.controller.pull.columns`)."""
     try:
         return orjson.loads(payload)
     except orjson.JSONDecodeError:
@@ -564,7 +564,7 @@ class AgentPuller:
         self._holder_cache: HolderCache = {}
         #: each agent's devices under the tag it gave them: asked for with it, an agent leaves them out unchanged
         self._known_devices: dict[str, KnownDevices] = {}
-        #: samples and snapshots refused since the start, by reason (`gpuwm.controller.intake_metrics` exports them)
+        #: samples and snapshots refused since the start, by reason (`gpuwm.controller.pull.intake_metrics` exports them)
         self.rejected_samples: Counter[str] = Counter()
         self.rejected_snapshots: Counter[str] = Counter()
 

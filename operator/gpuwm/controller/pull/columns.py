@@ -6,7 +6,7 @@ the samples the rest of the cycle keeps (each device's latest) become GpuSample 
 
 In the arrays NaN stands for null (not reported). A number that is not finite is something
 else: the reader of the agent's JSON turns `NaN` and `±Infinity` into infinity (see
-`gpuwm.controller.agents`), JSON's overflowing numbers (1e999) are infinite already, and a
+`gpuwm.controller.pull.agents`), JSON's overflowing numbers (1e999) are infinite already, and a
 row with an infinite value in any of its numbers or its processes' is dropped, the others
 kept (`SampleColumns.rejected_rows` counts them): one such figure would make every sum it
 enters infinite or NaN.

@@ -13,9 +13,8 @@ import socket
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
-from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
-from gpuwm.controller.ratelimit import TokenBucket
-from gpuwm.controller.status import rfc3339
+from gpuwm.controller.kube import KubeApiError, KubeClient, TokenBucket, resource_path
+from gpuwm.controller.status.build import rfc3339
 from gpuwm.model.figures import WorkloadFigures
 
 logger = logging.getLogger(__name__)
@@ -69,7 +68,7 @@ class IdleEvents:
     def announce(self, workloads: list[WorkloadFigures], idle: Mapping[str, str]) -> None:
         """Queue an Event for each workload whose Idle condition turned True (`idle`: uid -> its status).
 
-        The Idle condition is the one judge of idleness (`gpuwm.controller.status.idle_condition`:
+        The Idle condition is the one judge of idleness (`gpuwm.controller.status.build.idle_condition`:
         observed idle time only), so an Event never says more than the CR does. While the
         condition is Unknown (its agent not reporting) a spell already announced stays announced:
         an outage inside one idle spell does not make a second Event.

@@ -13,7 +13,13 @@ from collections.abc import Hashable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple, get_args
 
-from gpuwm.controller.idleness import holds_gpus, idle_condition, idle_since_second, reporting, sample_recent
+from gpuwm.controller.status.idleness import (
+    holds_gpus,
+    idle_condition,
+    idle_since_second,
+    reporting,
+    sample_recent,
+)
 from gpuwm.model.crd import (
     MAX_LISTED,
     Condition,

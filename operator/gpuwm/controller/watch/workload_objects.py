@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
-from gpuwm.controller.owners import parse_kubernetes_time
-from gpuwm.controller.workload_kinds import (
+from gpuwm.controller.watch.owners import parse_kubernetes_time
+from gpuwm.controller.watch.workload_kinds import (
     KUEUE_GROUP,
     KUEUE_QUEUE_LABEL,
     KUEUE_WORKLOAD_KIND,

@@ -14,9 +14,9 @@ from collections.abc import Collection, Container, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpuwm.controller.agents import DeviceHolder
-from gpuwm.controller.owners import parse_kubernetes_time
-from gpuwm.controller.units import NodeSharing, requested_units
+from gpuwm.controller.pull import DeviceHolder
+from gpuwm.controller.watch.owners import parse_kubernetes_time
+from gpuwm.controller.watch.units import NodeSharing, requested_units
 from gpuwm.model.podstats import PodResources
 from gpuwm.model.trace import DeviceAllocation, PodEvent, PodPhase, TraceWorkload
 

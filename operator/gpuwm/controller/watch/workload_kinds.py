@@ -16,9 +16,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpuwm.controller.owners import controller_reference
-from gpuwm.controller.pods import FAILURE_REASON_MAX_CHARS
-from gpuwm.controller.units import requested_units
+from gpuwm.controller.watch.owners import controller_reference
+from gpuwm.controller.watch.pods import FAILURE_REASON_MAX_CHARS
+from gpuwm.controller.watch.units import requested_units
 
 Finished = Literal["Succeeded", "Failed"] | None
 #: (pods, pod spec) per template: a template's GPU request counts once per pod it makes

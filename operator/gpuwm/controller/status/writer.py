@@ -19,9 +19,8 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
-from gpuwm.controller.ratelimit import TokenBucket
-from gpuwm.controller.status import (
+from gpuwm.controller.kube import KubeApiError, KubeClient, TokenBucket, resource_path
+from gpuwm.controller.status.build import (
     CLUSTER_QUEUE_LABEL,
     LOCAL_QUEUE_LABEL,
     MANAGED_BY,

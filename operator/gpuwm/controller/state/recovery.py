@@ -19,14 +19,21 @@ from typing import TYPE_CHECKING, Any
 
 from gpuwm.accounting import Engine
 from gpuwm.accounting.persist import LazyEntries, saved_entries
-from gpuwm.controller.agents import DeviceHolder, index_holders
-from gpuwm.controller.gctuning import release_free_memory
 from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
-from gpuwm.controller.owners import parse_kubernetes_time
-from gpuwm.controller.persistence import load_state
-from gpuwm.controller.pods import TrackedPod
-from gpuwm.controller.status import MANAGED_BY, MANAGED_BY_LABEL, memo_from_json, memo_to_json, remembered
-from gpuwm.controller.writer import API_VERSION, PROJECT_PLURAL, WORKLOAD_PLURAL
+from gpuwm.controller.pull import DeviceHolder, index_holders
+from gpuwm.controller.state.gctuning import release_free_memory
+from gpuwm.controller.state.persistence import load_state
+from gpuwm.controller.status import (
+    API_VERSION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    PROJECT_PLURAL,
+    WORKLOAD_PLURAL,
+    memo_from_json,
+    memo_to_json,
+    remembered,
+)
+from gpuwm.controller.watch import TrackedPod, parse_kubernetes_time
 from gpuwm.model.compact import share_fields_set
 from gpuwm.model.crd import Condition
 from gpuwm.model.trace import TraceWorkload

@@ -18,7 +18,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuwm.accounting import Engine
-from gpuwm.controller.agents import NOT_FINITE, WRONG_NODE, AgentPuller
+from gpuwm.controller.pull.agents import NOT_FINITE, WRONG_NODE, AgentPuller
 
 #: the reasons always exported (at 0 before any), so an alert on a rate has a series from the start
 _SAMPLE_REASONS = (NOT_FINITE,)

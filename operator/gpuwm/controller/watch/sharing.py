@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
-from gpuwm.controller.units import (
+from gpuwm.controller.watch.units import (
     SHARING_NODE_LABELS,
     NodeSharing,
     device_plugin_config_key,

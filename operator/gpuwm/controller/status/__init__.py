@@ -1,0 +1,56 @@
+"""Building and writing the CRs' status and Events from the engine's figures.
+
+`build` is pure (figures → status bodies, conditions, whether a write is worth it), `idleness`
+decides the Idle and Sampling conditions, `writer` paces the `/status` writes and `events`
+the Idle Events. It writes through `kube` and knows nothing of agents or pods.
+"""
+
+from gpuwm.controller.status.build import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    ConditionMemo,
+    dns_name,
+    label_value,
+    memo_from_json,
+    memo_to_json,
+    project_counters,
+    project_signature,
+    project_status_body,
+    remembered,
+    workload_counters,
+    workload_cr_name,
+    workload_labels,
+    workload_signature,
+    workload_status_body,
+)
+from gpuwm.controller.status.events import COMPONENT, IdleEvents
+from gpuwm.controller.status.idleness import IdleWatch, idle_condition
+from gpuwm.controller.status.writer import API_VERSION, PROJECT_PLURAL, WORKLOAD_PLURAL, Desired, StatusWriter
+
+__all__ = [
+    "API_VERSION",
+    "COMPONENT",
+    "MANAGED_BY",
+    "MANAGED_BY_LABEL",
+    "PROJECT_PLURAL",
+    "WORKLOAD_PLURAL",
+    "ConditionMemo",
+    "Desired",
+    "IdleEvents",
+    "IdleWatch",
+    "StatusWriter",
+    "dns_name",
+    "idle_condition",
+    "label_value",
+    "memo_from_json",
+    "memo_to_json",
+    "project_counters",
+    "project_signature",
+    "project_status_body",
+    "remembered",
+    "workload_counters",
+    "workload_cr_name",
+    "workload_labels",
+    "workload_signature",
+    "workload_status_body",
+]

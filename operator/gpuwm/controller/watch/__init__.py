@@ -1,0 +1,39 @@
+"""What the controller reads from the cluster: pods, their owners, workload objects and GPU sharing.
+
+Turns watched Kubernetes objects into the engine's pod and workload events (requested GPU units,
+the owner walk to the workload, each workload kind's reading, the device plugin's sharing). It
+reads through `kube` and names device holders from `pull`; it builds no status.
+"""
+
+from gpuwm.controller.watch.owners import OwnerResolver, parse_kubernetes_time
+from gpuwm.controller.watch.pods import (
+    MalformedPodError,
+    TrackedPod,
+    device_allocations,
+    ended_by_deletion,
+    pod_event,
+    state_key,
+    track_pod,
+)
+from gpuwm.controller.watch.sharing import SharingSource
+from gpuwm.controller.watch.units import NodeSharing, requests_gpu
+from gpuwm.controller.watch.workload_kinds import WorkloadKind, parse_workload_kinds
+from gpuwm.controller.watch.workload_objects import WorkloadObjects
+
+__all__ = [
+    "MalformedPodError",
+    "NodeSharing",
+    "OwnerResolver",
+    "SharingSource",
+    "TrackedPod",
+    "WorkloadKind",
+    "WorkloadObjects",
+    "device_allocations",
+    "ended_by_deletion",
+    "parse_kubernetes_time",
+    "parse_workload_kinds",
+    "pod_event",
+    "requests_gpu",
+    "state_key",
+    "track_pod",
+]
