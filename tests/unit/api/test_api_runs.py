@@ -15,6 +15,7 @@ from gpuwm.api.app import create_app
 from gpuwm.config import Settings
 from gpuwm.model import GpuSample, PodStatsSample
 from gpuwm.model.figures import GpuFigures, PodFigures, WorkloadFigures
+from gpuwm.model.podstats import PodResources
 from gpuwm.store.embedded import EmbeddedStore
 from tests.unit.store.store_data import cluster, project, sample
 
@@ -23,6 +24,10 @@ TIERS = ["15s:2m", "1m:1d"]
 #: the first run of `train` lives 0 .. 345 and fails; the second (same name, new UID) 360 .. 900
 FIRST_TIMES = [float(t) for t in range(0, 360, 15)]
 SECOND_TIMES = [float(t) for t in range(360, 915, 15)]
+
+
+#: each pod's spec: 2 cores requested, 4 the limit; 4 GB of memory requested, 8 GB the limit
+SPEC = PodResources(cpu_request_cores=2.0, cpu_limit_cores=4.0, memory_request_bytes=4e9, memory_limit_bytes=8e9)
 
 
 def util_of(run: str, pod: int, t: float) -> float:
@@ -49,7 +54,7 @@ def run_figures(run: str, t: float, ended: float | None = None) -> WorkloadFigur
         nodes=["node-a"],
         pods=[
             PodFigures(name=f"worker-{index}", uid=pods[index], node="node-a",
-                       phase="Failed" if ended is not None else "Running", allocated_gpus=1.0)
+                       phase="Failed" if ended is not None else "Running", allocated_gpus=1.0, resources=SPEC)
             for index in range(2)
         ],
         gpus=[
