@@ -16,7 +16,7 @@ FIELDS = (
     "resource_names", "workload_kinds", "project_label", "idle_threshold_percent", "interval", "late_event_window",
     "status_interval", "snapshot_merge", "retention", "agents", "store", "state_save_interval", "idle_condition_after", "underutilized_percent",
     "status_writes_per_second", "status_counters_refresh", "time_sliced_replicas", "device_plugin_config", "api_listen", "auth",
-    "runai_compatible_metrics", "cluster_id", "store_rollups", "store_latest_rows_per_interval",
+    "runai_compatible_metrics", "cluster_id", "runai_user_label", "store_rollups", "store_latest_rows_per_interval",
     "api_tls", "api_tls_cert_file", "api_tls_key_file", "api_tls_secret", "api_tls_dns_names", "api_token_audience", "api_max_points_per_response",
     "api_max_concurrent_queries", "api_auth_cache_entries", "api_auth_reviews_per_client_per_second",
 )

@@ -18,7 +18,6 @@ from operator import attrgetter
 from typing import Any
 
 from gpuwm.accounting import Engine, EngineConfig
-from gpuwm.agent.merge import MergeRequest
 from gpuwm.config import Settings
 from gpuwm.controller.kube import KubeApiError, KubeClient, TokenBucket
 from gpuwm.controller.pull import (
@@ -73,6 +72,7 @@ from gpuwm.controller.watch import (
     state_key,
     track_pod,
 )
+from gpuwm.feed import MergeRequest
 from gpuwm.model.figures import ProjectFigures, WorkloadFigures
 from gpuwm.model.trace import NamespaceEvent, gpu_quota
 
@@ -164,7 +164,7 @@ class ControllerRuntime:
             pod = track_pod(
                 body, workload, self.settings.resource_names, deleted=event_type == "DELETED",
                 replicas=replicas, shared_replicas=self.settings.time_sliced_replicas,
-                labels_kept=(self.settings.project_label,),
+                labels_kept=tuple(filter(None, (self.settings.project_label, self.settings.runai_user_label))),
             )
         except (MalformedPodError, KeyError, TypeError, ValueError) as error:
             self._warn_once(uid or repr(metadata.get("name")), f"skipping a malformed pod: {error}")

@@ -122,5 +122,9 @@ def test_a_label_key_is_accepted(key: str) -> None:
 
 
 def test_the_setting_is_one_name_as_flag_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuwm.cli import build_parser
+
     monkeypatch.setenv("GPUWM_RUNAI_USER_LABEL", "user")
     assert Settings().runai_user_label == "user"
+    for verb in ("controller", "api"):
+        assert build_parser().parse_args([verb, "--runai-user-label", "runai/user"]).runai_user_label == "runai/user"
