@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuwm.model.metrics import BY_NAME, STORED, Aggregation, Source
+from gpuwm.model.metrics import STORED, Aggregation, Source
 
 #: PromQL's operator for each of the catalogue's aggregations across devices
 _OPERATOR = {Aggregation.SUM: "sum", Aggregation.MEAN: "avg", Aggregation.MAX: "max"}
@@ -15,14 +15,16 @@ _AGENT_GPU = {
     if metric.series_help is not None and metric.source in (Source.GPU, Source.AGENT)
     and metric.aggregation in _OPERATOR and metric.name not in _FROM_FIGURES
 }
-#: the stored metrics read off the agent's per-pod series, summed
-_AGENT_POD = frozenset(metric.name for metric in STORED if metric.series_help is not None and metric.source is Source.POD)
-#: the stored ratios of two metrics the agent exports
-_RATIOS = {
-    metric.name: metric.ratio_of
+#: the stored per-pod metrics, summed over pods, each from its series: the agent's `gpuwm_<name>` for the
+#: kubelet's figures, the controller's `gpuwm_pod_<name>` for the pod spec's (`api/prom_metrics.py`)
+_POD_SERIES = {
+    metric.name: f"gpuwm_pod_{metric.name}" if metric.source is Source.POD_SPEC else f"gpuwm_{metric.name}"
     for metric in STORED
-    if metric.ratio_of is not None and all(BY_NAME[part].series_help is not None for part in metric.ratio_of)
+    if metric.field is not None and metric.source in (Source.POD, Source.POD_SPEC)
 }
+#: the stored ratios: (numerator, denominator) of the device ratios and of the pod ratios
+_DEVICE_RATIOS = {metric.name: metric.ratio_of for metric in STORED if metric.ratio_of and metric.source is Source.GPU}
+_POD_RATIOS = {metric.name: metric.ratio_of for metric in STORED if metric.ratio_of and metric.source is Source.POD}
 _BY_LABELS = {
     None: "",
     "gpu": "node, uuid, gpu, namespace, pod",
@@ -58,17 +60,21 @@ def promql(metric: str, scope: str, key: str, by: str | None, narrow: str = "") 
     grouping = f" by ({_BY_LABELS[by]})" if by else ""
     if metric in _AGENT_GPU:
         return f"{_AGENT_GPU[metric]}{grouping} ({_scoped(f'gpuwm_{metric}', scope, key, narrow)})"
-    if metric in _RATIOS:
-        numerator, denominator = _RATIOS[metric]
-        if by == "gpu" and BY_NAME[numerator].source is Source.POD:
-            return None
+    if metric in _DEVICE_RATIOS:
+        numerator, denominator = _DEVICE_RATIOS[metric]
         used = _scoped(f"gpuwm_{numerator}", scope, key, narrow)
         total = _scoped(f"gpuwm_{denominator}", scope, key, narrow)
         return f"100 * sum{grouping} ({used}) / sum{grouping} ({total})"
-    if metric in _AGENT_POD:
-        if by == "gpu":
-            return None
-        return f"sum{grouping} ({_scoped(f'gpuwm_{metric}', scope, key, narrow)})"
+    if by == "gpu" and (metric in _POD_SERIES or metric in _POD_RATIOS):
+        return None  # a pod's figures are not split among its devices
+    if metric in _POD_SERIES:
+        return f"sum{grouping} ({_scoped(_POD_SERIES[metric], scope, key, narrow)})"
+    if metric in _POD_RATIOS:
+        numerator, denominator = (_POD_SERIES[part] for part in _POD_RATIOS[metric])
+        # both over the pods that have the two, matched pod by pod (as the embedded store counts)
+        used = f"({_scoped(numerator, scope, key, narrow)} and on (namespace, pod) {denominator})"
+        given = f"({_scoped(denominator, scope, key, narrow)} and on (namespace, pod) {numerator})"
+        return f"100 * sum{grouping} ({used}) / (sum{grouping} ({given}) > 0)"
     if metric == "gpu_energy_joules":
         if scope in ("node", "cluster"):
             return f"sum{grouping} ({_scoped('gpuwm_gpu_energy_joules_total', scope, key, narrow)})"
