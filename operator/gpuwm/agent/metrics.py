@@ -1,64 +1,50 @@
 """`/metrics`: the agent's cached state in the Prometheus text format (no NVML or gRPC call per scrape).
 
 Labels are fixed and few: node, gpu, uuid, model, mig_profile, and namespace, pod, container of
-the pod that holds the device (empty when none, or when several pods share it).
+the pod that holds the device (empty when none, or when several pods share it). The per-GPU and
+per-pod families, their help and type come from the metric catalogue (`gpuwm.model.metrics`).
 
-The text is written here rather than through prometheus-client's `generate_latest`: that escapes
-and sorts every label of every sample on each scrape (~3-5 ms for 8 GPUs, most of the agent's
-scrape cost), while a device's label set changes only when its holder does, so it is escaped once
-and cached. The output is byte for byte what `generate_latest` writes for the same families
-(tests/unit/agent/test_metrics.py checks it against a prometheus-client collector), the agent's
-own `gpuwm_agent_process_*` figures included (`ProcessLines` reads /proc as `ProcessCollector` does).
+The GPU and pod families are written here rather than through prometheus-client's `generate_latest`,
+which escapes and sorts every label of every sample on each scrape, while a device's label set changes
+only when its holder does, so it is escaped once and cached (bench/README.md has the figures). The output
+is byte for byte what `generate_latest` writes for the same families (tests/unit/agent/test_metrics.py
+checks it against a prometheus-client collector). The agent process's own `gpuwm_agent_process_*`
+figures come from prometheus-client's `ProcessCollector` itself.
 """
 
 from __future__ import annotations
 
 import math
-import os
-import resource
 import time
 
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.exposition import generate_latest
+
 from gpuwm.agent.core import Agent
-from gpuwm.model import AgentDevice, GpuSample, PodStatsSample
+from gpuwm.feed import AgentDevice
+from gpuwm.model import GpuSample, PodStatsSample
+from gpuwm.model.metrics import BY_NAME, EXPORTED, Metric, Source
 
 GPU_LABELS = ["node", "gpu", "uuid", "model", "mig_profile", "namespace", "pod", "container"]
 POD_LABELS = ["node", "namespace", "pod"]
 
-#: (metric name without prefix, help, GpuSample attribute)
-GPU_GAUGES = [
-    ("gpu_utilization_percent", "SM utilisation over the last poll interval.", "sm_percent"),
-    ("gpu_memory_used_bytes", "Device memory used.", "memory_used_bytes"),
-    ("gpu_memory_total_bytes", "Device memory total.", "memory_total_bytes"),
-    ("gpu_memory_utilization_percent", "Device memory used as a percent of total.", "memory_percent"),
-    ("gpu_memory_activity_percent", "Memory controller busy percent over the last interval.", "memory_activity_percent"),
-    ("gpu_power_watts", "Power draw.", "power_watts"),
-    ("gpu_power_limit_watts", "Enforced power limit.", "power_limit_watts"),
-    ("gpu_temperature_celsius", "GPU temperature.", "temperature_celsius"),
-    ("gpu_sm_clock_mhz", "SM clock.", "sm_clock_mhz"),
-    ("gpu_memory_clock_mhz", "Memory clock.", "memory_clock_mhz"),
-    ("gpu_pcie_rx_bytes_per_second", "PCIe receive throughput.", "pcie_rx_bytes_per_second"),
-    ("gpu_pcie_tx_bytes_per_second", "PCIe transmit throughput.", "pcie_tx_bytes_per_second"),
-]
+#: the per-GPU families written from the agent's counters and holders rather than read off a sample's
+#: field (energy too: a MIG instance carries its parent's counter, written once, for the parent), in order
+_COMPUTED = ("gpu_healthy", "gpu_idle_seconds", "gpu_energy_joules", "gpu_active_seconds", "gpu_allocated",
+             "agent_unattributed_samples")
+
+
+def _help(metric: Metric) -> str:
+    return metric.series_help or ""  # EXPORTED holds only metrics with one
+
+
+#: (metric name without prefix, help, GpuSample attribute) of the per-GPU gauges read off a sample
+GPU_GAUGES = [(metric.name, _help(metric), str(metric.field)) for metric in EXPORTED
+              if metric.source is Source.GPU and metric.name not in _COMPUTED]
 #: (metric name without prefix, help, type) of the per-GPU families after the gauges, in order
-GPU_FAMILIES = [
-    ("gpu_healthy", "1 when NVML reads the device without error.", "gauge"),
-    ("gpu_idle_seconds", "Seconds since the device was last at or above the idle threshold.", "gauge"),
-    ("gpu_energy_joules", "The GPU's energy counter since the driver loaded.", "counter"),
-    ("gpu_active_seconds", "Seconds the device was at or above the idle threshold.", "counter"),
-    ("gpu_allocated", "GPU units a container holds on the device.", "gauge"),
-    ("agent_unattributed_samples", "Samples of a busy device (SM at or above the idle threshold) whose activity its "
-     "holders' processes did not explain (none listed, no pod or no SM figure): its holders got the device's SM %. "
-     "Rising where processes are hidden from the agent, e.g. without hostPID.", "counter"),
-]
-POD_GAUGES = [
-    ("cpu_usage_cores", "Pod CPU use, cores.", "cpu_usage_cores"),
-    ("memory_used_bytes", "Pod working-set memory.", "memory_used_bytes"),
-    ("network_rx_bytes_per_second", "Pod network receive rate.", "network_rx_bytes_per_second"),
-    ("network_tx_bytes_per_second", "Pod network transmit rate.", "network_tx_bytes_per_second"),
-    ("ephemeral_storage_used_bytes", "Pod ephemeral storage used.", "ephemeral_storage_used_bytes"),
-    ("disk_read_bytes_per_second", "Pod block-device read rate (cAdvisor).", "disk_read_bytes_per_second"),
-    ("disk_write_bytes_per_second", "Pod block-device write rate (cAdvisor).", "disk_write_bytes_per_second"),
-]
+GPU_FAMILIES = [(name, _help(BY_NAME[name]), BY_NAME[name].kind) for name in _COMPUTED]
+#: (metric name without prefix, help, PodStatsSample attribute) of the per-pod gauges
+POD_GAUGES = [(metric.name, _help(metric), str(metric.field)) for metric in EXPORTED if metric.source is Source.POD]
 #: (metric name without prefix, help, type) of the agent's own node-labelled families, in order
 AGENT_FAMILIES = [
     ("agent_nvml_up", "1 when NVML is initialised.", "gauge"),
@@ -117,11 +103,15 @@ def _holder(devices: list[AgentDevice]) -> tuple[str, str, str]:
 
 
 class MetricsRenderer:
-    """Renders the latest poll of an `Agent` as `gpuwm_*` families, plus the agent process's own figures."""
+    """Renders the latest poll of an `Agent` as `gpuwm_*` families, plus the agent process's own figures
+    (`ProcessCollector` reading `proc`, the /proc of the host or a test's tree)."""
 
-    def __init__(self, agent: Agent, process_metrics: bool = True) -> None:
+    def __init__(self, agent: Agent, process_metrics: bool = True, proc: str = "/proc") -> None:
         self.agent = agent
-        self._process = ProcessLines() if process_metrics else None
+        self._process: CollectorRegistry | None = None
+        if process_metrics:
+            self._process = CollectorRegistry(auto_describe=False)
+            ProcessCollector(namespace="gpuwm_agent", proc=proc, registry=self._process)
         self._gpu_labels: dict[tuple[str | int | None, ...], str] = {}
         self._node_labels = ""
         self._node_labels_for: str | None = None
@@ -183,9 +173,8 @@ class MetricsRenderer:
             output.extend(lines)
         output.extend(_pod_lines(node, pod_stats))
         output.extend(self._agent_lines(node, polls_total, poll_seconds))
-        if self._process is not None:
-            output.extend(self._process.lines())
-        return "".join(output).encode()
+        text = "".join(output).encode()
+        return text if self._process is None else text + generate_latest(self._process)
 
     def _agent_lines(self, node: str, polls_total: int, poll_seconds: float) -> list[str]:
         if self._node_labels_for != node:
@@ -198,70 +187,6 @@ class MetricsRenderer:
         )
         return [f"{header}{name}{labels} {_value(value)}\n"
                 for (header, name), value in zip(_AGENT_HEADERS, values, strict=True)]
-
-
-class ProcessLines:
-    """`gpuwm_agent_process_*` as prometheus-client's `ProcessCollector(namespace="gpuwm_agent")` writes them.
-
-    The same /proc reads, without building metric families and running them through `generate_latest`
-    on each scrape (~0.15 ms hot, several times that at a scrape every 10-30 s).
-    """
-
-    def __init__(self, proc: str = "/proc", pid: str = "self") -> None:
-        self._pid_dir = os.path.join(proc, pid)
-        self._ticks = float(os.sysconf("SC_CLK_TCK"))
-        self._page_bytes = resource.getpagesize()
-        self._boot_time = 0.0
-        try:
-            with open(os.path.join(proc, "stat"), "rb") as stat:
-                for line in stat:
-                    if line.startswith(b"btime "):
-                        self._boot_time = float(line.split()[1])
-                        break
-        except OSError:
-            pass  # no /proc: no process figures, as with ProcessCollector
-        prefix = "gpuwm_agent_process_"
-        self._headers = {
-            name: f"# HELP {prefix}{name} {text}\n# TYPE {prefix}{name} {kind}\n{prefix}{name} "
-            for name, text, kind in (
-                ("virtual_memory_bytes", "Virtual memory size in bytes.", "gauge"),
-                ("resident_memory_bytes", "Resident memory size in bytes.", "gauge"),
-                ("start_time_seconds", "Start time of the process since unix epoch in seconds.", "gauge"),
-                ("cpu_seconds_total", "Total user and system CPU time spent in seconds.", "counter"),
-                ("open_fds", "Number of open file descriptors.", "gauge"),
-                ("max_fds", "Maximum number of open file descriptors.", "gauge"),
-            )
-        }
-
-    def lines(self) -> list[str]:
-        if not self._boot_time:
-            return []
-        headers, found = self._headers, []
-        try:
-            with open(os.path.join(self._pid_dir, "stat"), "rb") as stat:
-                parts = stat.read().split(b")")[-1].split()
-            found += [
-                f"{headers['virtual_memory_bytes']}{_value(float(parts[20]))}\n",
-                f"{headers['resident_memory_bytes']}{_value(float(parts[21]) * self._page_bytes)}\n",
-                f"{headers['start_time_seconds']}{_value(float(parts[19]) / self._ticks + self._boot_time)}\n",
-                f"{headers['cpu_seconds_total']}"
-                f"{_value(float(parts[11]) / self._ticks + float(parts[12]) / self._ticks)}\n",
-            ]
-        except OSError:
-            pass
-        try:
-            max_fds = None
-            with open(os.path.join(self._pid_dir, "limits"), "rb") as limits:
-                for line in limits:
-                    if line.startswith(b"Max open file"):
-                        max_fds = float(line.split()[3])
-                        break
-            open_fds = len(os.listdir(os.path.join(self._pid_dir, "fd")))
-            if max_fds is not None:
-                found += [f"{headers['open_fds']}{_value(open_fds)}\n", f"{headers['max_fds']}{_value(max_fds)}\n"]
-        except OSError:
-            pass
-        return found
 
 
 def _pod_lines(node: str, pod_stats: list[PodStatsSample]) -> list[str]:

@@ -22,11 +22,11 @@ from gpuwm.agent.metrics import (
     POD_GAUGES,
     POD_LABELS,
     MetricsRenderer,
-    ProcessLines,
     _value,
 )
 from gpuwm.config import Settings
-from gpuwm.model import AgentDevice, GpuSample, PodStatsSample
+from gpuwm.feed import AgentDevice
+from gpuwm.model import GpuSample, PodStatsSample
 
 NOW = 1_700_000_100.0
 
@@ -189,10 +189,10 @@ def test_value_formatting_matches_prometheus_client(value: float) -> None:
     assert _value(value) == floatToGoString(value)  # type: ignore[no-untyped-call]
 
 
-def test_process_lines_match_prometheus_client(tmp_path: Path) -> None:
-    """The hand-written `gpuwm_agent_process_*` text is byte for byte ProcessCollector's, on the same /proc."""
+def test_process_figures_are_process_collectors(tmp_path: Path) -> None:
+    """The `gpuwm_agent_process_*` text is prometheus-client's ProcessCollector's, on the /proc it is given."""
     (tmp_path / "stat").write_text("cpu  1 2 3\nbtime 1763770000\nprocesses 9\n")
-    pid = tmp_path / "4242"
+    pid = tmp_path / "self"
     (pid / "fd").mkdir(parents=True)
     for fd in range(7):
         (pid / "fd" / str(fd)).write_text("")
@@ -205,9 +205,12 @@ def test_process_lines_match_prometheus_client(tmp_path: Path) -> None:
         "Max open files            20000                20000                files\n"
     )
     registry = CollectorRegistry(auto_describe=False)
-    ProcessCollector(namespace="gpuwm_agent", pid=lambda: "4242", proc=str(tmp_path), registry=registry)
+    ProcessCollector(namespace="gpuwm_agent", pid=lambda: "self", proc=str(tmp_path), registry=registry)
     expected = generate_latest(registry).decode()
     assert "gpuwm_agent_process_open_fds 7.0" in expected
-    assert "".join(ProcessLines(str(tmp_path), "4242").lines()) == expected
+    agent = _agent(tmp_path)
+    without = MetricsRenderer(agent, process_metrics=False).render(NOW).decode()
+    assert MetricsRenderer(agent, proc=str(tmp_path)).render(NOW).decode() == without + expected
 
-    assert ProcessLines(str(tmp_path / "absent"), "4242").lines() == []  # no /proc: no figures
+    absent = MetricsRenderer(agent, proc=str(tmp_path / "absent")).render(NOW).decode()
+    assert absent == without  # no /proc: no figures
