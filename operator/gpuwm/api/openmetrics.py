@@ -14,27 +14,12 @@ from typing import TextIO
 from gpuwm.api.prom_metrics import WorkloadMetricsCollector
 from gpuwm.model import GpuSample, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
+from gpuwm.model.metrics import EXPORTED, Source
 from gpuwm.store.base import RangeQuery, Series, Store
 
-_AGENT_GAUGES = (
-    ("gpu_utilization_percent", "sm_percent"),
-    ("gpu_memory_used_bytes", "memory_used_bytes"),
-    ("gpu_memory_total_bytes", "memory_total_bytes"),
-    ("gpu_power_watts", "power_watts"),
-    ("gpu_power_limit_watts", "power_limit_watts"),
-    ("gpu_temperature_celsius", "temperature_celsius"),
-    ("gpu_sm_clock_mhz", "sm_clock_mhz"),
-    ("gpu_memory_clock_mhz", "memory_clock_mhz"),
-    ("gpu_pcie_rx_bytes_per_second", "pcie_rx_bytes_per_second"),
-    ("gpu_pcie_tx_bytes_per_second", "pcie_tx_bytes_per_second"),
-)
-_POD_GAUGES = (
-    "cpu_usage_cores",
-    "memory_used_bytes",
-    "network_rx_bytes_per_second",
-    "network_tx_bytes_per_second",
-    "ephemeral_storage_used_bytes",
-)
+#: the agent's per-device series read off a sample's field, and its per-pod series (the catalogue's)
+_AGENT_GPU = tuple(metric for metric in EXPORTED if metric.source is Source.GPU and metric.field is not None)
+_AGENT_POD = tuple(metric for metric in EXPORTED if metric.source is Source.POD and metric.field is not None)
 
 
 def _escape(value: str) -> str:
@@ -129,13 +114,10 @@ class OpenMetricsBackfill:
                 "mig_profile": sample.mig_profile or "",
             }
             labels = _labels({**base, "namespace": namespace, "pod": pod, "container": container})
-            for name, attribute in _AGENT_GAUGES:
-                value = getattr(sample, attribute)
+            for metric in _AGENT_GPU:
+                value = getattr(sample, str(metric.field))
                 if value is not None:
-                    self._add(f"gpuwm_{name}", "gauge", labels, at, float(value))
-            self._add("gpuwm_gpu_healthy", "gauge", labels, at, 1.0 if sample.healthy else 0.0)
-            if sample.energy_joules is not None:
-                self._add("gpuwm_gpu_energy_joules", "counter", labels, at, sample.energy_joules)
+                    self._add(f"gpuwm_{metric.name}", metric.kind, labels, at, float(value))
             for holder_namespace, holder_pod, holder_container, units in held:
                 holder = _labels(
                     {**base, "namespace": holder_namespace, "pod": holder_pod, "container": holder_container}
@@ -143,10 +125,10 @@ class OpenMetricsBackfill:
                 self._add("gpuwm_gpu_allocated", "gauge", holder, at, units)
         for stats in pod_stats:
             labels = _labels({"node": stats.node, "namespace": stats.namespace, "pod": stats.pod})
-            for name in _POD_GAUGES:
-                value = getattr(stats, name)
+            for metric in _AGENT_POD:
+                value = getattr(stats, str(metric.field))
                 if value is not None:
-                    self._add(f"gpuwm_{name}", "gauge", labels, at, float(value))
+                    self._add(f"gpuwm_{metric.name}", metric.kind, labels, at, float(value))
         for family in WorkloadMetricsCollector(_Snapshot(workloads, projects)).collect():
             for metric_sample in family.samples:
                 name = (
