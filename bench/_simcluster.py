@@ -28,14 +28,20 @@ sys.path.insert(0, str(ROOT / "operator"))
 
 import orjson  # noqa: E402
 from aiohttp import web  # noqa: E402
-from gpuwm.agent.columns import DEVICES_TAG_PARAM, columns_answer_json, sample_columns  # noqa: E402
-from gpuwm.agent.merge import MergeRequest, merge_polls, merge_request  # noqa: E402
 
 from gpuwm.accounting import Engine, EngineConfig  # noqa: E402
 from gpuwm.config import Settings  # noqa: E402
 from gpuwm.controller.pull.agents import AgentPuller, SampleIntake  # noqa: E402
 from gpuwm.controller.state.gctuning import collect_cycle_garbage, release_free_memory, tune_garbage_collector  # noqa: E402
 from gpuwm.controller.status.build import build_project_status, build_workload_status  # noqa: E402
+from gpuwm.feed import (  # noqa: E402
+    DEVICES_TAG_PARAM,
+    MergeRequest,
+    columns_answer_json,
+    merge_polls,
+    merge_request,
+    sample_columns,
+)
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures  # noqa: E402
 from gpuwm.model.podstats import PodStatsSample  # noqa: E402
 from gpuwm.model.sample import GpuSample  # noqa: E402
@@ -95,7 +101,7 @@ async def _agents_main(config: SimConfig, pipe: Connection) -> None:
         since = int(request.query.get("since", "0"))
         samples: list[Any] = _after(buffer.samples, since)
         merge = merge_request({name: request.query.getall(name) for name in request.query})
-        if merge is not None:  # as the agent merges runs of polls (gpuwm.agent.merge)
+        if merge is not None:  # as the agent merges runs of polls (gpuwm.feed.merge)
             samples = merge_polls(samples, merge)
         body: dict[str, Any] = {"node": node, "seq": buffer.seq, "agent_id": buffer.agent_id, "truncated": False}
         if request.query.get("format") == "columns":  # what the controller asks for, encoded as the agent does

@@ -50,7 +50,6 @@ sys.path.insert(0, str(ROOT))
 
 import aiohttp  # noqa: E402
 from aiohttp import web  # noqa: E402
-from gpuwm.agent.columns import DEVICES_TAG_PARAM  # noqa: E402
 from tests.integration.fakeagent import FakeNode, merge_of  # noqa: E402
 from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator  # noqa: E402
 
@@ -58,9 +57,11 @@ from _interpreter import interpreter_description  # noqa: E402
 from gpuwm.config import Settings  # noqa: E402
 from gpuwm.controller.command import event_loop_factory  # noqa: E402
 from gpuwm.controller.kube.client import KubeClient  # noqa: E402
-from gpuwm.controller.pull.agents import DeviceHolder, index_holders  # noqa: E402
+from gpuwm.controller.pull.agents import index_holders  # noqa: E402
 from gpuwm.controller.runtime import ControllerRuntime  # noqa: E402
 from gpuwm.controller.state.gctuning import MALLOC_ARENAS, limit_malloc_arenas, tune_garbage_collector  # noqa: E402
+from gpuwm.feed import DEVICES_TAG_PARAM  # noqa: E402
+from gpuwm.feed.decode import DeviceHolder  # noqa: E402
 
 NAMESPACES = 40
 #: cycles left out of the steady figures when there are more (see `run_bench`): the runtime saves its state at
@@ -272,7 +273,7 @@ def warm_up(runtime: ControllerRuntime, plan: list[tuple[str, str, str, list[str
         sm = numpy.clip(numpy.rint(60.0 + rng.uniform(-jitter_percent, jitter_percent, (len(steps), count))), 0, 100)
         merged = numpy.zeros(len(steps))
         if runtime.settings.snapshot_merge > 0 and len(steps) >= 4:
-            # what the agents send when asked to merge (gpuwm.agent.merge): the pull's first poll, the busy run
+            # what the agents send when asked to merge (gpuwm.feed.merge): the pull's first poll, the busy run
             # between as one sample at its last poll (its mean), the last poll
             sm = numpy.stack((sm[0], sm[1:-1].mean(axis=0), sm[-1]))
             merged = numpy.array([0.0, steps[-2] - steps[1], 0.0])

@@ -28,12 +28,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from gpuwm.agent.merge import MergeRequest  # noqa: E402
-
 import controller as controller_bench  # noqa: E402
 from gpuwm.controller.command import event_loop_factory  # noqa: E402
-from gpuwm.controller.pull.agents import AgentPuller, Snapshot  # noqa: E402
+from gpuwm.controller.pull.agents import AgentPuller  # noqa: E402
 from gpuwm.controller.state.gctuning import collect_cycle_garbage, tune_garbage_collector  # noqa: E402
+from gpuwm.feed import MergeRequest  # noqa: E402
+from gpuwm.feed.decode import Snapshot  # noqa: E402
 
 
 async def pull(args: argparse.Namespace, agents_url: str) -> None:

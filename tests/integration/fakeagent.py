@@ -18,8 +18,14 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from gpuwm.agent.columns import DEVICES_TAG_PARAM, columns_answer_json, sample_columns
-from gpuwm.agent.merge import MergeRequest, merge_polls, merge_request
+from gpuwm.feed import (
+    DEVICES_TAG_PARAM,
+    MergeRequest,
+    columns_answer_json,
+    merge_polls,
+    merge_request,
+    sample_columns,
+)
 from tests.integration.kubeemu import EmulatorThread
 
 
@@ -95,7 +101,7 @@ class FakeNode:
     def snapshot_json(self, since: int, form: str | None = None, merge: MergeRequest | None = None,
                       devices_tag: str | None = None) -> bytes:
         """`snapshot` as the agent sends it: columns with their `gpus` and `devices` left out under the tag the
-        puller holds (`?devices_tag=`, see `gpuwm.agent.columns.devices_members`)."""
+        puller holds (`?devices_tag=`, see `gpuwm.feed.encode.devices_members`)."""
         answer = self.snapshot(since, form, merge)
         return columns_answer_json(answer, devices_tag) if form == "columns" else orjson.dumps(answer)
 

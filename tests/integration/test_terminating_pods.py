@@ -16,8 +16,8 @@ import pytest
 
 from gpuwm.config import Settings
 from gpuwm.controller.kube.client import KubeClient
-from gpuwm.controller.pull.agents import DeviceHolder
 from gpuwm.controller.runtime import ControllerRuntime
+from gpuwm.feed.decode import DeviceHolder
 from gpuwm.model.sample import GpuSample
 from tests.integration.kubeemu import EmulatorThread, KubeHttp, KubernetesEmulator
 

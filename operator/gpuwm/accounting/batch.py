@@ -45,7 +45,7 @@ class BatchArrays:
         self.sm = numpy.asarray(batch.sm, dtype=numpy.float64)
         self.memory = numpy.asarray(batch.memory, dtype=numpy.float64)
         self.energy = numpy.asarray(batch.energy, dtype=numpy.float64)
-        #: each row's merged seconds (gpuwm.agent.merge); None: no row is merged
+        #: each row's merged seconds (gpuwm.feed.merge); None: no row is merged
         self.merged = None if batch.merged is None else numpy.asarray(batch.merged, dtype=numpy.float64)
         self.device = numpy.asarray(batch.device, dtype=numpy.int64)
         pod_sm = batch.pod_sm

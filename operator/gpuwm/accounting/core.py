@@ -5,7 +5,7 @@ Pure and deterministic: no clock, no I/O. Every input carries its own time.
 How time is cut (DESIGN §3): GPU g's sample at t_k covers (t_{k-1}, t_k]; the stretch
 before g's first sample, and any interval longer than 3 x the poll interval, is
 unmonitored. A sample that stands for a run of merged polls (`merged_seconds`, see
-gpuwm.agent.merge) is judged by the gap before the run's first poll, t_k - merged - t_{k-1}. A pod holding devices is a set of *stretches* (pod, device, units,
+gpuwm.feed.merge) is judged by the gap before the run's first poll, t_k - merged - t_{k-1}. A pod holding devices is a set of *stretches* (pod, device, units,
 start, end]. Accounting is the overlap of stretches with sample intervals.
 
 Late and out-of-order input: every sample and pod event is placed at its own time, as

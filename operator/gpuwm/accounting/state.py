@@ -299,7 +299,7 @@ class Gpu:
         self.energy = array("d")
         self.device_units: UniformColumn[float] = UniformColumn(1.0, _float_column, adopt=True)
         self.pod_sm: UniformColumn[dict[str, float] | None] = UniformColumn(None, _dict_column, adopt=False)
-        #: how much of each interval merged polls cover (gpuwm.agent.merge): 0 for a single poll
+        #: how much of each interval merged polls cover (gpuwm.feed.merge): 0 for a single poll
         self.merged: UniformColumn[float] = UniformColumn(0.0, _float_column, adopt=False)
         self.latest: GpuSample | None = None
         self.stretches: list[Stretch] = []

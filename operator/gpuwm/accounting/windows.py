@@ -26,7 +26,7 @@ _COARSE_BUCKET_SECONDS = 60.0
 _EXACT_SECONDS = 70.0  # segments newer than now-70s stay exact (1m window edge)
 _FINE_SECONDS = 330.0  # segments newer than now-330s go to 5 s buckets (5m window edge)
 _MIN_CAPACITY_SEGMENTS = 128
-#: a workload folds again once this many segments came after its last fold: with merged polls (gpuwm.agent.merge)
+#: a workload folds again once this many segments came after its last fold: with merged polls (gpuwm.feed.merge)
 #: a busy workload then folds every few minutes; twice its folded size (the rule at 1 Hz of single polls) kept
 #: far more segments per workload than the hour needs
 _FOLD_AFTER_SEGMENTS = 64

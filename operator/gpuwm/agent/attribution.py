@@ -22,7 +22,8 @@ from pydantic import TypeAdapter
 from gpuwm.agent.cgroup import PodRef
 from gpuwm.agent.nvml import DEFAULT_MIG_SLICES, Reading
 from gpuwm.agent.podresources import Assignment
-from gpuwm.model import AgentDevice, DeviceState, GpuSample
+from gpuwm.feed import AgentDevice, DeviceState
+from gpuwm.model import GpuSample
 
 _SAMPLES = TypeAdapter(list[GpuSample])
 

@@ -20,13 +20,12 @@ from pydantic import BaseModel, TypeAdapter
 from gpuwm.agent.attribution import attribute
 from gpuwm.agent.buffer import POD_STATS, SAMPLE, RecordBuffer
 from gpuwm.agent.cgroup import CgroupReader
-from gpuwm.agent.columns import devices_members, sample_columns
 from gpuwm.agent.kubelet import KubeletStatsClient
-from gpuwm.agent.merge import MergeRequest, merge_polls
 from gpuwm.agent.nvml import Device, NvmlSampler, NvmlUnavailable, Reading
 from gpuwm.agent.podresources import PodResourcesClient
 from gpuwm.config import Settings
-from gpuwm.model import AgentDevice, GpuSample, PodStatsSample
+from gpuwm.feed import AgentDevice, MergeRequest, devices_members, merge_polls, sample_columns
+from gpuwm.model import GpuSample, PodStatsSample
 
 log = logging.getLogger(__name__)
 
@@ -254,10 +253,10 @@ class Agent:
 
         Rows (the default): the records' JSON comes from the buffer as stored, spliced in without
         parsing it again. `columns` (`format=columns`): the samples as one array per field
-        (see `gpuwm.agent.columns`), what the controller pulls; its `gpus` and `devices` are left
+        (see `gpuwm.feed.encode`), what the controller pulls; its `gpus` and `devices` are left
         out when they are those the controller holds under `devices_tag` (`devices_members`).
         `merge`: runs of polls that the accounting cannot tell apart go as one sample each (see
-        `gpuwm.agent.merge`).
+        `gpuwm.feed.merge`).
         """
         with self.lock:
             records = self._records.since(since, limit)

@@ -18,14 +18,11 @@ from urllib.parse import parse_qs, urlsplit
 
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from gpuwm.agent.columns import DEVICES_TAG_PARAM
 from gpuwm.agent.core import SNAPSHOT_LIMIT_RECORDS, Agent
-from gpuwm.agent.merge import merge_request
+from gpuwm.feed import DEVICES_TAG_PARAM, SNAPSHOT_FORMATS, merge_request
 
 log = logging.getLogger(__name__)
 
-#: `/v1/snapshot?format=`: rows (one JSON object per sample, the default) or columns (see gpuwm.agent.columns)
-SNAPSHOT_FORMATS = ("rows", "columns")
 #: a connection that sends nothing (a request head, or the next request on a kept-alive one) for this
 #: long is closed: each connection holds a thread, and half-open ones must not pile up
 READ_TIMEOUT_SECONDS = 10.0

@@ -1,6 +1,5 @@
 """Pydantic models shared by every layer: samples, trace events, CR spec/status."""
 
-from gpuwm.model.agent import AgentDevice, AgentSnapshot, DeviceState
 from gpuwm.model.crd import (
     Condition,
     GpuStatus,
@@ -27,11 +26,8 @@ from gpuwm.model.trace import (
 )
 
 __all__ = [
-    "AgentDevice",
-    "AgentSnapshot",
     "Condition",
     "DeviceAllocation",
-    "DeviceState",
     "GpuSample",
     "GpuStatus",
     "NamespaceEvent",

@@ -68,7 +68,7 @@ class GpuSample(BaseModel):
     )
     merged_seconds: float | None = Field(
         default=None, ge=0,
-        description="Set on a sample that stands for a run of the agent's polls (gpuwm.agent.merge): its last time "
+        description="Set on a sample that stands for a run of the agent's polls (gpuwm.feed.merge): its last time "
         "minus its first. The figures are the run's time-weighted means; only the gap before the run's first poll, "
         "t - merged_seconds - the previous sample's t, can make its interval unmonitored.",
     )

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from gpuwm.model import AgentDevice, GpuSample
+from gpuwm.feed import AgentDevice
+from gpuwm.model import GpuSample
 from tests.fakenvml import build_fake_nvml, write_scenario
 from tests.fakenvml.podresources_server import PodResourcesServer
 from tests.integration.agent.helpers import UID_INFER_A, UID_INFER_B, UID_MIG, UID_TRAIN, run_once

@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.agent.nvml import unopened_uuid
-from gpuwm.controller.pull.agents import parse_snapshot
+from gpuwm.feed.decode import parse_snapshot
 from gpuwm.model import GpuSample
 from tests.fakenvml import write_scenario
 from tests.fakenvml.podresources_server import FakePod, PodResourcesServer

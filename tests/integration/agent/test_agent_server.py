@@ -11,11 +11,11 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
 import pytest
-from gpuwm.agent.merge import MergeRequest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwm.controller.pull.columns import parse_columns
-from gpuwm.model import AgentSnapshot, GpuSample
+from gpuwm.feed import AgentSnapshot, MergeRequest
+from gpuwm.feed.decode import parse_columns
+from gpuwm.model import GpuSample
 from tests.fakenvml import write_scenario
 from tests.fakenvml.podresources_server import PodResourcesServer
 from tests.integration.agent.helpers import SCENARIO, UID_TRAIN, RunningAgent, wait_for
@@ -87,7 +87,7 @@ def test_metrics_and_snapshot_feed(
     status, body = agent.get("/v1/snapshot?since=banana")
     assert status == 400 and b"since" in body
 
-    # merged polls (gpuwm.agent.merge), as the controller asks for them: fewer rows, each device's first and last
+    # merged polls (gpuwm.feed.merge), as the controller asks for them: fewer rows, each device's first and last
     # poll as they were, runs on the steadily busy shared GPU (GPU-1111's polls read 0, 50 or 100 % of the device,
     # and one holder gets the device's figure: those do not merge)
     time.sleep(2.0)  # ten more polls

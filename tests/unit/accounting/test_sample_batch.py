@@ -44,7 +44,7 @@ def _sample(rng: random.Random, t: float, uuid: str, energy: dict[str, float], p
     elif rng.random() < 0.9:
         energy[uuid] = energy.get(uuid, 0.0) + rng.choice([0.0, 55.5, 300.25])
         values["energy_joules"] = energy[uuid]
-    if rng.random() < 0.25:  # a run of merged polls (gpuwm.agent.merge): the gap rule reads before its first
+    if rng.random() < 0.25:  # a run of merged polls (gpuwm.feed.merge): the gap rule reads before its first
         values["merged_seconds"] = rng.choice([0.5, 2.0, 3.0, 12.0])
     if uuid == SHARED or (uuid in WHOLE and rng.random() < 0.2):
         kind = rng.random()

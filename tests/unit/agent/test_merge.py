@@ -1,4 +1,4 @@
-"""Merged polls (gpuwm.agent.merge): which runs merge, what a merged sample says, and that the engine counts the same.
+"""Merged polls (gpuwm.feed.merge): which runs merge, what a merged sample says, and that the engine counts the same.
 
 The property that makes merging safe: an engine fed each pull's polls merged reports the
 same allocated, active, idle and unmonitored GPU-seconds, energy, lastActiveTime,
@@ -13,11 +13,10 @@ import random
 from typing import Any
 
 import pytest
-from gpuwm.agent.columns import sample_columns
-from gpuwm.agent.merge import MergeRequest, merge_polls, merge_request
 
 from gpuwm.accounting import Engine, EngineConfig
-from gpuwm.controller.pull.columns import parse_columns
+from gpuwm.feed import MergeRequest, merge_polls, merge_request, sample_columns
+from gpuwm.feed.decode import parse_columns
 from gpuwm.model import GpuSample, PodEvent
 from tests.unit.accounting.helpers import pod
 

@@ -8,15 +8,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import orjson
-from gpuwm.agent.merge import MergeRequest
-from gpuwm.model.agent import AgentDevice
 
 from gpuwm.agent.buffer import SAMPLE
 from gpuwm.agent.core import Agent
 from gpuwm.agent.metrics import MetricsRenderer
 from gpuwm.agent.server import AgentHTTPServer, serve_in_thread
 from gpuwm.config import Settings
-from gpuwm.controller.pull.agents import KnownDevices, parse_snapshot
+from gpuwm.feed import AgentDevice, MergeRequest
+from gpuwm.feed.decode import KnownDevices, parse_snapshot
 from gpuwm.model import GpuSample
 
 

@@ -13,10 +13,11 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
-from gpuwm.agent.columns import sample_columns
 
 from gpuwm.accounting import Engine, EngineConfig
-from gpuwm.controller.pull.agents import AgentPuller, SampleIntake, Snapshot, parse_snapshot
+from gpuwm.controller.pull.agents import AgentPuller, SampleIntake
+from gpuwm.feed import sample_columns
+from gpuwm.feed.decode import Snapshot, parse_snapshot
 from gpuwm.model import GpuSample
 from tests.unit.accounting.helpers import pod
 
@@ -199,9 +200,8 @@ def test_device_entries_hold_the_agents_device_fields_in_order() -> None:
     """`DeviceEntry` is the agent's DEVICE_FIELDS, by name and order (`_device` fills it from a `gpus` entry)."""
     import dataclasses
 
-    from gpuwm.agent.columns import DEVICE_FIELDS
-
-    from gpuwm.controller.pull.columns import DeviceEntry
+    from gpuwm.feed import DEVICE_FIELDS
+    from gpuwm.feed.decode import DeviceEntry
 
     assert tuple(field.name for field in dataclasses.fields(DeviceEntry)) == DEVICE_FIELDS
 
@@ -225,7 +225,7 @@ def _plain_body(rng: random.Random, node: str, rows: int, seq_from: int) -> dict
 def _same_parse(ours: Any, theirs: Any) -> None:
     import numpy
 
-    from gpuwm.controller.pull.columns import SampleColumns
+    from gpuwm.feed.decode import SampleColumns
 
     if isinstance(theirs, ValueError):
         assert isinstance(ours, ValueError) and str(ours) == str(theirs)
@@ -270,7 +270,7 @@ def test_pages_read_together_equal_each_read_on_its_own(seed: int) -> None:
     """`parse_columns_many`: the same SampleColumns (or the same error) as `parse_columns` of each page, whatever
     mix of plain pages, pages of another shape, with processes or errors, empty or malformed it is given; a bad
     page fails alone."""
-    from gpuwm.controller.pull.columns import parse_columns, parse_columns_many
+    from gpuwm.feed.decode import parse_columns, parse_columns_many
 
     rng = random.Random(seed)
     pages = [_plain_body(rng, f"n{index}", rng.choice([1, 3, 9, 24]), 1 + 100 * index) for index in range(30)]
@@ -292,7 +292,7 @@ def test_pages_read_together_equal_each_read_on_its_own(seed: int) -> None:
 
 @pytest.mark.parametrize("index", range(len(_BREAKS)))
 def test_each_kind_of_bad_page_among_good_ones_fails_alone(index: int) -> None:
-    from gpuwm.controller.pull.columns import SampleColumns, parse_columns, parse_columns_many
+    from gpuwm.feed.decode import SampleColumns, parse_columns, parse_columns_many
 
     rng = random.Random(index)
     pages = [_plain_body(rng, f"n{number}", 6, 1 + 10 * number) for number in range(5)]

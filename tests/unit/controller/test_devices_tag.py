@@ -14,10 +14,10 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
-from gpuwm.agent.columns import DEVICES_TAG_PARAM, columns_answer_json, sample_columns
 
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.controller.pull.agents import AgentPuller, SampleIntake
+from gpuwm.feed import DEVICES_TAG_PARAM, columns_answer_json, sample_columns
 
 from .loopback import serving
 

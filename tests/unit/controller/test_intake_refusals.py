@@ -12,12 +12,12 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
-from gpuwm.agent.columns import sample_columns
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpuwm.controller.pull.agents import AgentPuller, Snapshot, WrongNodeError, parse_snapshot
-from gpuwm.controller.pull.columns import SampleColumns, parse_columns_many
+from gpuwm.controller.pull.agents import AgentPuller
 from gpuwm.controller.pull.intake_metrics import IntakeCollector
+from gpuwm.feed import sample_columns
+from gpuwm.feed.decode import SampleColumns, Snapshot, WrongNodeError, parse_columns_many, parse_snapshot
 
 from .loopback import serving
 

@@ -17,10 +17,10 @@ import pytest
 
 from gpuwm.config import Settings
 from gpuwm.controller.kube.client import KubeClient
-from gpuwm.controller.pull.agents import DeviceHolder
 from gpuwm.controller.runtime import ControllerRuntime
 from gpuwm.controller.watch.owners import OwnerResolver
 from gpuwm.controller.watch.units import NodeSharing
+from gpuwm.feed.decode import DeviceHolder
 
 from .test_pods_agents import pod_body
 

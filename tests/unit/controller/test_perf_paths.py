@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuwm.controller.pull.agents import HolderCache, WrongNodeError, parse_snapshot
 from gpuwm.controller.state.gctuning import GC_THRESHOLDS, collect_cycle_garbage, tune_garbage_collector
 from gpuwm.controller.state.persistence import encode_state, load_state, save_state
+from gpuwm.feed.decode import HolderCache, WrongNodeError, parse_snapshot
 
 
 def _payload(pod: str, node: str = "n1") -> dict[str, object]:

@@ -11,17 +11,10 @@ from gpuwm.accounting import Engine
 from gpuwm.config import DEFAULT_RESOURCE_NAMES
 from gpuwm.controller.kube.client import KubeApiError
 from gpuwm.controller.kube.ratelimit import TokenBucket
-from gpuwm.controller.pull.agents import (
-    DeviceHolder,
-    PodAgents,
-    SampleIntake,
-    Snapshot,
-    StaticAgents,
-    parse_agents_spec,
-    parse_snapshot,
-)
+from gpuwm.controller.pull.agents import PodAgents, SampleIntake, StaticAgents, parse_agents_spec
 from gpuwm.controller.status.writer import Desired, StatusWriter
 from gpuwm.controller.watch.pods import MalformedPodError, device_allocations, pod_event, state_key, track_pod
+from gpuwm.feed.decode import DeviceHolder, Snapshot, parse_snapshot
 from gpuwm.model.trace import TraceWorkload
 
 JOB = TraceWorkload(api_version="batch/v1", kind="Job", name="train", uid="j1", created=0.0)

@@ -11,11 +11,11 @@ import pytest
 
 from gpuwm.config import Settings
 from gpuwm.controller.kube.client import KubeClient
-from gpuwm.controller.pull.agents import DeviceHolder
 from gpuwm.controller.runtime import ControllerRuntime
 from gpuwm.controller.state import recovery
 from gpuwm.controller.state.persistence import SavedLines, load_state
 from gpuwm.controller.watch.pods import TrackedPod
+from gpuwm.feed.decode import DeviceHolder
 from gpuwm.model.trace import TraceWorkload
 from tests.unit.accounting.helpers import pod, sample
 

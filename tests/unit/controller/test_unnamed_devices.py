@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpuwm.accounting import Engine, EngineConfig
-from gpuwm.controller.pull.agents import DeviceHolder
 from gpuwm.controller.watch.pods import TrackedPod, device_allocations, pod_event
+from gpuwm.feed.decode import DeviceHolder
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import TraceWorkload
 

@@ -6,7 +6,6 @@ counters of what was refused are exported from here too. This room imports no ot
 
 from gpuwm.controller.pull.agents import (
     AgentPuller,
-    DeviceHolder,
     PodAgents,
     SampleIntake,
     StaticAgents,
@@ -15,6 +14,7 @@ from gpuwm.controller.pull.agents import (
     parse_agents_spec,
 )
 from gpuwm.controller.pull.intake_metrics import EngineCollector, IntakeCollector
+from gpuwm.feed.decode import DeviceHolder
 
 __all__ = [
     "AgentPuller",

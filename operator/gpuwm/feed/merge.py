@@ -1,4 +1,6 @@
-"""Merged polls: runs of a device's 1 Hz polls sent as one sample each, with nothing lost that the engine counts.
+"""The feed's merge request (`MergeRequest`, what the controller asks) and the agent's merging of polls.
+
+Runs of a device's 1 Hz polls go as one sample each, with nothing lost that the engine counts.
 
 At 1,000 nodes and 1 Hz a status interval carries 120,000 samples; parsing, accounting and
 keeping each of them was most of the controller's CPU and memory. Yet most consecutive polls
@@ -11,7 +13,7 @@ means, the energy counter of its last poll.
 A poll joins the run before it only where that changes none of allocated, active, idle and
 unmonitored GPU-seconds, lastActiveTime, idleSeconds, idleGpus and a GPU's energy:
 
-- the same device fields (`gpuwm.agent.columns.DEVICE_FIELDS`), healthy, with `sm_percent` and no error;
+- the same device fields (`gpuwm.feed.schema.DEVICE_FIELDS`), healthy, with `sm_percent` and no error;
 - no more than G seconds after the poll before it, the run's first poll too (the engine
   judges a run by its first gap, `t - merged_seconds - previous t <= 3 x interval`, and a
   longer one there would make the whole run unmonitored); the run no longer than S;
@@ -46,7 +48,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from gpuwm.agent.columns import device_key
+from gpuwm.feed.encode import device_key
 
 #: figures merged as time-weighted means (over the polls that report them)
 MEAN_FIELDS = (

@@ -1,4 +1,9 @@
-"""The agent's `/v1/snapshot` feed: what the controller pulls from each node."""
+"""The feed's schema: what an answer of `/v1/snapshot` holds (docs/snapshot-feed.md).
+
+The envelope and its `devices` as pydantic models, and the field lists of the columnar form
+(`format=columns`, what the controller asks for), which `gpuwm.feed.encode` writes and
+`gpuwm.feed.decode` reads: one list each, so the two sides cannot drift apart.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,29 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpuwm.model.podstats import PodStatsSample
 from gpuwm.model.sample import GpuSample
+
+#: `/v1/snapshot?format=`: rows (one JSON object per sample, for people: `curl | jq`, `gpuwm agent --once`)
+#: or columns (one array per field: what the controller asks for and reads)
+SNAPSHOT_FORMATS = ("rows", "columns")
+
+#: fields constant per device in practice: stored once per `gpus` entry
+DEVICE_FIELDS = (
+    "uuid", "node", "index", "model", "parent_uuid", "mig_profile", "device_units", "memory_total_bytes",
+    "power_limit_watts",
+)
+#: per-sample numbers, one array each (null where not reported)
+NUMBER_COLUMNS = (
+    "seq", "sm_percent", "memory_used_bytes", "memory_activity_percent", "power_watts", "energy_joules",
+    "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz", "pcie_rx_bytes_per_second", "pcie_tx_bytes_per_second",
+    "merged_seconds",
+)
+#: each process's fields in the flattened `processes` member (with `row`, whose sample it is)
+PROCESS_FIELDS = ("pid", "pod_uid", "container", "sm_percent", "memory_used_bytes")
+
+#: `/v1/snapshot?devices_tag=TAG`: the tag of the `gpus` and `devices` the puller holds (see `encode.devices_members`)
+DEVICES_TAG_PARAM = "devices_tag"
+#: a tag longer than this is not one an agent gave: the puller neither keeps nor sends it
+DEVICES_TAG_MAX_LENGTH = 64
 
 #: active: SM at or above the idle threshold; idle-held: a process holds the GPU but SM is below it;
 #: allocated-empty: a pod holds it and runs nothing on it; unallocated: nobody holds it;
@@ -39,7 +67,10 @@ class AgentDevice(BaseModel):
 
 
 class AgentSnapshot(BaseModel):
-    """`GET /v1/snapshot?since=SEQ`: the records after SEQ and the current devices."""
+    """`GET /v1/snapshot?since=SEQ` in rows (`format=rows`): the records after SEQ and the current devices.
+
+    The form people read; the controller asks for columns (see `gpuwm.feed.decode`).
+    """
 
     model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
 

@@ -1,8 +1,7 @@
-"""The columnar form of `/v1/snapshot` (`?format=columns`): one array per sample field.
+"""The feed's encoder: what an agent sends in its columnar answer (`?format=columns`): one array per sample field.
 
-The row form repeats every field name and every device-constant value in each sample, and
-the controller validated one pydantic object per sample (120,000 a cycle at 1,000 nodes and
-1 Hz). Here the samples of a snapshot become:
+The row form repeats every field name and every device-constant value in each sample, and a
+reader validates one object per sample. Here the samples of a snapshot become:
 
     "gpus": [{"uuid", "node", "index", "model", "parent_uuid", "mig_profile", "device_units",
               "memory_total_bytes", "power_limit_watts"}, ...]   one entry per distinct combination
@@ -17,7 +16,8 @@ Rows keep the agent's sequence order. A device whose table fields change within 
 column missing from `columns` is null in every row (`healthy`: true in every row); `errors`
 and `processes` are left out when no row has one. `processes` lists each process of a row
 in order, flattened (`row` says whose); a row in `empty` had `processes: []` (per-process
-data saying "none"), a row in neither had no per-process data (null).
+data saying "none"), a row in neither had no per-process data (null). The field lists are
+`gpuwm.feed.schema`'s; `gpuwm.feed.decode` reads what this writes.
 """
 
 from __future__ import annotations
@@ -28,18 +28,8 @@ from typing import Any
 
 import orjson
 
-#: fields constant per device in practice: stored once per `gpus` entry
-DEVICE_FIELDS = (
-    "uuid", "node", "index", "model", "parent_uuid", "mig_profile", "device_units", "memory_total_bytes",
-    "power_limit_watts",
-)
-#: per-sample numbers, one array each (null where not reported)
-NUMBER_COLUMNS = (
-    "seq", "sm_percent", "memory_used_bytes", "memory_activity_percent", "power_watts", "energy_joules",
-    "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz", "pcie_rx_bytes_per_second", "pcie_tx_bytes_per_second",
-    "merged_seconds",
-)
-PROCESS_FIELDS = ("pid", "pod_uid", "container", "sm_percent", "memory_used_bytes")
+from gpuwm.feed.schema import DEVICE_FIELDS, NUMBER_COLUMNS, PROCESS_FIELDS
+
 #: what a field left out of a row means (GpuSample's defaults)
 _DEVICE_DEFAULTS: dict[str, Any] = {"device_units": 1.0}
 
@@ -88,18 +78,12 @@ def sample_columns(samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     return result
 
 
-#: `/v1/snapshot?devices_tag=TAG`: the tag of the `gpus` and `devices` the puller holds (see `devices_members`)
-DEVICES_TAG_PARAM = "devices_tag"
-#: a tag longer than this is not one an agent gave: the puller neither keeps nor sends it
-DEVICES_TAG_MAX_LENGTH = 64
-
-
 def devices_members(gpus_json: bytes, devices_json: bytes, known_tag: str | None) -> bytes:
     """A columnar answer's `gpus` and `devices` members with their tag (`,"devices_tag":...`), or only the tag and
     `"devices_unchanged":true` when they are what the puller holds under `known_tag` (it sent `?devices_tag=`).
 
-    A node's devices and their holders rarely change, yet were ~70 % of each answer: the puller
-    read and checked ~3.7 KB of them per agent and pull. The tag is a digest of exactly the two
+    A node's devices and their holders rarely change, yet were most of each answer, which the
+    puller read and checked per agent and pull (bench/README.md). The tag is a digest of exactly the two
     members' JSON, so an answer left without them always means the very ones the puller keeps,
     whatever happened between (an agent restart that finds the same devices gives the same tag).
     """

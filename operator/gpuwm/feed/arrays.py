@@ -1,4 +1,4 @@
-"""The agent's columnar snapshot (`format=columns`, see gpuwm.agent.columns) read into numpy arrays.
+"""The feed's decoder of samples: a columnar answer (`format=columns`, see gpuwm.feed.encode) read into numpy arrays.
 
 Validated column by column (lengths, number types, GpuSample's ranges) instead of one
 pydantic object per sample; what the engine needs goes to it as a `SampleBatch`, and only
@@ -6,7 +6,7 @@ the samples the rest of the cycle keeps (each device's latest) become GpuSample 
 
 In the arrays NaN stands for null (not reported). A number that is not finite is something
 else: the reader of the agent's JSON turns `NaN` and `±Infinity` into infinity (see
-`gpuwm.controller.pull.agents`), JSON's overflowing numbers (1e999) are infinite already, and a
+`gpuwm.feed.decode`), JSON's overflowing numbers (1e999) are infinite already, and a
 row with an infinite value in any of its numbers or its processes' is dropped, the others
 kept (`SampleColumns.rejected_rows` counts them): one such figure would make every sum it
 enters infinite or NaN.
@@ -23,8 +23,8 @@ import numpy
 import numpy.typing as npt
 from pydantic import ValidationError
 
-from gpuwm.accounting.state import SampleBatch
-from gpuwm.agent.columns import DEVICE_FIELDS, NUMBER_COLUMNS
+from gpuwm.accounting import SampleBatch
+from gpuwm.feed.schema import DEVICE_FIELDS, NUMBER_COLUMNS
 from gpuwm.model.figures import shared_keys_fields, trusted_complete
 from gpuwm.model.sample import GpuSample, ProcessSample
 
@@ -60,8 +60,8 @@ class Processes:
 class DeviceEntry:
     """A `gpus` entry's device fields (DEVICE_FIELDS, in that order), validated as GpuSample validates them.
 
-    Kept for every device between pulls (`_DEVICES`): ~0.1 KiB each, where a GpuSample of the same
-    fields (with every other field's default) was ~1 KiB.
+    Kept for every device between pulls (`_DEVICES`): a tenth of a GpuSample of the same fields
+    (with every other field's default) in memory.
     """
 
     uuid: str
@@ -283,15 +283,15 @@ class SampleColumns:
         return [by_row[row] for row in order.tolist()]
 
 
-#: the fields-set of every sample built here: one set shared by all (a 30-name set is ~1.2 KiB; 8,000 devices'
-#: latest samples and 8,000 device templates held one each). GpuSample is frozen, so nothing adds to it in
-#: place; `model_copy(update=...)` copies it before adding.
+#: the fields-set of every sample built here: one set shared by all (else each of the engine's latest samples
+#: and device templates holds its own). GpuSample is frozen, so nothing adds to it in place;
+#: `model_copy(update=...)` copies it before adding.
 _FIELDS_SET = set(GpuSample.model_fields)
 
 
 def _validated(fields: dict[str, Any]) -> GpuSample:
     """A GpuSample of every field's value, checked already (column by column): built as `model_construct`
-    builds it, without its per-field defaults and alias lookups (~1 us instead of ~6 us for `model_validate`).
+    builds it, without its per-field defaults and alias lookups (`model_validate` would check them again).
     """
     return trusted_complete(GpuSample, fields, _FIELDS_SET)
 
@@ -414,8 +414,8 @@ def parse_columns(payload: Mapping[str, Any]) -> SampleColumns:
 def parse_columns_many(payloads: Sequence[Mapping[str, Any]]) -> list[SampleColumns | ValueError]:
     """`parse_columns` of each payload: its SampleColumns, or the ValueError it raises (naming the field and row).
 
-    A pull is a thousand small snapshots of ~24 rows each; reading and checking each one's
-    table on its own was ~80 us of fixed numpy and Python cost per agent. Payloads of the same
+    A pull is a thousand small snapshots of a few dozen rows each; reading and checking each
+    one's table on its own paid numpy's fixed cost per agent. Payloads of the same
     plain shape (the same columns present, no `errors` or `processes`, every column a list
     of the row count) are read as one table and checked at once; each gets a view of its
     rows. Where that table cannot be read or any check fails, each of those payloads is read

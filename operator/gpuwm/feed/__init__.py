@@ -1,0 +1,43 @@
+"""The agent -> controller feed (`/v1/snapshot`, docs/snapshot-feed.md) in one place.
+
+- `schema`: the answer's envelope and devices (pydantic) and the columnar form's field lists;
+- `encode`: what the agent writes (`sample_columns`, `devices_members`);
+- `merge`: what the controller asks (`MergeRequest`) and how the agent merges runs of polls;
+- `decode`: what the controller reads (`parse_snapshot` -> `Snapshot`, `DeviceHolder`), with
+  `arrays` reading the columns into numpy arrays and the engine's `SampleBatch`.
+
+Below the agent and the controller, above the engine: both sides import the feed and neither
+imports the other's internals. The agent imports this face (schema, encoder, merging); the
+controller imports the decoder from `gpuwm.feed.decode`, its own face, which this one leaves
+out so that the agent does not load numpy and the engine it needs.
+"""
+
+from gpuwm.feed.encode import columns_answer_json, devices_members, sample_columns
+from gpuwm.feed.merge import MergeRequest, merge_polls, merge_request
+from gpuwm.feed.schema import (
+    DEVICE_FIELDS,
+    DEVICES_TAG_MAX_LENGTH,
+    DEVICES_TAG_PARAM,
+    NUMBER_COLUMNS,
+    SNAPSHOT_FORMATS,
+    AgentDevice,
+    AgentSnapshot,
+    DeviceState,
+)
+
+__all__ = [
+    "DEVICES_TAG_MAX_LENGTH",
+    "DEVICES_TAG_PARAM",
+    "DEVICE_FIELDS",
+    "NUMBER_COLUMNS",
+    "SNAPSHOT_FORMATS",
+    "AgentDevice",
+    "AgentSnapshot",
+    "DeviceState",
+    "MergeRequest",
+    "columns_answer_json",
+    "devices_members",
+    "merge_polls",
+    "merge_request",
+    "sample_columns",
+]
