@@ -139,8 +139,8 @@ class ChunkWriter:
         points = values.shape[2]
         coarse = span.step != self.spans[0].step
         piece = coarse and points < span.points
-        # a piece lives until its coarse span ends and the whole chunk (level 9) replaces it: at level 9 an hour's
-        # pieces took 138 ms of compaction's zlib at 1,000 nodes, at level 3 60 ms, for 20 % more bytes meanwhile
+        # a piece lives until its coarse span ends and the whole chunk (level 9) replaces it: a fast level for
+        # bytes that are thrown away (bench/README.md, "The store's choices")
         level = ROLLUP_ZLIB_LEVEL if coarse and not piece else FINE_ZLIB_LEVEL
         encoded = encode_parts(values if len(chosen) == len(series_ids) else values[chosen], level)  # no copy: all
         ids = iter(store_payloads(

@@ -84,13 +84,11 @@ ROLLUP_QUANTUM: IntArray = np.array(
 )
 #: significant digits each roll-up value keeps (0: the absolute quantum only)
 ROLLUP_DIGITS: IntArray = np.array([_ROLLUP_RESOLUTION_BY_UNIT[metric.unit][1] for metric in METRICS], dtype=np.int64)
-#: zlib level of the roll-up tiers' whole chunks, each written once per coarse span: 4 % fewer bytes than 6 on
+#: zlib level of the roll-up tiers' whole chunks, each written once per coarse span: fewer bytes than 6 on
 #: the 5 min tier (same format); the pieces before them go at FINE_ZLIB_LEVEL (see `ChunkWriter._store`)
 ROLLUP_ZLIB_LEVEL = 9
 #: zlib level of the finest tier's chunks and of the roll-ups' pieces (compaction of every series each hour:
-#: CPU matters). Level 3 against 6 (2026-11-25): an hour's fine chunks at 1,000 nodes 62 ms against 78,
-#: with the pieces a compaction slice of 2 blocks 193 ms against 207 (bench/store_record.py --fill-head);
-#: the 15 s tier 1.2 % bigger on the simulator's data (146.2 KiB a GPU a day against 144.4, bench/api.py)
+#: CPU matters): less CPU than level 6 for slightly bigger chunks (bench/README.md, "The store's choices")
 FINE_ZLIB_LEVEL = 3
 #: metrics kept as second differences: counters and durations that grow by about the same each step
 _SECOND_ORDER: BoolArray = np.array([metric.rollup is Rollup.MAX for metric in METRICS], dtype=np.bool_)
@@ -98,7 +96,7 @@ _SECOND_ORDER: BoolArray = np.array([metric.rollup is Rollup.MAX for metric in M
 #: schema 3 wrote. The others split the metrics by what series share: a one-GPU pod's device figures
 #: are its GPU series', its workload's and its workload_node's; its pod stats its workload's. Kept
 #: apart, identical parts are stored once (schema.py `payloads`) where whole chunks differed by a
-#: column (idle seconds, pod stats): 30 % of the chunk bytes on bench/api.py's size run. Never
+#: column (idle seconds, pod stats), a large share of the chunk bytes (bench/api.py's size run). Never
 #: reorder or renumber: the file names parts by number.
 WHOLE = 0
 #: the metrics schemas 3 and 4 kept (the first ones of METRICS): a whole chunk of schema 3 holds these,
@@ -176,7 +174,7 @@ def _divide_out(deltas: IntArray) -> tuple[IntArray, IntArray]:
     1e-6 % costs no more than at 0.01 %). The gcd of the first points decides most rows at once: where
     it is 1, so is the row's. Elsewhere the whole row is reduced, including a row whose first points
     are all 0 (a series that starts inside the chunk, gaps filled with 0): until 2026-11-24 those kept
-    divisor 1, and a roll-up of 0.1 % steps was stored in units of 1e-6 % (24 % of the 5 min tier)."""
+    divisor 1, and a roll-up of 0.1 % steps was stored in units of 1e-6 %."""
     head = np.gcd.reduce(deltas[:, :, :16], axis=2)
     divisor = head.copy()
     wide = (head != 1) & deltas[:, :, 16:].any(axis=2)
@@ -276,8 +274,8 @@ def decode_chunk(
     return result
 
 
-#: series encoded in one pass: a compaction's block at once (64 series x 19 metrics x 240 points) had ~11 MiB of
-#: temporaries alive together. Each series' chunk is its own, so the bytes do not depend on the passes
+#: series encoded in one pass: a compaction's whole block at once (64 series x every metric x 240 points) kept
+#: all its temporaries alive together. Each series' chunk is its own, so the bytes do not depend on the passes
 ENCODE_SERIES_PER_PASS = 16
 
 
@@ -345,7 +343,7 @@ def roll_up(values: IntArray, factor: int, rollups: BoolArray = _SECOND_ORDER) -
     """Coarser points from [..., metrics, points]: the mean (or, where `rollups` is set, the max) of each
     run of `factor` points, over the present ones, rounded once to the roll-ups' declared resolution
     (`round_to_rollup`); MISSING where none is. Series by series in passes (`ENCODE_SERIES_PER_PASS`):
-    each series' points are its own, and a block's temporaries at once were ~7 MiB."""
+    each series' points are its own, and a whole block's temporaries at once made a needless peak."""
     if values.ndim == 3 and values.shape[0] > ENCODE_SERIES_PER_PASS:
         return np.concatenate([roll_up(values[low : low + ENCODE_SERIES_PER_PASS], factor, rollups)
                                for low in range(0, values.shape[0], ENCODE_SERIES_PER_PASS)])

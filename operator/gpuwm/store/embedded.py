@@ -56,27 +56,26 @@ from gpuwm.store.tiers import Tier, parse_tiers
 
 log = logging.getLogger(__name__)
 
-#: page cache of the writing connection (readers keep the bigger cache and mmap of `_connect`): at 1,000 nodes
-#: record() takes the same CPU with 2, 4, 8 or 16 MiB, compaction slices included (bench/api.py); 4 MiB keeps an
-#: interval's head pages (~390 blocks' leaves and the tree above them) with room to spare, 12 MiB less RSS than 16
+#: page cache of the writing connection (readers keep the bigger cache and mmap of `_connect`): record() takes
+#: the same CPU with a bigger one (bench/README.md, "The store's choices"); 4 MiB keeps an interval's head pages
+#: (every block's leaves and the tree above them) at 1,000 nodes with room to spare
 WRITER_CACHE_KIB = 4 * 1024
 #: rows quantized at a time when an interval goes into the head (bounds the temporaries, see `write_head`)
 _QUANTIZE_ROWS = 2048
-#: compaction of a closed span is spread over this share of the next span's intervals: at 1,000 nodes ~390
-#: blocks over 210 of an hour's 240 intervals, 2 blocks (~65 ms of CPU) a 15 s interval for 49 minutes, where
-#: half the hour was 4 blocks an interval for 25 (the same CPU an hour, half of it in any one interval); the
-#: rest of the span is the margin for a round that falls behind (missed intervals, a restart)
+#: compaction of a closed span is spread over this share of the next span's intervals: the same CPU an hour
+#: as over half of it, half of it in any one interval; the rest of the span is the margin for a round that
+#: falls behind (missed intervals, a restart)
 _COMPACTION_SHARE = 0.875
 #: intervals of head rows deleted a slice once a round's blocks are all compacted (`_drop_head_slice`)
 _HEAD_DROP_INTERVALS = 30
-#: latest-figures rows written per statement: the JSON held at once is bounded (4,000 workloads' is ~12 MiB;
-#: at 1,000 nodes the cycle's RSS peak did not move, bench/README: it bounds that memory for larger fleets)
+#: latest-figures rows written per statement: the JSON held at once is bounded, for fleets larger than the
+#: benchmarks' (bench/README.md)
 _LATEST_ROWS_PER_WRITE = 256
 #: workload phases whose figures change every interval (new objects: not worth keeping to compare)
 _LIVE_PHASES = frozenset({"Running", "Pending", "Queued"})  # a Queued one's queuedSeconds grows
 
 
-#: series rows deleted per compaction round at most (~11 us each): a store that kept every series
+#: series rows deleted per compaction round at most: a store that kept every series
 #: before this was deleted is cleaned over several hourly rounds, not in one long transaction
 FORGET_SERIES_PER_ROUND = 50_000
 
@@ -116,7 +115,7 @@ class EmbeddedStore(Store):
         # holds its own (see `_adopt_keys`)
         self._keys_from_file = False
         # hash() of the JSON each latest_* row holds now, so unchanged figures are not rewritten: the JSON
-        # itself was ~1 KB per workload, kept for every finished one too (24 MiB at 24,000 workloads)
+        # itself, kept for every finished workload too, grew with every workload the cluster ran
         self._latest_json: dict[str, int] = {}
         # the figures objects those rows were dumped from (ended workloads, projects, cluster): the engine
         # hands the same object again for a settled workload (never changed in place): no JSON needed
@@ -143,7 +142,7 @@ class EmbeddedStore(Store):
             self._init_schema()
             # the writer's pages are the controller's RSS (issue 4: <= 256 MiB): a small cache. Set after
             # the schema: a new file's `page_size` pragma leaves a cache size set before it unenforced
-            # (SQLite 3.40: the cache then kept every page written, ~64 MiB more after an hour at 8,000 GPUs)
+            # (SQLite 3.40: the cache then kept every page written)
             self._writer.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
         except sqlite3.DatabaseError as error:
             raise StoreError(
@@ -311,9 +310,8 @@ class EmbeddedStore(Store):
         `refresh_rows` (workloads): a live row whose file row is in the same phase already only has
         its counters and windows to update, which move every interval. Of those, the rows written
         longest ago are rewritten, as many as fit in `refresh_rows` rows this interval, counting the
-        other rows written (new workloads, phase changes, ended ones: always written at once). At
-        4,000 running workloads every row was ~2 KB rewritten each interval: ~14 MB of writes
-        an interval with the WAL checkpoints (~78 GB a day), for ~95 % of the store's writes.
+        other rows written (new workloads, phase changes, ended ones: always written at once). Every
+        row rewritten each interval was most of the store's writes (bench/README.md).
         """
         known = self._latest_json
         objects = self._latest_objects
@@ -401,7 +399,7 @@ class EmbeddedStore(Store):
     def write_head(self, bucket: int, ids: IntArray, values: IntArray | FloatArray) -> None:
         """Head rows of one interval: `values[i]` is series `ids[i]`'s row at `bucket`, quantized already
         (integers) or as floats, which go into the blocks quantized a slice of rows at a time: a whole
-        interval's quantized copy and its temporaries (~4 MiB each at 25,000 series) were alive at once."""
+        interval's quantized copy and its temporaries were alive at once."""
         if ids is self._blocks_of[0]:
             blocks, inverse = self._blocks_of[1]
         else:
@@ -437,7 +435,7 @@ class EmbeddedStore(Store):
         """Key the map by the row builder's tuples for the series it holds, once after the map was read from the file.
 
         A dict keeps the key it was first given: the tuples and strings read from SQLite stayed beside the row
-        builder's equal ones for every series (~4 MiB at 25,000 series after each restart).
+        builder's equal ones for every series after each restart.
         """
         series_ids = self._series_ids
         for key, series_id in zip(keys, ids, strict=True):
@@ -448,7 +446,7 @@ class EmbeddedStore(Store):
 
     def _series_id(self, kind: str, key: str, labels: dict[str, str] | None, series: SeriesKey | None = None) -> int:
         """The id of series (kind, key), inserted if new; `series`: that pair as the caller holds it, kept as the
-        key (the row builder's tuple: one tuple per series for both, not two: ~1.5 MiB at 22,000 series)."""
+        key (the row builder's tuple: one tuple per series for both, not two)."""
         found = self._series_ids.get((kind, key))
         if found is None:
             labels = labels or {}
@@ -521,8 +519,8 @@ class EmbeddedStore(Store):
         """A slice of deleting the head rows before `until`, once every block of the round is compacted: the
         oldest `_HEAD_DROP_INTERVALS` intervals' rows; True once none is left before `until`.
 
-        At 1,000 nodes an hour of head rows (~94,000, 128 MB) took ~0.28 CPU-s to delete in one go: spread
-        over 8 of the round's slices after its blocks (the round still ends within the span)."""
+        An hour of head rows deleted in one go made one long interval: spread over 8 of the round's slices
+        after its blocks (the round still ends within the span)."""
         connection = self._writer
         oldest: int | None = None
         for block in self._head_blocks:
@@ -539,10 +537,9 @@ class EmbeddedStore(Store):
         """Delete the head rows before `until`, every block's compacted by now, as one range of rowids.
 
         Deleting each block's rows when it was compacted dirtied a page for every interval of the
-        block's hour (a page holds ~11 blocks' rows of one interval): 240 pages of 16 KiB a block,
-        ~6 MB written a block with the WAL's checkpoint, ~2.3 GB an hour at 1,000 nodes. Rows are
-        appended in time order, so those before `until` are the rowids below the first row at or
-        after it: deleted together, each page is written once (~300 MB an hour).
+        block's hour (a page holds several blocks' rows of one interval), every page once per block with the
+        WAL's checkpoint. Rows are appended in time order, so those before `until` are the rowids below the
+        first row at or after it: deleted together, each page is written once.
         """
         connection = self._writer
         first_after: int | None = None
@@ -769,7 +766,7 @@ class EmbeddedStore(Store):
 class _IdMarks:
     """Which series ids were marked: a flag per id up to the highest marked (ids are given out in order).
 
-    A set of the ~25,000 ids of a 1,000-node store held ~2.8 MiB; this holds a byte per id.
+    A set of the ids held a boxed integer and a hash slot per id; this holds a byte per id.
     """
 
     __slots__ = ("_flags",)

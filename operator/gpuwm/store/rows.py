@@ -163,7 +163,7 @@ _is_none = partial(is_, None)
 class _Entry:
     """One workload's series and (series, GPU) pairs as slots: rebuilt only when its structure changes."""
 
-    structure: int  # the hash of what it was built from (see `build`): ~0.5 KB of tuples an entry otherwise
+    structure: int  # the hash of what it was built from (see `build`), not the tuples themselves
     own: tuple[int, int]  # its workload and project series
     pair_slots: Sequence[int]  # per GPU: its gpu, pod, workload, workload_node, project, project_node series
     gpu_slots: Sequence[int]
@@ -696,8 +696,7 @@ def _aggregate(
         seen: FloatArray = np.bincount(pairs_s, weights=has, minlength=count).astype(np.float64, copy=False)
         return total, seen
 
-    # each pair-long temporary is dropped once used: a few are ~1 MiB each at 1,000 nodes, and all of them
-    # alive together made the store thread's peak
+    # each pair-long temporary is dropped once used: all of them alive together made the store thread's peak
     weight = np.where(per_device_series[pairs_s] | (pair_units <= 0), 1.0, pair_units)
     del pair_units
     util = parts.util[pairs_p]

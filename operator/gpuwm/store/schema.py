@@ -98,7 +98,7 @@ def _ref_statements(sign: str, row: str, when: str = "") -> str:
 
 
 #: the chunk tables; `chunks` rows are small, so the table is its own primary-key index
-#: (retention finds old chunks series by series through it: a second index by start cost ~25 bytes a chunk)
+#: (retention finds old chunks series by series through it: a second index by start cost bytes on every chunk)
 _CHUNK_TABLES = [
     # one row per tier (its step in seconds), series and span start: compacted points, by payload id per
     # part (NULL: no point of that part's metrics)
@@ -139,7 +139,7 @@ def store_payloads(connection: sqlite3.Connection, payloads: Sequence[bytes], tr
 
     `transient` bytes (a coarse span's pieces, replaced by the whole chunk when the span ends) get
     ids below zero, counting down, so they fill pages of their own: mixed in with the chunks that
-    stay, their deletion left ~17 % of the payload pages empty.
+    stay, their deletion left payload pages part empty.
     """
     hashes = {data: payload_hash(data) for data in payloads}
     found: dict[bytes, int] = {}
