@@ -69,7 +69,8 @@ class Metric:
     kind: Literal["gauge", "counter"] = "gauge"
     #: for `Aggregation.RATIO`: the (numerator, denominator) metrics
     ratio_of: tuple[str, str] | None = None
-    #: the name of Run:ai's series with the same meaning, where `runaiCompatibleMetrics` exports one
+    #: the name of Run:ai's series with the same meaning, where `runaiCompatibleMetrics` exports one: the
+    #: per-GPU series of a device figure (in Run:ai's unit: MiB for memory), the per-workload one of a pod figure
     runai: str | None = None
 
 
@@ -82,9 +83,9 @@ def _gpu(
                   runai)
 
 
-def _pod(name: str, unit: str, help_text: str, series_help: str) -> Metric:
+def _pod(name: str, unit: str, help_text: str, series_help: str, runai: str | None = None) -> Metric:
     """A kubelet figure of one pod, the `PodStatsSample` field of the metric's name, summed over pods."""
-    return Metric(name, unit, help_text, Source.POD, name, Aggregation.SUM, series_help=series_help)
+    return Metric(name, unit, help_text, Source.POD, name, Aggregation.SUM, series_help=series_help, runai=runai)
 
 
 def _spec(name: str, unit: str, help_text: str, runai: str | None = None) -> Metric:
@@ -144,9 +145,10 @@ CATALOGUE: tuple[Metric, ...] = (
            series_help="Samples of a busy device (SM at or above the idle threshold) whose activity its "
            "holders' processes did not explain (none listed, no pod or no SM figure): its holders got the device's "
            "SM %. Rising where processes are hidden from the agent, e.g. without hostPID."),
-    _pod("cpu_usage_cores", "cores", "CPU of the scope's GPU pods, summed.", "Pod CPU use, cores."),
+    _pod("cpu_usage_cores", "cores", "CPU of the scope's GPU pods, summed.", "Pod CPU use, cores.",
+         runai="runai_job_cpu_usage"),
     _pod("memory_used_bytes", "bytes", "Working-set memory of the scope's GPU pods, summed.",
-         "Pod working-set memory."),
+         "Pod working-set memory.", runai="runai_job_memory_used_bytes"),
     _pod("network_rx_bytes_per_second", "bytes/s", "Network receive of the scope's GPU pods, summed.",
          "Pod network receive rate."),
     _pod("network_tx_bytes_per_second", "bytes/s", "Network transmit of the scope's GPU pods, summed.",

@@ -1,10 +1,11 @@
 """Every consumer of the metric catalogue covers every entry: a metric added to `gpuwm.model.metrics` that
-the store's rows, the PromQL translation, the agent's `/metrics` or the OpenMetrics backfill leave out
+the store's rows, the PromQL translation, the agent's `/metrics`, the OpenMetrics backfill or the Run:ai names leave out
 fails here (issue 36 §5)."""
 
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,13 +14,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from gpuwm.agent.core import Agent, DeviceCounters
 from gpuwm.agent.metrics import MetricsRenderer
 from gpuwm.api.openmetrics import OpenMetricsBackfill
+from gpuwm.api.runai_metrics import RunaiOptions, runai_metrics
 from gpuwm.config import Settings
 from gpuwm.feed import AgentDevice
 from gpuwm.model import GpuSample, PodResources, PodStatsSample
 from gpuwm.model.figures import WorkloadFigures
-from gpuwm.model.metrics import CATALOGUE, EXPORTED, STORED, Metric, Rollup, Source
+from gpuwm.model.metrics import CATALOGUE, EXPORTED, RUNAI_NAMES, STORED, Metric, Rollup, Source
 from gpuwm.store.base import METRIC_NAMES, METRICS
 from gpuwm.store.codec import METRIC_COUNT, RESOLUTION, ROLLUP_QUANTUM
+from gpuwm.store.embedded import EmbeddedStore
 from gpuwm.store.promql import promql
 from gpuwm.store.rows import build_rows
 
@@ -113,3 +116,15 @@ def test_the_backfill_writes_every_agent_series_the_promql_reads() -> None:
     written = {family.name.removeprefix("gpuwm_") for family in text_string_to_metric_families(text)}
     assert read <= written
     assert all(f"gpuwm_pod_{metric.name}" in text for metric in STORED if metric.source is Source.POD_SPEC)
+
+
+def test_the_runai_names_are_served(tmp_path: Path) -> None:
+    figures = _full_workload()
+    projects = [project("alpha", [figures])]
+    store = EmbeddedStore(tmp_path / "s.db")
+    try:
+        store.record(T, [_full_sample()], [figures], projects, cluster(1), [_full_stats()])
+        families = {family.name for family in runai_metrics(store, RunaiOptions(), [figures], projects)}
+    finally:
+        store.close()
+    assert set(RUNAI_NAMES.values()) <= families
