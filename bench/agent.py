@@ -9,6 +9,7 @@ makes the agent's calls at the agent's schedule: the instant ones every poll, th
 utilisation. Prints figures; asserts nothing.
 
     .venv/bin/python bench/agent.py [--seconds 60] [--gpus 8] [--processes 32] [--nvml-buffer-read-seconds 5]
+        [--profile agent.prof]
 
 Targets: <= 1 % of one core without the driver's costs (issue 3), <= 1.2 % with them (issue 37),
 <= 60 MiB RSS, agent CPU per poll <= 3x the bare loop.
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -35,19 +37,21 @@ sys.path.insert(0, str(ROOT))
 from tests.fakenvml import build_fake_nvml, fake_nvml_env, write_scenario  # noqa: E402
 from tests.fakenvml.podresources_server import FakePod, PodResourcesServer  # noqa: E402
 
-from gpuwm.agent.merge import MergeRequest  # noqa: E402
+from gpuwm.feed import MergeRequest  # noqa: E402
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 #: Prometheus scrapes and the controller pulls every this many seconds
 PULL_SECONDS = 10.0
 
-#: the NVML calls the agent makes per device at its schedule (argv: polls, interval, buffer read seconds), for
-#: the bare loop: the instant calls every poll, the buffered ones every read (a buffer read of 0: every poll,
-#: with per-process utilisation, as the agent did before issue 37)
+#: the NVML calls the agent makes per device at its schedule, for the bare loop: the instant calls every poll, the
+#: buffered ones every read (a buffer read of 0: every poll, with per-process utilisation, as the agent did before
+#: issue 37). argv: polls, interval, buffer read seconds, PCIe seconds, and memory activity from its own sample
+#: buffer (1, the agent before 2026-11-27) or from the instant utilisation rates (0)
 BARE_LOOP = textwrap.dedent(
     """
     import sys, time, pynvml
-    polls, interval, buffer_read = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3])
+    polls, interval, buffer_read, pcie_every = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+    kinds = [pynvml.NVML_GPU_UTILIZATION_SAMPLES] + [pynvml.NVML_MEMORY_UTILIZATION_SAMPLES] * int(sys.argv[5])
     pynvml.nvmlInit()
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
     cursor = int((time.time() - 1) * 1e6)
@@ -55,7 +59,7 @@ BARE_LOOP = textwrap.dedent(
     pcie_at = read_at = -1e9
     for _ in range(polls):
         time.sleep(interval)
-        read_pcie = time.monotonic() - pcie_at >= 5.0  # the agent reads PCIe (20 ms a call) at most every 5 s
+        read_pcie = time.monotonic() - pcie_at >= pcie_every  # the agent reads PCIe (20 ms a call) at most this often
         pcie_at = time.monotonic() if read_pcie else pcie_at
         read_buffers = time.monotonic() - read_at + interval / 2 >= buffer_read
         read_at = time.monotonic() if read_buffers else read_at
@@ -71,8 +75,10 @@ BARE_LOOP = textwrap.dedent(
                 pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
                 pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
             pynvml.nvmlDeviceGetComputeRunningProcesses(h)
+            if len(kinds) == 1:
+                pynvml.nvmlDeviceGetUtilizationRates(h)
             if read_buffers:
-                for kind in (pynvml.NVML_GPU_UTILIZATION_SAMPLES, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES):
+                for kind in kinds:
                     try:  # pynvml sizes its buffer in a first call: a sample arriving in between fails the second
                         pynvml.nvmlDeviceGetSamples(h, kind, cursor)
                     except pynvml.NVMLError_InsufficientSize:
@@ -83,6 +89,23 @@ BARE_LOOP = textwrap.dedent(
         if read_buffers:
             cursor = int((time.time() - 1) * 1e6)
     print(time.process_time() - started)
+    """
+)
+
+
+#: `--profile`: `python -m gpuwm.cli` under cProfile timed by the poll thread's CPU (not wall: the PCIe call's 20 ms
+#: wait would swamp it); argv: the stats file, then the CLI's arguments
+PROFILED_AGENT = textwrap.dedent(
+    """
+    import cProfile, runpy, sys, time
+    path, sys.argv = sys.argv[1], ["gpuwm", *sys.argv[2:]]
+    profile = cProfile.Profile(time.thread_time)
+    profile.enable()
+    try:
+        runpy.run_module("gpuwm.cli", run_name="__main__")
+    finally:
+        profile.disable()
+        profile.dump_stats(path)
     """
 )
 
@@ -137,6 +160,9 @@ def main() -> int:
                         help="the fake answers in microseconds instead of spending the real driver's CPU per call")
     parser.add_argument("--agent-root", type=Path, default=ROOT,
                         help="a checkout whose gpuwm agent to run (another commit's, for a before/after figure)")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="run the agent under cProfile (its poll thread's CPU time) and write the stats here; the CPU figures "
+                             "then include the profiler's own cost. Read with `python -m pstats PATH`")
     options = parser.parse_args()
 
     with tempfile.TemporaryDirectory(prefix="gpuwm-bench-") as temporary:
@@ -163,22 +189,25 @@ def main() -> int:
         agent_env = {**env, "PYTHONPATH": str(options.agent_root / "operator")}
         buffer_flag = ["--nvml-buffer-read-seconds", str(options.nvml_buffer_read_seconds)] if (
             "nvml_buffer_read_seconds" in (options.agent_root / "operator/gpuwm/config.py").read_text()) else []
+        profiler = ["-c", PROFILED_AGENT, str(options.profile.resolve())] if options.profile else ["-m", "gpuwm.cli"]
         agent = subprocess.Popen(
-            [sys.executable, "-m", "gpuwm.cli", "agent", "--listen", f"127.0.0.1:{port}", "--interval", "1s",
+            [sys.executable, *profiler, "agent", "--listen", f"127.0.0.1:{port}", "--interval", "1s",
              "--node-name", "bench", "--proc-root", str(proc_root), "--pod-resources-socket", str(pod_resources.socket_path),
              "--log-level", "warning", *buffer_flag],
             env=agent_env,
         )
         bare_schedule = str(options.nvml_buffer_read_seconds if buffer_flag else 0.0)
+        bare_args = [bare_schedule, *_agent_schedule(options.agent_root)]
         pulls = max(1, round(options.seconds / PULL_SECONDS))  # the window is whole pull periods
         bare_polls = max(10, int(pulls * PULL_SECONDS) - 2)
         bare: subprocess.Popen[str] | None = None
         try:
-            time.sleep(options.warmup)
             base = f"http://127.0.0.1:{port}"
+            _wait_listening(port, agent)
+            time.sleep(options.warmup)
             # the bare loop runs at 1 Hz in the same window, so both see the same machine (load, caches)
             bare = subprocess.Popen(
-                [sys.executable, "-c", BARE_LOOP, str(bare_polls), "1.0", bare_schedule], env=env,
+                [sys.executable, "-c", BARE_LOOP, str(bare_polls), "1.0", *bare_args], env=env,
                 stdout=subprocess.PIPE, text=True,
             )
             # the controller's first pull (everything since the start) opens the window; then every
@@ -205,7 +234,7 @@ def main() -> int:
             pod_resources.stop()
 
         # and back to back (hot caches), for reference
-        bare_hot = _bare(env, polls=300, interval=0.0, schedule=bare_schedule)
+        bare_hot = _bare(env, polls=300, interval=0.0, schedule=bare_args)
 
     agent_cpu_per_poll = cpu / max(1, polls)
     costs = "without the driver's costs" if options.no_driver_costs else "with the real driver's CPU per call"
@@ -225,10 +254,29 @@ def main() -> int:
     return 0
 
 
-def _bare(env: dict[str, str], polls: int, interval: float, schedule: str) -> float:
+def _wait_listening(port: int, agent: subprocess.Popen[bytes], timeout_seconds: float = 60.0) -> None:
+    """Until the agent accepts connections (a loaded machine, or the profiler, can slow its start past the warm-up)."""
+    deadline = time.monotonic() + timeout_seconds
+    while agent.poll() is None and time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"the agent did not listen on 127.0.0.1:{port} (exit status {agent.poll()})")
+
+
+def _agent_schedule(agent_root: Path) -> list[str]:
+    """The bare loop's PCIe period and memory-buffer flag as the agent under `agent_root` has them (its source read)."""
+    source = (agent_root / "operator/gpuwm/agent/nvml.py").read_text()
+    pcie = re.search(r"^PCIE_THROUGHPUT_EVERY_SECONDS = ([0-9.]+)", source, re.MULTILINE)
+    return [pcie.group(1) if pcie else "0", "1" if "NVML_MEMORY_UTILIZATION_SAMPLES" in source else "0"]
+
+
+def _bare(env: dict[str, str], polls: int, interval: float, schedule: list[str]) -> float:
     """CPU seconds per poll of a loop making only the agent's pynvml calls (buffered ones every `schedule` s)."""
     result = subprocess.run(
-        [sys.executable, "-c", BARE_LOOP, str(polls), str(interval), schedule], env=env, capture_output=True, text=True,
+        [sys.executable, "-c", BARE_LOOP, str(polls), str(interval), *schedule], env=env, capture_output=True, text=True,
         check=True,
     )
     return float(result.stdout.strip()) / polls

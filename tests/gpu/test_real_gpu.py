@@ -492,7 +492,7 @@ def test_host_to_gpu_copies_show_as_pcie_receive_throughput(loader_command: list
         started, ended, copied_bytes = (float(x) for x in copied.stdout.split())
         copy_rate = copied_bytes / (ended - started)
         samples = [s for s in agent.snapshot()["samples"] if s["uuid"] == gpu["uuid"]]
-        # a sample this long after the copies began holds a reading taken during them (one every 5 s at most)
+        # a sample this long after the copies began holds a reading taken during them (one a period at most)
         during = [s for s in samples if started + PCIE_THROUGHPUT_EVERY_SECONDS + 0.6 <= s["t"] <= ended]
         quiet = [s for s in samples if s["t"] < started - PCIE_THROUGHPUT_EVERY_SECONDS]
         _report("PCIe during the copies", {

@@ -69,9 +69,10 @@ _NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
 #: `nvmlDeviceGetPcieThroughput` counts bytes for 20 ms before it returns, one direction a call: read at every
 #: poll it would take 40 ms a GPU (0.32 s of each second on an 8-GPU node at 1 Hz) for a figure that covers 2 % of
 #: the interval. So it is read at most this often, its figures kept in between: a 20 ms glimpse of the link either
-#: way, and Prometheus scrapes every 10-30 s. (NVML's PCIe byte-count fields would give a whole-interval rate, but
-#: on an H200 with driver 580 they are 32-bit and wrap every ~70 ms at the link's 60 GB/s: no use at 1 Hz.)
-PCIE_THROUGHPUT_EVERY_SECONDS = 5.0
+#: way, fresh once per scrape of the chart's PodMonitor (15 s); each read also costs the driver's CPU, as much as
+#: the agent's other per-poll work. (NVML's PCIe byte-count fields would give a whole-interval rate, but on an
+#: H200 with driver 580 they are 32-bit and wrap every ~70 ms at the link's 60 GB/s: no use at 1 Hz.)
+PCIE_THROUGHPUT_EVERY_SECONDS = 15.0
 
 
 def _running_processes(handle: Any) -> list[tuple[int, int | None]]:
