@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuwm.api.fleet import RECENT_INTERVALS, GpuView, read_fleet
 from gpuwm.model.figures import GpuFigures, ProjectFigures, WorkloadFigures
-from gpuwm.store.base import RangeQuery, Store, StoreError
+from gpuwm.store.base import Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -219,34 +219,31 @@ def _runai_host_usage(
 ) -> Iterator[Metric]:
     """runai_job_cpu_usage (cores) and runai_job_memory_used_bytes of each running workload: its latest
     point of the store's cpu_usage_cores and memory_used_bytes (its pods' kubelet figures, summed) within
-    the last few status intervals; none where its pods have no host figures there."""
+    the last few status intervals; none where its pods have no host figures there. One store read for all
+    of them (`Store.latest_by_workload`): a scrape reads every running workload's."""
     cpu = GaugeMetricFamily("runai_job_cpu_usage", "Workload's CPU usage, cores.", labels=RUNAI_WORKLOAD_LABELS)
     memory = GaugeMetricFamily(
         "runai_job_memory_used_bytes", "Workload's used CPU memory (working set), bytes.", labels=RUNAI_WORKLOAD_LABELS
     )
+    running = [workload for workload in workloads if workload.end_time is None]
     at = store.latest_time()
-    if at is not None:
+    if at is not None and running:
         step = max(options.status_interval_seconds, 1.0)
-        for workload in workloads:
-            if workload.end_time is not None:
-                continue
-            query = RangeQuery("workload", workload.uid, _HOST_USAGE, at - RECENT_INTERVALS * step, at, step)
-            try:
-                found = store.query_range(query)
-            except (StoreError, ValueError) as error:  # a store that cannot answer: the other families still go
-                log.warning("Run:ai-compatible metrics: no host figures of workload %s: %s", workload.uid, error)
-                continue
-            latest = {series.metric: _latest(series.points) for series in found}
+        try:
+            latest = store.latest_by_workload(
+                [workload.uid for workload in running], _HOST_USAGE, at - RECENT_INTERVALS * step, at, step
+            )
+        except (StoreError, ValueError) as error:  # a store that cannot answer: the other families still go
+            log.warning("Run:ai-compatible metrics: no host figures of the running workloads: %s", error)
+            latest = {}
+        for workload in running:
+            values = latest.get(workload.uid, {})
             for family, metric in ((cpu, "cpu_usage_cores"), (memory, "memory_used_bytes")):
-                value = latest.get(metric)
+                value = values.get(metric)
                 if value is not None:
                     family.add_metric(labels(workload), value)
     yield cpu
     yield memory
-
-
-def _latest(points: Sequence[tuple[float, float | None]]) -> float | None:
-    return next((value for _, value in reversed(points) if value is not None), None)
 
 
 def _free_devices(store: Store, options: RunaiOptions, workloads: Iterable[WorkloadFigures]) -> list[GpuView]:

@@ -114,6 +114,11 @@ def check_range(query: RangeQuery) -> None:
             raise QueryError("metric", f"unknown metric {name!r}; known: {', '.join(METRIC_NAMES)}")
 
 
+def latest_value(points: Sequence[tuple[float, float | None]]) -> float | None:
+    """The value of the latest non-null point, or None."""
+    return next((value for _, value in reversed(points) if value is not None), None)
+
+
 class Store(abc.ABC):
     """One interface over the embedded and Prometheus backends."""
 
@@ -185,6 +190,23 @@ class Store(abc.ABC):
     def runs(self) -> list[WorkloadFigures]:
         """Every run kept, including earlier runs of a reused name, ordered by (namespace, name, start)."""
         return self.workloads()
+
+    def latest_by_workload(
+        self, uids: Sequence[str], metrics: tuple[str, ...], start: float, end: float, step_seconds: float
+    ) -> dict[str, dict[str, float]]:
+        """Each workload's latest value of each of `metrics` in [start, end] on a `step_seconds` grid (uid ->
+        metric -> value; a workload or metric without a point there is left out), for readers that want
+        every running workload's latest figure at once (the Run:ai names, at every scrape).
+
+        The plain version: one range query per workload. A backend that can read them all in one query
+        overrides it (`tests/unit/store/test_latest_by_workload.py` holds the two equal)."""
+        found: dict[str, dict[str, float]] = {}
+        for uid in uids:
+            series = self.query_range(RangeQuery("workload", uid, metrics, start, end, step_seconds))
+            values = {s.metric: value for s in series if (value := latest_value(s.points)) is not None}
+            if values:
+                found[uid] = values
+        return found
 
     def series_count(self, query: RangeQuery) -> int | None:
         """How many label sets `query` can answer with (an upper bound, known before any point is read),

@@ -35,7 +35,7 @@ from pydantic import BaseModel
 from gpuwm.model import GpuSample, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
 from gpuwm.model.jsonfast import model_json
-from gpuwm.store.base import METRIC_NAMES, RangeQuery, Series, Store, StoreError, Stretch
+from gpuwm.store.base import METRIC_NAMES, RangeQuery, Series, Store, StoreError, Stretch, latest_value
 from gpuwm.store.chunks import ChunkWriter, chunk_spans
 from gpuwm.store.codec import (
     BLOCK,
@@ -761,6 +761,36 @@ class EmbeddedStore(Store):
             return read_range(connection, self.spans, latest, watermarks, query)
         finally:
             connection.execute("COMMIT")
+
+    def latest_by_workload(
+        self, uids: Sequence[str], metrics: tuple[str, ...], start: float, end: float, step_seconds: float
+    ) -> dict[str, dict[str, float]]:
+        """One read of the workloads' own series (kind `workload`, key its UID), not a range query each."""
+        wanted = set(uids)
+        query = RangeQuery("cluster", "", metrics, start, end, step_seconds)
+        connection = self._reader()
+        connection.execute("BEGIN")
+        try:
+            # the answer needs only each series' workload (its key): no labels parsed
+            selected = [
+                (int(series_id), {"workload_uid": key})
+                for series_id, key in connection.execute("SELECT id, key FROM series WHERE kind = 'workload'")
+                if key in wanted
+            ]
+            if not selected:
+                return {}
+            found = read_range(
+                connection, self.spans, self._get_meta("latest_time", connection), self._watermarks(connection),
+                query, selected,
+            )
+        finally:
+            connection.execute("COMMIT")
+        latest: dict[str, dict[str, float]] = {}
+        for series in found:
+            value = latest_value(series.points)
+            if value is not None:
+                latest.setdefault(series.labels["workload_uid"], {})[series.metric] = value
+        return latest
 
 
 class _IdMarks:

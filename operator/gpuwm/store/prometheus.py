@@ -37,7 +37,7 @@ from gpuwm.store.base import (
     StoreError,
     check_range,
 )
-from gpuwm.store.promql import _scoped, promql, quote, scope_labels
+from gpuwm.store.promql import _POD_SERIES, _scoped, promql, quote, scope_labels
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,19 @@ def spec_promql(metric: str, scope: str, key: str, by: str | None, narrow: str =
     used = f"({_scoped('gpuwm_cpu_usage_cores', scope, key, narrow)} and on (namespace, pod) {spec})"
     given = f"({_scoped(spec, scope, key, narrow)} and on (namespace, pod) gpuwm_cpu_usage_cores)"
     return f"100 * sum{grouping} ({used}) / (sum{grouping} ({given}) > 0)"
+
+
+def latest_by_workload_promql(series: str, window_seconds: int) -> str:
+    """Every workload's latest value of a per-pod series (the agent's kubelet figures, the controller's pod
+    specs) in the last `window_seconds`, summed over its pods (label workload_uid): one query for all of them.
+    A pod whose (namespace, name) two runs share in the window (a StatefulSet recreated) counts for one of
+    them, so the join stays one-to-one."""
+    used = f"sum by (namespace, pod) (last_over_time({series}[{window_seconds}s]))"
+    info = (
+        "topk by (namespace, pod) (1, max by (namespace, pod, workload_uid) "
+        f"(last_over_time(gpuwm_workload_pod_info[{window_seconds}s])))"
+    )
+    return f"sum by (workload_uid) ({used} * on (namespace, pod) group_left (workload_uid) {info})"
 
 
 def _cumulative_figures(value: Callable[..., float | None]) -> dict[str, Any]:
@@ -334,6 +347,28 @@ class PrometheusStore(Store):
         return None
 
     # -- time series --------------------------------------------------------------------------
+
+    def latest_by_workload(
+        self, uids: Sequence[str], metrics: tuple[str, ...], start: float, end: float, step_seconds: float
+    ) -> dict[str, dict[str, float]]:
+        """The per-pod metrics in one instant query each for every workload (not a range query per workload:
+        one HTTP request per running workload and scrape otherwise); the others as the plain version."""
+        wanted = set(uids)
+        window = max(math.ceil(end - start), 1)
+        found: dict[str, dict[str, float]] = {}
+        for metric in metrics:
+            if metric not in _POD_SERIES:
+                continue
+            for item in self._instant_at(latest_by_workload_promql(_POD_SERIES[metric], window), end):
+                uid = item["metric"].get("workload_uid", "")
+                value = float(item["value"][1])
+                if uid in wanted and math.isfinite(value):
+                    found.setdefault(uid, {})[metric] = value
+        rest = tuple(metric for metric in metrics if metric not in _POD_SERIES)
+        if rest:
+            for uid, values in super().latest_by_workload(uids, rest, start, end, step_seconds).items():
+                found.setdefault(uid, {}).update(values)
+        return found
 
     def _narrowing(self, query: RangeQuery, end: float) -> str | None:
         """Label matchers for the pods (workload) or namespaces (project) seen in the range; None if none.
