@@ -430,9 +430,8 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
     if restarted:
         args.history_minutes = 0.0  # the restored engine has the earlier run's hour
     if args.existing_crs or restarted:
-        from gpuwm.controller.state import recovery
         restore_cpu = time.process_time()
-        source = await recovery.restore(runtime)
+        source = await runtime.restore()
         segments = sum(len(workload.windows) for workload in runtime.engine.workload_records.values())
         print(f"restored from: {source} ({len(runtime.writer.existing)} CRs adopted) in "
               f"{time.process_time() - restore_cpu:.1f} CPU-s; {segments} window segments; "

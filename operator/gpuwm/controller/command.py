@@ -87,13 +87,14 @@ def run(arguments: argparse.Namespace) -> int:
     _configure_logging(settings)
     limit_malloc_arenas()  # before any thread allocates (kopf's, the store's)
     raise_open_files_limit()
-    handlers.configure(settings)
+    memo = handlers.configure(settings)
     operator_settings = kopf.OperatorSettings()
     handlers.tune_kopf(operator_settings, settings)
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
         kopf.run(
             loop=runner.get_loop(),
             registry=handlers.REGISTRY,
+            memo=memo,
             settings=operator_settings,
             clusterwide=settings.namespace is None,
             namespaces=[settings.namespace] if settings.namespace else (),

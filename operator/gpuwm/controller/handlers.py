@@ -4,6 +4,12 @@ Pods are watched with `@kopf.on.event` and `@kopf.index` only: change-detecting 
 (`on.create/update/resume`) would store progress and a diff-base in annotations on every
 user's Pod, a write per pod and a mutation of objects gpuwm does not own (DESIGN §2). The
 `when=` filters keep non-GPU pods to the cost of the watch itself.
+
+What the handlers share lives in kopf's `memo` (`kopf.Memo`, given to every handler and filter),
+not in module globals: `memo.settings` (set by `configure` before kopf starts), then from the
+startup handler on `memo.runtime` (the status cycle and its `ControllerState`),
+`memo.workloads` and `memo.tasks`. kopf gives each watched object a shallow copy of the memo
+made after startup, so those copies share the one runtime.
 """
 
 from __future__ import annotations
@@ -26,27 +32,21 @@ from gpuwm.config import Settings
 from gpuwm.controller.kube import KubeClient, kube_login
 from gpuwm.controller.pull import PodAgents, agent_url_of_pod, parse_agents_spec
 from gpuwm.controller.runtime import ControllerRuntime
-from gpuwm.controller.state import recovery, tune_garbage_collector
+from gpuwm.controller.state import tune_garbage_collector
 from gpuwm.controller.status import COMPONENT
 from gpuwm.controller.watch import WorkloadKind, WorkloadObjects, parse_workload_kinds, requests_gpu
 
 logger = logging.getLogger("gpuwm.controller")
-
-#: set by `gpuwm controller` before kopf starts; the `when=` filters read it
-SETTINGS: Settings | None = None
-RUNTIME: ControllerRuntime | None = None
-WORKLOADS: WorkloadObjects | None = None
-_TASKS: list[asyncio.Task[None]] = []
 
 #: the controller's handlers. A plain registry, not kopf's default: that one probes for the official
 #: client (importing it, ~11 MiB of RSS) to add its own login handlers; `login` below is the only one
 REGISTRY = kopf.OperatorRegistry()
 
 
-def configure(settings: Settings) -> None:
-    global SETTINGS
-    SETTINGS = settings
+def configure(settings: Settings) -> kopf.Memo:
+    """The memo kopf runs with (`kopf.run(memo=...)`), holding `settings`; registers the workload kinds' handlers."""
     register_workload_kinds(parse_workload_kinds(settings.workload_kinds))
+    return kopf.Memo(settings=settings, runtime=None, workloads=None, tasks=[])
 
 
 #: the kinds whose handler is registered (configure may run more than once in one process: tests)
@@ -71,10 +71,11 @@ def register_workload_kinds(kinds: list[WorkloadKind]) -> None:
         observation.addFilter(AbsentKinds())
 
 
-async def workload_object_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
+async def workload_object_event(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A watched workload object (or a Kueue Workload) changed: its state goes to the engine when it changed."""
-    if WORKLOADS is not None:
-        WORKLOADS.on_object(body, deleted=event.get("type") == "DELETED")
+    workloads: WorkloadObjects | None = memo.get("workloads")
+    if workloads is not None:
+        workloads.on_object(body, deleted=event.get("type") == "DELETED")
 
 
 _SELECTOR = re.compile(r"Selector\(([^)]*)\)")
@@ -112,55 +113,66 @@ class AbsentKinds(logging.Filter):
         return False
 
 
-def _settings() -> Settings:
-    if SETTINGS is None:
-        raise RuntimeError("gpuwm.controller.handlers.configure(settings) must run before kopf starts")
-    return SETTINGS
+def _settings(memo: kopf.Memo) -> Settings:
+    settings: Settings | None = memo.get("settings")
+    if settings is None:
+        raise RuntimeError("kopf must run with the memo of gpuwm.controller.handlers.configure(settings)")
+    return settings
 
 
-def _is_gpu_pod(spec: kopf.Spec, **_: Any) -> bool:
-    return requests_gpu(spec, _settings().resource_names)
+def _runtime(memo: kopf.Memo) -> ControllerRuntime | None:
+    """The runtime once startup made it, else None (events before it are not expected: startup runs first)."""
+    runtime: ControllerRuntime | None = memo.get("runtime")
+    return runtime
 
 
-def _is_agent_pod(namespace: str | None, labels: kopf.Labels, **_: Any) -> bool:
-    agents = parse_agents_spec(_settings().agents)
+def _is_gpu_pod(spec: kopf.Spec, memo: kopf.Memo, **_: Any) -> bool:
+    return requests_gpu(spec, _settings(memo).resource_names)
+
+
+def _is_agent_pod(namespace: str | None, labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> bool:
+    agents = parse_agents_spec(_settings(memo).agents)
     return isinstance(agents, PodAgents) and agents.matches(namespace, labels)
 
 
 @kopf.index("pods", when=_is_agent_pod, registry=REGISTRY)
-def agent_pods(body: kopf.Body, **_: Any) -> dict[str, str] | None:
+def agent_pods(body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[str, str] | None:
     """node -> URL of the agent pod on it (`--agents pods:NAMESPACE/SELECTOR`)."""
-    agents = parse_agents_spec(_settings().agents)
+    agents = parse_agents_spec(_settings(memo).agents)
     found = agent_url_of_pod(body, agents.port if isinstance(agents, PodAgents) else 9400)
     return {found[0]: found[1]} if found else None
 
 
 @kopf.on.event("pods", when=_is_gpu_pod, registry=REGISTRY)
-async def gpu_pod_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
+async def gpu_pod_event(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Every change of a GPU pod goes to the engine (the runtime drops repeats)."""
-    if RUNTIME is not None:
-        await RUNTIME.on_pod(body, event.get("type"))
+    runtime = _runtime(memo)
+    if runtime is not None:
+        await runtime.on_pod(body, event.get("type"))
 
 
-def _node_sharing_changed(body: kopf.Body, event: Mapping[str, Any], **_: Any) -> bool:
-    return RUNTIME is not None and (event.get("type") == "DELETED" or RUNTIME.sharing.changes(body))
+def _node_sharing_changed(body: kopf.Body, event: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> bool:
+    runtime = _runtime(memo)
+    return runtime is not None and (event.get("type") == "DELETED" or runtime.sharing.changes(body))
 
 
 @kopf.on.event("nodes", when=_node_sharing_changed, registry=REGISTRY)
-def node_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
+def node_event(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Node labels that say how its GPUs are shared (time-slicing replicas, device plugin config key)."""
-    if RUNTIME is not None:
-        RUNTIME.sharing.on_node(body, deleted=event.get("type") == "DELETED")
+    runtime = _runtime(memo)
+    if runtime is not None:
+        runtime.sharing.on_node(body, deleted=event.get("type") == "DELETED")
 
 
 @kopf.on.event("namespaces", registry=REGISTRY)
-def namespace_event(event: Mapping[str, Any], body: kopf.Body, **_: Any) -> None:
+def namespace_event(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Namespace labels and annotations: the project label and the GPU quota."""
-    if RUNTIME is not None and event.get("type") != "DELETED":
-        RUNTIME.on_namespace(body)
+    runtime = _runtime(memo)
+    if runtime is not None and event.get("type") != "DELETED":
+        runtime.on_namespace(body)
         metadata = body.get("metadata") or {}
         if not metadata.get("deletionTimestamp") and metadata.get("name"):
-            RUNTIME.writer.namespace_reopened(str(metadata["name"]))  # (re)created: write there again
+            runtime.writer.namespace_reopened(str(metadata["name"]))  # (re)created: write there again
 
 
 @kopf.on.login(registry=REGISTRY)
@@ -192,10 +204,9 @@ def tune_kopf(settings: kopf.OperatorSettings, gpuwm_settings: Settings) -> None
 
 
 @kopf.on.startup(errors=kopf.ErrorsMode.TEMPORARY, backoff=2.0, registry=REGISTRY)
-async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **kwargs: Any) -> None:
-    """Log in, restore the engine, then start the status loop and the writer (before any pod event)."""
-    global RUNTIME, WORKLOADS
-    gpuwm_settings = _settings()
+async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, memo: kopf.Memo, **kwargs: Any) -> None:
+    """Log in, restore the state, then start the status loop and the writer (before any pod event)."""
+    gpuwm_settings = _settings(memo)
     info = kube_login(settings, logger)
     if info is None:
         raise kopf.PermanentError("no Kubernetes credentials: need in-cluster service account or a kubeconfig")
@@ -209,20 +220,21 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **kwargs
     index = kwargs.get("agent_pods")
     if index is not None:
         runtime.agent_pod_urls = lambda: {str(node): str(next(iter(urls))) for node, urls in index.items() if urls}
-    source = await recovery.restore(runtime)
+    source = await runtime.restore()
     runtime.store = _open_store(gpuwm_settings)
     tune_garbage_collector()
     workloads = WorkloadObjects(lambda: runtime.engine, runtime.clock, gpuwm_settings.resource_names,
                                 gpuwm_settings.time_sliced_replicas)
     await end_vanished_workloads(runtime, parse_workload_kinds(gpuwm_settings.workload_kinds))
-    RUNTIME = runtime
-    WORKLOADS = workloads
-    _TASKS.append(asyncio.create_task(_delayed_cycles(runtime), name="gpuwm status cycles"))
-    _TASKS.append(asyncio.create_task(runtime.writer.run(), name="gpuwm status writer"))
-    _TASKS.append(asyncio.create_task(runtime.idle_events.run(), name="gpuwm events"))
+    memo.runtime = runtime
+    memo.workloads = workloads
+    tasks: list[asyncio.Task[None]] = memo.tasks
+    tasks.append(asyncio.create_task(_delayed_cycles(runtime), name="gpuwm status cycles"))
+    tasks.append(asyncio.create_task(runtime.writer.run(), name="gpuwm status writer"))
+    tasks.append(asyncio.create_task(runtime.idle_events.run(), name="gpuwm events"))
     api = _start_api(runtime)
     if api is not None:
-        _TASKS.append(api)
+        tasks.append(api)
     logger.info("gpuwm controller started (state from %s, agents %s)", source, gpuwm_settings.agents)
 
 
@@ -359,27 +371,30 @@ def _report_api_exit(task: asyncio.Task[None]) -> None:
 
 
 @kopf.on.probe(id="statusCycles", registry=REGISTRY)
-def status_cycles(**_: Any) -> dict[str, Any]:
+def status_cycles(memo: kopf.Memo, **_: Any) -> dict[str, Any]:
     """Liveness detail: how many status cycles ran and how many writes are queued."""
-    if RUNTIME is None:
+    runtime = _runtime(memo)
+    if runtime is None:
         return {"started": False}
-    return {"cycles": RUNTIME.cycles, "pendingWrites": RUNTIME.writer.pending, "writes": RUNTIME.writer.stats.writes}
+    return {"cycles": runtime.cycles, "pendingWrites": runtime.writer.pending, "writes": runtime.writer.stats.writes}
 
 
 @kopf.on.cleanup(registry=REGISTRY)
-async def cleanup(**_: Any) -> None:
-    """Stop the loops, save the engine's state one last time, close connections."""
-    for task in _TASKS:
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    """Stop the loops, save the state one last time, close connections."""
+    tasks: list[asyncio.Task[None]] = memo.get("tasks") or []
+    for task in tasks:
         task.cancel()
-    for task in _TASKS:
+    for task in tasks:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
-    _TASKS.clear()
-    if RUNTIME is not None:
-        await RUNTIME.finish_saving()  # a save the cancelled cycle left renaming, before the last one
-        RUNTIME.save(time.time())
-        await RUNTIME.puller.close()
-        await RUNTIME.client.close()
-        if RUNTIME.store is not None:
+    tasks.clear()
+    runtime = _runtime(memo)
+    if runtime is not None:
+        await runtime.finish_saving()  # a save the cancelled cycle left renaming, before the last one
+        runtime.save(time.time())
+        await runtime.puller.close()
+        await runtime.client.close()
+        if runtime.store is not None:
             with contextlib.suppress(Exception):
-                RUNTIME.store.close()
+                runtime.store.close()

@@ -1,9 +1,10 @@
-"""The controller's state and its status cycle, independent of kopf.
+"""The controller's status cycle, independent of kopf.
 
 kopf handlers (gpuwm.controller.handlers) hand Pod and Namespace events to
 `ControllerRuntime`; a background task runs `cycle()` every status interval: pull the
 agents, feed the engine, offer CR statuses to the rate-limited writer, apply retention and
-save the engine's state for the next start.
+save the state for the next start. What it changes and saves is one `ControllerState`
+(`state`); the runtime holds the parts that act on it (puller, writer, client, store).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from operator import attrgetter
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.config import Settings
@@ -30,15 +31,18 @@ from gpuwm.controller.pull import (
     parse_agents_spec,
 )
 from gpuwm.controller.state import (
+    ADDITIVE_FIELDS,
+    ControllerState,
     collect_cycle_garbage,
     commit_state,
     encode_state_chunks,
-    recovery,
     release_free_memory,
+    restore_saved,
     save_state,
     stage_state,
     state_path_for_store,
 )
+from gpuwm.controller.state import restore as recover_state
 from gpuwm.controller.status import (
     PROJECT_PLURAL,
     WORKLOAD_PLURAL,
@@ -99,15 +103,53 @@ class _PhaseTimer:
         self._last = now
 
 
+_T = TypeVar("_T")
+
+
+class _InState(Generic[_T]):
+    """A field of the runtime's `ControllerState`, read and set as the runtime's own (`runtime.engine`)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._name = name
+
+    @overload
+    def __get__(self, runtime: None, owner: type) -> _InState[_T]: ...
+    @overload
+    def __get__(self, runtime: ControllerRuntime, owner: type | None = None) -> _T: ...
+
+    def __get__(self, runtime: ControllerRuntime | None, owner: type | None = None) -> _T | _InState[_T]:
+        if runtime is None:
+            return self
+        value: _T = getattr(runtime.state, self._name)
+        return value
+
+    def __set__(self, runtime: ControllerRuntime, value: _T) -> None:
+        setattr(runtime.state, self._name, value)
+
+
 class ControllerRuntime:
-    """Everything the controller knows between kopf events and status cycles."""
+    """The status cycle and the parts it acts through, on one `ControllerState`."""
+
+    engine: _InState[Engine] = _InState()
+    pods: _InState[dict[str, TrackedPod]] = _InState()
+    sent: _InState[dict[str, str]] = _InState()
+    moved_at: _InState[dict[str, float]] = _InState()
+    holders_by_node: _InState[dict[str, list[DeviceHolder]]] = _InState()
+    holders_by_pod: _InState[dict[str, list[DeviceHolder]]] = _InState()
+    cr_names: _InState[dict[str, str]] = _InState()
+    cr_owner: _InState[dict[tuple[str, str], tuple[str, str, float | None]]] = _InState()
+    conditions: _InState[dict[str, tuple[ConditionMemo, ...]]] = _InState()
+    latest_sample_time: _InState[float | None] = _InState()
+    baselines: _InState[dict[str, dict[str, float]]] = _InState()
+    baseline_cutoff: _InState[float | None] = _InState()
+    observed_idle: _InState[dict[str, float]] = _InState()
 
     def __init__(self, settings: Settings, client: KubeClient, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
         self.client = client
         self.clock = clock
         self.engine_config = EngineConfig.from_settings(settings)
-        self.engine = Engine(self.engine_config)
+        self._state = ControllerState(Engine(self.engine_config))
         self.agents = parse_agents_spec(settings.agents)
         self.puller = AgentPuller(timeout_seconds=max(1.0, min(10.0, settings.status_interval)), merge=merge_request_of(settings, self.engine_config))
         self.resolver = OwnerResolver(self._fetch_owner)
@@ -116,30 +158,17 @@ class ControllerRuntime:
             counters_refresh_seconds=settings.status_counters_refresh,
         )
         self.state_path = state_path_for_store(settings.store)
-        self.pods: dict[str, TrackedPod] = {}
-        self.sent: dict[str, str] = {}  # pod uid -> what the engine was last told (state_key as JSON)
-        self.moved_at: dict[str, float] = {}  # pod uid -> when its workload last changed (its owner changed)
-        self.holders_by_node: dict[str, list[DeviceHolder]] = {}
-        self.holders_by_pod: dict[str, list[DeviceHolder]] = {}
         self.agent_pod_urls: Callable[[], Mapping[str, str]] = dict
-        self.cr_names: dict[str, str] = {}  # workload uid -> GPUWorkloadMetrics name ("" for none)
-        self.cr_owner: dict[tuple[str, str], tuple[str, str, float | None]] = {}  # (ns, name) -> (uid, kind, created)
-        self.conditions: dict[str, tuple[ConditionMemo, ...]] = {}  # each workload's, as last written
         #: how old a device's latest sample may be at a report and still count as reporting (see idleness.reporting):
         #: the engine's gap, a status interval for the pull's spread, and each cycle how late its report came after
         #: its pull began (a slow cycle must not read every agent as silent)
         self.reporting_slack_seconds = self.engine_config.gap_seconds + settings.status_interval
         self.idle_watch = IdleWatch(self.reporting_slack_seconds)  # since when each workload's idleness was observed
-        #: workload uid -> seconds of its current idle stretch observed, as of the latest cycle (see IdleWatch)
-        self.observed_idle: dict[str, float] = {}
         #: workload uid -> ((project, Kueue queues), CR spec, CR labels): built once, not for each of thousands of
         #: CRs each cycle
         self._cr_static: dict[str, tuple[tuple[str, str | None, str | None], dict[str, Any], dict[str, str]]] = {}
         #: workload uid -> the settled figures last offered (the engine's own cached object, no extra memory)
         self._offered_settled: dict[str, WorkloadFigures] = {}
-        self.baselines: dict[str, dict[str, float]] = {}  # from CR status when no engine state survived
-        self.baseline_cutoff: float | None = None
-        self.latest_sample_time: float | None = None
         self.cycles = 0
         self.store: Any = None
         self.sharing = SharingSource(client, default_shared_replicas=settings.time_sliced_replicas,
@@ -150,6 +179,45 @@ class ControllerRuntime:
         self.cycle_cpu_seconds: dict[str, float] = {}
         self.store_cpu_seconds = 0.0  # CPU of the latest store write, in its worker thread
         self.idle_events = IdleEvents(client, self.writer.bucket, settings.idle_condition_after, clock)
+        self.idle_events.announced = self._state.idle_announced
+
+    @property
+    def state(self) -> ControllerState:
+        """What the cycle changes and a restart gets back (see `ControllerState`)."""
+        return self._state
+
+    @state.setter
+    def state(self, state: ControllerState) -> None:
+        self._state = state
+        self.idle_events.announced = state.idle_announced  # the Events' memory is the state's
+
+    # ------------------------------------------------------------------ start
+
+    async def restore(self) -> str:
+        """Put the state back where the last controller stopped (see `recovery`); returns which source was used."""
+        restored = await recover_state(
+            self.state, state_path=self.state_path, config=self.engine_config, client=self.client,
+            writer=self.writer, puller=self.puller, namespace=self.settings.namespace,
+            retention_seconds=self.settings.retention, clock=self.clock,
+        )
+        self.state = restored.state
+        for pod in restored.vanished:  # deleted while the controller was down: ended now
+            pod.phase = "Deleted"
+            self._send(pod)
+            self.pods.pop(pod.uid, None)
+            self.sent.pop(pod.uid, None)
+        logger.info("controller state restored from %s (%d workloads, %d pods)", restored.source,
+                    len(self.engine.workloads(self.clock())), len(self.pods))
+        return restored.source
+
+    def restore_saved(self, saved: dict[str, Any]) -> None:
+        """The state `snapshot` gave, whole or not at all (a damaged section raises and changes nothing)."""
+        self.state = restore_saved(saved, self.state, self.puller, self.engine_config)
+
+    def snapshot(self, now: float, lazy: bool = False, raw: bool = False) -> dict[str, Any]:
+        """The state file's content: the state, the agents' positions and which cluster (see `ControllerState.save`)."""
+        return self.state.save(now, agents=self.puller.positions(), cluster=self.client.cluster_identity,
+                               lazy=lazy, raw=raw)
 
     # ------------------------------------------------------------------ kopf events
 
@@ -172,10 +240,7 @@ class ControllerRuntime:
         self.pods[pod.uid] = pod
         self._send(pod)
         if pod.phase == "Deleted":
-            self.pods.pop(pod.uid, None)
-            self.sent.pop(pod.uid, None)
-            self.moved_at.pop(pod.uid, None)
-            self.holders_by_pod.pop(pod.uid, None)
+            self.state.forget_pod(pod.uid)
 
     def on_namespace(self, body: Mapping[str, Any]) -> None:
         """Namespace labels name the project; its annotation gives the GPU quota."""
@@ -313,7 +378,7 @@ class ControllerRuntime:
         if not baseline:
             return figures
         update: dict[str, Any] = {name: getattr(figures, name) + value for name, value in baseline.items()
-                                  if name in recovery.ADDITIVE_FIELDS}
+                                  if name in ADDITIVE_FIELDS}
         if "start_time" in baseline:  # the allocation began before the restart, not at it
             update["start_time"] = min(baseline["start_time"], figures.start_time or baseline["start_time"])
         if "wait_seconds" in baseline:
@@ -327,7 +392,7 @@ class ControllerRuntime:
         extra: dict[str, dict[str, float]] = {}
         for figures in workloads:
             for name, value in self.baselines.get(figures.uid, {}).items():
-                if name in recovery.ADDITIVE_FIELDS and name != "run_seconds":
+                if name in ADDITIVE_FIELDS and name != "run_seconds":
                     sums = extra.setdefault(figures.project, {})
                     sums[name] = sums.get(name, 0.0) + value
         return [project.model_copy(update={name: getattr(project, name) + value
@@ -470,7 +535,7 @@ class ControllerRuntime:
         """
         try:
             # lazy: written at once, in sections as the background saves are (what a restart reads an entry at a time)
-            save_state(self.state_path, recovery.snapshot_state(self, now, lazy=True, raw=True))
+            save_state(self.state_path, self.snapshot(now, lazy=True, raw=True))
             self._last_save = now
         except OSError as error:
             logger.warning("cannot save engine state to %s: %s", self.state_path, error)
@@ -482,7 +547,7 @@ class ControllerRuntime:
             # lazy: each batch of the engine's entries is built, encoded and dropped in turn (no await in between)
             # raw: window segments and GPU histories go as bytes after the JSON (no base64; see rawcolumns)
             staged = stage_state(self.state_path,
-                                 encode_state_chunks(recovery.snapshot_state(self, now, lazy=True, raw=True)))
+                                 encode_state_chunks(self.snapshot(now, lazy=True, raw=True)))
             # shielded: a cycle cancelled at shutdown leaves the rename to finish; `finish_saving` waits for it
             self._committing = asyncio.ensure_future(asyncio.to_thread(commit_state, staged, self.state_path))
             await asyncio.shield(self._committing)

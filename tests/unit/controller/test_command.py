@@ -51,18 +51,18 @@ def test_kopf_settings_ride_out_api_trouble() -> None:
 def test_agent_pods_index_and_filters() -> None:
     from gpuwm.controller import handlers
 
-    handlers.configure(Settings(agents="pods:gpuwm/app.kubernetes.io/component=agent"))
+    memo = handlers.configure(Settings(agents="pods:gpuwm/app.kubernetes.io/component=agent"))
     agent_pod = {"metadata": {"name": "agent-x", "namespace": "gpuwm", "labels": {"app.kubernetes.io/component": "agent"}},
                  "spec": {"nodeName": "n7", "containers": [{"name": "agent", "ports": [{"containerPort": 9400}]}]},
                  "status": {"phase": "Running", "podIP": "10.0.0.7"}}
     labels: Any = {"app.kubernetes.io/component": "agent"}
-    assert handlers._is_agent_pod(namespace="gpuwm", labels=labels)
-    assert not handlers._is_agent_pod(namespace="default", labels=labels)
+    assert handlers._is_agent_pod(namespace="gpuwm", labels=labels, memo=memo)
+    assert not handlers._is_agent_pod(namespace="default", labels=labels, memo=memo)
     index: Any = handlers.agent_pods  # kopf's decorator types it as its callback protocol
-    assert index(body=agent_pod) == {"n7": "http://10.0.0.7:9400"}
+    assert index(body=agent_pod, memo=memo) == {"n7": "http://10.0.0.7:9400"}
     gpu_spec = {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}
-    assert handlers._is_gpu_pod(spec=gpu_spec)  # type: ignore[arg-type]
-    assert not handlers._is_gpu_pod(spec={"containers": [{"name": "c"}]})  # type: ignore[arg-type]
+    assert handlers._is_gpu_pod(spec=gpu_spec, memo=memo)  # type: ignore[arg-type]
+    assert not handlers._is_gpu_pod(spec={"containers": [{"name": "c"}]}, memo=memo)  # type: ignore[arg-type]
 
 
 def test_open_files_limit_is_raised_toward_the_hard_limit() -> None:

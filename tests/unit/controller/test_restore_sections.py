@@ -65,7 +65,7 @@ def test_a_saved_controller_comes_back_from_its_sections(tmp_path: Path) -> None
     assert isinstance(state["holders"], SavedLines) and len(state["holders"]) == 20
     assert isinstance(state["pods"], SavedLines) and isinstance(state["engine"]["gpus"], SavedLines)
     restored = _runtime(tmp_path)
-    recovery._restore_state(restored, state)
+    restored.restore_saved(state)
     _same(restored, saved)
     node = restored.holders_by_node["node-3"]
     assert node[0].node is node[1].node  # one string for the node, not one per holder
@@ -88,14 +88,14 @@ def test_a_section_damaged_after_the_engine_leaves_the_runtime_as_it_was(tmp_pat
     assert state is not None  # the frame is whole: the damage shows when the section is read
     restored = _runtime(tmp_path)
     with pytest.raises(ValueError):
-        recovery._restore_state(restored, state)
+        restored.restore_saved(state)
     assert restored.engine.workload_records == {} and restored.holders_by_node == {} and restored.pods == {}
     assert restored.puller.positions() == {}
 
 
 def test_restore_falls_back_to_the_crs_on_a_damaged_section(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Through `recovery.restore`, as the controller starts: a warning, the CRs' source, no engine figures kept."""
+    """Through `ControllerRuntime.restore`, as the controller starts: a warning, the CRs' source, no engine figures kept."""
     saved = _busy_runtime(tmp_path, pods=20)
     saved.client.cluster_identity = "http://127.0.0.1:9 kube-system-uid"
     saved.save(NOW)
@@ -112,7 +112,7 @@ def test_restore_falls_back_to_the_crs_on_a_damaged_section(
 
     monkeypatch.setattr(restored.client, "list_items", no_crs)
     monkeypatch.setattr(recovery, "cluster_identity", same_cluster)
-    source = asyncio.run(recovery.restore(restored))
+    source = asyncio.run(restored.restore())
     assert source == "empty"
     assert "unusable" in caplog.text and "rebuilding from CR status" in caplog.text
     assert restored.engine.workload_records == {} and restored.holders_by_node == {}
@@ -124,12 +124,12 @@ def test_holders_saved_as_a_list_or_before_it_as_a_dict_restore_alike(tmp_path: 
     import json
 
     saved = _busy_runtime(tmp_path, pods=20)
-    state = json.loads(orjson.dumps(recovery.snapshot_state(saved, NOW), option=orjson.OPT_NON_STR_KEYS))
+    state = json.loads(orjson.dumps(saved.snapshot(NOW), option=orjson.OPT_NON_STR_KEYS))
     assert isinstance(state["holders"], list) and {entry["node"] for entry in state["holders"]} == set(
         saved.holders_by_node)
     older = json.loads(json.dumps(state))
     older["holders"] = {entry["node"]: entry["holders"] for entry in older["holders"]}
     for saved_state in (state, older):
         restored = _runtime(tmp_path)
-        recovery._restore_state(restored, saved_state)
+        restored.restore_saved(saved_state)
         _same(restored, saved)

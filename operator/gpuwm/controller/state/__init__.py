@@ -1,8 +1,9 @@
-"""What survives a restart, and the process's memory: the state file, recovery, GC and malloc tuning.
+"""What survives a restart, and the process's memory: the state, its file, recovery, GC and malloc tuning.
 
-`persistence` writes and reads the sectioned state file; `recovery` rebuilds the controller's
-state from it and from the CRs already written; `gctuning` keeps the long-lived state out of
-the garbage collector's way.
+`model` is the `ControllerState` the status cycle changes, saved and restored whole;
+`persistence` writes and reads the sectioned state file; `recovery` rebuilds the state from it
+and from the CRs already written; `gctuning` keeps the long-lived state out of the garbage
+collector's way. Nothing here imports the runtime: the runtime hands recovery what it needs.
 """
 
 from gpuwm.controller.state.gctuning import (
@@ -11,6 +12,7 @@ from gpuwm.controller.state.gctuning import (
     release_free_memory,
     tune_garbage_collector,
 )
+from gpuwm.controller.state.model import ControllerState
 from gpuwm.controller.state.persistence import (
     commit_state,
     encode_state_chunks,
@@ -18,13 +20,19 @@ from gpuwm.controller.state.persistence import (
     stage_state,
     state_path_for_store,
 )
+from gpuwm.controller.state.recovery import ADDITIVE_FIELDS, Restored, restore, restore_saved
 
 __all__ = [
+    "ADDITIVE_FIELDS",
+    "ControllerState",
+    "Restored",
     "collect_cycle_garbage",
     "commit_state",
     "encode_state_chunks",
     "limit_malloc_arenas",
     "release_free_memory",
+    "restore",
+    "restore_saved",
     "save_state",
     "stage_state",
     "state_path_for_store",
