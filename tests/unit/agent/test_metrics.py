@@ -1,4 +1,5 @@
-"""`/metrics` rendering: byte for byte what prometheus-client's generate_latest writes for the same families."""
+"""`/metrics` rendering: the agent's collector yields the families a plain reference collector builds from the
+agent's state (the series the hand-written exposition served before it), text and parsed samples."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from gpuwm.agent.core import Agent, DeviceCounters
 from gpuwm.agent.metrics import (
@@ -22,7 +22,6 @@ from gpuwm.agent.metrics import (
     POD_GAUGES,
     POD_LABELS,
     MetricsRenderer,
-    _value,
 )
 from gpuwm.config import Settings
 from gpuwm.feed import AgentDevice
@@ -144,20 +143,20 @@ def _fill(agent: Agent) -> None:
     agent.state.polls_total, agent.state.last_poll_seconds = 12, 0.0031
 
 
-def test_rendered_text_equals_prometheus_client_output(tmp_path: object) -> None:
+def test_families_equal_a_plain_reference_collectors(tmp_path: object) -> None:
     agent = _agent(tmp_path)
     _fill(agent)
-    renderer = MetricsRenderer(agent, process_metrics=False)
-    assert renderer.render(NOW) == _reference_text(agent)
-    # a second scrape reuses the cached label strings and must still match after a holder change
+    renderer = MetricsRenderer(agent, process_metrics=False, clock=lambda: NOW)
+    assert renderer.render() == _reference_text(agent)
+    # a second scrape reads the state again: a holder change shows
     agent.state.devices = [_device("GPU-a", namespace="team-z", pod="other", container="x")]
     agent.state.polls_total = 13
-    assert renderer.render(NOW) == _reference_text(agent)
+    assert renderer.render() == _reference_text(agent)
 
 
 def test_empty_agent_renders_every_family_header(tmp_path: object) -> None:
     agent = _agent(tmp_path, node="n")
-    text = MetricsRenderer(agent, process_metrics=False).render(NOW)
+    text = MetricsRenderer(agent, process_metrics=False, clock=lambda: NOW).render()
     assert text == _reference_text(agent)
     families = {family.name: family for family in text_string_to_metric_families(text.decode())}
     assert families["gpuwm_agent_nvml_up"].samples[0].value == 0.0
@@ -167,7 +166,7 @@ def test_empty_agent_renders_every_family_header(tmp_path: object) -> None:
 def test_values_parse_back(tmp_path: object) -> None:
     agent = _agent(tmp_path)
     _fill(agent)
-    text = MetricsRenderer(agent).render(NOW).decode()
+    text = MetricsRenderer(agent, clock=lambda: NOW).render().decode()
     samples = {(s.name, s.labels.get("uuid"), s.labels.get("pod")): s for f in text_string_to_metric_families(text)
                for s in f.samples}
     power = samples[("gpuwm_gpu_power_watts", "GPU-a", "train-0")]
@@ -179,14 +178,6 @@ def test_values_parse_back(tmp_path: object) -> None:
     assert samples[("gpuwm_agent_unattributed_samples_total", "GPU-a", "train-0")].value == 7.0
     assert samples[("gpuwm_agent_unattributed_samples_total", "GPU-b", "")].value == 0.0
     assert any(name == "gpuwm_agent_process_resident_memory_bytes" for name, _, _ in samples)
-
-
-@pytest.mark.parametrize("value", [
-    0.0, -0.0, 1.0, 0.5, 1 / 7, 1e-7, 123456.0, 1234567.0, 12345678901234.0, 1.5e9, 8.5e10, 1e22, -3.25,
-    float("inf"), float("-inf"), float("nan"), 3,
-])
-def test_value_formatting_matches_prometheus_client(value: float) -> None:
-    assert _value(value) == floatToGoString(value)  # type: ignore[no-untyped-call]
 
 
 def test_process_figures_are_process_collectors(tmp_path: Path) -> None:
@@ -209,8 +200,24 @@ def test_process_figures_are_process_collectors(tmp_path: Path) -> None:
     expected = generate_latest(registry).decode()
     assert "gpuwm_agent_process_open_fds 7.0" in expected
     agent = _agent(tmp_path)
-    without = MetricsRenderer(agent, process_metrics=False).render(NOW).decode()
-    assert MetricsRenderer(agent, proc=str(tmp_path)).render(NOW).decode() == without + expected
+    without = MetricsRenderer(agent, process_metrics=False, clock=lambda: NOW).render().decode()
+    assert MetricsRenderer(agent, proc=str(tmp_path), clock=lambda: NOW).render().decode() == without + expected
 
-    absent = MetricsRenderer(agent, proc=str(tmp_path / "absent")).render(NOW).decode()
+    absent = MetricsRenderer(agent, proc=str(tmp_path / "absent"), clock=lambda: NOW).render().decode()
     assert absent == without  # no /proc: no figures
+
+
+def test_idle_seconds_are_read_off_the_clock_at_each_scrape(tmp_path: object) -> None:
+    agent = _agent(tmp_path)
+    _fill(agent)
+    clock = [NOW]
+    renderer = MetricsRenderer(agent, process_metrics=False, clock=lambda: clock[0])
+
+    def idle_b() -> float:
+        families = text_string_to_metric_families(renderer.render().decode())
+        family = next(family for family in families if family.name == "gpuwm_gpu_idle_seconds")
+        return next(sample.value for sample in family.samples if sample.labels["uuid"] == "GPU-b")
+
+    assert idle_b() == pytest.approx(30.5)
+    clock[0] += 10
+    assert idle_b() == pytest.approx(40.5)

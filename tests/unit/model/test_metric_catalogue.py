@@ -96,7 +96,7 @@ def _agent_text() -> dict[str, int]:
                                        namespace="team-a", pod="a-0", container="main")]
     agent.state.counters = {"gpu-0": DeviceCounters(first_seen_t=T - 10)}
     agent.state.pod_stats = [_full_stats()]
-    text = MetricsRenderer(agent, process_metrics=False).render(T).decode()
+    text = MetricsRenderer(agent, process_metrics=False, clock=lambda: T).render().decode()
     return {family.name: len(family.samples) for family in text_string_to_metric_families(text)}
 
 
