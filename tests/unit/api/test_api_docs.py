@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -15,7 +16,7 @@ from gpuwm.api.app import create_app
 from gpuwm.config import Settings
 from gpuwm.store.embedded import EmbeddedStore
 
-from .test_api_runs import populate
+from .test_api_runs import FAILURE_REASON, populate
 
 DOCS = Path(__file__).resolve().parents[3] / "docs"
 PAGES = sorted(DOCS.glob("coming-from-*.md"))
@@ -59,3 +60,44 @@ async def test_example_request_is_served(client: httpx.AsyncClient, page: str, r
         assert any(value is not None for series in body["series"] for _, value in series["points"]), (
             f"{page}: GET {request_path} answered only nulls"
         )
+
+
+def _value(body: dict[str, Any], metric: str, pod: str | None = None) -> float:
+    """The one value every non-null point of one metric's series (of one pod) in a range answer has (within the
+    stored chunks' quantisation)."""
+    series = [s for s in body["series"] if s["metric"] == metric and (pod is None or s["labels"].get("pod") == pod)]
+    values = [value for s in series for _, value in s["points"] if value is not None]
+    assert values, (metric, pod)
+    assert values == pytest.approx([values[-1]] * len(values), rel=1e-3), (metric, pod, values)
+    return float(values[-1])
+
+
+async def test_the_rows_issue_39_left_answer_their_figures(client: httpx.AsyncClient) -> None:
+    """Baseten's error_message, ephemeral_storage.utilization and instance type, PAI's disk rates: the example
+    requests of their rows answer the fixture's figures, not only some series."""
+    run = "/api/v1/workloads/uid-train"
+    failed = (await client.get(f"{run}-first")).json()
+    assert failed["failureReason"] == FAILURE_REASON
+    in_range = (await client.get(f"{run}-first/metrics?metric=gpu_allocated")).json()
+    assert in_range["workload"]["failureReason"] == FAILURE_REASON
+    assert (await client.get(f"{run}-second")).json()["failureReason"] is None
+    storage = (
+        await client.get(f"{run}-second/metrics?metric=ephemeral_storage_used_bytes,ephemeral_storage_limit_bytes"
+                         "&leader=true")
+    ).json()
+    assert _value(storage, "ephemeral_storage_used_bytes") == pytest.approx(5e9, rel=1e-3)
+    assert _value(storage, "ephemeral_storage_limit_bytes") == pytest.approx(20e9, rel=1e-3)  # the leader's: 25 % used
+    disk = (
+        await client.get(f"{run}-second/metrics?metric=disk_read_bytes_per_second,disk_write_bytes_per_second&by=pod")
+    ).json()
+    assert _value(disk, "disk_read_bytes_per_second", "worker-0") == pytest.approx(3e6, rel=1e-3)
+    assert _value(disk, "disk_read_bytes_per_second", "worker-1") == pytest.approx(4e6, rel=1e-3)
+    assert _value(disk, "disk_write_bytes_per_second", "worker-1") == pytest.approx(4e5, rel=1e-3)
+    instance = (
+        await client.get(f"{run}-second/metrics?metric=cpu_limit_cores,memory_limit_bytes,gpu_memory_total_bytes"
+                         "&leader=true")
+    ).json()
+    assert _value(instance, "cpu_limit_cores") == pytest.approx(4.0, rel=1e-3)
+    assert _value(instance, "memory_limit_bytes") == pytest.approx(8e9, rel=1e-3)
+    assert _value(instance, "gpu_memory_total_bytes") == pytest.approx(80 * 1024.0**3, rel=1e-3)
+    assert (await client.get(f"{run}-second")).json()["allocatedGpus"] == 2.0

@@ -26,8 +26,10 @@ FIRST_TIMES = [float(t) for t in range(0, 360, 15)]
 SECOND_TIMES = [float(t) for t in range(360, 915, 15)]
 
 
-#: each pod's spec: 2 cores requested, 4 the limit; 4 GB of memory requested, 8 GB the limit
-SPEC = PodResources(cpu_request_cores=2.0, cpu_limit_cores=4.0, memory_request_bytes=4e9, memory_limit_bytes=8e9)
+#: each pod's spec: 2 cores requested, 4 the limit; 4 GB of memory requested, 8 GB the limit; 20 GB of ephemeral
+#: storage the limit
+SPEC = PodResources(cpu_request_cores=2.0, cpu_limit_cores=4.0, memory_request_bytes=4e9, memory_limit_bytes=8e9,
+                    ephemeral_storage_limit_bytes=20e9)
 
 
 def util_of(run: str, pod: int, t: float) -> float:
@@ -71,20 +73,26 @@ def samples(run: str, t: float) -> list[GpuSample]:
 
 
 def pod_stats(run: str, t: float) -> list[PodStatsSample]:
-    """Each pod's CPU, memory, network and ephemeral storage (the kubelet's stats summary)."""
+    """Each pod's CPU, memory, network and ephemeral storage (the kubelet's stats summary) and disk reads and
+    writes (cAdvisor)."""
     return [
         PodStatsSample(t=t, node="node-a", namespace="team-a", pod=f"worker-{index}", pod_uid=f"{run}-worker-{index}",
                        cpu_usage_cores=1.5 + index, memory_used_bytes=2e9, network_rx_bytes_per_second=1e6,
-                       network_tx_bytes_per_second=2e6, ephemeral_storage_used_bytes=5e9)
+                       network_tx_bytes_per_second=2e6, ephemeral_storage_used_bytes=5e9,
+                       disk_read_bytes_per_second=3e6 + index * 1e6, disk_write_bytes_per_second=4e5)
         for index in range(2)
     ]
 
 
+#: the first run's Failed condition (reason: message), as the controller reads it off the Job
+FAILURE_REASON = "BackoffLimitExceeded: Job has reached the specified backoff limit"
+
+
 def populate(path: Path) -> EmbeddedStore:
     store = EmbeddedStore(path, tiers=TIERS)
-    # an ended run holds no GPU any more (its figures stay, kept with the run's UID)
+    # an ended run holds no GPU any more (its figures stay, kept with the run's UID, with the Job's reason)
     ended = run_figures("first", FIRST_TIMES[-1], ended=FIRST_TIMES[-1]).model_copy(
-        update={"gpus": [], "allocated_gpus": 0.0}
+        update={"gpus": [], "allocated_gpus": 0.0, "failure_reason": FAILURE_REASON}
     )
     for t in FIRST_TIMES:
         job = run_figures("first", t)
