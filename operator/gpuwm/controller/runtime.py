@@ -47,6 +47,7 @@ from gpuwm.controller.status import (
     PROJECT_PLURAL,
     WORKLOAD_PLURAL,
     ConditionMemo,
+    ConditionStatus,
     Desired,
     IdleEvents,
     IdleWatch,
@@ -347,13 +348,15 @@ class ControllerRuntime:
         timer.mark("engine_report")
         await asyncio.sleep(0)
         self._observe_idleness(workloads, now)
-        self._offer_workloads(workloads, now)
-        self._offer_projects(projects, now)
         idle_after = self.settings.idle_condition_after
         slack = self.reporting_slack_seconds
-        self.idle_events.announce(workloads, {
-            figures.uid: idle_condition(figures, self.observed_idle.get(figures.uid), idle_after, now, slack)[0]
-            for figures in workloads})
+        # each workload's Idle condition once a cycle: the writer's signatures and the Events read the same one
+        idle = {figures.uid: idle_condition(figures, self.observed_idle.get(figures.uid), idle_after, now, slack)
+                for figures in workloads}
+        self._offer_workloads(workloads, now, idle)
+        self._offer_projects(projects, now)
+        self.idle_events.announce(workloads, {uid: condition[0] for uid, condition in idle.items()})
+        del idle
         await self._apply_retention(workloads, now)
         await self.writer.retire_projects(now, self.settings.retention)  # projects with no workload left
         timer.mark("offer")
@@ -434,7 +437,9 @@ class ControllerRuntime:
                 observed[figures.uid] = seconds
         self.observed_idle = observed
 
-    def _offer_workloads(self, workloads: list[WorkloadFigures], now: float) -> None:
+    def _offer_workloads(self, workloads: list[WorkloadFigures], now: float,
+                         idle: Mapping[str, tuple[ConditionStatus, str]] | None = None) -> None:
+        """Each workload's CR to the writer; `idle`: each one's Idle condition, as this cycle computed it."""
         idle_after, low = self.settings.idle_condition_after, self.settings.underutilized_percent
         for figures in workloads:
             settled = self.engine.settled_figures(figures.uid) is figures
@@ -457,31 +462,38 @@ class ControllerRuntime:
             self.writer.offer(Desired(
                 plural=WORKLOAD_PLURAL, namespace=figures.namespace, name=name,
                 spec=static[1], labels=static[2],
+                # a settled workload's figures are the engine's own cached object: the render takes them as they
+                # are (held at no cost); a running one's are computed again at its write (see _render_workload)
                 render=functools.partial(self._render_workload, figures.uid, now, self.observed_idle.get(figures.uid),
-                                         self.reporting_slack_seconds),
+                                         self.reporting_slack_seconds, figures if settled else None),
                 # hashes: only their equality counts, and ~3,500 queued offers and 4,000 written CRs kept the
                 # tuples (~0.8 KB a CR, ~6 MiB at 4,000 workloads); a collision (~2^-61 a comparison) delays one write
                 signature=hash(workload_signature(figures, now, idle_condition_after_seconds=idle_after,
                                                   underutilized_percent=low,
                                                   observed_idle_seconds=self.observed_idle.get(figures.uid),
-                                                  reporting_slack_seconds=self.reporting_slack_seconds)),
+                                                  reporting_slack_seconds=self.reporting_slack_seconds,
+                                                  idle=None if idle is None else idle.get(figures.uid))),
                 counters=hash(workload_counters(figures)),
                 # a settled workload's figures are final, no sample is behind them: not a sample -> status lag
                 sample_time=None if settled else self.latest_sample_time,
             ))
 
     def _render_workload(self, uid: str, now: float, observed_idle_seconds: float | None = None,
-                         reporting_slack_seconds: float = 0.0) -> dict[str, Any]:
+                         reporting_slack_seconds: float = 0.0, settled: WorkloadFigures | None = None) -> dict[str, Any]:
         """Built when the writer sends it; conditions keep their transition times across writes.
 
-        The figures are computed again here, for the few CRs the token bucket lets through:
-        holding every offered workload's figures until its turn kept a whole report (~10 KB of
-        pydantic objects per workload, 40+ MiB at 4,000 workloads) alive between cycles.
+        `settled`: a finished workload's final figures, which the engine keeps anyway. A running
+        workload's figures are computed again here (from the report's window sums, which the engine
+        keeps: `Engine.workload`), for the few CRs the token bucket lets through: holding every
+        offered workload's figures until its turn would keep a whole report (~10 KB of pydantic
+        objects per workload) alive between cycles.
         """
-        engine_figures = self.engine.workload(uid, now)
-        if engine_figures is None:  # retention forgets the CR with the workload, so this is not expected
-            raise LookupError(f"workload {uid} is no longer in the engine; its GPUWorkloadMetrics is not rendered")
-        figures = self._with_baseline(engine_figures)
+        figures = settled
+        if figures is None:
+            engine_figures = self.engine.workload(uid, now)
+            if engine_figures is None:  # retention forgets the CR with the workload, so this is not expected
+                raise LookupError(f"workload {uid} is no longer in the engine; its GPUWorkloadMetrics is not rendered")
+            figures = self._with_baseline(engine_figures)
         # the JSON of build_workload_status(...) built directly: no pydantic status per write
         status, conditions = workload_status_body(
             figures, now,

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from gpuwm.config import Settings
 from gpuwm.controller.kube.client import KubeClient
 from gpuwm.controller.runtime import ControllerRuntime
 from gpuwm.controller.status.build import workload_counters, workload_signature
+from gpuwm.controller.status.idleness import idle_condition
 from gpuwm.controller.status.writer import WORKLOAD_PLURAL, Written
 from gpuwm.model.figures import PodFigures
 
@@ -63,3 +66,39 @@ def test_offers_hold_hashes_and_the_writer_tells_news_refreshes_and_repeats_apar
     pods = [PodFigures(name="train-0", uid="p1", node="n1", phase="Running", allocated_gpus=1.0)]
     runtime._offer_workloads([figures(pods=pods, allocated_gpus=1.0)], NOW + 17)  # a pod went: news at once
     assert _queued(runtime) == "material"
+
+
+def test_the_cycles_idle_condition_is_the_one_the_signature_reads(tmp_path: Path) -> None:
+    """The cycle computes each workload's Idle condition once and hands it to the signature: the same hash as the
+    signature's own, and another condition is another signature."""
+    runtime = _runtime(tmp_path, [NOW])
+    idle = figures(idle_seconds=900.0)
+    own = workload_signature(idle, NOW, idle_condition_after_seconds=600, observed_idle_seconds=900.0)
+    given = idle_condition(idle, 900.0, 600, NOW)
+    assert given[0] == "True"
+    assert workload_signature(idle, NOW, idle_condition_after_seconds=600, observed_idle_seconds=900.0,
+                              idle=given) == own
+    assert workload_signature(idle, NOW, idle_condition_after_seconds=600, observed_idle_seconds=900.0,
+                              idle=("False", "IdleBelowTimeout")) != own
+    # no idleness observed by the runtime: only the condition handed over can say True
+    runtime._offer_workloads([idle], NOW, {"w1": ("True", "IdleTooLong")})
+    assert runtime.writer._material[KEY].signature == hash(workload_signature(
+        idle, NOW, idle_condition_after_seconds=runtime.settings.idle_condition_after,
+        underutilized_percent=runtime.settings.underutilized_percent, idle=("True", "IdleTooLong")))
+
+
+def test_a_settled_workloads_status_is_rendered_from_the_offered_figures(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finished workload's figures are the engine's cached object: its write renders them as offered, without
+    computing them again."""
+    runtime = _runtime(tmp_path, [NOW])
+    final = figures(phase="Succeeded", allocated_gpus=0.0, end_time=NOW - 60, pods=[], gpus=[])
+    monkeypatch.setattr(runtime.engine, "settled_figures", lambda uid: final if uid == "w1" else None)
+
+    def computed_again(uid: str, now: float | None = None) -> None:
+        raise AssertionError("a settled workload's figures were computed again")
+
+    monkeypatch.setattr(runtime.engine, "workload", computed_again)
+    runtime._offer_workloads([final], NOW)
+    status = runtime.writer._material[KEY].render()
+    assert status["phase"] == "Succeeded" and status["allocatedGpuSeconds"] == final.allocated_gpu_seconds

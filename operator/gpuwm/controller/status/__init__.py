@@ -24,7 +24,7 @@ from gpuwm.controller.status.build import (
     workload_status_body,
 )
 from gpuwm.controller.status.events import COMPONENT, IdleEvents
-from gpuwm.controller.status.idleness import IdleWatch, idle_condition
+from gpuwm.controller.status.idleness import ConditionStatus, IdleWatch, idle_condition
 from gpuwm.controller.status.writer import API_VERSION, PROJECT_PLURAL, WORKLOAD_PLURAL, Desired, StatusWriter
 
 __all__ = [
@@ -35,6 +35,7 @@ __all__ = [
     "PROJECT_PLURAL",
     "WORKLOAD_PLURAL",
     "ConditionMemo",
+    "ConditionStatus",
     "Desired",
     "IdleEvents",
     "IdleWatch",

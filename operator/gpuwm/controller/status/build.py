@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, NamedTuple, get_args
 
 from gpuwm.controller.status.idleness import (
+    ConditionStatus,
     holds_gpus,
     idle_condition,
     idle_since_second,
@@ -420,9 +421,13 @@ def workload_signature(
     underutilized_percent: float = 20.0,
     observed_idle_seconds: float | None = None,
     reporting_slack_seconds: float = 0.0,
+    idle: tuple[ConditionStatus, str] | None = None,
 ) -> tuple[Any, ...]:
     """What a reader acts on: phase, GPUs held, pods and devices, active or idle since when, each condition's
-    status and reason. A change is news: the writer sends it before any refresh of counters."""
+    status and reason. A change is news: the writer sends it before any refresh of counters.
+
+    `idle`: the Idle condition's (status, reason) where the caller has it already (the status cycle
+    computes it once per workload); else computed here."""
     running = holds_gpus(figures)
     average = figures.utilization.avg1h
     underutilized = "Unknown" if not running or average is None else str(average < underutilized_percent)
@@ -435,7 +440,8 @@ def workload_signature(
         figures.start_time is not None, figures.end_time is not None,
         running and reporting(figures, now, reporting_slack_seconds),
         idle_since_second(figures, now, reporting_slack_seconds),
-        idle_condition(figures, observed_idle_seconds, idle_condition_after_seconds, now, reporting_slack_seconds),
+        idle if idle is not None else idle_condition(figures, observed_idle_seconds, idle_condition_after_seconds, now,
+                                                     reporting_slack_seconds),
         underutilized,
     )
 
