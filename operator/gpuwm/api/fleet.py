@@ -5,38 +5,19 @@ running workload holds come with its latest figures (health, monitoring, activit
 the devices nobody holds come from the store's per-device series over the last few status intervals (a
 device without a utilisation point there is unmonitored). Stand-in devices (`unnamed/…`, a pod's GPUs no
 agent has named yet) are not GPUs of the fleet: their units show on the node as `unnamedUnits`.
+The routes are in gpuwm.api.routes.fleet.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Annotated, Any, Literal, TypeVar
+from collections.abc import Iterable, Sequence
+from typing import Literal, get_args
 
-from fastapi import FastAPI, Query, Request
-from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from gpuwm.api.http import (
-    ERRORS,
-    NOT_FOUND,
-    RANGE_PARAMETERS,
-    EndParam,
-    MetricParam,
-    NotFound,
-    StartParam,
-    StepParam,
-    check_parameters,
-    metrics_json,
-)
-from gpuwm.api.limits import QueryLimits
-from gpuwm.api.params import BadParameter, choose_range, parse_metrics, parse_step, parse_time
 from gpuwm.model.figures import GpuFigures, WorkloadFigures
-from gpuwm.store.base import DEFAULT_METRICS, RangeQuery, Series, Store
-
-T = TypeVar("T")
-Blocking = Callable[..., Awaitable[Any]]
-Guard = Callable[[Request, Sequence[str] | None], Awaitable[None]]
+from gpuwm.store.base import RangeQuery, Series, Store
 
 #: a device's latest figures are looked for in this many status intervals before the store's latest time
 RECENT_INTERVALS = 4
@@ -44,7 +25,7 @@ RECENT_INTERVALS = 4
 #: controller's layer, so the value is repeated here and a unit test keeps the two equal)
 UNNAMED_DEVICE_PREFIX = "unnamed/"
 GpuState = Literal["active", "idle-held", "allocated-empty", "free", "unhealthy", "unmonitored"]
-GPU_STATES: tuple[str, ...] = ("active", "idle-held", "allocated-empty", "free", "unhealthy", "unmonitored")
+GPU_STATES: tuple[str, ...] = get_args(GpuState)
 #: a state that says more about a shared device wins when its holders differ
 _STATE_RANK = {state: rank for rank, state in enumerate(("unhealthy", "unmonitored", "active", "idle-held",
                                                          "allocated-empty", "free"))}
@@ -249,68 +230,3 @@ def read_fleet(store: Store, status_interval_seconds: float) -> tuple[float | No
     query = RangeQuery("cluster", "", _LATEST_METRICS, at - RECENT_INTERVALS * step, at, step, "gpu")
     gpus, unnamed = build_fleet(store.workloads(), store.query_range(query), at)
     return at, gpus, unnamed
-
-
-def add_fleet_routes(
-    app: FastAPI, store: Store, status_interval_seconds: float, guard: Guard, blocking: Blocking, limits: QueryLimits
-) -> None:
-    """`/api/v1/nodes`, `/api/v1/gpus` and `/api/v1/gpus/{uuid}/metrics`: cluster-wide access, like a node's series."""
-
-    @app.get("/api/v1/nodes", response_model=NodeList, responses=ERRORS, tags=["fleet"])
-    async def list_nodes(request: Request) -> NodeList:
-        """Every GPU node now: its devices per state, units held and free, models; needs cluster-wide access."""
-        check_parameters(request, set())
-        await guard(request, None)
-        at, gpus, unnamed = await blocking(read_fleet, store, status_interval_seconds)
-        return NodeList(at=at, nodes=build_nodes(gpus, unnamed))
-
-    @app.get("/api/v1/gpus", response_model=GpuList, responses=ERRORS, tags=["fleet"])
-    async def list_gpus(
-        request: Request,
-        node: Annotated[str | None, Query(description="Only this node's devices.")] = None,
-        state: Annotated[str | None, Query(description=f"Only devices in this state: {', '.join(GPU_STATES)}.")] = None,
-    ) -> GpuList:
-        """Every device now: model, units, MIG layout (`parentUuid`, `migProfile`, `migParent`), holders, state
-        (active, idle-held, allocated-empty, free, unhealthy, unmonitored) and latest sample; cluster-wide access."""
-        check_parameters(request, {"node", "state"}, multi=())
-        if state is not None and state not in GPU_STATES:
-            raise BadParameter("state", f"{state[:40]!r} is not one of {', '.join(GPU_STATES)}")
-        await guard(request, None)
-        at, gpus, _unnamed = await blocking(read_fleet, store, status_interval_seconds)
-        chosen = [g for g in gpus if (node is None or g.node == node) and (state is None or g.state == state)]
-        return GpuList(at=at, gpus=chosen)
-
-    @app.get(
-        "/api/v1/gpus/{uuid}/metrics", response_model=None, responses={**ERRORS, **NOT_FOUND}, tags=["metrics"]
-    )
-    async def gpu_metrics(
-        request: Request,
-        uuid: str,
-        metric: MetricParam = [],  # noqa: B006
-        start: StartParam = None,
-        end: EndParam = None,
-        step: StepParam = None,
-    ) -> Response:
-        """Time series of one device, one series per holder over the range (and the device as nobody held
-        it, `pod` empty); default range: the last hour."""
-        check_parameters(request, RANGE_PARAMETERS - {"by"})
-        await guard(request, None)
-        _at, gpus, _unnamed = await blocking(read_fleet, store, status_interval_seconds)
-        found = next((gpu for gpu in gpus if gpu.uuid == uuid), None)
-        if found is None:
-            raise NotFound(f"no GPU {uuid!r} seen in the store's latest intervals (GET /api/v1/gpus lists them)")
-        names = parse_metrics(metric, DEFAULT_METRICS)
-        latest = await blocking(store.latest_time) or 0.0
-        earliest = await blocking(store.earliest_time)
-        default_start = max(earliest if earliest is not None else latest - 3600.0, latest - 3600.0)
-        first, last, step_seconds = choose_range(
-            parse_time("start", start) if start is not None else None,
-            parse_time("end", end) if end is not None else None,
-            parse_step(step) if step is not None else None,
-            default_start, latest,
-        )
-        query = RangeQuery("node", found.node, names, first, last, step_seconds, "gpu")
-        with limits.admit(query, None):
-            series = [s for s in await blocking(store.query_range, query) if s.labels.get("uuid") == uuid]
-            limits.check_answer(query, series)
-        return metrics_json(scope="gpu", node=found.node, start=first, end=last, step=step_seconds, series=series)

@@ -1,18 +1,26 @@
-"""HTTP plumbing of the metrics API: documented error bodies, parameter checks, time-series encoding."""
+"""HTTP plumbing of the metrics API: documented error bodies and their handlers, the query parameters'
+declared forms, parameter checks, time-series encoding."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+import math
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Annotated, Any
 
 import orjson
 from fastapi import Query, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from pydantic import StringConstraints
 
-from gpuwm.api.params import BadParameter
+from gpuwm.api.auth import AuthError, current_client
+from gpuwm.api.params import BadParameter, parse_bool, parse_metrics, parse_step, parse_time
 from gpuwm.api.schemas import ErrorBody, WorkloadIdentity
 from gpuwm.model.figures import WorkloadFigures
-from gpuwm.store.base import DEFAULT_METRICS, METRIC_NAMES, RangeQuery, Series
+from gpuwm.store.base import DEFAULT_METRICS, METRIC_NAMES, QueryError, RangeQuery, Series, StoreError
+
+log = logging.getLogger(__name__)
 
 ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorBody, "description": "A bad parameter, named in the body."},
@@ -27,22 +35,47 @@ ERRORS: dict[int | str, dict[str, Any]] = {
 }
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "No such object."}}
 RANGE_PARAMETERS = {"metric", "start", "end", "step", "by"}
+#: the parameters of a workload's range query: the common ones, `pod` and `leader`
+WORKLOAD_RANGE_PARAMETERS = {*RANGE_PARAMETERS, "pod", "leader"}
+
+# -- the declared forms: each pattern is what its parser reads, so a value that matches is one the parser
+# takes (a rule the pattern cannot state, such as a date's day in its month, is still the parser's 400)
+
+_METRIC_NAME = f"(gpuwm_)?({'|'.join(METRIC_NAMES)})"
+#: one or more metric names, comma-separated (spaces around the commas allowed), `gpuwm_` prefix optional
+METRIC_PATTERN = rf"^ *{_METRIC_NAME} *(, *{_METRIC_NAME} *)*$"
+#: what parse_time reads: epoch seconds or milliseconds, or RFC 3339 with a zone, 1970 to 9999, each field in
+#: its range (a day past its month's end, or a zone that moves the time before 1970, still gets a 400)
+TIME_PATTERN = (
+    r"^\s*([0-9]+(\.[0-9]+)?|(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]"
+    r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))\s*$"
+)
+#: what parse_step reads, and not zero: 5s, 1m30s, 250ms or a bare number of seconds, at least one part of it
+#: not zero (a step under 1 ms is still the parser's 400)
+_NUMBER = r"[0-9]+(\.[0-9]+)?"
+_NONZERO = r"([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)"
+_UNIT = r"(ms|s|m|h|d|w)"
+STEP_PATTERN = rf"^\s*((0+(\.0+)?{_UNIT})*{_NONZERO}{_UNIT}({_NUMBER}{_UNIT})*|{_NONZERO})\s*$"
+BOOL_PATTERN = r"^\s*(?i:true|false|1|0|yes|no)\s*$"
+BY_PATTERN = r"^(gpu|pod|node)$"
+WORKLOAD_BY_PATTERN = r"^(gpu|pod|node|rank)$"
+#: how a refusal by each pattern describes what it wanted
+PATTERN_FORMS = {
+    METRIC_PATTERN: f"a metric name (comma-separated names allowed); known: {', '.join(METRIC_NAMES)}",
+    TIME_PATTERN: "RFC 3339 (2026-11-22T10:00:00Z), epoch seconds or epoch milliseconds",
+    STEP_PATTERN: "a duration such as 5s, 1m or 30 (seconds), not zero",
+    BOOL_PATTERN: "true or false",
+    BY_PATTERN: "one of gpu, pod, node",
+    WORKLOAD_BY_PATTERN: "one of gpu, pod, node, rank",
+}
 
 MetricParam = Annotated[
-    list[str],
+    list[Annotated[str, StringConstraints(pattern=METRIC_PATTERN)]],
     Query(
         description=f"Metric name, repeatable or comma-separated; default {', '.join(DEFAULT_METRICS)}. "
         f"Known: {', '.join(METRIC_NAMES)}."
     ),
 ]
-#: what parse_time reads: epoch seconds or milliseconds, or RFC 3339 with a zone (declared so a fuzzer
-#: or client generator sends what can be valid; a value that matches may still be out of range: 400)
-TIME_PATTERN = (
-    r"^\s*([0-9]+(\.[0-9]+)?|[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2}))\s*$"
-)
-#: what parse_step reads: 5s, 1m30s, 250ms or a bare number of seconds
-STEP_PATTERN = r"^\s*(([0-9]+(\.[0-9]+)?(ms|s|m|h|d|w))+|[0-9]+(\.[0-9]+)?)\s*$"
-BOOL_PATTERN = r"^\s*(?i:true|false|1|0|yes|no)\s*$"
 StartParam = Annotated[
     str | None, Query(description="RFC 3339, epoch seconds or epoch milliseconds.", pattern=TIME_PATTERN)
 ]
@@ -56,7 +89,27 @@ StepParam = Annotated[
         pattern=STEP_PATTERN,
     ),
 ]
-ByParam = Annotated[str | None, Query(description="Breakdown: gpu, pod or node.", pattern=r"^(gpu|pod|node)$")]
+ByParam = Annotated[str | None, Query(description="Breakdown: gpu, pod or node.", pattern=BY_PATTERN)]
+WorkloadByParam = Annotated[
+    str | None,
+    Query(
+        description="Breakdown: gpu, pod, node or rank (the pods' series in rank order: the leader role, then "
+        "workers by index; every pod series carries its `rank`).",
+        pattern=WORKLOAD_BY_PATTERN,
+    ),
+]
+PodParam = Annotated[
+    list[str],
+    Query(
+        description="Only this pod of the workload (by name), repeatable: one series per pod "
+        "(with by=gpu, one per GPU of those pods). A name the workload never had is refused (400)."
+    ),
+]
+LeaderParam = Annotated[
+    str | None,
+    Query(description="true: only the leader's series (rank 0: master, chief, launcher or head, else the lowest "
+          "index).", pattern=BOOL_PATTERN),
+]
 
 
 class TooBusy(Exception):
@@ -133,3 +186,94 @@ def metrics_json(
 def is_idle(workload: WorkloadFigures) -> bool:
     """Holds GPUs now and has been idle for a while (its idleSeconds is growing)."""
     return workload.allocated_gpus > 0 and workload.idle_seconds > 0 and workload.end_time is None
+
+
+# -- error handlers: every refusal as an ErrorBody ---------------------------------------------------
+
+
+#: the parser behind each pattern: a value the pattern refuses gets the parser's own words where it has some
+_PARSERS: dict[str, Callable[[str, str], object]] = {
+    METRIC_PATTERN: lambda _name, value: parse_metrics([value], ()),
+    TIME_PATTERN: parse_time,
+    STEP_PATTERN: lambda _name, value: parse_step(value),
+    BOOL_PATTERN: parse_bool,
+}
+
+
+def _refusal(parameter: str, error: dict[str, Any]) -> str:
+    """What a declared form refused, in the words the parsers use for the same mistakes."""
+    kind, context, value = error.get("type"), error.get("ctx") or {}, str(error.get("input"))
+    given = value[:80]
+    if kind == "string_pattern_mismatch" and context.get("pattern") in PATTERN_FORMS:
+        parser = _PARSERS.get(context["pattern"])
+        if parser is not None and len(value) <= 80:
+            try:
+                parser(parameter, value)
+            except BadParameter as refused:
+                return refused.message
+        return f"{given!r} is not {PATTERN_FORMS[context['pattern']]}"
+    if kind in ("literal_error", "enum"):
+        choices = str(context.get("expected", "")).replace("'", "").replace(" or ", ", ")
+        return f"{given!r} is not one of {choices}"
+    if kind == "int_parsing":
+        return f"{given!r} is not a whole number"
+    if kind == "greater_than_equal":
+        return f"{given} is below {context.get('ge')}"
+    if kind == "less_than_equal":
+        return f"{given} is above {context.get('le')}"
+    return str(error.get("msg", "invalid"))
+
+
+async def _invalid(_request: Request, error: RequestValidationError) -> JSONResponse:
+    first = error.errors()[0] if error.errors() else {}
+    location = [str(part) for part in first.get("loc", ())]
+    # ("query", name) or ("query", name, item) for one value of a repeated parameter
+    parameter = location[1] if len(location) > 1 else (location[-1] if location else "")
+    return error_response(400, "bad_parameter", f"{parameter}: {_refusal(parameter, first)}", parameter)
+
+
+async def _bad_parameter(_request: Request, error: BadParameter | QueryError) -> JSONResponse:
+    return error_response(400, "bad_parameter", str(error), error.parameter)
+
+
+async def _denied(_request: Request, error: AuthError) -> JSONResponse:
+    kind = {401: "unauthorized", 403: "forbidden", 429: "too_many_requests"}.get(error.status, "unavailable")
+    response = error_response(error.status, kind, error.message)
+    if error.status == 401:
+        response.headers["WWW-Authenticate"] = 'Bearer realm="gpuwm"'
+    if error.retry_after_seconds is not None:
+        response.headers["Retry-After"] = str(max(1, math.ceil(error.retry_after_seconds)))
+    return response
+
+
+async def _too_busy(_request: Request, error: TooBusy) -> JSONResponse:
+    response = error_response(429, "too_many_requests", error.message)
+    response.headers["Retry-After"] = str(error.retry_after_seconds)
+    return response
+
+
+async def _store_failed(_request: Request, error: StoreError) -> JSONResponse:
+    log.error("store query failed: %s", error)
+    return error_response(503, "unavailable", str(error))
+
+
+async def _not_found(_request: Request, error: NotFound) -> JSONResponse:
+    return error_response(404, "not_found", error.message)
+
+
+#: FastAPI(exception_handlers=...): each exception the routes raise, as the status and body it means
+ERROR_HANDLERS: dict[int | type[Exception], Callable[[Request, Any], Coroutine[Any, Any, Response]]] = {
+    BadParameter: _bad_parameter,
+    QueryError: _bad_parameter,
+    RequestValidationError: _invalid,
+    AuthError: _denied,
+    TooBusy: _too_busy,
+    StoreError: _store_failed,
+    NotFound: _not_found,
+}
+
+
+async def remember_client(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    """Review calls are rate-limited per client address (gpuwm.api.auth.current_client)."""
+    current_client.set(request.client.host if request.client is not None else "")
+    return await call_next(request)

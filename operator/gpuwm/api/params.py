@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime
+from typing import cast, get_args
 
 from gpuwm.config import parse_duration_seconds
-from gpuwm.store.base import MAX_POINTS_PER_SERIES, METRIC_INDEX, METRIC_NAMES
+from gpuwm.store.base import MAX_POINTS_PER_SERIES, METRIC_INDEX, METRIC_NAMES, Breakdown
 
 #: epoch values at or above this are milliseconds (1e11 s would be the year 5138)
 _MILLIS_FROM = 1e11
@@ -17,7 +18,7 @@ _LATEST_SECONDS = 253402300799.0  # 9999-12-31T23:59:59Z
 _SHORTEST_STEP_SECONDS = 0.001
 _LONGEST_STEP_SECONDS = _LATEST_SECONDS
 DEFAULT_STEP_SECONDS = 15.0
-BREAKDOWNS = ("gpu", "pod", "node")
+BREAKDOWNS: tuple[str, ...] = get_args(Breakdown)
 
 
 class BadParameter(ValueError):
@@ -93,12 +94,12 @@ def parse_metrics(values: Iterable[str], default: Sequence[str]) -> tuple[str, .
     return tuple(names) if names else tuple(default)
 
 
-def parse_breakdown(text: str | None) -> str | None:
+def parse_breakdown(text: str | None) -> Breakdown | None:
     if text is None:
         return None
     if text not in BREAKDOWNS:
-        raise BadParameter("by", f"{text!r} is not one of gpu, pod, node")
-    return text
+        raise BadParameter("by", f"{text!r} is not one of {', '.join(BREAKDOWNS)}")
+    return cast(Breakdown, text)
 
 
 def parse_bool(parameter: str, text: str) -> bool:

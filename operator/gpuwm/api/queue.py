@@ -4,24 +4,16 @@ The question a platform team asks right after "who is wasting GPUs" is "who is w
 for how long, and for how many": the Queued workloads (held back: suspended, or not admitted by
 Kueue) and the Pending ones (admitted, no GPU container running yet), from the latest figures.
 The same reads and the same authorisation as the workload list: a caller sees the namespaces it
-may read, and a namespace filter it may not read is a 403.
+may read, and a namespace filter it may not read is a 403. The route is in gpuwm.api.routes.workloads.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from typing import Annotated, Any
-
-from fastapi import FastAPI, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from gpuwm.api.auth import Authorizer, require
-from gpuwm.api.http import ERRORS, bearer_token, check_parameters
 from gpuwm.model.figures import WorkloadFigures
-from gpuwm.store.base import Store
 
-Blocking = Callable[..., Awaitable[Any]]
 #: the phases of a workload waiting for its GPUs, in the order a tie on wait is listed
 WAITING_PHASES = ("Queued", "Pending")
 
@@ -54,35 +46,3 @@ def queue_view(workloads: list[WorkloadFigures]) -> QueueView:
         requested_gpus=sum(w.requested_gpus or 0.0 for w in waiting),
         longest_wait_seconds=waiting[0].wait_seconds if waiting else 0.0,
     )
-
-
-def add_queue_routes(app: FastAPI, store: Store, authorizer: Authorizer, blocking: Blocking) -> None:
-    @app.get("/api/v1/queue", response_model=QueueView, responses=ERRORS, tags=["workloads"])
-    async def queue(
-        request: Request,
-        namespace: Annotated[str | None, Query(description="Only this namespace.")] = None,
-        project: Annotated[str | None, Query(description="Only this project.")] = None,
-    ) -> QueueView:
-        """Queued and pending workloads you may read, longest wait first.
-
-        Queued: held back (`spec.suspend`, `runPolicy.suspend`, a Kueue Workload not admitted); Pending:
-        admitted or never suspended, no GPU container running yet. Each carries requestedGpus,
-        queuedSeconds, waitSeconds (both count on after a preemption) and its Kueue queues.
-        """
-        check_parameters(request, {"namespace", "project"}, multi=())
-        token = bearer_token(request)
-        if namespace is not None:
-            user = await require(authorizer, token, [namespace])
-        else:
-            user = await authorizer.authenticate(token)
-        workloads: list[WorkloadFigures] = await blocking(store.workloads)
-        chosen = [
-            w for w in workloads
-            if w.phase in WAITING_PHASES
-            and (namespace is None or w.namespace == namespace)
-            and (project is None or w.project == project)
-        ]
-        if namespace is None and not await authorizer.allowed(user, None):
-            allowed = {ns for ns in {w.namespace for w in chosen} if await authorizer.allowed(user, ns)}
-            chosen = [w for w in chosen if w.namespace in allowed]
-        return queue_view(chosen)

@@ -16,25 +16,18 @@ from __future__ import annotations
 import csv
 import io
 import math
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Literal
 
-from fastapi import FastAPI, Query, Request
-from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from gpuwm.api.auth import Authorizer
-from gpuwm.api.http import ERRORS, EndParam, StartParam, bearer_token, check_parameters
-from gpuwm.api.params import BadParameter, parse_time
 from gpuwm.model.figures import WorkloadFigures
 from gpuwm.store.base import RangeQuery, Series, Store
 
-Blocking = Callable[..., Awaitable[Any]]
 ReportBy = Literal["project", "namespace", "workload"]
-REPORT_BY: tuple[str, ...] = ("project", "namespace", "workload")
-FORMATS: tuple[str, ...] = ("json", "csv")
+ReportFormat = Literal["json", "csv"]
 #: at most this many steps per series; a longer period takes a coarser step (a multiple of the status interval)
 MAX_STEPS = 10_000
 DEFAULT_PERIOD_SECONDS = 86400.0
@@ -223,46 +216,3 @@ def report_csv(report: Report) -> str:
                 line.append(str(value))
         writer.writerow(line)
     return out.getvalue()
-
-
-def add_report_routes(
-    app: FastAPI, store: Store, status_interval_seconds: float, idle_threshold_percent: float,
-    authorizer: Authorizer, blocking: Blocking,
-) -> None:
-    @app.get("/api/v1/report", response_model=Report, responses=ERRORS, tags=["reports"])
-    async def period_report(
-        request: Request,
-        start: StartParam = None,
-        end: EndParam = None,
-        by: Annotated[str | None, Query(description="Rows per project (default), namespace or workload.")] = None,
-        format: Annotated[str | None, Query(description="json (default) or csv.")] = None,
-    ) -> Response:
-        """Allocated, active, idle, unmonitored and wasted GPU-hours, energy, mean utilisation and peak
-        allocation per row over start..end (default: the day before the store's latest time), from the
-        stored series; the workloads of namespaces you may read."""
-        check_parameters(request, {"start", "end", "by", "format"}, multi=())
-        chosen_by = by or "project"
-        if chosen_by not in REPORT_BY:
-            raise BadParameter("by", f"{chosen_by[:40]!r} is not one of {', '.join(REPORT_BY)}")
-        chosen_format = format or "json"
-        if chosen_format not in FORMATS:
-            raise BadParameter("format", f"{chosen_format[:40]!r} is not one of {', '.join(FORMATS)}")
-        latest = await blocking(store.latest_time)
-        end_s = parse_time("end", end) if end is not None else (latest if latest is not None else 0.0)
-        start_s = parse_time("start", start) if start is not None else end_s - DEFAULT_PERIOD_SECONDS
-        if end_s <= start_s:
-            raise BadParameter("end", f"must be after start ({end_s} <= {start_s})")
-        user = await authorizer.authenticate(bearer_token(request))
-        workloads = await blocking(store.workloads)
-        if not await authorizer.allowed(user, None):
-            allowed = {ns for ns in {w.namespace for w in workloads} if await authorizer.allowed(user, ns)}
-            workloads = [w for w in workloads if w.namespace in allowed]
-        report: Report = await blocking(
-            build_report, store, workloads, start_s, end_s, chosen_by, status_interval_seconds, idle_threshold_percent
-        )
-        if chosen_format == "csv":
-            return Response(
-                content=report_csv(report), media_type="text/csv",
-                headers={"Content-Disposition": f'attachment; filename="gpuwm-report-{chosen_by}.csv"'},
-            )
-        return Response(content=report.model_dump_json(by_alias=True), media_type="application/json")

@@ -1,97 +1,31 @@
-"""Runs by ID and the range answer's real resolution (issue 39).
+"""Runs of a workload (issue 39): which run an answer is about, its pods in rank order, and pages of runs.
 
 A workload's name can be reused: a Job deleted and created again under the same name is a new run
 with a new UID. The name path (`/namespaces/{ns}/workloads/{name}`) and the CR always mean the
 newest run; `/workloads/{uid}` reaches any run the store still keeps, and `?ended=true` on the list
 names every one of them, page by page, so an earlier run stays reachable for its retention.
-
-The range answer says which step its values really have: a step finer than the store keeps is
-answered at the stored step, and a stretch only a coarser tier still covers says the tier's step
-(its cells carry that tier's values, never null where a stored point covers them).
+The routes are in gpuwm.api.routes.workloads.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
-import dataclasses
 import json
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Annotated, Any, Protocol, TypeVar
+from collections.abc import Callable, Iterable, Sequence
 
-from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
 
-from gpuwm.api.http import (
-    BOOL_PATTERN,
-    ERRORS,
-    NOT_FOUND,
-    EndParam,
-    MetricParam,
-    NotFound,
-    StartParam,
-    StepParam,
-    bearer_token,
-    check_parameters,
-    metrics_json,
-)
-from gpuwm.api.params import BadParameter, parse_bool
+from gpuwm.api.http import metrics_json
+from gpuwm.api.params import BadParameter, parse_bool, parse_breakdown
 from gpuwm.api.ranks import rank_pods
-from gpuwm.api.schemas import MetricsBody, PodIdentity, WorkloadIdentity
+from gpuwm.api.schemas import PodIdentity, WorkloadIdentity
 from gpuwm.model.figures import WorkloadFigures
-from gpuwm.store.base import RangeQuery, Series, Store
-
-T = TypeVar("T")
+from gpuwm.store.base import Breakdown, RangeQuery, Series
 
 #: runs a page of `?ended=true` holds unless `limit` says otherwise, and the most it may hold
 DEFAULT_PAGE_RUNS = 500
 MAX_PAGE_RUNS = 5000
-#: the parameters of a workload's range query: the common ones and `pod`
-WORKLOAD_RANGE_PARAMETERS = {"metric", "start", "end", "step", "by", "pod", "leader"}
-
-PodParam = Annotated[
-    list[str],
-    Query(
-        description="Only this pod of the workload (by name), repeatable: one series per pod "
-        "(with by=gpu, one per GPU of those pods). A name the workload never had is refused (400)."
-    ),
-]
-
-
-WorkloadByParam = Annotated[
-    str | None,
-    Query(
-        description="Breakdown: gpu, pod, node or rank (the pods' series in rank order: the leader role, then "
-        "workers by index; every pod series carries its `rank`).",
-        pattern=r"^(gpu|pod|node|rank)$",
-    ),
-]
-LeaderParam = Annotated[
-    str | None,
-    Query(description="true: only the leader's series (rank 0: master, chief, launcher or head, else the lowest "
-          "index).", pattern=BOOL_PATTERN),
-]
-
-
-class RangeAnswer(Protocol):
-    """app.create_app's range_answer, as the routes here call it."""
-
-    def __call__(
-        self,
-        request: Request,
-        scope: Any,
-        key: str,
-        default_start: float,
-        default_end: float,
-        metric: list[str],
-        start: str | None,
-        end: str | None,
-        step: str | None,
-        by: str | None,
-        encode: Callable[[RangeQuery, list[Series]], Response],
-        pods: Sequence[str] = (),
-        allowed: set[str] | None = None,
-    ) -> Awaitable[Response]: ...
 
 
 def failure_reason(workload: WorkloadFigures) -> str | None:
@@ -134,27 +68,6 @@ def workload_identity(workload: WorkloadFigures) -> WorkloadIdentity:
     )
 
 
-def at_stored_resolution(store: Store, step_seconds: float | None) -> tuple[float | None, float | None]:
-    """(the step to answer at, the step asked for where they differ): a step finer than the store keeps
-    points at is answered at the stored one, not with empty cells between its points."""
-    finest = store.finest_step_seconds
-    if step_seconds is None or finest is None or step_seconds >= finest:
-        return step_seconds, None
-    return finest, step_seconds
-
-
-def fit_resolution(store: Store, query: RangeQuery) -> RangeQuery:
-    """`query` with the step the stored points really have where the whole range is coarser than asked
-    (a run older than the finest tier: its tier's step), and with the stretches that say so."""
-    stretches = store.resolution(query)
-    finest = min(stretch.step_seconds for stretch in stretches)
-    if finest > query.step_seconds:
-        requested = query.requested_step_seconds or query.step_seconds
-        query = dataclasses.replace(query, step_seconds=finest, requested_step_seconds=requested)
-        stretches = store.resolution(query)
-    return dataclasses.replace(query, resolution=tuple(stretches))
-
-
 def workload_range_json(
     identity: WorkloadIdentity, by_rank: bool = False
 ) -> Callable[[RangeQuery, list[Series]], Response]:
@@ -176,7 +89,7 @@ def workload_range_json(
 
 def workload_selection(
     identity: WorkloadIdentity, by: str | None, leader: str | None, pods: Sequence[str]
-) -> tuple[str | None, tuple[str, ...], bool]:
+) -> tuple[Breakdown | None, tuple[str, ...], bool]:
     """(the store's breakdown, the pods asked for, whether in rank order) for `by`, `leader` and `pod`."""
     chosen = tuple(pods)
     if leader is not None and parse_bool("leader", leader):
@@ -187,7 +100,7 @@ def workload_selection(
         chosen = (identity.pods[0].name,)
     if by == "rank":
         return "pod", chosen, True
-    return by, chosen, False
+    return parse_breakdown(by), chosen, False
 
 
 # -- listing runs ------------------------------------------------------------------------------
@@ -215,18 +128,6 @@ def decode_cursor(token: str) -> tuple[str, str, float, str]:
         ) from None
 
 
-def parse_limit(text: str | None, default: int | None) -> int | None:
-    if text is None:
-        return default
-    try:
-        limit = int(text.strip())
-    except ValueError:
-        raise BadParameter("limit", f"{text[:40]!r} is not a whole number") from None
-    if not 1 <= limit <= MAX_PAGE_RUNS:
-        raise BadParameter("limit", f"{limit} is outside 1 .. {MAX_PAGE_RUNS}")
-    return limit
-
-
 def page_of_runs(
     runs: Iterable[WorkloadFigures], limit: int | None, cursor: str | None
 ) -> tuple[list[WorkloadFigures], str | None]:
@@ -239,79 +140,6 @@ def page_of_runs(
         return ordered, None
     page = ordered[:limit]
     return page, encode_cursor(page[-1])
-
-
-# -- routes -------------------------------------------------------------------------------------
-
-
-def add_run_routes(
-    app: FastAPI,
-    store: Store,
-    blocking: Callable[..., Awaitable[Any]],
-    guard: Callable[[Request, Sequence[str] | None], Awaitable[None]],
-    authenticate: Callable[[str | None], Awaitable[object]],
-    store_bounds: Callable[[], Awaitable[tuple[float, float]]],
-    range_answer: RangeAnswer,
-) -> None:
-    """`GET /api/v1/workloads/{uid}` and `…/{uid}/metrics`: any run the store keeps, by its UID."""
-
-    async def find_run(request: Request, uid: str) -> WorkloadFigures:
-        found: WorkloadFigures | None = await blocking(store.workload_by_uid, uid)
-        if found is None:
-            await authenticate(bearer_token(request))  # an unauthenticated caller learns nothing
-            raise NotFound(f"no workload run with UID {uid!r} (or it ended before the retention period)")
-        await guard(request, [found.namespace])
-        return found
-
-    @app.get(
-        "/api/v1/workloads/{uid}",
-        response_model=WorkloadFigures,
-        responses={**ERRORS, **NOT_FOUND},
-        tags=["workloads"],
-    )
-    async def get_run(request: Request, uid: str) -> WorkloadFigures:
-        """Current state of one run of a workload, by its UID: earlier runs of a reused name too, for as
-        long as the store keeps them (`/namespaces/{ns}/workloads/{name}` is always the newest run)."""
-        check_parameters(request, set())
-        return with_failure_reason(await find_run(request, uid))
-
-    @app.get(
-        "/api/v1/workloads/{uid}/metrics",
-        response_model=MetricsBody,
-        responses={**ERRORS, **NOT_FOUND},
-        tags=["metrics"],
-    )
-    async def run_metrics(
-        request: Request,
-        uid: str,
-        metric: MetricParam = [],  # noqa: B006
-        start: StartParam = None,
-        end: EndParam = None,
-        step: StepParam = None,
-        by: WorkloadByParam = None,
-        pod: PodParam = [],  # noqa: B006
-        leader: LeaderParam = None,
-    ) -> Response:
-        """Time series of one run, by its UID; the default range is the run's whole life."""
-        check_parameters(request, WORKLOAD_RANGE_PARAMETERS, multi=("metric", "pod"))
-        workload = await find_run(request, uid)
-        return await workload_range(request, workload, metric, start, end, step, by, pod, leader,
-                                    store_bounds, range_answer)
-
-
-async def workload_range(
-    request: Request, workload: WorkloadFigures, metric: list[str], start: str | None, end: str | None,
-    step: str | None, by: str | None, pod: list[str], leader: str | None,
-    store_bounds: Callable[[], Awaitable[tuple[float, float]]], range_answer: RangeAnswer,
-) -> Response:
-    """One run's time series, as both workload paths answer them (by name: the newest run; by UID: any)."""
-    identity = workload_identity(workload)
-    breakdown, pods, by_rank = workload_selection(identity, by, leader, pod)
-    earliest, latest = await store_bounds()
-    return await range_answer(
-        request, "workload", workload.uid, *life_of(workload, earliest, latest), metric, start, end, step,
-        breakdown, workload_range_json(identity, by_rank), pods=pods, allowed=WORKLOAD_RANGE_PARAMETERS,
-    )
 
 
 def life_of(workload: WorkloadFigures, earliest: float, latest: float) -> tuple[float, float]:

@@ -1,0 +1,97 @@
+"""What every route shares, handed to it through FastAPI's `Depends`: the store and the limiter of its
+reads, the settings, the answer limits, the Prometheus registry, and the caller (token and authoriser).
+
+One `ApiContext` per app, built by `create_app` and kept in `app.state`; the routes never close over it,
+so each route module is a plain `APIRouter` that any app can include. The dependencies are `async def`
+although none awaits: FastAPI runs a plain `def` dependency on a worker thread, a thread hop per request
+outside the store's limiter.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
+
+import anyio
+import anyio.to_thread
+from fastapi import Depends, Request
+from prometheus_client import CollectorRegistry
+
+from gpuwm.api.auth import Authorizer, User, require
+from gpuwm.api.http import bearer_token
+from gpuwm.api.limits import QueryLimits
+from gpuwm.config import Settings
+from gpuwm.model.figures import WorkloadFigures
+from gpuwm.store.base import Store
+
+T = TypeVar("T")
+#: a default range that is not a run's life: the last hour of the store's data
+DEFAULT_RANGE_SECONDS = 3600.0
+
+
+@dataclass
+class ApiContext:
+    store: Store
+    settings: Settings
+    authorizer: Authorizer
+    limits: QueryLimits
+    registry: CollectorRegistry
+    #: at most `store.concurrent_reads` worker threads ever hold a store connection, however many queries
+    #: arrive together (the rest wait their turn); None: the store takes any number
+    limiter: anyio.CapacityLimiter | None
+
+    async def blocking(self, function: Callable[..., T], *arguments: Any) -> T:
+        """`function(*arguments)` on a worker thread: store reads and encoding stay off the event loop
+        (in the controller it is kopf's)."""
+        return await anyio.to_thread.run_sync(function, *arguments, limiter=self.limiter)
+
+    async def store_bounds(self) -> tuple[float, float]:
+        """(the store's earliest time, its latest time); now where it has no data yet."""
+        latest = await self.blocking(self.store.latest_time)
+        earliest = await self.blocking(self.store.earliest_time)
+        now = latest if latest is not None else time.time()
+        # a store that cannot tell its oldest data (Prometheus) defaults ranges to the last hour
+        return (earliest if earliest is not None else now - DEFAULT_RANGE_SECONDS), now
+
+    async def last_hour(self) -> tuple[float, float]:
+        """The default range of a project, node, cluster or GPU: the store's last hour (less if it holds less)."""
+        earliest, latest = await self.store_bounds()
+        return max(earliest, latest - DEFAULT_RANGE_SECONDS), latest
+
+
+async def api_context(request: Request) -> ApiContext:
+    context: ApiContext = request.app.state.context
+    return context
+
+
+@dataclass
+class Caller:
+    """Who asks: the request's bearer token before the authoriser. Nothing is reviewed until a route asks,
+    so a bad parameter is refused (400) before the token is looked at, as in every route."""
+
+    authorizer: Authorizer
+    token: str | None
+
+    async def authenticate(self) -> User:
+        return await self.authorizer.authenticate(self.token)
+
+    async def require(self, namespaces: Sequence[str] | None) -> User:
+        """401/403 unless the caller may read every one of `namespaces` (None: cluster-wide)."""
+        return await require(self.authorizer, self.token, namespaces)
+
+    async def readable(self, user: User, workloads: list[WorkloadFigures]) -> list[WorkloadFigures]:
+        """Those of `workloads` in namespaces `user` may read (all of them with cluster-wide access)."""
+        if await self.authorizer.allowed(user, None):
+            return workloads
+        allowed = {ns for ns in {w.namespace for w in workloads} if await self.authorizer.allowed(user, ns)}
+        return [w for w in workloads if w.namespace in allowed]
+
+
+async def caller(request: Request, context: Annotated[ApiContext, Depends(api_context)]) -> Caller:
+    return Caller(context.authorizer, bearer_token(request))
+
+
+Context = Annotated[ApiContext, Depends(api_context)]
+CallerOf = Annotated[Caller, Depends(caller)]

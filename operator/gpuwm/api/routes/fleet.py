@@ -1,0 +1,92 @@
+"""The fleet: every GPU node and device now, and the series of a node, a device or the whole cluster;
+all need cluster-wide access."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+
+from gpuwm.api.fleet import GPU_STATES, GpuList, GpuState, NodeList, build_nodes, read_fleet
+from gpuwm.api.http import ERRORS, NOT_FOUND, NotFound, check_parameters, metrics_json
+from gpuwm.api.params import parse_breakdown
+from gpuwm.api.routes.context import CallerOf, Context
+from gpuwm.api.routes.ranges import DeviceRange, RangeTarget, ScopeRange, answer_range
+from gpuwm.api.schemas import MetricsBody
+
+router = APIRouter()
+
+
+@router.get(
+    "/api/v1/nodes/{node}/metrics",
+    response_model=MetricsBody,
+    responses={**ERRORS, **NOT_FOUND},
+    tags=["metrics"],
+)
+async def node_metrics(context: Context, caller: CallerOf, node: str, params: ScopeRange) -> Response:
+    """Time series of every device on one node; needs cluster-wide access; default range: the last hour."""
+    await caller.require(None)
+    if node not in await context.blocking(context.store.nodes):
+        raise NotFound(f"no GPU node {node!r} in the store")
+    target = RangeTarget(
+        "node", node, await context.last_hour(),
+        lambda query, series: metrics_json(scope="node", node=node, query=query, series=series),
+        parse_breakdown(params.by),
+    )
+    return await answer_range(context, params, target)
+
+
+@router.get("/api/v1/cluster/metrics", response_model=MetricsBody, responses=ERRORS, tags=["metrics"])
+async def cluster_metrics(context: Context, caller: CallerOf, params: ScopeRange) -> Response:
+    """Time series of the whole cluster; needs cluster-wide access; default range: the last hour."""
+    await caller.require(None)
+    target = RangeTarget(
+        "cluster", "", await context.last_hour(),
+        lambda query, series: metrics_json(scope="cluster", query=query, series=series),
+        parse_breakdown(params.by),
+    )
+    return await answer_range(context, params, target)
+
+
+@router.get("/api/v1/nodes", response_model=NodeList, responses=ERRORS, tags=["fleet"])
+async def list_nodes(request: Request, context: Context, caller: CallerOf) -> NodeList:
+    """Every GPU node now: its devices per state, units held and free, models; needs cluster-wide access."""
+    check_parameters(request, set())
+    await caller.require(None)
+    at, gpus, unnamed = await context.blocking(read_fleet, context.store, context.settings.status_interval)
+    return NodeList(at=at, nodes=build_nodes(gpus, unnamed))
+
+
+@router.get("/api/v1/gpus", response_model=GpuList, responses=ERRORS, tags=["fleet"])
+async def list_gpus(
+    request: Request,
+    context: Context,
+    caller: CallerOf,
+    node: Annotated[str | None, Query(description="Only this node's devices.")] = None,
+    state: Annotated[GpuState | None, Query(description=f"Only devices in this state: {', '.join(GPU_STATES)}.")] = None,
+) -> GpuList:
+    """Every device now: model, units, MIG layout (`parentUuid`, `migProfile`, `migParent`), holders, state
+    (active, idle-held, allocated-empty, free, unhealthy, unmonitored) and latest sample; cluster-wide access."""
+    check_parameters(request, {"node", "state"}, multi=())
+    await caller.require(None)
+    at, gpus, _unnamed = await context.blocking(read_fleet, context.store, context.settings.status_interval)
+    chosen = [g for g in gpus if (node is None or g.node == node) and (state is None or g.state == state)]
+    return GpuList(at=at, gpus=chosen)
+
+
+@router.get("/api/v1/gpus/{uuid}/metrics", response_model=None, responses={**ERRORS, **NOT_FOUND}, tags=["metrics"])
+async def gpu_metrics(context: Context, caller: CallerOf, uuid: str, params: DeviceRange) -> Response:
+    """Time series of one device, one series per holder over the range (and the device as nobody held
+    it, `pod` empty); default range: the last hour."""
+    await caller.require(None)
+    _at, gpus, _unnamed = await context.blocking(read_fleet, context.store, context.settings.status_interval)
+    found = next((gpu for gpu in gpus if gpu.uuid == uuid), None)
+    if found is None:
+        raise NotFound(f"no GPU {uuid!r} seen in the store's latest intervals (GET /api/v1/gpus lists them)")
+    target = RangeTarget(
+        "node", found.node, await context.last_hour(),
+        lambda query, series: metrics_json(scope="gpu", node=found.node, query=query, series=series),
+        "gpu", keep=lambda series: series.labels.get("uuid") == uuid,
+    )
+    return await answer_range(context, params, target)

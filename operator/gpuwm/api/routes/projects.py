@@ -1,0 +1,50 @@
+"""Projects: the list and one project's time series (sums over its workloads)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from gpuwm.api.http import ERRORS, NOT_FOUND, NotFound, check_parameters, metrics_json
+from gpuwm.api.params import parse_breakdown
+from gpuwm.api.routes.context import CallerOf, Context
+from gpuwm.api.routes.ranges import RangeTarget, ScopeRange, answer_range
+from gpuwm.api.schemas import MetricsBody, ProjectList
+
+router = APIRouter()
+
+
+@router.get("/api/v1/projects", response_model=ProjectList, responses=ERRORS, tags=["projects"])
+async def list_projects(request: Request, context: Context, caller: CallerOf) -> ProjectList:
+    """Current state of every project you may read (all of its namespaces)."""
+    check_parameters(request, set())
+    user = await caller.authenticate()
+    projects = await context.blocking(context.store.projects)
+    if not await context.authorizer.allowed(user, None):
+        kept = []
+        for project in projects:
+            if all([await context.authorizer.allowed(user, ns) for ns in project.namespaces]):
+                kept.append(project)
+        projects = kept
+    return ProjectList(projects=projects)
+
+
+@router.get(
+    "/api/v1/projects/{project}/metrics",
+    response_model=MetricsBody,
+    responses={**ERRORS, **NOT_FOUND},
+    tags=["metrics"],
+)
+async def project_metrics(context: Context, caller: CallerOf, project: str, params: ScopeRange) -> Response:
+    """Time series of one project (sums over its workloads); default range: the last hour."""
+    found = await context.blocking(context.store.project, project)
+    if found is None:
+        await caller.authenticate()
+        raise NotFound(f"no project {project!r}")
+    await caller.require(found.namespaces)
+    target = RangeTarget(
+        "project", project, await context.last_hour(),
+        lambda query, series: metrics_json(scope="project", project=project, query=query, series=series),
+        parse_breakdown(params.by),
+    )
+    return await answer_range(context, params, target)

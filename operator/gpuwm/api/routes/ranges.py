@@ -1,0 +1,155 @@
+"""The one path of every time-series answer: parameters → guard → query → render.
+
+Each range route takes its parameters through one of the dependencies here (which also refuse unknown
+and repeated parameters), checks the caller's access and finds what it is about, then hands a
+`RangeTarget` to `answer_range`: the values are parsed, the answer's size is checked before the store is
+read (400 past the limit, 429 past the heavy queries at once), and the read and the encoding run off the
+event loop.
+
+The answer says which step its values really have: a step finer than the store keeps is answered at the
+stored step, and a stretch only a coarser tier still covers says the tier's step (its cells carry that
+tier's values, never null where a stored point covers them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.responses import Response
+
+from gpuwm.api.http import (
+    RANGE_PARAMETERS,
+    WORKLOAD_RANGE_PARAMETERS,
+    ByParam,
+    EndParam,
+    LeaderParam,
+    MetricParam,
+    PodParam,
+    StartParam,
+    StepParam,
+    WorkloadByParam,
+    check_parameters,
+)
+from gpuwm.api.params import choose_range, parse_metrics, parse_step, parse_time
+from gpuwm.api.routes.context import ApiContext
+from gpuwm.store.base import DEFAULT_METRICS, Breakdown, RangeQuery, Scope, Series, Store
+
+
+@dataclass(frozen=True)
+class RangeParams:
+    """A range route's query parameters as given; parsed by answer_range once the caller may see the answer."""
+
+    metric: list[str]
+    start: str | None
+    end: str | None
+    step: str | None
+    by: str | None = None
+    pod: list[str] = field(default_factory=list)
+    leader: str | None = None
+
+
+async def scope_range(
+    request: Request,
+    metric: MetricParam = [],  # noqa: B006
+    start: StartParam = None,
+    end: EndParam = None,
+    step: StepParam = None,
+    by: ByParam = None,
+) -> RangeParams:
+    """A project's, node's or the cluster's series."""
+    check_parameters(request, RANGE_PARAMETERS)
+    return RangeParams(metric, start, end, step, by)
+
+
+async def device_range(
+    request: Request,
+    metric: MetricParam = [],  # noqa: B006
+    start: StartParam = None,
+    end: EndParam = None,
+    step: StepParam = None,
+) -> RangeParams:
+    """One GPU's series (one per holder: no breakdown to choose)."""
+    check_parameters(request, RANGE_PARAMETERS - {"by"})
+    return RangeParams(metric, start, end, step)
+
+
+async def workload_range(
+    request: Request,
+    metric: MetricParam = [],  # noqa: B006
+    start: StartParam = None,
+    end: EndParam = None,
+    step: StepParam = None,
+    by: WorkloadByParam = None,
+    pod: PodParam = [],  # noqa: B006
+    leader: LeaderParam = None,
+) -> RangeParams:
+    """One run's series: by rank too, and of some of its pods."""
+    check_parameters(request, WORKLOAD_RANGE_PARAMETERS, multi=("metric", "pod"))
+    return RangeParams(metric, start, end, step, by, pod, leader)
+
+
+ScopeRange = Annotated[RangeParams, Depends(scope_range)]
+DeviceRange = Annotated[RangeParams, Depends(device_range)]
+WorkloadRange = Annotated[RangeParams, Depends(workload_range)]
+
+
+@dataclass(frozen=True)
+class RangeTarget:
+    """What a range answer is about: the store's scope and key, the default range, the breakdown and
+    pods to read, and how the answer is encoded."""
+
+    scope: Scope
+    key: str
+    default_range: tuple[float, float]
+    encode: Callable[[RangeQuery, list[Series]], Response]
+    breakdown: Breakdown | None = None
+    pods: tuple[str, ...] = ()
+    #: the read series to keep (one device of a node): its count is known only after the read
+    keep: Callable[[Series], bool] | None = None
+
+
+def at_stored_resolution(store: Store, step_seconds: float | None) -> tuple[float | None, float | None]:
+    """(the step to answer at, the step asked for where they differ): a step finer than the store keeps
+    points at is answered at the stored one, not with empty cells between its points."""
+    finest = store.finest_step_seconds
+    if step_seconds is None or finest is None or step_seconds >= finest:
+        return step_seconds, None
+    return finest, step_seconds
+
+
+def fit_resolution(store: Store, query: RangeQuery) -> RangeQuery:
+    """`query` with the step the stored points really have where the whole range is coarser than asked
+    (a run older than the finest tier: its tier's step), and with the stretches that say so."""
+    stretches = store.resolution(query)
+    finest = min(stretch.step_seconds for stretch in stretches)
+    if finest > query.step_seconds:
+        requested = query.requested_step_seconds or query.step_seconds
+        query = dataclasses.replace(query, step_seconds=finest, requested_step_seconds=requested)
+        stretches = store.resolution(query)
+    return dataclasses.replace(query, resolution=tuple(stretches))
+
+
+async def answer_range(context: ApiContext, params: RangeParams, target: RangeTarget) -> Response:
+    """Parse `params`, bound the answer, read it and encode it."""
+    store, limits = context.store, context.limits
+    names = parse_metrics(params.metric, DEFAULT_METRICS)
+    start_s = parse_time("start", params.start) if params.start is not None else None
+    end_s = parse_time("end", params.end) if params.end is not None else None
+    step_s, requested_step = at_stored_resolution(store, parse_step(params.step) if params.step is not None else None)
+    first, last, step_seconds = choose_range(start_s, end_s, step_s, *target.default_range)
+    query = RangeQuery(
+        target.scope, target.key, names, first, last, step_seconds, target.breakdown, target.pods, requested_step
+    )
+    query = await context.blocking(fit_resolution, store, query)
+    series_count = None if target.keep is not None else await context.blocking(store.series_count, query)
+    with limits.admit(query, series_count):
+        series = await context.blocking(store.query_range, query)
+        if target.keep is not None:
+            series = [each for each in series if target.keep(each)]
+        if series_count is None:
+            limits.check_answer(query, series)
+        return await context.blocking(target.encode, query, series)

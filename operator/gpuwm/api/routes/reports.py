@@ -1,0 +1,53 @@
+"""Period reports: GPU-hours, idle, energy and peak allocation per row over a period, as JSON or CSV."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+
+from gpuwm.api.http import ERRORS, EndParam, StartParam, check_parameters
+from gpuwm.api.params import BadParameter, parse_time
+from gpuwm.api.report import DEFAULT_PERIOD_SECONDS, Report, ReportBy, ReportFormat, build_report, report_csv
+from gpuwm.api.routes.context import CallerOf, Context
+
+router = APIRouter()
+#: the 200's two forms: the Report as JSON (the response model), or its rows as CSV with format=csv
+_CSV: dict[int | str, dict[str, Any]] = {200: {"description": "The report: JSON, or CSV with format=csv.",
+              "content": {"text/csv": {"schema": {"type": "string"}}}}}
+
+
+@router.get("/api/v1/report", response_model=Report, responses={**_CSV, **ERRORS}, tags=["reports"])
+async def period_report(
+    request: Request,
+    context: Context,
+    caller: CallerOf,
+    start: StartParam = None,
+    end: EndParam = None,
+    by: Annotated[ReportBy | None, Query(description="Rows per project (default), namespace or workload.")] = None,
+    format: Annotated[ReportFormat | None, Query(description="json (default) or csv.")] = None,
+) -> Response:
+    """Allocated, active, idle, unmonitored and wasted GPU-hours, energy, mean utilisation and peak
+    allocation per row over start..end (default: the day before the store's latest time), from the
+    stored series; the workloads of namespaces you may read."""
+    check_parameters(request, {"start", "end", "by", "format"}, multi=())
+    chosen_by: ReportBy = by or "project"
+    latest = await context.blocking(context.store.latest_time)
+    end_s = parse_time("end", end) if end is not None else (latest if latest is not None else 0.0)
+    start_s = parse_time("start", start) if start is not None else end_s - DEFAULT_PERIOD_SECONDS
+    if end_s <= start_s:
+        raise BadParameter("end", f"must be after start ({end_s} <= {start_s})")
+    user = await caller.authenticate()
+    workloads = await caller.readable(user, await context.blocking(context.store.workloads))
+    settings = context.settings
+    report: Report = await context.blocking(
+        build_report, context.store, workloads, start_s, end_s, chosen_by, settings.status_interval,
+        settings.idle_threshold_percent,
+    )
+    if format == "csv":
+        return Response(
+            content=report_csv(report), media_type="text/csv",
+            headers={"Content-Disposition": f'attachment; filename="gpuwm-report-{chosen_by}.csv"'},
+        )
+    return Response(content=report.model_dump_json(by_alias=True), media_type="application/json")
