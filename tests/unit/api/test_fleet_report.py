@@ -176,6 +176,19 @@ def test_one_gpus_history_and_an_unknown_one(run: Run, client: TestClient) -> No
     assert missing.status_code == 404 and "GPU-nope" in missing.json()["message"]
 
 
+def test_a_gpus_history_goes_the_range_path_of_the_others(run: Run, client: TestClient) -> None:
+    """A step finer than the store keeps is answered at the stored step, saying so, as for a node; the same
+    limits refuse an answer too large, naming the step."""
+    gpu = next(g for g in client.get("/api/v1/gpus").json()["gpus"] if g["state"] == "active")
+    fine = {"metric": "gpu_utilization_percent", "step": "1ms"}
+    answer = client.get(f"/api/v1/gpus/{gpu['uuid']}/metrics", params=fine).json()
+    node = client.get(f"/api/v1/nodes/{gpu['node']}/metrics", params=fine).json()
+    assert answer["requestedStep"] == 0.001 and answer["step"] == node["step"] > 0.001
+    assert answer["resolution"] == node["resolution"] and answer["resolution"]
+    huge = client.get(f"/api/v1/gpus/{gpu['uuid']}/metrics", params={"start": "0", "step": "1s"})
+    assert huge.status_code == 400 and huge.json()["parameter"] == "step"
+
+
 def _gpu(uuid: str, node: str = "n1", **fields: object) -> GpuFigures:
     return GpuFigures(node=node, uuid=uuid, **fields)
 

@@ -19,7 +19,7 @@ import anyio.to_thread
 from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry
 
-from gpuwm.api.auth import Authorizer, User, require
+from gpuwm.api.auth import Authorizer, User, require, require_path
 from gpuwm.api.http import bearer_token
 from gpuwm.api.limits import QueryLimits
 from gpuwm.config import Settings
@@ -80,6 +80,10 @@ class Caller:
     async def require(self, namespaces: Sequence[str] | None) -> User:
         """401/403 unless the caller may read every one of `namespaces` (None: cluster-wide)."""
         return await require(self.authorizer, self.token, namespaces)
+
+    async def require_path(self, path: str) -> User:
+        """401/403 unless the caller may `get` the non-resource URL `path`."""
+        return await require_path(self.authorizer, self.token, path)
 
     async def readable(self, user: User, workloads: list[WorkloadFigures]) -> list[WorkloadFigures]:
         """Those of `workloads` in namespaces `user` may read (all of them with cluster-wide access)."""

@@ -8,10 +8,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gpuwm.api.auth import require_path
 from gpuwm.api.docs import docs_page
-from gpuwm.api.http import ERRORS, bearer_token, error_response
-from gpuwm.api.routes.context import Context
+from gpuwm.api.http import ERRORS, error_response
+from gpuwm.api.routes.context import CallerOf, Context
 from gpuwm.api.schemas import ErrorBody, Health
 
 STATIC_DIR = Path(__file__).parent.parent / "static"
@@ -25,10 +24,10 @@ router = APIRouter()
     responses={k: v for k, v in ERRORS.items() if k != 400},
     tags=["operations"],
 )
-async def prometheus_metrics(request: Request, context: Context) -> Response:
+async def prometheus_metrics(context: Context, caller: CallerOf) -> Response:
     """Per-workload and per-project series in the Prometheus text format: every namespace's workloads, so
     it needs `get` on the non-resource URL /metrics (Prometheus' ClusterRole, as for kube-state-metrics)."""
-    await require_path(context.authorizer, bearer_token(request), "/metrics")
+    await caller.require_path("/metrics")
     body = await context.blocking(generate_latest, context.registry)
     return Response(content=body, media_type=CONTENT_TYPE_LATEST)
 
