@@ -54,6 +54,10 @@ from tests.integration.fakeagent import FakeNode, merge_of  # noqa: E402
 from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator  # noqa: E402
 
 from _interpreter import interpreter_description  # noqa: E402
+from gpuwm.controller.kopf_import import import_kopf_without_clients  # noqa: E402
+
+import_kopf_without_clients()  # as `gpuwm controller` does first: the controller's modules import kopf
+
 from gpuwm.config import Settings  # noqa: E402
 from gpuwm.controller.command import event_loop_factory  # noqa: E402
 from gpuwm.controller.kube.client import KubeClient  # noqa: E402

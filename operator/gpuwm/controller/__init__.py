@@ -1,19 +1,8 @@
-"""gpuwm controller.
+"""gpuwm controller: the kopf operator that keeps GPUWorkloadMetrics and GPUProjectMetrics current.
 
-kopf is imported here first, with the official Kubernetes client (and pykube) hidden from it:
-kopf imports them at its own import only to recognise their model objects in `kopf.adopt()`,
-which gpuwm never passes, and the official client's import is ~11 MiB of resident memory.
-The client stays importable afterwards (the kubeconfig login outside a cluster uses it).
+Its rooms (docs/architecture.md): `kube` (API access), `pull` (agents -> intake), `watch` (pods,
+owners, workload objects), `status` (CR status and Events), `state` (the ControllerState, its file
+and recovery); `runtime` runs the status cycle, `handlers` wires it to kopf, `command` is the entry.
+Importing this package has no side effects: `command.run` imports kopf through
+`kopf_import.import_kopf_without_clients` first.
 """
-
-import sys
-
-if "kopf" not in sys.modules:
-    _hidden = [name for name in ("kubernetes", "kubernetes_asyncio", "pykube") if name not in sys.modules]
-    for _name in _hidden:
-        sys.modules[_name] = None  # type: ignore[assignment]  # `import` raises ImportError
-    try:
-        import kopf  # noqa: F401
-    finally:
-        for _name in _hidden:
-            del sys.modules[_name]

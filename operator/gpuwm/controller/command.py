@@ -77,6 +77,9 @@ def raise_open_files_limit(wanted: int = 65536) -> int:
 
 
 def run(arguments: argparse.Namespace) -> int:
+    from gpuwm.controller.kopf_import import import_kopf_without_clients
+
+    import_kopf_without_clients()  # first: nothing of the controller may import kopf before it
     settings = settings_from_arguments(arguments, [name for name in FIELDS if name in Settings.model_fields])
     check_settings(settings)
     import kopf
@@ -107,8 +110,8 @@ def run(arguments: argparse.Namespace) -> int:
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop's loop where it is installed (as `kopf run` picks it), else asyncio's (None).
 
-    Measured at 1,000 nodes (bench/controller.py `--loop`): the pull phase's CPU steadier per
-    cycle (0.26-0.30 s against 0.26-0.50 s on asyncio's loop), the other phases the same.
+    Its pull phase's CPU per cycle is steadier than on asyncio's loop, the other phases the same
+    (bench/controller.py `--loop`; the figures are in bench/README.md).
     """
     try:
         import uvloop

@@ -39,7 +39,8 @@ from gpuwm.controller.watch import WorkloadKind, WorkloadObjects, parse_workload
 logger = logging.getLogger("gpuwm.controller")
 
 #: the controller's handlers. A plain registry, not kopf's default: that one probes for the official
-#: client (importing it, ~11 MiB of RSS) to add its own login handlers; `login` below is the only one
+#: client (importing it costs resident memory: see kopf_import) to add its own login handlers; `login` below
+#: is the only one
 REGISTRY = kopf.OperatorRegistry()
 
 

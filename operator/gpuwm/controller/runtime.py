@@ -466,8 +466,8 @@ class ControllerRuntime:
                 # are (held at no cost); a running one's are computed again at its write (see _render_workload)
                 render=functools.partial(self._render_workload, figures.uid, now, self.observed_idle.get(figures.uid),
                                          self.reporting_slack_seconds, figures if settled else None),
-                # hashes: only their equality counts, and ~3,500 queued offers and 4,000 written CRs kept the
-                # tuples (~0.8 KB a CR, ~6 MiB at 4,000 workloads); a collision (~2^-61 a comparison) delays one write
+                # hashes: only their equality counts, and the queued offers and written CRs kept the whole tuples
+                # (bench/README.md); a collision (~2^-61 a comparison) delays one write
                 signature=hash(workload_signature(figures, now, idle_condition_after_seconds=idle_after,
                                                   underutilized_percent=low,
                                                   observed_idle_seconds=self.observed_idle.get(figures.uid),
@@ -485,8 +485,8 @@ class ControllerRuntime:
         `settled`: a finished workload's final figures, which the engine keeps anyway. A running
         workload's figures are computed again here (from the report's window sums, which the engine
         keeps: `Engine.workload`), for the few CRs the token bucket lets through: holding every
-        offered workload's figures until its turn would keep a whole report (~10 KB of pydantic
-        objects per workload) alive between cycles.
+        offered workload's figures until its turn would keep a whole report's pydantic objects
+        alive between cycles (bench/README.md).
         """
         figures = settled
         if figures is None:

@@ -106,6 +106,8 @@ def test_the_controller_process_does_not_load_the_official_client() -> None:
     """kopf, the handlers and the API import without `kubernetes`; the one login handler is gpuwm's."""
     code = (
         "import sys\n"
+        "from gpuwm.controller.kopf_import import import_kopf_without_clients\n"
+        "assert import_kopf_without_clients()\n"  # as `gpuwm controller` does first
         "import gpuwm.controller.handlers as handlers, gpuwm.api.app\n"
         "loaded = sorted(name for name in ('kubernetes', 'pykube') if name in sys.modules)\n"
         "assert not loaded, loaded\n"

@@ -19,7 +19,7 @@ def tune_garbage_collector() -> None:
     Each cycle creates ~10^5 objects that live for the cycle (samples, figures, store rows) on top
     of the engine's long-lived state. With CPython's default thresholds young collections run every
     700 allocations, promote the cycle's objects and keep triggering full collections that rescan
-    the whole state: measured at ~40 % of the store's row building at 8,000 GPUs. Objects alive now
+    the whole state, a large share of the store's row building (bench/README.md). Objects alive now
     (modules, restored state) are moved out of the collector's view (`gc.freeze`), and collections
     run after 250,000 allocations instead of 700 (the controller collects the young generation at
     each cycle's end: `collect_cycle_garbage`). Almost all garbage here is freed by reference
@@ -53,8 +53,8 @@ def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
 
     glibc gives each new thread that allocates an arena of its own. The store writes each interval
     in a worker thread, so its rows and SQLite's buffers grew a second heap while the free pages
-    the report left in the main one sat unused: measured at 1,000 nodes (bench/controller.py), one
-    arena kept 7-10 MiB less resident between cycles and at their peak, at the same CPU. It must
+    the report left in the main one sat unused: one arena keeps less resident between cycles and at
+    their peak, at the same CPU (bench/controller.py; bench/README.md). It must
     run before other threads allocate: glibc fixes the limit when the first one does.
     """
     if "MALLOC_ARENA_MAX" in os.environ:
@@ -76,10 +76,10 @@ def _libc_function(name: str) -> Callable[..., int] | None:
 def release_free_memory() -> bool:
     """Hand the C heap's free pages back to the OS after a status cycle; False where that is not possible.
 
-    A cycle builds tens of MiB of short-lived objects (4,000 workloads' figures, the store's
-    rows, the saved state); once freed, glibc keeps most of those pages, so RSS stays at the
-    cycle's peak between cycles. `malloc_trim(0)` returns them (~40 MiB at 4,000 workloads,
-    a few ms of CPU). The peak within a cycle is unchanged.
+    A cycle builds many short-lived objects (every workload's figures, the store's rows, the
+    saved state); once freed, glibc keeps most of those pages, so RSS stays at the cycle's peak
+    between cycles. `malloc_trim(0)` returns them for little CPU (bench/README.md). The peak
+    within a cycle is unchanged.
     """
     trim = _libc_function("malloc_trim")
     if trim is None:

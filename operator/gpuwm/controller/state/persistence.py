@@ -54,9 +54,8 @@ def state_path_for_store(store: str) -> Path:
     return directory / "gpuwm-controller.engine.json"
 
 
-#: containers with more children than this are encoded in batches of STREAM_BATCH children: with 256
-#: workloads' or GPUs' entries a batch, a save raised the controller's RSS by ~13 MiB at 1,000 nodes, with 64
-#: by ~4, at the same CPU (bench/controller.py --phase-peaks)
+#: containers with more children than this are encoded in batches of STREAM_BATCH children: larger batches
+#: raised the controller's RSS during a save at the same CPU (bench/controller.py --phase-peaks, bench/README.md)
 STREAM_SPLIT = 16
 STREAM_BATCH = 64
 #: how deep the streaming encoder looks for big containers; below that a value is one orjson call
@@ -84,8 +83,7 @@ LINES_KEY = "$lines"
 def encode_state(state: dict[str, Any]) -> bytes:
     """The state as JSON bytes, in one piece (small states and tests; saving streams instead).
 
-    orjson encodes the ~16 MB state of an 8,000-GPU cluster about five times faster than
-    `json.dumps`; non-string keys become strings as `json.dumps` makes them, so `load_state`
+    orjson encodes the state several times faster than `json.dumps` (bench/README.md); non-string keys become strings as `json.dumps` makes them, so `load_state`
     reads back what it always did. Raw columns (`RawDoubles`) go in as base64 text.
     """
     return orjson.dumps({"version": STATE_VERSION, **state}, default=_entries, option=_OPTIONS)
@@ -223,9 +221,8 @@ def stage_state(path: Path, payload: bytes | Iterable[bytes | memoryview]) -> Pa
     (see `commit_state`); returns that file's path.
 
     Overwritten in place, not a new temp file: its pages are in the page cache already, where a
-    new file takes ~55 MB of fresh pages at 8,000 GPUs each save and the replaced one gives them
-    back. On the 2-vCPU VMs of bench/controller.py the fresh pages cost ~0.15-0.2 CPU-s in the
-    kernel per save (a steady save 0.40-0.48 CPU-s in all, 0.26-0.34 in place). The file being
+    new file takes a state's worth of fresh pages each save and the replaced one gives them back,
+    which costs kernel CPU on every save (bench/controller.py; bench/README.md). The file being
     written is never the one `load_state` reads, so a save cut short leaves the state as it was.
     Writing to the page cache is quick; the fsync, the slow part, is `commit_state`'s, which can
     run in a thread once the (engine-referencing) chunks are all written.
@@ -320,7 +317,7 @@ def load_state(path: Path) -> dict[str, Any] | None:
         return None
     try:
         document, raw = _split_raw(data)
-        # json, not orjson: orjson.loads peaks ~120 MiB higher on a 100 MB state (measured), and the
+        # json, not orjson: orjson.loads peaks far higher in memory on a large state (bench/README.md), and the
         # files json.dumps wrote before orjson may hold NaN/Infinity, which orjson rejects
         state = json.loads(document)
         del document, data
@@ -372,10 +369,10 @@ class _StateFile:
 class SavedLines(Sequence[Any]):
     """A section of a state file: its entries, each parsed when read (see `encode_state_chunks`).
 
-    Restoring from a whole parsed document held all its ~1.2 million small objects (dicts, strings,
-    floats) at 8,000 GPUs until the end; the engine's objects were then spread among them, and
-    the memory they left could not go back (~20 MiB more RSS after a restart than a controller that
-    never stopped, bench/README). Read an entry at a time, an entry's objects reuse the last one's
+    Restoring from a whole parsed document held all its small objects (dicts, strings, floats,
+    millions at 8,000 GPUs) until the end; the engine's objects were then spread among them, and
+    the memory they left could not go back (more RSS after a restart than a controller that never
+    stopped, bench/README.md). Read an entry at a time, an entry's objects reuse the last one's
     memory. `consume()` reads each entry once and lets the section's bytes go after the last.
     Strings are the interpreter's one copy (`sys.intern`): the same node, namespace or UUID,
     repeated in many entries, is kept once, as the live controller keeps it.

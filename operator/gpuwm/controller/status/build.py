@@ -83,7 +83,7 @@ class ConditionMemo(NamedTuple):
     """What the next write needs of a condition written before: its status and since when it holds.
 
     The controller keeps one per condition of every workload between writes (and in its saved
-    state): whole Conditions, their messages included, were ~2.4 KiB a workload, ~9 MiB at 4,000.
+    state): whole Conditions, their messages included, cost several times the memory (bench/README.md).
     """
 
     type: str
@@ -320,7 +320,7 @@ def workload_status_body(
     observed_idle_seconds: float | None = None,
     reporting_slack_seconds: float = 0.0,
 ) -> tuple[dict[str, Any], list[Condition]]:
-    """`build_workload_status(...).model_dump(mode="json", by_alias=True)` and its conditions, ~5x cheaper.
+    """`build_workload_status(...).model_dump(mode="json", by_alias=True)` and its conditions, without pydantic.
 
     What each status write sends: the same keys in the same order, the same values and types
     (tests compare the two on varied figures), without building and serialising the pydantic
