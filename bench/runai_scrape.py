@@ -5,13 +5,16 @@
 Records `--intervals` status intervals of `--workloads` running one-pod, one-GPU workloads (with their
 pods' kubelet figures) and times GET /metrics through the HTTP app (ASGI, no socket), and the Run:ai
 host-use families alone (runai_job_cpu_usage and runai_job_memory_used_bytes: the latest host figures of
-every running workload), wall and CPU, median of `--scrapes`. Asserts nothing.
+every running workload), wall and CPU, median of `--scrapes`; each twice, on the same store: with the plain
+`Store.latest_by_workload` (a range query per workload, as before 2026-11-27) and with the store's one read.
+Asserts nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import statistics
 import sys
 import tempfile
@@ -28,6 +31,7 @@ from gpuwm.api.runai_metrics import RunaiOptions, runai_metrics  # noqa: E402
 from gpuwm.config import Settings  # noqa: E402
 from gpuwm.model import GpuSample, PodStatsSample  # noqa: E402
 from gpuwm.model.figures import ClusterFigures, GpuFigures, PodFigures, ProjectFigures, WorkloadFigures  # noqa: E402
+from gpuwm.store.base import Store  # noqa: E402
 from gpuwm.store.embedded import EmbeddedStore  # noqa: E402
 
 GIB = 1024.0**3
@@ -92,8 +96,6 @@ def main() -> None:
             families = {family.name: family for family in runai_metrics(store, options, workloads, projects)}
             assert len(families["runai_job_cpu_usage"].samples) == args.workloads
 
-        wall, cpu = timed(host_families, args.scrapes)
-        print(f"runai_metrics (every Run:ai family): {wall * 1000:.0f} ms wall, {cpu * 1000:.0f} ms CPU")
         app = create_app(store, Settings(auth="none", runai_compatible_metrics=True, cluster_id="c-1",
                                          status_interval=15.0))
 
@@ -102,8 +104,15 @@ def main() -> None:
                 response = await http.get("/metrics")
                 assert response.status_code == 200 and "runai_job_cpu_usage{" in response.text
 
-        wall, cpu = timed(lambda: asyncio.run(scrape()), args.scrapes)
-        print(f"GET /metrics: {wall * 1000:.0f} ms wall, {cpu * 1000:.0f} ms CPU (threads included)")
+        for way in ("plain (a query per workload)", "one read"):
+            if way.startswith("plain"):
+                store.latest_by_workload = functools.partial(Store.latest_by_workload, store)  # type: ignore[method-assign]
+            else:
+                del store.latest_by_workload
+            wall, cpu = timed(host_families, args.scrapes)
+            print(f"{way}: runai_metrics (every Run:ai family): {wall * 1000:.0f} ms wall, {cpu * 1000:.0f} ms CPU")
+            wall, cpu = timed(lambda: asyncio.run(scrape()), args.scrapes)
+            print(f"{way}: GET /metrics: {wall * 1000:.0f} ms wall, {cpu * 1000:.0f} ms CPU (threads included)")
         store.close()
 
 
