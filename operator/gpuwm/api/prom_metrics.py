@@ -16,6 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from gpuwm.api.runai_metrics import RunaiOptions, runai_metrics
+from gpuwm.api.runs import failure_reason
 from gpuwm.model.figures import ProjectFigures, WorkloadFigures
 from gpuwm.store.base import Store
 
@@ -193,8 +194,19 @@ class WorkloadMetricsCollector(Collector):
                     ],
                     1.0,
                 )
+        failures = GaugeMetricFamily(
+            "gpuwm_workload_failure_info",
+            "Why a failed workload failed (value 1; the API's failureReason): its object's Failed condition, else a "
+            "failed pod's reason. Only runs that have one.",
+            labels=[*WORKLOAD_LABELS, "reason"],
+        )
+        for workload in workloads:
+            reason = failure_reason(workload)
+            if reason:
+                failures.add_metric([*_workload_labels(workload), reason], 1.0)
         yield info
         yield pods
+        yield failures
         yield from _pod_resources(workloads)
         for name, help_text, value_of in _WORKLOAD_GAUGES:
             gauge = GaugeMetricFamily(f"gpuwm_workload_{name}", help_text, labels=WORKLOAD_LABELS)

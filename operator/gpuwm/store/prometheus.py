@@ -4,6 +4,7 @@ Series it reads (Prometheus, Thanos, Mimir or VictoriaMetrics behind the same Pr
   agent       gpuwm_gpu_<metric>{node, gpu, uuid, model, mig_profile, namespace, pod, container},
               gpuwm_gpu_energy_joules_total, gpuwm_gpu_allocated, gpuwm_<pod metric>{node, namespace, pod}
   controller  gpuwm_workload_info, gpuwm_workload_pod_info{namespace, pod, workload, workload_uid, project, node},
+              gpuwm_workload_failure_info{..., reason},
               gpuwm_workload_*, gpuwm_project_*, gpuwm_pod_<spec figure>{namespace, pod, node}
               (see gpuwm.api.prom_metrics)
 Workload and project scopes join the agent's series on (namespace, pod) with
@@ -206,6 +207,10 @@ class PrometheusStore(Store):
             gauges[name] = self._values(
                 f"max by (workload_uid) (gpuwm_workload_{name}{selector})", "workload_uid"
             )
+        reasons = {
+            item["metric"].get("workload_uid", ""): item["metric"].get("reason") or None
+            for item in self._instant(f"max by (workload_uid, reason) (gpuwm_workload_failure_info{selector})")
+        }
         pods: dict[str, list[PodFigures]] = {}
         for item in self._instant(f"max by (workload_uid, pod, node) (gpuwm_workload_pod_info{selector})"):
             labels = item["metric"]
@@ -245,6 +250,7 @@ class PrometheusStore(Store):
                     end_time=value("end_timestamp_seconds", None),
                     pods=pods.get(uid, []),
                     nodes=sorted({pod.node for pod in pods.get(uid, []) if pod.node}),
+                    failure_reason=reasons.get(uid),
                 )
             )
         result.sort(key=lambda w: (w.namespace, w.name))

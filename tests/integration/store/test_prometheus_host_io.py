@@ -2,13 +2,15 @@
 agent's gpuwm_disk_*_bytes_per_second), ephemeral storage used and its limit (the controller's
 gpuwm_pod_ephemeral_storage_limit_bytes), through the range API as the embedded store holding the same data
 answers them; and the Run:ai names' host use, every running workload's latest figures in one query
-(`PrometheusStore.latest_by_workload`), equal to the plain query per workload and to the embedded store."""
+(`PrometheusStore.latest_by_workload`), equal to the plain query per workload and to the embedded store; and
+a failed run's failure reason (Baseten's error_message) from the controller's gpuwm_workload_failure_info."""
 
 from __future__ import annotations
 
 import math
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -65,7 +67,25 @@ def jobs(t: float) -> list[WorkloadFigures]:
                              resources=SPECS[k] if name == "train" else None) for k, pod in enumerate(pods)],
             gpus=gpus,
         ))
-    return found
+    return found + failed_runs()
+
+
+#: the failed runs' reasons: `old`'s Job condition, `crash`'s from its failed pod (the API's fallback)
+REASONS = {"uid-old": "BackoffLimitExceeded: Job has reached the specified backoff limit",
+           "uid-crash": "container c: OOMKilled, exit code 137"}
+
+
+def failed_runs() -> list[WorkloadFigures]:
+    """Two ended runs that hold nothing: `old` failed by its Job's condition, `crash` by its pod's reason."""
+    common: dict[str, Any] = {"namespace": "team-a", "kind": "Job", "api_version": "batch/v1", "project": "alpha",
+                              "phase": "Failed", "created_time": TIMES[0], "start_time": TIMES[0],
+                              "end_time": TIMES[0] + 5}
+    return [
+        WorkloadFigures(uid="uid-old", name="old", failure_reason=REASONS["uid-old"], **common),
+        WorkloadFigures(uid="uid-crash", name="crash", pods=[
+            PodFigures(name="crash-0", uid="uid-crash-0", node="node-a", phase="Failed",
+                       failure_reason=REASONS["uid-crash"])], **common),
+    ]
 
 
 def pod_stats(t: float) -> list[PodStatsSample]:
@@ -172,3 +192,16 @@ async def test_runai_host_use_over_prometheus(stores: tuple[EmbeddedStore, Prome
     train = ('{clusterId="c-1",namespace="team-a",project="alpha",user="",workload_id="uid-train",'
              'workload_name="train",workload_type="training"}')
     assert values == {f"runai_job_cpu_usage{train}": 3.0, f"runai_job_memory_used_bytes{train}": 4e9}
+
+
+async def test_the_failure_reason_from_prometheus_as_from_the_embedded_store(
+    stores: tuple[EmbeddedStore, PrometheusStore],
+) -> None:
+    for store in stores:
+        app = create_app(store, Settings(auth="none"))
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gpuwm") as http:
+            for uid in ("uid-old", "uid-crash", "uid-train"):
+                body = (await http.get(f"/api/v1/workloads/{uid}")).json()
+                assert body["failureReason"] == REASONS.get(uid), (type(store).__name__, uid, body)
+            answer = (await http.get("/api/v1/workloads/uid-old/metrics?metric=gpu_allocated")).json()
+            assert answer["workload"]["failureReason"] == REASONS["uid-old"]
