@@ -51,8 +51,8 @@ def runai_user(workload: WorkloadFigures, user_label: str) -> str:
 def runai_metrics(
     store: Store, options: RunaiOptions, workloads: list[WorkloadFigures], projects: list[ProjectFigures]
 ) -> Iterator[Metric]:
-    """Every Run:ai family: per workload, requests and limits, host use, devices (per GPU, node and pod),
-    per project."""
+    """Every Run:ai family: per workload, requests and limits, each pod's CPU and memory, host use, devices (per
+    GPU, node and pod), per project."""
     cluster_id = options.cluster_id
     users = {workload.uid: runai_user(workload, options.user_label) for workload in workloads}
 
@@ -125,6 +125,7 @@ def runai_metrics(
             )
     yield requested
     yield from _runai_host_metrics(cluster_id, workloads)
+    yield from _runai_pod_allocations(cluster_id, workloads)
     yield from _runai_host_usage(store, options, workloads, labels)
     yield from _runai_device_metrics(cluster_id, workloads, _free_devices(store, options, workloads))
     per_project: tuple[tuple[str, str, Callable[[ProjectFigures], float | None]], ...] = (
@@ -137,6 +138,11 @@ def runai_metrics(
             "runai_gpu_utilization_per_project",
             "Average GPU utilization per project, percent.",
             lambda p: p.utilization.current,
+        ),
+        (
+            "runai_project_guaranteed_gpus",
+            "Guaranteed GPU quota per project (the gpuwm.io/gpu-quota namespace annotation); none without one.",
+            lambda p: p.quota,
         ),
     )
     for name, help_text, project_value in per_project:
@@ -211,6 +217,29 @@ def _runai_host_metrics(cluster_id: str, workloads: Iterable[WorkloadFigures]) -
             if value is not None:
                 gauge.add_metric([cluster_id, workload.name, workload.uid, workload.namespace], value)
         yield gauge
+
+
+def _runai_pod_allocations(cluster_id: str, workloads: Iterable[WorkloadFigures]) -> Iterator[Metric]:
+    """runai_allocated_millicpus_per_pod and runai_allocated_memory_per_pod: the CPU and memory a running
+    workload's running GPU pods request (what the scheduler set aside for them), where their specs are known."""
+    labels = ["clusterId", "pod_name", "pod_uuid", "pod_namespace", "node"]
+    millicpus = GaugeMetricFamily(
+        "runai_allocated_millicpus_per_pod", "CPU the pod requests, millicores.", labels=labels
+    )
+    memory = GaugeMetricFamily("runai_allocated_memory_per_pod", "Memory the pod requests, bytes.", labels=labels)
+    for workload in workloads:
+        if workload.end_time is not None:
+            continue
+        for pod in workload.pods:
+            if pod.phase != "Running" or pod.resources is None:
+                continue
+            names = [cluster_id, pod.name, pod.uid, workload.namespace, pod.node or ""]
+            if pod.resources.cpu_request_cores is not None:
+                millicpus.add_metric(names, round(pod.resources.cpu_request_cores * 1000))
+            if pod.resources.memory_request_bytes is not None:
+                memory.add_metric(names, pod.resources.memory_request_bytes)
+    yield millicpus
+    yield memory
 
 
 def _runai_host_usage(

@@ -14,7 +14,7 @@ import pytest
 from gpuwm.api.app import create_app
 from gpuwm.config import Settings
 from gpuwm.model import GpuSample, PodStatsSample
-from gpuwm.model.figures import GpuFigures, PodFigures, WorkloadFigures
+from gpuwm.model.figures import GpuFigures, PodFigures, ProjectFigures, WorkloadFigures
 from gpuwm.model.podstats import PodResources
 from gpuwm.store.embedded import EmbeddedStore
 from tests.unit.store.store_data import cluster, project, sample
@@ -88,6 +88,11 @@ def pod_stats(run: str, t: float) -> list[PodStatsSample]:
 FAILURE_REASON = "BackoffLimitExceeded: Job has reached the specified backoff limit"
 
 
+def alpha(job: WorkloadFigures) -> ProjectFigures:
+    """Project alpha, its namespace's GPU quota 8 (the gpuwm.io/gpu-quota annotation)."""
+    return project("alpha", [job]).model_copy(update={"quota": 8.0})
+
+
 def populate(path: Path) -> EmbeddedStore:
     store = EmbeddedStore(path, tiers=TIERS)
     # an ended run holds no GPU any more (its figures stay, kept with the run's UID, with the Job's reason)
@@ -96,11 +101,11 @@ def populate(path: Path) -> EmbeddedStore:
     )
     for t in FIRST_TIMES:
         job = run_figures("first", t)
-        store.record(t, samples("first", t), [job], [project("alpha", [job])], cluster(2), pod_stats("first", t))
+        store.record(t, samples("first", t), [job], [alpha(job)], cluster(2), pod_stats("first", t))
     for t in SECOND_TIMES:
         job = run_figures("second", t)
         store.record(
-            t, samples("second", t), [ended, job], [project("alpha", [job])], cluster(2), pod_stats("second", t)
+            t, samples("second", t), [ended, job], [alpha(job)], cluster(2), pod_stats("second", t)
         )
     store.compact(everything=True)
     return store
@@ -278,6 +283,22 @@ async def test_runai_names_per_gpu_node_and_pod(store: EmbeddedStore) -> None:
     assert values['runai_allocated_gpu_count_per_pod{clusterId="c-1",node="node-a",pod_name="worker-0",'
                   'pod_namespace="team-a",pod_uuid="second-worker-0"}'] == 1.0
     assert not [key for key in values if "first-worker" in key]
+
+
+async def test_runai_cpu_and_memory_allocated_per_pod_and_the_project_quota(store: EmbeddedStore) -> None:
+    """runai_allocated_millicpus_per_pod and runai_allocated_memory_per_pod: the running pods' requests;
+    runai_project_guaranteed_gpus: the project's quota."""
+    app = create_app(store, Settings(auth="none", runai_compatible_metrics=True, cluster_id="c-1"))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gpuwm") as http:
+        text = (await http.get("/metrics")).text
+    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith(("runai_allocated_m", "runai_project_"))}
+    pod = 'clusterId="c-1",node="node-a",pod_name="worker-{0}",pod_namespace="team-a",pod_uuid="second-worker-{0}"'
+    assert values == {
+        **{f"runai_allocated_millicpus_per_pod{{{pod.format(k)}}}": 2000.0 for k in range(2)},
+        **{f"runai_allocated_memory_per_pod{{{pod.format(k)}}}": 4e9 for k in range(2)},
+        'runai_project_guaranteed_gpus{clusterId="c-1",project="alpha"}': 8.0,
+    }  # the ended first run's pods hold nothing
 
 
 # -- 4. ranks -----------------------------------------------------------------------------------------------
