@@ -473,8 +473,10 @@ class NvmlSampler:
         samples: list[Reading] = []
         if due:
             self._buffers_read_at = monotonic
+            # a GPU's counter read once a read: its MIG instances carry the same reading (NVML has none per instance)
+            energy_by_chip: dict[int, float | None] = {}
             for device in self.devices:
-                samples.extend(self._read_buffers(device, errors))
+                samples.extend(self._read_buffers(device, errors, energy_by_chip))
             # in time order, each poll's devices together in device order (the caller attributes a poll as one)
             samples.sort(key=lambda reading: float(reading.fields["t"]))
         return PollResult(samples, time.perf_counter() - started, errors, frozenset(pids), due)
@@ -563,7 +565,8 @@ class NvmlSampler:
         instant_sm = None if rates is None else float(_field(rates, "gpu"))
         return Pending(now, fields, running, sm_by_pid, power_mw, instant_sm, holders=holders)
 
-    def _read_buffers(self, device: Device, errors: dict[str, str]) -> list[Reading]:
+    def _read_buffers(self, device: Device, errors: dict[str, str],
+                      energy_by_chip: dict[int, float | None]) -> list[Reading]:
         """Every poll of `device` since the last read, finished with the buffers' figures split among them."""
         pending, device.pending = device.pending, []
         if not pending:
@@ -572,7 +575,7 @@ class NvmlSampler:
         healthy = [poll for poll in pending if not poll.final]
         if healthy:
             try:
-                finished = self._finish(device, healthy)
+                finished = self._finish(device, healthy, energy_by_chip)
             except pynvml.NVMLError as error:  # the device failed between its instant calls and this read
                 errors[device.uuid] = f"{type(error).__name__}: {error}"
                 finished = [self._unhealthy(device, poll.t, errors[device.uuid]) for poll in healthy]
@@ -584,7 +587,7 @@ class NvmlSampler:
         device.emitted_t = pending[-1].t
         return readings
 
-    def _finish(self, device: Device, polls: list[Pending]) -> list[Reading]:
+    def _finish(self, device: Device, polls: list[Pending], energy_by_chip: dict[int, float | None]) -> list[Reading]:
         """`polls`' readings: SM activity split by the samples' timestamps, the energy spread by power."""
         start_t = device.emitted_t if device.emitted_t is not None else device.util_cursor_us / 1e6
         times = [start_t, *(poll.t for poll in polls)]
@@ -593,7 +596,9 @@ class NvmlSampler:
         if None in sm:  # intervals no sample covers: the poll's instant rate
             sm = [poll.instant_sm_percent if value is None else value for poll, value in zip(polls, sm, strict=True)]
         chip = device.parent_handle if device.parent_handle is not None else device.handle
-        energy_mj = _optional(pynvml.nvmlDeviceGetTotalEnergyConsumption, chip)
+        if id(chip) not in energy_by_chip:  # by identity: a pynvml handle cannot be a dict key
+            energy_by_chip[id(chip)] = _optional(pynvml.nvmlDeviceGetTotalEnergyConsumption, chip)
+        energy_mj = energy_by_chip[id(chip)]
         energies = spread_energy(device.energy_mj, energy_mj, times, [poll.power_mw for poll in polls])
         device.energy_mj = energy_mj
         # a busy device whose process list is empty: the processes run in another PID namespace, and

@@ -209,3 +209,18 @@ def test_spread_energy_adds_up_to_the_counter_and_follows_power() -> None:
     assert spread_energy(None, 500.0, [0.0, 1.0, 2.0], [1.0, 1.0]) == [500.0, 500.0]  # nothing earlier to spread from
     assert spread_energy(900.0, 500.0, [0.0, 1.0, 2.0], [1.0, 1.0]) == [500.0, 500.0]  # the counter went back
     assert spread_energy(900.0, None, [0.0, 1.0], [1.0]) == [None]
+
+
+def test_a_mig_instance_takes_its_gpus_energy_reading(driver: Driver, clock: Clock) -> None:
+    """NVML has no energy counter per MIG instance: the GPU's is read once a read, and its instances carry it."""
+    sampler = _sampler(clock)
+    gpu = sampler.devices[0]
+    sampler.devices.append(Device(object(), "MIG-1", 0, "m", parent_uuid="GPU-1", parent_handle=gpu.handle,
+                                  util_cursor_us=gpu.util_cursor_us, process_cursor_us=gpu.process_cursor_us))
+    sampler._device_set = frozenset({"GPU-1", "MIG-1"})
+    handed = _polls(sampler, clock, 6)
+    assert driver.calls["energy"] == 2  # the first poll's read and the fifth's, not one per device
+    energy = {(r.uuid, r.fields["t"]): r.fields["energy_joules"] for batch in handed for r in batch}
+    assert len(energy) == 12
+    assert all(energy[("MIG-1", t)] == energy[("GPU-1", t)] for _, t in energy)
+    assert energy[("MIG-1", 1005.0)] == pytest.approx(POWER_MW * 1005.0 / 1000)
