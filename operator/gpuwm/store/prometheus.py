@@ -29,6 +29,8 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 
 from gpuwm.model import GpuSample, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, PodFigures, ProjectFigures, Windows, WorkloadFigures
+from gpuwm.model.metrics import STORED, Source
+from gpuwm.model.podstats import PodResources
 from gpuwm.store.base import (
     QueryError,
     RangeQuery,
@@ -57,6 +59,8 @@ _CPU_PERCENT_OF = {
     "cpu_usage_percent_of_limit": "gpuwm_pod_cpu_limit_cores",
 }
 _BY_POD_LABELS = {None: "", "pod": " by (namespace, pod, node)", "node": " by (node)"}
+#: the PodResources fields the controller exports as gpuwm_pod_<field>
+_SPEC_FIELDS = tuple(str(metric.field) for metric in STORED if metric.source is Source.POD_SPEC)
 
 
 def spec_promql(metric: str, scope: str, key: str, by: str | None, narrow: str = "") -> str | None:
@@ -211,12 +215,16 @@ class PrometheusStore(Store):
             item["metric"].get("workload_uid", ""): item["metric"].get("reason") or None
             for item in self._instant(f"max by (workload_uid, reason) (gpuwm_workload_failure_info{selector})")
         }
+        specs = self._pod_specs()
         pods: dict[str, list[PodFigures]] = {}
-        for item in self._instant(f"max by (workload_uid, pod, node) (gpuwm_workload_pod_info{selector})"):
+        for item in self._instant(
+            f"max by (namespace, workload_uid, pod, node) (gpuwm_workload_pod_info{selector})"
+        ):
             labels = item["metric"]
             pods.setdefault(labels.get("workload_uid", ""), []).append(
                 PodFigures(
-                    name=labels.get("pod", ""), uid="", node=labels.get("node") or None, phase="Running"
+                    name=labels.get("pod", ""), uid="", node=labels.get("node") or None, phase="Running",
+                    resources=specs.get((labels.get("namespace", ""), labels.get("pod", ""))),
                 )
             )
         result = []
@@ -255,6 +263,18 @@ class PrometheusStore(Store):
             )
         result.sort(key=lambda w: (w.namespace, w.name))
         return result
+
+    def _pod_specs(self) -> dict[tuple[str, str], PodResources]:
+        """The running GPU pods' spec requests and limits by (namespace, pod), from the controller's gpuwm_pod_*
+        series (only what a pod sets has a series), so the figures' pods carry them as the embedded store's do."""
+        fields: dict[tuple[str, str], dict[str, float]] = {}
+        for field in _SPEC_FIELDS:
+            for item in self._instant(f"max by (namespace, pod) (gpuwm_pod_{field})"):
+                value = float(item["value"][1])
+                if math.isfinite(value):
+                    key = (item["metric"].get("namespace", ""), item["metric"].get("pod", ""))
+                    fields.setdefault(key, {})[field] = value
+        return {key: PodResources(**values) for key, values in fields.items()}
 
     def workload(self, namespace: str, name: str) -> WorkloadFigures | None:
         found = self._workloads(f"{{namespace={quote(namespace)}, workload={quote(name)}}}")

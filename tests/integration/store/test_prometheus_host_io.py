@@ -8,6 +8,7 @@ a failed run's failure reason (Baseten's error_message) from the controller's gp
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -40,8 +41,9 @@ pytestmark = [
 
 T0 = math.floor((time.time() - 2 * 3600) / 60) * 60
 TIMES = [float(T0 + 15 * k) for k in range(12)]
-#: train's worker-0 limits ephemeral storage to 50 GB, worker-1 sets no limit
-SPECS = [PodResources(ephemeral_storage_limit_bytes=50e9), PodResources()]
+#: train's worker-0 requests 2 cores and 8 GB and limits ephemeral storage to 50 GB; worker-1 sets nothing
+SPECS = [PodResources(cpu_request_cores=2.0, memory_request_bytes=8e9, ephemeral_storage_limit_bytes=50e9),
+         PodResources()]
 METRICS = ("disk_read_bytes_per_second", "disk_write_bytes_per_second", "ephemeral_storage_used_bytes",
            "ephemeral_storage_limit_bytes")
 #: tune's pod stops reporting host figures after this time (its kubelet figures go missing)
@@ -180,18 +182,32 @@ def test_latest_by_workload_in_one_query_as_a_query_each(
                                          "memory_used_bytes": 1e9}
 
 
-async def test_runai_host_use_over_prometheus(stores: tuple[EmbeddedStore, PrometheusStore]) -> None:
-    """runai_job_cpu_usage and runai_job_memory_used_bytes on an API over Prometheus (`gpuwm api`)."""
-    _, prometheus = stores
-    app = create_app(prometheus, Settings(auth="none", runai_compatible_metrics=True, cluster_id="c-1",
-                                          status_interval=15.0))
+async def runai_lines(store: Store) -> dict[str, float]:
+    """The Run:ai host families of one scrape (pod UIDs blanked: the Prometheus store's pods have none)."""
+    app = create_app(store, Settings(auth="none", runai_compatible_metrics=True, cluster_id="c-1",
+                                     status_interval=15.0))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gpuwm") as http:
         text = (await http.get("/metrics")).text
-    values = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-              if line.startswith("runai_job_")}
+    families = ("runai_job_", "runai_active_job_", "runai_cpu_limits", "runai_memory_limits", "runai_allocated_m")
+    return {re.sub(r'pod_uuid="[^"]*"', 'pod_uuid=""', line.rsplit(" ", 1)[0]): float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines() if line.startswith(families)}
+
+
+async def test_runai_host_names_over_prometheus(stores: tuple[EmbeddedStore, PrometheusStore]) -> None:
+    """Run:ai's CPU and memory use, requests and per-pod allocations on an API over Prometheus (`gpuwm api`):
+    the pods' specs from the controller's gpuwm_pod_* series, as the embedded store answers them."""
+    embedded, prometheus = stores
+    values = await runai_lines(prometheus)
+    assert values == {key: pytest.approx(value, rel=2e-3) for key, value in (await runai_lines(embedded)).items()}
     train = ('{clusterId="c-1",namespace="team-a",project="alpha",user="",workload_id="uid-train",'
              'workload_name="train",workload_type="training"}')
-    assert values == {f"runai_job_cpu_usage{train}": 3.0, f"runai_job_memory_used_bytes{train}": 4e9}
+    job = '{clusterId="c-1",job_name="train",job_uuid="uid-train",namespace="team-a"}'
+    pod = '{clusterId="c-1",node="node-a",pod_name="train-worker-0",pod_namespace="team-a",pod_uuid=""}'
+    assert values == {
+        f"runai_job_cpu_usage{train}": 3.0, f"runai_job_memory_used_bytes{train}": 4e9,
+        f"runai_active_job_cpu_requested_cores{job}": 2.0, f"runai_active_job_memory_requested_bytes{job}": 8e9,
+        f"runai_allocated_millicpus_per_pod{pod}": 2000.0, f"runai_allocated_memory_per_pod{pod}": 8e9,
+    }  # tune's host figures stopped, no pod sets a CPU or memory limit
 
 
 async def test_the_failure_reason_from_prometheus_as_from_the_embedded_store(
