@@ -31,7 +31,7 @@ NOW = 1_700_000_100.0
 
 
 class _Reference(Collector):
-    """The same families built with prometheus-client's metric classes, the slow obvious way."""
+    """The families the agent has served, spelt out again from the catalogue's lists and the agent's state."""
 
     def __init__(self, agent: Agent, now: float) -> None:
         self.agent, self.now = agent, now
