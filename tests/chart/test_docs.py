@@ -97,7 +97,7 @@ def test_flux_example_creates_the_namespace_with_its_pod_security_label() -> Non
 
 
 def test_troubleshooting_names_reasons_the_controller_writes() -> None:
-    status_source = "".join(path.read_text() for path in (ROOT / "operator" / "gpuwm" / "controller").glob("*.py"))
+    status_source = "".join(path.read_text() for path in (ROOT / "operator" / "gpuwm" / "controller").rglob("*.py"))
     rows = [line for line in section(DOCS, "## Troubleshooting").splitlines() if line.startswith("| ")][2:]
     reasons = {reason for row in rows for reason in re.findall(r"`([A-Z][a-z]+(?:[A-Z][a-z]+)+)`", row.split("|")[1])}
     assert {"SamplesMissing", "NotYetSampled", "AgentNotReporting"} <= reasons, reasons

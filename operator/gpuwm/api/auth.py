@@ -23,7 +23,7 @@ import os
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -187,8 +187,11 @@ class KubernetesAuthorizer:
         audience: str = DEFAULT_AUDIENCE,
         cache_entries: int = 10_000,
         reviews_per_client_per_second: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api_url = api_url.rstrip("/")
+        #: seconds for the caches' ages and the review rate (a test freezes it to count a burst exactly)
+        self._clock = clock
         self.audience = audience
         self._token = token
         self._token_file = token_file
@@ -267,7 +270,7 @@ class KubernetesAuthorizer:
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         client = current_client.get()
-        wait = self._rate.take(client, time.monotonic())
+        wait = self._rate.take(client, self._clock())
         if wait > 0:
             raise AuthError(
                 429,
@@ -304,7 +307,7 @@ class KubernetesAuthorizer:
         if not token:
             raise AuthError(401, "missing bearer token: send 'Authorization: Bearer <kubernetes token>'")
         key = hashlib.sha256(token.encode()).hexdigest()  # never keep raw tokens as keys in memory dumps
-        now = time.monotonic()
+        now = self._clock()
         found, user = self._users.get(key, now)
         if not found:
             review = await self._post(
@@ -336,7 +339,7 @@ class KubernetesAuthorizer:
 
     async def _review(self, user: User, kind: str, target: str | None, attributes: dict[str, Any]) -> bool:
         key = (user.username, user.groups, kind, target)
-        now = time.monotonic()
+        now = self._clock()
         found, cached = self._decisions.get(key, now)
         if found and cached is not None:
             return cached
