@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from gpuwm.accounting.rawcolumns import RawDoubles, doubles_from_saved
 
 _STRIDE = 6  # start, end, units, units*util, mem_units, mem_units*mem
-WINDOW_SECONDS: dict[str, float] = {"avg1m": 60.0, "avg5m": 300.0, "avg1h": 3600.0}
 _HORIZON_SECONDS = 3600.0
 _FINE_BUCKET_SECONDS = 5.0
 _COARSE_BUCKET_SECONDS = 60.0

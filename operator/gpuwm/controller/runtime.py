@@ -24,7 +24,6 @@ from gpuwm.controller.kube import KubeApiError, KubeClient, TokenBucket
 from gpuwm.controller.pull import (
     AgentPuller,
     DeviceHolder,
-    PodAgents,
     SampleIntake,
     StaticAgents,
     index_holders,
@@ -642,10 +641,3 @@ class ControllerRuntime:
 def _slices(store: Any) -> bool:
     """Whether `store` takes its compaction slice apart from `record` (the embedded store)."""
     return callable(getattr(store, "compact_slice", None))
-
-
-def is_agent_pod(agents: StaticAgents | PodAgents, body: Mapping[str, Any]) -> bool:
-    if not isinstance(agents, PodAgents):
-        return False
-    metadata = body.get("metadata") or {}
-    return agents.matches(metadata.get("namespace"), metadata.get("labels") or {})

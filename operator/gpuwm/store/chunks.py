@@ -291,7 +291,3 @@ class ChunkWriter:
                     (span.step, *batch, cut, span.step, cut),
                 )
         sweep_payloads(self.connection)  # bytes another chunk still names stay
-
-
-def head_blocks(series_ids: Iterable[int]) -> set[int]:
-    return {series_id // BLOCK for series_id in series_ids}

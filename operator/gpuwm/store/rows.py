@@ -639,14 +639,6 @@ def build_rows(
     return RowBuilder().build(samples, workloads, projects, cluster, pod_stats, known)
 
 
-def _assign(target: FloatArray, values: dict[int, float | None] | dict[int, float], row_of: IntArray) -> None:
-    """target[row_of[slot]] = v for each slot: v of `values` (None: NaN)."""
-    if values:
-        target[row_of[np.fromiter(values, dtype=np.int64, count=len(values))]] = np.array(
-            list(values.values()), dtype=np.float64
-        )
-
-
 @dataclass
 class _Parts:
     """Per part: its sample's row (-1: none), units held, share of the device, utilisation (NaN: none)."""

@@ -409,8 +409,3 @@ class StatusWriter:
 def _workload_uid(desired: Desired) -> str | None:
     uid = (desired.spec.get("workloadRef") or {}).get("uid")
     return str(uid) if uid else None
-
-
-def existing_key(obj: Mapping[str, Any], plural: str) -> Key:
-    metadata = obj.get("metadata") or {}
-    return (plural, metadata.get("namespace"), str(metadata.get("name")))

@@ -48,10 +48,6 @@ class WorkloadKind:
         """The resource name Kubernetes gives a kind by default (`PyTorchJob` -> `pytorchjobs`): for RBAC."""
         return plural_of(self.kind)
 
-    @property
-    def is_kueue_workload(self) -> bool:
-        return self.group == KUEUE_GROUP and self.kind == KUEUE_WORKLOAD_KIND
-
 
 def plural_of(kind: str) -> str:
     """The default plural of a kind's lower-case name, as the CRD generators write it."""
