@@ -40,42 +40,12 @@ from gpuwm.store.base import (
     StoreError,
     check_range,
 )
-from gpuwm.store.promql import _POD_SERIES, _scoped, promql, quote, scope_labels
+from gpuwm.store.promql import _POD_SERIES, promql, quote, scope_labels
 
 log = logging.getLogger(__name__)
 
-#: the pods' spec requests and limits: the controller's gpuwm_pod_* series (gpuwm.api.prom_metrics), on the
-#: agent's pod labels (namespace, pod, node), so they join workloads and projects as the pod stats do
-_POD_SPEC = (
-    "cpu_request_cores",
-    "cpu_limit_cores",
-    "memory_request_bytes",
-    "memory_limit_bytes",
-    "ephemeral_storage_limit_bytes",
-)
-#: CPU use as percent of the request or limit, over the pods that have one (as the embedded store counts)
-_CPU_PERCENT_OF = {
-    "cpu_usage_percent_of_request": "gpuwm_pod_cpu_request_cores",
-    "cpu_usage_percent_of_limit": "gpuwm_pod_cpu_limit_cores",
-}
-_BY_POD_LABELS = {None: "", "pod": " by (namespace, pod, node)", "node": " by (node)"}
 #: the PodResources fields the controller exports as gpuwm_pod_<field>
 _SPEC_FIELDS = tuple(str(metric.field) for metric in STORED if metric.source is Source.POD_SPEC)
-
-
-def spec_promql(metric: str, scope: str, key: str, by: str | None, narrow: str = "") -> str | None:
-    """The PromQL of a pod-spec figure (request, limit, CPU use as percent of either), or None where it is not
-    one or has no per-GPU breakdown (a pod's spec is not split among its devices)."""
-    if (metric not in _POD_SPEC and metric not in _CPU_PERCENT_OF) or by not in _BY_POD_LABELS:
-        return None
-    grouping = _BY_POD_LABELS[by]
-    if metric in _POD_SPEC:
-        return f"sum{grouping} ({_scoped(f'gpuwm_pod_{metric}', scope, key, narrow)})"
-    spec = _CPU_PERCENT_OF[metric]
-    # use and spec both over the pods that have the two, matched pod by pod
-    used = f"({_scoped('gpuwm_cpu_usage_cores', scope, key, narrow)} and on (namespace, pod) {spec})"
-    given = f"({_scoped(spec, scope, key, narrow)} and on (namespace, pod) gpuwm_cpu_usage_cores)"
-    return f"100 * sum{grouping} ({used}) / (sum{grouping} ({given}) > 0)"
 
 
 def latest_by_workload_promql(series: str, window_seconds: int) -> str:
@@ -446,9 +416,7 @@ class PrometheusStore(Store):
             ]
         result: list[Series] = []
         for metric in query.metrics:
-            expression = promql(metric, query.scope, query.key, query.by, narrow) or spec_promql(
-                metric, query.scope, query.key, query.by, narrow
-            )
+            expression = promql(metric, query.scope, query.key, query.by, narrow)
             if expression is None:
                 if query.by is None:
                     result.append(
