@@ -112,23 +112,6 @@ class SampleBatch:
         return len(self.t)
 
 
-def batch_of_samples(samples: Sequence[GpuSample]) -> SampleBatch:
-    """The batch `Engine.observe_samples` takes for these samples (tests; the agent feed builds its own)."""
-    entries: dict[tuple[str, str, str | None, float], int] = {}
-    device: list[int] = []
-    rows = [sample_values(sample) for sample in samples]
-    for sample in samples:
-        key = (sample.uuid, sample.node, sample.parent_uuid, sample.device_units)
-        device.append(entries.setdefault(key, len(entries)))
-    keys = list(entries)
-    return SampleBatch(
-        uuids=[key[0] for key in keys], nodes=[key[1] for key in keys], parent_uuids=[key[2] for key in keys],
-        device_units=[key[3] for key in keys], device=device, t=[row[0] for row in rows], sm=[row[1] for row in rows],
-        memory=[row[2] for row in rows], energy=[row[3] for row in rows], pod_sm=[row[4] for row in rows],
-        sample=samples.__getitem__, merged=[row[6] for row in rows] if any(row[6] for row in rows) else None,
-    )
-
-
 class Stretch:
     """Pod `pod_uid` holding `units` of device `uuid` over (start, end]; end is inf while it runs."""
 

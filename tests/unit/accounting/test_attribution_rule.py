@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 
 from gpuwm.accounting import Engine
-from gpuwm.accounting.state import batch_of_samples
 from gpuwm.model import GpuSample
-from tests.unit.accounting.helpers import engine, figures, pod, sample
+from tests.unit.accounting.helpers import batch_of_samples, engine, figures, pod, sample
 
 
 def _feed(e: Engine, sm: float, processes: list[dict[str, Any]] | None, end: int = 10, start: int = 0) -> None:

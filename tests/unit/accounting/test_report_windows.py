@@ -15,10 +15,9 @@ import pytest
 
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.accounting import windows as windows_module
-from gpuwm.accounting.state import batch_of_samples
 from gpuwm.model import NamespaceEvent
 
-from .helpers import pod, sample
+from .helpers import batch_of_samples, pod, sample
 
 CONFIG = EngineConfig(interval_seconds=10.0, late_event_window_seconds=600.0)
 NOW = 1000.0

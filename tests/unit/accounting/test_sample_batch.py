@@ -17,9 +17,8 @@ import pytest
 
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.accounting.batch import observe_appending_chunk
-from gpuwm.accounting.state import batch_of_samples
 from gpuwm.model import GpuSample, PodEvent
-from tests.unit.accounting.helpers import pod
+from tests.unit.accounting.helpers import batch_of_samples, pod
 
 WHOLE = ["GPU-a", "GPU-b"]
 SHARED = "GPU-s"  # time-sliced: replicas held by several pods, per-process SM
