@@ -31,7 +31,7 @@ from aiohttp import web  # noqa: E402
 
 from gpuwm.accounting import Engine, EngineConfig  # noqa: E402
 from gpuwm.config import Settings  # noqa: E402
-from gpuwm.controller.pull.agents import AgentPuller, SampleIntake  # noqa: E402
+from gpuwm.controller.pull import AgentPuller, SampleIntake  # noqa: E402
 from gpuwm.controller.state.gctuning import collect_cycle_garbage, release_free_memory, tune_garbage_collector  # noqa: E402
 from gpuwm.controller.status.build import build_project_status, build_workload_status  # noqa: E402
 from gpuwm.feed import (  # noqa: E402

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
 from pydantic import BaseModel, TypeAdapter
 
 from gpuwm.agent.attribution import attribute
@@ -24,7 +23,7 @@ from gpuwm.agent.kubelet import KubeletStatsClient
 from gpuwm.agent.nvml import Device, NvmlSampler, NvmlUnavailable, Reading
 from gpuwm.agent.podresources import PodResourcesClient
 from gpuwm.config import Settings
-from gpuwm.feed import AgentDevice, MergeRequest, devices_members, merge_polls, sample_columns
+from gpuwm.feed import AgentDevice, MergeRequest, answer_json
 from gpuwm.model import GpuSample, PodStatsSample
 
 log = logging.getLogger(__name__)
@@ -251,40 +250,16 @@ class Agent:
                       merge: MergeRequest | None = None, devices_tag: str | None = None) -> bytes:
         """`/v1/snapshot?since=SEQ` as JSON: records after `since` (at most `limit`) and the devices now.
 
-        Rows (the default): the records' JSON comes from the buffer as stored, spliced in without
-        parsing it again. `columns` (`format=columns`): the samples as one array per field
-        (see `gpuwm.feed.encode`), what the controller pulls; its `gpus` and `devices` are left
-        out when they are those the controller holds under `devices_tag` (`devices_members`).
-        `merge`: runs of polls that the accounting cannot tell apart go as one sample each (see
-        `gpuwm.feed.merge`).
+        The records are read here; the answer is the feed's encoding (`gpuwm.feed.encode.answer_json`:
+        rows by default, `columns` for the controller, `merge` and `devices_tag` as it says).
         """
         with self.lock:
             records = self._records.since(since, limit)
             devices = list(self.state.devices)
         head = {"node": self.node, "seq": records.last_seq, "agent_id": self.agent_id,
                 "truncated": records.truncated, "more": records.more}
-        parsed = None
-        if columns or merge is not None:
-            parsed = orjson.loads(b"[" + b",".join(records.samples) + b"]")
-            if merge is not None:
-                parsed = merge_polls(parsed, merge)
-        devices_json = _DEVICES.dump_json(devices)
-        if columns:
-            head["format"] = "columns"
-            members = sample_columns(parsed or [])
-            gpus_json = orjson.dumps(members.pop("gpus"))
-            head.update(members)
-            samples = b""
-            device_members = devices_members(gpus_json, devices_json, devices_tag)
-        else:
-            samples = b',"samples":' + (orjson.dumps(parsed) if parsed is not None else
-                                        b"[" + b",".join(records.samples) + b"]")
-            device_members = b',"devices":' + devices_json
-        return b"".join((
-            orjson.dumps(head)[:-1], samples,
-            b',"pod_stats":[', b",".join(records.pod_stats), b"]",
-            device_members, b"}",
-        ))
+        return answer_json(head, records.samples, records.pod_stats, _DEVICES.dump_json(devices), columns=columns,
+                           merge=merge, devices_tag=devices_tag)
 
     @property
     def latest_seq(self) -> int:

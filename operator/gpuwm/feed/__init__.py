@@ -1,7 +1,8 @@
 """The agent -> controller feed (`/v1/snapshot`, docs/snapshot-feed.md) in one place.
 
 - `schema`: the answer's envelope and devices (pydantic) and the columnar form's field lists;
-- `encode`: what the agent writes (`sample_columns`, `devices_members`);
+- `encode`: what the agent writes (`answer_json`: the answer's bytes, rows or columns; `sample_columns`,
+  `devices_members`);
 - `merge`: what the controller asks (`MergeRequest`) and how the agent merges runs of polls;
 - `decode`: what the controller reads (`parse_snapshot` -> `Snapshot`, `DeviceHolder`), with
   `arrays` reading the columns into numpy arrays and the engine's `SampleBatch`.
@@ -12,7 +13,7 @@ controller imports the decoder from `gpuwm.feed.decode`, its own face, which thi
 out so that the agent does not load numpy and the engine it needs.
 """
 
-from gpuwm.feed.encode import columns_answer_json, devices_members, sample_columns
+from gpuwm.feed.encode import answer_json, columns_answer_json, devices_members, sample_columns
 from gpuwm.feed.merge import MergeRequest, merge_polls, merge_request
 from gpuwm.feed.schema import (
     DEVICE_FIELDS,
@@ -35,6 +36,7 @@ __all__ = [
     "AgentSnapshot",
     "DeviceState",
     "MergeRequest",
+    "answer_json",
     "columns_answer_json",
     "devices_members",
     "merge_polls",

@@ -2,22 +2,23 @@
 
 `parse_snapshot` checks the envelope, reads the device holders from `devices` (or takes the
 ones the puller keeps, while the agent says they are unchanged under their `devices_tag`) and
-the samples: in columns (`format=columns`, what the controller asks for) into numpy arrays
-(`gpuwm.feed.arrays`), not one object per sample.
+the samples, in columns (`format=columns`), into numpy arrays (`gpuwm.feed.arrays`), not one
+object per sample. `ColumnBatch` reads the columns of many agents' answers together.
+
+The controller reads one form, the columns it asks for. Rows (`format=rows`, the agent's
+default, for people: `curl | jq`) are refused whole (`FormatError`), as anything else that is
+not columns: an agent that answers them does not know `format` (one older than the columnar
+feed), and a second reader for them would be a second decoder to keep equal to the first.
 
 What an agent sends is refused where it enters: a snapshot that names another node than the
 one pulled is dropped whole (`WrongNodeError`: its samples would be booked to the wrong GPUs),
 and a sample with NaN or ±Infinity in any number is dropped alone, the rest of its snapshot
 kept (`Snapshot.rejected_samples` counts it).
-
-Rows (`format=rows`, the agent's default and what people read) are read too: an agent older
-than the columnar feed ignores `format`, and an agent's DaemonSet rolls node by node after the
-controller, so during an upgrade some answer rows; and `--agents static:NODE=URL` may name
-anything that serves the documented feed. Both forms end in the same `Snapshot`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import math
@@ -42,12 +43,14 @@ from gpuwm.feed.arrays import (
 from gpuwm.feed.schema import DEVICES_TAG_PARAM
 from gpuwm.model.compact import intern_strings, share_fields_set
 from gpuwm.model.podstats import PodStatsSample
-from gpuwm.model.sample import GpuSample
 
 __all__ = [
-    "DeviceEntry", "DeviceHolder", "HolderCache", "KnownDevices", "SampleColumns", "Snapshot", "WrongNodeError",
-    "join", "parse_columns", "parse_columns_many", "parse_snapshot",
+    "COLUMNS_FORMAT", "ColumnBatch", "DeviceEntry", "DeviceHolder", "FormatError", "HolderCache", "KnownDevices",
+    "SampleColumns", "Snapshot", "WrongNodeError", "join", "parse_columns", "parse_columns_many", "parse_snapshot",
 ]
+
+#: the one form the controller reads (`?format=columns`, `"format": "columns"` in the answer)
+COLUMNS_FORMAT = "columns"
 
 
 class DeviceHolder(BaseModel):
@@ -110,12 +113,11 @@ class Snapshot:
     node: str
     seq: int
     agent_id: str | None
-    samples: list[GpuSample]
     holders: list[DeviceHolder]
     pod_stats: list[PodStatsSample]
     more: bool = False  # the agent has records past `seq` (it pages large backlogs)
     truncated: bool = False  # records after `since` had already left the agent's buffer
-    columns: SampleColumns | None = None  # the samples, from an agent that answered `format=columns`
+    columns: SampleColumns | None = None  # the samples (None while they wait in `pending_columns`, or handed over)
     #: its `format=columns` pages not read yet (`parse_snapshot(defer_columns=True)`), read with other agents' pages
     #: by `ColumnBatch`
     pending_columns: list[Mapping[str, Any]] = field(default_factory=list)
@@ -128,18 +130,16 @@ class Snapshot:
 
     @property
     def sample_count(self) -> int:
-        return len(self.samples) + (len(self.columns) if self.columns is not None else 0)
+        return len(self.columns) if self.columns is not None else 0
 
     @property
     def max_seq(self) -> int:
         """The highest `seq` among its records (0 without any)."""
-        return max(self.seq, max((s.seq or 0 for s in self.samples), default=0),
-                   max((s.seq or 0 for s in self.pod_stats), default=0),
+        return max(self.seq, max((s.seq or 0 for s in self.pod_stats), default=0),
                    self.columns.max_seq if self.columns is not None else 0)
 
     def extend(self, following: Snapshot) -> Snapshot:
         """The next page of the same pull: `following` with this page's records in front."""
-        following.samples[:0] = self.samples
         following.pod_stats[:0] = self.pod_stats
         following.truncated = following.truncated or self.truncated
         if self.columns is not None:
@@ -149,21 +149,6 @@ class Snapshot:
         return following
 
 
-class _SnapshotPayload(BaseModel):
-    """The agent's JSON, validated in one pass from bytes (pydantic-core parses and checks in Rust)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    node: str | None = None
-    seq: int = Field(default=0, ge=0)
-    agent_id: str | None = None
-    more: bool = False
-    truncated: bool = False
-    samples: list[GpuSample] = Field(default_factory=list)
-    pod_stats: list[PodStatsSample] = Field(default_factory=list)
-    devices: list[dict[str, Any]] = Field(default_factory=list)
-
-
 #: agent's node -> (node it reported, a digest of its last `devices` list's JSON, the holders built from them):
 #: most pulls repeat it. A digest, not the parsed list: kept for every node, the parsed dicts (and orjson's
 #: output buffers, larger than the JSON) were a visible part of the controller's memory (bench/README.md)
@@ -171,7 +156,7 @@ HolderCache = dict[str, tuple[str, bytes, list[DeviceHolder]]]
 
 
 class _ColumnsEnvelope(BaseModel):
-    """A `format=columns` snapshot's members besides the samples (parsed by `parse_columns`)."""
+    """A snapshot's members besides the samples' columns (parsed by `parse_columns`)."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -208,11 +193,25 @@ class KnownDevices:
 _ENVELOPE_FIELDS = frozenset(_ColumnsEnvelope.model_fields)
 _ENVELOPE = TypeAdapter(_ColumnsEnvelope)
 #: the members whose entries are samples: one with a number that is not finite is dropped, not the snapshot
-_SAMPLE_MEMBERS = ("samples", "pod_stats")
+#: (the columns' rows are checked by `gpuwm.feed.arrays`)
+_SAMPLE_MEMBERS = ("pod_stats",)
 
 
 class WrongNodeError(ValueError):
     """An agent answered for another node than the one pulled (a stale address, a mixed-up static list)."""
+
+
+class FormatError(ValueError):
+    """An agent answered in another form than columns: rows (the agent's default, what an agent that does not
+    know `?format=` sends) or anything else. Its samples are not read; its GPUs stay unmonitored."""
+
+
+def _format_of(payload: Mapping[str, Any]) -> str:
+    """How an answer names its form, for the refusal: an answer without `format` is rows (the agent's default)."""
+    if "format" not in payload:
+        return "rows"
+    answered = payload["format"]
+    return answered if isinstance(answered, str) and answered.isidentifier() else repr(answered)
 
 
 def _loads(payload: bytes | bytearray) -> Any:
@@ -259,15 +258,9 @@ def _validated(
     return adapter(raw), len(dropped)
 
 
-def _json_rows(payload: Mapping[str, Any] | bytes | bytearray) -> _SnapshotPayload:
-    if isinstance(payload, bytes | bytearray):
-        return _SnapshotPayload.model_validate_json(payload)
-    return _SnapshotPayload.model_validate(payload)
-
-
 def _infinity_for_nan(payload: Mapping[str, Any]) -> Mapping[str, Any]:
-    """A columnar answer given as objects, a float NaN in its columns made infinity, as `_loads` reads a `NaN`
-    token (in the arrays NaN means null). Not on the pull's path: an agent's answer comes as bytes."""
+    """An answer given as objects, a float NaN in its columns made infinity, as `_loads` reads a `NaN` token (in the
+    arrays NaN means null). Not on the pull's path: an agent's answer comes as bytes."""
     def marked(values: Any) -> Any:
         if isinstance(values, list) and any(type(value) is float and value != value for value in values):
             return [math.inf if type(value) is float and value != value else value for value in values]
@@ -281,7 +274,7 @@ def _infinity_for_nan(payload: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _snapshot(
-    payload: _SnapshotPayload | _ColumnsEnvelope, expected_node: str, holder_cache: HolderCache | None = None,
+    payload: _ColumnsEnvelope, expected_node: str, holder_cache: HolderCache | None = None,
     columns: SampleColumns | None = None, pending_columns: list[Mapping[str, Any]] | None = None,
     known: KnownDevices | None = None, rejected_samples: int = 0,
 ) -> Snapshot:
@@ -292,8 +285,7 @@ def _snapshot(
         holders = known.holders
     else:
         holders = _holders_of(payload.devices, node, expected_node, holder_cache)
-    samples = payload.samples if isinstance(payload, _SnapshotPayload) else []
-    return Snapshot(node=node, seq=payload.seq, agent_id=payload.agent_id, samples=samples, holders=holders,
+    return Snapshot(node=node, seq=payload.seq, agent_id=payload.agent_id, holders=holders,
                     pod_stats=payload.pod_stats, more=payload.more, truncated=payload.truncated, columns=columns,
                     pending_columns=pending_columns or [],
                     rejected_samples=rejected_samples + (columns.rejected_rows if columns is not None else 0))
@@ -319,40 +311,40 @@ def parse_snapshot(
 ) -> Snapshot:
     """Validate an agent's JSON (parsed or raw bytes); raises ValueError naming the node and the field at fault.
 
-    Either form: samples as rows (pydantic validates each), or as columns (`"format": "columns"`,
-    read into numpy arrays by `parse_columns`; no object per sample). `holder_cache` (kept by the
-    puller) skips re-validating device holders an agent repeats unchanged. `defer_columns`: the
-    columns are left unread in `pending_columns` (all else is checked), for `ColumnBatch`.
-    `known`: the devices the puller keeps for this agent, what an answer with `devices_unchanged` means.
-    A sample with NaN or ±Infinity in a number is left out (`Snapshot.rejected_samples` counts it);
-    an answer for another node than `expected_node` raises WrongNodeError.
+    The samples come as columns (`"format": "columns"`), read into numpy arrays by
+    `parse_columns` (no object per sample); any other form raises FormatError. `holder_cache`
+    (kept by the puller) skips re-validating device holders an agent repeats unchanged.
+    `defer_columns`: the columns are left unread in `pending_columns` (all else is checked), for
+    `ColumnBatch`. `known`: the devices the puller keeps for this agent, what an answer with
+    `devices_unchanged` means. A sample with NaN or ±Infinity in a number is left out
+    (`Snapshot.rejected_samples` counts it); an answer for another node than `expected_node`
+    raises WrongNodeError.
     """
     try:
         if isinstance(payload, bytes | bytearray):
-            if b'"columns"' not in payload:  # rows: pydantic parses and checks them in one pass
-                rows, rejected = _validated(_json_rows, payload)
-                return _snapshot(rows, expected_node, holder_cache, rejected_samples=rejected)
             payload = _loads(payload)
-        elif isinstance(payload, Mapping) and payload.get("format") == "columns":
+        elif isinstance(payload, Mapping):  # given as objects (tests, tools), not as the agent's bytes
             payload = _infinity_for_nan(payload)
         if not isinstance(payload, Mapping):
             raise ValueError(f"expected a JSON object, got {type(payload).__name__}")
-        if payload.get("format") == "columns":
-            envelope, rejected = _validated(
-                _ENVELOPE.validate_python, {key: payload[key] for key in _ENVELOPE_FIELDS if key in payload})
-            held, entries = _tagged_devices(envelope, payload, expected_node, known)
-            if entries is not None:  # validated once here; the columns' reading takes them as they are
-                payload = {**payload, "gpus": entries}
-            if defer_columns:
-                snapshot = _snapshot(envelope, expected_node, holder_cache, pending_columns=[payload], known=held,
-                                     rejected_samples=rejected)
-            else:
-                snapshot = _snapshot(envelope, expected_node, holder_cache, parse_columns(payload), known=held,
-                                     rejected_samples=rejected)
-            snapshot.devices_tag, snapshot.device_entries = envelope.devices_tag, entries
-            return snapshot
-        rows, rejected = _validated(_json_rows, payload)
-        return _snapshot(rows, expected_node, holder_cache, rejected_samples=rejected)
+        if payload.get("format") != COLUMNS_FORMAT:
+            raise FormatError(f"agent for node {expected_node!r} answered format={_format_of(payload)}; "
+                              f"the controller reads format={COLUMNS_FORMAT}")
+        envelope, rejected = _validated(
+            _ENVELOPE.validate_python, {key: payload[key] for key in _ENVELOPE_FIELDS if key in payload})
+        held, entries = _tagged_devices(envelope, payload, expected_node, known)
+        if entries is not None:  # validated once here; the columns' reading takes them as they are
+            payload = {**payload, "gpus": entries}
+        if defer_columns:
+            snapshot = _snapshot(envelope, expected_node, holder_cache, pending_columns=[payload], known=held,
+                                 rejected_samples=rejected)
+        else:
+            snapshot = _snapshot(envelope, expected_node, holder_cache, parse_columns(payload), known=held,
+                                 rejected_samples=rejected)
+        snapshot.devices_tag, snapshot.device_entries = envelope.devices_tag, entries
+        return snapshot
+    except FormatError:
+        raise  # it names the node already
     except WrongNodeError as error:
         raise WrongNodeError(f"agent for node {expected_node!r} sent a snapshot of another node: {error}") from None
     except (ValidationError, TypeError, ValueError, AttributeError, orjson.JSONDecodeError) as error:
@@ -373,3 +365,76 @@ def _tagged_devices(
     if envelope.devices_tag is None:
         return None, None
     return None, device_entries(payload.get("gpus") or [])
+
+
+class ColumnBatch:
+    """Agents' `format=columns` pages read together (`parse_columns_many`), not one agent at a time.
+
+    A pull's snapshot waits here once all its pages are in. The waiting pages are read when
+    they reach `BATCH_ROWS` rows, or when no other pull of the round is still fetching: a slow
+    or dead agent holds up only its own pull (its connection slot is free meanwhile). A page
+    that is malformed fails its own agent only, with the error `parse_snapshot` would give.
+    """
+
+    #: rows read at once: some 85 agents' merged 15 s pulls, numpy's fixed cost paid once for them
+    BATCH_ROWS = 2048
+
+    def __init__(self) -> None:
+        self._fetching = 0
+        self._waiting: list[tuple[str, Snapshot, asyncio.Future[None]]] = []
+        self._rows = 0
+
+    def started(self) -> None:
+        """A pull began (each pull then calls `read` or `stopped`, once)."""
+        self._fetching += 1
+
+    def stopped(self) -> None:
+        """A pull that will not wait here ended (it failed, or had no columns)."""
+        self._fetching -= 1
+        if self._fetching <= 0 and self._waiting:
+            self._read()
+
+    async def read(self, node: str, snapshot: Snapshot) -> None:
+        """Fill `snapshot.columns` from its pending pages; ValueError naming `node` for a malformed one."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((node, snapshot, future))
+        self._rows += sum(map(_page_rows, snapshot.pending_columns))
+        self._fetching -= 1
+        if self._rows >= self.BATCH_ROWS or self._fetching <= 0:
+            self._read()
+        await future
+
+    def _read(self) -> None:
+        waiting, self._waiting, self._rows = self._waiting, [], 0
+        pages = [page for _, snapshot, _ in waiting for page in snapshot.pending_columns]
+        try:
+            results = parse_columns_many(pages)
+        except Exception as error:  # not expected (each page's own errors are results): no pull may wait forever,
+            for node, _, future in waiting:  # and each fails as its agent, not the whole pull
+                if not future.done():
+                    future.set_exception(ValueError(f"the snapshot of node {node!r} could not be read: {error!r}"))
+            return
+        position = 0
+        for node, snapshot, future in waiting:
+            mine = results[position : position + len(snapshot.pending_columns)]
+            position += len(snapshot.pending_columns)
+            snapshot.pending_columns = []
+            if future.done():  # its pull was cancelled
+                continue
+            failure = next((result for result in mine if isinstance(result, ValueError)), None)
+            if failure is not None:
+                future.set_exception(ValueError(f"agent for node {node!r} sent a malformed snapshot: {failure}"))
+                continue
+            parts = [result for result in mine if isinstance(result, SampleColumns)]
+            snapshot.rejected_samples += sum(part.rejected_rows for part in parts)
+            if snapshot.columns is not None:
+                parts.insert(0, snapshot.columns)
+            snapshot.columns = join(parts)
+            future.set_result(None)
+
+
+def _page_rows(page: Mapping[str, Any]) -> int:
+    """A columnar page's row count as sent (0 where it is not even shaped as one: its reading says why)."""
+    columns = page.get("columns")
+    times = columns.get("t") if isinstance(columns, dict) else None
+    return len(times) if isinstance(times, list) else 0

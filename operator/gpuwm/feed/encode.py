@@ -22,21 +22,14 @@ data saying "none"), a row in neither had no per-process data (null). The field 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from hashlib import blake2b
 from typing import Any
 
 import orjson
 
-from gpuwm.feed.schema import DEVICE_FIELDS, NUMBER_COLUMNS, PROCESS_FIELDS
-
-#: what a field left out of a row means (GpuSample's defaults)
-_DEVICE_DEFAULTS: dict[str, Any] = {"device_units": 1.0}
-
-
-def device_key(sample: Mapping[str, Any]) -> tuple[Any, ...]:
-    """A sample's `DEVICE_FIELDS` values (their defaults where left out): its `gpus` entry."""
-    return tuple(sample.get(name, _DEVICE_DEFAULTS.get(name)) for name in DEVICE_FIELDS)
+from gpuwm.feed.merge import MergeRequest, merge_polls
+from gpuwm.feed.schema import DEVICE_FIELDS, NUMBER_COLUMNS, PROCESS_FIELDS, device_key
 
 
 def sample_columns(samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -76,6 +69,43 @@ def sample_columns(samples: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     if processes["row"] or empty:
         result["processes"] = {**processes, "empty": empty}
     return result
+
+
+def answer_json(
+    head: Mapping[str, Any], samples: Sequence[bytes], pod_stats: Sequence[bytes], devices_json: bytes, *,
+    columns: bool = False, merge: MergeRequest | None = None, devices_tag: str | None = None,
+) -> bytes:
+    """An agent's answer to `/v1/snapshot` as JSON: `head` (node, seq, agent_id, truncated, more), the records
+    after `since` as the agent's buffer keeps them (each one's JSON) and its devices' JSON.
+
+    Rows (the default, for people): the records' JSON is spliced in as stored, without parsing it
+    again. `columns` (`format=columns`, what the controller reads): the samples as one array per
+    field (`sample_columns`), `gpus` and `devices` left out when they are those the controller
+    holds under `devices_tag` (`devices_members`). `merge`: runs of polls that the accounting
+    cannot tell apart go as one sample each (`gpuwm.feed.merge`).
+    """
+    head = dict(head)
+    parsed = None
+    if columns or merge is not None:
+        parsed = orjson.loads(b"[" + b",".join(samples) + b"]")
+        if merge is not None:
+            parsed = merge_polls(parsed, merge)
+    if columns:
+        head["format"] = "columns"
+        members = sample_columns(parsed or [])
+        gpus_json = orjson.dumps(members.pop("gpus"))
+        head.update(members)
+        samples_member = b""
+        device_members = devices_members(gpus_json, devices_json, devices_tag)
+    else:
+        samples_member = b',"samples":' + (orjson.dumps(parsed) if parsed is not None else
+                                           b"[" + b",".join(samples) + b"]")
+        device_members = b',"devices":' + devices_json
+    return b"".join((
+        orjson.dumps(head)[:-1], samples_member,
+        b',"pod_stats":[', b",".join(pod_stats), b"]",
+        device_members, b"}",
+    ))
 
 
 def devices_members(gpus_json: bytes, devices_json: bytes, known_tag: str | None) -> bytes:

@@ -48,7 +48,7 @@ from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
 
-from gpuwm.feed.encode import device_key
+from gpuwm.feed.schema import device_key
 
 #: figures merged as time-weighted means (over the polls that report them)
 MEAN_FIELDS = (

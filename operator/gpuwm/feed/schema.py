@@ -7,7 +7,8 @@ The envelope and its `devices` as pydantic models, and the field lists of the co
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,6 +24,16 @@ DEVICE_FIELDS = (
     "uuid", "node", "index", "model", "parent_uuid", "mig_profile", "device_units", "memory_total_bytes",
     "power_limit_watts",
 )
+#: what a device field left out of a row means (GpuSample's defaults)
+_DEVICE_DEFAULTS: dict[str, Any] = {"device_units": 1.0}
+
+
+def device_key(sample: Mapping[str, Any]) -> tuple[Any, ...]:
+    """A sample's `DEVICE_FIELDS` values (their defaults where left out): its `gpus` entry, and what tells a
+    device's polls apart when they are merged."""
+    return tuple(sample.get(name, _DEVICE_DEFAULTS.get(name)) for name in DEVICE_FIELDS)
+
+
 #: per-sample numbers, one array each (null where not reported)
 NUMBER_COLUMNS = (
     "seq", "sm_percent", "memory_used_bytes", "memory_activity_percent", "power_watts", "energy_joules",

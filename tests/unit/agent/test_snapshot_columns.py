@@ -1,4 +1,8 @@
-"""`/v1/snapshot?format=columns` from the agent's own buffer: the same samples as the row format."""
+"""`/v1/snapshot?format=columns` from the agent's own buffer: the same samples as the row format.
+
+Rows are for people (and the feed's schema, `AgentSnapshot`, reads them here); the controller's
+decoder reads columns only and refuses rows by name.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +12,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import orjson
+import pytest
 
 from gpuwm.agent.buffer import SAMPLE
 from gpuwm.agent.core import Agent
 from gpuwm.agent.metrics import MetricsRenderer
 from gpuwm.agent.server import AgentHTTPServer, serve_in_thread
 from gpuwm.config import Settings
-from gpuwm.feed import AgentDevice, MergeRequest
-from gpuwm.feed.decode import KnownDevices, parse_snapshot
+from gpuwm.feed import AgentDevice, AgentSnapshot, MergeRequest
+from gpuwm.feed.decode import FormatError, KnownDevices, parse_snapshot
 from gpuwm.model import GpuSample
 
 
@@ -54,9 +59,12 @@ def test_columns_and_rows_carry_the_same_samples() -> None:
         assert status == 200 and b'"samples":[' in rows
         status, columns = _get(base + "?since=2&format=columns")
         assert status == 200 and orjson.loads(columns)["format"] == "columns"
-        from_rows, from_columns = parse_snapshot(rows, "node-1"), parse_snapshot(columns, "node-1")
+        from_rows, from_columns = AgentSnapshot.model_validate_json(rows), parse_snapshot(columns, "node-1")
         assert from_columns.columns is not None and from_columns.seq == from_rows.seq == 6
         assert [from_columns.columns.sample(row) for row in range(4)] == from_rows.samples == samples[2:]
+        with pytest.raises(FormatError, match=r"^agent for node 'node-1' answered format=rows; the controller reads "
+                                              r"format=columns$"):
+            parse_snapshot(rows, "node-1")
         status, body = _get(base + "?format=parquet")
         assert status == 400 and b"format='parquet'" in body
 
@@ -78,7 +86,7 @@ def test_merged_rows_and_columns_carry_the_same_samples() -> None:
         assert status == 200
         status, columns = _get(base + "&format=columns" + merge)
         assert status == 200
-        from_rows, from_columns = parse_snapshot(rows, "node-1"), parse_snapshot(columns, "node-1")
+        from_rows, from_columns = AgentSnapshot.model_validate_json(rows), parse_snapshot(columns, "node-1")
         assert from_columns.columns is not None
         assert [from_columns.columns.sample(row) for row in range(3)] == from_rows.samples
         first, run, last = from_rows.samples

@@ -15,9 +15,9 @@ import pytest
 from aiohttp import web
 
 from gpuwm.accounting import Engine, EngineConfig
-from gpuwm.controller.pull.agents import AgentPuller, SampleIntake
+from gpuwm.controller.pull import AgentPuller, SampleIntake
 from gpuwm.feed import sample_columns
-from gpuwm.feed.decode import Snapshot, parse_snapshot
+from gpuwm.feed.decode import FormatError, parse_snapshot
 from gpuwm.model import GpuSample
 from tests.unit.accounting.helpers import pod
 
@@ -65,7 +65,7 @@ def test_every_field_of_every_sample_survives_the_round_trip(seed: int) -> None:
     samples = [_random_sample(rng, 100.0 + step + rng.random() * 0.01, step * 3 + index + 1, uuid)
                for step in range(20) for index, uuid in enumerate(("GPU-0", "GPU-1", "MIG-2"))]
     snapshot = parse_snapshot(_snapshot_bytes(samples), "n1")
-    assert snapshot.columns is not None and snapshot.samples == []
+    assert snapshot.columns is not None
     rebuilt = snapshot.columns.samples(list(range(len(samples))))
     assert rebuilt == samples
     assert [s.model_dump_json() for s in rebuilt] == [s.model_dump_json() for s in samples]  # types too (5 != 5.0)
@@ -105,12 +105,18 @@ def test_a_malformed_column_is_named_with_its_row(change: Any, says: str) -> Non
     assert says in str(raised.value)
 
 
-def test_rows_still_parse_and_pages_of_columns_join() -> None:
+def test_rows_are_refused_and_pages_of_columns_join() -> None:
+    """The controller reads one form: rows (the agent's default, for people) or any other are refused by name."""
     first = [GpuSample(t=2.0, node="n1", uuid="GPU-0", seq=1, processes=[{"pid": 1, "sm_percent": 3.0}])]
     second = [GpuSample(t=1.0, node="n1", uuid="GPU-1", seq=2, error="x", healthy=False,
                         processes=[{"pid": 2, "pod_uid": "p"}])]
-    rows = parse_snapshot({"node": "n1", "seq": 1, "samples": [first[0].model_dump()]}, "n1")
-    assert rows.columns is None and rows.samples == first
+    rows = {"node": "n1", "seq": 1, "samples": [first[0].model_dump()]}
+    for answer in (rows, orjson.dumps(rows)):
+        with pytest.raises(FormatError, match=r"^agent for node 'n1' answered format=rows; the controller reads "
+                                              r"format=columns$"):
+            parse_snapshot(answer, "n1")
+    with pytest.raises(FormatError, match=r"answered format=parquet; the controller reads format=columns"):
+        parse_snapshot(orjson.dumps({**orjson.loads(_snapshot_bytes(first)), "format": "parquet"}), "n1")
     joined = parse_snapshot(_snapshot_bytes(first, more=True), "n1").extend(parse_snapshot(_snapshot_bytes(second), "n1"))
     assert joined.columns is not None and joined.sample_count == 2 and joined.max_seq == 2
     assert [joined.columns.sample(row) for row in range(2)] == first + second
@@ -134,7 +140,9 @@ def _node_samples(rng: random.Random, node: str, start: float, seconds: int) -> 
     return samples
 
 
-def test_intake_from_columns_equals_intake_from_rows() -> None:
+def test_intake_from_columns_equals_the_engine_fed_sample_by_sample() -> None:
+    """The intake's batches of columns give the engine, `latest` and the counts what one sample at a time in time
+    order gives (the reference: `Engine.observe_sample`, each device's latest by time, later rows winning ties)."""
     rng = random.Random(3)
     engines = [Engine(EngineConfig()), Engine(EngineConfig())]
     for engine in engines:
@@ -142,19 +150,23 @@ def test_intake_from_columns_equals_intake_from_rows() -> None:
             engine.observe(pod(0.0, f"job-{node}", node=node, devices=[(f"GPU-{node}-0", 1.0), (f"GPU-{node}-1", 1.0)]))
             engine.observe(pod(0.0, f"shared-{node}", uid="pod-shared-0", node=node, devices=[(f"GPU-{node}-2", 0.5)]))
             engine.observe(pod(0.0, f"mig-{node}", node=node, devices=[(f"MIG-{node}", 1 / 7)]))
-    intakes = [SampleIntake(engine) for engine in engines]
+    intake = SampleIntake(engines[1])
+    latest: dict[str, GpuSample] = {}
+    fed = 0
     for cycle in range(4):
         for node in ("a", "b"):
             samples = _node_samples(rng, node, 1.0 + 15 * cycle, 15)
-            rows = Snapshot(node=node, seq=0, agent_id=None, samples=sorted(samples, key=lambda s: s.t), holders=[],
-                            pod_stats=[])
-            intakes[0].take(rows)
-            intakes[1].take(parse_snapshot(_snapshot_bytes(samples, node=node), node))
-        intakes[1].flush()
+            for sample in sorted(samples, key=lambda s: s.t):
+                engines[0].observe_sample(sample)
+                if sample.uuid not in latest or sample.t >= latest[sample.uuid].t:
+                    latest[sample.uuid] = sample
+            fed += len(samples)
+            intake.take(parse_snapshot(_snapshot_bytes(samples, node=node), node))
+        intake.flush()
     assert engines[1].report(70.0) == engines[0].report(70.0)
     assert engines[1].gpus(70.0) == engines[0].gpus(70.0)
-    assert intakes[1].latest == intakes[0].latest and len(intakes[1].latest) == 8
-    assert (intakes[1].samples, intakes[1].latest_time) == (intakes[0].samples, intakes[0].latest_time)
+    assert intake.latest == latest and len(intake.latest) == 8
+    assert (intake.samples, intake.latest_time) == (fed, max(sample.t for sample in latest.values()))
     assert {uuid: gpu.latest for uuid, gpu in engines[1].gpu_records.items()} == {
         uuid: gpu.latest for uuid, gpu in engines[0].gpu_records.items()}
 
@@ -313,7 +325,7 @@ async def test_a_pull_reads_columns_outside_its_connection_slot_and_a_bad_agent_
     """Pages wait to be read with other agents' outside the puller's connection slots: with 2 slots, an agent
     that answers only once every other agent was asked is still answered in time; a malformed agent fails alone,
     its `since` kept; the others' samples reach the intake (also when every page is read as soon as it waits)."""
-    from gpuwm.controller.pull.agents import ColumnBatch
+    from gpuwm.feed.decode import ColumnBatch
 
     rng = random.Random(5)
     nodes = [f"n{index}" for index in range(6)]

@@ -16,7 +16,7 @@ import pytest
 from aiohttp import web
 
 from gpuwm.accounting import Engine, EngineConfig
-from gpuwm.controller.pull.agents import AgentPuller, SampleIntake
+from gpuwm.controller.pull import AgentPuller, SampleIntake
 from gpuwm.feed import DEVICES_TAG_PARAM, columns_answer_json, sample_columns
 
 from .loopback import serving

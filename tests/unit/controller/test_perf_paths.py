@@ -15,11 +15,13 @@ import pytest
 
 from gpuwm.controller.state.gctuning import GC_THRESHOLDS, collect_cycle_garbage, tune_garbage_collector
 from gpuwm.controller.state.persistence import encode_state, load_state, save_state
+from gpuwm.feed import sample_columns
 from gpuwm.feed.decode import HolderCache, WrongNodeError, parse_snapshot
 
 
 def _payload(pod: str, node: str = "n1") -> dict[str, object]:
-    return {"node": node, "seq": 3, "samples": [{"t": 1.0, "node": node, "uuid": "GPU-1", "seq": 3, "sm_percent": 5}],
+    return {"node": node, "seq": 3, "format": "columns",
+            **sample_columns([{"t": 1.0, "node": node, "uuid": "GPU-1", "seq": 3, "sm_percent": 5}]),
             "devices": [{"uuid": "GPU-1", "podUid": f"uid-{pod}", "namespace": "ns", "pod": pod}]}
 
 

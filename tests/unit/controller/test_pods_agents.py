@@ -11,9 +11,10 @@ from gpuwm.accounting import Engine
 from gpuwm.config import DEFAULT_RESOURCE_NAMES
 from gpuwm.controller.kube.client import KubeApiError
 from gpuwm.controller.kube.ratelimit import TokenBucket
-from gpuwm.controller.pull.agents import PodAgents, SampleIntake, StaticAgents, parse_agents_spec
+from gpuwm.controller.pull import PodAgents, SampleIntake, StaticAgents, parse_agents_spec
 from gpuwm.controller.status.writer import Desired, StatusWriter
 from gpuwm.controller.watch.pods import MalformedPodError, device_allocations, pod_event, state_key, track_pod
+from gpuwm.feed import sample_columns
 from gpuwm.feed.decode import DeviceHolder, Snapshot, parse_snapshot
 from gpuwm.model.trace import TraceWorkload
 
@@ -87,17 +88,17 @@ def test_parse_agents_spec() -> None:
 
 def test_parse_snapshot_in_the_agents_format() -> None:
     snapshot = parse_snapshot({
-        "node": "n1", "seq": 7, "agent_id": "abc",
-        "samples": [{"t": 1.0, "node": "n1", "uuid": "GPU-1", "seq": 7, "sm_percent": 10}],
+        "node": "n1", "seq": 7, "agent_id": "abc", "format": "columns",
+        **sample_columns([{"t": 1.0, "node": "n1", "uuid": "GPU-1", "seq": 7, "sm_percent": 10}]),
         "devices": [{"uuid": "GPU-1", "device_id": "GPU-1", "units": 1, "namespace": "ns", "pod": "p",
                      "container": "c", "state": "active"},
                     {"uuid": "GPU-2", "device_id": "GPU-2", "units": 1, "state": "unallocated"}],
         "pod_stats": [],
     }, "n1")
-    assert (snapshot.seq, snapshot.agent_id, len(snapshot.samples)) == (7, "abc", 1)
+    assert (snapshot.seq, snapshot.agent_id, snapshot.sample_count) == (7, "abc", 1)
     assert [h.pod_key for h in snapshot.holders] == ["ns/p"]  # the unallocated GPU has no holder
     with pytest.raises(ValueError, match="'n1'"):
-        parse_snapshot({"samples": [{"t": "soon"}]}, "n1")
+        parse_snapshot({"format": "columns", **sample_columns([{"t": "soon"}])}, "n1")
 
 
 class RecordingClient:
@@ -267,9 +268,9 @@ def test_intake_keeps_the_agents_holders_when_equal_and_reports_no_change() -> N
     restored = {"n1": holders()}
     pulled = holders()
     intake = SampleIntake(Engine(), restored)
-    intake.take(Snapshot(node="n1", seq=1, agent_id=None, samples=[], holders=pulled, pod_stats=[]))
+    intake.take(Snapshot(node="n1", seq=1, agent_id=None, holders=pulled, pod_stats=[]))
     assert intake.changed_nodes == set()
     assert restored["n1"] is pulled
     moved = [DeviceHolder(uuid="GPU-1", pod_uid="p3", container="c0")]
-    intake.take(Snapshot(node="n1", seq=2, agent_id=None, samples=[], holders=moved, pod_stats=[]))
+    intake.take(Snapshot(node="n1", seq=2, agent_id=None, holders=moved, pod_stats=[]))
     assert intake.changed_nodes == {"n1"} and restored["n1"] is moved

@@ -8,16 +8,21 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp.connector
+import orjson
 import pytest
 from aiohttp import web
 
-from gpuwm.controller.pull.agents import AgentPuller
+from gpuwm.accounting import Engine
+from gpuwm.controller.pull import AgentPuller, SampleIntake
+from gpuwm.feed import answer_json, sample_columns
+from gpuwm.feed.decode import Snapshot
 
 from .loopback import serving
 
 
 class Agent:
-    """Pages of at most 2 samples, like the real agent's `limit`, with `more` when there is a rest."""
+    """Pages of at most 2 samples, like the real agent's `limit`, with `more` when there is a rest; encoded as the
+    agent encodes the columns the controller asks for (`gpuwm.feed.encode.answer_json`)."""
 
     def __init__(self) -> None:
         self.agent_id = "first"
@@ -37,8 +42,15 @@ class Agent:
         after = [s for s in self.samples if s["seq"] > since]
         page = after[:2]
         seq = page[-1]["seq"] if page else max([since, *(s["seq"] for s in self.samples)])
-        return web.json_response({"node": "n1", "seq": seq, "agent_id": self.agent_id, "more": len(after) > 2,
-                                  "samples": page, "pod_stats": [], "devices": []})
+        head = {"node": "n1", "seq": seq, "agent_id": self.agent_id, "truncated": False, "more": len(after) > 2}
+        body = answer_json(head, [orjson.dumps(sample) for sample in page], [], b"[]",
+                           columns=request.query.get("format") == "columns")
+        return web.Response(body=body, content_type="application/json")
+
+
+def _seqs(snapshot: Snapshot) -> list[int | None]:
+    assert snapshot.columns is not None
+    return [sample.seq for sample in snapshot.columns.samples(list(range(len(snapshot.columns))))]
 
 
 @pytest.fixture
@@ -54,11 +66,11 @@ async def test_pages_then_tracks_since(agent: tuple[Agent, str]) -> None:
     state, url = agent
     puller = AgentPuller(timeout_seconds=2)
     result = await puller.pull_all({"n1": url})
-    assert [s.seq for s in result.snapshots[0].samples] == [1, 2, 3, 4, 5]
+    assert _seqs(result.snapshots[0]) == [1, 2, 3, 4, 5]
     assert state.requests == [0, 2, 4] and puller.positions()["n1"]["since"] == 5
     state.samples.append(state.sample(6))
     result = await puller.pull_all({"n1": url})
-    assert [s.seq for s in result.snapshots[0].samples] == [6]
+    assert _seqs(result.snapshots[0]) == [6]
     await puller.close()
 
 
@@ -68,7 +80,7 @@ async def test_restarted_agent_is_read_from_the_start(agent: tuple[Agent, str]) 
     await puller.pull_all({"n1": url})
     state.agent_id, state.samples = "second", [state.sample(1)]
     result = await puller.pull_all({"n1": url})
-    assert [s.seq for s in result.snapshots[0].samples] == [1]
+    assert _seqs(result.snapshots[0]) == [1]
     assert puller.positions()["n1"] == {"since": 1, "agent_id": "second"}
     await puller.close()
 
@@ -84,15 +96,29 @@ async def test_timeout_gives_no_samples_and_one_warning(agent: tuple[Agent, str]
     await puller.close()
 
 
-async def test_each_snapshot_is_handed_over_in_time_order_and_not_kept(agent: tuple[Agent, str]) -> None:
+async def test_each_snapshot_is_handed_over_and_not_kept_and_the_intake_takes_it_in_time_order(
+    agent: tuple[Agent, str],
+) -> None:
     state, url = agent
     state.samples = [state.sample(seq) for seq in (1, 2, 3)]
     state.samples[0]["t"], state.samples[2]["t"] = 3.0, 1.0  # served in seq order, not time order
     handed: list[list[float]] = []
+    intake = SampleIntake(Engine())
+
+    def take(snapshot: Snapshot) -> None:
+        assert snapshot.columns is not None
+        handed.append(snapshot.columns.t.tolist())
+        intake.take(snapshot)
+
     puller = AgentPuller(timeout_seconds=2)
-    result = await puller.pull_all({"n1": url}, on_snapshot=lambda snapshot: handed.append([s.t for s in snapshot.samples]))
-    assert handed == [[1.0, 2.0, 3.0]]
-    assert result.snapshots[0].samples == [] and result.snapshots[0].seq == 3
+    try:
+        result = await puller.pull_all({"n1": url}, on_snapshot=take)
+    finally:
+        await puller.close()
+    intake.flush()
+    assert handed == [[3.0, 2.0, 1.0]]  # the agent's two pages joined, as served
+    assert intake.samples == 3 and intake.latest["GPU-1"].seq == 1 and intake.latest_time == 3.0
+    assert result.snapshots[0].columns is None and result.snapshots[0].seq == 3
     assert puller.positions()["n1"]["since"] == 3
     await puller.close()
 
@@ -102,7 +128,7 @@ async def test_the_connection_to_an_agent_outlives_a_status_interval(monkeypatch
 
     async def handle(request: web.Request) -> web.Response:
         peers.append(request.transport.get_extra_info("peername") if request.transport else None)
-        return web.json_response({"node": "n1", "seq": 0, "samples": [], "devices": []})
+        return web.json_response({"node": "n1", "seq": 0, "format": "columns", **sample_columns([]), "devices": []})
 
     app = web.Application()
     app.router.add_get("/v1/snapshot", handle)

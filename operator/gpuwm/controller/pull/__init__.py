@@ -1,18 +1,20 @@
-"""Agents → controller intake: which agents exist, pulling their snapshots, checking and decoding them.
+"""Agents → controller intake: which agents exist, pulling their snapshots, feeding them to the engine.
 
-The pull ends in a `SampleBatch` for the engine and the device holders each agent names; the
-counters of what was refused are exported from here too. This room imports no other room.
+`agents` finds and pulls the agents (the feed's decoder, `gpuwm.feed.decode`, reads each
+answer); `intake` feeds the decoded samples to the engine and keeps the device holders each
+agent names; `intake_metrics` exports the counters of what was refused. This room imports no
+other room.
 """
 
 from gpuwm.controller.pull.agents import (
     AgentPuller,
     PodAgents,
-    SampleIntake,
     StaticAgents,
     agent_url_of_pod,
     index_holders,
     parse_agents_spec,
 )
+from gpuwm.controller.pull.intake import SampleIntake
 from gpuwm.controller.pull.intake_metrics import EngineCollector, IntakeCollector
 from gpuwm.feed.decode import DeviceHolder
 

@@ -1,14 +1,15 @@
-"""Agent discovery, the `/v1/snapshot` puller and the intake of its samples into the engine.
+"""Agent discovery and the `/v1/snapshot` puller.
 
-Every status interval the controller pulls each agent concurrently with a timeout and
-feeds what came back to the engine. `since` is tracked per agent, so each pull returns
+Every status interval the controller pulls each agent concurrently with a timeout and hands
+each agent's snapshot to the intake (`gpuwm.controller.pull.intake`) as it arrives. `since` is tracked per agent, so each pull returns
 only new samples; an agent whose `seq` went backwards restarted and is read again from
 the start. An agent that does not answer yields no samples, so its GPUs become
 unmonitored (the engine's rule for gaps), never idle.
 
 An answer is read by the feed's decoder (`gpuwm.feed.decode`), which refuses what an agent
-must not send (another node's snapshot, a sample with NaN or ±Infinity); the puller counts
-both (`AgentPuller.rejected_snapshots`, `.rejected_samples`) and logs them.
+must not send (an answer in another form than columns, another node's snapshot, a sample with
+NaN or ±Infinity); the puller counts them (`AgentPuller.rejected_snapshots`, `.rejected_samples`)
+and logs them.
 """
 
 from __future__ import annotations
@@ -18,34 +19,28 @@ import logging
 import ssl
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from operator import attrgetter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-import numpy
 from yarl import URL
 
 from gpuwm import __version__
-from gpuwm.accounting import Engine
 from gpuwm.feed import DEVICES_TAG_MAX_LENGTH, MergeRequest
 from gpuwm.feed.decode import (
+    COLUMNS_FORMAT,
+    ColumnBatch,
     DeviceHolder,
+    FormatError,
     HolderCache,
     KnownDevices,
-    SampleColumns,
     Snapshot,
     WrongNodeError,
-    join,
-    parse_columns_many,
     parse_snapshot,
 )
-from gpuwm.model.sample import GpuSample
 
 logger = logging.getLogger(__name__)
-
-_sample_time = attrgetter("t")
 
 
 @dataclass(frozen=True)
@@ -122,79 +117,7 @@ MAX_PAGES_PER_PULL = 20
 #: reasons of `AgentPuller.rejected_samples` and `.rejected_snapshots`
 NOT_FINITE = "not-finite"
 WRONG_NODE = "wrong-node"
-
-
-class ColumnBatch:
-    """Agents' `format=columns` pages read together (`parse_columns_many`), not one agent at a time.
-
-    A pull's snapshot waits here once all its pages are in. The waiting pages are read when
-    they reach `BATCH_ROWS` rows, or when no other pull of the round is still fetching: a slow
-    or dead agent holds up only its own pull (its connection slot is free meanwhile). A page
-    that is malformed fails its own agent only, with the error `parse_snapshot` would give.
-    """
-
-    #: rows read at once: some 85 agents' merged 15 s pulls, numpy's fixed cost paid once for them
-    BATCH_ROWS = 2048
-
-    def __init__(self) -> None:
-        self._fetching = 0
-        self._waiting: list[tuple[str, Snapshot, asyncio.Future[None]]] = []
-        self._rows = 0
-
-    def started(self) -> None:
-        """A pull began (each pull then calls `read` or `stopped`, once)."""
-        self._fetching += 1
-
-    def stopped(self) -> None:
-        """A pull that will not wait here ended (it failed, or had no columns)."""
-        self._fetching -= 1
-        if self._fetching <= 0 and self._waiting:
-            self._read()
-
-    async def read(self, node: str, snapshot: Snapshot) -> None:
-        """Fill `snapshot.columns` from its pending pages; ValueError naming `node` for a malformed one."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((node, snapshot, future))
-        self._rows += sum(map(_page_rows, snapshot.pending_columns))
-        self._fetching -= 1
-        if self._rows >= self.BATCH_ROWS or self._fetching <= 0:
-            self._read()
-        await future
-
-    def _read(self) -> None:
-        waiting, self._waiting, self._rows = self._waiting, [], 0
-        pages = [page for _, snapshot, _ in waiting for page in snapshot.pending_columns]
-        try:
-            results = parse_columns_many(pages)
-        except Exception as error:  # not expected (each page's own errors are results): no pull may wait forever,
-            for node, _, future in waiting:  # and each fails as its agent, not the whole pull
-                if not future.done():
-                    future.set_exception(ValueError(f"the snapshot of node {node!r} could not be read: {error!r}"))
-            return
-        position = 0
-        for node, snapshot, future in waiting:
-            mine = results[position : position + len(snapshot.pending_columns)]
-            position += len(snapshot.pending_columns)
-            snapshot.pending_columns = []
-            if future.done():  # its pull was cancelled
-                continue
-            failure = next((result for result in mine if isinstance(result, ValueError)), None)
-            if failure is not None:
-                future.set_exception(ValueError(f"agent for node {node!r} sent a malformed snapshot: {failure}"))
-                continue
-            parts = [result for result in mine if isinstance(result, SampleColumns)]
-            snapshot.rejected_samples += sum(part.rejected_rows for part in parts)
-            if snapshot.columns is not None:
-                parts.insert(0, snapshot.columns)
-            snapshot.columns = join(parts)
-            future.set_result(None)
-
-
-def _page_rows(page: Mapping[str, Any]) -> int:
-    """A columnar page's row count as sent (0 where it is not even shaped as one: its reading says why)."""
-    columns = page.get("columns")
-    times = columns.get("t") if isinstance(columns, dict) else None
-    return len(times) if isinstance(times, list) else 0
+WRONG_FORMAT = "wrong-format"
 
 
 #: the largest body read from one agent: a page of the agent's feed is at most a few MB
@@ -225,7 +148,7 @@ class AgentPuller:
         self._ssl: ssl.SSLContext | bool = True if ssl_context is None else ssl_context  # https: system CAs by default
         self._session: aiohttp.ClientSession | None = None
         #: what the agents are asked to merge (gpuwm.feed.merge); an agent that does not know it sends every poll
-        self._query_tail = "&format=columns" + ("" if merge is None else merge.query())
+        self._query_tail = f"&format={COLUMNS_FORMAT}" + ("" if merge is None else merge.query())
         self.state: dict[str, AgentState] = {}
         self._holder_cache: HolderCache = {}
         #: each agent's devices under the tag it gave them: asked for with it, an agent leaves them out unchanged
@@ -364,9 +287,8 @@ class AgentPuller:
         state.failures = 0
         state.warned = False
         if on_snapshot is not None:
-            snapshot.samples.sort(key=_sample_time)  # an agent serves in seq order; the engine wants time order
-            on_snapshot(snapshot)  # columns: `SampleIntake.take` puts them in time order
-            snapshot.samples, snapshot.columns = [], None
+            on_snapshot(snapshot)  # `SampleIntake.take` puts the columns in time order
+            snapshot.columns = None
         return snapshot
 
     def _failed(self, node: str, base_url: str, error: BaseException) -> None:
@@ -377,12 +299,18 @@ class AgentPuller:
         self._known_devices.pop(node, None)
         if isinstance(error, WrongNodeError):
             self.rejected_snapshots[WRONG_NODE] += 1
+        elif isinstance(error, FormatError):
+            self.rejected_snapshots[WRONG_FORMAT] += 1
         state = self.state[node]
         state.failures += 1
         if not state.warned:  # one warning per outage, not one per interval
             if isinstance(error, WrongNodeError):
                 logger.warning("%s; its snapshots are dropped and the GPUs of %s unmonitored until it answers for "
                                "%s (check --agents)", error, node, node, extra={"node": node, "url": base_url})
+            elif isinstance(error, FormatError):
+                logger.warning("%s (%s); its snapshots are dropped and the GPUs of %s unmonitored until it answers "
+                               "in columns (an agent older than the columnar feed: upgrade it)", error, base_url,
+                               node, extra={"node": node, "url": base_url})
             else:
                 logger.warning("agent on %s at %s did not answer (%r); its GPUs are unmonitored until it does",
                                node, base_url, error, extra={"node": node, "url": base_url})
@@ -390,7 +318,6 @@ class AgentPuller:
         return None
 
     async def _fetch(self, node: str, base_url: str, since: int) -> Snapshot:
-        # an agent older than the columnar feed ignores `format` and answers rows: parse_snapshot reads both
         known = self._known_devices.get(node)
         tag = "" if known is None else known.query
         status, payload = await self.get(base_url, f"/v1/snapshot?since={since}{self._query_tail}{tag}")
@@ -419,118 +346,6 @@ def agent_url_of_pod(pod: Mapping[str, Any], port: int) -> tuple[str, str] | Non
     if named or declared:  # the port the agent pod declares wins over the default
         port = int((named or declared)[0]["containerPort"])
     return str(node), f"http://{host}:{port}"
-
-
-class SampleIntake:
-    """Feeds the agents' snapshots to the engine as they arrive (see `AgentPuller.pull_all`).
-
-    Keeps what the rest of the cycle needs of the samples: each device's latest one (what the
-    store's rows and the CR's `gpus[]` read), the newest sample time, and the nodes whose
-    device holders changed. Samples of one agent go in time order; the engine places
-    samples of different agents exactly whatever their order (within its late window).
-
-    Columnar snapshots wait (as arrays, a fraction of a GpuSample each) until `flush()` or until
-    `FLUSH_ROWS` are waiting, and go to the engine as one batch: its vectorised path pays
-    for its fixed cost over many agents, not per agent. The engine sees the same samples in
-    the same order as one snapshot at a time. Call `flush()` once the pull is done.
-    """
-
-    #: a batch this long amortises numpy's fixed cost; a longer one raises the controller's peak memory by the
-    #: engine's per-row intermediates at no saving of CPU (bench/README.md, bench/controller.py --phase-peaks)
-    FLUSH_ROWS = 5_000
-
-    def __init__(self, engine: Engine, holders_by_node: dict[str, list[DeviceHolder]] | None = None) -> None:
-        self.engine = engine
-        self.holders_by_node = {} if holders_by_node is None else holders_by_node
-        self.latest: dict[str, GpuSample] = {}
-        self.latest_time: float | None = None
-        self.changed_nodes: set[str] = set()
-        self.samples = 0
-        self.cpu_seconds = 0.0
-        self._waiting: list[SampleColumns] = []
-        self._waiting_rows = 0
-
-    def take(self, snapshot: Snapshot) -> None:
-        started = time.thread_time()
-        known_holders = self.holders_by_node.get(snapshot.node)
-        if snapshot.holders is not known_holders:
-            if snapshot.holders != known_holders:
-                self.changed_nodes.add(snapshot.node)
-            # kept even when equal: the puller hands back the same list while the agent's devices do not change,
-            # so later pulls compare by identity. Restored holders (a restart) are equal, not the same: kept,
-            # they cost a field-by-field comparison of every holder on every pull
-            self.holders_by_node[snapshot.node] = snapshot.holders
-        if snapshot.samples:
-            self._flush()  # what came earlier goes in first
-            observe, latest = self.engine.observe_sample, self.latest
-            for sample in snapshot.samples:
-                observe(sample)
-                known = latest.get(sample.uuid)
-                if known is None or sample.t >= known.t:
-                    latest[sample.uuid] = sample
-            self.samples += len(snapshot.samples)
-            self._newest(snapshot.samples[-1].t)
-        if snapshot.columns is not None and len(snapshot.columns):
-            columns = snapshot.columns
-            if not columns.in_time_order():  # an agent serves in seq order; the engine wants time order
-                columns = columns.take(columns.time_order())
-            self._waiting.append(columns)
-            self._waiting_rows += len(columns)
-            if self._waiting_rows >= self.FLUSH_ROWS:
-                self._flush()
-        self.cpu_seconds += time.thread_time() - started
-
-    def flush(self) -> None:
-        """Feed the engine what waits; the pull is over (or the next rows must go after these)."""
-        started = time.thread_time()
-        self._flush()
-        self.cpu_seconds += time.thread_time() - started
-
-    def _flush(self) -> None:
-        if not self._waiting:
-            return
-        columns = join(self._waiting)
-        self._waiting, self._waiting_rows = [], 0
-        built: dict[int, GpuSample] = {}
-
-        def sample(row: int) -> GpuSample:  # the engine and `latest` share one object per row
-            found = built.get(row)
-            if found is None:
-                found = built[row] = columns.sample(row)
-            return found
-
-        identity = numpy.arange(len(columns), dtype=numpy.int64)
-        uuids = [device.uuid for device in columns.devices]
-        by_uuid = {uuid: position for position, uuid in enumerate(dict.fromkeys(uuids))}
-        ids = numpy.array([by_uuid[uuid] for uuid in uuids], dtype=numpy.int64)[columns.gpu]
-        # each device's latest: its latest time, of equal times the later row (as `t >= known.t` row by row);
-        # built at once, before the engine asks for (mostly) the same rows
-        ranked = numpy.lexsort((identity, columns.t, ids))
-        last = ranked[numpy.flatnonzero(numpy.append(ids[ranked][1:] != ids[ranked][:-1], True))].tolist()
-        built.update(zip(last, columns.samples(last), strict=True))
-        batch = columns.batch(identity)
-        self.engine.observe_samples(replace(batch, sample=sample))
-        latest, ts = self.latest, batch.t
-        for row in last:
-            uuid = uuids[int(columns.gpu[row])]
-            known = latest.get(uuid)
-            if known is None or ts[row] >= known.t:
-                latest[uuid] = sample(row)
-        self.samples += len(ids)
-        self._newest(float(columns.t.max()))
-
-    def _newest(self, t: float) -> None:
-        if self.latest_time is None or t > self.latest_time:
-            self.latest_time = t
-
-
-def sorted_samples(snapshots: Sequence[Snapshot]) -> list[GpuSample]:
-    """All samples of one pull in time order, the order the engine wants them (columns made GpuSample objects)."""
-    samples = [sample for snap in snapshots for sample in snap.samples]
-    for snap in snapshots:
-        if snap.columns is not None:
-            samples += snap.columns.samples(list(range(len(snap.columns))))
-    return sorted(samples, key=_sample_time)
 
 
 def index_holders(holders_by_node: Mapping[str, list[DeviceHolder]]) -> dict[str, list[DeviceHolder]]:

@@ -2,7 +2,8 @@
 
 `gpuwm_controller_rejected_samples_total{reason}` counts samples dropped from agents' snapshots
 (`not-finite`: NaN or ±Infinity in a number), `gpuwm_controller_rejected_snapshots_total{reason}`
-whole snapshots (`wrong-node`: an agent that answered for another node than the one pulled).
+whole snapshots (`wrong-node`: an agent that answered for another node than the one pulled;
+`wrong-format`: one that answered in another form than the columns the controller reads).
 A falling count of samples says nothing; a rising one says an agent sends figures that cannot be
 used, and its GPUs' time goes unmonitored meanwhile.
 
@@ -18,11 +19,11 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from gpuwm.accounting import Engine
-from gpuwm.controller.pull.agents import NOT_FINITE, WRONG_NODE, AgentPuller
+from gpuwm.controller.pull.agents import NOT_FINITE, WRONG_FORMAT, WRONG_NODE, AgentPuller
 
 #: the reasons always exported (at 0 before any), so an alert on a rate has a series from the start
 _SAMPLE_REASONS = (NOT_FINITE,)
-_SNAPSHOT_REASONS = (WRONG_NODE,)
+_SNAPSHOT_REASONS = (WRONG_FORMAT, WRONG_NODE)
 
 
 class IntakeCollector(Collector):
@@ -39,7 +40,8 @@ class IntakeCollector(Collector):
                        "Samples dropped from agents' snapshots, by reason (not-finite: NaN or infinity in a number).",
                        samples, _SAMPLE_REASONS)
         yield _counter("gpuwm_controller_rejected_snapshots",
-                       "Agents' snapshots dropped whole, by reason (wrong-node: it named another node than pulled).",
+                       "Agents' snapshots dropped whole, by reason (wrong-node: it named another node than pulled; "
+                       "wrong-format: it answered in another form than columns).",
                        snapshots, _SNAPSHOT_REASONS)
 
 
