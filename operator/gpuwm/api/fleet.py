@@ -5,19 +5,24 @@ running workload holds come with its latest figures (health, monitoring, activit
 the devices nobody holds come from the store's per-device series over the last few status intervals (a
 device without a utilisation point there is unmonitored). Stand-in devices (`unnamed/…`, a pod's GPUs no
 agent has named yet) are not GPUs of the fleet: their units show on the node as `unnamedUnits`.
+
+The devices' series are read in one query where the store answers them all at once, else node by node
+(`FleetReader`): a fleet of more devices than the store's series limit (8,000 GPUs) answers as a small
+one, each store read holding at most one node's devices, and a page of a list reads only its nodes.
 The routes are in gpuwm.api.routes.fleet.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Literal, get_args
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from gpuwm.api.params import decode_continue, encode_continue
 from gpuwm.model.figures import GpuFigures, WorkloadFigures
-from gpuwm.store.base import RangeQuery, Series, Store
+from gpuwm.store.base import QueryError, RangeQuery, Series, Store
 
 #: a device's latest figures are looked for in this many status intervals before the store's latest time
 RECENT_INTERVALS = 4
@@ -36,6 +41,8 @@ _LATEST_METRICS = (
     "gpu_power_watts",
     "gpu_allocated",
 )
+#: the most devices or nodes one page of GET /api/v1/gpus or /api/v1/nodes lists (`limit`)
+MAX_PAGE_ITEMS = 5000
 
 
 class _Camel(BaseModel):
@@ -87,14 +94,22 @@ class NodeView(_Camel):
     last_sample_time: float | None = None
 
 
+_CONTINUE = Field(
+    default=None, alias="continue",
+    description="Where the list was cut at `limit`: pass it as `continue` for the next page; null on the last.",
+)
+
+
 class GpuList(_Camel):
     at: float | None = Field(description="The store's latest time: what `now` is for these states.")
     gpus: list[GpuView]
+    continue_: str | None = _CONTINUE
 
 
 class NodeList(_Camel):
     at: float | None
     nodes: list[NodeView]
+    continue_: str | None = _CONTINUE
 
 
 def holder_state(gpu: GpuFigures) -> GpuState:
@@ -121,15 +136,18 @@ def _latest_of(by_metric: dict[str, Series], metric: str) -> float | None:
 
 
 def build_fleet(
-    workloads: Iterable[WorkloadFigures], recent: Sequence[Series], at: float | None
+    workloads: Iterable[WorkloadFigures], recent: Sequence[Series], at: float | None, node: str | None = None
 ) -> tuple[list[GpuView], dict[str, float]]:
-    """Every device now, and the stand-in units per node. Pure: the tests call it with figures they made."""
+    """Every device now (of `node` only, where given), and the stand-in units per node. Pure: the tests call
+    it with figures they made."""
     held: dict[str, list[GpuFigures]] = {}
     unnamed: dict[str, float] = {}
     for workload in workloads:
         if workload.end_time is not None or workload.allocated_gpus <= 0:
             continue
         for gpu in workload.gpus:
+            if node is not None and gpu.node != node:
+                continue
             if gpu.uuid.startswith(UNNAMED_DEVICE_PREFIX):
                 unnamed[gpu.node] = unnamed.get(gpu.node, 0.0) + gpu.units
             else:
@@ -175,9 +193,12 @@ def build_fleet(
             last_sample_time=sampled_at,
         )
     _link_mig(views)
-    ordered = sorted(views.values(), key=lambda v: (v.node, v.index if v.index is not None else -1,
-                                                    v.mig_parent is False, v.uuid))
-    return ordered, unnamed
+    return sorted(views.values(), key=gpu_order), unnamed
+
+
+def gpu_order(view: GpuView) -> tuple[str, int, bool, str]:
+    """The lists' order: by node and index, a MIG parent before its instances."""
+    return view.node, view.index if view.index is not None else -1, view.mig_parent is False, view.uuid
 
 
 def _link_mig(views: dict[str, GpuView]) -> None:
@@ -221,12 +242,143 @@ def build_nodes(gpus: Sequence[GpuView], unnamed: dict[str, float]) -> list[Node
     return nodes
 
 
+class FleetReader:
+    """The fleet now, node by node (blocking: run off the loop).
+
+    The running workloads are read once; the devices' recent series in one cluster query where the store
+    answers it, else one query per node as a node is asked for, so that no read holds more than one node's
+    devices beyond the store's series limit and a page reads only the nodes it lists.
+    """
+
+    def __init__(self, store: Store, status_interval_seconds: float) -> None:
+        self._store = store
+        self.at = store.latest_time()
+        self._step = max(status_interval_seconds, 1.0)
+        #: the running workloads holding a device on each node
+        self._holders: dict[str, list[WorkloadFigures]] = {}
+        #: the recent series by node, where one query answered them all; None: read per node
+        self._recent: dict[str, list[Series]] | None = None
+        if self.at is None:
+            self.nodes: list[str] = []
+            return
+        for workload in store.workloads():
+            if workload.end_time is None and workload.allocated_gpus > 0:
+                for name in {gpu.node for gpu in workload.gpus}:
+                    self._holders.setdefault(name, []).append(workload)
+        names = set(self._holders)
+        try:
+            recent = store.query_range(self._query("cluster", ""))
+        except QueryError:  # more series than one query may answer: each node's own
+            names.update(store.nodes())
+        else:
+            self._recent = {}
+            for series in recent:
+                self._recent.setdefault(series.labels.get("node", ""), []).append(series)
+            names.update(self._recent)
+        #: every node that may have a device or stand-in units now, in the lists' order
+        self.nodes = sorted(names)
+
+    def _query(self, scope: Literal["cluster", "node"], key: str) -> RangeQuery:
+        assert self.at is not None
+        return RangeQuery(scope, key, _LATEST_METRICS, self.at - RECENT_INTERVALS * self._step, self.at, self._step,
+                          "gpu")
+
+    def node(self, name: str) -> tuple[list[GpuView], float | None]:
+        """One node's devices now and its stand-in units (None: no pod holds units of unnamed devices there)."""
+        if self._recent is not None:
+            recent = self._recent.get(name, [])
+        else:
+            recent = self._store.query_range(self._query("node", name))
+        gpus, unnamed = build_fleet(self._holders.get(name, ()), recent, self.at, node=name)
+        return [gpu for gpu in gpus if gpu.node == name], unnamed.get(name)
+
+    def devices(self, after: tuple[str, int, bool, str] | None = None) -> Iterator[GpuView]:
+        """Every device now in the lists' order (after the one whose `gpu_order` is `after`), a node at a time."""
+        for name in self.nodes:
+            if after is not None and name < after[0]:
+                continue
+            gpus, _unnamed = self.node(name)
+            yield from (gpu for gpu in gpus if after is None or gpu_order(gpu) > after)
+
+    def holder_node(self, uuid: str) -> str | None:
+        """The node of a device a running workload holds (found without reading any series)."""
+        for name, workloads in self._holders.items():
+            if any(gpu.uuid == uuid for workload in workloads for gpu in workload.gpus if gpu.node == name):
+                return name
+        return None
+
+
 def read_fleet(store: Store, status_interval_seconds: float) -> tuple[float | None, list[GpuView], dict[str, float]]:
     """The store's latest time, every device then, and stand-in units per node (blocking: run off the loop)."""
-    at = store.latest_time()
-    if at is None:
-        return None, [], {}
-    step = max(status_interval_seconds, 1.0)
-    query = RangeQuery("cluster", "", _LATEST_METRICS, at - RECENT_INTERVALS * step, at, step, "gpu")
-    gpus, unnamed = build_fleet(store.workloads(), store.query_range(query), at)
-    return at, gpus, unnamed
+    reader = FleetReader(store, status_interval_seconds)
+    gpus: list[GpuView] = []
+    unnamed: dict[str, float] = {}
+    for name in reader.nodes:
+        mine, stand_ins = reader.node(name)
+        gpus += mine
+        if stand_ins is not None:
+            unnamed[name] = stand_ins
+    return reader.at, gpus, unnamed
+
+
+def _gpu_cursor(key: Any) -> tuple[str, int, bool, str]:
+    node, index, whole, uuid = key
+    if not isinstance(index, int) or not isinstance(whole, bool):
+        raise TypeError(key)
+    return str(node), index, whole, str(uuid)
+
+
+def _node_cursor(key: Any) -> str:
+    (name,) = key
+    if not isinstance(name, str):
+        raise TypeError(key)
+    return name
+
+
+def page_of_gpus(
+    store: Store, status_interval_seconds: float, node: str | None, state: str | None, limit: int | None,
+    cursor: str | None,
+) -> GpuList:
+    """The devices now (of `node`, in `state`, where given): `limit` of them after `cursor` and the next page's
+    token, reading only the nodes the page lists (blocking: run off the loop)."""
+    after = decode_continue(cursor, _gpu_cursor) if cursor is not None else None
+    reader = FleetReader(store, status_interval_seconds)
+    if node is not None:
+        reader.nodes = [name for name in reader.nodes if name == node]
+    page: list[GpuView] = []
+    for gpu in reader.devices(after):
+        if state is not None and gpu.state != state:
+            continue
+        if limit is not None and len(page) == limit:
+            return GpuList(at=reader.at, gpus=page, continue_=encode_continue(gpu_order(page[-1])))
+        page.append(gpu)
+    return GpuList(at=reader.at, gpus=page)
+
+
+def page_of_nodes(store: Store, status_interval_seconds: float, limit: int | None, cursor: str | None) -> NodeList:
+    """The GPU nodes now: `limit` of them after `cursor` and the next page's token (blocking: run off the loop)."""
+    after = decode_continue(cursor, _node_cursor) if cursor is not None else None
+    reader = FleetReader(store, status_interval_seconds)
+    nodes: list[NodeView] = []
+    for name in reader.nodes:
+        if after is not None and name <= after:
+            continue
+        gpus, unnamed = reader.node(name)
+        if not gpus and unnamed is None:  # a node the store keeps series of, none of them recent: not listed
+            continue
+        if limit is not None and len(nodes) == limit:
+            return NodeList(at=reader.at, nodes=nodes, continue_=encode_continue([nodes[-1].name]))
+        nodes += build_nodes(gpus, {name: unnamed} if unnamed is not None else {})
+    return NodeList(at=reader.at, nodes=nodes)
+
+
+def find_gpu(store: Store, status_interval_seconds: float, uuid: str) -> GpuView | None:
+    """One device now: from its holder's node where a running workload holds it, else node by node until
+    found (blocking: run off the loop)."""
+    reader = FleetReader(store, status_interval_seconds)
+    held_on = reader.holder_node(uuid)
+    for name in [held_on] if held_on is not None else reader.nodes:
+        found = next((gpu for gpu in reader.node(name)[0] if gpu.uuid == uuid), None)
+        if found is not None:
+            return found
+    return None

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
-from typing import cast, get_args
+from typing import Any, TypeVar, cast, get_args
 
 from gpuwm.config import parse_duration_seconds
 from gpuwm.store.base import MAX_POINTS_PER_SERIES, METRIC_INDEX, METRIC_NAMES, Breakdown
@@ -19,6 +22,7 @@ _SHORTEST_STEP_SECONDS = 0.001
 _LONGEST_STEP_SECONDS = _LATEST_SECONDS
 DEFAULT_STEP_SECONDS = 15.0
 BREAKDOWNS: tuple[str, ...] = get_args(Breakdown)
+_Key = TypeVar("_Key")
 
 
 class BadParameter(ValueError):
@@ -140,3 +144,20 @@ def choose_range(
             "use a coarser step or a shorter range",
         )
     return chosen_start, chosen_end, step
+
+
+def encode_continue(key: Sequence[str | float | bool]) -> str:
+    """The opaque `continue` token of a list cut at `limit`: the sort key of the page's last item, so the next
+    page starts after it even where items came or went in between."""
+    return base64.urlsafe_b64encode(json.dumps(list(key)).encode()).decode().rstrip("=")
+
+
+def decode_continue(token: str, read: Callable[[Any], _Key]) -> _Key:
+    """The sort key `token` carries, as `read` makes it of the decoded JSON; a token this API did not give
+    (not base64 JSON, or a key `read` refuses with ValueError, TypeError or LookupError) is refused by name."""
+    try:
+        return read(json.loads(base64.urlsafe_b64decode((token + "=" * (-len(token) % 4)).encode())))
+    except (ValueError, TypeError, LookupError, binascii.Error):
+        raise BadParameter(
+            "continue", f"{token[:40]!r} is not a token this API gave; pass the `continue` of the previous page"
+        ) from None

@@ -9,15 +9,13 @@ The routes are in gpuwm.api.routes.workloads.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from fastapi.responses import Response
 
 from gpuwm.api.http import metrics_json
-from gpuwm.api.params import BadParameter, parse_bool, parse_breakdown
+from gpuwm.api.params import BadParameter, decode_continue, encode_continue, parse_bool, parse_breakdown
 from gpuwm.api.ranks import rank_pods
 from gpuwm.api.schemas import PodIdentity, WorkloadIdentity
 from gpuwm.model.figures import WorkloadFigures
@@ -114,18 +112,16 @@ def _run_key(workload: WorkloadFigures) -> tuple[str, str, float, str]:
 
 def encode_cursor(workload: WorkloadFigures) -> str:
     """The opaque `continue` token: the last run of a page, as its sort key."""
-    return base64.urlsafe_b64encode(json.dumps(list(_run_key(workload))).encode()).decode().rstrip("=")
+    return encode_continue(_run_key(workload))
+
+
+def _run_cursor(key: Any) -> tuple[str, str, float, str]:
+    namespace, name, created, uid = key
+    return str(namespace), str(name), float(created), str(uid)
 
 
 def decode_cursor(token: str) -> tuple[str, str, float, str]:
-    try:
-        padded = token + "=" * (-len(token) % 4)
-        namespace, name, created, uid = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        return str(namespace), str(name), float(created), str(uid)
-    except (ValueError, TypeError, binascii.Error):
-        raise BadParameter(
-            "continue", f"{token[:40]!r} is not a token this API gave; pass the `continue` of the previous page"
-        ) from None
+    return decode_continue(token, _run_cursor)
 
 
 def page_of_runs(

@@ -8,7 +8,16 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from gpuwm.api.fleet import GPU_STATES, GpuList, GpuState, NodeList, build_nodes, read_fleet
+from gpuwm.api.fleet import (
+    GPU_STATES,
+    MAX_PAGE_ITEMS,
+    GpuList,
+    GpuState,
+    NodeList,
+    find_gpu,
+    page_of_gpus,
+    page_of_nodes,
+)
 from gpuwm.api.http import ERRORS, NOT_FOUND, NotFound, check_parameters, metrics_json
 from gpuwm.api.params import parse_breakdown
 from gpuwm.api.routes.context import CallerOf, Context
@@ -49,13 +58,21 @@ async def cluster_metrics(context: Context, caller: CallerOf, params: ScopeRange
     return await answer_range(context, params, target)
 
 
+Limit = Annotated[
+    int | None, Query(description=f"At most this many (1 .. {MAX_PAGE_ITEMS}); unset: all.", ge=1, le=MAX_PAGE_ITEMS)
+]
+Continue = Annotated[str | None, Query(alias="continue", description="The previous page's `continue`: the next page.")]
+
+
 @router.get("/api/v1/nodes", response_model=NodeList, responses=ERRORS, tags=["fleet"])
-async def list_nodes(request: Request, context: Context, caller: CallerOf) -> NodeList:
-    """Every GPU node now: its devices per state, units held and free, models; needs cluster-wide access."""
-    check_parameters(request, set())
+async def list_nodes(
+    request: Request, context: Context, caller: CallerOf, limit: Limit = None, continue_: Continue = None
+) -> NodeList:
+    """Every GPU node now: its devices per state, units held and free, models; needs cluster-wide access.
+    Paged by name with `limit` and `continue`."""
+    check_parameters(request, {"limit", "continue"}, multi=())
     await caller.require(None)
-    at, gpus, unnamed = await context.blocking(read_fleet, context.store, context.settings.status_interval)
-    return NodeList(at=at, nodes=build_nodes(gpus, unnamed))
+    return await context.blocking(page_of_nodes, context.store, context.settings.status_interval, limit, continue_)
 
 
 @router.get("/api/v1/gpus", response_model=GpuList, responses=ERRORS, tags=["fleet"])
@@ -65,14 +82,17 @@ async def list_gpus(
     caller: CallerOf,
     node: Annotated[str | None, Query(description="Only this node's devices.")] = None,
     state: Annotated[GpuState | None, Query(description=f"Only devices in this state: {', '.join(GPU_STATES)}.")] = None,
+    limit: Limit = None,
+    continue_: Continue = None,
 ) -> GpuList:
     """Every device now: model, units, MIG layout (`parentUuid`, `migProfile`, `migParent`), holders, state
-    (active, idle-held, allocated-empty, free, unhealthy, unmonitored) and latest sample; cluster-wide access."""
-    check_parameters(request, {"node", "state"}, multi=())
+    (active, idle-held, allocated-empty, free, unhealthy, unmonitored) and latest sample; cluster-wide access.
+    Paged by node and index with `limit` and `continue`."""
+    check_parameters(request, {"node", "state", "limit", "continue"}, multi=())
     await caller.require(None)
-    at, gpus, _unnamed = await context.blocking(read_fleet, context.store, context.settings.status_interval)
-    chosen = [g for g in gpus if (node is None or g.node == node) and (state is None or g.state == state)]
-    return GpuList(at=at, gpus=chosen)
+    return await context.blocking(
+        page_of_gpus, context.store, context.settings.status_interval, node, state, limit, continue_
+    )
 
 
 @router.get("/api/v1/gpus/{uuid}/metrics", response_model=None, responses={**ERRORS, **NOT_FOUND}, tags=["metrics"])
@@ -80,8 +100,7 @@ async def gpu_metrics(context: Context, caller: CallerOf, uuid: str, params: Dev
     """Time series of one device, one series per holder over the range (and the device as nobody held
     it, `pod` empty); default range: the last hour."""
     await caller.require(None)
-    _at, gpus, _unnamed = await context.blocking(read_fleet, context.store, context.settings.status_interval)
-    found = next((gpu for gpu in gpus if gpu.uuid == uuid), None)
+    found = await context.blocking(find_gpu, context.store, context.settings.status_interval, uuid)
     if found is None:
         raise NotFound(f"no GPU {uuid!r} seen in the store's latest intervals (GET /api/v1/gpus lists them)")
     target = RangeTarget(
