@@ -1,14 +1,14 @@
 """Render intervals as timestamped OpenMetrics, for `promtool tsdb create-blocks-from openmetrics`.
 
 Writes what Prometheus would have scraped: the agent's `gpuwm_gpu_*` / pod series and the
-controller's `/metrics` (rendered by the real `WorkloadMetricsCollector`). Tests and
-bench/api.py use it to give a real Prometheus exactly the data the embedded store holds.
+controller's `/metrics` (rendered by the real `WorkloadMetricsCollector`). The real-Prometheus tests
+use it to give a Prometheus exactly the data the embedded store holds (bench/api.py loads through
+remote write instead).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TextIO
 
 from gpuwm.api.prom_metrics import WorkloadMetricsCollector
@@ -152,7 +152,3 @@ class OpenMetricsBackfill:
                     count += 1
         handle.write("# EOF\n")
         return count
-
-    def write_file(self, path: Path) -> int:
-        with path.open("w") as handle:
-            return self.write(handle)

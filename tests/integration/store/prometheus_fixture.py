@@ -11,11 +11,24 @@ import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from gpuwm.api.app import create_app
+from gpuwm.config import Settings
+from gpuwm.model import GpuSample, PodStatsSample
+from gpuwm.model.figures import ProjectFigures, WorkloadFigures
+from gpuwm.store import Store
 
 PROMETHEUS = shutil.which("prometheus")
 PROMTOOL = shutil.which("promtool")
 MISSING = "prometheus/promtool not installed (Debian: apt-get install prometheus)"
+#: the marks of a test module over the real prometheus: `pytestmark = REAL_PROMETHEUS`
+REAL_PROMETHEUS = [pytest.mark.integration, pytest.mark.skipif(PROMETHEUS is None or PROMTOOL is None, reason=MISSING)]
 
 
 def free_port() -> int:
@@ -109,3 +122,30 @@ def instant(base: str, query: str) -> list[dict[str, object]]:
     url = f"{base}/api/v1/query?query={urllib.parse.quote(query)}"
     with urllib.request.urlopen(url, timeout=10) as response:
         return list(json.load(response)["data"]["result"])
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One status interval as the controller records it."""
+
+    t: float
+    samples: Sequence[GpuSample]
+    workloads: Sequence[WorkloadFigures]
+    projects: Sequence[ProjectFigures]
+    gpus: int  # the cluster's GPU count
+    pod_stats: Sequence[PodStatsSample] = ()
+
+
+async def series_of(
+    store: Store, url: str, metrics: Sequence[str], start: float, end: float, by: str | None = None
+) -> dict[tuple[str, str], list[float | None]]:
+    """The range API's answer to `url` over `store` (`metrics` from `start` to `end` by 15 s, broken down `by`):
+    each series' points by (metric, pod)."""
+    params: dict[str, Any] = {"metric": ",".join(metrics), "start": start, "end": end, "step": 15}
+    if by is not None:
+        params["by"] = by
+    app = create_app(store, Settings(auth="none"))
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gpuwm") as http:
+        response = await http.get(url, params=params)
+    assert response.status_code == 200, response.text
+    return {(s["metric"], s["labels"].get("pod", "")): [v for _, v in s["points"]] for s in response.json()["series"]}

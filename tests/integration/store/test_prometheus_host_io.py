@@ -10,34 +10,23 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from gpuwm.api.app import create_app
-from gpuwm.api.openmetrics import OpenMetricsBackfill
 from gpuwm.config import Settings
 from gpuwm.model import PodStatsSample
-from gpuwm.model.figures import ClusterFigures, GpuFigures, PodFigures, WorkloadFigures
+from gpuwm.model.figures import GpuFigures, PodFigures, WorkloadFigures
 from gpuwm.model.podstats import PodResources
 from gpuwm.store import Store
 from gpuwm.store.embedded import EmbeddedStore
 from gpuwm.store.prometheus import PrometheusStore
-from tests.integration.store.prometheus_fixture import (
-    MISSING,
-    PROMETHEUS,
-    PROMTOOL,
-    backfill,
-    running_prometheus,
-)
+from tests.integration.store.prometheus_fixture import REAL_PROMETHEUS, Interval, series_of
 from tests.unit.store.store_data import project, sample
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(PROMETHEUS is None or PROMTOOL is None, reason=MISSING),
-]
+pytestmark = REAL_PROMETHEUS
 
 T0 = math.floor((time.time() - 2 * 3600) / 60) * 60
 TIMES = [float(T0 + 15 * k) for k in range(12)]
@@ -101,31 +90,14 @@ def pod_stats(t: float) -> list[PodStatsSample]:
 
 
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedStore, PrometheusStore]]:
-    workdir = tmp_path_factory.mktemp("prometheus-host-io")
-    embedded = EmbeddedStore(workdir / "gpuwm.db")
-    metrics = OpenMetricsBackfill()
-    for t in TIMES:
-        figures = jobs(t)
-        samples = [sample(t, f"gpu-{index}") for index in range(3)]
-        embedded.record(t, samples, figures, [project("alpha", figures)], ClusterFigures(gpus=3), pod_stats(t))
-        metrics.add(t, samples, figures, [project("alpha", figures)], pod_stats(t))
-    metrics.write_file(workdir / "data.om")
-    backfill(workdir / "data.om", workdir / "tsdb")
-    with running_prometheus(workdir / "tsdb", workdir) as base:
-        yield embedded, PrometheusStore(base, evaluation_time=TIMES[-1])
-    embedded.close()
+def intervals() -> list[Interval]:
+    return [Interval(t, [sample(t, f"gpu-{index}") for index in range(3)], jobs(t), [project("alpha", jobs(t))], 3,
+                     pod_stats(t)) for t in TIMES]
 
 
-async def series_of(store: Store, url: str, by: str | None = None) -> dict[tuple[str, str], list[float | None]]:
-    app = create_app(store, Settings(auth="none"))
-    params: dict[str, str | float] = {"metric": ",".join(METRICS), "start": TIMES[1], "end": TIMES[-2], "step": 15}
-    if by is not None:
-        params["by"] = by
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gpuwm") as http:
-        response = await http.get(url, params=params)
-    assert response.status_code == 200, response.text
-    return {(s["metric"], s["labels"].get("pod", "")): [v for _, v in s["points"]] for s in response.json()["series"]}
+@pytest.fixture(scope="module")
+def evaluation_time() -> float:
+    return TIMES[-1]
 
 
 def approx(series: dict[tuple[str, str], list[float | None]]) -> dict[tuple[str, str], list[object]]:
@@ -138,8 +110,8 @@ async def test_disk_rates_and_ephemeral_storage_from_prometheus_as_from_the_embe
     stores: tuple[EmbeddedStore, PrometheusStore], url: str
 ) -> None:
     embedded, prometheus = stores
-    from_prometheus = await series_of(prometheus, url)
-    assert from_prometheus == approx(await series_of(embedded, url))
+    from_prometheus = await series_of(prometheus, url, METRICS, TIMES[1], TIMES[-2])
+    assert from_prometheus == approx(await series_of(embedded, url, METRICS, TIMES[1], TIMES[-2]))
     assert set(from_prometheus[("disk_read_bytes_per_second", "")]) == {3e6}  # 1 + 2 MB/s
     assert set(from_prometheus[("ephemeral_storage_used_bytes", "")]) == {21e9}
     assert set(from_prometheus[("ephemeral_storage_limit_bytes", "")]) == {50e9}  # worker-1 has none
@@ -150,8 +122,8 @@ async def test_disk_rates_and_ephemeral_storage_from_prometheus_as_from_the_embe
 async def test_by_pod_each_pods_own_disk_and_storage(stores: tuple[EmbeddedStore, PrometheusStore]) -> None:
     embedded, prometheus = stores
     url = "/api/v1/workloads/uid-train/metrics"
-    from_prometheus = await series_of(prometheus, url, by="pod")
-    from_embedded = await series_of(embedded, url, by="pod")
+    from_prometheus = await series_of(prometheus, url, METRICS, TIMES[1], TIMES[-2], by="pod")
+    from_embedded = await series_of(embedded, url, METRICS, TIMES[1], TIMES[-2], by="pod")
     # the embedded store keeps a pod's series of a metric it has no point of (all null); Prometheus has none
     assert from_prometheus == approx(
         {key: points for key, points in from_embedded.items() if any(p is not None for p in points)}

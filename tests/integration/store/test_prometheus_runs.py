@@ -5,32 +5,22 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
 
 from gpuwm.api.app import create_app
-from gpuwm.api.openmetrics import OpenMetricsBackfill
 from gpuwm.config import Settings
-from gpuwm.model.figures import ClusterFigures, WorkloadFigures
+from gpuwm.model.figures import WorkloadFigures
 from gpuwm.store import Store
 from gpuwm.store.embedded import EmbeddedStore
 from gpuwm.store.prometheus import PrometheusStore
-from tests.integration.store.prometheus_fixture import (
-    MISSING,
-    PROMETHEUS,
-    PROMTOOL,
-    backfill,
-    running_prometheus,
-)
+from tests.integration.store.prometheus_fixture import REAL_PROMETHEUS, Interval
 from tests.unit.api.test_api_runs import run_figures, samples
 from tests.unit.store.store_data import project
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(PROMETHEUS is None or PROMTOOL is None, reason=MISSING),
-]
+pytestmark = REAL_PROMETHEUS
 
 T0 = math.floor((time.time() - 2 * 3600) / 60) * 60
 FIRST = [float(T0 + 15 * k) for k in range(8)]
@@ -47,23 +37,21 @@ def _run(run: str, t: float, times: list[float], ended: float | None = None) -> 
 
 
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedStore, PrometheusStore]]:
-    workdir = tmp_path_factory.mktemp("prometheus-runs")
-    embedded = EmbeddedStore(workdir / "gpuwm.db")
-    metrics = OpenMetricsBackfill()
+def intervals() -> list[Interval]:
     ended = _run("first", FIRST[-1], FIRST, ended=FIRST[-1])
+    recorded = []
     for times, run in ((FIRST, "first"), (SECOND, "second")):
         for t in times:
             job = _run(run, t, times)
             shown = [job] if run == "first" else [ended, job]
             gpu_samples = [each.model_copy(update={"t": t}) for each in samples(run, t - T0)]
-            embedded.record(t, gpu_samples, shown, [project("alpha", [job])], ClusterFigures(gpus=2))
-            metrics.add(t, gpu_samples, shown, [project("alpha", [job])], [])
-    metrics.write_file(workdir / "data.om")
-    backfill(workdir / "data.om", workdir / "tsdb")
-    with running_prometheus(workdir / "tsdb", workdir) as base:
-        yield embedded, PrometheusStore(base, evaluation_time=SECOND[-1])
-    embedded.close()
+            recorded.append(Interval(t, gpu_samples, shown, [project("alpha", [job])], 2))
+    return recorded
+
+
+@pytest.fixture(scope="module")
+def evaluation_time() -> float:
+    return SECOND[-1]
 
 
 async def _client(store: Store) -> AsyncIterator[httpx.AsyncClient]:

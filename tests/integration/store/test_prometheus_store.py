@@ -7,32 +7,21 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from gpuwm.api.app import create_app
-from gpuwm.api.openmetrics import OpenMetricsBackfill
 from gpuwm.config import Settings
 from gpuwm.model import PodStatsSample
 from gpuwm.model.figures import ClusterFigures
 from gpuwm.store import RangeQuery, ReadOnlyStoreError, Series
 from gpuwm.store.embedded import EmbeddedStore
 from gpuwm.store.prometheus import PrometheusStore
-from tests.integration.store.prometheus_fixture import (
-    MISSING,
-    PROMETHEUS,
-    PROMTOOL,
-    backfill,
-    running_prometheus,
-)
+from tests.integration.store.prometheus_fixture import REAL_PROMETHEUS, Interval
 from tests.unit.store.store_data import project, sample, workload
 
-pytestmark = [
-    pytest.mark.integration,
-    pytest.mark.skipif(PROMETHEUS is None or PROMTOOL is None, reason=MISSING),
-]
+pytestmark = REAL_PROMETHEUS
 
 T0 = math.floor((time.time() - 2 * 3600) / 15) * 15
 TIMES = [float(T0 + 15 * k) for k in range(20)]
@@ -89,19 +78,12 @@ def _interval(k: int, t: float) -> tuple[list, list, list, list]:  # type: ignor
 
 
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[EmbeddedStore, PrometheusStore]]:
-    workdir = tmp_path_factory.mktemp("prometheus-store")
-    embedded = EmbeddedStore(workdir / "gpuwm.db")
-    metrics = OpenMetricsBackfill()
+def intervals() -> list[Interval]:
+    recorded = []
     for k, t in enumerate(TIMES):
         samples, workloads, projects, stats = _interval(k, t)
-        embedded.record(t, samples, workloads, projects, ClusterFigures(gpus=4), stats)
-        metrics.add(t, samples, workloads, projects, stats)
-    metrics.write_file(workdir / "data.om")
-    backfill(workdir / "data.om", workdir / "tsdb")
-    with running_prometheus(workdir / "tsdb", workdir) as base:
-        yield embedded, PrometheusStore(base)
-    embedded.close()
+        recorded.append(Interval(t, samples, workloads, projects, 4, stats))
+    return recorded
 
 
 def _points(series: list[Series]) -> dict[tuple[str, tuple[tuple[str, str], ...]], list[float | None]]:
