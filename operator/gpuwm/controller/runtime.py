@@ -51,18 +51,18 @@ from gpuwm.controller.status import (
     IdleEvents,
     IdleWatch,
     StatusWriter,
+    build_project_status,
+    build_workload_status,
     dns_name,
     idle_condition,
     label_value,
     project_counters,
     project_signature,
-    project_status_body,
     remembered,
     workload_counters,
     workload_cr_name,
     workload_labels,
     workload_signature,
-    workload_status_body,
 )
 from gpuwm.controller.watch import (
     MalformedPodError,
@@ -493,23 +493,22 @@ class ControllerRuntime:
             if engine_figures is None:  # retention forgets the CR with the workload, so this is not expected
                 raise LookupError(f"workload {uid} is no longer in the engine; its GPUWorkloadMetrics is not rendered")
             figures = self._with_baseline(engine_figures)
-        # the JSON of build_workload_status(...) built directly: no pydantic status per write
-        status, conditions = workload_status_body(
+        status = build_workload_status(
             figures, now,
             idle_condition_after_seconds=self.settings.idle_condition_after,
             underutilized_percent=self.settings.underutilized_percent,
             previous_conditions=self.conditions.get(figures.uid, ()),
             observed_idle_seconds=observed_idle_seconds, reporting_slack_seconds=reporting_slack_seconds,
         )
-        self.conditions[figures.uid] = remembered(conditions)
-        return status
+        self.conditions[figures.uid] = remembered(status.conditions)
+        return status.model_dump(mode="json", by_alias=True)
 
     def _offer_projects(self, projects: list[ProjectFigures], now: float) -> None:
         for figures in projects:
             self.writer.offer(Desired(
                 plural=PROJECT_PLURAL, namespace=None, name=dns_name(figures.name),
                 spec={"project": figures.name}, labels={"gpuwm.io/project": label_value(figures.name)},
-                render=functools.partial(project_status_body, figures, now),
+                render=functools.partial(_project_body, figures, now),
                 signature=hash(project_signature(figures)), counters=hash(project_counters(figures)),
                 sample_time=self.latest_sample_time,
             ))
@@ -641,3 +640,8 @@ class ControllerRuntime:
 def _slices(store: Any) -> bool:
     """Whether `store` takes its compaction slice apart from `record` (the embedded store)."""
     return callable(getattr(store, "compact_slice", None))
+
+
+def _project_body(figures: ProjectFigures, now: float) -> dict[str, Any]:
+    """The GPUProjectMetrics status a write sends."""
+    return build_project_status(figures, now).model_dump(mode="json", by_alias=True)

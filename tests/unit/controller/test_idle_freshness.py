@@ -9,7 +9,6 @@ from gpuwm.controller.status.build import (
     build_conditions,
     build_workload_status,
     workload_signature,
-    workload_status_body,
 )
 from gpuwm.controller.status.idleness import IdleWatch, idle_condition
 from gpuwm.controller.status.writer import WORKLOAD_PLURAL, Desired, StatusWriter, Written
@@ -101,16 +100,16 @@ def test_a_restarted_controller_trusts_an_idle_condition_it_wrote_and_nothing_el
 
 def test_idle_since_is_when_the_stretch_began_and_absent_while_active_or_ended() -> None:
     idle = held(NOW, start=NOW - 1000, last_sample=NOW - 0.5, monitored=True, active_until=NOW - 300.4)
-    body, _ = workload_status_body(idle, NOW, observed_idle_seconds=300.4)
+    body = build_workload_status(idle, NOW, observed_idle_seconds=300.4).model_dump(mode="json", by_alias=True)
     assert body["idleSince"] == "2025-12-31T23:54:59Z" and body["idleSeconds"] == pytest.approx(300.4)
     assert build_workload_status(idle, NOW, observed_idle_seconds=300.4).idle_since == body["idleSince"]
     busy = held(NOW, start=NOW - 1000, last_sample=NOW - 0.5, monitored=True, active_until=NOW)
-    assert workload_status_body(busy, NOW)[0]["idleSince"] is None  # merge-patched as null: the field goes
+    assert build_workload_status(busy, NOW).model_dump(mode="json", by_alias=True)["idleSince"] is None  # merge-patched as null: the field goes
     ended = idle.model_copy(update={"phase": "Succeeded", "allocated_gpus": 0.0})
-    assert workload_status_body(ended, NOW)[0]["idleSince"] is None
+    assert build_workload_status(ended, NOW).model_dump(mode="json", by_alias=True)["idleSince"] is None
     # the same stretch a cycle later: the same second (the signature does not flip on float noise)
     later = idle.model_copy(update={"idle_seconds": idle.idle_seconds + 15.000000001})
-    assert workload_status_body(later, NOW + 15)[0]["idleSince"] == body["idleSince"]
+    assert build_workload_status(later, NOW + 15).model_dump(mode="json", by_alias=True)["idleSince"] == body["idleSince"]
 
 
 def test_going_idle_and_active_again_is_news_in_the_signature() -> None:
@@ -225,7 +224,7 @@ def test_samples_a_pull_old_are_still_reporting_and_a_busy_one_still_active() ->
         fresh.model_copy(update={"gpus": [fresh.gpus[0].model_copy(update={"active": True})]}), NOW,
         reporting_slack_seconds=slack)
     assert idle_condition(late, None, TIMEOUT, NOW, slack) == ("False", "Active")
-    assert workload_status_body(late, NOW, reporting_slack_seconds=slack)[0]["idleSince"] is None
+    assert build_workload_status(late, NOW, reporting_slack_seconds=slack).model_dump(mode="json", by_alias=True)["idleSince"] is None
     assert workload_signature(late, NOW) != workload_signature(fresh, NOW)  # without the slack: a flip
     silent = late.model_copy(update={"gpus": [late.gpus[0].model_copy(update={"last_sample_time": NOW - 30.0})]})
     assert idle_condition(silent, None, TIMEOUT, NOW, slack) == ("Unknown", "AgentNotReporting")

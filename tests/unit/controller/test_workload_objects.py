@@ -10,7 +10,7 @@ import pytest
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.config import DEFAULT_RESOURCE_NAMES
 from gpuwm.controller import handlers
-from gpuwm.controller.status.build import workload_labels, workload_status_body
+from gpuwm.controller.status.build import build_workload_status, workload_labels
 from gpuwm.controller.watch.workload_kinds import parse_workload_kinds
 from gpuwm.controller.watch.workload_objects import WorkloadObjects
 from gpuwm.model.figures import WorkloadFigures
@@ -76,7 +76,7 @@ def test_a_suspended_job_is_queued_from_its_creation_then_pending_when_unsuspend
     f = figures_of(engine, T0 + 50)
     assert (f.phase, f.queued_seconds, f.wait_seconds) == ("Pending", 40.0, 50.0)
     # the CR a workload without pods gets
-    body, _conditions = workload_status_body(f, T0 + 50)
+    body = build_workload_status(f, T0 + 50).model_dump(mode="json", by_alias=True)
     assert (body["phase"], body["requestedGpus"], body["queuedSeconds"], body["pods"]) == ("Pending", 4.0, 40.0, [])
 
 

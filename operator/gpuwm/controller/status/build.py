@@ -32,7 +32,7 @@ from gpuwm.model.crd import (
     WorkloadMetricsStatus,
     WorkloadPhase,
 )
-from gpuwm.model.figures import GpuFigures, PodFigures, ProjectFigures, Windows, WorkloadFigures, trusted
+from gpuwm.model.figures import ProjectFigures, Windows, WorkloadFigures, trusted
 
 _PHASES: frozenset[str] = frozenset(get_args(WorkloadPhase))
 _DNS_INVALID = re.compile(r"[^a-z0-9.-]+")
@@ -284,133 +284,8 @@ def build_project_status(
     )
 
 
-def _round_float(value: float, digits: int) -> float:
-    """round(), as a float field's validation leaves it (an int from a CR baseline becomes a float)."""
-    return float(round(value, digits))
-
-
 def _round_optional(value: float | None, digits: int) -> float | None:
     return None if value is None else float(round(value, digits))
-
-
-def _windows_body(windows: Windows) -> dict[str, float | None]:
-    return {"current": _round_optional(windows.current, 2), "avg1m": _round_optional(windows.avg1m, 2),
-            "avg5m": _round_optional(windows.avg5m, 2), "avg1h": _round_optional(windows.avg1h, 2),
-            "lifetime": _round_optional(windows.lifetime, 2)}
-
-
-def _optional_float(value: float | None) -> float | None:
-    return None if value is None else float(value)
-
-
-def condition_body(condition: Condition) -> dict[str, Any]:
-    """`condition.model_dump(mode="json", by_alias=True)` without the serializer."""
-    return {"type": condition.type, "status": condition.status, "reason": condition.reason,
-            "message": condition.message, "lastTransitionTime": condition.last_transition_time}
-
-
-def workload_status_body(
-    figures: WorkloadFigures,
-    now: float,
-    *,
-    idle_condition_after_seconds: float = 600.0,
-    underutilized_percent: float = 20.0,
-    previous_conditions: Sequence[Condition | ConditionMemo] = (),
-    observed_generation: int | None = None,
-    observed_idle_seconds: float | None = None,
-    reporting_slack_seconds: float = 0.0,
-) -> tuple[dict[str, Any], list[Condition]]:
-    """`build_workload_status(...).model_dump(mode="json", by_alias=True)` and its conditions, without pydantic.
-
-    What each status write sends: the same keys in the same order, the same values and types
-    (tests compare the two on varied figures), without building and serialising the pydantic
-    status (the figures are the engine's, every value is in range already).
-    """
-    conditions = build_conditions(
-        figures, now, idle_condition_after_seconds=idle_condition_after_seconds,
-        underutilized_percent=underutilized_percent, previous=previous_conditions,
-        observed_idle_seconds=observed_idle_seconds, reporting_slack_seconds=reporting_slack_seconds,
-    )
-    idle_since = idle_since_second(figures, now, reporting_slack_seconds)
-    pods = figures.pods if len(figures.pods) < 2 else sorted(figures.pods, key=_pod_name)
-    gpus = figures.gpus if len(figures.gpus) < 2 else sorted(figures.gpus, key=_gpu_node_uuid)
-    body: dict[str, Any] = {
-        "phase": figures.phase if figures.phase in _PHASES else None,
-        "requestedGpus": _round_optional(figures.requested_gpus, 4),
-        "allocatedGpus": _round_float(figures.allocated_gpus, 4),
-        "gpuModel": figures.gpu_model,
-        "nodes": sorted(figures.nodes),
-        "pods": [
-            {"name": pod.name, "uid": pod.uid, "node": pod.node, "phase": pod.phase,
-             "allocatedGpus": _round_float(pod.allocated_gpus, 4)}
-            for pod in pods[:MAX_LISTED]
-        ],
-        "podCount": len(figures.pods),
-        "gpus": [
-            {"node": gpu.node, "uuid": gpu.uuid, "index": gpu.index, "migProfile": gpu.mig_profile, "pod": gpu.pod or "",
-             "container": gpu.container, "units": _round_float(gpu.units, 4),
-             "utilizationPercent": _round_optional(gpu.utilization_percent, 2),
-             "memoryUsedBytes": _optional_float(gpu.memory_used_bytes),
-             "memoryTotalBytes": _optional_float(gpu.memory_total_bytes),
-             "powerWatts": _round_optional(gpu.power_watts, 2), "healthy": gpu.healthy}
-            for gpu in gpus[:MAX_LISTED]
-        ],
-        "gpuCount": len(figures.gpus),
-        "utilization": _windows_body(figures.utilization),
-        "memoryUtilization": _windows_body(figures.memory_utilization),
-        "idleSeconds": _round_float(figures.idle_seconds, 3),
-        "idleSince": None if idle_since is None else _rfc3339_second(idle_since),
-        "lastActiveTime": rfc3339(figures.last_active_time),
-        "allocatedGpuSeconds": _round_float(figures.allocated_gpu_seconds, 3),
-        "activeGpuSeconds": _round_float(figures.active_gpu_seconds, 3),
-        "idleGpuSeconds": _round_float(figures.idle_gpu_seconds, 3),
-        "unmonitoredGpuSeconds": _round_float(figures.unmonitored_gpu_seconds, 3),
-        "wastedGpuHours": _round_float(figures.idle_gpu_seconds / 3600.0, 4),
-        "energyJoules": _round_float(figures.energy_joules, 3),
-        "queuedSeconds": _round_float(figures.queued_seconds, 3),
-        "waitSeconds": _round_float(figures.wait_seconds, 3),
-        "runSeconds": _round_float(figures.run_seconds, 3),
-        "startTime": rfc3339(figures.start_time),
-        "endTime": rfc3339(figures.end_time),
-        "conditions": [condition_body(condition) for condition in conditions],
-        "observedGeneration": observed_generation,
-        "lastUpdateTime": rfc3339(now),
-    }
-    return body, conditions
-
-
-def project_status_body(figures: ProjectFigures, now: float, observed_generation: int | None = None) -> dict[str, Any]:
-    """`build_project_status(...).model_dump(mode="json", by_alias=True)` without the pydantic round trip."""
-    return {
-        "workloads": figures.workloads,
-        "runningWorkloads": figures.running_workloads,
-        "namespaces": sorted(figures.namespaces),
-        "allocatedGpus": _round_float(figures.allocated_gpus, 4),
-        "quota": _optional_float(figures.quota),
-        "requestedGpus": _round_float(figures.requested_gpus, 4),
-        "queuedWorkloads": figures.queued_workloads,
-        "longestQueuedSeconds": _round_float(figures.longest_queued_seconds, 3),
-        "idleGpus": _round_float(figures.idle_gpus, 4),
-        "utilization": _windows_body(figures.utilization),
-        "memoryUtilization": _windows_body(figures.memory_utilization),
-        "allocatedGpuSeconds": _round_float(figures.allocated_gpu_seconds, 3),
-        "activeGpuSeconds": _round_float(figures.active_gpu_seconds, 3),
-        "idleGpuSeconds": _round_float(figures.idle_gpu_seconds, 3),
-        "unmonitoredGpuSeconds": _round_float(figures.unmonitored_gpu_seconds, 3),
-        "wastedGpuHours": _round_float(figures.idle_gpu_seconds / 3600.0, 4),
-        "energyJoules": _round_float(figures.energy_joules, 3),
-        "conditions": [],
-        "observedGeneration": observed_generation,
-        "lastUpdateTime": rfc3339(now),
-    }
-
-
-def _pod_name(pod: PodFigures) -> str:
-    return pod.name
-
-
-def _gpu_node_uuid(gpu: GpuFigures) -> tuple[str, str]:
-    return gpu.node, gpu.uuid
 
 
 def workload_signature(
