@@ -22,10 +22,10 @@ import asyncio
 import functools
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from hashlib import blake2b
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import quote
 
 import orjson
@@ -236,26 +236,21 @@ def _not_finite_entries(error: ValidationError) -> set[tuple[str, int]] | None:
     return found
 
 
-_Payload = TypeVar("_Payload", bound=BaseModel)
-
-
-def _validated(
-    adapter: Callable[[Any], _Payload], payload: Mapping[str, Any] | bytes | bytearray
-) -> tuple[_Payload, int]:
-    """`adapter(payload)`, and where only samples with a number that is not finite are wrong, those samples left
-    out: (the payload validated, how many were left out). Other errors are raised as they are."""
+def _envelope(payload: Mapping[str, Any]) -> tuple[_ColumnsEnvelope, int]:
+    """The answer's members besides the columns, validated, and where only entries with a number that is not finite
+    are wrong, those entries left out: (the envelope, how many were left out). Other errors are raised as they are."""
+    members = {key: payload[key] for key in _ENVELOPE_FIELDS if key in payload}
     try:
-        return adapter(payload), 0
+        return _ENVELOPE.validate_python(members), 0
     except ValidationError as error:
         dropped = _not_finite_entries(error)
         if dropped is None:
             raise
-    raw = dict(_loads(payload) if isinstance(payload, bytes | bytearray) else payload)
     for member in _SAMPLE_MEMBERS:
-        entries = raw.get(member)
+        entries = members.get(member)
         if isinstance(entries, list):
-            raw[member] = [entry for position, entry in enumerate(entries) if (member, position) not in dropped]
-    return adapter(raw), len(dropped)
+            members[member] = [entry for position, entry in enumerate(entries) if (member, position) not in dropped]
+    return _ENVELOPE.validate_python(members), len(dropped)
 
 
 def _infinity_for_nan(payload: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -330,8 +325,7 @@ def parse_snapshot(
         if payload.get("format") != COLUMNS_FORMAT:
             raise FormatError(f"agent for node {expected_node!r} answered format={_format_of(payload)}; "
                               f"the controller reads format={COLUMNS_FORMAT}")
-        envelope, rejected = _validated(
-            _ENVELOPE.validate_python, {key: payload[key] for key in _ENVELOPE_FIELDS if key in payload})
+        envelope, rejected = _envelope(payload)
         held, entries = _tagged_devices(envelope, payload, expected_node, known)
         if entries is not None:  # validated once here; the columns' reading takes them as they are
             payload = {**payload, "gpus": entries}

@@ -80,7 +80,7 @@ class AgentDevice(BaseModel):
 class AgentSnapshot(BaseModel):
     """`GET /v1/snapshot?since=SEQ` in rows (`format=rows`): the records after SEQ and the current devices.
 
-    The form people read; the controller asks for columns (see `gpuwm.feed.decode`).
+    The form people read; the controller asks for columns and refuses rows (see `gpuwm.feed.decode`).
     """
 
     model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
