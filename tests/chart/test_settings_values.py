@@ -46,6 +46,7 @@ SAMPLES = {
     "api_tls_key_file": "/etc/custom-tls/tls.key",
     "api_tls_secret": "custom-api-tls",
     "api_tls_dns_names": "api.example.com,gpuwm.example.com",
+    "runai_user_label": "example.com/user",
 }
 
 
