@@ -57,7 +57,6 @@ _UNSUPPORTED = (
     pynvml.NVMLError_InvalidArgument,
     pynvml.NVMLLibraryMismatchError,
 )
-_MIB = 1024 * 1024
 #: GPU instance slices of a whole GPU when NVML does not say (A100, H100, H200, B200)
 DEFAULT_MIG_SLICES = 7
 _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
