@@ -7,9 +7,9 @@ as it finds them (`LazyEntries`, `RawDoubles`, `RawJson`).
 """
 
 from gpuwm.accounting.engine import Engine
-from gpuwm.accounting.persist import LazyEntries, StateError
+from gpuwm.accounting.persist import LazyEntries, StateError, saved_entries
 from gpuwm.accounting.rawcolumns import RawDoubles, RawJson, doubles_from_saved
 from gpuwm.accounting.state import EngineConfig, SampleBatch
 
 __all__ = ["Engine", "EngineConfig", "LazyEntries", "RawDoubles", "RawJson", "SampleBatch", "StateError",
-           "doubles_from_saved"]
+           "doubles_from_saved", "saved_entries"]

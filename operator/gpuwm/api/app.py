@@ -24,7 +24,7 @@ from gpuwm.api.routes import ROUTERS
 from gpuwm.api.routes.context import ApiContext
 from gpuwm.api.routes.operations import STATIC_DIR
 from gpuwm.config import Settings
-from gpuwm.store.base import Store
+from gpuwm.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -22,7 +22,7 @@ from pydantic.alias_generators import to_camel
 
 from gpuwm.api.params import decode_continue, encode_continue
 from gpuwm.model.figures import GpuFigures, WorkloadFigures
-from gpuwm.store.base import QueryError, RangeQuery, Series, Store
+from gpuwm.store import QueryError, RangeQuery, Series, Store
 
 #: a device's latest figures are looked for in this many status intervals before the store's latest time
 RECENT_INTERVALS = 4

@@ -18,7 +18,7 @@ from gpuwm.api.auth import AuthError, current_client
 from gpuwm.api.params import BadParameter, parse_bool, parse_metrics, parse_step, parse_time
 from gpuwm.api.schemas import ErrorBody, WorkloadIdentity
 from gpuwm.model.figures import WorkloadFigures
-from gpuwm.store.base import DEFAULT_METRICS, METRIC_NAMES, QueryError, RangeQuery, Series, StoreError
+from gpuwm.store import DEFAULT_METRICS, METRIC_NAMES, QueryError, RangeQuery, Series, StoreError
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 from gpuwm.api.http import TooBusy
 from gpuwm.api.params import BadParameter
-from gpuwm.store.base import RangeQuery, Series
+from gpuwm.store import RangeQuery, Series
 
 #: a query over this share of the per-answer limit is heavy: it takes one of the few slots
 HEAVY_SHARE = 1 / 20

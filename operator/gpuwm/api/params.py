@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import Any, TypeVar, cast, get_args
 
 from gpuwm.config import parse_duration_seconds
-from gpuwm.store.base import MAX_POINTS_PER_SERIES, METRIC_INDEX, METRIC_NAMES, Breakdown
+from gpuwm.store import MAX_POINTS_PER_SERIES, METRIC_INDEX, METRIC_NAMES, Breakdown
 
 #: epoch values at or above this are milliseconds (1e11 s would be the year 5138)
 _MILLIS_FROM = 1e11

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 from gpuwm.api.runai_metrics import RunaiOptions, runai_metrics
 from gpuwm.api.runs import failure_reason
 from gpuwm.model.figures import ProjectFigures, WorkloadFigures
-from gpuwm.store.base import Store
+from gpuwm.store import Store
 
 WORKLOAD_LABELS = ["namespace", "workload", "workload_uid", "kind", "project"]
 

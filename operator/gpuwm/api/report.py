@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from gpuwm.model.figures import WorkloadFigures
-from gpuwm.store.base import RangeQuery, Series, Store
+from gpuwm.store import RangeQuery, Series, Store
 
 ReportBy = Literal["project", "namespace", "workload"]
 ReportFormat = Literal["json", "csv"]

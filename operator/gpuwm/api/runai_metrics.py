@@ -16,7 +16,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from gpuwm.api.fleet import RECENT_INTERVALS, GpuView, read_fleet
 from gpuwm.model.figures import GpuFigures, ProjectFigures, WorkloadFigures
-from gpuwm.store.base import Store, StoreError
+from gpuwm.store import Store, StoreError
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from gpuwm.api.params import BadParameter, decode_continue, encode_continue, par
 from gpuwm.api.ranks import rank_pods
 from gpuwm.api.schemas import PodIdentity, WorkloadIdentity
 from gpuwm.model.figures import WorkloadFigures
-from gpuwm.store.base import Breakdown, RangeQuery, Series
+from gpuwm.store import Breakdown, RangeQuery, Series
 
 #: runs a page of `?ended=true` holds unless `limit` says otherwise, and the most it may hold
 DEFAULT_PAGE_RUNS = 500

@@ -298,9 +298,7 @@ def _start_api(runtime: ControllerRuntime) -> asyncio.Task[None] | None:
     if runtime.store is None:
         return None
     try:
-        from gpuwm.api.app import create_app
-        from gpuwm.api.server import ApiServer, parse_listen
-        from gpuwm.api.tls import tls_files
+        from gpuwm.api import ApiServer, create_app, parse_listen, tls_files
     except ImportError:
         return None
     from gpuwm.controller.pull import EngineCollector, IntakeCollector
@@ -338,7 +336,7 @@ def own_namespace() -> str | None:
 async def _kept_certificate(runtime: ControllerRuntime, host: str) -> Any:
     """The API's certificate from the Secret --api-tls-secret in the controller's namespace (made there when
     missing or due); one made in memory, with a warning naming the cause, when that Secret cannot be used."""
-    from gpuwm.api.tls import kept_in_secret, self_signed
+    from gpuwm.api import kept_in_secret, self_signed
 
     settings = runtime.settings
     namespace = own_namespace()

@@ -166,8 +166,7 @@ def _check_can_listen(host: str, port: int) -> None:
 
 async def run_demo(options: DemoOptions) -> int:
     """Serve the demo until SIGINT/SIGTERM; returns the exit status."""
-    from gpuwm.api.app import create_app
-    from gpuwm.api.server import ApiServer, parse_listen
+    from gpuwm.api import ApiServer, create_app, parse_listen
     from gpuwm.store import open_store
 
     settings = options.settings

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from gpuwm.store.base import (
     DEFAULT_METRICS,
     MAX_POINTS_PER_SERIES,
+    METRIC_INDEX,
     METRIC_NAMES,
     METRICS,
     Breakdown,
@@ -52,6 +53,7 @@ __all__ = [
     "DEFAULT_METRICS",
     "MAX_POINTS_PER_SERIES",
     "METRICS",
+    "METRIC_INDEX",
     "METRIC_NAMES",
     "Breakdown",
     "QueryError",

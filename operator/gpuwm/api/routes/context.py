@@ -24,7 +24,7 @@ from gpuwm.api.http import bearer_token
 from gpuwm.api.limits import QueryLimits
 from gpuwm.config import Settings
 from gpuwm.model.figures import WorkloadFigures
-from gpuwm.store.base import Store
+from gpuwm.store import Store
 
 T = TypeVar("T")
 #: a default range that is not a run's life: the last hour of the store's data

@@ -36,7 +36,7 @@ from gpuwm.api.http import (
 )
 from gpuwm.api.params import choose_range, parse_metrics, parse_step, parse_time
 from gpuwm.api.routes.context import ApiContext
-from gpuwm.store.base import DEFAULT_METRICS, Breakdown, RangeQuery, Scope, Series, Store
+from gpuwm.store import DEFAULT_METRICS, Breakdown, RangeQuery, Scope, Series, Store
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwm.accounting import Engine, EngineConfig
-from gpuwm.accounting.persist import LazyEntries, saved_entries
+from gpuwm.accounting import Engine, EngineConfig, LazyEntries, saved_entries
 from gpuwm.controller.pull import DeviceHolder, index_holders
 from gpuwm.controller.status import ConditionMemo, memo_from_json, memo_to_json
 from gpuwm.controller.watch import TrackedPod

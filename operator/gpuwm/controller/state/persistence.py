@@ -22,8 +22,7 @@ from typing import Any, BinaryIO, overload
 
 import orjson
 
-from gpuwm.accounting.persist import LazyEntries
-from gpuwm.accounting.rawcolumns import RawDoubles, RawJson
+from gpuwm.accounting import LazyEntries, RawDoubles, RawJson
 
 logger = logging.getLogger(__name__)
 
