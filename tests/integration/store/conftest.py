@@ -12,10 +12,10 @@ from collections.abc import Iterator, Sequence
 
 import pytest
 
-from gpuwm.api.openmetrics import OpenMetricsBackfill
 from gpuwm.model.figures import ClusterFigures
 from gpuwm.store.embedded import EmbeddedStore
 from gpuwm.store.prometheus import PrometheusStore
+from tests.integration.store.openmetrics_backfill import OpenMetricsBackfill
 from tests.integration.store.prometheus_fixture import Interval, backfill, running_prometheus
 
 

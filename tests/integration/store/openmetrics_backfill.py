@@ -1,4 +1,4 @@
-"""Render intervals as timestamped OpenMetrics, for `promtool tsdb create-blocks-from openmetrics`.
+"""Render intervals as timestamped OpenMetrics, for `promtool tsdb create-blocks-from openmetrics` (test support).
 
 Writes what Prometheus would have scraped: the agent's `gpuwm_gpu_*` / pod series and the
 controller's `/metrics` (rendered by the real `WorkloadMetricsCollector`). The real-Prometheus tests
@@ -15,7 +15,7 @@ from gpuwm.api.prom_metrics import WorkloadMetricsCollector
 from gpuwm.model import GpuSample, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
 from gpuwm.model.metrics import EXPORTED, Source
-from gpuwm.store.base import RangeQuery, Series, Store
+from gpuwm.store import RangeQuery, Series, Store
 
 #: the agent's per-device series read off a sample's field, and its per-pod series (the catalogue's)
 _AGENT_GPU = tuple(metric for metric in EXPORTED if metric.source is Source.GPU and metric.field is not None)

@@ -13,7 +13,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwm.agent.core import Agent, DeviceCounters
 from gpuwm.agent.metrics import MetricsRenderer
-from gpuwm.api.openmetrics import OpenMetricsBackfill
 from gpuwm.api.runai_metrics import RunaiOptions, runai_metrics
 from gpuwm.config import Settings
 from gpuwm.feed import AgentDevice
@@ -25,6 +24,7 @@ from gpuwm.store.codec import METRIC_COUNT, RESOLUTION, ROLLUP_QUANTUM
 from gpuwm.store.embedded import EmbeddedStore
 from gpuwm.store.promql import promql
 from gpuwm.store.rows import build_rows
+from tests.integration.store.openmetrics_backfill import OpenMetricsBackfill
 
 from ..store.store_data import cluster, project, sample, workload
 
