@@ -278,6 +278,11 @@ class ControllerRuntime:
             at = ended.deletion_time or now
         else:
             at = now if pod.phase in {"Deleted", "Unknown"} else (pod.phase_since or now)
+            if pod.created is not None and at < pod.created:
+                # a phase cannot start before the pod exists: the kubelet stamps container starts with the
+                # node's clock, the API server the creation with its own; a node a second behind would put
+                # Running before Pending in the engine's timeline, and the pod would end up Pending
+                at = pod.created
         if previous is not None and json.loads(previous)[3] != pod.workload.uid:
             # its owner changed (`kubectl delete job --cascade=orphan`: the garbage collector stripped its
             # ownerReferences): the move is news of now, not of the pod's start, or the old workload's time would
