@@ -105,6 +105,10 @@ PodParam = Annotated[
         "(with by=gpu, one per GPU of those pods). A name the workload never had is refused (400)."
     ),
 ]
+NamespaceParam = Annotated[str | None, Query(description="Only this namespace.")]
+ProjectParam = Annotated[str | None, Query(description="Only this project.")]
+#: a list's next page (`continue` is a Python keyword, hence the alias)
+ContinueParam = Annotated[str | None, Query(alias="continue", description="The previous page's `continue`: the next page.")]
 LeaderParam = Annotated[
     str | None,
     Query(description="true: only the leader's series (rank 0: master, chief, launcher or head, else the lowest "

@@ -18,7 +18,7 @@ from gpuwm.api.fleet import (
     page_of_gpus,
     page_of_nodes,
 )
-from gpuwm.api.http import ERRORS, NOT_FOUND, NotFound, check_parameters, metrics_json
+from gpuwm.api.http import ERRORS, NOT_FOUND, ContinueParam, NotFound, check_parameters, metrics_json
 from gpuwm.api.params import parse_breakdown
 from gpuwm.api.routes.context import CallerOf, Context
 from gpuwm.api.routes.ranges import DeviceRange, RangeTarget, ScopeRange, answer_range
@@ -61,12 +61,11 @@ async def cluster_metrics(context: Context, caller: CallerOf, params: ScopeRange
 Limit = Annotated[
     int | None, Query(description=f"At most this many (1 .. {MAX_PAGE_ITEMS}); unset: all.", ge=1, le=MAX_PAGE_ITEMS)
 ]
-Continue = Annotated[str | None, Query(alias="continue", description="The previous page's `continue`: the next page.")]
 
 
 @router.get("/api/v1/nodes", response_model=NodeList, responses=ERRORS, tags=["fleet"])
 async def list_nodes(
-    request: Request, context: Context, caller: CallerOf, limit: Limit = None, continue_: Continue = None
+    request: Request, context: Context, caller: CallerOf, limit: Limit = None, continue_: ContinueParam = None
 ) -> NodeList:
     """Every GPU node now: its devices per state, units held and free, models; needs cluster-wide access.
     Paged by name with `limit` and `continue`."""
@@ -83,7 +82,7 @@ async def list_gpus(
     node: Annotated[str | None, Query(description="Only this node's devices.")] = None,
     state: Annotated[GpuState | None, Query(description=f"Only devices in this state: {', '.join(GPU_STATES)}.")] = None,
     limit: Limit = None,
-    continue_: Continue = None,
+    continue_: ContinueParam = None,
 ) -> GpuList:
     """Every device now: model, units, MIG layout (`parentUuid`, `migProfile`, `migParent`), holders, state
     (active, idle-held, allocated-empty, free, unhealthy, unmonitored) and latest sample; cluster-wide access.

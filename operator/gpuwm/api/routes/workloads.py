@@ -8,7 +8,17 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from gpuwm.api.http import BOOL_PATTERN, ERRORS, NOT_FOUND, NotFound, check_parameters, is_idle
+from gpuwm.api.http import (
+    BOOL_PATTERN,
+    ERRORS,
+    NOT_FOUND,
+    ContinueParam,
+    NamespaceParam,
+    NotFound,
+    ProjectParam,
+    check_parameters,
+    is_idle,
+)
 from gpuwm.api.params import parse_bool
 from gpuwm.api.queue import WAITING_PHASES, QueueView, queue_view
 from gpuwm.api.routes.context import ApiContext, CallerOf, Context
@@ -34,8 +44,8 @@ async def list_workloads(
     request: Request,
     context: Context,
     caller: CallerOf,
-    namespace: Annotated[str | None, Query(description="Only this namespace.")] = None,
-    project: Annotated[str | None, Query(description="Only this project.")] = None,
+    namespace: NamespaceParam = None,
+    project: ProjectParam = None,
     idle: Annotated[
         str | None,
         Query(description="true: only workloads holding GPUs and idle now; false: the others.", pattern=BOOL_PATTERN),
@@ -52,9 +62,7 @@ async def list_workloads(
     limit: Annotated[
         int | None, Query(description=f"At most this many workloads (1 .. {MAX_PAGE_RUNS}).", ge=1, le=MAX_PAGE_RUNS)
     ] = None,
-    continue_: Annotated[
-        str | None, Query(alias="continue", description="The previous page's `continue`: the next page.")
-    ] = None,
+    continue_: ContinueParam = None,
 ) -> WorkloadList:
     """Current state of every workload you may read.
 
@@ -180,8 +188,8 @@ async def queue(
     request: Request,
     context: Context,
     caller: CallerOf,
-    namespace: Annotated[str | None, Query(description="Only this namespace.")] = None,
-    project: Annotated[str | None, Query(description="Only this project.")] = None,
+    namespace: NamespaceParam = None,
+    project: ProjectParam = None,
 ) -> QueueView:
     """Queued and pending workloads you may read, longest wait first.
 
