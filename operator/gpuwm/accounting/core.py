@@ -98,6 +98,10 @@ class EngineCore:
         #: device's figure (DESIGN §3, rule of 2026-11-27); counted once, when a sample is first accounted
         self.unattributed_samples = 0
         self._last_maintenance = -INFINITY
+        #: bumped by each sample, batch of samples, pod or namespace event: any of them may change window
+        #: segments, so a memo of figures (`Engine`'s latest report's sums) stands while this stays the same
+        #: (a counter, not an override per input in Engine: one more call per sample cost more than this)
+        self.inputs = 0
         #: an interval longer than this is unmonitored (DESIGN §3: 3 x the poll interval)
         self.gap_seconds = self.config.gap_seconds
         #: a holder at or above this utilisation is active (DESIGN §3, `idleThresholdPercent`)
@@ -138,6 +142,7 @@ class EngineCore:
         place_in_timeline(workload.timeline, max(event.t, self.boundary), event)
 
     def observe_namespace(self, event: NamespaceEvent) -> None:
+        self.inputs += 1
         known = self.namespaces.get(event.name)
         if known is None or event.t >= known.t:
             self.namespaces[event.name] = event
@@ -164,6 +169,9 @@ class EngineCore:
         return gpu
 
     def observe_sample(self, sample: GpuSample) -> None:
+        self.inputs += 1
+        values = sample_values(sample)
+        t = values[0]
         uuid = sample.uuid
         if "::" in uuid:
             uuid = physical_uuid(uuid)
@@ -172,19 +180,19 @@ class EngineCore:
             gpu = self.gpu_records[uuid] = Gpu(uuid, sample.node)
         else:
             gpu.node = sample.node
-        t = sample.t
         times = gpu.times
         if times and t <= times[-1]:
             if t < self.boundary:
                 self.late_samples_dropped += 1
                 return
-            if self._insert_late_point(gpu, sample_values(sample)):
+            if self._insert_late_point(gpu, values):
                 gpu.latest = sample
         else:
-            gpu.append(sample_values(sample))
+            gpu.append(values)
             gpu.latest = sample
-            if gpu.stretches:
-                self._apply_appended(gpu, len(times) - 1, gpu.stretches)
+            stretches = gpu.stretches
+            if stretches:
+                self._apply_appended(gpu, len(times) - 1, stretches, values)
             if uuid in self.mig_children:
                 self._apply_parent_energy(gpu, times[-2] if len(times) > 1 else t, t, self._child_stretches(uuid), 1.0)
         if sample.parent_uuid is not None and sample.energy_joules is None:
@@ -228,6 +236,7 @@ class EngineCore:
         parent's energy) runs per row. A device's `latest` is built (`batch.sample`) only for the
         row that ends up as its latest.
         """
+        self.inputs += 1
         count = len(batch.t)
         physical = [physical_uuid(uuid) for uuid in batch.uuids]
         uids: dict[str, int] = {}
@@ -350,7 +359,8 @@ class EngineCore:
                     gpu.append(values)
                     latest_rows[uuid] = (gpu, row)
                     if gpu.stretches:
-                        self._apply_appended(gpu, len(times) - 1, gpu.stretches)
+                        index = len(times) - 1
+                        self._apply_appended(gpu, index, gpu.stretches, gpu.point(index))
                     if uuid in children:
                         self._apply_parent_energy(
                             gpu, times[-2] if len(times) > 1 else t, t, self._child_stretches(uuid), 1.0
@@ -362,7 +372,7 @@ class EngineCore:
             index = positions[row]
             if index >= 0:
                 if gpu.stretches:
-                    self._apply_appended(gpu, index, gpu.stretches)
+                    self._apply_appended(gpu, index, gpu.stretches, gpu.point(index))
                 if uuid in children:
                     low = gpu.times[index - 1] if index > 0 else t
                     self._apply_parent_energy(gpu, low, t, self._child_stretches(uuid), 1.0)
@@ -372,6 +382,7 @@ class EngineCore:
                 self._register_mig_child(parent, uuid)
 
     def observe_pod(self, event: PodEvent) -> None:
+        self.inputs += 1
         compact_pod_event(event)  # kept in the pod's timeline, for a finished pod as long as the retention
         workload = self.workload_records.get(event.workload.uid)
         if workload is None:
@@ -725,29 +736,32 @@ class EngineCore:
         if counted and sign > 0 and low == -INFINITY and high == INFINITY:  # a new point, not a re-accounting
             self.unattributed_samples += 1
 
-    def _apply_appended(self, gpu: Gpu, index: int, stretches: list[Stretch]) -> None:
+    def _apply_appended(self, gpu: Gpu, index: int, stretches: list[Stretch], values: SampleValues) -> None:
         """`_apply_interval(gpu, index, -inf, inf, stretches, 1.0)`, the same arithmetic to the bit, for a new point.
 
-        What `observe_samples` runs per appended row: the whole interval, nothing taken back (x * 1.0
-        is x, and a cut at -inf/inf is the interval itself), the per-stretch work inlined. An
+        What `observe_sample` and `observe_samples` run per appended row: the whole interval, nothing
+        taken back (x * 1.0 is x, and a cut at -inf/inf is the interval itself), the per-stretch work
+        inlined. `values` is point `index` itself (`Gpu.point`), so the point is read from locals, not
+        from the history's columns; `_monitored` and the check for `cuts` are inlined for it. An
         interval in which g's holders change goes through `_apply_interval` (it is cut there).
         """
-        times = gpu.times
-        end = times[index]
+        end, sm, memory, joules, pod_sm, device_units, merged = values
         energy = NOTHING
+        holders = len(gpu.stretches)
         if index == 0:
             start = -INFINITY
             monitored = False
         else:
-            start = times[index - 1]
-            monitored = self._monitored(gpu, index)
-            if monitored and self.cuts(gpu, start, end):
+            start = gpu.times[index - 1]
+            monitored = sm == sm and end - merged - start <= self.gap_seconds  # `_monitored`
+            # `cuts` finds none where g has fewer than two stretches
+            if monitored and holders > 1 and self.cuts(gpu, start, end):
                 self._apply_interval(gpu, index, -INFINITY, INFINITY, stretches, 1.0)
                 return
-            joules, previous_joules = gpu.energy[index], gpu.energy[index - 1]
+            previous_joules = gpu.energy[index - 1]
             if joules == joules and previous_joules == previous_joules:
-                energy = max(0.0, joules - previous_joules) / (end - start)
-        memory = gpu.memory[index]
+                used = joules - previous_joules
+                energy = (used if used > 0.0 else 0.0) / (end - start)  # max(0.0, used), without the call
         threshold = self.threshold_percent
         cached_key: tuple[Workload, float, float] | None = None
         utilization = 0.0
@@ -755,9 +769,11 @@ class EngineCore:
         # the common case, a GPU with one stretch and no per-process data: `attribution`'s first branch
         # (its sole holder takes the device's SM % over its share), computed here as it computes it
         sole = None
-        if monitored and len(gpu.stretches) == 1 and gpu.pod_sm[index] is None:
+        if monitored and holders == 1 and pod_sm is None:
             sole = gpu.stretches[0]
-            utilization = min(100.0, gpu.sm[index] / (sole.units / gpu.device_units[index]))
+            utilization = sm / (sole.units / device_units)
+            if not utilization < 100.0:  # min(100.0, utilization), without the call
+                utilization = 100.0
         for stretch in stretches:
             stretch_start, stretch_end = stretch.start, stretch.end
             piece_start = start if start > stretch_start else stretch_start

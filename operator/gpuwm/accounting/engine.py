@@ -11,7 +11,7 @@ from typing import Any
 
 from gpuwm.accounting.core import EngineCore
 from gpuwm.accounting.persist import restore_state, save_state
-from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Pod, SampleBatch, Stretch, Workload
+from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Pod, Stretch, Workload
 from gpuwm.accounting.windows import windows_of
 from gpuwm.model.figures import (
     ClusterFigures,
@@ -23,8 +23,7 @@ from gpuwm.model.figures import (
     shared_keys_fields,
     trusted_complete,
 )
-from gpuwm.model.sample import GpuSample
-from gpuwm.model.trace import NamespaceEvent, PodEvent, WorkloadEvent, gpu_quota
+from gpuwm.model.trace import WorkloadEvent, gpu_quota
 
 _TERMINAL_PHASES = ("Succeeded", "Failed", "Deleted")
 #: the report's two biggest models' fields, for dicts of shared keys (see `shared_keys_fields`)
@@ -167,12 +166,16 @@ class _Sums:
 
 class _ReportWindows:
     """Each workload's `windows.windows(now)` of one report, kept until the next report or input (the
-    report's own lists, not copies: packing them cost more than keeping them; bench/README.md)."""
+    report's own lists, not copies: packing them cost more than keeping them; bench/README.md).
+    `inputs`: the engine's input count at the report (see `EngineCore.inputs`)."""
 
-    __slots__ = ("_row_of", "_windows", "now")
+    __slots__ = ("_row_of", "_windows", "inputs", "now")
 
-    def __init__(self, now: float, uids: list[str], windows: list[tuple[list[float], list[float], list[float]]]) -> None:
+    def __init__(
+        self, now: float, inputs: int, uids: list[str], windows: list[tuple[list[float], list[float], list[float]]]
+    ) -> None:
         self.now = now
+        self.inputs = inputs
         self._row_of = dict(zip(uids, range(len(uids)), strict=True))
         self._windows = windows
 
@@ -193,24 +196,6 @@ class Engine(EngineCore):
         #: the workloads in report order (namespace, name, uid), kept while no workload comes or goes: one that
         #: comes adds to their number, one that goes (`forget_workload`) drops the list
         self._ordered: list[Workload] | None = None
-
-    # any input may change window segments (a late sample or pod event rewrites them; an advancing clock trims
-    # and folds them): the latest report's sums are then no longer the figures at its time
-    def observe_namespace(self, event: NamespaceEvent) -> None:
-        self._report_windows = None
-        super().observe_namespace(event)
-
-    def observe_sample(self, sample: GpuSample) -> None:
-        self._report_windows = None
-        super().observe_sample(sample)
-
-    def observe_samples(self, batch: SampleBatch) -> None:
-        self._report_windows = None
-        super().observe_samples(batch)
-
-    def observe_pod(self, event: PodEvent) -> None:
-        self._report_windows = None
-        super().observe_pod(event)
 
     def forget_workload(self, uid: str) -> None:  # the others' segments stay as they were: their sums still hold
         self._ordered = None
@@ -572,7 +557,7 @@ class Engine(EngineCore):
             return None
         at = self.clock if now is None else now
         memo = self._report_windows
-        windows = memo.get(uid) if memo is not None and memo.now == at else None
+        windows = memo.get(uid) if memo is not None and memo.now == at and memo.inputs == self.inputs else None
         return self._workload_figures(workload, at, windows)[0]
 
     def _sorted_workloads(self) -> list[Workload]:
@@ -585,8 +570,9 @@ class Engine(EngineCore):
     def _rows(self, now: float) -> list[tuple[Workload, WorkloadFigures, _Sums]]:
         """Every workload's figures and window sums, the windows of all computed in one pass."""
         ordered = self._sorted_workloads()
+        self._report_windows = None  # the last report's sums go before this one's are made, not after
         windows = windows_of([workload.windows for workload in ordered], now)
-        self._report_windows = _ReportWindows(now, [workload.uid for workload in ordered], windows)
+        self._report_windows = _ReportWindows(now, self.inputs, [workload.uid for workload in ordered], windows)
         return [(workload, *self._workload_figures(workload, now, window))
                 for workload, window in zip(ordered, windows, strict=True)]
 

@@ -66,9 +66,14 @@ def sample_values(sample: GpuSample) -> SampleValues:
 
     The per-pod SM map is None without per-process data; `processes: []` is per-process
     data saying "no processes" (an empty map); a list whose processes carry no SM is none.
+
+    The fields are read from the model's `__dict__` (where pydantic keeps them): an attribute of a
+    pydantic model is read through `BaseModel.__getattr__`'s hook, several times a dict's lookup,
+    and the engine reads these once per sample.
     """
+    fields = sample.__dict__
     pod_sm: dict[str, float] | None = None
-    processes = sample.processes
+    processes = fields["processes"]
     if processes is not None:
         with_sm = [process for process in processes if process.sm_percent is not None]
         if with_sm or not processes:
@@ -76,11 +81,20 @@ def sample_values(sample: GpuSample) -> SampleValues:
             for process in with_sm:
                 if process.pod_uid is not None:
                     pod_sm[process.pod_uid] = pod_sm.get(process.pod_uid, 0.0) + (process.sm_percent or 0.0)
-    used, total = sample.memory_used_bytes, sample.memory_total_bytes
-    memory = NOTHING if used is None or not total else min(100.0, 100.0 * used / total)
-    sm = sample.sm_percent if sample.healthy and sample.sm_percent is not None else NOTHING
-    energy = NOTHING if sample.energy_joules is None else sample.energy_joules
-    return sample.t, sm, memory, energy, pod_sm, sample.device_units, sample.merged_seconds or 0.0
+    used, total = fields["memory_used_bytes"], fields["memory_total_bytes"]
+    if used is None or not total:
+        memory = NOTHING
+    else:
+        memory = 100.0 * used / total
+        if not memory < 100.0:  # min(100.0, memory), without the call
+            memory = 100.0
+    sm = fields["sm_percent"]
+    if sm is None or not fields["healthy"]:
+        sm = NOTHING
+    energy = fields["energy_joules"]
+    if energy is None:
+        energy = NOTHING
+    return fields["t"], sm, memory, energy, pod_sm, fields["device_units"], fields["merged_seconds"] or 0.0
 
 
 @dataclass(frozen=True)
@@ -292,15 +306,37 @@ class Gpu:
     def last_time(self) -> float | None:
         return self.times[-1] if self.times else None
 
+    def point(self, index: int) -> SampleValues:
+        """Point `index` of the history, as `append` took it (NaN where not reported)."""
+        return (self.times[index], self.sm[index], self.memory[index], self.energy[index], self.pod_sm[index],
+                self.device_units[index], self.merged[index])
+
     def append(self, values: SampleValues) -> None:
+        """Add a point after the last.
+
+        The engine appends once per sample, and a uniform column's value almost always repeats:
+        that case is one length increment here (`UniformColumn.append` would take two calls).
+        """
         t, sm, memory, energy, pod_sm, device_units, merged = values
         self.times.append(t)
         self.sm.append(sm)
         self.memory.append(memory)
         self.energy.append(energy)
-        self.pod_sm.append(pod_sm)
-        self.device_units.append(device_units)
-        self.merged.append(merged)
+        column = self.pod_sm
+        if pod_sm is None and column._items is None and column._value is None:
+            column._size += 1
+        else:
+            column.append(pod_sm)
+        units_column = self.device_units
+        if units_column._items is None and device_units == units_column._value:
+            units_column._size += 1
+        else:
+            units_column.append(device_units)
+        merged_column = self.merged
+        if merged_column._items is None and merged == merged_column._value:
+            merged_column._size += 1
+        else:
+            merged_column.append(merged)
 
     def insert(self, index: int, values: SampleValues) -> None:
         t, sm, memory, energy, pod_sm, device_units, merged = values

@@ -64,7 +64,11 @@ class WindowSums:
         return len(self._data) // _STRIDE
 
     def add(self, start: float, end: float, units: float, util_units: float, mem_units: float, mem_mem_units: float) -> None:
-        """Add rates (per second) over (start, end]; negative rates remove."""
+        """Add rates (per second) over (start, end]; negative rates remove.
+
+        Adding to the last segment (the same interval on another device) may make it equal to the one
+        before in rates, and then the two become one.
+        """
         if end <= start:
             return
         data = self._data
@@ -72,11 +76,27 @@ class WindowSums:
         if size:
             last = size - _STRIDE
             if data[last] == start and data[last + 1] == end:  # same interval on another device
-                data[last + 2] += units
-                data[last + 3] += util_units
-                data[last + 4] += mem_units
-                data[last + 5] += mem_mem_units
-                self._merge_tail()
+                # from here the rates are the last segment's with these added (kept in locals, not read back)
+                units = data[last + 2] + units
+                util_units = data[last + 3] + util_units
+                mem_units = data[last + 4] + mem_units
+                mem_mem_units = data[last + 5] + mem_mem_units
+                if size >= 2 * _STRIDE:
+                    before = last - _STRIDE
+                    if (
+                        data[before + 1] == start
+                        and data[before + 2] == units
+                        and data[before + 3] == util_units
+                        and data[before + 4] == mem_units
+                        and data[before + 5] == mem_mem_units
+                    ):
+                        data[before + 1] = data[last + 1]
+                        del data[last:]
+                        return
+                data[last + 2] = units
+                data[last + 3] = util_units
+                data[last + 4] = mem_units
+                data[last + 5] = mem_mem_units
                 return
             if (
                 data[last + 1] == start
@@ -115,7 +135,7 @@ class WindowSums:
                     tail[last + 3] += util
                     tail[last + 4] += mem_unit
                     tail[last + 5] += mem
-                    if size >= 2 * _STRIDE:  # what _merge_tail does
+                    if size >= 2 * _STRIDE:  # what `add` does
                         before = size - 2 * _STRIDE
                         if (
                             tail[before + 1] == tail[last]
@@ -138,22 +158,6 @@ class WindowSums:
                     continue
             tail += (start, end, unit, util, mem_unit, mem)
         data.extend(tail)
-
-    def _merge_tail(self) -> None:
-        data = self._data
-        size = len(data)
-        if size < 2 * _STRIDE:
-            return
-        last, before = size - _STRIDE, size - 2 * _STRIDE
-        if (
-            data[before + 1] == data[last]
-            and data[before + 2] == data[last + 2]
-            and data[before + 3] == data[last + 3]
-            and data[before + 4] == data[last + 4]
-            and data[before + 5] == data[last + 5]
-        ):
-            data[before + 1] = data[last + 1]
-            del data[last:]
 
     def window(self, low: float, high: float) -> tuple[float, float, float, float]:
         """Integrals over (low, high]: unit-seconds, util-unit-seconds, memory unit-seconds, memory-unit-seconds."""
