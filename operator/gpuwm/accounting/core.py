@@ -172,14 +172,15 @@ class EngineCore:
         self.inputs += 1
         values = sample_values(sample)
         t = values[0]
-        uuid = sample.uuid
+        fields = sample.__dict__  # read as `sample_values` reads them (see there)
+        uuid = fields["uuid"]
         if "::" in uuid:
             uuid = physical_uuid(uuid)
         gpu = self.gpu_records.get(uuid)
         if gpu is None:
-            gpu = self.gpu_records[uuid] = Gpu(uuid, sample.node)
+            gpu = self.gpu_records[uuid] = Gpu(uuid, fields["node"])
         else:
-            gpu.node = sample.node
+            gpu.node = fields["node"]
         times = gpu.times
         if times and t <= times[-1]:
             if t < self.boundary:
@@ -195,8 +196,9 @@ class EngineCore:
                 self._apply_appended(gpu, len(times) - 1, stretches, values)
             if uuid in self.mig_children:
                 self._apply_parent_energy(gpu, times[-2] if len(times) > 1 else t, t, self._child_stretches(uuid), 1.0)
-        if sample.parent_uuid is not None and sample.energy_joules is None:
-            self._register_mig_child(sample.parent_uuid, uuid)
+        parent_uuid = fields["parent_uuid"]
+        if parent_uuid is not None and fields["energy_joules"] is None:
+            self._register_mig_child(parent_uuid, uuid)
         if t > self.clock:
             self._advance(t)
 
@@ -788,14 +790,14 @@ class EngineCore:
             if not monitored:
                 workload.unmonitored_gpu_seconds += unit_seconds
                 continue
-            if stretch is not sole:
+            if stretch is not sole:  # (a sole holder's figure is never unattributed)
                 key = (workload, piece_start, piece_end)
                 if key != cached_key:
                     cached_key = key
                     utilization, unattributed = self.attribution(gpu, index, workload, piece_start, piece_end)
-            if unattributed:
-                workload.unattributed_gpu_seconds += unit_seconds
-                counted = True
+                if unattributed:
+                    workload.unattributed_gpu_seconds += unit_seconds
+                    counted = True
             if utilization >= threshold:
                 workload.active_gpu_seconds += unit_seconds
                 if piece_end > stretch.last_active:

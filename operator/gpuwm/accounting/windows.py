@@ -12,6 +12,7 @@ boundaries, pro rata otherwise.
 
 from __future__ import annotations
 
+import struct
 import zlib
 from array import array
 from collections.abc import Sequence
@@ -36,6 +37,11 @@ _FOLD_SPREAD_SEGMENTS = 16
 _NUMPY_FROM_SEGMENTS = 24  # below this a plain loop is faster than numpy's call overhead
 _WORKLOADS_PER_PASS = 128  # workloads per numpy pass over segments: bounds the pass's temporaries
 _TRIM_FROM_SEGMENTS = 8  # segments past the hour are dropped once this many lead (see `_trim`)
+#: a segment, and its four rates, as the segments' array holds them (native doubles): `add` writes one with a
+#: single copy of its bytes, where the array's own append or item assignment converts each number on its own
+_SEGMENT = struct.Struct(f"{_STRIDE}d")
+_RATES = struct.Struct(f"{_STRIDE - 2}d")
+_DOUBLE_BYTES = array("d").itemsize
 
 
 def fold_after_of(uid: str) -> int:
@@ -93,10 +99,7 @@ class WindowSums:
                         data[before + 1] = data[last + 1]
                         del data[last:]
                         return
-                data[last + 2] = units
-                data[last + 3] = util_units
-                data[last + 4] = mem_units
-                data[last + 5] = mem_mem_units
+                _RATES.pack_into(data, (last + 2) * _DOUBLE_BYTES, units, util_units, mem_units, mem_mem_units)
                 return
             if (
                 data[last + 1] == start
@@ -107,7 +110,7 @@ class WindowSums:
             ):
                 data[last + 1] = end
                 return
-        data.extend((start, end, units, util_units, mem_units, mem_mem_units))
+        data.frombytes(_SEGMENT.pack(start, end, units, util_units, mem_units, mem_mem_units))
 
     def add_many(
         self, starts: list[float], ends: list[float], units: list[float], util_units: list[float],
