@@ -80,3 +80,31 @@ def test_a_gpu_history_of_repeats_holds_no_per_sample_column() -> None:
     assert not gpu.pod_sm.uniform and gpu.pod_sm[-1] == {"pod-a": 30.0}
     gpu.forget_before(len(gpu.times))  # the per-process sample aged out
     assert gpu.pod_sm.uniform and len(gpu.pod_sm) == 0
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_gpu_append_keeps_each_column_as_the_list_of_its_values(seed: int) -> None:
+    """`Gpu.append` counts a repeated value in place (its fast path) and hands any other to the column: the
+    columns still read as the lists of the values appended, each point as `Gpu.point` returns it."""
+    rng = random.Random(seed)
+    gpu = Gpu("GPU-a", "node-a")
+    pod_sms: list[Any] = [None, {"pod-a": 40.0}, {}]
+    units, merged = [3 / 7, 1.0, 0.25], [0.0, 2.0]
+    points = []
+    for t in range(300):
+        point = (
+            float(t), 50.0, 10.0, float(t),
+            rng.choice(pod_sms) if rng.random() < 0.1 else None,
+            rng.choice(units) if rng.random() < 0.1 else units[0],
+            rng.choice(merged) if rng.random() < 0.1 else 0.0,
+        )
+        gpu.append(point)
+        points.append(point)
+        if rng.random() < 0.05:  # old points age out, and the columns may turn uniform again
+            cut = rng.randrange(len(points) + 1)
+            gpu.forget_before(cut)
+            del points[:cut]
+        assert list(gpu.pod_sm) == [point[4] for point in points]
+        assert list(gpu.device_units) == [point[5] for point in points]
+        assert list(gpu.merged) == [point[6] for point in points]
+    assert [gpu.point(index) for index in range(len(points))] == points
