@@ -18,11 +18,10 @@ kept (`Snapshot.rejected_samples` counts it).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from hashlib import blake2b
 from typing import Any
@@ -364,23 +363,21 @@ def _tagged_devices(
 class ColumnBatch:
     """Agents' `format=columns` pages read together (`parse_columns_many`), not one agent at a time.
 
-    A pull's snapshot waits here once all its pages are in. The waiting pages are read when
-    they reach `BATCH_ROWS` rows, or when no other pull of the round is still fetching: a slow
-    or dead agent holds up only its own pull (its connection slot is free meanwhile). A page
-    that is malformed fails its own agent only, with the error `parse_snapshot` would give.
+    A pull hands its snapshot over once all its pages are in (`add`), with what to do once they
+    are read. The waiting pages are read when they reach `BATCH_ROWS` rows, or when no other pull
+    of the round is still fetching: a slow or dead agent holds up only its own pull (its connection
+    slot is free meanwhile). A page that is malformed fails its own agent only, with the error
+    `parse_snapshot` would give.
     """
 
     #: rows read at once: some 85 agents' merged 15 s pulls, numpy's fixed cost paid once for them
     BATCH_ROWS = 2048
 
-    def __init__(self) -> None:
-        self._fetching = 0
-        self._waiting: list[tuple[str, Snapshot, asyncio.Future[None]]] = []
+    def __init__(self, fetching: int) -> None:
+        """`fetching`: the pulls of the round, each of which then calls `add` or `stopped` once."""
+        self._fetching = fetching
+        self._waiting: list[tuple[str, Snapshot, Callable[[ValueError | None], None]]] = []
         self._rows = 0
-
-    def started(self) -> None:
-        """A pull began (each pull then calls `read` or `stopped`, once)."""
-        self._fetching += 1
 
     def stopped(self) -> None:
         """A pull that will not wait here ended (it failed, or had no columns)."""
@@ -388,43 +385,39 @@ class ColumnBatch:
         if self._fetching <= 0 and self._waiting:
             self._read()
 
-    async def read(self, node: str, snapshot: Snapshot) -> None:
-        """Fill `snapshot.columns` from its pending pages; ValueError naming `node` for a malformed one."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((node, snapshot, future))
+    def add(self, node: str, snapshot: Snapshot, then: Callable[[ValueError | None], None]) -> None:
+        """Fill `snapshot.columns` from its pending pages, now or with later pulls' pages; then call `then` with
+        None, or with a ValueError naming `node` for a malformed page (its snapshot is then not to be used)."""
+        self._waiting.append((node, snapshot, then))
         self._rows += sum(map(_page_rows, snapshot.pending_columns))
         self._fetching -= 1
         if self._rows >= self.BATCH_ROWS or self._fetching <= 0:
             self._read()
-        await future
 
     def _read(self) -> None:
         waiting, self._waiting, self._rows = self._waiting, [], 0
         pages = [page for _, snapshot, _ in waiting for page in snapshot.pending_columns]
         try:
             results = parse_columns_many(pages)
-        except Exception as error:  # not expected (each page's own errors are results): no pull may wait forever,
-            for node, _, future in waiting:  # and each fails as its agent, not the whole pull
-                if not future.done():
-                    future.set_exception(ValueError(f"the snapshot of node {node!r} could not be read: {error!r}"))
+        except Exception as error:  # not expected (each page's own errors are results): each fails as its agent,
+            for node, _, then in waiting:  # not the whole pull
+                then(ValueError(f"the snapshot of node {node!r} could not be read: {error!r}"))
             return
         position = 0
-        for node, snapshot, future in waiting:
+        for node, snapshot, then in waiting:
             mine = results[position : position + len(snapshot.pending_columns)]
             position += len(snapshot.pending_columns)
             snapshot.pending_columns = []
-            if future.done():  # its pull was cancelled
-                continue
             failure = next((result for result in mine if isinstance(result, ValueError)), None)
             if failure is not None:
-                future.set_exception(ValueError(f"agent for node {node!r} sent a malformed snapshot: {failure}"))
+                then(ValueError(f"agent for node {node!r} sent a malformed snapshot: {failure}"))
                 continue
             parts = [result for result in mine if isinstance(result, SampleColumns)]
             snapshot.rejected_samples += sum(part.rejected_rows for part in parts)
             if snapshot.columns is not None:
                 parts.insert(0, snapshot.columns)
             snapshot.columns = join(parts)
-            future.set_result(None)
+            then(None)
 
 
 def _page_rows(page: Mapping[str, Any]) -> int:

@@ -365,3 +365,47 @@ async def test_a_pull_reads_columns_outside_its_connection_slot_and_a_bad_agent_
         assert puller.positions()["n3"]["since"] == 0 and puller.positions()["n0"]["since"] == 6
         assert any("agent for node 'n3' sent a malformed snapshot: column 'sm_percent' row 0: 250 is above 100"
                    in record.getMessage() for record in caplog.records)
+
+
+async def test_a_pull_asks_at_most_max_concurrency_agents_at_once_and_times_each_from_when_it_is_sent() -> None:
+    """Eight agents answering in 0.3 s each, two at a time: the pull takes four rounds (~1.2 s), past the 0.8 s
+    timeout, yet every agent answers, as no request's timeout runs while it waits for a free slot; never more
+    than two are asked at once, and the agents are asked in node order."""
+    rng = random.Random(9)
+    nodes = [f"n{index}" for index in range(8)]
+    bodies = {node: _plain_body(rng, node, 3, 1) for node in nodes}
+    in_flight, most, asked = 0, 0, []
+
+    async def handle(request: web.Request) -> web.Response:
+        nonlocal in_flight, most
+        asked.append(request.match_info["node"])
+        in_flight += 1
+        most = max(most, in_flight)
+        try:
+            await asyncio.sleep(0.3)
+        finally:
+            in_flight -= 1
+        return web.Response(body=orjson.dumps(bodies[request.match_info["node"]]), content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/{node}/v1/snapshot", handle)
+    puller = AgentPuller(timeout_seconds=0.8, max_concurrency=2)
+    intake = SampleIntake(Engine(EngineConfig()))
+    async with serving(app) as url:
+        try:
+            started = asyncio.get_running_loop().time()
+            result = await puller.pull_all({node: f"{url}/{node}" for node in reversed(nodes)}, on_snapshot=intake.take)
+            took = asyncio.get_running_loop().time() - started
+        finally:
+            await puller.close()
+    intake.flush()
+    assert result.failed_nodes == []
+    assert [snapshot.node for snapshot in result.snapshots] == nodes
+    assert intake.samples == 8 * 3
+    assert most == 2 and took >= 4 * 0.3
+    assert asked == nodes
+
+
+def test_a_puller_pulls_at_least_one_agent_at_a_time() -> None:
+    with pytest.raises(ValueError, match="max_concurrency: at least 1 agent is pulled at a time, got 0"):
+        AgentPuller(max_concurrency=0)

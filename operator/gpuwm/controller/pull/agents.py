@@ -132,13 +132,18 @@ class AgentPuller:
     """Pulls every agent's `/v1/snapshot?since=SEQ` concurrently, each with a timeout.
 
     The requests go through one `aiohttp.ClientSession` (created on the first pull, inside the
-    event loop) whose connector keeps one connection per agent alive between pulls.
+    event loop) whose connector keeps one connection per agent alive between pulls. A pull runs
+    `max_concurrency` workers, each asking one agent at a time: a request's timeout starts when
+    it is sent, not while it waits for a free connection (with the connector's limit alone, the
+    last of a thousand agents would spend its timeout in the connector's queue), and a pull is
+    `max_concurrency` tasks, not one per agent.
     """
 
     def __init__(self, timeout_seconds: float = 5.0, max_concurrency: int = 64, keepalive_seconds: float = 60.0,
                  merge: MergeRequest | None = None, max_body_bytes: int = MAX_BODY_BYTES,
                  ssl_context: ssl.SSLContext | None = None) -> None:
-        self._limit = asyncio.Semaphore(max_concurrency)
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency: at least 1 agent is pulled at a time, got {max_concurrency}")
         self._max_concurrency = max_concurrency
         self._timeout_seconds = timeout_seconds
         #: idle connections live longer than a status interval (aiohttp's 15 s default is one interval, so
@@ -225,52 +230,72 @@ class AgentPuller:
             del self._holder_cache[gone]
         for gone in self._known_devices.keys() - agents.keys():
             del self._known_devices[gone]
-        batch = ColumnBatch()
-        outcomes = await asyncio.gather(*(self._pull(node, agents[node], on_snapshot, batch) for node in nodes))
+        answered: dict[str, Snapshot] = {}
+        batch = ColumnBatch(len(nodes))
+        queue = iter(nodes)
+
+        async def worker() -> None:
+            for node in queue:  # the next agent not yet asked, in node order
+                await self._pull(node, agents[node], batch, answered, on_snapshot)
+
+        # a worker is a connection slot: each agent's request starts its timeout only once it is sent
+        await asyncio.gather(*(worker() for _ in range(min(self._max_concurrency, len(nodes)))))
         result = PullResult()
-        for node, outcome in zip(nodes, outcomes, strict=True):
-            if outcome is None:
+        for node in nodes:
+            snapshot = answered.get(node)
+            if snapshot is None:
                 result.failed_nodes.append(node)
             else:
-                result.snapshots.append(outcome)
+                result.snapshots.append(snapshot)
         return result
 
     async def _pull(
-        self, node: str, base_url: str, on_snapshot: Callable[[Snapshot], None] | None = None,
-        batch: ColumnBatch | None = None,
-    ) -> Snapshot | None:
+        self, node: str, base_url: str, batch: ColumnBatch, answered: dict[str, Snapshot],
+        on_snapshot: Callable[[Snapshot], None] | None,
+    ) -> None:
+        """Fetch one agent's pages (in a worker's slot); its columns are read with other agents' (`batch`), after
+        which `_took` puts its snapshot in `answered`. An agent that fails is left out of `answered`."""
         state = self.state.setdefault(node, AgentState())
-        batch = batch if batch is not None else ColumnBatch()
-        batch.started()
-        waiting = False
+        handed_over = False
         try:
-            async with self._limit:
-                try:
-                    snapshot = await self._fetch(node, base_url, state.since)
-                    restarted = snapshot.seq < state.since or (
-                        state.agent_id is not None and snapshot.agent_id is not None
-                        and snapshot.agent_id != state.agent_id
-                    )
-                    if restarted:  # its sequence began again: read it from the start
-                        logger.info("agent on %s restarted (seq %d, was %d); reading it from the start",
-                                    node, snapshot.seq, state.since, extra={"node": node})
-                        snapshot = await self._fetch(node, base_url, 0)
-                    pages = 1
-                    while snapshot.more and pages < MAX_PAGES_PER_PULL:  # the agent pages large backlogs
-                        snapshot, pages = snapshot.extend(await self._fetch(node, base_url, snapshot.seq)), pages + 1
-                except (TimeoutError, AgentHttpError, OSError, ValueError) as error:
+            try:
+                snapshot = await self._fetch(node, base_url, state.since)
+                restarted = snapshot.seq < state.since or (
+                    state.agent_id is not None and snapshot.agent_id is not None
+                    and snapshot.agent_id != state.agent_id
+                )
+                if restarted:  # its sequence began again: read it from the start
+                    logger.info("agent on %s restarted (seq %d, was %d); reading it from the start",
+                                node, snapshot.seq, state.since, extra={"node": node})
+                    snapshot = await self._fetch(node, base_url, 0)
+                pages = 1
+                while snapshot.more and pages < MAX_PAGES_PER_PULL:  # the agent pages large backlogs
+                    snapshot, pages = snapshot.extend(await self._fetch(node, base_url, snapshot.seq)), pages + 1
+            except (TimeoutError, AgentHttpError, OSError, ValueError) as error:
+                self._failed(node, base_url, error)
+                return
+            if not snapshot.pending_columns:
+                self._took(node, base_url, snapshot, answered, on_snapshot)
+                return
+
+            def read(error: ValueError | None) -> None:
+                if error is None:
+                    self._took(node, base_url, snapshot, answered, on_snapshot)
+                else:
                     self._failed(node, base_url, error)
-                    return None
-            if snapshot.pending_columns:  # read with other agents' pages, outside the connection slots
-                waiting = True
-                try:
-                    await batch.read(node, snapshot)
-                except ValueError as error:
-                    self._failed(node, base_url, error)
-                    return None
+
+            handed_over = True  # read with other agents' pages, outside the connection slots
+            batch.add(node, snapshot, read)
         finally:
-            if not waiting:
+            if not handed_over:
                 batch.stopped()
+
+    def _took(
+        self, node: str, base_url: str, snapshot: Snapshot, answered: dict[str, Snapshot],
+        on_snapshot: Callable[[Snapshot], None] | None,
+    ) -> None:
+        """An agent's whole answer, its columns read: its position moves on, the snapshot goes to `on_snapshot`."""
+        state = self.state[node]
         if snapshot.truncated:
             logger.warning("agent on %s dropped samples before the controller read them (seq %d); "
                            "that time is unmonitored", node, state.since, extra={"node": node})
@@ -286,10 +311,10 @@ class AgentPuller:
         state.last_success = time.time()
         state.failures = 0
         state.warned = False
+        answered[node] = snapshot
         if on_snapshot is not None:
             on_snapshot(snapshot)  # `SampleIntake.take` puts the columns in time order
             snapshot.columns = None
-        return snapshot
 
     def _failed(self, node: str, base_url: str, error: BaseException) -> None:
         """An agent that did not answer, or answered something malformed: its GPUs are unmonitored, one warning.
