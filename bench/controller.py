@@ -473,6 +473,7 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
     writer = asyncio.create_task(runtime.writer.run())
     cycle_cpu: list[float] = []
     cycle_system: list[float] = []  # the kernel's share of each interval (sends and receives on loopback)
+    cycle_rss: list[float] = []  # RSS at the end of each interval, MiB (what issue 36's memory budget reads)
     writes_before = 0
     t_writes = time.perf_counter()
     profiler = None
@@ -504,6 +505,7 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         total_cpu = time.process_time() - start_cpu  # the cycle plus the writer's work until the next one
         cycle_cpu.append(total_cpu)
         cycle_system.append(os.times().system - start_system)
+        cycle_rss.append(rss_mib())
         now = time.perf_counter()
         writes = runtime.writer.stats.writes
         rate = (writes - writes_before) / (now - t_writes)
@@ -555,6 +557,8 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         waiting = [time.time() - at for at, kind_of, _ in freshness.changes.values() if kind_of == kind]
         print(f"state change -> CR ({kind}): {len(waiting)} NOT shown by the end, waiting {max(waiting):.1f} s "
               f"({max(waiting) / args.status_interval:.2f} intervals) and more")
+    # the controller's memory before the bench reads back every CR: that list is the bench's, not the controller's
+    rss_end_mib, rss_peak_mib = rss_mib(), rss_mib("VmHWM")
     listed = await client.list_items("/apis/gpuwm.io/v1alpha1/gpuworkloadmetrics")
     read_now = time.time()
     stamps = [((item.get("status") or {}).get("lastUpdateTime")) for item in listed]
@@ -564,17 +568,19 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
         print(f"read back from the API at the end: {len(listed)} GPUWorkloadMetrics, lastUpdateTime age p50 "
               f"{percentile(read_ages, 0.5):.0f} s, p99 {percentile(read_ages, 0.99):.0f} s, max {max(read_ages):.0f} s; "
               f"{len(stamps) - len(read_ages)} with no status")
+    del listed, stamps
     # steady: after the startup cycles (the first writes every CR; the first three each save the engine state,
     # later ones every stateSaveInterval, 2 minutes: cycle 11, 19, ...)
     skip = STARTUP_CYCLES if len(cycle_cpu) > STARTUP_CYCLES else 1
     steady = cycle_cpu[skip:] or cycle_cpu
     steady_system = cycle_system[skip:] or cycle_system
     steady_phases = phases[skip:] or phases
-    print(f"steady cycles: {skip + 1}-{len(cycle_cpu)}")
+    print(f"steady cycles: {skip + 1}-{len(cycle_cpu)}; RSS at their ends {min(cycle_rss[skip:] or cycle_rss):.0f}-"
+          f"{max(cycle_rss[skip:] or cycle_rss):.0f} MiB")
     print("steady phases, mean CPU-s per cycle: " + ", ".join(
         f"{name} {statistics.mean(p.get(name, 0.0) for p in steady_phases):.2f}" for name in steady_phases[0]))
     print(f"summary: CPU per {args.status_interval:g}s cycle mean {statistics.mean(steady):.2f} s, max {max(steady):.2f} s "
-          f"(steady cycles; of the mean, {statistics.mean(steady_system):.2f} s in the kernel); RSS {rss_mib():.0f} MiB, peak {rss_mib('VmHWM'):.0f} MiB; state file {runtime.state_path.stat().st_size / 1e6:.1f} MB; "
+          f"(steady cycles; of the mean, {statistics.mean(steady_system):.2f} s in the kernel); RSS {rss_end_mib:.0f} MiB, peak {rss_peak_mib:.0f} MiB (before the read back); state file {runtime.state_path.stat().st_size / 1e6:.1f} MB; "
           f"API requests {client.requests}, retries {client.retries}")
     # the state saves in the steady cycles are as many as the run's length happens to hold (with a 2-minute
     # stateSaveInterval, none in cycles 4-8): each save's CPU spread over the cycles between two saves instead
