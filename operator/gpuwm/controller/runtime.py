@@ -120,11 +120,11 @@ class _InState(Generic[_T]):
     def __get__(self, runtime: ControllerRuntime | None, owner: type | None = None) -> _T | _InState[_T]:
         if runtime is None:
             return self
-        value: _T = getattr(runtime.state, self._name)
+        value: _T = getattr(runtime._state, self._name)  # the field itself, not through the `state` property
         return value
 
     def __set__(self, runtime: ControllerRuntime, value: _T) -> None:
-        setattr(runtime.state, self._name, value)
+        setattr(runtime._state, self._name, value)
 
 
 class ControllerRuntime:
@@ -347,7 +347,8 @@ class ControllerRuntime:
             await self.save_in_background(now)
         timer.mark("save")
         engine_workloads, projects, cluster = self.engine.report(now)
-        workloads = [self._with_baseline(figures) for figures in engine_workloads]
+        # after a restart that lost the engine state, the CRs' figures before it (see recovery); most cycles none
+        workloads = [self._with_baseline(figures) for figures in engine_workloads] if self.baselines else engine_workloads
         projects = self._projects_with_baselines(projects, engine_workloads)
         timer.mark("engine_report")
         await asyncio.sleep(0)
@@ -431,12 +432,13 @@ class ControllerRuntime:
     def _observe_idleness(self, workloads: list[WorkloadFigures], now: float) -> None:
         """How long each running workload's current idle stretch has been seen through samples (`IdleWatch`)."""
         observed: dict[str, float] = {}
+        watch, conditions, observed_before = self.idle_watch, self.conditions, self.observed_idle  # once, not per CR
         for figures in workloads:
-            if figures.phase != "Running" and figures.uid not in self.observed_idle:
-                self.idle_watch.forget(figures.uid)  # nothing to watch: no memory kept for ended workloads
+            if figures.phase != "Running" and figures.uid not in observed_before:
+                watch.forget(figures.uid)  # nothing to watch: no memory kept for ended workloads
                 continue
-            written_idle = any(memo.type == "Idle" and memo.status == "True" for memo in self.conditions.get(figures.uid, ()))
-            seconds = self.idle_watch.observe(figures, now, written_idle)
+            written_idle = any(memo.type == "Idle" and memo.status == "True" for memo in conditions.get(figures.uid, ()))
+            seconds = watch.observe(figures, now, written_idle)
             if seconds is not None:
                 observed[figures.uid] = seconds
         self.observed_idle = observed
@@ -445,17 +447,20 @@ class ControllerRuntime:
                          idle: Mapping[str, tuple[ConditionStatus, str]] | None = None) -> None:
         """Each workload's CR to the writer; `idle`: each one's Idle condition, as this cycle computed it."""
         idle_after, low = self.settings.idle_condition_after, self.settings.underutilized_percent
+        # the state's fields once, not once per CR (each is a read through ControllerState)
+        engine, offered_settled, observed_idle = self.engine, self._offered_settled, self.observed_idle
+        slack, sample_time, offer = self.reporting_slack_seconds, self.latest_sample_time, self.writer.offer
         for figures in workloads:
-            settled = self.engine.settled_figures(figures.uid) is figures
-            if settled and self._offered_settled.get(figures.uid) is figures:
+            settled = engine.settled_figures(figures.uid) is figures
+            if settled and offered_settled.get(figures.uid) is figures:
                 continue  # a finished workload's unchanged figures: the writer has them already
             name = self.cr_name_for(figures)
             if name is None:
                 continue
             if settled:
-                self._offered_settled[figures.uid] = figures
+                offered_settled[figures.uid] = figures
             else:
-                self._offered_settled.pop(figures.uid, None)
+                offered_settled.pop(figures.uid, None)
             static = self._cr_static.get(figures.uid)
             held = (figures.project, figures.local_queue, figures.cluster_queue)
             if static is None or static[0] != held:  # spec and labels change with the project and queues only
@@ -463,23 +468,23 @@ class ControllerRuntime:
                     "workloadRef": {"apiVersion": figures.api_version, "kind": figures.kind, "name": figures.name,
                                     "uid": figures.uid}, "project": figures.project,
                 }, workload_labels(figures))
-            self.writer.offer(Desired(
+            offer(Desired(
                 plural=WORKLOAD_PLURAL, namespace=figures.namespace, name=name,
                 spec=static[1], labels=static[2],
                 # a settled workload's figures are the engine's own cached object: the render takes them as they
                 # are (held at no cost); a running one's are computed again at its write (see _render_workload)
-                render=functools.partial(self._render_workload, figures.uid, now, self.observed_idle.get(figures.uid),
-                                         self.reporting_slack_seconds, figures if settled else None),
+                render=functools.partial(self._render_workload, figures.uid, now, observed_idle.get(figures.uid),
+                                         slack, figures if settled else None),
                 # hashes: only their equality counts, and the queued offers and written CRs kept the whole tuples
                 # (bench/README.md); a collision (~2^-61 a comparison) delays one write
                 signature=hash(workload_signature(figures, now, idle_condition_after_seconds=idle_after,
                                                   underutilized_percent=low,
-                                                  observed_idle_seconds=self.observed_idle.get(figures.uid),
-                                                  reporting_slack_seconds=self.reporting_slack_seconds,
+                                                  observed_idle_seconds=observed_idle.get(figures.uid),
+                                                  reporting_slack_seconds=slack,
                                                   idle=None if idle is None else idle.get(figures.uid))),
                 counters=hash(workload_counters(figures)),
                 # a settled workload's figures are final, no sample is behind them: not a sample -> status lag
-                sample_time=None if settled else self.latest_sample_time,
+                sample_time=None if settled else sample_time,
             ))
 
     def _render_workload(self, uid: str, now: float, observed_idle_seconds: float | None = None,
