@@ -75,6 +75,7 @@ from gpuwm.controller.watch import (
     pod_event,
     state_key,
     track_pod,
+    whole_device_nodes,
 )
 from gpuwm.feed import MergeRequest
 from gpuwm.model.figures import ProjectFigures, WorkloadFigures
@@ -320,7 +321,10 @@ class ControllerRuntime:
         timer = _PhaseTimer()
         pull_started = self.clock()
         intake = SampleIntake(self.engine, self.holders_by_node)
-        result = await self.puller.pull_all(self.agent_urls(), on_snapshot=intake.take)
+        agents = self.agent_urls()
+        # nodes whose devices are all held whole: their agents merge more polls (MergeRequest.exact_replicas)
+        whole = whole_device_nodes(agents, self.sharing, self.pods.values(), self.holders_by_node)
+        result = await self.puller.pull_all(agents, on_snapshot=intake.take, whole_devices=whole)
         intake.flush()  # columnar snapshots go to the engine as one batch
         timer.mark("pull")
         timer.phases["pull"] -= intake.cpu_seconds  # the engine's share of the pull, reported on its own

@@ -57,32 +57,43 @@ MEAN_FIELDS = (
 )
 
 
-#: shares of a device down to 1/this (time-sliced replicas) keep merged figures exact (see `_cap_side`)
+#: shares of a device down to 1/this (time-sliced replicas) keep merged figures exact (see `_cap_side`): what a
+#: merge request asks unless the controller knows a node's devices are held whole (`MergeRequest.exact_replicas`)
 EXACT_UP_TO_REPLICAS = 16
 
 
-def _cap_side(percent: float) -> int:
+def _cap_side(percent: float, exact_replicas: int = EXACT_UP_TO_REPLICAS) -> int:
     """Which k = 1, 2, ... make `percent` x k reach the cap of 100 (those up to the result), bounded.
 
     A holder of 1/k of a device gets an SM figure x k, capped at 100: polls whose figures share
-    this are all capped, or all not, for every k up to `EXACT_UP_TO_REPLICAS`, so their mean
-    stays what the engine would count poll by poll.
+    this are all capped, or all not, for every k up to `exact_replicas`, so their mean stays
+    what the engine would count poll by poll. With `exact_replicas` 1 (every holder holds its
+    whole device) there is no cap to reach: x <= 100.
     """
-    return min(EXACT_UP_TO_REPLICAS, math.floor(100.0 / percent)) if percent > 0 else EXACT_UP_TO_REPLICAS
+    return min(exact_replicas, math.floor(100.0 / percent)) if percent > 0 else exact_replicas
 
 
 @dataclass(frozen=True)
 class MergeRequest:
-    """What the controller asks of a snapshot's merging: its idle threshold, its gap (3 x interval), a run's span."""
+    """What the controller asks of a snapshot's merging: its idle threshold, its gap (3 x interval), a run's span,
+    and the smallest share of a device (1/`exact_replicas`) whose capped figures must stay exact.
+
+    `exact_replicas` 1 is for a node whose every device is held whole (the controller knows it from
+    its pods and their holders): polls then merge across the cap sides (x < 50 and x >= 50 are one
+    run) that only a holder of part of a device can tell apart. An agent that does not know the
+    parameter keeps every share down to 1/`EXACT_UP_TO_REPLICAS` exact, which is always right.
+    """
 
     span_seconds: float
     threshold_percent: float = 1.0
     gap_seconds: float = 3.0
+    exact_replicas: int = EXACT_UP_TO_REPLICAS
 
     def query(self) -> str:
         """The query parameters that ask for this (`&`-joined, leading `&`)."""
+        exact = "" if self.exact_replicas == EXACT_UP_TO_REPLICAS else f"&merge_exact_replicas={self.exact_replicas}"
         return (f"&merge_seconds={self.span_seconds!r}&merge_threshold_percent={self.threshold_percent!r}"
-                f"&merge_gap_seconds={self.gap_seconds!r}")
+                f"&merge_gap_seconds={self.gap_seconds!r}{exact}")
 
 
 def merge_request(query: Mapping[str, Sequence[str]]) -> MergeRequest | None:
@@ -104,7 +115,18 @@ def merge_request(query: Mapping[str, Sequence[str]]) -> MergeRequest | None:
         values[name] = value
     if values["merge_seconds"] <= 0:
         return None
-    return MergeRequest(values["merge_seconds"], values["merge_threshold_percent"], values["merge_gap_seconds"])
+    exact_replicas = EXACT_UP_TO_REPLICAS
+    given = query.get("merge_exact_replicas")
+    if given:
+        try:
+            exact_replicas = int(given[-1])
+        except ValueError:
+            exact_replicas = 0
+        if not 1 <= exact_replicas <= EXACT_UP_TO_REPLICAS:
+            raise ValueError(f"merge_exact_replicas={given[-1]!r}: expected a whole number from 1 to "
+                             f"{EXACT_UP_TO_REPLICAS}")
+    return MergeRequest(values["merge_seconds"], values["merge_threshold_percent"], values["merge_gap_seconds"],
+                        exact_replicas)
 
 
 def _pod_sm(sample: Mapping[str, Any]) -> dict[str, float] | None:
@@ -123,7 +145,8 @@ def _pod_sm(sample: Mapping[str, Any]) -> dict[str, float] | None:
     return by_pod
 
 
-def _activity(sample: Mapping[str, Any], threshold_percent: float) -> tuple[Any, ...] | None:
+def _activity(sample: Mapping[str, Any], threshold_percent: float,
+              exact_replicas: int = EXACT_UP_TO_REPLICAS) -> tuple[Any, ...] | None:
     """What every holder's active/idle verdict depends on, or None when the poll cannot be merged."""
     if sample.get("healthy", True) is not True or sample.get("error") is not None or sample.get("merged_seconds"):
         return None
@@ -133,14 +156,14 @@ def _activity(sample: Mapping[str, Any], threshold_percent: float) -> tuple[Any,
     device_busy = float(sm) >= threshold_percent
     if not device_busy and sm != 0.0:
         return None  # between 0 and the threshold: over a small share (one holder of a replica) it may be active
-    device = (device_busy, _cap_side(float(sm)) if device_busy else 0)
+    device = (device_busy, _cap_side(float(sm), exact_replicas) if device_busy else 0)
     pod_sm = _pod_sm(sample)
     if pod_sm is None:
         return (device, None)
     active = []
     for pod_uid, value in pod_sm.items():
         if value >= threshold_percent:
-            active.append((pod_uid, _cap_side(value)))
+            active.append((pod_uid, _cap_side(value, exact_replicas)))
         elif value != 0.0:
             return None  # between 0 and the threshold: over a small share it may be active
     # both: a busy device whose holders' processes explain none of it is every holder's
@@ -214,7 +237,7 @@ def _runs(polls: Sequence[Mapping[str, Any]], request: MergeRequest) -> list[lis
     run_activity: tuple[Any, ...] | None = None
     for index in range(1, len(polls) - 1):
         poll = polls[index]
-        activity = _activity(poll, request.threshold_percent)
+        activity = _activity(poll, request.threshold_percent, request.exact_replicas)
         if activity is not None:  # the device fields too: a run is one device as it was
             activity = (*activity, device_key(poll))
         joins = _joins(polls[index - 1], poll, request.gap_seconds)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from typing import Any
+from urllib.parse import parse_qs
 
 import pytest
 
@@ -112,9 +113,25 @@ def test_merge_request_from_a_query() -> None:
         MergeRequest(15.0, 5.0, 6.0))
     assert merge_request({"merge_seconds": [REQUEST.query().split("=")[1].split("&")[0]]}) == MergeRequest(15.0)
     for name, value in (("merge_seconds", "soon"), ("merge_threshold_percent", "150"), ("merge_gap_seconds", "-1"),
-                        ("merge_seconds", "inf"), ("merge_seconds", "nan")):
+                        ("merge_seconds", "inf"), ("merge_seconds", "nan"), ("merge_exact_replicas", "0"),
+                        ("merge_exact_replicas", "17"), ("merge_exact_replicas", "1.5"), ("merge_exact_replicas", "x")):
         with pytest.raises(ValueError, match=name):
             merge_request({"merge_seconds": ["15"], name: [value]})
+
+
+def test_a_request_for_whole_devices_round_trips_and_the_default_asks_nothing_new() -> None:
+    whole = MergeRequest(15.0, 5.0, 6.0, exact_replicas=1)
+    assert "merge_exact_replicas" not in MergeRequest(15.0, 5.0, 6.0).query()  # older agents see the same query
+    parsed = merge_request(parse_qs(whole.query().lstrip("&")))
+    assert parsed == whole
+
+
+def test_whole_devices_merge_across_the_cap_sides_only_a_share_tells_apart() -> None:
+    # 45 % and 60 %: both busy, but a quarter of the device would read 100 (capped) and 100 (capped), half of it
+    # 90 and 100: the default request keeps them apart, a node of whole devices merges them
+    polls = [poll(float(t), 45.0 if t % 2 else 60.0, seq=t) for t in range(1, 11)]
+    assert len(merge_polls(polls, REQUEST)) == len(polls)
+    assert len(merge_polls(polls, MergeRequest(15.0, exact_replicas=1))) == 3
 
 
 # --------------------------------------------------------------------------- the engine counts the same
@@ -175,14 +192,15 @@ def _aligned(events: list[PodEvent], polls: list[dict[str, Any]]) -> list[PodEve
             for event in events]
 
 
-def _feed(events: list[PodEvent], polls: list[dict[str, Any]], merge: bool, columns: bool = False) -> Engine:
-    """Each pull's polls (merged or not), with the pod events that fall before its end first."""
+def _feed(events: list[PodEvent], polls: list[dict[str, Any]], merge: bool, columns: bool = False,
+          request: MergeRequest = REQUEST) -> Engine:
+    """Each pull's polls (merged or not, as `request` asks), with the pod events that fall before its end first."""
     engine = Engine(EngineConfig(interval_seconds=1.0, idle_threshold_percent=1.0))
     pending = sorted(events, key=lambda event: event.t)
     for pulled in _pulls(polls):
         while pending and pending[0].t <= pulled[-1]["t"]:
             engine.observe(pending.pop(0))
-        given = merge_polls(pulled, REQUEST) if merge else pulled
+        given = merge_polls(pulled, request) if merge else pulled
         if columns:
             engine.observe_samples(parse_columns(sample_columns(given)).batch(_identity(len(given))))
         else:
@@ -237,3 +255,45 @@ def test_merged_polls_through_the_columnar_feed_count_as_the_samples_do(seed: in
     by_sample, by_columns = _feed(events, polls, merge=True), _feed(events, polls, merge=True, columns=True)
     now = polls[-1]["t"]
     assert [item.model_dump() for item in by_columns.workloads(now)] == [item.model_dump() for item in by_sample.workloads(now)]
+
+
+def _whole_trace(seed: int) -> tuple[list[PodEvent], list[dict[str, Any]]]:
+    """Pod events and 1 Hz polls of two whole GPUs whose busy figures wander across 50 % and 100/k for every k."""
+    rng = random.Random(seed)
+    events = [pod(rng.uniform(0, 30), "a", devices=[("GPU-a", 1.0)], created=0.0),
+              pod(rng.uniform(0, 30), "b", devices=[("GPU-b", 1.0)], created=0.0)]
+    events.append(pod(rng.uniform(150, 220), "a", "Succeeded", devices=[("GPU-a", 1.0)], created=0.0))
+    polls: list[dict[str, Any]] = []
+    t, seq, energy = 0.0, 0, 0.0
+    while t < 240.0:
+        t += 1.0 if rng.random() < 0.97 else 5.0
+        for uuid in ("GPU-a", "GPU-b"):
+            seq += 1
+            energy += rng.uniform(50, 300)
+            sm = rng.choice([0.0, rng.uniform(1.0, 100.0), rng.uniform(20.0, 80.0)])
+            polls.append(poll(t, sm, uuid=uuid, seq=seq, energy_joules=energy, memory_used_bytes=rng.uniform(0, 100)))
+    return events, polls
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_whole_devices_merged_as_such_count_what_every_poll_counts(seed: int) -> None:
+    """`exact_replicas` 1 (a node of whole devices): fewer samples, and the figures of their whole holders as
+    exact as the default's, to the same bounds (events aligned to pulls: a run never straddles a holder change)."""
+    events, polls = _whole_trace(seed)
+    events = _aligned(events, polls)
+    whole = MergeRequest(15.0, exact_replicas=1)
+    assert len(merge_polls(polls, whole)) < len(merge_polls(polls, REQUEST))
+    every, merged = _feed(events, polls, merge=False), _feed(events, polls, merge=True, request=whole)
+    now = polls[-1]["t"]
+    expected = {figures.name: figures for figures in every.workloads(now)}
+    for figures in merged.workloads(now):
+        want = expected[figures.name]
+        for name in ("allocated_gpu_seconds", "active_gpu_seconds", "idle_gpu_seconds", "unmonitored_gpu_seconds",
+                     "idle_seconds", "run_seconds", "allocated_gpus", "idle_gpus", "energy_joules"):
+            assert getattr(figures, name) == pytest.approx(getattr(want, name), rel=1e-9, abs=1e-6), (figures.name, name)
+        assert figures.last_active_time == pytest.approx(want.last_active_time, abs=1e-9), figures.name
+        for got, wanted in ((figures.utilization.current, want.utilization.current),
+                            (figures.utilization.lifetime, want.utilization.lifetime),
+                            (figures.memory_utilization.lifetime, want.memory_utilization.lifetime)):
+            assert (got is None) == (wanted is None), figures.name
+            assert got is None or got == pytest.approx(wanted, rel=1e-9), figures.name

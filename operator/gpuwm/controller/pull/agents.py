@@ -19,8 +19,8 @@ import logging
 import ssl
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import aiohttp
@@ -154,6 +154,11 @@ class AgentPuller:
         self._session: aiohttp.ClientSession | None = None
         #: what the agents are asked to merge (gpuwm.feed.merge); an agent that does not know it sends every poll
         self._query_tail = f"&format={COLUMNS_FORMAT}" + ("" if merge is None else merge.query())
+        #: the same with every holder's share whole (`MergeRequest.exact_replicas` 1), for the nodes `pull_all`
+        #: names in `whole_devices`
+        self._query_tail_whole = self._query_tail if merge is None else (
+            f"&format={COLUMNS_FORMAT}" + replace(merge, exact_replicas=1).query())
+        self._whole_devices: Collection[str] = ()
         self.state: dict[str, AgentState] = {}
         self._holder_cache: HolderCache = {}
         #: each agent's devices under the tag it gave them: asked for with it, an agent leaves them out unchanged
@@ -216,9 +221,14 @@ class AgentPuller:
         return {node: {"since": state.since, "agent_id": state.agent_id} for node, state in self.state.items()}
 
     async def pull_all(
-        self, agents: Mapping[str, str], on_snapshot: Callable[[Snapshot], None] | None = None
+        self, agents: Mapping[str, str], on_snapshot: Callable[[Snapshot], None] | None = None,
+        whole_devices: Collection[str] = (),
     ) -> PullResult:
         """One pull of every agent in `agents` (node -> base URL).
+
+        `whole_devices`: the nodes whose every device the controller knows to be held whole (see
+        `ControllerRuntime.whole_device_nodes`); their agents merge polls without the cap sides only a
+        holder of part of a device tells apart.
 
         With `on_snapshot`, each agent's snapshot is handed to it as soon as it arrives (its
         samples in time order) and the result keeps the snapshot without its samples: at 1 Hz
@@ -226,6 +236,7 @@ class AgentPuller:
         as they come instead of holding them all until the last agent answered.
         """
         nodes = sorted(agents)
+        self._whole_devices = whole_devices
         for gone in self._holder_cache.keys() - agents.keys():
             del self._holder_cache[gone]
         for gone in self._known_devices.keys() - agents.keys():
@@ -345,7 +356,8 @@ class AgentPuller:
     async def _fetch(self, node: str, base_url: str, since: int) -> Snapshot:
         known = self._known_devices.get(node)
         tag = "" if known is None else known.query
-        status, payload = await self.get(base_url, f"/v1/snapshot?since={since}{self._query_tail}{tag}")
+        tail = self._query_tail_whole if node in self._whole_devices else self._query_tail
+        status, payload = await self.get(base_url, f"/v1/snapshot?since={since}{tail}{tag}")
         if status != 200:
             raise ValueError(f"HTTP {status} from {base_url}/v1/snapshot")
         snapshot = parse_snapshot(payload, node, self._holder_cache, defer_columns=True, known=known)

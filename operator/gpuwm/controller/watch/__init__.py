@@ -15,7 +15,7 @@ from gpuwm.controller.watch.pods import (
     state_key,
     track_pod,
 )
-from gpuwm.controller.watch.sharing import SharingSource
+from gpuwm.controller.watch.sharing import SharingSource, whole_device_nodes
 from gpuwm.controller.watch.units import NodeSharing, requests_gpu
 from gpuwm.controller.watch.workload_kinds import WorkloadKind, parse_workload_kinds
 from gpuwm.controller.watch.workload_objects import WorkloadObjects
@@ -36,4 +36,5 @@ __all__ = [
     "requests_gpu",
     "state_key",
     "track_pod",
+    "whole_device_nodes",
 ]

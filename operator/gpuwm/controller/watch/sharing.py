@@ -18,15 +18,19 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
+from gpuwm.controller.pull import DeviceHolder
+from gpuwm.controller.watch.pods import TrackedPod
 from gpuwm.controller.watch.units import (
     SHARING_NODE_LABELS,
     NodeSharing,
     device_plugin_config_key,
     device_plugin_replicas,
+    is_shared_resource,
+    mig_profile,
     node_replicas_label,
 )
 
@@ -153,6 +157,23 @@ class SharingSource:
                                    source=f"ConfigMap {self._config_ref[0]}/{self._config_ref[1]} key {key}")
         return NodeSharing(default_shared_replicas=self._default)
 
+    def may_share(self, node: str) -> bool:
+        """Whether the node's GPUs may be time-sliced or shared through MPS, from what is cached (no API call).
+
+        No when its replicas label says 1, or when it has none and no device plugin configuration
+        read shares anything; yes while nothing is known of the node or the configuration is unread.
+        """
+        cached = self._labels.get(node)
+        if cached is None:
+            return True
+        replicas = node_replicas_label(cached[1])
+        if replicas is not None:
+            return replicas > 1
+        if self._config_ref is None:
+            return False
+        return self._config_read_at is None or any(count > 1 for config in self._config.values()
+                                                   for count in config.values())
+
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
@@ -161,3 +182,48 @@ class SharingSource:
 
 def _sharing_labels(labels: Mapping[str, Any] | None) -> dict[str, str]:
     return {key: str(value) for key, value in (labels or {}).items() if key in SHARING_NODE_LABELS}
+
+
+_ENDED_PHASES = ("Succeeded", "Failed", "Deleted")
+
+
+def whole_device_nodes(
+    nodes: Iterable[str], sharing: SharingSource, pods: Iterable[TrackedPod],
+    holders_by_node: Mapping[str, Sequence[DeviceHolder]],
+) -> set[str]:
+    """The nodes among `nodes` whose every device is held whole, as far as the controller knows.
+
+    What the agents' merging may rely on there (`MergeRequest.exact_replicas` 1): no holder gets
+    part of a device, so no capped figure (a share's SM % over its share, at most 100) can tell
+    two polls apart that the device's own figure does not. A node qualifies when its GPUs are not
+    shared (`SharingSource.may_share`), each of its pods asks for whole GPUs (whole units in every
+    container: a time-sliced replica or a MIG slice is a fraction), and each device the agent last
+    named on it has one holder, a pod the controller tracks, on a resource that is neither a MIG
+    slice nor `*.shared`, through a device ID that is not a replica's (`GPU-...::N`). Anything
+    unknown leaves the node out: its agent then keeps every share down to 1/16 exact, as before.
+    The pod watch learns of a pod when it is bound, before its containers start, so a pod that
+    could hold part of a device takes its node out before that pod's first poll.
+    """
+    whole = {node for node in nodes if not sharing.may_share(node)}
+    tracked: dict[str, TrackedPod] = {}
+    for pod in pods:
+        tracked[pod.uid] = pod
+        if pod.node in whole and pod.phase not in _ENDED_PHASES and not _asks_whole_gpus(pod):
+            whole.discard(pod.node)
+    for node, holders in holders_by_node.items():
+        if node not in whole:
+            continue
+        held: set[str] = set()
+        for holder in holders:
+            holding = tracked.get(holder.pod_uid) if holder.pod_uid else None
+            name, device_id = holder.resource_name, holder.device_id or ""
+            if (holding is None or not _asks_whole_gpus(holding) or name is None or mig_profile(name) is not None
+                    or is_shared_resource(name) or "::" in device_id or holder.uuid in held):
+                whole.discard(node)
+                break
+            held.add(holder.uuid)
+    return whole
+
+
+def _asks_whole_gpus(pod: TrackedPod) -> bool:
+    return all(units == int(units) for units in pod.units_by_container.values())
