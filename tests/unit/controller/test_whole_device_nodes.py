@@ -36,19 +36,21 @@ def _pod(uid: str, node: str, units: float, phase: str = "Running") -> TrackedPo
     )
 
 
-def _holder(uuid: str, uid: str | None, resource: str | None = "nvidia.com/gpu", device_id: str | None = None) -> DeviceHolder:
+def _holder(uuid: str, uid: str | None, resource: str | None = "nvidia.com/gpu", device_id: str | None = None,
+            units: float = 1.0) -> DeviceHolder:
     return DeviceHolder(uuid=uuid, device_id=device_id or uuid, pod_uid=uid, namespace="ml", pod=uid,
-                        container="main", resource_name=resource, units=1.0)
+                        container="main", resource_name=resource, units=units)
 
 
 def test_only_nodes_known_to_hold_every_device_whole_qualify() -> None:
     nodes = ["whole", "idle", "sliced", "unseen", "quarter-pod", "replica-id", "two-holders", "mig", "cgroup",
-             "stranger", "ended-fraction"]
+             "stranger", "ended-fraction", "agent-quarter"]
     sharing = _sharing({name: {} for name in nodes if name != "unseen"} | {"sliced": {"nvidia.com/gpu.replicas": "4"}})
     pods = [_pod("p-whole", "whole", 2.0), _pod("p-sliced", "sliced", 1.0), _pod("p-quarter", "quarter-pod", 0.25),
             _pod("p-replica", "replica-id", 1.0), _pod("p-two-a", "two-holders", 1.0),
             _pod("p-two-b", "two-holders", 1.0), _pod("p-mig", "mig", 1.0), _pod("p-cgroup", "cgroup", 1.0),
-            _pod("p-ended", "ended-fraction", 0.5, phase="Succeeded"), _pod("p-ended-whole", "ended-fraction", 1.0)]
+            _pod("p-ended", "ended-fraction", 0.5, phase="Succeeded"), _pod("p-ended-whole", "ended-fraction", 1.0),
+            _pod("p-agent-quarter", "agent-quarter", 1.0)]
     holders = {
         "whole": [_holder("GPU-1", "p-whole"), _holder("GPU-2", "p-whole")],
         "sliced": [_holder("GPU-3", "p-sliced")],
@@ -59,6 +61,7 @@ def test_only_nodes_known_to_hold_every_device_whole_qualify() -> None:
         "cgroup": [_holder("GPU-7", "p-cgroup", resource=None)],
         "stranger": [_holder("GPU-8", "p-nobody-tracks")],
         "ended-fraction": [_holder("GPU-9", "p-ended-whole")],
+        "agent-quarter": [_holder("GPU-10", "p-agent-quarter", units=0.25)],  # the agent counts a replica
     }
     assert whole_device_nodes(nodes, sharing, pods, holders) == {"whole", "idle", "ended-fraction"}
 

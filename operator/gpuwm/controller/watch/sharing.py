@@ -199,7 +199,8 @@ def whole_device_nodes(
     shared (`SharingSource.may_share`), each of its pods asks for whole GPUs (whole units in every
     container: a time-sliced replica or a MIG slice is a fraction), and each device the agent last
     named on it has one holder, a pod the controller tracks, on a resource that is neither a MIG
-    slice nor `*.shared`, through a device ID that is not a replica's (`GPU-...::N`). Anything
+    slice nor `*.shared`, through a device ID that is not a replica's (`GPU-...::N`), with the agent's
+    own count of its units whole. Anything
     unknown leaves the node out: its agent then keeps every share down to 1/16 exact, as before.
     The pod watch learns of a pod when it is bound, before its containers start, so a pod that
     could hold part of a device takes its node out before that pod's first poll.
@@ -218,7 +219,8 @@ def whole_device_nodes(
             holding = tracked.get(holder.pod_uid) if holder.pod_uid else None
             name, device_id = holder.resource_name, holder.device_id or ""
             if (holding is None or not _asks_whole_gpus(holding) or name is None or mig_profile(name) is not None
-                    or is_shared_resource(name) or "::" in device_id or holder.uuid in held):
+                    or is_shared_resource(name) or "::" in device_id or holder.uuid in held
+                    or holder.units not in (None, 1.0)):  # the agent's own share of a whole-GPU resource
                 whole.discard(node)
                 break
             held.add(holder.uuid)
