@@ -227,7 +227,7 @@ class AgentPuller:
         """One pull of every agent in `agents` (node -> base URL).
 
         `whole_devices`: the nodes whose every device the controller knows to be held whole (see
-        `ControllerRuntime.whole_device_nodes`); their agents merge polls without the cap sides only a
+        `gpuwm.controller.watch.whole_device_nodes`); their agents merge polls without the cap sides only a
         holder of part of a device tells apart.
 
         With `on_snapshot`, each agent's snapshot is handed to it as soon as it arrives (its
