@@ -56,6 +56,14 @@ def _capacity_after(segments: int, fold_after: int = _FOLD_AFTER_SEGMENTS) -> in
     return max(_MIN_CAPACITY_SEGMENTS + fold_after - _FOLD_AFTER_SEGMENTS, segments + fold_after)
 
 
+def _continues(segments: Sequence[float], index: int, start: float, units: float, util_units: float,
+               mem_units: float, mem_mem_units: float) -> bool:
+    """Whether the segment at `index` (of flat `segments`) ends at `start` with these rates: then a segment
+    from `start` on with them extends it instead of following it (`add`, `add_many`)."""
+    return (segments[index + 1] == start and segments[index + 2] == units and segments[index + 3] == util_units
+            and segments[index + 4] == mem_units and segments[index + 5] == mem_mem_units)
+
+
 class WindowSums:
     """Segments of one workload's monitored allocation over the last hour."""
 
@@ -87,27 +95,14 @@ class WindowSums:
                 util_units = data[last + 3] + util_units
                 mem_units = data[last + 4] + mem_units
                 mem_mem_units = data[last + 5] + mem_mem_units
-                if size >= 2 * _STRIDE:
-                    before = last - _STRIDE
-                    if (
-                        data[before + 1] == start
-                        and data[before + 2] == units
-                        and data[before + 3] == util_units
-                        and data[before + 4] == mem_units
-                        and data[before + 5] == mem_mem_units
-                    ):
-                        data[before + 1] = data[last + 1]
-                        del data[last:]
-                        return
+                if size >= 2 * _STRIDE and _continues(data, last - _STRIDE, start, units, util_units, mem_units,
+                                                      mem_mem_units):
+                    data[last - _STRIDE + 1] = data[last + 1]
+                    del data[last:]
+                    return
                 _RATES.pack_into(data, (last + 2) * _DOUBLE_BYTES, units, util_units, mem_units, mem_mem_units)
                 return
-            if (
-                data[last + 1] == start
-                and data[last + 2] == units
-                and data[last + 3] == util_units
-                and data[last + 4] == mem_units
-                and data[last + 5] == mem_mem_units
-            ):
+            if _continues(data, last, start, units, util_units, mem_units, mem_mem_units):
                 data[last + 1] = end
                 return
         data.frombytes(_SEGMENT.pack(start, end, units, util_units, mem_units, mem_mem_units))
@@ -138,25 +133,12 @@ class WindowSums:
                     tail[last + 3] += util
                     tail[last + 4] += mem_unit
                     tail[last + 5] += mem
-                    if size >= 2 * _STRIDE:  # what `add` does
-                        before = size - 2 * _STRIDE
-                        if (
-                            tail[before + 1] == tail[last]
-                            and tail[before + 2] == tail[last + 2]
-                            and tail[before + 3] == tail[last + 3]
-                            and tail[before + 4] == tail[last + 4]
-                            and tail[before + 5] == tail[last + 5]
-                        ):
-                            tail[before + 1] = tail[last + 1]
-                            del tail[last:]
+                    if size >= 2 * _STRIDE and _continues(
+                            tail, last - _STRIDE, start, tail[last + 2], tail[last + 3], tail[last + 4], tail[last + 5]):
+                        tail[last - _STRIDE + 1] = tail[last + 1]  # what `add` does
+                        del tail[last:]
                     continue
-                if (
-                    tail[last + 1] == start
-                    and tail[last + 2] == unit
-                    and tail[last + 3] == util
-                    and tail[last + 4] == mem_unit
-                    and tail[last + 5] == mem
-                ):
+                if _continues(tail, last, start, unit, util, mem_unit, mem):
                     tail[last + 1] = end
                     continue
             tail += (start, end, unit, util, mem_unit, mem)
