@@ -23,9 +23,8 @@ from gpuwm.model.figures import (
     shared_keys_fields,
     trusted_complete,
 )
-from gpuwm.model.trace import WorkloadEvent, gpu_quota
+from gpuwm.model.trace import ENDED_POD_PHASES, WorkloadEvent, gpu_quota
 
-_TERMINAL_PHASES = ("Succeeded", "Failed", "Deleted")
 #: the report's two biggest models' fields, for dicts of shared keys (see `shared_keys_fields`)
 _GPU_FIELDS = shared_keys_fields(GpuFigures)
 _WORKLOAD_FIELDS = shared_keys_fields(WorkloadFigures)
@@ -365,7 +364,7 @@ class Engine(EngineCore):
             if not (state.deleted or state.finished is not None):
                 return None
         for pod in workload.pods.values():
-            if pod.current.phase not in _TERMINAL_PHASES:
+            if pod.current.phase not in ENDED_POD_PHASES:
                 return None
         return workload.revision, self.project_of(workload)
 
@@ -456,7 +455,7 @@ class Engine(EngineCore):
                                              "phase": current.phase, "allocated_gpus": float(pod_units),
                                              "labels": current.labels, "resources": current.resources,
                                              "failure_reason": current.failure_reason}))
-            if current.phase in _TERMINAL_PHASES:
+            if current.phase in ENDED_POD_PHASES:
                 terminal_time = pod.timeline[-1][0]
                 if end_time is None or terminal_time >= end_time:
                     end_time = terminal_time

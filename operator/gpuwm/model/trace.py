@@ -21,6 +21,8 @@ from gpuwm.model.podstats import PodResources
 from gpuwm.model.sample import GpuSample
 
 PodPhase = Literal["Pending", "Running", "Succeeded", "Failed", "Deleted", "Unknown"]
+#: the phases after which a pod holds nothing and never runs again
+ENDED_POD_PHASES: tuple[PodPhase, ...] = ("Succeeded", "Failed", "Deleted")
 
 
 class _Event(BaseModel):

@@ -18,7 +18,7 @@ from gpuwm.controller.pull import DeviceHolder
 from gpuwm.controller.watch.owners import parse_kubernetes_time
 from gpuwm.controller.watch.units import NodeSharing, requested_units
 from gpuwm.model.podstats import PodResources
-from gpuwm.model.trace import DeviceAllocation, PodEvent, PodPhase, TraceWorkload
+from gpuwm.model.trace import ENDED_POD_PHASES, DeviceAllocation, PodEvent, PodPhase, TraceWorkload
 
 _PHASES: frozenset[str] = frozenset({"Pending", "Running", "Succeeded", "Failed", "Unknown"})
 #: labels the operators of distributed jobs put on their pods to say which replica each one is: kept
@@ -210,7 +210,7 @@ def ended_by_deletion(pod: TrackedPod, now: float) -> TrackedPod | None:
     (finalizers, a node that is gone, a cluster without kubelets). Counting on until the object is
     removed would bill a pod stuck Terminating forever.
     """
-    if pod.deletion_time is None or now < pod.deletion_time or pod.phase in ("Deleted", "Succeeded", "Failed"):
+    if pod.deletion_time is None or now < pod.deletion_time or pod.phase in ENDED_POD_PHASES:
         return None
     return replace(pod, phase="Deleted", phase_since=pod.deletion_time)
 

@@ -33,6 +33,7 @@ from gpuwm.controller.watch.units import (
     mig_profile,
     node_replicas_label,
 )
+from gpuwm.model.trace import ENDED_POD_PHASES
 
 logger = logging.getLogger(__name__)
 
@@ -184,9 +185,6 @@ def _sharing_labels(labels: Mapping[str, Any] | None) -> dict[str, str]:
     return {key: str(value) for key, value in (labels or {}).items() if key in SHARING_NODE_LABELS}
 
 
-_ENDED_PHASES = ("Succeeded", "Failed", "Deleted")
-
-
 def whole_device_nodes(
     nodes: Iterable[str], sharing: SharingSource, pods: Iterable[TrackedPod],
     holders_by_node: Mapping[str, Sequence[DeviceHolder]],
@@ -209,7 +207,7 @@ def whole_device_nodes(
     tracked: dict[str, TrackedPod] = {}
     for pod in pods:
         tracked[pod.uid] = pod
-        if pod.node in whole and pod.phase not in _ENDED_PHASES and not _asks_whole_gpus(pod):
+        if pod.node in whole and pod.phase not in ENDED_POD_PHASES and not _asks_whole_gpus(pod):
             whole.discard(pod.node)
     for node, holders in holders_by_node.items():
         if node not in whole:
