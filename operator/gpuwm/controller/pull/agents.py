@@ -153,11 +153,10 @@ class AgentPuller:
         self._ssl: ssl.SSLContext | bool = True if ssl_context is None else ssl_context  # https: system CAs by default
         self._session: aiohttp.ClientSession | None = None
         #: what the agents are asked to merge (gpuwm.feed.merge); an agent that does not know it sends every poll
-        self._query_tail = f"&format={COLUMNS_FORMAT}" + ("" if merge is None else merge.query())
+        self._query_tail = _query_tail(merge)
         #: the same with every holder's share whole (`MergeRequest.exact_replicas` 1), for the nodes `pull_all`
         #: names in `whole_devices`
-        self._query_tail_whole = self._query_tail if merge is None else (
-            f"&format={COLUMNS_FORMAT}" + replace(merge, exact_replicas=1).query())
+        self._query_tail_whole = _query_tail(None if merge is None else replace(merge, exact_replicas=1))
         self._whole_devices: Collection[str] = ()
         self.state: dict[str, AgentState] = {}
         self._holder_cache: HolderCache = {}
@@ -369,6 +368,11 @@ class AgentPuller:
         else:  # an agent without tags (or with one too long to send back): it sends them every time
             self._known_devices.pop(node, None)
         return snapshot
+
+
+def _query_tail(merge: MergeRequest | None) -> str:
+    """What every snapshot request asks besides `since` and a devices tag: columns, and the merge if any."""
+    return f"&format={COLUMNS_FORMAT}" + ("" if merge is None else merge.query())
 
 
 def agent_url_of_pod(pod: Mapping[str, Any], port: int) -> tuple[str, str] | None:
