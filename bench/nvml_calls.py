@@ -246,14 +246,107 @@ def _process_samples(handle: Any, seconds: float) -> None:
         loader.wait()
 
 
+def _cold_calls(handle: Any, seconds: float, buffer_read_seconds: float = 5.0) -> None:
+    """The agent's calls for one whole GPU as it makes them, once a second, each timed by the CPU it takes.
+
+    The table above calls each one 50 times in a row, where the driver may answer from what it read a moment
+    before; at 1 Hz it may not. The buffered ones every `buffer_read_seconds`, as the agent reads them.
+    """
+    from gpuwm.agent.nvml import _running_processes
+
+    calls: dict[str, Callable[[], Any]] = {
+        "nvmlDeviceGetCount": pynvml.nvmlDeviceGetCount,
+        "nvmlDeviceGetMemoryInfo": lambda: pynvml.nvmlDeviceGetMemoryInfo(handle),
+        "nvmlDeviceGetTemperature": lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
+        "nvmlDeviceGetPowerUsage": lambda: pynvml.nvmlDeviceGetPowerUsage(handle),
+        "nvmlDeviceGetEnforcedPowerLimit": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(handle),
+        "nvmlDeviceGetClockInfo(SM)": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
+        "nvmlDeviceGetClockInfo(memory)": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
+        "nvmlDeviceGetUtilizationRates": lambda: pynvml.nvmlDeviceGetUtilizationRates(handle),
+        "the agent's nvmlDeviceGetComputeRunningProcesses": lambda: _running_processes(handle),
+    }
+    buffered: dict[str, Callable[[], Any]] = {
+        "the agent's one-call nvmlDeviceGetSamples(GPU)":
+            lambda: _samples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, int((time.time() - buffer_read_seconds) * 1e6)),
+        "nvmlDeviceGetTotalEnergyConsumption": lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle),
+        "(not the agent's) nvmlDeviceGetFieldValues(energy)":
+            lambda: pynvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION]),
+    }
+    cpus: dict[str, list[float]] = {name: [] for name in (*calls, *buffered)}
+    rounds = max(1, int(seconds))
+    started = time.monotonic()
+    for round_index in range(rounds):
+        due = {**calls, **(buffered if round_index % max(1, round(buffer_read_seconds)) == 0 else {})}
+        for name, call in due.items():
+            cpu = time.thread_time()
+            with contextlib.suppress(pynvml.NVMLError):
+                call()
+            cpus[name].append(time.thread_time() - cpu)
+        time.sleep(max(0.0, started + round_index + 1 - time.monotonic()))
+    print(f"the agent's calls once a second for {rounds} s (buffered ones every {buffer_read_seconds:g} s), CPU ms:")
+    per_second = 0.0
+    for name, found in cpus.items():
+        if found:
+            share = sum(found) / rounds
+            per_second += 0.0 if name.startswith("(not") else share
+            print(f"  {name:52} p50 {1000 * statistics.median(found):7.3f}  max {1000 * max(found):7.3f}  "
+                  f"per second {1000 * share:6.3f}")
+    print(f"  all of them: {1000 * per_second:.3f} ms CPU per GPU-second")
+
+
 def _samples_mean(handle: Any, back: float) -> float | None:
     value_type, samples = _samples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, int((time.time() - back) * 1e6))
     values = [getattr(sample.sampleValue, _VALUE_FIELDS[value_type]) for sample in samples]
     return sum(values) / len(values) if values else None
 
 
+#: `--profile`: the agent's poll loop in a process of its own under cProfile timed by the poll thread's CPU, from
+#: its sixth poll on (the imports and first reads left out); argv: the stats file, the seconds
+PROFILED_AGENT = """
+import cProfile, sys, threading, time
+from gpuwm.agent.core import Agent
+from gpuwm.config import Settings
+path, seconds = sys.argv[1], float(sys.argv[2])
+agent = Agent(Settings(pod_resources_socket="/nonexistent.sock", interval=1.0, log_level="error"), "bench")
+agent.start_nvml()
+for _ in range(5):
+    agent.poll_once()
+    time.sleep(1.0)
+stop = threading.Event()
+threading.Timer(seconds, stop.set).start()
+profile = cProfile.Profile(time.thread_time)
+profile.enable()
+agent.run(stop)
+profile.disable()
+profile.dump_stats(path)
+agent.stop()
+"""
+
+
+def _agent_profile(seconds: float, path: Path) -> None:
+    """The agent's poll loop at 1 Hz under cProfile; prints the functions that took the most of its CPU."""
+    import os
+    import pstats
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT / "operator"), os.environ.get("PYTHONPATH"))))}
+    subprocess.run([sys.executable, "-c", PROFILED_AGENT, str(path), str(seconds)], env=env, check=True)
+    print(f"the agent's poll loop at 1 Hz under cProfile for {seconds:g} s (CPU), by own time ({path}):")
+    pstats.Stats(str(path)).sort_stats("tottime").print_stats(30)
+
+
+def _thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of each of the process's threads, by thread name (schedstat)."""
+    found: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            name = (task / "comm").read_text().strip()
+            found[name] = found.get(name, 0.0) + int((task / "schedstat").read_text().split()[0]) / 1e9
+    return found
+
+
 def _agent_cpu(seconds: float, buffer_read_seconds: str, gpus: int) -> float:
-    """A real `gpuwm agent` at 1 Hz: its CPU per GPU-second after a 5 s start, and RSS."""
+    """A real `gpuwm agent` at 1 Hz: its CPU per GPU-second after a 5 s start, by thread, and RSS."""
     import os
     import socket
     import subprocess
@@ -279,9 +372,11 @@ def _agent_cpu(seconds: float, buffer_read_seconds: str, gpus: int) -> float:
 
     try:
         time.sleep(5.0)
-        before, started = cpu(), time.monotonic()
+        threads_before, before, started = _thread_cpu(agent.pid), cpu(), time.monotonic()
         time.sleep(seconds)
         used, wall = cpu() - before, time.monotonic() - started
+        threads = {name: 1000 * (spent - threads_before.get(name, 0.0)) / wall
+                   for name, spent in _thread_cpu(agent.pid).items()}
         rss = next(int(line.split()[1]) / 1024 for line in Path(f"/proc/{agent.pid}/status").read_text().splitlines()
                    if line.startswith("VmRSS:"))
     finally:
@@ -289,7 +384,9 @@ def _agent_cpu(seconds: float, buffer_read_seconds: str, gpus: int) -> float:
         agent.wait(timeout=15)
     per_gpu_second_ms = 1000 * used / (wall * gpus)
     print(f"the agent at 1 Hz, nvmlBufferReadSeconds={buffer_read_seconds}: {per_gpu_second_ms:.2f} ms CPU "
-          f"per GPU-second ({used:.2f} CPU-s in {wall:.1f} s, {gpus} GPU(s)), RSS {rss:.1f} MiB")
+          f"per GPU-second ({used:.2f} CPU-s in {wall:.1f} s, {gpus} GPU(s)), RSS {rss:.1f} MiB"
+          "; by thread, ms a second: "
+          + ", ".join(f"{name} {share:.2f}" for name, share in sorted(threads.items(), key=lambda item: -item[1])))
     return per_gpu_second_ms
 
 
@@ -302,6 +399,12 @@ def main() -> int:
                         help="how long a PyTorch process computes while per-process utilisation is read (0: not)")
     parser.add_argument("--agent-seconds", type=float, default=30.0,
                         help="how long each real agent run is measured for its CPU per GPU-second (0: not)")
+    parser.add_argument("--no-every-poll", action="store_true",
+                        help="leave out the agent run that reads the buffers every poll (the schedule before issue 37)")
+    parser.add_argument("--cold-seconds", type=float, default=12.0,
+                        help="how long the agent's calls are made once a second, each timed (0: not)")
+    parser.add_argument("--profile", type=Path, default=None,
+                        help="also run the agent under cProfile (its poll thread's CPU), saving the stats here")
     options = parser.parse_args()
     if options.pcie_copy_seconds:
         _pcie_during_copies(options.pcie_copy_seconds)
@@ -335,6 +438,8 @@ def main() -> int:
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
         gpus = pynvml.nvmlDeviceGetCount()
         _buffers(handle)
+        if options.cold_seconds:
+            _cold_calls(handle, options.cold_seconds)
         if options.load_seconds:
             _process_samples(handle, options.load_seconds)
     finally:
@@ -350,7 +455,10 @@ def main() -> int:
         print(f"issue 37's target, the agent <= {TARGET_MS_PER_GPU_SECOND} ms CPU per GPU-second at the default: "
               f"{'met' if agent_ms <= TARGET_MS_PER_GPU_SECOND else 'NOT met'} ({agent_ms:.2f}; the driver's calls "
               f"{driver_ms:.2f}, the agent's own work {agent_ms - driver_ms:.2f}, shared by {gpus} GPU(s))")
-        _agent_cpu(options.agent_seconds, "0", gpus)
+        if not options.no_every_poll:
+            _agent_cpu(options.agent_seconds, "0", gpus)
+        if options.profile:
+            _agent_profile(options.agent_seconds, options.profile.resolve())
     return 0
 
 
