@@ -7,13 +7,16 @@ Each poll makes the driver's instant calls (memory, power, temperature, clocks, 
 rates, the process list: microseconds each). The buffered and cumulative figures
 (`nvmlDeviceGetSamples` for SM activity, the energy counter) cost milliseconds of CPU a call on a
 real driver, and they need not be read every poll: the driver keeps timestamped utilisation
-samples, and the energy counter only grows. So they are read at most every `buffer_read_seconds`
-(and at once when a device's holders, processes or health change, on a new device, or when the
-caller asks), and what they return is split into the polls held since by the samples' own
-timestamps (`interval_means`); the energy counter's growth is spread over those polls by their
-power readings (`spread_energy`). A poll's reading therefore leaves the sampler when that read
-happens, up to `buffer_read_seconds` after the poll, still covering exactly its own interval.
-An interval no utilisation sample covers falls back to that poll's `nvmlDeviceGetUtilizationRates`.
+samples, and the energy counter only grows. So the samples are read at most every
+`buffer_read_seconds` (and at once when a device's holders, processes or health change, on a new
+device, or when the caller asks), and what they return is split into the polls held since by the
+samples' own timestamps (`interval_means`). A poll's reading therefore leaves the sampler when
+that read happens, up to `buffer_read_seconds` after the poll, still covering exactly its own
+interval. An interval no utilisation sample covers falls back to that poll's
+`nvmlDeviceGetUtilizationRates`. The energy counter is read with those reads at most every
+`ENERGY_COUNTER_EVERY_SECONDS`, and always on a change: its growth is spread over the polls by their
+power readings (`spread_energy`); polls handed over between its readings carry it forward by power
+(`carry_energy`), and the next reading sets it right, so the counter's own growth is what adds up.
 
 Memory activity (`memory_activity_percent`, the memory controller's busy time) is that instant
 call's figure, the driver's latest sample period at the poll: no definition rests on it (DESIGN
@@ -72,6 +75,12 @@ _NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
 #: the agent's other per-poll work. (NVML's PCIe byte-count fields would give a whole-interval rate, but on an
 #: H200 with driver 580 they are 32-bit and wrap every ~70 ms at the link's 60 GB/s: no use at 1 Hz.)
 PCIE_THROUGHPUT_EVERY_SECONDS = 15.0
+#: The energy counter costs the driver as much CPU as a utilisation buffer read (3.2-3.5 ms on an H200, 10-16 ms at
+#: times), yet it only grows: so a whole GPU's counter is read at most this often, when its holders, processes or
+#: health change, and on `--once`; the polls in between carry it carried forward by their power readings (the
+#: driver's 1 s average on Ampere and later), and the next reading puts them right (`energy_at_polls`). A GPU cut
+#: into MIG instances reads it with every buffer read (its instances have no power reading of their own).
+ENERGY_COUNTER_EVERY_SECONDS = 60.0
 
 
 def _running_processes(handle: Any) -> list[tuple[int, int | None]]:
@@ -147,16 +156,24 @@ def interval_means(
 
 
 def spread_energy(
-    previous_mj: float | None, now_mj: float | None, times: Sequence[float], power_mw: Sequence[float | None]
+    previous_mj: float | None, now_mj: float | None, times: Sequence[float], power_mw: Sequence[float | None],
+    counter_floor_mj: float | None = None,
 ) -> list[float | None]:
-    """The energy counter (mJ) at each of the polls `times[1:]`, from two readings of it: `previous_mj` at
-    `times[0]`, `now_mj` at the last poll. The growth between them is spread by each interval's power × its
-    length (by length alone where a power is missing), so the polls' differences add up to the counter's own.
-    Without an earlier reading, or when the counter went backwards (a driver reload), every poll gets the new one.
+    """The energy counter (mJ) at each of the polls `times[1:]`, from `previous_mj` at `times[0]` (the value the
+    last poll handed over) and a reading of the counter, `now_mj`, at the last poll. The growth between them is
+    spread by each interval's power × its length (by length alone where a power is missing), so the polls'
+    differences add up to the counter's own.
+
+    `counter_floor_mj`: the counter's previous reading, where `previous_mj` was carried forward from it by power
+    (`carry_energy`). A reading below `previous_mj` but not below that floor means the power ran ahead of the
+    counter: the polls hold `previous_mj` (no growth) until the counter passes it, so nothing is counted twice.
+    Without an earlier value, or when the counter went below its floor (a driver reload), every poll gets the new one.
     """
     count = len(times) - 1
     if now_mj is None:
         return [None] * count
+    if previous_mj is not None and counter_floor_mj is not None and counter_floor_mj <= now_mj < previous_mj:
+        return [previous_mj] * count
     if previous_mj is None or now_mj < previous_mj or count <= 1:
         return [now_mj] * count
     lengths = [max(0.0, later - earlier) for earlier, later in pairwise(times)]
@@ -171,6 +188,19 @@ def spread_energy(
         spread.append(previous_mj + growth * running / total)
     spread[-1] = now_mj
     return spread
+
+
+def carry_energy(previous_mj: float | None, times: Sequence[float], power_mw: Sequence[float | None]) -> list[float | None]:
+    """The energy counter (mJ) at each of the polls `times[1:]` without reading it: `previous_mj` at `times[0]`
+    carried forward by each interval's power × length (mW × s = mJ; nothing where a power is missing)."""
+    if previous_mj is None:
+        return [None] * (len(times) - 1)
+    running, carried = previous_mj, list[float | None]()
+    for (earlier, later), power in zip(pairwise(times), power_mw, strict=True):
+        if power is not None and power > 0 and later > earlier:
+            running += power * (later - earlier)
+        carried.append(running)
+    return carried
 
 
 class NvmlUnavailable(RuntimeError):
@@ -213,8 +243,13 @@ class Device:
     pending: list[Pending] = field(default_factory=list)
     #: the time (s) of the last poll whose reading left the sampler, the lower bound of the next poll's interval
     emitted_t: float | None = None
-    #: the energy counter (mJ) at `emitted_t`, where it was read
+    #: the energy (mJ) handed over with the poll at `emitted_t`: the counter's reading, or carried forward from it
     energy_mj: float | None = None
+    #: the energy counter's last reading (mJ) and when it was taken (monotonic seconds)
+    energy_counter_mj: float | None = None
+    energy_counter_at: float = -math.inf
+    #: a change since the last read (holders, processes, health, a new device): the next read settles the counter
+    settle: bool = True
     #: what the last poll saw: its pods (from the caller), its processes' PIDs and whether it was healthy
     holders: frozenset[Any] = frozenset()
     pids: frozenset[int] = frozenset()
@@ -449,12 +484,14 @@ class NvmlSampler:
         """
         started = time.perf_counter()
         monotonic = time.monotonic()
+        due = read_buffers or monotonic - self._buffers_read_at + self.interval_seconds / 2 >= self.buffer_read_seconds
+        # the device count is checked with each read (a call that costs more at 1 Hz than in a loop), so a GPU
+        # that comes or goes is found within `buffer_read_seconds`, and in any case every `rediscover_seconds`
         if (monotonic - self._discovered_at >= self.rediscover_seconds or monotonic >= self._reopen_at
-                or self._count_changed()):
+                or (due and self._count_changed())):
             self.discover()
         errors: dict[str, str] = {}
         now = time.time()
-        due = read_buffers or monotonic - self._buffers_read_at + self.interval_seconds / 2 >= self.buffer_read_seconds
         device_set = frozenset(device.uuid for device in self.devices)
         due = due or device_set != self._device_set
         self._device_set = device_set
@@ -465,17 +502,23 @@ class NvmlSampler:
             device_pids = frozenset(pid for pid, _ in pending.running or ())
             pids.update(device_pids)
             healthy = not pending.final
-            # a new device, new holders, processes come or go, health changes: the polls so far leave now
-            due = (due or device.emitted_t is None or device.healthy != healthy or device.pids != device_pids
-                   or device.holders != pending.holders)
+            # a new device, new holders, processes come or go, health changes: the polls so far leave now, and
+            # the energy counter is read, so what each holder used is settled by the counter itself
+            changed = (read_buffers or device.emitted_t is None or device.healthy != healthy
+                       or device.pids != device_pids or device.holders != pending.holders)
+            device.settle = device.settle or changed
+            due = due or changed
             device.healthy, device.pids, device.holders = healthy, device_pids, pending.holders
         samples: list[Reading] = []
         if due:
             self._buffers_read_at = monotonic
             # a GPU's counter read once a read: its MIG instances carry the same reading (NVML has none per instance)
             energy_by_chip: dict[int, float | None] = {}
+            mig_parents = {device.parent_uuid for device in self.devices if device.parent_uuid is not None}
             for device in self.devices:
-                samples.extend(self._read_buffers(device, errors, energy_by_chip))
+                counter_due = (device.settle or device.parent_uuid is not None or device.uuid in mig_parents
+                               or monotonic - device.energy_counter_at >= ENERGY_COUNTER_EVERY_SECONDS)
+                samples.extend(self._read_buffers(device, errors, energy_by_chip if counter_due else None))
             # in time order, each poll's devices together in device order (the caller attributes a poll as one)
             samples.sort(key=lambda reading: float(reading.fields["t"]))
         return PollResult(samples, time.perf_counter() - started, errors, frozenset(pids), due)
@@ -565,11 +608,16 @@ class NvmlSampler:
         return Pending(now, fields, running, sm_by_pid, power_mw, instant_sm, holders=holders)
 
     def _read_buffers(self, device: Device, errors: dict[str, str],
-                      energy_by_chip: dict[int, float | None]) -> list[Reading]:
-        """Every poll of `device` since the last read, finished with the buffers' figures split among them."""
+                      energy_by_chip: dict[int, float | None] | None) -> list[Reading]:
+        """Every poll of `device` since the last read, finished with the buffers' figures split among them.
+
+        `energy_by_chip`: the counter readings of this read, by chip; None: the counter is not read this time.
+        """
         pending, device.pending = device.pending, []
         if not pending:
             return []
+        if energy_by_chip is not None:
+            device.settle = False
         readings: list[Reading] = []
         healthy = [poll for poll in pending if not poll.final]
         if healthy:
@@ -586,20 +634,27 @@ class NvmlSampler:
         device.emitted_t = pending[-1].t
         return readings
 
-    def _finish(self, device: Device, polls: list[Pending], energy_by_chip: dict[int, float | None]) -> list[Reading]:
-        """`polls`' readings: SM activity split by the samples' timestamps, the energy spread by power."""
+    def _finish(self, device: Device, polls: list[Pending],
+                energy_by_chip: dict[int, float | None] | None) -> list[Reading]:
+        """`polls`' readings: SM activity split by the samples' timestamps, the energy counter's growth spread by
+        power (or, between the counter's readings, carried forward by it)."""
         start_t = device.emitted_t if device.emitted_t is not None else device.util_cursor_us / 1e6
         times = [start_t, *(poll.t for poll in polls)]
         bounds_us = [int(t * 1e6) for t in times]
         sm = self._split(device, bounds_us)
         if None in sm:  # intervals no sample covers: the poll's instant rate
             sm = [poll.instant_sm_percent if value is None else value for poll, value in zip(polls, sm, strict=True)]
-        chip = device.parent_handle if device.parent_handle is not None else device.handle
-        if id(chip) not in energy_by_chip:  # by identity: a pynvml handle cannot be a dict key
-            energy_by_chip[id(chip)] = _optional(pynvml.nvmlDeviceGetTotalEnergyConsumption, chip)
-        energy_mj = energy_by_chip[id(chip)]
-        energies = spread_energy(device.energy_mj, energy_mj, times, [poll.power_mw for poll in polls])
-        device.energy_mj = energy_mj
+        powers = [poll.power_mw for poll in polls]
+        if energy_by_chip is None:
+            energies = carry_energy(device.energy_mj, times, powers)
+        else:
+            chip = device.parent_handle if device.parent_handle is not None else device.handle
+            if id(chip) not in energy_by_chip:  # by identity: a pynvml handle cannot be a dict key
+                energy_by_chip[id(chip)] = _optional(pynvml.nvmlDeviceGetTotalEnergyConsumption, chip)
+            energy_mj = energy_by_chip[id(chip)]
+            energies = spread_energy(device.energy_mj, energy_mj, times, powers, device.energy_counter_mj)
+            device.energy_counter_mj, device.energy_counter_at = energy_mj, time.monotonic()
+        device.energy_mj = energies[-1]
         # a busy device whose process list is empty: the processes run in another PID namespace, and
         # per-process utilisation still names their host PIDs (one figure each over these polls)
         hidden: dict[int, float] | None = None

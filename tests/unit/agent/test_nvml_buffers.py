@@ -3,7 +3,8 @@
 A stub driver (pynvml's functions replaced, a fake clock) counts the calls: the expensive ones
 (`nvmlDeviceGetSamples` for SM activity, the energy counter, per-process utilisation) run once per
 read, yet every poll still gets the utilisation of its own second, from the samples' timestamps;
-the instant utilisation rates (memory activity, and SM where no sample covers a poll) every poll.
+the instant utilisation rates (memory activity, and SM where no sample covers a poll) every poll;
+the energy counter once a minute and on a change, carried forward by power in between.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pynvml
 import pytest
 
 from gpuwm.agent import nvml
-from gpuwm.agent.nvml import Device, NvmlSampler, Reading, interval_means, spread_energy
+from gpuwm.agent.nvml import Device, NvmlSampler, Reading, carry_energy, interval_means, spread_energy
 
 SAMPLE_PERIOD_US = 166_667
 POWER_MW = 300_000
@@ -44,6 +45,7 @@ class Driver:
         self.running: list[tuple[int, int | None]] = [(10, 1 << 20)]
         self.per_process: dict[int, float] = {10: 40.0}
         self.samples_found = True
+        self.energy_offset_mj = 0.0
         self.calls: dict[str, int] = {"samples": 0, "energy": 0, "process_utilization": 0, "rates": 0}
         monkeypatch.setattr(nvml, "time", clock)
         monkeypatch.setattr(nvml, "_samples", self.samples)
@@ -76,8 +78,9 @@ class Driver:
         return 1, found
 
     def energy(self, handle: Any) -> int:
+        """The counter: the power's integral, plus `energy_offset_mj` (what the power readings missed)."""
         self.calls["energy"] += 1
-        return int(POWER_MW * self.clock.now)
+        return int(POWER_MW * self.clock.now + self.energy_offset_mj)
 
     def rates(self, handle: Any) -> Any:
         """SM 7 %, memory 8 % at t=1000, each one more a second later: each poll's own figures are told apart."""
@@ -133,13 +136,45 @@ def test_buffers_read_every_period_and_each_poll_keeps_its_own_second(driver: Dr
     assert [fields["t"] for fields in readings] == [1000.0 + second for second in range(11)]
     assert {fields["t"]: fields["sm_percent"] for fields in readings if fields["sm_percent"]} == {1004.0: 100.0, 1008.0: 100.0}
     assert all(fields["sm_percent"] == 0.0 for fields in readings if fields["t"] not in (1004.0, 1008.0))
-    # the energy counter, read three times, still steps with each poll (its growth spread by power)
+    # the energy counter, read once in the minute, still steps with each poll (carried forward by power)
     assert [fields["energy_joules"] for fields in readings] == pytest.approx([POWER_MW * f["t"] / 1000 for f in readings])
-    # SM samples and energy once per read; memory activity is each poll's instant rate (SM's is not used)
-    assert driver.calls == {"samples": 3, "energy": 3, "process_utilization": 0, "rates": 11}
+    # SM samples once per read, the energy counter once a minute; memory activity is each poll's instant rate
+    assert driver.calls == {"samples": 3, "energy": 1, "process_utilization": 0, "rates": 11}
     assert [fields["memory_activity_percent"] for fields in readings] == [8.0 + second for second in range(11)]
     # a sole holder (here: none named) gets no per-process read: its processes carry no SM figure
     assert [(p.pid, p.sm_percent) for p in handed[5][0].processes or []] == [(10, None)]
+
+
+def test_the_energy_counter_is_read_once_a_minute_and_sets_right_what_power_carried(driver: Driver, clock: Clock) -> None:
+    """Between the counter's readings the polls carry it forward by power; a reading above that is spread over
+    the polls since, one below it (the power ran ahead) holds them until the counter passes: every value handed
+    over follows the one before, and at each reading the value is the counter's own."""
+    sampler = _sampler(clock)
+    handed = [reading.fields for reading in sampler.poll().samples]
+
+    def until(t: float) -> None:
+        while clock.now < t:
+            clock.now += 1.0
+            handed.extend(reading.fields for reading in sampler.poll().samples)
+
+    until(1055.0)
+    assert driver.calls["energy"] == 1  # at t=1000; the next is due with the read at 1060
+    driver.energy_offset_mj = 900_000.0  # the counter grew 900 J more than the power readings say
+    until(1060.0)
+    assert driver.calls["energy"] == 2 and handed[-1]["t"] == 1060.0
+    assert handed[-1]["energy_joules"] == pytest.approx((POWER_MW * 1060.0 + 900_000.0) / 1000)
+    driver.energy_offset_mj = -1_200_000.0  # and now 2,100 J less: the power ran ahead of the counter
+    until(1120.0)
+    assert driver.calls["energy"] == 3 and handed[-1]["t"] == 1120.0
+    held = [fields["energy_joules"] for fields in handed if 1115.0 < fields["t"] <= 1120.0]
+    assert held == pytest.approx([(POWER_MW * 1115.0 + 900_000.0) / 1000] * 5)  # held where it was, not back
+    joules = [fields["energy_joules"] for fields in handed]
+    assert [fields["t"] for fields in handed] == [1000.0 + second for second in range(121)]
+    assert all(later >= earlier for earlier, later in zip(joules, joules[1:], strict=False))
+    # the counter passes the held value within the next minute: the next reading is the counter's own again
+    until(1180.0)
+    assert driver.calls["energy"] == 4
+    assert handed[-1]["energy_joules"] == pytest.approx((POWER_MW * 1180.0 - 1_200_000.0) / 1000)
 
 
 def test_a_change_of_holders_reads_at_once_and_a_shared_device_reads_per_process_every_poll(
@@ -153,6 +188,7 @@ def test_a_change_of_holders_reads_at_once_and_a_shared_device_reads_per_process
     pods = frozenset({"a", "b"})
     clock.now += 1.0
     assert [r.fields["t"] for r in sampler.poll(holders=lambda device, pids: pods).samples] == [1001.0, 1002.0, 1003.0]
+    assert driver.calls["energy"] == 2  # the counter settles what the holders before used
     clock.now += 1.0
     assert sampler.poll(holders=lambda device, pids: pods).samples == []
     assert driver.calls["process_utilization"] == 2  # each poll of the shared device
@@ -202,6 +238,11 @@ def test_interval_means_split_samples_by_their_timestamps() -> None:
     assert interval_means([], [0, 10]) == [None]
 
 
+def test_carry_energy_adds_power_times_length() -> None:
+    assert carry_energy(1_000.0, [0.0, 1.0, 3.0, 4.0], [100.0, None, 50.0]) == pytest.approx([1_100.0, 1_100.0, 1_150.0])
+    assert carry_energy(None, [0.0, 1.0], [100.0]) == [None]
+
+
 def test_spread_energy_adds_up_to_the_counter_and_follows_power() -> None:
     spread = spread_energy(1_000.0, 1_900.0, [0.0, 1.0, 2.0, 3.0], [100.0, 200.0, 0.0])
     assert spread == pytest.approx([1_300.0, 1_900.0, 1_900.0])
@@ -209,6 +250,9 @@ def test_spread_energy_adds_up_to_the_counter_and_follows_power() -> None:
     assert spread_energy(None, 500.0, [0.0, 1.0, 2.0], [1.0, 1.0]) == [500.0, 500.0]  # nothing earlier to spread from
     assert spread_energy(900.0, 500.0, [0.0, 1.0, 2.0], [1.0, 1.0]) == [500.0, 500.0]  # the counter went back
     assert spread_energy(900.0, None, [0.0, 1.0], [1.0]) == [None]
+    # carried to 900 from a reading of 700: a reading of 800 holds 900, one of 600 is a reload
+    assert spread_energy(900.0, 800.0, [0.0, 1.0, 2.0], [1.0, 1.0], 700.0) == [900.0, 900.0]
+    assert spread_energy(900.0, 600.0, [0.0, 1.0, 2.0], [1.0, 1.0], 700.0) == [600.0, 600.0]
 
 
 def test_a_mig_instance_takes_its_gpus_energy_reading(driver: Driver, clock: Clock) -> None:
