@@ -146,9 +146,10 @@ class Settings(BaseSettings):
     )
     nvml_buffer_read_seconds: DurationSeconds = Field(
         default=5.0, le=60.0,
-        description="How often the agent reads NVML's utilisation sample buffers and energy counter (milliseconds of "
-        "driver CPU a call): each read is split into the polls since by the samples' timestamps, so a poll's sample "
-        "leaves the agent up to this late; keep it under half of what the driver's buffers hold (bench/README.md).",
+        description="How often the agent reads NVML's utilisation sample buffers (milliseconds of driver CPU a call): "
+        "each read is split into the polls since by the samples' timestamps, so a poll's sample leaves the agent up to "
+        "this late; keep it under half of what the driver's buffers hold (bench/README.md). The energy counter is read "
+        "with these reads once a minute and on every change of a GPU's holders, carried forward by power in between.",
     )
 
     # controller
