@@ -45,33 +45,40 @@ PULL_SECONDS = 10.0
 
 #: the NVML calls the agent makes per device at its schedule, for the bare loop: the instant calls every poll, the
 #: buffered ones every read (a buffer read of 0: every poll, with per-process utilisation, as the agent did before
-#: issue 37). argv: polls, interval, buffer read seconds, PCIe seconds, and memory activity from its own sample
-#: buffer (1, the agent before 2026-11-27) or from the instant utilisation rates (0)
+#: issue 37). argv: polls, interval, buffer read seconds, the gauges' period (PCIe, and temperature, clocks and power
+#: limit where the next is 1), 1 where temperature, clocks and power limit go with PCIe (else every poll), memory
+#: activity from its own sample buffer (1, the agent before 2026-11-27) or from the instant utilisation rates (0),
+#: the energy counter's period (0: every read), and 1 where the device count is checked every poll (else every read)
 BARE_LOOP = textwrap.dedent(
     """
     import sys, time, pynvml
-    polls, interval, buffer_read, pcie_every = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-    kinds = [pynvml.NVML_GPU_UTILIZATION_SAMPLES] + [pynvml.NVML_MEMORY_UTILIZATION_SAMPLES] * int(sys.argv[5])
+    polls, interval, buffer_read, gauges_every = int(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+    slow_gauges, energy_every, count_every_poll = sys.argv[5] == "1", float(sys.argv[7]), sys.argv[8] == "1"
+    kinds = [pynvml.NVML_GPU_UTILIZATION_SAMPLES] + [pynvml.NVML_MEMORY_UTILIZATION_SAMPLES] * int(sys.argv[6])
     pynvml.nvmlInit()
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
     cursor = int((time.time() - 1) * 1e6)
     started = time.process_time()
-    pcie_at = read_at = -1e9
+    gauges_at = read_at = energy_at = -1e9
     for _ in range(polls):
         time.sleep(interval)
-        read_pcie = time.monotonic() - pcie_at >= pcie_every  # the agent reads PCIe (20 ms a call) at most this often
-        pcie_at = time.monotonic() if read_pcie else pcie_at
+        read_gauges = time.monotonic() - gauges_at >= gauges_every  # PCIe (20 ms a call) at most this often
+        gauges_at = time.monotonic() if read_gauges else gauges_at
         read_buffers = time.monotonic() - read_at + interval / 2 >= buffer_read
         read_at = time.monotonic() if read_buffers else read_at
-        pynvml.nvmlDeviceGetCount()
+        read_energy = read_buffers and time.monotonic() - energy_at >= energy_every
+        energy_at = time.monotonic() if read_energy else energy_at
+        if count_every_poll or read_buffers:
+            pynvml.nvmlDeviceGetCount()
         for h in handles:
             pynvml.nvmlDeviceGetMemoryInfo(h)
-            pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
             pynvml.nvmlDeviceGetPowerUsage(h)
-            pynvml.nvmlDeviceGetEnforcedPowerLimit(h)
-            pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
-            pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)
-            if read_pcie:
+            if read_gauges or not slow_gauges:
+                pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)
+                pynvml.nvmlDeviceGetEnforcedPowerLimit(h)
+                pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)
+                pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)
+            if read_gauges:
                 pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_RX_BYTES)
                 pynvml.nvmlDeviceGetPcieThroughput(h, pynvml.NVML_PCIE_UTIL_TX_BYTES)
             pynvml.nvmlDeviceGetComputeRunningProcesses(h)
@@ -83,6 +90,7 @@ BARE_LOOP = textwrap.dedent(
                         pynvml.nvmlDeviceGetSamples(h, kind, cursor)
                     except pynvml.NVMLError_InsufficientSize:
                         pass
+            if read_energy:
                 pynvml.nvmlDeviceGetTotalEnergyConsumption(h)
             if buffer_read <= 0:
                 pynvml.nvmlDeviceGetProcessUtilization(h, cursor)
@@ -267,10 +275,15 @@ def _wait_listening(port: int, agent: subprocess.Popen[bytes], timeout_seconds: 
 
 
 def _agent_schedule(agent_root: Path) -> list[str]:
-    """The bare loop's PCIe period and memory-buffer flag as the agent under `agent_root` has them (its source read)."""
+    """The bare loop's gauges' period, whether temperature, clocks and power limit go with it, the memory-buffer
+    flag, the energy counter's period and whether the device count is checked every poll, as the agent under
+    `agent_root` has them (its source read)."""
     source = (agent_root / "operator/gpuwm/agent/nvml.py").read_text()
-    pcie = re.search(r"^PCIE_THROUGHPUT_EVERY_SECONDS = ([0-9.]+)", source, re.MULTILINE)
-    return [pcie.group(1) if pcie else "0", "1" if "NVML_MEMORY_UTILIZATION_SAMPLES" in source else "0"]
+    gauges = re.search(r"^(?:GAUGES|PCIE_THROUGHPUT)_EVERY_SECONDS = ([0-9.]+)", source, re.MULTILINE)
+    energy = re.search(r"^ENERGY_COUNTER_EVERY_SECONDS = ([0-9.]+)", source, re.MULTILINE)
+    return [gauges.group(1) if gauges else "0", "1" if "GAUGES_EVERY_SECONDS" in source else "0",
+            "1" if "NVML_MEMORY_UTILIZATION_SAMPLES" in source else "0", energy.group(1) if energy else "0",
+            "1" if "or self._count_changed()" in source else "0"]
 
 
 def _bare(env: dict[str, str], polls: int, interval: float, schedule: list[str]) -> float:

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "operator"))
 
 import pynvml  # noqa: E402
 
-from gpuwm.agent.nvml import _VALUE_FIELDS, PCIE_THROUGHPUT_EVERY_SECONDS, NvmlSampler, _samples  # noqa: E402
+from gpuwm.agent.nvml import _VALUE_FIELDS, GAUGES_EVERY_SECONDS, NvmlSampler, _samples  # noqa: E402
 
 #: issue 37's target for the agent on a real driver, and the calls the agent makes every poll of a whole GPU
 TARGET_MS_PER_GPU_SECOND = 1.5
@@ -430,7 +430,7 @@ def main() -> int:
         polls.append(sampler.poll().nvml_seconds)
     sampler.stop()
     print(f"the agent's poll of {len(sampler.devices)} device(s), 20 at 10 Hz: p50 {1000 * statistics.median(polls):.2f} ms, "
-          f"max {1000 * max(polls):.2f} ms (PCIe read on the first, at most every {PCIE_THROUGHPUT_EVERY_SECONDS:g} s; "
+          f"max {1000 * max(polls):.2f} ms (PCIe read on the first, at most every {GAUGES_EVERY_SECONDS:g} s; "
           f"buffers read every 5 s)")
 
     pynvml.nvmlInit()
@@ -447,9 +447,9 @@ def main() -> int:
     # the driver's share of the agent's CPU at its schedule (a whole GPU, one pod: no per-process utilisation)
     driver_ms = (sum(cpu_ms[name] for name in INSTANT_CALLS)
                  + (cpu_ms["the agent's one-call nvmlDeviceGetSamples(GPU)"] + cpu_ms["nvmlDeviceGetTotalEnergyConsumption"])
-                 / 5.0 + 2 * cpu_ms["nvmlDeviceGetPcieThroughput(RX)"] / PCIE_THROUGHPUT_EVERY_SECONDS)
+                 / 5.0 + 2 * cpu_ms["nvmlDeviceGetPcieThroughput(RX)"] / GAUGES_EVERY_SECONDS)
     print(f"the driver's calls at the agent's schedule (instant calls every second, SM samples and energy every 5 s, "
-          f"PCIe both ways every {PCIE_THROUGHPUT_EVERY_SECONDS:g} s): {driver_ms:.2f} ms CPU per GPU-second")
+          f"PCIe both ways every {GAUGES_EVERY_SECONDS:g} s): {driver_ms:.2f} ms CPU per GPU-second")
     if options.agent_seconds:
         agent_ms = _agent_cpu(options.agent_seconds, "5s", gpus)
         print(f"issue 37's target, the agent <= {TARGET_MS_PER_GPU_SECOND} ms CPU per GPU-second at the default: "

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from gpuwm.agent.nvml import PCIE_THROUGHPUT_EVERY_SECONDS
+from gpuwm.agent.nvml import GAUGES_EVERY_SECONDS
 from gpuwm.model import GpuSample
 from tests.fakenvml.podresources_server import FakePod, PodResourcesServer
 from tests.integration.agent.helpers import RunningAgent, free_port, wait_for
@@ -485,7 +485,7 @@ def test_host_to_gpu_copies_show_as_pcie_receive_throughput(loader_command: list
         wait_for(lambda: agent.get("/healthz")[0] == 200 or agent.process.poll() is not None, 60.0, "agent /healthz")
         script = tmp_path / "copier.py"
         script.write_text(COPIER)
-        copy_seconds = 3 * PCIE_THROUGHPUT_EVERY_SECONDS
+        copy_seconds = 3 * GAUGES_EVERY_SECONDS
         copied = subprocess.run([loader_command[0], str(script), str(copy_seconds)], capture_output=True, text=True,
                                 timeout=180)
         assert copied.returncode == 0, copied.stderr
@@ -493,8 +493,8 @@ def test_host_to_gpu_copies_show_as_pcie_receive_throughput(loader_command: list
         copy_rate = copied_bytes / (ended - started)
         samples = [s for s in agent.snapshot()["samples"] if s["uuid"] == gpu["uuid"]]
         # a sample this long after the copies began holds a reading taken during them (one a period at most)
-        during = [s for s in samples if started + PCIE_THROUGHPUT_EVERY_SECONDS + 0.6 <= s["t"] <= ended]
-        quiet = [s for s in samples if s["t"] < started - PCIE_THROUGHPUT_EVERY_SECONDS]
+        during = [s for s in samples if started + GAUGES_EVERY_SECONDS + 0.6 <= s["t"] <= ended]
+        quiet = [s for s in samples if s["t"] < started - GAUGES_EVERY_SECONDS]
         _report("PCIe during the copies", {
             "copy_bytes_per_second": copy_rate,
             "agent_receive_bytes_per_second": sorted({s["pcie_rx_bytes_per_second"] for s in during}),

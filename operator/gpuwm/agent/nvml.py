@@ -3,8 +3,9 @@
 A reading holds exactly the fields of `GpuSample` as plain values; the agent validates it once,
 after attribution has filled in the processes' pods, so a poll builds each model only once.
 
-Each poll makes the driver's instant calls (memory, power, temperature, clocks, utilisation
-rates, the process list: microseconds each). The buffered and cumulative figures
+Each poll makes the driver's instant calls that definitions rest on (memory, power, utilisation
+rates, the process list: microseconds each); temperature, clocks, the power limit and PCIe are
+read every `GAUGES_EVERY_SECONDS`. The buffered and cumulative figures
 (`nvmlDeviceGetSamples` for SM activity, the energy counter) cost milliseconds of CPU a call on a
 real driver, and they need not be read every poll: the driver keeps timestamped utilisation
 samples, and the energy counter only grows. So the samples are read at most every
@@ -68,13 +69,14 @@ _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 _field = object.__getattribute__
 #: NVML's "not available" value for a process's used memory (WDDM on Windows)
 _NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
-#: `nvmlDeviceGetPcieThroughput` counts bytes for 20 ms before it returns, one direction a call: read at every
-#: poll it would take 40 ms a GPU (0.32 s of each second on an 8-GPU node at 1 Hz) for a figure that covers 2 % of
-#: the interval. So it is read at most this often, its figures kept in between: a 20 ms glimpse of the link either
-#: way, fresh once per scrape of the chart's PodMonitor (15 s); each read also costs the driver's CPU, as much as
-#: the agent's other per-poll work. (NVML's PCIe byte-count fields would give a whole-interval rate, but on an
-#: H200 with driver 580 they are 32-bit and wrap every ~70 ms at the link's 60 GB/s: no use at 1 Hz.)
-PCIE_THROUGHPUT_EVERY_SECONDS = 15.0
+#: The figures no definition rests on, each a glimpse of its moment: temperature, the clocks, the enforced power
+#: limit and PCIe throughput. They are read at most this often and repeated in between: fresh once per scrape of the
+#: chart's PodMonitor (15 s; dcgm-exporter collects every 30 s by default). `nvmlDeviceGetPcieThroughput` counts
+#: bytes for 20 ms before it returns, one direction a call (40 ms a GPU, read every poll: 0.32 s of each second on an
+#: 8-GPU node), and costs the driver 0.8 ms of CPU; the others cost microseconds in a loop but at 1 Hz each now
+#: and then 1-1.8 ms on an H200 (bench/README.md, issue 37). (NVML's PCIe byte-count fields would give a
+#: whole-interval rate, but on an H200 with driver 580 they are 32-bit and wrap every ~70 ms at 60 GB/s.)
+GAUGES_EVERY_SECONDS = 15.0
 #: The energy counter costs the driver as much CPU as a utilisation buffer read (3.2-3.5 ms on an H200, 10-16 ms at
 #: times), yet it only grows: so a whole GPU's counter is read at most this often, when its holders, processes or
 #: health change, and on `--once`; the polls in between carry it carried forward by their power readings (the
@@ -232,11 +234,9 @@ class Device:
     util_cursor_us: int = 0
     process_cursor_us: int = 0
     process_utilization_supported: bool = True
-    #: every per-poll figure read without an "unsupported" error so far (one try block per poll)
-    all_supported: bool = True
-    #: the last PCIe throughput reading (receive, transmit bytes/s) and when it was taken (monotonic seconds)
-    pcie_throughput: tuple[float | None, float | None] = (None, None)
-    pcie_throughput_at: float = -math.inf
+    #: the last reading of the figures read every `GAUGES_EVERY_SECONDS`, by field, and when (monotonic seconds)
+    gauges: dict[str, float | None] = field(default_factory=dict)
+    gauges_at: float = -math.inf
     #: why NVML could not open this GPU (then `handle` is None and `uuid` is `unopened_uuid`)
     open_error: str | None = None
     #: polls taken since the buffers were last read, waiting for their share of the next read
@@ -554,32 +554,10 @@ class NvmlSampler:
 
     def _read(self, device: Device, now: float, holders_of: HoldersOf) -> Pending:
         handle = device.handle
-        if device.all_supported and device.parent_handle is None:
-            try:  # the usual case, one try for all the figures: a whole GPU that reports them all
-                memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
-                temperature = pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU)
-                power_mw = pynvml.nvmlDeviceGetPowerUsage(handle)
-                limit_mw = pynvml.nvmlDeviceGetEnforcedPowerLimit(handle)
-                sm_clock = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
-                memory_clock = pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM)
-                rates = pynvml.nvmlDeviceGetUtilizationRates(handle)
-            except (*_UNSUPPORTED, pynvml.NVMLError_NotFound):
-                device.all_supported = False  # from now on each figure on its own, as below
-        if not device.all_supported or device.parent_handle is not None:
-            memory = _optional(pynvml.nvmlDeviceGetMemoryInfo, handle)
-            rates = _optional(pynvml.nvmlDeviceGetUtilizationRates, handle)
-            # the chip-wide figures of a MIG instance are its parent's (NVML has none per instance)
-            chip = device.parent_handle if device.parent_handle is not None else handle
-            temperature = _optional(pynvml.nvmlDeviceGetTemperature, chip, pynvml.NVML_TEMPERATURE_GPU)
-            if device.parent_handle is None:
-                power_mw = _optional(pynvml.nvmlDeviceGetPowerUsage, handle)
-                limit_mw = _optional(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
-                sm_clock = _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)
-                memory_clock = _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM)
-            else:  # power is not additive over instances: it stays on the parent GPU's sample
-                power_mw = limit_mw = sm_clock = memory_clock = None
-        # PCIe is the link's: a MIG instance has none of its own (its parent's sample carries it)
-        rx_bytes_per_second, tx_bytes_per_second = (None, None) if device.parent_handle is not None else self._pcie(device)
+        memory = _optional(pynvml.nvmlDeviceGetMemoryInfo, handle)
+        rates = _optional(pynvml.nvmlDeviceGetUtilizationRates, handle)
+        # power is not additive over MIG instances: it stays on the parent GPU's sample
+        power_mw = _optional(pynvml.nvmlDeviceGetPowerUsage, handle) if device.parent_handle is None else None
         fields = {
             "t": now, "node": self.node, "uuid": device.uuid, "index": device.index, "model": device.model,
             "parent_uuid": device.parent_uuid, "mig_profile": device.mig_profile, "device_units": device.device_units,
@@ -589,13 +567,8 @@ class NvmlSampler:
             "memory_total_bytes": None if memory is None else float(_field(memory, "total")),
             "memory_activity_percent": None if rates is None else _percent(float(_field(rates, "memory"))),
             "power_watts": None if power_mw is None else power_mw / 1000.0,
-            "power_limit_watts": None if limit_mw is None else limit_mw / 1000.0,
             "energy_joules": None,
-            "temperature_celsius": None if temperature is None else float(temperature),
-            "sm_clock_mhz": None if sm_clock is None else float(sm_clock),
-            "memory_clock_mhz": None if memory_clock is None else float(memory_clock),
-            "pcie_rx_bytes_per_second": rx_bytes_per_second,
-            "pcie_tx_bytes_per_second": tx_bytes_per_second,
+            **self._gauges(device),
         }
         running = _optional(_running_processes, handle)
         holders = holders_of(device, frozenset(pid for pid, _ in running or ()))
@@ -672,16 +645,33 @@ class NvmlSampler:
             readings.append(Reading(fields, self._processes(device, poll.running, sm_by_pid, fields["sm_percent"])))
         return readings
 
-    def _pcie(self, device: Device) -> tuple[float | None, float | None]:
-        """(receive, transmit) bytes/s: the 20 ms reading, taken at most every `PCIE_THROUGHPUT_EVERY_SECONDS`."""
+    def _gauges(self, device: Device) -> dict[str, float | None]:
+        """Temperature, clocks, power limit and PCIe (receive, transmit bytes/s) as `GpuSample` fields: read at most
+        every `GAUGES_EVERY_SECONDS`, kept in between. A MIG instance's temperature is its GPU's; the other figures
+        are the GPU's own (its sample carries them), so an instance has none."""
         now = time.monotonic()
-        if now - device.pcie_throughput_at >= PCIE_THROUGHPUT_EVERY_SECONDS:
-            device.pcie_throughput_at = now
-            rx_kbs = _optional(pynvml.nvmlDeviceGetPcieThroughput, device.handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
-            tx_kbs = _optional(pynvml.nvmlDeviceGetPcieThroughput, device.handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
-            device.pcie_throughput = (None if rx_kbs is None else rx_kbs * 1024.0,
-                                      None if tx_kbs is None else tx_kbs * 1024.0)
-        return device.pcie_throughput
+        if now - device.gauges_at < GAUGES_EVERY_SECONDS:
+            return device.gauges
+        handle, parent = device.handle, device.parent_handle
+        temperature = _optional(pynvml.nvmlDeviceGetTemperature, handle if parent is None else parent,
+                                pynvml.NVML_TEMPERATURE_GPU)
+        limit_mw = sm_clock = memory_clock = rx_kbs = tx_kbs = None
+        if parent is None:
+            limit_mw = _optional(pynvml.nvmlDeviceGetEnforcedPowerLimit, handle)
+            sm_clock = _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_SM)
+            memory_clock = _optional(pynvml.nvmlDeviceGetClockInfo, handle, pynvml.NVML_CLOCK_MEM)
+            rx_kbs = _optional(pynvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_RX_BYTES)
+            tx_kbs = _optional(pynvml.nvmlDeviceGetPcieThroughput, handle, pynvml.NVML_PCIE_UTIL_TX_BYTES)
+        device.gauges_at = now
+        device.gauges = {
+            "temperature_celsius": None if temperature is None else float(temperature),
+            "power_limit_watts": None if limit_mw is None else limit_mw / 1000.0,
+            "sm_clock_mhz": None if sm_clock is None else float(sm_clock),
+            "memory_clock_mhz": None if memory_clock is None else float(memory_clock),
+            "pcie_rx_bytes_per_second": None if rx_kbs is None else rx_kbs * 1024.0,
+            "pcie_tx_bytes_per_second": None if tx_kbs is None else tx_kbs * 1024.0,
+        }
+        return device.gauges
 
     def _split(self, device: Device, bounds_us: list[int]) -> list[float | None]:
         """The SM samples since the cursor, as a mean per interval of `bounds_us` (see `interval_means`)."""

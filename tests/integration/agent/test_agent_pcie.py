@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuwm.agent.nvml import PCIE_THROUGHPUT_EVERY_SECONDS
+from gpuwm.agent.nvml import GAUGES_EVERY_SECONDS
 from tests.fakenvml import write_scenario
 from tests.integration.agent.helpers import RunningAgent, wait_for
 
@@ -36,13 +36,13 @@ def test_the_reading_is_kept_between_reads(start_agent: Callable[..., RunningAge
     write_scenario(scenario, SCENARIO.format(rx=5000))
     changed_at = time.time()
     later = wait_for(lambda: [s for s in _pcie(agent, "GPU-1111") if s[1] == 5000 * 1024.0],
-                     timeout_seconds=PCIE_THROUGHPUT_EVERY_SECONDS + 10, what="the next reading")
+                     timeout_seconds=GAUGES_EVERY_SECONDS + 10, what="the next reading")
     samples = _pcie(agent, "GPU-1111")
     kept = [s for s in samples if s[0] < later[0][0]]
     # every poll before the next read repeats the first reading, though the link's rate changed meanwhile
     assert len(kept) >= 5 and {s[1:] for s in kept} == {(1000 * 1024.0, 3000 * 1024.0)}
     assert any(s[0] > changed_at for s in kept)
-    assert later[0][0] - first_t >= PCIE_THROUGHPUT_EVERY_SECONDS - 0.5  # read again only once the period passed
+    assert later[0][0] - first_t >= GAUGES_EVERY_SECONDS - 0.5  # read again only once the period passed
     # a MIG instance has no PCIe figures of its own (its parent GPU's sample has them)
     assert {s[1:] for s in _pcie(agent, "MIG-5555")} == {(None, None)}
     assert {s[1:] for s in _pcie(agent, "GPU-4444")} != {(None, None)}

@@ -9,6 +9,7 @@ the energy counter once a minute and on a change, carried forward by power in be
 
 from __future__ import annotations
 
+import itertools
 from types import SimpleNamespace
 from typing import Any
 
@@ -170,7 +171,7 @@ def test_the_energy_counter_is_read_once_a_minute_and_sets_right_what_power_carr
     assert held == pytest.approx([(POWER_MW * 1115.0 + 900_000.0) / 1000] * 5)  # held where it was, not back
     joules = [fields["energy_joules"] for fields in handed]
     assert [fields["t"] for fields in handed] == [1000.0 + second for second in range(121)]
-    assert all(later >= earlier for earlier, later in zip(joules, joules[1:], strict=False))
+    assert all(later >= earlier for earlier, later in itertools.pairwise(joules))
     # the counter passes the held value within the next minute: the next reading is the counter's own again
     until(1180.0)
     assert driver.calls["energy"] == 4
