@@ -17,11 +17,14 @@ end-to-end test also needs PyTorch with CUDA to load the GPU. Run where a GPU ex
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -454,6 +457,127 @@ def test_an_agent_in_its_own_pid_namespace_reads_a_busy_pod_as_busy(
         loader.kill()
         loader.wait(timeout=15)
         pod_resources.stop()
+
+
+#: the seconds of rest before the load, of load, and of rest after it, in the comparison with nvidia-smi
+SMI_REST_SECONDS, SMI_BUSY_SECONDS, SMI_AFTER_SECONDS = 8.0, 15.0, 12.0
+
+
+def _smi_log(index: int) -> tuple[subprocess.Popen[str], list[tuple[float, float | None, float | None]]]:
+    """nvidia-smi's own log of GPU `index` every 0.5 s: (arrival time, utilization.gpu %, power.draw W) per line."""
+    smi = subprocess.Popen(
+        ["nvidia-smi", "--query-gpu=utilization.gpu,power.draw", "--format=csv,noheader,nounits", "-i", str(index),
+         "-lms", "500"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    rows: list[tuple[float, float | None, float | None]] = []
+
+    def number(text: str) -> float | None:
+        try:
+            return float(text)
+        except ValueError:  # "[N/A]"
+            return None
+
+    def read() -> None:
+        assert smi.stdout is not None
+        for line in smi.stdout:
+            fields = [field.strip() for field in line.split(",")]
+            if len(fields) == 2:
+                rows.append((time.time(), number(fields[0]), number(fields[1])))
+
+    threading.Thread(target=read, daemon=True).start()
+    return smi, rows
+
+
+@pytest.mark.skipif(not WHOLE, reason="every GPU here is in MIG mode; this test loads a whole GPU")
+def test_the_agent_at_its_defaults_against_nvidia_smi_at_rest_and_under_load(
+    loader_command: list[str], tmp_path: Path
+) -> None:
+    """The agent at its defaults (1 s polls, the utilisation buffer read every 5 s, the energy counter once a minute
+    and on a change of processes, carried forward by power between) beside nvidia-smi's own log of the same GPU,
+    at rest, while a process computes, and at rest again: the busy seconds each sees, power, and the energy the agent
+    hands over against the driver's counter read here."""
+    if shutil.which("nvidia-smi") is None:
+        pytest.skip("nvidia-smi is needed to compare the agent with the driver's own tool")
+    import pynvml
+
+    gpu = WHOLE[0]
+    port = free_port()
+    with (tmp_path / "agent.log").open("w") as log_file:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "gpuwm.cli", "agent", "--listen", f"127.0.0.1:{port}", "--node-name", "gpu-node",
+             "--pod-resources-socket", str(tmp_path / "none.sock"), "--proc-root", str(tmp_path / "proc"),
+             "--log-format", "text"], env=_agent_env(), stdout=log_file, stderr=subprocess.STDOUT, text=True)
+    agent = RunningAgent(process, f"http://127.0.0.1:{port}", tmp_path / "agent.log")
+    smi, smi_rows = _smi_log(gpu["index"])
+    stop = tmp_path / "stop"
+    loader = None
+    try:
+        _wait_ready(agent)
+        time.sleep(SMI_REST_SECONDS)
+        loader_log = (tmp_path / "loader.log").open("w")
+        loader = subprocess.Popen([*loader_command, str(stop)], stdout=loader_log, stderr=subprocess.STDOUT, text=True)
+        loader_log.close()
+
+        def marks() -> dict[str, float]:
+            words = (tmp_path / "loader.log").read_text().split()
+            return {words[i]: float(words[i + 1]) for i in range(len(words) - 1) if words[i] in ("busy", "idle")}
+
+        busy_from = wait_for(lambda: marks().get("busy"), 120.0, "the loader's first product")
+        time.sleep(SMI_BUSY_SECONDS)
+        stop.touch()
+        idle_from = wait_for(lambda: marks().get("idle"), 30.0, "the loader to stop computing")
+        time.sleep(SMI_AFTER_SECONDS + 6.0)  # and the agent's next buffer read (every 5 s) hands the last polls over
+        pynvml.nvmlInit()
+        try:
+            counter_at, counter_joules = time.time(), pynvml.nvmlDeviceGetTotalEnergyConsumption(
+                pynvml.nvmlDeviceGetHandleByIndex(gpu["index"])) / 1000.0
+        finally:
+            pynvml.nvmlShutdown()
+        samples = [s for s in agent.snapshot()["samples"] if s["uuid"] == gpu["uuid"]]
+    finally:
+        smi.kill()
+        smi.wait(timeout=15)
+        if loader is not None:
+            loader.kill()
+            loader.wait(timeout=15)
+        agent.process.terminate()
+        agent.process.wait(timeout=15)
+
+    busy_seconds = idle_from - busy_from
+    window = [s for s in samples if s["t"] > busy_from - SMI_REST_SECONDS]
+    agent_active = sum(later["t"] - earlier["t"] for earlier, later in itertools.pairwise(window)
+                       if (later["sm_percent"] or 0.0) >= 1.0)
+    smi_window = [row for row in smi_rows if busy_from - SMI_REST_SECONDS < row[0] <= window[-1]["t"]]
+    smi_active = sum(later[0] - earlier[0] for earlier, later in itertools.pairwise(smi_window)
+                     if (later[1] or 0.0) >= 1.0)
+    rest = [s for s in window if s["t"] < busy_from - 1.0 or s["t"] > idle_from + 2.0]
+    during = [s for s in window if busy_from + 1.0 < s["t"] < idle_from - 1.0]
+    smi_during = [row[2] for row in smi_window if busy_from + 1.0 < row[0] < idle_from - 1.0 and row[2] is not None]
+    first, last = window[0], window[-1]
+    smi_power = [(row[0], row[2]) for row in smi_rows if first["t"] <= row[0] <= last["t"] and row[2] is not None]
+    smi_joules = sum((later[0] - earlier[0]) * (earlier[1] + later[1]) / 2
+                     for earlier, later in itertools.pairwise(smi_power))
+    agent_joules = last["energy_joules"] - first["energy_joules"]
+    # the counter read here, brought back to the agent's last poll by the power then
+    counter_at_last = counter_joules - (last["power_watts"] or 0.0) * (counter_at - last["t"])
+    _report("the agent at its defaults against nvidia-smi", {
+        "loader_busy_seconds": busy_seconds, "agent_active_seconds": agent_active, "smi_active_seconds": smi_active,
+        "agent_sm_percent_at_rest_max": max((s["sm_percent"] or 0.0) for s in rest),
+        "agent_sm_percent_under_load_min": min((s["sm_percent"] or 0.0) for s in during),
+        "agent_power_under_load_median_w": statistics.median(s["power_watts"] for s in during),
+        "smi_power_under_load_median_w": statistics.median(smi_during),
+        "agent_joules": agent_joules, "smi_power_integral_joules": smi_joules,
+        "agent_last_joules": last["energy_joules"], "counter_at_agent_last_poll_joules": counter_at_last,
+        "agent_samples": len(window), "smi_rows": len(smi_window),
+    })
+    joules = [s["energy_joules"] for s in window]
+    assert all(later >= earlier for earlier, later in itertools.pairwise(joules))  # never back
+    assert agent_active == pytest.approx(busy_seconds, abs=2.0)
+    assert agent_active == pytest.approx(smi_active, abs=2.5)
+    assert all((s["sm_percent"] or 0.0) < 1.0 for s in rest)
+    assert all((s["sm_percent"] or 0.0) >= 50.0 for s in during)  # a busy GPU never reads idle
+    assert statistics.median(s["power_watts"] for s in during) == pytest.approx(statistics.median(smi_during), rel=0.2)
+    assert agent_joules == pytest.approx(smi_joules, rel=0.1)
+    assert last["energy_joules"] == pytest.approx(counter_at_last, abs=0.03 * agent_joules + 100.0)
 
 
 #: copies 1 GiB from pinned host memory to GPU 0 for argv[1] seconds, between a second of quiet on each side
