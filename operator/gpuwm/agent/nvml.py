@@ -79,9 +79,9 @@ _NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
 GAUGES_EVERY_SECONDS = 15.0
 #: The energy counter costs the driver as much CPU as a utilisation buffer read (3.2-3.5 ms on an H200, 10-16 ms at
 #: times), yet it only grows: so a whole GPU's counter is read at most this often, when its holders, processes or
-#: health change, and on `--once`; the polls in between carry it carried forward by their power readings (the
-#: driver's 1 s average on Ampere and later), and the next reading puts them right (`energy_at_polls`). A GPU cut
-#: into MIG instances reads it with every buffer read (its instances have no power reading of their own).
+#: health change, and on `--once`; the polls in between carry it forward by their power readings (the driver's
+#: 1 s average on Ampere and later; `carry_energy`), and the next reading sets them right (`spread_energy`). A GPU
+#: cut into MIG instances reads it with every buffer read (its instances have no power reading of their own).
 ENERGY_COUNTER_EVERY_SECONDS = 60.0
 
 
