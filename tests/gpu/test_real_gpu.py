@@ -211,6 +211,19 @@ time.sleep(3600)
 """
 
 
+def _compute_then_stop(log_path: Path, stop: Path, seconds: float) -> tuple[float, float]:
+    """Once the loader writing `log_path` computes, `seconds` of it, then `stop`: its (busy, idle) marks (wall time)."""
+
+    def marks() -> dict[str, float]:
+        words = log_path.read_text().split()
+        return {words[i]: float(words[i + 1]) for i in range(len(words) - 1) if words[i] in ("busy", "idle")}
+
+    busy_from = wait_for(lambda: marks().get("busy"), 120.0, "the loader's first product")
+    time.sleep(seconds)
+    stop.touch()
+    return busy_from, wait_for(lambda: marks().get("idle"), 30.0, "the loader to stop computing")
+
+
 @pytest.fixture
 def loader_command(tmp_path: Path) -> list[str]:
     probe = subprocess.run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"],
@@ -259,14 +272,7 @@ def test_busy_then_idle_reaches_the_workload_cr(
         _run_pod(http, "gpu-check", "load-0", running_since)
         controller.start()
 
-        def marks() -> dict[str, float]:
-            lines = (tmp_path / "loader.log").read_text().split()
-            return {lines[i]: float(lines[i + 1]) for i in range(len(lines) - 1) if lines[i] in ("busy", "idle")}
-
-        busy_from = wait_for(lambda: marks().get("busy"), 120.0, "the loader's first product")
-        time.sleep(BUSY_SECONDS)
-        stop.touch()
-        idle_from = wait_for(lambda: marks().get("idle"), 30.0, "the loader to stop computing")
+        busy_from, idle_from = _compute_then_stop(tmp_path / "loader.log", stop, BUSY_SECONDS)
         time.sleep(IDLE_SECONDS)
         busy_seconds = idle_from - busy_from
 
@@ -517,14 +523,7 @@ def test_the_agent_at_its_defaults_against_nvidia_smi_at_rest_and_under_load(
         loader = subprocess.Popen([*loader_command, str(stop)], stdout=loader_log, stderr=subprocess.STDOUT, text=True)
         loader_log.close()
 
-        def marks() -> dict[str, float]:
-            words = (tmp_path / "loader.log").read_text().split()
-            return {words[i]: float(words[i + 1]) for i in range(len(words) - 1) if words[i] in ("busy", "idle")}
-
-        busy_from = wait_for(lambda: marks().get("busy"), 120.0, "the loader's first product")
-        time.sleep(SMI_BUSY_SECONDS)
-        stop.touch()
-        idle_from = wait_for(lambda: marks().get("idle"), 30.0, "the loader to stop computing")
+        busy_from, idle_from = _compute_then_stop(tmp_path / "loader.log", stop, SMI_BUSY_SECONDS)
         time.sleep(SMI_AFTER_SECONDS + 6.0)  # and the agent's next buffer read (every 5 s) hands the last polls over
         pynvml.nvmlInit()
         try:
