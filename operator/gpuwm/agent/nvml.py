@@ -72,16 +72,16 @@ _NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
 #: The figures no definition rests on, each a glimpse of its moment: temperature, the clocks, the enforced power
 #: limit and PCIe throughput. They are read at most this often and repeated in between: fresh once per scrape of the
 #: chart's PodMonitor (15 s; dcgm-exporter collects every 30 s by default). `nvmlDeviceGetPcieThroughput` counts
-#: bytes for 20 ms before it returns, one direction a call (40 ms a GPU, read every poll: 0.32 s of each second on an
-#: 8-GPU node), and costs the driver 0.8 ms of CPU; the others cost microseconds in a loop but at 1 Hz each now
-#: and then 1-1.8 ms on an H200 (bench/README.md, issue 37). (NVML's PCIe byte-count fields would give a
-#: whole-interval rate, but on an H200 with driver 580 they are 32-bit and wrap every ~70 ms at 60 GB/s.)
+#: bytes for 20 ms before it returns, one direction a call, and costs the driver's CPU besides; the others are cheap
+#: in a loop but not always at 1 Hz (bench/README.md, issue 37). (NVML's PCIe byte-count fields would give a
+#: whole-interval rate, but on an H200 with driver 580 they are 32-bit and wrap many times a second at full speed.)
 GAUGES_EVERY_SECONDS = 15.0
-#: The energy counter costs the driver as much CPU as a utilisation buffer read (3.2-3.5 ms on an H200, 10-16 ms at
-#: times), yet it only grows: so a whole GPU's counter is read at most this often, when its holders, processes or
-#: health change, and on `--once`; the polls in between carry it forward by their power readings (the driver's
-#: 1 s average on Ampere and later; `carry_energy`), and the next reading sets them right (`spread_energy`). A GPU
-#: cut into MIG instances reads it with every buffer read (its instances have no power reading of their own).
+#: The energy counter costs the driver as much CPU as a utilisation buffer read, at times several times that
+#: (bench/README.md, issue 37), yet it only grows: so a whole GPU's counter is read at most this often, when its
+#: holders, processes or health change, and on `--once`; the polls in between carry it forward by their power
+#: readings (the driver's 1 s average on Ampere and later; `carry_energy`), and the next reading sets them right
+#: (`spread_energy`). A GPU cut into MIG instances reads it with every buffer read (its instances have no power
+#: reading of their own).
 ENERGY_COUNTER_EVERY_SECONDS = 60.0
 
 
