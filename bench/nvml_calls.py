@@ -37,6 +37,7 @@ from gpuwm.agent.nvml import (  # noqa: E402
     ENERGY_COUNTER_EVERY_SECONDS,
     GAUGES_EVERY_SECONDS,
     NvmlSampler,
+    _running_processes,
     _samples,
 )
 
@@ -44,7 +45,7 @@ from gpuwm.agent.nvml import (  # noqa: E402
 #: it makes every `GAUGES_EVERY_SECONDS` (PCIe's besides)
 TARGET_MS_PER_GPU_SECOND = 1.5
 INSTANT_CALLS = ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPowerUsage",
-                 "nvmlDeviceGetComputeRunningProcesses")
+                 "the agent's nvmlDeviceGetComputeRunningProcesses")
 GAUGE_CALLS = ("nvmlDeviceGetTemperature", "nvmlDeviceGetEnforcedPowerLimit", "nvmlDeviceGetClockInfo(SM)",
                "nvmlDeviceGetClockInfo(memory)")
 
@@ -71,7 +72,7 @@ def _calls(handle: Any, cursor_us: int) -> dict[str, Callable[[], Any]]:
             lambda: pynvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION]),
         "nvmlDeviceGetPcieThroughput(RX)":
             lambda: pynvml.nvmlDeviceGetPcieThroughput(handle, pynvml.NVML_PCIE_UTIL_RX_BYTES),
-        "nvmlDeviceGetComputeRunningProcesses": lambda: pynvml.nvmlDeviceGetComputeRunningProcesses(handle),
+        "the agent's nvmlDeviceGetComputeRunningProcesses": lambda: _running_processes(handle),
         "nvmlDeviceGetProcessUtilization": lambda: pynvml.nvmlDeviceGetProcessUtilization(handle, cursor_us),
         "nvmlDeviceGetMigMode": lambda: pynvml.nvmlDeviceGetMigMode(handle),
         "nvmlDeviceGetCount": pynvml.nvmlDeviceGetCount,
@@ -255,40 +256,26 @@ def _process_samples(handle: Any, seconds: float) -> None:
 
 
 def _cold_calls(handle: Any, seconds: float, buffer_read_seconds: float = 5.0) -> None:
-    """The agent's calls for one whole GPU as it makes them, once a second, each timed by the CPU it takes.
+    """The agent's calls for one whole GPU (the table's), once a second, each timed by the CPU it takes.
 
     The table above calls each one 50 times in a row, where the driver may answer from what it read a moment
-    before; at 1 Hz it may not. The buffered ones every `buffer_read_seconds`, as the agent reads them.
+    before; at 1 Hz it may not. The buffered ones every `buffer_read_seconds`, reading that far back.
     """
-    from gpuwm.agent.nvml import _running_processes
-
-    calls: dict[str, Callable[[], Any]] = {
-        "nvmlDeviceGetCount": pynvml.nvmlDeviceGetCount,
-        "nvmlDeviceGetMemoryInfo": lambda: pynvml.nvmlDeviceGetMemoryInfo(handle),
-        "nvmlDeviceGetTemperature": lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
-        "nvmlDeviceGetPowerUsage": lambda: pynvml.nvmlDeviceGetPowerUsage(handle),
-        "nvmlDeviceGetEnforcedPowerLimit": lambda: pynvml.nvmlDeviceGetEnforcedPowerLimit(handle),
-        "nvmlDeviceGetClockInfo(SM)": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM),
-        "nvmlDeviceGetClockInfo(memory)": lambda: pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM),
-        "nvmlDeviceGetUtilizationRates": lambda: pynvml.nvmlDeviceGetUtilizationRates(handle),
-        "the agent's nvmlDeviceGetComputeRunningProcesses": lambda: _running_processes(handle),
-    }
-    buffered: dict[str, Callable[[], Any]] = {
-        "the agent's one-call nvmlDeviceGetSamples(GPU)":
-            lambda: _samples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, int((time.time() - buffer_read_seconds) * 1e6)),
-        "nvmlDeviceGetTotalEnergyConsumption": lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle),
-        "(not the agent's) nvmlDeviceGetFieldValues(energy)":
-            lambda: pynvml.nvmlDeviceGetFieldValues(handle, [pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION]),
-    }
-    cpus: dict[str, list[float]] = {name: [] for name in (*calls, *buffered)}
+    every_second = ("nvmlDeviceGetCount", *INSTANT_CALLS, *GAUGE_CALLS)
+    buffered = ("the agent's one-call nvmlDeviceGetSamples(GPU)", "nvmlDeviceGetTotalEnergyConsumption")
+    alternative = "nvmlDeviceGetFieldValues(energy)"  # timed beside the agent's energy call, not the agent's
+    cpus: dict[str, list[float]] = {name: [] for name in (*every_second, *buffered, alternative)}
     rounds = max(1, int(seconds))
     started = time.monotonic()
     for round_index in range(rounds):
-        due = {**calls, **(buffered if round_index % max(1, round(buffer_read_seconds)) == 0 else {})}
-        for name, call in due.items():
+        calls = _calls(handle, int((time.time() - buffer_read_seconds) * 1e6))
+        due: tuple[str, ...] = every_second
+        if round_index % max(1, round(buffer_read_seconds)) == 0:
+            due = (*every_second, *buffered, alternative)
+        for name in due:
             cpu = time.thread_time()
             with contextlib.suppress(pynvml.NVMLError):
-                call()
+                calls[name]()
             cpus[name].append(time.thread_time() - cpu)
         time.sleep(max(0.0, started + round_index + 1 - time.monotonic()))
     print(f"the agent's calls once a second for {rounds} s (buffered ones every {buffer_read_seconds:g} s), CPU ms:")
@@ -296,10 +283,11 @@ def _cold_calls(handle: Any, seconds: float, buffer_read_seconds: float = 5.0) -
     for name, found in cpus.items():
         if found:
             share = sum(found) / rounds
-            per_second += 0.0 if name.startswith("(not") else share
+            per_second += 0.0 if name == alternative else share
+            aside = "  (not the agent's call)" if name == alternative else ""
             print(f"  {name:52} p50 {1000 * statistics.median(found):7.3f}  max {1000 * max(found):7.3f}  "
-                  f"per second {1000 * share:6.3f}")
-    print(f"  all of them: {1000 * per_second:.3f} ms CPU per GPU-second")
+                  f"per second {1000 * share:6.3f}{aside}")
+    print(f"  all of the agent's: {1000 * per_second:.3f} ms CPU per GPU-second")
 
 
 def _samples_mean(handle: Any, back: float) -> float | None:
@@ -379,13 +367,12 @@ def _agent_cpu(seconds: float, buffer_read_seconds: str, gpus: int, load: bool =
     ticks = os.sysconf("SC_CLK_TCK")
 
     def cpu() -> float:
-        """Its threads' time on a CPU in nanoseconds (schedstat) where the kernel keeps it, else /proc's ticks."""
-        try:
-            return sum(int((task / "schedstat").read_text().split()[0])
-                       for task in Path(f"/proc/{agent.pid}/task").iterdir()) / 1e9
-        except (OSError, ValueError, IndexError):
-            fields = Path(f"/proc/{agent.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / ticks
+        """Its threads' time on a CPU (schedstat) where the kernel keeps it, else /proc's ticks."""
+        threads = _thread_cpu(agent.pid)
+        if threads:
+            return sum(threads.values())
+        fields = Path(f"/proc/{agent.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / ticks
 
     try:
         time.sleep(5.0)
@@ -437,13 +424,13 @@ def main() -> int:
     driver = pynvml.nvmlSystemGetDriverVersion()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     print(f"driver {driver}; {pynvml.nvmlDeviceGetCount()} GPUs; GPU 0: {pynvml.nvmlDeviceGetName(handle)}")
-    print(f"{'call':46} {'wall ms p50':>11} {'max':>8} {'CPU ms p50':>10}  outcome")
+    print(f"{'call':52} {'wall ms p50':>11} {'max':>8} {'CPU ms p50':>10}  outcome")
     cursor_us = int((time.time() - 1.0) * 1e6)
     cpu_ms: dict[str, float] = {}
     for name, call in _calls(handle, cursor_us).items():
         walls, cpus, outcome = _time(call, options.repeat if "Throughput" not in name else max(3, options.repeat // 10))
         cpu_ms[name] = 1000 * statistics.median(cpus)
-        print(f"{name:46} {1000 * statistics.median(walls):11.3f} {1000 * max(walls):8.3f} "
+        print(f"{name:52} {1000 * statistics.median(walls):11.3f} {1000 * max(walls):8.3f} "
               f"{cpu_ms[name]:10.3f}  {outcome}")
     pynvml.nvmlShutdown()
 
