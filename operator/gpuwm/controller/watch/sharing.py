@@ -204,26 +204,21 @@ def whole_device_nodes(
     could hold part of a device takes its node out before that pod's first poll.
     """
     whole = {node for node in nodes if not sharing.may_share(node)}
-    tracked: dict[str, TrackedPod] = {}
+    asks_whole: dict[str, bool] = {}  # each tracked pod's answer, by UID: asked once, read again per device it holds
     for pod in pods:
-        tracked[pod.uid] = pod
-        if pod.node in whole and pod.phase not in ENDED_POD_PHASES and not _asks_whole_gpus(pod):
+        asks = asks_whole[pod.uid] = all(units == int(units) for units in pod.units_by_container.values())
+        if not asks and pod.node in whole and pod.phase not in ENDED_POD_PHASES:
             whole.discard(pod.node)
     for node, holders in holders_by_node.items():
         if node not in whole:
             continue
         held: set[str] = set()
         for holder in holders:
-            holding = tracked.get(holder.pod_uid) if holder.pod_uid else None
             name, device_id = holder.resource_name, holder.device_id or ""
-            if (holding is None or not _asks_whole_gpus(holding) or name is None or mig_profile(name) is not None
+            if (not asks_whole.get(holder.pod_uid or "", False) or name is None or mig_profile(name) is not None
                     or is_shared_resource(name) or "::" in device_id or holder.uuid in held
                     or holder.units not in (None, 1.0)):  # the agent's own share of a whole-GPU resource
                 whole.discard(node)
                 break
             held.add(holder.uuid)
     return whole
-
-
-def _asks_whole_gpus(pod: TrackedPod) -> bool:
-    return all(units == int(units) for units in pod.units_by_container.values())
