@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 
-from gpuwm.agent.proto import api_pb2, api_pb2_grpc
+from gpuwm.agent.proto import api_pb2
 
 
 @dataclass
@@ -20,7 +20,7 @@ class FakePod:
     containers: dict[str, list[tuple[str, list[str]]]] = field(default_factory=dict)
 
 
-class _Lister(api_pb2_grpc.PodResourcesListerServicer):
+class _Lister:
     def __init__(self, server: PodResourcesServer) -> None:
         self.server = server
 
@@ -63,7 +63,21 @@ class PodResourcesServer:
         self.allocatable_served = True
         self.lock = threading.Lock()
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        api_pb2_grpc.add_PodResourcesListerServicer_to_server(_Lister(self), self._server)  # type: ignore[no-untyped-call]
+        lister = _Lister(self)
+        # the kubelet's `v1.PodResourcesLister` service; `Get` is not served (UNIMPLEMENTED), as before
+        handlers = {
+            "List": grpc.unary_unary_rpc_method_handler(
+                lister.List,
+                request_deserializer=api_pb2.ListPodResourcesRequest.FromString,
+                response_serializer=api_pb2.ListPodResourcesResponse.SerializeToString,
+            ),
+            "GetAllocatableResources": grpc.unary_unary_rpc_method_handler(
+                lister.GetAllocatableResources,
+                request_deserializer=api_pb2.AllocatableResourcesRequest.FromString,
+                response_serializer=api_pb2.AllocatableResourcesResponse.SerializeToString,
+            ),
+        }
+        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("v1.PodResourcesLister", handlers),))
         self._server.add_insecure_port(f"unix://{socket_path}")
 
     def start(self) -> PodResourcesServer:
