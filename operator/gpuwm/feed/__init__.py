@@ -1,6 +1,6 @@
 """The agent -> controller feed (`/v1/snapshot`, docs/snapshot-feed.md) in one place.
 
-- `schema`: the answer's envelope and devices (pydantic) and the columnar form's field lists;
+- `schema`: the answer's devices (pydantic) and the columnar form's field lists;
 - `encode`: what the agent writes (`answer_json`: the answer's bytes, rows or columns; `sample_columns`,
   `devices_members`);
 - `merge`: what the controller asks (`MergeRequest`) and how the agent merges runs of polls;
@@ -22,7 +22,6 @@ from gpuwm.feed.schema import (
     NUMBER_COLUMNS,
     SNAPSHOT_FORMATS,
     AgentDevice,
-    AgentSnapshot,
     DeviceState,
 )
 
@@ -33,7 +32,6 @@ __all__ = [
     "NUMBER_COLUMNS",
     "SNAPSHOT_FORMATS",
     "AgentDevice",
-    "AgentSnapshot",
     "DeviceState",
     "MergeRequest",
     "answer_json",

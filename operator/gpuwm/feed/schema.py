@@ -1,6 +1,6 @@
 """The feed's schema: what an answer of `/v1/snapshot` holds (docs/snapshot-feed.md).
 
-The envelope and its `devices` as pydantic models, and the field lists of the columnar form
+Its `devices` entries as a pydantic model, and the field lists of the columnar form
 (`format=columns`, what the controller asks for), which `gpuwm.feed.encode` writes and
 `gpuwm.feed.decode` reads: one list each, so the two sides cannot drift apart.
 """
@@ -11,9 +11,6 @@ from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-
-from gpuwm.model.podstats import PodStatsSample
-from gpuwm.model.sample import GpuSample
 
 #: `/v1/snapshot?format=`: rows (one JSON object per sample, for people: `curl | jq`, `gpuwm agent --once`)
 #: or columns (one array per field: what the controller asks for and reads)
@@ -75,23 +72,3 @@ class AgentDevice(BaseModel):
     state: DeviceState
     healthy: bool = True
     error: str | None = None
-
-
-class AgentSnapshot(BaseModel):
-    """`GET /v1/snapshot?since=SEQ` in rows (`format=rows`): the records after SEQ and the current devices.
-
-    The form people read; the controller asks for columns and refuses rows (see `gpuwm.feed.decode`).
-    """
-
-    model_config = ConfigDict(extra="ignore", frozen=True, allow_inf_nan=False)
-
-    node: str
-    seq: int = Field(ge=0, description="Latest sequence number; pass it as `since` on the next pull.")
-    agent_id: str = Field(description="Changes when the agent restarts (sequence numbers start over).")
-    truncated: bool = Field(
-        default=False, description="True when records after `since` had already left the bounded buffer."
-    )
-    more: bool = Field(default=False, description="True when `limit` cut the records short: pull again from `seq`.")
-    samples: list[GpuSample] = Field(default_factory=list)
-    pod_stats: list[PodStatsSample] = Field(default_factory=list)
-    devices: list[AgentDevice] = Field(default_factory=list)

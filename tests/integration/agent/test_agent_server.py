@@ -13,12 +13,13 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwm.feed import AgentSnapshot, MergeRequest
+from gpuwm.feed import MergeRequest
 from gpuwm.feed.decode import parse_columns
 from gpuwm.model import GpuSample
 from tests.fakenvml import write_scenario
 from tests.fakenvml.podresources_server import PodResourcesServer
 from tests.integration.agent.helpers import SCENARIO, UID_TRAIN, RunningAgent, wait_for
+from tests.snapshot_rows import AgentSnapshot
 
 pytestmark = pytest.mark.integration
 

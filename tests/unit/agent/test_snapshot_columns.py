@@ -1,7 +1,7 @@
 """`/v1/snapshot?format=columns` from the agent's own buffer: the same samples as the row format.
 
-Rows are for people (and the feed's schema, `AgentSnapshot`, reads them here); the controller's
-decoder reads columns only and refuses rows by name.
+Rows are for people (and the tests' model of them, `AgentSnapshot` in tests/snapshot_rows.py, reads
+them here); the controller's decoder reads columns only and refuses rows by name.
 """
 
 from __future__ import annotations
@@ -19,9 +19,10 @@ from gpuwm.agent.core import Agent
 from gpuwm.agent.metrics import MetricsRenderer
 from gpuwm.agent.server import AgentHTTPServer, serve_in_thread
 from gpuwm.config import Settings
-from gpuwm.feed import AgentDevice, AgentSnapshot, MergeRequest
+from gpuwm.feed import AgentDevice, MergeRequest
 from gpuwm.feed.decode import FormatError, KnownDevices, parse_snapshot
 from gpuwm.model import GpuSample
+from tests.snapshot_rows import AgentSnapshot
 
 
 def _get(url: str) -> tuple[int, bytes]:
