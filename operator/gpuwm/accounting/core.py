@@ -20,7 +20,6 @@ a second pod event of the same pod with the same time replaces the first.
 from __future__ import annotations
 
 import bisect
-import logging
 from collections.abc import Iterable
 from dataclasses import replace
 from itertools import accumulate
@@ -43,8 +42,6 @@ from gpuwm.accounting.windows import maintain_all
 from gpuwm.model.compact import compact_pod_event
 from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import NamespaceEvent, PodEvent, SampleEvent, WorkloadEvent
-
-logger = logging.getLogger(__name__)
 
 _MAINTENANCE_EVERY_SECONDS = 30.0
 #: SampleBatch's per-row columns (numpy arrays from the controller, lists elsewhere)

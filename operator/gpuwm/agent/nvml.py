@@ -45,13 +45,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from itertools import pairwise
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 import pynvml
 
 log = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 #: errors that mean "this device does not report that figure", not "this device is failing"
 _UNSUPPORTED = (

@@ -15,7 +15,6 @@ Kubernetes API. `--auth=none` allows everything.
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import hashlib
 import logging
@@ -195,7 +194,6 @@ class KubernetesAuthorizer:
         self.audience = audience
         self._token = token
         self._token_file = token_file
-        self._cache_seconds = cache_seconds
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._ssl: ssl.SSLContext | bool = True
         if self.api_url.startswith("https://"):
@@ -212,14 +210,13 @@ class KubernetesAuthorizer:
         )
         self._rate = ClientRate(reviews_per_client_per_second)
         self._session: aiohttp.ClientSession | None = None
-        self._lock = asyncio.Lock()
 
     @classmethod
     def from_environment(
-        cls, kubeconfig: str | None = None, cache_seconds: float = 10.0, **options: Any
+        cls, kubeconfig: str | None = None, **options: Any
     ) -> KubernetesAuthorizer:
         """In-cluster service account when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config);
-        `options` go to the constructor (audience, cache_entries, reviews_per_client_per_second)."""
+        `options` go to the constructor (audience, cache_seconds, cache_entries, reviews_per_client_per_second)."""
         host = os.environ.get("KUBERNETES_SERVICE_HOST")
         if host and kubeconfig is None and (_SERVICE_ACCOUNT / "token").exists():
             port = os.environ.get("KUBERNETES_SERVICE_PORT", "443")
@@ -227,8 +224,7 @@ class KubernetesAuthorizer:
                 f"https://{host}:{port}",
                 token_file=str(_SERVICE_ACCOUNT / "token"),
                 ca_file=str(_SERVICE_ACCOUNT / "ca.crt"),
-                cache_seconds=cache_seconds,
-                **options,
+                    **options,
             )
         from kubernetes import client, config
 
@@ -253,7 +249,6 @@ class KubernetesAuthorizer:
             ca_file=configuration.ssl_ca_cert,
             client_cert=cert,
             verify_tls=bool(configuration.verify_ssl),
-            cache_seconds=cache_seconds,
             **options,
         )
 

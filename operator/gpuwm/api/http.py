@@ -156,31 +156,24 @@ def bearer_token(request: Request) -> str | None:
 def metrics_json(
     scope: str,
     series: list[Series],
-    start: float | None = None,
-    end: float | None = None,
-    step: float | None = None,
+    query: RangeQuery,
     workload: WorkloadIdentity | None = None,
     project: str | None = None,
     node: str | None = None,
-    query: RangeQuery | None = None,
 ) -> Response:
-    """A MetricsBody as JSON, encoded by orjson without per-point validation (24 h at 15 s is 5,760 points).
-
-    With `query`, its start, end and step, the step asked for and the resolution of each stretch."""
-    if query is not None:
-        start, end, step = query.start, query.end, query.step_seconds
+    """A MetricsBody as JSON, encoded by orjson without per-point validation (24 h at 15 s is 5,760 points):
+    the query's start, end and step, the step asked for and the resolution of each stretch."""
     body = {
         "scope": scope,
         "workload": workload.model_dump(by_alias=True) if workload is not None else None,
         "project": project,
         "node": node,
-        "start": start,
-        "end": end,
-        "step": step,
-        "requestedStep": query.requested_step_seconds if query is not None else None,
+        "start": query.start,
+        "end": query.end,
+        "step": query.step_seconds,
+        "requestedStep": query.requested_step_seconds,
         "resolution": [
-            {"start": stretch.start, "end": stretch.end, "step": stretch.step_seconds}
-            for stretch in (query.resolution if query is not None else ())
+            {"start": stretch.start, "end": stretch.end, "step": stretch.step_seconds} for stretch in query.resolution
         ],
         "series": [{"metric": s.metric, "labels": s.labels, "points": s.points} for s in series],
     }

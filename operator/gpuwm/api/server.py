@@ -87,12 +87,3 @@ class ApiServer:
         if self._task is not None:
             await self._task
 
-
-async def serve(app: ASGIApp, host: str, port: int, tls: TlsFiles | None = None) -> None:
-    """Serve until cancelled (for a task in the controller's loop)."""
-    server = ApiServer(app, host, port, tls=tls)
-    await server.start()
-    try:
-        await server.wait()
-    finally:
-        await server.stop()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import shutil
 import signal
 import socket
@@ -36,8 +35,6 @@ from gpuwm.sim.simulator import AgentOutage, GpuLoss, SimConfig, Simulator, defa
 from gpuwm.sim.table import clock_text, cluster_line, render, truth_line
 from gpuwm.sim.trace import truth_report
 from gpuwm.store import Store
-
-log = logging.getLogger(__name__)
 
 #: work per chunk in the worker thread: about this many device samples (keeps Ctrl-C and the API prompt)
 _SAMPLES_PER_CHUNK = 4000

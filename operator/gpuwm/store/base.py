@@ -122,7 +122,6 @@ def latest_value(points: Sequence[tuple[float, float | None]]) -> float | None:
 class Store(abc.ABC):
     """One interface over the embedded and Prometheus backends."""
 
-    read_only: bool = False
     #: the finest step the backend keeps points at (None: it cannot tell); a finer step is answered at this one
     finest_step_seconds: float | None = None
     #: how many reads the API runs at once (None: as many as its worker threads). The embedded

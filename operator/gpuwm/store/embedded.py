@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import math
 import sqlite3
 import threading
@@ -53,8 +52,6 @@ from gpuwm.store.schema import SCHEMA_VERSION as SCHEMA_VERSION
 from gpuwm.store.schema import check_file, create_schema
 from gpuwm.store.sqlite_read import plan_stretches, read_range, select_series
 from gpuwm.store.tiers import Tier, parse_tiers
-
-log = logging.getLogger(__name__)
 
 #: page cache of the writing connection (readers keep the bigger cache and mmap of `_connect`): record() takes
 #: the same CPU with a bigger one (bench/README.md, "The store's choices"); 4 MiB keeps an interval's head pages
@@ -88,18 +85,14 @@ class EmbeddedStore(Store):
     def __init__(
         self,
         path: str | Path,
-        tiers: Sequence[str] | Sequence[Tier] = ("15s:2d", "5m:30d"),
+        tiers: Sequence[str] = ("15s:2d", "5m:30d"),
         retention_seconds: float = 7 * 86400.0,
         latest_rows_per_interval: int | None = None,
     ) -> None:
         self.path = Path(path)
         #: running workloads' latest rows rewritten per interval at most (see `_write_latest`; None: all)
         self.latest_rows_per_interval = latest_rows_per_interval
-        self.tiers: list[Tier] = (
-            [tier for tier in tiers if isinstance(tier, Tier)]
-            if tiers and isinstance(tiers[0], Tier)
-            else parse_tiers([str(tier) for tier in tiers])
-        )
+        self.tiers: list[Tier] = parse_tiers(list(tiers))
         self.spans = chunk_spans(self.tiers)
         self.finest_step_seconds = float(self.tiers[0].step_seconds)
         self.retention_seconds = retention_seconds

@@ -16,7 +16,6 @@ the lookback), not the mean over [t, t+step) that the embedded store returns.
 from __future__ import annotations
 
 import dataclasses
-import logging
 import math
 import re
 import time
@@ -41,8 +40,6 @@ from gpuwm.store.base import (
     check_range,
 )
 from gpuwm.store.promql import _POD_SERIES, promql, quote, scope_labels
-
-log = logging.getLogger(__name__)
 
 #: the PodResources fields the controller exports as gpuwm_pod_<field>
 _SPEC_FIELDS = tuple(str(metric.field) for metric in STORED if metric.source is Source.POD_SPEC)
@@ -78,8 +75,6 @@ def _cumulative_figures(value: Callable[..., float | None]) -> dict[str, Any]:
 
 class PrometheusStore(Store):
     """Read-only store over a Prometheus-compatible HTTP API."""
-
-    read_only = True
 
     def __init__(
         self,

@@ -109,13 +109,6 @@ class Rows:
     values: FloatArray
     labels: dict[SeriesKey, dict[str, str]] = field(default_factory=dict)
 
-    def items(self) -> list[tuple[SeriesKey, list[float | None]]]:
-        """(key, values with None for missing): for tests and tools, not the write path."""
-        return [
-            (key, [None if value != value else value for value in row])
-            for key, row in zip(self.keys, self.values.tolist(), strict=True)
-        ]
-
 
 def _index_label(index: int | None, sample: GpuSample | None) -> str:
     """The `gpu` label as the agent writes it: the NVML index on the node."""

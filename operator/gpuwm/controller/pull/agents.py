@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
@@ -101,8 +100,6 @@ def parse_agents_spec(spec: str, default_port: int = 9400) -> StaticAgents | Pod
 class AgentState:
     since: int = 0
     agent_id: str | None = None
-    last_success: float | None = None
-    failures: int = 0
     warned: bool = False
 
 
@@ -318,8 +315,6 @@ class AgentPuller:
             logger.info("agent on %s answers again", node, extra={"node": node})
         state.since = snapshot.max_seq
         state.agent_id = snapshot.agent_id
-        state.last_success = time.time()
-        state.failures = 0
         state.warned = False
         answered[node] = snapshot
         if on_snapshot is not None:
@@ -337,7 +332,6 @@ class AgentPuller:
         elif isinstance(error, FormatError):
             self.rejected_snapshots[WRONG_FORMAT] += 1
         state = self.state[node]
-        state.failures += 1
         if not state.warned:  # one warning per outage, not one per interval
             if isinstance(error, WrongNodeError):
                 logger.warning("%s; its snapshots are dropped and the GPUs of %s unmonitored until it answers for "

@@ -204,7 +204,6 @@ def build_workload_status(
     idle_condition_after_seconds: float = 600.0,
     underutilized_percent: float = 20.0,
     previous_conditions: Sequence[Condition | ConditionMemo] = (),
-    observed_generation: int | None = None,
     observed_idle_seconds: float | None = None,
     reporting_slack_seconds: float = 0.0,
 ) -> WorkloadMetricsStatus:
@@ -252,14 +251,11 @@ def build_workload_status(
             underutilized_percent=underutilized_percent, previous=previous_conditions,
             observed_idle_seconds=observed_idle_seconds, reporting_slack_seconds=reporting_slack_seconds,
         ),
-        observed_generation=observed_generation,
         last_update_time=rfc3339(now),
     )
 
 
-def build_project_status(
-    figures: ProjectFigures, now: float, observed_generation: int | None = None
-) -> ProjectMetricsStatus:
+def build_project_status(figures: ProjectFigures, now: float) -> ProjectMetricsStatus:
     """The GPUProjectMetrics status for `figures` as of `now`."""
     return ProjectMetricsStatus(
         workloads=figures.workloads,
@@ -279,7 +275,6 @@ def build_project_status(
         unmonitored_gpu_seconds=round(figures.unmonitored_gpu_seconds, 3),
         wasted_gpu_hours=round(figures.idle_gpu_seconds / 3600.0, 4),
         energy_joules=round(figures.energy_joules, 3),
-        observed_generation=observed_generation,
         last_update_time=rfc3339(now),
     )
 
