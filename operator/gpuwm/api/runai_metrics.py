@@ -11,19 +11,42 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
+from operator import attrgetter, methodcaller
+from typing import TypeVar
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuwm.api.fleet import RECENT_INTERVALS, GpuView, read_fleet
+from gpuwm.model import PodResources
 from gpuwm.model.figures import GpuFigures, ProjectFigures, WorkloadFigures
+from gpuwm.model.metrics import RUNAI_NAMES
 from gpuwm.store import Store, StoreError
 
 log = logging.getLogger(__name__)
 
 #: Run:ai's per-workload labels, then gpuwm's own two (project, namespace) for joins
 RUNAI_WORKLOAD_LABELS = ["clusterId", "workload_id", "workload_name", "workload_type", "user", "project", "namespace"]
-#: the host figures read per workload for runai_job_cpu_usage and runai_job_memory_used_bytes
-_HOST_USAGE = ("cpu_usage_cores", "memory_used_bytes")
+
+T = TypeVar("T")
+#: one family of a table: (name, help, the value of an item; None: no sample for that item)
+Series = tuple[str, str, Callable[[T], float | None]]
+
+
+def families(
+    series: Iterable[Series[T]], rows: Sequence[tuple[list[str], T]], labels: list[str],
+    kind: type[GaugeMetricFamily | CounterMetricFamily] = GaugeMetricFamily,
+) -> Iterator[Metric]:
+    """A family of `kind` per (name, help, value) of `series`, labelled `labels`, with a sample for each
+    (label values, item) of `rows` whose value is not None, in the rows' order: the one emit loop of the
+    controller's tables, gpuwm's (gpuwm.api.prom_metrics) and Run:ai's."""
+    for name, help_text, value_of in series:
+        family = kind(name, help_text, labels=labels)
+        for label_values, item in rows:
+            value = value_of(item)
+            if value is not None:
+                family.add_metric(label_values, value)
+        yield family
 
 
 @dataclass(frozen=True)
@@ -46,112 +69,6 @@ def runai_user(workload: WorkloadFigures, user_label: str) -> str:
         if value:
             return value
     return ""
-
-
-def runai_metrics(
-    store: Store, options: RunaiOptions, workloads: list[WorkloadFigures], projects: list[ProjectFigures]
-) -> Iterator[Metric]:
-    """Every Run:ai family: per workload, requests and limits, each pod's CPU and memory, host use, devices (per
-    GPU, node and pod), per project."""
-    cluster_id = options.cluster_id
-    users = {workload.uid: runai_user(workload, options.user_label) for workload in workloads}
-
-    def labels(workload: WorkloadFigures) -> list[str]:
-        return [
-            cluster_id,
-            workload.uid,
-            workload.name,
-            runai_workload_type(workload.kind),
-            users[workload.uid],
-            workload.project,
-            workload.namespace,
-        ]
-
-    per_workload: tuple[tuple[str, str, Callable[[WorkloadFigures], float | None]], ...] = (
-        (
-            "runai_allocated_gpu_count_per_workload",
-            "Number of allocated GPUs per workload.",
-            lambda w: w.allocated_gpus,
-        ),
-        (
-            "runai_gpu_utilization_per_workload",
-            "Average GPU utilization per workload, percent.",
-            lambda w: w.utilization.current,
-        ),
-        (
-            "runai_gpu_idle_seconds_per_workload",
-            "Seconds passed since the workload utilized any of its allocated GPUs.",
-            lambda w: w.idle_seconds,
-        ),
-        (
-            "runai_last_gpu_utilization_time_per_workload",
-            "Last time (Unix timestamp) the workload utilized any of its allocated GPUs.",
-            lambda w: w.last_active_time,
-        ),
-        (
-            "runai_gpu_memory_used_mebibytes_per_workload",
-            "Used GPU memory per workload, MiB (shared devices split by units held).",
-            _memory_used_mebibytes,
-        ),
-        (
-            "runai_wait_time_seconds_per_workload",
-            "Seconds from creation to the first running GPU container.",
-            lambda w: w.wait_seconds,
-        ),
-        (
-            "runai_run_time_seconds_per_workload",
-            "Seconds with at least one running GPU container.",
-            lambda w: w.run_seconds,
-        ),
-    )
-    for name, help_text, value_of in per_workload:
-        gauge = GaugeMetricFamily(name, help_text, labels=RUNAI_WORKLOAD_LABELS)
-        for workload in workloads:
-            value = value_of(workload)
-            if value is not None:
-                gauge.add_metric(labels(workload), value)
-        yield gauge
-    requested = GaugeMetricFamily(
-        "runai_requested_gpus_per_workload",
-        "GPU units the workload's pods request (held from the moment they run).",
-        labels=["clusterId", "workload_type", "workload_id", "workload_name", "project", "namespace"],
-    )
-    for workload in workloads:
-        if workload.end_time is None:
-            requested.add_metric(
-                [cluster_id, runai_workload_type(workload.kind), workload.uid, workload.name, workload.project,
-                 workload.namespace],
-                workload.allocated_gpus,
-            )
-    yield requested
-    yield from _runai_host_metrics(cluster_id, workloads)
-    yield from _runai_pod_allocations(cluster_id, workloads)
-    yield from _runai_host_usage(store, options, workloads, labels)
-    yield from _runai_device_metrics(cluster_id, workloads, _free_devices(store, options, workloads))
-    per_project: tuple[tuple[str, str, Callable[[ProjectFigures], float | None]], ...] = (
-        (
-            "runai_allocated_gpu_count_per_project",
-            "Number of allocated GPUs per project.",
-            lambda p: p.allocated_gpus,
-        ),
-        (
-            "runai_gpu_utilization_per_project",
-            "Average GPU utilization per project, percent.",
-            lambda p: p.utilization.current,
-        ),
-        (
-            "runai_project_guaranteed_gpus",
-            "Guaranteed GPU quota per project (the gpuwm.io/gpu-quota namespace annotation); none without one.",
-            lambda p: p.quota,
-        ),
-    )
-    for name, help_text, project_value in per_project:
-        gauge = GaugeMetricFamily(name, help_text, labels=["clusterId", "project"])
-        for project in projects:
-            value = project_value(project)
-            if value is not None:
-                gauge.add_metric([cluster_id, project.name], value)
-        yield gauge
 
 
 #: Run:ai's workload_type values: training, interactive or inference
@@ -199,80 +116,120 @@ def _pods_resources(workload: WorkloadFigures, field: str, limit: bool) -> float
     return float(sum(given))
 
 
-def _runai_host_metrics(cluster_id: str, workloads: Iterable[WorkloadFigures]) -> Iterator[Metric]:
-    """Run:ai's CPU and memory requests and limits per active workload (labels job_name, job_uuid), from
-    the pods' specs the figures carry: what Run:ai's allocation dashboards select on."""
-    names = (
-        ("runai_active_job_cpu_requested_cores", "Workload's requested CPU cores.", "cpu_request_cores", False),
-        ("runai_active_job_memory_requested_bytes", "Workload's requested CPU memory, bytes.", "memory_request_bytes",
-         False),
-        ("runai_cpu_limits_per_active_workload", "Workload's CPU limit, cores.", "cpu_limit_cores", True),
-        ("runai_memory_limits_per_active_workload", "Workload's CPU memory limit, bytes.", "memory_limit_bytes", True),
+def _mib(value: float | None) -> float | None:
+    return value / 2**20 if value is not None else None
+
+
+#: (name, help, value of a workload) of Run:ai's per-workload series
+_PER_WORKLOAD: tuple[Series[WorkloadFigures], ...] = (
+    ("runai_allocated_gpu_count_per_workload", "Number of allocated GPUs per workload.", attrgetter("allocated_gpus")),
+    ("runai_gpu_utilization_per_workload", "Average GPU utilization per workload, percent.",
+     attrgetter("utilization.current")),
+    ("runai_gpu_idle_seconds_per_workload", "Seconds passed since the workload utilized any of its allocated GPUs.",
+     attrgetter("idle_seconds")),
+    ("runai_last_gpu_utilization_time_per_workload",
+     "Last time (Unix timestamp) the workload utilized any of its allocated GPUs.", attrgetter("last_active_time")),
+    ("runai_gpu_memory_used_mebibytes_per_workload",
+     "Used GPU memory per workload, MiB (shared devices split by units held).", _memory_used_mebibytes),
+    ("runai_wait_time_seconds_per_workload", "Seconds from creation to the first running GPU container.",
+     attrgetter("wait_seconds")),
+    ("runai_run_time_seconds_per_workload", "Seconds with at least one running GPU container.",
+     attrgetter("run_seconds")),
+)
+_PER_PROJECT: tuple[Series[ProjectFigures], ...] = (
+    ("runai_allocated_gpu_count_per_project", "Number of allocated GPUs per project.", attrgetter("allocated_gpus")),
+    ("runai_gpu_utilization_per_project", "Average GPU utilization per project, percent.",
+     attrgetter("utilization.current")),
+    ("runai_project_guaranteed_gpus",
+     "Guaranteed GPU quota per project (the gpuwm.io/gpu-quota namespace annotation); none without one.",
+     attrgetter("quota")),
+)
+#: Run:ai's requests and limits per active workload: the catalogue's pod-spec metrics under their Run:ai names
+_POD_SPEC: tuple[Series[WorkloadFigures], ...] = tuple(
+    (RUNAI_NAMES[field], help_text, partial(_pods_resources, field=field, limit="_limit_" in field))
+    for field, help_text in (
+        ("cpu_request_cores", "Workload's requested CPU cores."),
+        ("memory_request_bytes", "Workload's requested CPU memory, bytes."),
+        ("cpu_limit_cores", "Workload's CPU limit, cores."),
+        ("memory_limit_bytes", "Workload's CPU memory limit, bytes."),
     )
+)
+#: the host figures read per running workload (the catalogue's pod metrics, under their Run:ai names): help
+_HOST_USAGE = {
+    "cpu_usage_cores": "Workload's CPU usage, cores.",
+    "memory_used_bytes": "Workload's used CPU memory (working set), bytes.",
+}
+_POD_ALLOCATIONS: tuple[Series[PodResources], ...] = (
+    ("runai_allocated_millicpus_per_pod", "CPU the pod requests, millicores.",
+     lambda r: None if r.cpu_request_cores is None else round(r.cpu_request_cores * 1000)),
+    ("runai_allocated_memory_per_pod", "Memory the pod requests, bytes.", attrgetter("memory_request_bytes")),
+)
+
+
+def runai_metrics(
+    store: Store, options: RunaiOptions, workloads: list[WorkloadFigures], projects: list[ProjectFigures]
+) -> Iterator[Metric]:
+    """Every Run:ai family: per workload, requests and limits, each pod's CPU and memory, host use, devices (per
+    GPU, node and pod), per project."""
+    cluster_id = options.cluster_id
+    rows = [
+        ([cluster_id, workload.uid, workload.name, runai_workload_type(workload.kind),
+          runai_user(workload, options.user_label), workload.project, workload.namespace], workload)
+        for workload in workloads
+    ]
     active = [workload for workload in workloads if workload.end_time is None]
-    for name, help_text, field, limit in names:
-        gauge = GaugeMetricFamily(name, help_text, labels=["clusterId", "job_name", "job_uuid", "namespace"])
-        for workload in active:
-            value = _pods_resources(workload, field, limit)
-            if value is not None:
-                gauge.add_metric([cluster_id, workload.name, workload.uid, workload.namespace], value)
-        yield gauge
+    yield from families(_PER_WORKLOAD, rows, RUNAI_WORKLOAD_LABELS)
+    yield from families(
+        [("runai_requested_gpus_per_workload", "GPU units the workload's pods request (held from the moment they run).",
+          attrgetter("allocated_gpus"))],
+        [([cluster_id, runai_workload_type(workload.kind), workload.uid, workload.name, workload.project,
+           workload.namespace], workload) for workload in active],
+        ["clusterId", "workload_type", "workload_id", "workload_name", "project", "namespace"],
+    )
+    # Run:ai's requests and limits from the pods' specs the figures carry: what its allocation dashboards select on
+    yield from families(_POD_SPEC, [([cluster_id, workload.name, workload.uid, workload.namespace], workload)
+                                    for workload in active], ["clusterId", "job_name", "job_uuid", "namespace"])
+    yield from _runai_pod_allocations(cluster_id, active)
+    yield from _runai_host_usage(store, options, [(labels, workload) for labels, workload in rows
+                                                  if workload.end_time is None])
+    yield from _runai_device_metrics(cluster_id, active, _free_devices(store, options, workloads))
+    yield from families(_PER_PROJECT, [([cluster_id, project.name], project) for project in projects],
+                        ["clusterId", "project"])
 
 
-def _runai_pod_allocations(cluster_id: str, workloads: Iterable[WorkloadFigures]) -> Iterator[Metric]:
+def _runai_pod_allocations(cluster_id: str, active: Iterable[WorkloadFigures]) -> Iterator[Metric]:
     """runai_allocated_millicpus_per_pod and runai_allocated_memory_per_pod: the CPU and memory a running
     workload's running GPU pods request (what the scheduler set aside for them), where their specs are known."""
-    labels = ["clusterId", "pod_name", "pod_uuid", "pod_namespace", "node"]
-    millicpus = GaugeMetricFamily(
-        "runai_allocated_millicpus_per_pod", "CPU the pod requests, millicores.", labels=labels
-    )
-    memory = GaugeMetricFamily("runai_allocated_memory_per_pod", "Memory the pod requests, bytes.", labels=labels)
-    for workload in workloads:
-        if workload.end_time is not None:
-            continue
-        for pod in workload.pods:
-            if pod.phase != "Running" or pod.resources is None:
-                continue
-            names = [cluster_id, pod.name, pod.uid, workload.namespace, pod.node or ""]
-            if pod.resources.cpu_request_cores is not None:
-                millicpus.add_metric(names, round(pod.resources.cpu_request_cores * 1000))
-            if pod.resources.memory_request_bytes is not None:
-                memory.add_metric(names, pod.resources.memory_request_bytes)
-    yield millicpus
-    yield memory
+    rows = [
+        ([cluster_id, pod.name, pod.uid, workload.namespace, pod.node or ""], pod.resources)
+        for workload in active
+        for pod in workload.pods
+        if pod.phase == "Running" and pod.resources is not None
+    ]
+    yield from families(_POD_ALLOCATIONS, rows, ["clusterId", "pod_name", "pod_uuid", "pod_namespace", "node"])
 
 
 def _runai_host_usage(
-    store: Store, options: RunaiOptions, workloads: Iterable[WorkloadFigures],
-    labels: Callable[[WorkloadFigures], list[str]],
+    store: Store, options: RunaiOptions, running: Sequence[tuple[list[str], WorkloadFigures]]
 ) -> Iterator[Metric]:
     """runai_job_cpu_usage (cores) and runai_job_memory_used_bytes of each running workload: its latest
     point of the store's cpu_usage_cores and memory_used_bytes (its pods' kubelet figures, summed) within
     the last few status intervals; none where its pods have no host figures there. One store read for all
     of them (`Store.latest_by_workload`): a scrape reads every running workload's."""
-    cpu = GaugeMetricFamily("runai_job_cpu_usage", "Workload's CPU usage, cores.", labels=RUNAI_WORKLOAD_LABELS)
-    memory = GaugeMetricFamily(
-        "runai_job_memory_used_bytes", "Workload's used CPU memory (working set), bytes.", labels=RUNAI_WORKLOAD_LABELS
-    )
-    running = [workload for workload in workloads if workload.end_time is None]
+    latest: dict[str, dict[str, float]] = {}
     at = store.latest_time()
     if at is not None and running:
         step = max(options.status_interval_seconds, 1.0)
         try:
             latest = store.latest_by_workload(
-                [workload.uid for workload in running], _HOST_USAGE, at - RECENT_INTERVALS * step, at, step
+                [workload.uid for _, workload in running], tuple(_HOST_USAGE), at - RECENT_INTERVALS * step, at, step
             )
         except (StoreError, ValueError) as error:  # a store that cannot answer: the other families still go
             log.warning("Run:ai-compatible metrics: no host figures of the running workloads: %s", error)
-            latest = {}
-        for workload in running:
-            values = latest.get(workload.uid, {})
-            for family, metric in ((cpu, "cpu_usage_cores"), (memory, "memory_used_bytes")):
-                value = values.get(metric)
-                if value is not None:
-                    family.add_metric(labels(workload), value)
-    yield cpu
-    yield memory
+    yield from families(
+        [(RUNAI_NAMES[metric], help_text, methodcaller("get", metric)) for metric, help_text in _HOST_USAGE.items()],
+        [(labels, latest.get(workload.uid, {})) for labels, workload in running], RUNAI_WORKLOAD_LABELS,
+    )
 
 
 def _free_devices(store: Store, options: RunaiOptions, workloads: Iterable[WorkloadFigures]) -> list[GpuView]:
@@ -287,16 +244,14 @@ def _free_devices(store: Store, options: RunaiOptions, workloads: Iterable[Workl
 
 
 def _runai_device_metrics(
-    cluster_id: str, workloads: Iterable[WorkloadFigures], free: Sequence[GpuView] = ()
+    cluster_id: str, active: Iterable[WorkloadFigures], free: Sequence[GpuView] = ()
 ) -> Iterator[Metric]:
     """Run:ai's per-GPU, per-node and per-pod names: the devices the workloads hold (as of their latest
     figures) and the `free` ones, which Run:ai lists too (allocated 0, their utilisation and memory; per-GPU
     series carry no workload labels, so a free GPU differs only in its values)."""
     devices: dict[tuple[str, str], GpuFigures] = {}  # (node, uuid): one device once, however many holders
     per_pod: list[tuple[WorkloadFigures, GpuFigures]] = []
-    for workload in workloads:
-        if workload.end_time is not None:
-            continue
+    for workload in active:
         for gpu in workload.gpus:
             devices.setdefault((gpu.node, gpu.uuid), gpu)
             per_pod.append((workload, gpu))
@@ -310,21 +265,19 @@ def _runai_device_metrics(
     def gpu_label(gpu: GpuFigures) -> str:
         return str(gpu.index) if gpu.index is not None else gpu.uuid
 
-    per_gpu: dict[str, tuple[str, Callable[[GpuFigures], float | None]]] = {
-        "runai_gpu_utilization_per_gpu": ("GPU utilization per GPU, percent (the device's SM %).",
-                                          lambda g: g.sm_percent if g.sm_percent is not None else g.utilization_percent),
-        "runai_gpu_memory_used_mebibytes_per_gpu": ("Used GPU memory per GPU, MiB.", lambda g: _mib(g.memory_used_bytes)),
-        "runai_gpu_memory_total_mebibytes_per_gpu": ("Total GPU memory per GPU, MiB.", lambda g: _mib(g.memory_total_bytes)),
-        "runai_allocated_gpu_count_per_gpu": ("Whether a pod holds the GPU (0/1).", lambda g: 1.0 if (g.node, g.uuid) in holding else 0.0),
-    }
+    per_gpu: tuple[Series[GpuFigures], ...] = (
+        ("runai_gpu_utilization_per_gpu", "GPU utilization per GPU, percent (the device's SM %).",
+         lambda g: g.sm_percent if g.sm_percent is not None else g.utilization_percent),
+        ("runai_gpu_memory_used_mebibytes_per_gpu", "Used GPU memory per GPU, MiB.", lambda g: _mib(g.memory_used_bytes)),
+        ("runai_gpu_memory_total_mebibytes_per_gpu", "Total GPU memory per GPU, MiB.", lambda g: _mib(g.memory_total_bytes)),
+        ("runai_allocated_gpu_count_per_gpu", "Whether a pod holds the GPU (0/1).",
+         lambda g: 1.0 if (g.node, g.uuid) in holding else 0.0),
+    )
     node_sums: dict[str, dict[str, list[float]]] = {}
-    for name, (help_text, value_of) in per_gpu.items():
-        gauge = GaugeMetricFamily(name, help_text, labels=["clusterId", "gpu", "node", "uuid"])
-        for (node, uuid), gpu in sorted(devices.items()):
-            value = value_of(gpu)
-            if value is not None:
-                gauge.add_metric([cluster_id, gpu_label(gpu), node, uuid], value)
-                node_sums.setdefault(name, {}).setdefault(node, []).append(value)
+    gpu_rows = [([cluster_id, gpu_label(gpu), node, uuid], gpu) for (node, uuid), gpu in sorted(devices.items())]
+    for gauge in families(per_gpu, gpu_rows, ["clusterId", "gpu", "node", "uuid"]):
+        for point in gauge.samples:
+            node_sums.setdefault(gauge.name, {}).setdefault(point.labels["node"], []).append(point.value)
         yield gauge
     per_node = {
         "runai_gpu_utilization_per_node": ("runai_gpu_utilization_per_gpu", "GPU utilization per node, percent (mean).", True),
@@ -338,33 +291,22 @@ def _runai_device_metrics(
             gauge.add_metric([cluster_id, node], sum(values) / len(values) if mean else sum(values))
         yield gauge
     pod_labels = ["clusterId", "pod_name", "pod_uuid", "pod_namespace", "node", "gpu"]
-    utilization = GaugeMetricFamily(
-        "runai_gpu_utilization_per_pod_per_gpu", "GPU utilization per pod per GPU, percent (the pod's share).",
-        labels=pod_labels,
-    )
-    memory = GaugeMetricFamily(
-        "runai_gpu_memory_used_mebibytes_per_pod_per_gpu", "Used GPU memory per pod per GPU, MiB.", labels=pod_labels
+    yield from families(
+        (("runai_gpu_utilization_per_pod_per_gpu", "GPU utilization per pod per GPU, percent (the pod's share).",
+          attrgetter("utilization_percent")),
+         ("runai_gpu_memory_used_mebibytes_per_pod_per_gpu", "Used GPU memory per pod per GPU, MiB.",
+          lambda g: _mib(g.memory_used_bytes))),
+        [([cluster_id, gpu.pod or "", gpu.pod_uid or "", workload.namespace, gpu.node, gpu_label(gpu)], gpu)
+         for workload, gpu in per_pod],
+        pod_labels,
     )
     held: dict[tuple[str, str, str, str], float] = {}
     for workload, gpu in per_pod:
-        labels = [cluster_id, gpu.pod or "", gpu.pod_uid or "", workload.namespace, gpu.node, gpu_label(gpu)]
-        if gpu.utilization_percent is not None:
-            utilization.add_metric(labels, gpu.utilization_percent)
-        used = _mib(gpu.memory_used_bytes)
-        if used is not None:
-            memory.add_metric(labels, used)
         key = (gpu.pod or "", gpu.pod_uid or "", workload.namespace, gpu.node)
         held[key] = held.get(key, 0.0) + gpu.units
-    yield utilization
-    yield memory
     count = GaugeMetricFamily(
         "runai_allocated_gpu_count_per_pod", "GPU units held per pod.", labels=pod_labels[:-1]
     )
     for (pod, pod_uid, namespace, node), units in sorted(held.items()):
         count.add_metric([cluster_id, pod, pod_uid, namespace, node], units)
     yield count
-
-
-def _mib(value: float | None) -> float | None:
-    return value / 2**20 if value is not None else None
-
