@@ -47,6 +47,14 @@ def parse_duration_seconds(value: object) -> float:
     return total
 
 
+def parse_listen(listen: str, flag: str = "--listen", example_port: int = 9400) -> tuple[str, int]:
+    """`HOST:PORT` (IPv6 as `[::1]:8080`) -> (host, port); raises ValueError naming the option `flag`."""
+    host, separator, port = listen.rpartition(":")
+    if not separator or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{flag} {listen!r}: expected HOST:PORT such as 0.0.0.0:{example_port}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
 def _split_list(value: object) -> object:
     if isinstance(value, str):
         return [part.strip() for part in value.split(",") if part.strip()]

@@ -89,7 +89,8 @@ def _freeze_startup_objects() -> None:
 
 def _serve(agent: Agent, settings: Settings) -> int:
     from gpuwm.agent.metrics import MetricsRenderer
-    from gpuwm.agent.server import AgentHTTPServer, parse_listen, serve_in_thread
+    from gpuwm.agent.server import AgentHTTPServer, serve_in_thread
+    from gpuwm.config import parse_listen
 
     try:
         address = parse_listen(settings.listen)

@@ -30,14 +30,6 @@ READ_TIMEOUT_SECONDS = 10.0
 MAX_CONNECTIONS = 32
 
 
-def parse_listen(listen: str) -> tuple[str, int]:
-    """`HOST:PORT` (or `[v6]:PORT`) -> (host, port); raises ValueError naming the option."""
-    host, sep, port = listen.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"--listen {listen!r}: expected HOST:PORT such as 0.0.0.0:9400")
-    return host.strip("[]") or "0.0.0.0", int(port)
-
-
 def _non_negative(query: dict[str, list[str]], name: str, default: int) -> int | str:
     """The integer parameter, or an error message naming it."""
     values = query.get(name)

@@ -12,19 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from gpuwm.api.app import create_app
-    from gpuwm.api.server import ApiServer, parse_listen
+    from gpuwm.api.server import ApiServer
     from gpuwm.api.tls import kept_in_secret, self_signed, tls_files
 
 _MODULE_OF = {
     "create_app": "gpuwm.api.app",
     "ApiServer": "gpuwm.api.server",
-    "parse_listen": "gpuwm.api.server",
     "kept_in_secret": "gpuwm.api.tls",
     "self_signed": "gpuwm.api.tls",
     "tls_files": "gpuwm.api.tls",
 }
 
-__all__ = ["ApiServer", "create_app", "kept_in_secret", "parse_listen", "self_signed", "tls_files"]
+__all__ = ["ApiServer", "create_app", "kept_in_secret", "self_signed", "tls_files"]
 
 
 def __getattr__(name: str) -> Any:

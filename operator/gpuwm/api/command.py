@@ -52,12 +52,13 @@ def run(arguments: argparse.Namespace) -> int:
     configure_logging(settings)
     from gpuwm.api.app import create_app
     from gpuwm.api.auth import AuthError
-    from gpuwm.api.server import ApiServer, parse_listen
+    from gpuwm.api.server import ApiServer
     from gpuwm.api.tls import TlsError, tls_files
+    from gpuwm.config import parse_listen
     from gpuwm.store import StoreError, open_store
 
     try:
-        host, port = parse_listen(settings.api_listen)
+        host, port = parse_listen(settings.api_listen, "--api-listen", 8080)
         tls = tls_files(settings.api_tls, settings.api_tls_cert_file, settings.api_tls_key_file, host)
         store = open_store(
             settings.store, rollups=settings.store_rollups, retention_seconds=settings.retention

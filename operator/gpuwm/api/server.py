@@ -12,14 +12,6 @@ from starlette.types import ASGIApp
 from gpuwm.api.tls import TlsFiles
 
 
-def parse_listen(listen: str) -> tuple[str, int]:
-    """`HOST:PORT` (IPv6 as `[::1]:8080`) -> (host, port); the error names --api-listen."""
-    host, separator, port_text = listen.rpartition(":")
-    if not separator or not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ValueError(f"--api-listen {listen!r}: expected HOST:PORT such as 0.0.0.0:8080")
-    return host.strip("[]") or "0.0.0.0", int(port_text)
-
-
 class _Server(uvicorn.Server):
     """uvicorn without its signal handlers: the loop's owner (kopf, the CLI) handles signals."""
 

@@ -298,7 +298,8 @@ def _start_api(runtime: ControllerRuntime) -> asyncio.Task[None] | None:
     if runtime.store is None:
         return None
     try:
-        from gpuwm.api import ApiServer, create_app, parse_listen, tls_files
+        from gpuwm.api import ApiServer, create_app, tls_files
+        from gpuwm.config import parse_listen
     except ImportError:
         return None
     from gpuwm.controller.pull import EngineCollector, IntakeCollector
@@ -306,7 +307,7 @@ def _start_api(runtime: ControllerRuntime) -> asyncio.Task[None] | None:
     # no certificate files given: the one kept in --api-tls-secret (read or made once the task runs)
     kept = settings.api_tls and not settings.api_tls_cert_file and bool(settings.api_tls_secret)
     try:
-        host, port = parse_listen(settings.api_listen)
+        host, port = parse_listen(settings.api_listen, "--api-listen", 8080)
         tls = None if kept else tls_files(settings.api_tls, settings.api_tls_cert_file, settings.api_tls_key_file, host)
         app = create_app(runtime.store, settings, extra_collectors=(
             IntakeCollector(lambda: runtime.puller), EngineCollector(lambda: runtime.engine),

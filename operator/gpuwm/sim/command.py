@@ -94,7 +94,7 @@ def run(arguments: argparse.Namespace) -> int:
     except StoreError as error:
         raise ConfigError(str(error)) from None
     except ValueError as error:  # --listen
-        raise ConfigError(str(error).replace("--api-listen", "--listen")) from None
+        raise ConfigError(str(error)) from None
     except OSError as error:  # the port is taken
         raise ConfigError(f"--listen {arguments.listen}: cannot listen there ({error.strerror or error}); "
                           "pick another port, e.g. --listen 127.0.0.1:8081") from None

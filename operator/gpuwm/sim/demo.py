@@ -163,11 +163,12 @@ def _check_can_listen(host: str, port: int) -> None:
 
 async def run_demo(options: DemoOptions) -> int:
     """Serve the demo until SIGINT/SIGTERM; returns the exit status."""
-    from gpuwm.api import ApiServer, create_app, parse_listen
+    from gpuwm.api import ApiServer, create_app
+    from gpuwm.config import parse_listen
     from gpuwm.store import open_store
 
     settings = options.settings
-    host, port = parse_listen(options.listen)
+    host, port = parse_listen(options.listen, "--listen", 8080)
     temp_dir: Path | None = None
     if options.store_path is None:
         temp_dir = Path(tempfile.mkdtemp(prefix="gpuwm-demo-"))

@@ -7,9 +7,8 @@ import argparse
 import pytest
 
 from gpuwm.agent.command import load_settings
-from gpuwm.agent.server import parse_listen
 from gpuwm.cli import build_parser, main
-from gpuwm.config import ConfigError
+from gpuwm.config import ConfigError, parse_listen
 
 
 def test_defaults_and_env(monkeypatch: pytest.MonkeyPatch) -> None:
