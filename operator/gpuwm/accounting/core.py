@@ -617,10 +617,6 @@ class EngineCore:
                 cuts.add(stretch.end)
         return sorted(cuts)
 
-    def _workload_utilization(self, gpu: Gpu, index: int, workload: Workload, start: float, end: float) -> float:
-        """W's utilisation on g over (start, end] within interval `index` (see `attribution`)."""
-        return self.attribution(gpu, index, workload, start, end)[0]
-
     def attribution(self, gpu: Gpu, index: int, workload: Workload, start: float, end: float) -> tuple[float, bool]:
         """W's utilisation on g over (start, end] within interval `index`, and whether it was *unattributed*.
 
@@ -831,9 +827,9 @@ class EngineCore:
                     if piece_end > piece_start:
                         bounds = [piece_start, *self.cuts(gpu, piece_start, piece_end), piece_end]
                         for position in range(len(bounds) - 1, 0, -1):  # the latest active piece first
-                            utilization = self._workload_utilization(
+                            utilization = self.attribution(
                                 gpu, index, stretch.workload, bounds[position - 1], bounds[position]
-                            )
+                            )[0]
                             if utilization >= self.threshold_percent:
                                 found = bounds[position]
                                 break

@@ -261,7 +261,7 @@ class Engine(EngineCore):
         cuts = self.cuts(gpu, start, end)
         if cuts:  # the holders changed within the interval: as they were at its end
             start = cuts[-1]
-        utilization = self._workload_utilization(gpu, index, stretch.workload, start, end)
+        utilization = self.attribution(gpu, index, stretch.workload, start, end)[0]
         monitored = now - t <= self.gap_seconds
         return utilization, memory, monitored
 

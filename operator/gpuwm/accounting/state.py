@@ -338,25 +338,17 @@ class Gpu:
         else:
             merged_column.append(merged)
 
+    def _columns(self) -> tuple[Any, ...]:
+        """The columns in SampleValues' order (late input's insert and replace; `append` writes them out)."""
+        return self.times, self.sm, self.memory, self.energy, self.pod_sm, self.device_units, self.merged
+
     def insert(self, index: int, values: SampleValues) -> None:
-        t, sm, memory, energy, pod_sm, device_units, merged = values
-        self.times.insert(index, t)
-        self.sm.insert(index, sm)
-        self.memory.insert(index, memory)
-        self.energy.insert(index, energy)
-        self.pod_sm.insert(index, pod_sm)
-        self.device_units.insert(index, device_units)
-        self.merged.insert(index, merged)
+        for column, value in zip(self._columns(), values, strict=True):
+            column.insert(index, value)
 
     def replace(self, index: int, values: SampleValues) -> None:
-        t, sm, memory, energy, pod_sm, device_units, merged = values
-        self.times[index] = t
-        self.sm[index] = sm
-        self.memory[index] = memory
-        self.energy[index] = energy
-        self.pod_sm[index] = pod_sm
-        self.device_units[index] = device_units
-        self.merged[index] = merged
+        for column, value in zip(self._columns(), values, strict=True):
+            column[index] = value
 
     def forget_before(self, index: int) -> None:
         """Drop samples 0..index-1 (their intervals are final)."""

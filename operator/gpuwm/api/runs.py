@@ -110,18 +110,10 @@ def _run_key(workload: WorkloadFigures) -> tuple[str, str, float, str]:
     return workload.namespace, workload.name, created if created is not None else 0.0, workload.uid
 
 
-def encode_cursor(workload: WorkloadFigures) -> str:
-    """The opaque `continue` token: the last run of a page, as its sort key."""
-    return encode_continue(_run_key(workload))
-
-
 def _run_cursor(key: Any) -> tuple[str, str, float, str]:
+    """A `continue` token's run: its sort key, as `_run_key` made it."""
     namespace, name, created, uid = key
     return str(namespace), str(name), float(created), str(uid)
-
-
-def decode_cursor(token: str) -> tuple[str, str, float, str]:
-    return decode_continue(token, _run_cursor)
 
 
 def page_of_runs(
@@ -130,12 +122,12 @@ def page_of_runs(
     """One page of `runs` in run order after `cursor`, and the token of the next page (None at the end)."""
     ordered = sorted(runs, key=_run_key)
     if cursor is not None:
-        after = decode_cursor(cursor)
+        after = decode_continue(cursor, _run_cursor)
         ordered = [run for run in ordered if _run_key(run) > after]
     if limit is None or len(ordered) <= limit:
         return ordered, None
     page = ordered[:limit]
-    return page, encode_cursor(page[-1])
+    return page, encode_continue(_run_key(page[-1]))  # the opaque token: the last run of the page
 
 
 def life_of(workload: WorkloadFigures, earliest: float, latest: float) -> tuple[float, float]:
