@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ec import EllipticCurvePrivateKey
+    from cryptography.x509 import Certificate, ExtensionType, Name
 
 log = logging.getLogger(__name__)
 
@@ -85,18 +86,8 @@ def self_signed(host: str) -> TlsFiles:
                 names.append(x509.DNSName(address))
     now = datetime.datetime.now(datetime.UTC)
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpuwm-api")])
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=365))
-        .add_extension(x509.SubjectAlternativeName(names), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
+    certificate = _certificate(subject, subject, key, key, now, now + datetime.timedelta(days=365), [
+        (x509.SubjectAlternativeName(names), False), (x509.BasicConstraints(ca=False, path_length=None), True)])
     files = _write_private(certificate.public_bytes(serialization.Encoding.PEM), _key_pem(key), self_signed=True)
     log.warning(
         "metrics API: no --api-tls-cert-file and no --api-tls-secret; serving HTTPS with a self-signed certificate "
@@ -114,6 +105,23 @@ def _write_private(cert_pem: bytes, key_pem: bytes, *, self_signed: bool) -> Tls
     key_path.touch(mode=0o600)
     key_path.write_bytes(key_pem)
     return TlsFiles(str(cert_path), str(key_path), self_signed=self_signed)
+
+
+def _certificate(
+    subject: Name, issuer: Name, key: EllipticCurvePrivateKey, signer: EllipticCurvePrivateKey,
+    now: datetime.datetime, not_after: datetime.datetime, extensions: Sequence[tuple[ExtensionType, bool]],
+) -> Certificate:
+    """`key`'s certificate for `subject`, from five minutes before `now` (clocks drift) to `not_after`, with
+    `extensions` (each with whether it is critical), signed by `signer` for `issuer`."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes
+
+    builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer).public_key(key.public_key())
+               .serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(not_after))
+    for extension, critical in extensions:
+        builder = builder.add_extension(extension, critical=critical)
+    return builder.sign(signer, hashes.SHA256())
 
 
 def _key_pem(key: EllipticCurvePrivateKey) -> bytes:
@@ -178,27 +186,19 @@ class KeptCertificate:
 def make_ca(now: datetime.datetime) -> tuple[bytes, bytes]:
     """A new CA: (certificate PEM, key PEM), valid CA_LIFETIME, able to sign server certificates only."""
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import NameOID
 
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "gpuwm-api-ca")])
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(subject)
-        .issuer_name(subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + CA_LIFETIME)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                     content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                     key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-        .sign(key, hashes.SHA256())
-    )
+    certificate = _certificate(subject, subject, key, key, now, now + CA_LIFETIME, [
+        (x509.BasicConstraints(ca=True, path_length=0), True),
+        (x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+                       key_encipherment=False, data_encipherment=False, key_agreement=False, encipher_only=False,
+                       decipher_only=False), True),
+        (x509.SubjectKeyIdentifier.from_public_key(key.public_key()), False),
+    ])
     return certificate.public_bytes(serialization.Encoding.PEM), _key_pem(key)
 
 
@@ -208,7 +208,7 @@ def make_leaf(ca_pem: bytes, ca_key_pem: bytes, dns_names: Sequence[str], now: d
     It ends with the CA at the latest, so a kept pair never holds a leaf its CA no longer vouches for.
     """
     from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives import serialization
     from cryptography.hazmat.primitives.asymmetric import ec
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
@@ -218,20 +218,13 @@ def make_leaf(ca_pem: bytes, ca_key_pem: bytes, dns_names: Sequence[str], now: d
         raise ValueError("its ca.key is not an EC key")
     key = ec.generate_private_key(ec.SECP256R1())
     names = list(dict.fromkeys([*dns_names, "localhost"]))
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0][:64])]))
-        .issuer_name(ca.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(min(now + LEAF_LIFETIME, ca.not_valid_after_utc))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(name) for name in names]), critical=False)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0][:64])])
+    certificate = _certificate(subject, ca.subject, key, ca_key, now, min(now + LEAF_LIFETIME, ca.not_valid_after_utc), [
+        (x509.SubjectAlternativeName([x509.DNSName(name) for name in names]), False),
+        (x509.BasicConstraints(ca=False, path_length=None), True),
+        (x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), False),
+        (x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()), False),
+    ])
     return certificate.public_bytes(serialization.Encoding.PEM), _key_pem(key)
 
 
