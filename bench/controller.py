@@ -443,10 +443,10 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
     # with a history, the pods started before it, and the controller knows their devices from earlier pulls
     started = args.pods_started
     if args.history_minutes:
-        runtime.holders_by_node.update(agent_holders(plan))
-        runtime.holders_by_pod = index_holders(runtime.holders_by_node)
+        runtime.state.holders_by_node.update(agent_holders(plan))
+        runtime.state.holders_by_pod = index_holders(runtime.state.holders_by_node)
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    sent_before = dict(runtime.sent)
+    sent_before = dict(runtime.state.sent)
     for namespace, name, node, _ in finished_layout(args.finished):
         await runtime.on_pod(finished_pod_body(namespace, name, node, jobs[name], args.origin), None)
     for namespace, name, node, gpus in plan:
@@ -456,7 +456,7 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
           f"status interval {args.status_interval:g}s, agent poll {args.interval:g}s, merge {args.snapshot_merge:g}s, "
           f"write limit {args.writes_per_second:g}/s")
     # a restarted controller knows each pod's last event: the watch's pods, unchanged, send the engine nothing
-    pod_events = sum(key != sent_before.get(uid) for uid, key in runtime.sent.items())
+    pod_events = sum(key != sent_before.get(uid) for uid, key in runtime.state.sent.items())
     print(f"pod intake (owner walk + engine): {time.process_time() - cpu0:.2f} CPU-s, "
           f"{time.perf_counter() - wall0:.2f} s wall, {runtime.resolver.fetches} owner GETs, "
           f"{pod_events} pod events to the engine")

@@ -111,7 +111,7 @@ class StatusWrites:
         if self._writer is None:
             self._writer = asyncio.create_task(self.runtime.writer.run())
         self.clock = now = controller.clock
-        self.runtime.engine = controller.engine  # a restored engine, too
+        self.runtime.state.engine = controller.engine  # a restored engine, too
         workloads, projects, _ = controller.engine.report(now)
         for namespace in {figures.namespace for figures in workloads} - self.namespaces:
             self.http.create("/api/v1/namespaces", {"metadata": {"name": namespace}})

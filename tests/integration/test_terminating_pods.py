@@ -56,8 +56,8 @@ async def test_terminating_pod_ends_at_its_deletion_timestamp(emu: EmulatorThrea
     settings = Settings(store=str(tmp_path / "gpuwm.db"), agents="static:n1=http://127.0.0.1:9", interval=10.0)
     client = KubeClient(emu.url)
     runtime = ControllerRuntime(settings, client, clock=lambda: now[0])
-    runtime.holders_by_pod = {"pod-lone": [DeviceHolder(uuid="GPU-a", node="n1", pod_uid="pod-lone", namespace="ns",
-                                                         pod="lone", container="main")]}
+    runtime.state.holders_by_pod = {"pod-lone": [DeviceHolder(uuid="GPU-a", node="n1", pod_uid="pod-lone", namespace="ns",
+                                                               pod="lone", container="main")]}
     engine = runtime.engine
     try:
         await runtime.on_pod(_pod(None), "ADDED")

@@ -16,14 +16,13 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from operator import attrgetter
-from typing import Any, Generic, TypeVar, overload
+from typing import Any
 
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.config import Settings
 from gpuwm.controller.kube import KubeApiError, KubeClient, TokenBucket
 from gpuwm.controller.pull import (
     AgentPuller,
-    DeviceHolder,
     SampleIntake,
     StaticAgents,
     index_holders,
@@ -45,7 +44,6 @@ from gpuwm.controller.state import restore as recover_state
 from gpuwm.controller.status import (
     PROJECT_PLURAL,
     WORKLOAD_PLURAL,
-    ConditionMemo,
     ConditionStatus,
     Desired,
     IdleEvents,
@@ -104,46 +102,8 @@ class _PhaseTimer:
         self._last = now
 
 
-_T = TypeVar("_T")
-
-
-class _InState(Generic[_T]):
-    """A field of the runtime's `ControllerState`, read and set as the runtime's own (`runtime.engine`)."""
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._name = name
-
-    @overload
-    def __get__(self, runtime: None, owner: type) -> _InState[_T]: ...
-    @overload
-    def __get__(self, runtime: ControllerRuntime, owner: type | None = None) -> _T: ...
-
-    def __get__(self, runtime: ControllerRuntime | None, owner: type | None = None) -> _T | _InState[_T]:
-        if runtime is None:
-            return self
-        value: _T = getattr(runtime._state, self._name)  # the field itself, not through the `state` property
-        return value
-
-    def __set__(self, runtime: ControllerRuntime, value: _T) -> None:
-        setattr(runtime._state, self._name, value)
-
-
 class ControllerRuntime:
     """The status cycle and the parts it acts through, on one `ControllerState`."""
-
-    engine: _InState[Engine] = _InState()
-    pods: _InState[dict[str, TrackedPod]] = _InState()
-    sent: _InState[dict[str, str]] = _InState()
-    moved_at: _InState[dict[str, float]] = _InState()
-    holders_by_node: _InState[dict[str, list[DeviceHolder]]] = _InState()
-    holders_by_pod: _InState[dict[str, list[DeviceHolder]]] = _InState()
-    cr_names: _InState[dict[str, str]] = _InState()
-    cr_owner: _InState[dict[tuple[str, str], tuple[str, str, float | None]]] = _InState()
-    conditions: _InState[dict[str, tuple[ConditionMemo, ...]]] = _InState()
-    latest_sample_time: _InState[float | None] = _InState()
-    baselines: _InState[dict[str, dict[str, float]]] = _InState()
-    baseline_cutoff: _InState[float | None] = _InState()
-    observed_idle: _InState[dict[str, float]] = _InState()
 
     def __init__(self, settings: Settings, client: KubeClient, clock: Callable[[], float] = time.time) -> None:
         self.settings = settings
@@ -192,6 +152,11 @@ class ControllerRuntime:
         self._state = state
         self.idle_events.announced = state.idle_announced  # the Events' memory is the state's
 
+    @property
+    def engine(self) -> Engine:
+        """The state's engine: what the handlers, the `/metrics` collectors and the tests read of the runtime."""
+        return self._state.engine
+
     # ------------------------------------------------------------------ start
 
     async def restore(self) -> str:
@@ -201,14 +166,14 @@ class ControllerRuntime:
             writer=self.writer, puller=self.puller, namespace=self.settings.namespace,
             retention_seconds=self.settings.retention, clock=self.clock,
         )
-        self.state = restored.state
+        self.state = state = restored.state
         for pod in restored.vanished:  # deleted while the controller was down: ended now
             pod.phase = "Deleted"
             self._send(pod)
-            self.pods.pop(pod.uid, None)
-            self.sent.pop(pod.uid, None)
+            state.pods.pop(pod.uid, None)
+            state.sent.pop(pod.uid, None)
         logger.info("controller state restored from %s (%d workloads, %d pods)", restored.source,
-                    len(self.engine.workloads(self.clock())), len(self.pods))
+                    len(state.engine.workloads(self.clock())), len(state.pods))
         return restored.source
 
     def restore_saved(self, saved: dict[str, Any]) -> None:
@@ -238,7 +203,7 @@ class ControllerRuntime:
         except (MalformedPodError, KeyError, TypeError, ValueError) as error:
             self._warn_once(uid or repr(metadata.get("name")), f"skipping a malformed pod: {error}")
             return
-        self.pods[pod.uid] = pod
+        self._state.pods[pod.uid] = pod
         self._send(pod)
         if pod.phase == "Deleted":
             self.state.forget_pod(pod.uid)
@@ -258,7 +223,7 @@ class ControllerRuntime:
                 self._warn_once(f"quota:{metadata['name']}:{annotations[quota_key]}",
                                 f"namespace {metadata['name']}: annotation {quota_key} {error}; no quota used")
                 del annotations[quota_key]
-        self.engine.observe_namespace(NamespaceEvent(
+        self._state.engine.observe_namespace(NamespaceEvent(
             t=self.clock(), event="namespace", name=str(metadata["name"]),
             labels={str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
             annotations=annotations,
@@ -269,10 +234,11 @@ class ControllerRuntime:
         ended = ended_by_deletion(pod, now)  # past its deletionTimestamp: its containers are gone
         if ended is not None:
             pod = ended
-        holders = self.holders_by_pod.get(pod.uid, []) + self.holders_by_pod.get(f"{pod.namespace}/{pod.name}", [])
-        devices = device_allocations(pod, holders, self.pods)
+        state = self._state
+        holders = state.holders_by_pod.get(pod.uid, []) + state.holders_by_pod.get(f"{pod.namespace}/{pod.name}", [])
+        devices = device_allocations(pod, holders, state.pods)
         key = json.dumps(state_key(pod, devices))
-        previous = self.sent.get(pod.uid)
+        previous = state.sent.get(pod.uid)
         if previous == key:
             return
         if ended is not None:
@@ -288,14 +254,14 @@ class ControllerRuntime:
             # its owner changed (`kubectl delete job --cascade=orphan`: the garbage collector stripped its
             # ownerReferences): the move is news of now, not of the pod's start, or the old workload's time would
             # move with it; and no later event takes the new workload back before the move
-            self.moved_at[pod.uid] = now
-        at = max(at, self.moved_at.get(pod.uid, at))
-        baseline = self.baselines.get(pod.workload.uid)
-        if baseline is not None and self.baseline_cutoff is not None:
+            state.moved_at[pod.uid] = now
+        at = max(at, state.moved_at.get(pod.uid, at))
+        baseline = state.baselines.get(pod.workload.uid)
+        if baseline is not None and state.baseline_cutoff is not None:
             # the CR's figures (the baseline) already count the time up to its last update
-            at = max(at, baseline.get("counted_until", self.baseline_cutoff))
-        self.engine.observe_pod(pod_event(pod, devices, min(at, now)))
-        self.sent[pod.uid] = key
+            at = max(at, baseline.get("counted_until", state.baseline_cutoff))
+        state.engine.observe_pod(pod_event(pod, devices, min(at, now)))
+        state.sent[pod.uid] = key
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -320,27 +286,28 @@ class ControllerRuntime:
         """Pull, account, offer statuses, retention, save; CPU seconds per phase go to `cycle_cpu_seconds`."""
         timer = _PhaseTimer()
         pull_started = self.clock()
-        intake = SampleIntake(self.engine, self.holders_by_node)
+        state = self._state  # restored before the first cycle, never replaced while one runs
+        intake = SampleIntake(state.engine, state.holders_by_node)
         agents = self.agent_urls()
         # nodes whose devices are all held whole: their agents merge more polls (MergeRequest.exact_replicas)
-        whole = whole_device_nodes(agents, self.sharing, self.pods.values(), self.holders_by_node)
+        whole = whole_device_nodes(agents, self.sharing, state.pods.values(), state.holders_by_node)
         result = await self.puller.pull_all(agents, on_snapshot=intake.take, whole_devices=whole)
         intake.flush()  # columnar snapshots go to the engine as one batch
         timer.mark("pull")
         timer.phases["pull"] -= intake.cpu_seconds  # the engine's share of the pull, reported on its own
         if intake.changed_nodes:  # attribution changed: those nodes' pods get events with their devices
-            self.holders_by_pod = index_holders(self.holders_by_node)
-            for pod in list(self.pods.values()):
+            state.holders_by_pod = index_holders(state.holders_by_node)
+            for pod in list(state.pods.values()):
                 if pod.node in intake.changed_nodes:
                     self._send(pod)
         terminating_now = self.clock()
-        for pod in [pod for pod in self.pods.values() if pod.deletion_time is not None]:
+        for pod in [pod for pod in state.pods.values() if pod.deletion_time is not None]:
             if pod.deletion_time is not None and pod.deletion_time <= terminating_now:
                 self._send(pod)  # past its grace period: ended there, whether or not the object is gone
         timer.mark("attribution")
         timer.phases["engine_samples"] = intake.cpu_seconds
         if intake.latest_time is not None:
-            self.latest_sample_time = max(self.latest_sample_time or 0.0, intake.latest_time)
+            state.latest_sample_time = max(state.latest_sample_time or 0.0, intake.latest_time)
         samples = sorted(intake.latest.values(), key=attrgetter("t"))  # the store reads each device's latest
         now = self.clock()
         self.reporting_slack_seconds = (self.engine_config.gap_seconds + self.settings.status_interval
@@ -350,9 +317,9 @@ class ControllerRuntime:
             # before the report: the state's encoding and the report's figures are never in memory together
             await self.save_in_background(now)
         timer.mark("save")
-        engine_workloads, projects, cluster = self.engine.report(now)
+        engine_workloads, projects, cluster = state.engine.report(now)
         # after a restart that lost the engine state, the CRs' figures before it (see recovery); most cycles none
-        workloads = [self._with_baseline(figures) for figures in engine_workloads] if self.baselines else engine_workloads
+        workloads = [self._with_baseline(figures) for figures in engine_workloads] if state.baselines else engine_workloads
         projects = self._projects_with_baselines(projects, engine_workloads)
         timer.mark("engine_report")
         await asyncio.sleep(0)
@@ -360,7 +327,7 @@ class ControllerRuntime:
         idle_after = self.settings.idle_condition_after
         slack = self.reporting_slack_seconds
         # each workload's Idle condition once a cycle: the writer's signatures and the Events read the same one
-        idle = {figures.uid: idle_condition(figures, self.observed_idle.get(figures.uid), idle_after, now, slack)
+        idle = {figures.uid: idle_condition(figures, state.observed_idle.get(figures.uid), idle_after, now, slack)
                 for figures in workloads}
         self._offer_workloads(workloads, now, idle)
         self._offer_projects(projects, now)
@@ -386,7 +353,7 @@ class ControllerRuntime:
 
     def _with_baseline(self, figures: WorkloadFigures) -> WorkloadFigures:
         """Figures plus what the CR said before a restart that lost the engine state (see recovery)."""
-        baseline = self.baselines.get(figures.uid)
+        baseline = self._state.baselines.get(figures.uid)
         if not baseline:
             return figures
         update: dict[str, Any] = {name: getattr(figures, name) + value for name, value in baseline.items()
@@ -399,11 +366,12 @@ class ControllerRuntime:
 
     def _projects_with_baselines(self, projects: list[ProjectFigures],
                                  workloads: list[WorkloadFigures]) -> list[ProjectFigures]:
-        if not self.baselines:
+        baselines = self._state.baselines
+        if not baselines:
             return projects
         extra: dict[str, dict[str, float]] = {}
         for figures in workloads:
-            for name, value in self.baselines.get(figures.uid, {}).items():
+            for name, value in baselines.get(figures.uid, {}).items():
                 if name in ADDITIVE_FIELDS and name != "run_seconds":
                     sums = extra.setdefault(figures.project, {})
                     sums[name] = sums.get(name, 0.0) + value
@@ -417,26 +385,28 @@ class ControllerRuntime:
         Same namespace and name as the workload; `<name>-<kind>` when a workload of another kind
         has the name. A workload recreated with the same kind and name takes the name over.
         """
-        if figures.uid in self.cr_names:
-            return self.cr_names[figures.uid] or None
+        cr_names, cr_owner = self._state.cr_names, self._state.cr_owner
+        if figures.uid in cr_names:
+            return cr_names[figures.uid] or None
         name = workload_cr_name(figures.name, figures.kind, False)
-        holder = self.cr_owner.get((figures.namespace, name))
+        holder = cr_owner.get((figures.namespace, name))
         if holder is not None and holder[0] != figures.uid:
             if holder[1] != figures.kind:
                 name = workload_cr_name(figures.name, figures.kind, True)
             elif (holder[2] or 0.0) > (figures.created_time or 0.0):
-                self.cr_names[figures.uid] = ""  # an older incarnation: its CR is the newer one's now
+                cr_names[figures.uid] = ""  # an older incarnation: its CR is the newer one's now
                 return None
             else:
-                self.cr_names[holder[0]] = ""
-        self.cr_names[figures.uid] = name
-        self.cr_owner[(figures.namespace, name)] = (figures.uid, figures.kind, figures.created_time)
+                cr_names[holder[0]] = ""
+        cr_names[figures.uid] = name
+        cr_owner[(figures.namespace, name)] = (figures.uid, figures.kind, figures.created_time)
         return name
 
     def _observe_idleness(self, workloads: list[WorkloadFigures], now: float) -> None:
         """How long each running workload's current idle stretch has been seen through samples (`IdleWatch`)."""
         observed: dict[str, float] = {}
-        watch, conditions, observed_before = self.idle_watch, self.conditions, self.observed_idle  # once, not per CR
+        # once, not per CR
+        watch, conditions, observed_before = self.idle_watch, self._state.conditions, self._state.observed_idle
         for figures in workloads:
             if figures.phase != "Running" and figures.uid not in observed_before:
                 watch.forget(figures.uid)  # nothing to watch: no memory kept for ended workloads
@@ -445,15 +415,15 @@ class ControllerRuntime:
             seconds = watch.observe(figures, now, written_idle)
             if seconds is not None:
                 observed[figures.uid] = seconds
-        self.observed_idle = observed
+        self._state.observed_idle = observed
 
     def _offer_workloads(self, workloads: list[WorkloadFigures], now: float,
                          idle: Mapping[str, tuple[ConditionStatus, str]] | None = None) -> None:
         """Each workload's CR to the writer; `idle`: each one's Idle condition, as this cycle computed it."""
         idle_after, low = self.settings.idle_condition_after, self.settings.underutilized_percent
-        # the state's fields once, not once per CR (each is a read through ControllerState)
-        engine, offered_settled, observed_idle = self.engine, self._offered_settled, self.observed_idle
-        slack, sample_time, offer = self.reporting_slack_seconds, self.latest_sample_time, self.writer.offer
+        # the fields once, not once per CR
+        engine, offered_settled, observed_idle = self._state.engine, self._offered_settled, self._state.observed_idle
+        slack, sample_time, offer = self.reporting_slack_seconds, self._state.latest_sample_time, self.writer.offer
         for figures in workloads:
             settled = engine.settled_figures(figures.uid) is figures
             if settled and offered_settled.get(figures.uid) is figures:
@@ -503,7 +473,7 @@ class ControllerRuntime:
         """
         figures = settled
         if figures is None:
-            engine_figures = self.engine.workload(uid, now)
+            engine_figures = self._state.engine.workload(uid, now)
             if engine_figures is None:  # retention forgets the CR with the workload, so this is not expected
                 raise LookupError(f"workload {uid} is no longer in the engine; its GPUWorkloadMetrics is not rendered")
             figures = self._with_baseline(engine_figures)
@@ -511,45 +481,47 @@ class ControllerRuntime:
             figures, now,
             idle_condition_after_seconds=self.settings.idle_condition_after,
             underutilized_percent=self.settings.underutilized_percent,
-            previous_conditions=self.conditions.get(figures.uid, ()),
+            previous_conditions=self._state.conditions.get(figures.uid, ()),
             observed_idle_seconds=observed_idle_seconds, reporting_slack_seconds=reporting_slack_seconds,
         )
-        self.conditions[figures.uid] = remembered(status.conditions)
+        self._state.conditions[figures.uid] = remembered(status.conditions)
         return status.model_dump(mode="json", by_alias=True)
 
     def _offer_projects(self, projects: list[ProjectFigures], now: float) -> None:
+        sample_time = self._state.latest_sample_time
         for figures in projects:
             self.writer.offer(Desired(
                 plural=PROJECT_PLURAL, namespace=None, name=dns_name(figures.name),
                 spec={"project": figures.name}, labels={"gpuwm.io/project": label_value(figures.name)},
                 render=functools.partial(_project_body, figures, now),
                 signature=hash(project_signature(figures)), counters=hash(project_counters(figures)),
-                sample_time=self.latest_sample_time,
+                sample_time=sample_time,
             ))
 
     async def _apply_retention(self, workloads: list[WorkloadFigures], now: float) -> None:
         """Finished workloads keep their CR for `retention`, then it and the engine's record go."""
+        state = self._state
         for figures in workloads:
             if figures.end_time is None or figures.allocated_gpus > 0:
                 continue
             if now - figures.end_time < self.settings.retention:
                 continue
-            name = self.cr_names.get(figures.uid)
+            name = state.cr_names.get(figures.uid)
             if name:
                 try:
                     await self.writer.delete(WORKLOAD_PLURAL, figures.namespace, name)
                 except KubeApiError as error:
                     logger.warning("cannot delete expired %s/%s: %s", figures.namespace, name, error)
                     continue
-                self.cr_owner.pop((figures.namespace, name), None)
+                state.cr_owner.pop((figures.namespace, name), None)
                 logger.info("retention: deleted GPUWorkloadMetrics %s/%s", figures.namespace, name)
-            self.cr_names.pop(figures.uid, None)
-            self.engine.forget_workload(figures.uid)
-            self.conditions.pop(figures.uid, None)
+            state.cr_names.pop(figures.uid, None)
+            state.engine.forget_workload(figures.uid)
+            state.conditions.pop(figures.uid, None)
             self.idle_watch.forget(figures.uid)
             self._cr_static.pop(figures.uid, None)
             self._offered_settled.pop(figures.uid, None)
-            self.baselines.pop(figures.uid, None)
+            state.baselines.pop(figures.uid, None)
 
     def save(self, now: float) -> None:
         """The engine and the controller's own positions, for a restart that loses nothing.

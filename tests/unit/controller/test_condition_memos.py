@@ -52,19 +52,19 @@ def test_saved_memos_come_back_and_states_saved_with_whole_conditions_still_rest
     runtime = _runtime(tmp_path)
     conditions = build_conditions(figures(idle_seconds=900.0), NOW, idle_condition_after_seconds=600,
                                   observed_idle_seconds=900.0)
-    runtime.conditions["w1"] = remembered(conditions)
+    runtime.state.conditions["w1"] = remembered(conditions)
     state = json.loads(json.dumps(runtime.snapshot(NOW)))
     assert state["conditions"]["w1"] == [
         {"type": c.type, "status": c.status, "lastTransitionTime": c.last_transition_time} for c in conditions
     ]
     restored = _runtime(tmp_path)
     restored.restore_saved(state)
-    assert restored.conditions == {"w1": remembered(conditions)}
+    assert restored.state.conditions == {"w1": remembered(conditions)}
     # a state saved before the memos: each condition whole, reason and message too
     state["conditions"] = {"w1": [c.model_dump(mode="json", by_alias=True) for c in conditions]}
     older = _runtime(tmp_path)
     older.restore_saved(state)
-    assert older.conditions == {"w1": remembered(conditions)}
+    assert older.state.conditions == {"w1": remembered(conditions)}
 
 
 def test_conditions_written_on_the_crs_become_memos_and_mark_idle_announced(tmp_path: Path) -> None:
@@ -77,7 +77,7 @@ def test_conditions_written_on_the_crs_become_memos_and_mark_idle_announced(tmp_
         {"spec": {"workloadRef": {"uid": "w2"}}, "status": {"conditions": [{"type": "Idle"}]}},  # not ours: skipped
     ]
     recovery.conditions_from_crs(runtime.state, items)
-    assert runtime.conditions == {"w1": remembered(written)}
+    assert runtime.state.conditions == {"w1": remembered(written)}
     assert runtime.idle_events.announced == {"w1"}
 
 

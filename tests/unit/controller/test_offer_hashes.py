@@ -47,7 +47,7 @@ def test_offers_hold_hashes_and_the_writer_tells_news_refreshes_and_repeats_apar
     desired = runtime.writer._material[KEY]
     assert desired.signature == hash(workload_signature(
         first, NOW, idle_condition_after_seconds=settings.idle_condition_after,
-        underutilized_percent=settings.underutilized_percent, observed_idle_seconds=runtime.observed_idle.get("w1"),
+        underutilized_percent=settings.underutilized_percent, observed_idle_seconds=runtime.state.observed_idle.get("w1"),
         reporting_slack_seconds=runtime.reporting_slack_seconds))
     assert desired.counters == hash(workload_counters(first))
     assert isinstance(desired.signature, int) and isinstance(desired.counters, int)  # 8 bytes, not ~1 KB of tuples

@@ -80,9 +80,9 @@ def test_an_orphaned_pod_moves_at_the_event_and_later_events_stay_after_it(tmp_p
     assert _ends(runtime, clock.now) == {"Job": STARTED + 160, "Pod": None}
 
     # an agent names its device: the pod's event is sent again, from its start, but not before the move
-    runtime.holders_by_pod = {"p1": [DeviceHolder(uuid="GPU-a", namespace="ns", pod="train-0", pod_uid="p1",
-                                                  container="c0", units=None)]}
-    runtime._send(runtime.pods["p1"])
+    runtime.state.holders_by_pod = {"p1": [DeviceHolder(uuid="GPU-a", namespace="ns", pod="train-0", pod_uid="p1",
+                                                        container="c0", units=None)]}
+    runtime._send(runtime.state.pods["p1"])
     clock.now = STARTED + 180
     seconds = _seconds(runtime, clock.now)
     assert seconds == pytest.approx({"Job": 160.0, "Pod": 20.0})

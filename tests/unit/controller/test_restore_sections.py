@@ -36,10 +36,10 @@ def _busy_runtime(tmp_path: Path, pods: int = 80) -> ControllerRuntime:
         runtime.engine.observe(pod(NOW - 100, f"train-{index}", uid=uid, node=node, devices=[(uuid, 1.0)]))
         for t in range(90, 0, -10):
             runtime.engine.observe(sample(NOW - t, uuid, sm=float(index % 90), node=node))
-        runtime.holders_by_node.setdefault(node, []).append(
+        runtime.state.holders_by_node.setdefault(node, []).append(
             DeviceHolder(uuid=uuid, node=node, pod_uid=uid, namespace="ml", pod=f"train-{index}", container="main",
                          resource_name="nvidia.com/gpu", units=1.0))
-        runtime.pods[uid] = TrackedPod(
+        runtime.state.pods[uid] = TrackedPod(
             namespace="ml", name=f"train-{index}", uid=uid, phase="Running", node=node, labels={"team": "a"},
             units_by_container={"main": 1.0}, phase_since=NOW - 100, created=NOW - 100,
             workload=TraceWorkload(api_version="batch/v1", kind="Job", name=f"train-{index}", uid=f"job-{index}"))
@@ -50,10 +50,10 @@ def _busy_runtime(tmp_path: Path, pods: int = 80) -> ControllerRuntime:
 def _same(restored: ControllerRuntime, saved: ControllerRuntime) -> None:
     assert orjson.dumps(restored.engine.save(), option=orjson.OPT_NON_STR_KEYS) == orjson.dumps(
         saved.engine.save(), option=orjson.OPT_NON_STR_KEYS)
-    assert restored.holders_by_node == saved.holders_by_node
-    assert restored.pods.keys() == saved.pods.keys()
-    assert all(restored.pods[uid].workload == pod.workload and restored.pods[uid].labels == pod.labels
-               for uid, pod in saved.pods.items())
+    assert restored.state.holders_by_node == saved.state.holders_by_node
+    assert restored.state.pods.keys() == saved.state.pods.keys()
+    assert all(restored.state.pods[uid].workload == pod.workload and restored.state.pods[uid].labels == pod.labels
+               for uid, pod in saved.state.pods.items())
     assert restored.puller.positions() == saved.puller.positions()
 
 
@@ -67,10 +67,10 @@ def test_a_saved_controller_comes_back_from_its_sections(tmp_path: Path) -> None
     restored = _runtime(tmp_path)
     restored.restore_saved(state)
     _same(restored, saved)
-    node = restored.holders_by_node["node-3"]
+    node = restored.state.holders_by_node["node-3"]
     assert node[0].node is node[1].node  # one string for the node, not one per holder
     assert node[0].__pydantic_fields_set__ is node[1].__pydantic_fields_set__  # and one fields-set
-    first, second = restored.pods["pod-0"].workload, restored.pods["pod-1"].workload
+    first, second = restored.state.pods["pod-0"].workload, restored.state.pods["pod-1"].workload
     assert first.__pydantic_fields_set__ is second.__pydantic_fields_set__
 
 
@@ -89,7 +89,7 @@ def test_a_section_damaged_after_the_engine_leaves_the_runtime_as_it_was(tmp_pat
     restored = _runtime(tmp_path)
     with pytest.raises(ValueError):
         restored.restore_saved(state)
-    assert restored.engine.workload_records == {} and restored.holders_by_node == {} and restored.pods == {}
+    assert restored.engine.workload_records == {} and restored.state.holders_by_node == {} and restored.state.pods == {}
     assert restored.puller.positions() == {}
 
 
@@ -115,7 +115,7 @@ def test_restore_falls_back_to_the_crs_on_a_damaged_section(
     source = asyncio.run(restored.restore())
     assert source == "empty"
     assert "unusable" in caplog.text and "rebuilding from CR status" in caplog.text
-    assert restored.engine.workload_records == {} and restored.holders_by_node == {}
+    assert restored.engine.workload_records == {} and restored.state.holders_by_node == {}
 
 
 def test_holders_saved_as_a_list_or_before_it_as_a_dict_restore_alike(tmp_path: Path) -> None:
@@ -126,7 +126,7 @@ def test_holders_saved_as_a_list_or_before_it_as_a_dict_restore_alike(tmp_path: 
     saved = _busy_runtime(tmp_path, pods=20)
     state = json.loads(orjson.dumps(saved.snapshot(NOW), option=orjson.OPT_NON_STR_KEYS))
     assert isinstance(state["holders"], list) and {entry["node"] for entry in state["holders"]} == set(
-        saved.holders_by_node)
+        saved.state.holders_by_node)
     older = json.loads(json.dumps(state))
     older["holders"] = {entry["node"]: entry["holders"] for entry in older["holders"]}
     for saved_state in (state, older):
