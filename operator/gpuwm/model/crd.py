@@ -1,6 +1,6 @@
 """Spec and status of the gpuwm.io/v1alpha1 custom resources.
 
-These models are the single source of the CRD schemas in `crds/` (see `gpuwm.model.crdgen`);
+These models are the single source of the CRD schemas in `crds/` (see scripts/generate-crds.py);
 a test checks the committed YAML against them field by field.
 """
 

@@ -1,7 +1,10 @@
+#!/usr/bin/env python3
 """Write the CRD YAML in crds/ from the pydantic models, so schema and models cannot drift.
 
-`python -m gpuwm.model.crdgen crds/` regenerates; a unit test fails when the committed
-files differ from what this prints, and another checks field by field.
+    python scripts/generate-crds.py crds/     # then: python scripts/sync-crds.py
+
+A unit test (tests/unit/model/test_crds.py) fails when the committed files differ from what
+this writes, and another checks them field by field. A build step, not part of the package.
 """
 
 from __future__ import annotations
@@ -192,7 +195,7 @@ CRD_FILES = {
 
 
 def render(builder_name: str) -> str:
-    header = "# Generated from operator/gpuwm/model/crd.py by `python -m gpuwm.model.crdgen crds/`; do not edit.\n"
+    header = "# Generated from operator/gpuwm/model/crd.py by `python scripts/generate-crds.py crds/`; do not edit.\n"
     return header + yaml.safe_dump(CRD_FILES[builder_name](), sort_keys=False, width=120)
 
 
