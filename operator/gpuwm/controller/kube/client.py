@@ -82,24 +82,24 @@ class KubeApiError(Exception):
         )
 
 
+def _group_path(api_version: str) -> str:
+    """`/api/v1` for the core group, `/apis/GROUP/VERSION` for the others."""
+    return f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+
+
 def resource_path(
     api_version: str, plural: str, namespace: str | None = None, name: str | None = None, subresource: str | None = None
 ) -> str:
     """`/apis/batch/v1/namespaces/ns/jobs/name/status` and friends."""
-    base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
-    parts = [base]
-    if namespace:
-        parts.append(f"namespaces/{namespace}")
-    parts.append(plural)
-    if name:
-        parts.append(name)
-    if subresource:
-        parts.append(subresource)
-    return "/".join(parts)
+    parts = (_group_path(api_version), namespace and f"namespaces/{namespace}", plural, name, subresource)
+    return "/".join(part for part in parts if part)
 
 
-def _write_temp(data: str | bytes, suffix: str, written: list[str]) -> str:
-    """A private (0600) temporary file holding `data`, its path also appended to `written` (the caller removes it)."""
+def _file_of(path: Any, data: str | bytes | None, suffix: str, written: list[str]) -> Any:
+    """`path` when set, else a private (0600) temporary file holding `data` (its path also appended to `written`:
+    the caller removes it), else None."""
+    if path or not data:
+        return path or None
     raw = data.encode() if isinstance(data, str) else data
     try:  # kubeconfigs carry base64; kopf passes it decoded or not depending on the source
         decoded = base64.b64decode(raw, validate=True)
@@ -171,14 +171,10 @@ class KubeClient:
                 # are removed once read: a client key must not outlive the context in /tmp
                 written: list[str] = []
                 try:
-                    ca_path = info.ca_path or (_write_temp(info.ca_data, ".crt", written) if info.ca_data else None)
+                    ca_path = _file_of(info.ca_path, info.ca_data, ".crt", written)
                     context = ssl.create_default_context(cafile=str(ca_path) if ca_path else None)
-                    cert_path = info.certificate_path or (
-                        _write_temp(info.certificate_data, ".crt", written) if info.certificate_data else None
-                    )
-                    key_path = info.private_key_path or (
-                        _write_temp(info.private_key_data, ".key", written) if info.private_key_data else None
-                    )
+                    cert_path = _file_of(info.certificate_path, info.certificate_data, ".crt", written)
+                    key_path = _file_of(info.private_key_path, info.private_key_data, ".key", written)
                     if cert_path:
                         context.load_cert_chain(str(cert_path), str(key_path) if key_path else None)
                 finally:
@@ -293,8 +289,7 @@ class KubeClient:
         key = (api_version, kind)
         if key in self._plurals:
             return self._plurals[key]
-        base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
-        document = await self.get(base) or {}
+        document = await self.get(_group_path(api_version)) or {}
         for resource in document.get("resources") or []:
             if "/" not in str(resource.get("name", "")):
                 self._plurals.setdefault((api_version, str(resource.get("kind"))), str(resource["name"]))
@@ -303,8 +298,7 @@ class KubeClient:
     async def served(self, api_version: str, plural: str) -> bool:
         """Whether the API server serves `plural` in `api_version` (discovery, cached per group version)."""
         if api_version not in self._served:
-            base = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
-            document = await self.get(base) or {}
+            document = await self.get(_group_path(api_version)) or {}
             self._served[api_version] = {str(resource.get("name")) for resource in document.get("resources") or []}
         return plural in self._served[api_version]
 
