@@ -64,7 +64,6 @@ from gpuwm.controller.status import (
 )
 from gpuwm.controller.watch import (
     MalformedPodError,
-    NodeSharing,
     OwnerResolver,
     SharingSource,
     TrackedPod,
@@ -113,7 +112,7 @@ class ControllerRuntime:
         self._state = ControllerState(Engine(self.engine_config))
         self.agents = parse_agents_spec(settings.agents)
         self.puller = AgentPuller(timeout_seconds=max(1.0, min(10.0, settings.status_interval)), merge=merge_request_of(settings, self.engine_config))
-        self.resolver = OwnerResolver(self._fetch_owner)
+        self.resolver = OwnerResolver(client.get_object)
         self.writer = StatusWriter(
             client, TokenBucket(settings.status_writes_per_second), settings.status_interval, clock=clock,
             counters_refresh_seconds=settings.status_counters_refresh,
@@ -194,7 +193,7 @@ class ControllerRuntime:
         try:
             workload = await self.resolver.resolve(body)
             node = (body.get("spec") or {}).get("nodeName")
-            replicas = await self._replicas_of_node(str(node)) if node else 1
+            replicas = await self.sharing.of_node(str(node)) if node else 1
             pod = track_pod(
                 body, workload, self.settings.resource_names, deleted=event_type == "DELETED",
                 replicas=replicas, shared_replicas=self.settings.time_sliced_replicas,
@@ -267,13 +266,6 @@ class ControllerRuntime:
         if key not in self._warned:
             self._warned.add(key)
             logger.warning(message, extra={"object": key})
-
-    async def _fetch_owner(self, api_version: str, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
-        return await self.client.get_object(api_version, kind, namespace, name)
-
-    async def _replicas_of_node(self, node: str) -> NodeSharing:
-        """The node's GPU sharing: its replicas label, else the device plugin's ConfigMap, else the default."""
-        return await self.sharing.of_node(node)
 
     # ------------------------------------------------------------------ the status cycle
 

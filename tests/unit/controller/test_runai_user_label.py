@@ -36,7 +36,7 @@ def _runtime(tmp_path: Path, **settings: Any) -> ControllerRuntime:
         return NodeSharing(default_shared_replicas=1)
 
     runtime.resolver = OwnerResolver(fetch)
-    runtime._replicas_of_node = no_sharing  # type: ignore[method-assign]
+    runtime.sharing.of_node = no_sharing  # type: ignore[method-assign]
     return runtime
 
 
