@@ -182,12 +182,7 @@ class EmbeddedStore(Store):
             raise StoreError(
                 f"store {self.path} has an incompatible metric layout; point --store at a new path"
             )
-        for kind, key, series_id in connection.execute("SELECT kind, key, id FROM series"):
-            self._series_ids[(kind, key)] = series_id
-        self._keys_from_file = bool(self._series_ids)
-        self._next_series_id = self._first_free_id()
-        self._head_blocks = _blocks_in_head(connection)
-        self._written = _IdMarks(self._ids_in_head(self._head_blocks))
+        self._read_series()
         for table, column in (("latest_workloads", "uid"), ("latest_projects", "name")):
             for key, figures in connection.execute(f"SELECT {column}, figures FROM {table}"):
                 self._latest_json[f"{table}:{key}"] = hash(figures.encode())
@@ -240,9 +235,9 @@ class EmbeddedStore(Store):
             self._compact_slice(at)
 
     @contextlib.contextmanager
-    def _transaction(self) -> Iterator[None]:
-        """One write transaction under the write lock; a failure rolls it back, and what this process
-        remembers of the file is read again from it (`_forget_uncommitted`)."""
+    def _transaction(self, *, forget: bool = True) -> Iterator[None]:
+        """One write transaction under the write lock; a failure rolls it back, and (`forget`) what this
+        process remembers of the file is read again from it (`_forget_uncommitted`)."""
         with self._write_lock:
             connection = self._writer
             connection.execute("BEGIN IMMEDIATE")
@@ -251,7 +246,8 @@ class EmbeddedStore(Store):
                 connection.execute("COMMIT")
             except BaseException:
                 connection.execute("ROLLBACK")
-                self._forget_uncommitted()
+                if forget:
+                    self._forget_uncommitted()
                 raise
 
     def _forget_uncommitted(self) -> None:
@@ -259,21 +255,25 @@ class EmbeddedStore(Store):
         self._latest_json.clear()  # the rolled-back rows may be gone: rewrite them next time
         self._latest_objects.clear()
         self._latest_refreshed.clear()
-        # series inserted by the rolled-back transaction are gone (their ids may be given again)
-        self._series_ids.clear()
-        for kind, key, series_id in self._writer.execute("SELECT kind, key, id FROM series"):
-            self._series_ids[(kind, key)] = series_id
-        self._keys_from_file = bool(self._series_ids)
-        self._next_series_id = self._first_free_id()
+        self._read_series()
         self._drop_row_layouts()
-        # a rolled-back round may have reset which series the head holds: count every head block's in
-        self._head_blocks = _blocks_in_head(self._writer)
-        self._written.mark(self._ids_in_head(self._head_blocks))
         # a rolled-back slice took its blocks off the round's list, their rows still in the head: the round
         # starts again from the file (the next slice lists what is left below the target again)
         self._target = int(self._get_meta("compacted_until") or 0)
         self._pending = []
         self._dropped_until = 0
+
+    def _read_series(self) -> None:
+        """The series ids and the blocks with head rows, as the file says (when opened, and after a rollback:
+        series inserted by the rolled-back transaction are gone, their ids may be given again, and a
+        rolled-back round may have reset which series the head holds: every head block's are counted in)."""
+        self._series_ids.clear()
+        for kind, key, series_id in self._writer.execute("SELECT kind, key, id FROM series"):
+            self._series_ids[(kind, key)] = series_id
+        self._keys_from_file = bool(self._series_ids)
+        self._next_series_id = self._first_free_id()
+        self._head_blocks = _blocks_in_head(self._writer)
+        self._written.mark(self._ids_in_head(self._head_blocks))
 
     def _first_free_id(self) -> int:
         """Above every id given out, deleted ones included: a deleted id is never given again (head
@@ -601,24 +601,18 @@ class EmbeddedStore(Store):
 
         A partly compacted span is completed by later compaction (chunks are overlaid, never replaced).
         """
-        with self._write_lock:
+        with self._transaction(forget=False):
             latest = self._get_meta("latest_time")
             if latest is None:
                 return
             fine = self.spans[0]
             bucket = int(math.floor(latest / fine.step) * fine.step)
             until = bucket + fine.step if everything else bucket // fine.span_seconds * fine.span_seconds
-            self._writer.execute("BEGIN IMMEDIATE")
-            try:
-                for block in sorted(self._head_blocks):
-                    self._compact_block(block, until)
-                self._pending = []
-                self._target = max(self._target, bucket // fine.span_seconds * fine.span_seconds)
-                self._finish_round(until, latest)
-                self._writer.execute("COMMIT")
-            except BaseException:
-                self._writer.execute("ROLLBACK")
-                raise
+            for block in sorted(self._head_blocks):
+                self._compact_block(block, until)
+            self._pending = []
+            self._target = max(self._target, bucket // fine.span_seconds * fine.span_seconds)
+            self._finish_round(until, latest)
 
     def register_series(self, kind: str, key: str, labels: dict[str, str]) -> int:
         """The id of a series (created if new); for bulk loads with `load_history`."""
@@ -639,26 +633,20 @@ class EmbeddedStore(Store):
         quantized = np.full((len(series_ids), METRIC_COUNT, padded), MISSING, dtype=np.int64)
         quantized[:, :, :points] = quantize(values.transpose(0, 2, 1)).transpose(0, 2, 1)
         end = start + points * fine.step
-        with self._write_lock:
-            self._writer.execute("BEGIN IMMEDIATE")
-            try:
-                self._chunks.write_fine(list(series_ids), start, quantized, end)
-                self._chunks.merge_ended_pieces(end)
-                latest = self._get_meta("latest_time")
-                if latest is None or end - fine.step > latest:
-                    self._set_meta("latest_time", float(end - fine.step))
-                earliest = self._get_meta("earliest_time")
-                if earliest is None or start < earliest:
-                    self._set_meta("earliest_time", float(start))
-                done = self._get_meta("compacted_until")
-                if done is None or end > done:
-                    self._set_meta("compacted_until", float(end))
-                    for span in self.spans[1:]:
-                        self._set_meta(f"rollup_until:{span.step}", float(end // span.step * span.step))
-                self._writer.execute("COMMIT")
-            except BaseException:
-                self._writer.execute("ROLLBACK")
-                raise
+        with self._transaction(forget=False):
+            self._chunks.write_fine(list(series_ids), start, quantized, end)
+            self._chunks.merge_ended_pieces(end)
+            latest = self._get_meta("latest_time")
+            if latest is None or end - fine.step > latest:
+                self._set_meta("latest_time", float(end - fine.step))
+            earliest = self._get_meta("earliest_time")
+            if earliest is None or start < earliest:
+                self._set_meta("earliest_time", float(start))
+            done = self._get_meta("compacted_until")
+            if done is None or end > done:
+                self._set_meta("compacted_until", float(end))
+                for span in self.spans[1:]:
+                    self._set_meta(f"rollup_until:{span.step}", float(end // span.step * span.step))
 
     def forget_workload(self, uid: str) -> None:
         """Drop a workload's latest figures (its points age out with the tiers)."""
@@ -729,31 +717,28 @@ class EmbeddedStore(Store):
             return len(query.metrics)
         return len(query.metrics) * len(select_series(self._reader(), query))
 
-    def _watermarks(self, connection: sqlite3.Connection) -> dict[int, float | None]:
-        return {
-            tier.step_seconds: self._get_meta(f"rollup_until:{tier.step_seconds}", connection) for tier in self.tiers
-        }
+    @contextlib.contextmanager
+    def _snapshot(self) -> Iterator[tuple[sqlite3.Connection, float | None, dict[int, float | None]]]:
+        """One read transaction, with the latest time and each tier's roll-up watermark: the watermarks, chunks
+        and head rows of one snapshot, so an interval compacted meanwhile is read once, from the head or from
+        its chunk."""
+        connection = self._reader()
+        connection.execute("BEGIN")
+        try:
+            yield connection, self._get_meta("latest_time", connection), {
+                tier.step_seconds: self._get_meta(f"rollup_until:{tier.step_seconds}", connection)
+                for tier in self.tiers
+            }
+        finally:
+            connection.execute("COMMIT")
 
     def resolution(self, query: RangeQuery) -> list[Stretch]:
-        connection = self._reader()
-        connection.execute("BEGIN")
-        try:
-            latest = self._get_meta("latest_time", connection)
-            return plan_stretches(self.tiers, latest, self._watermarks(connection), query)
-        finally:
-            connection.execute("COMMIT")
+        with self._snapshot() as (_, latest, watermarks):
+            return plan_stretches(self.tiers, latest, watermarks, query)
 
     def query_range(self, query: RangeQuery) -> list[Series]:
-        connection = self._reader()
-        # one read transaction: the watermarks, chunks and head rows of one snapshot, so an interval
-        # compacted meanwhile is read once, from the head or from its chunk
-        connection.execute("BEGIN")
-        try:
-            watermarks = self._watermarks(connection)
-            latest = self._get_meta("latest_time", connection)
+        with self._snapshot() as (connection, latest, watermarks):
             return read_range(connection, self.spans, latest, watermarks, query)
-        finally:
-            connection.execute("COMMIT")
 
     def latest_by_workload(
         self, uids: Sequence[str], metrics: tuple[str, ...], start: float, end: float, step_seconds: float
@@ -761,9 +746,7 @@ class EmbeddedStore(Store):
         """One read of the workloads' own series (kind `workload`, key its UID), not a range query each."""
         wanted = set(uids)
         query = RangeQuery("cluster", "", metrics, start, end, step_seconds)
-        connection = self._reader()
-        connection.execute("BEGIN")
-        try:
+        with self._snapshot() as (connection, latest_time, watermarks):
             # the answer needs only each series' workload (its key): no labels parsed
             selected = [
                 (int(series_id), {"workload_uid": key})
@@ -772,12 +755,7 @@ class EmbeddedStore(Store):
             ]
             if not selected:
                 return {}
-            found = read_range(
-                connection, self.spans, self._get_meta("latest_time", connection), self._watermarks(connection),
-                query, selected,
-            )
-        finally:
-            connection.execute("COMMIT")
+            found = read_range(connection, self.spans, latest_time, watermarks, query, selected)
         latest: dict[str, dict[str, float]] = {}
         for series in found:
             value = latest_value(series.points)
