@@ -74,7 +74,7 @@ class PodAgents:
         return True
 
 
-def parse_agents_spec(spec: str, default_port: int = 9400) -> StaticAgents | PodAgents:
+def parse_agents_spec(spec: str) -> StaticAgents | PodAgents:
     """Parse `--agents`; raises ValueError saying what the two accepted forms are."""
     kind, _, rest = spec.partition(":")
     if kind == "static":
@@ -91,7 +91,7 @@ def parse_agents_spec(spec: str, default_port: int = 9400) -> StaticAgents | Pod
         namespace, sep, selector = rest.partition("/")
         if not sep or not namespace or not selector:
             raise ValueError(f"--agents {spec!r}: expected pods:NAMESPACE/LABELSELECTOR")
-        return PodAgents(namespace, selector, default_port)
+        return PodAgents(namespace, selector)
     raise ValueError(f"--agents {spec!r}: expected pods:NAMESPACE/LABELSELECTOR or static:NODE=URL,...")
 
 
@@ -135,16 +135,13 @@ class AgentPuller:
     `max_concurrency` tasks, not one per agent.
     """
 
-    def __init__(self, timeout_seconds: float = 5.0, max_concurrency: int = 64, keepalive_seconds: float = 60.0,
+    def __init__(self, timeout_seconds: float = 5.0, max_concurrency: int = 64,
                  merge: MergeRequest | None = None, max_body_bytes: int = MAX_BODY_BYTES,
                  ssl_context: ssl.SSLContext | None = None) -> None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency: at least 1 agent is pulled at a time, got {max_concurrency}")
         self._max_concurrency = max_concurrency
         self._timeout_seconds = timeout_seconds
-        #: idle connections live longer than a status interval (aiohttp's 15 s default is one interval, so
-        #: every pull would pay a new TCP connection); the connector closes those idle for longer itself
-        self._keepalive_seconds = keepalive_seconds
         self._max_body_bytes = max_body_bytes
         self._ssl: ssl.SSLContext | bool = True if ssl_context is None else ssl_context  # https: system CAs by default
         self._session: aiohttp.ClientSession | None = None
@@ -165,8 +162,9 @@ class AgentPuller:
     def session(self) -> aiohttp.ClientSession:
         """The agents' HTTP session, made on first use (aiohttp wants a running event loop for it)."""
         if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=self._max_concurrency, keepalive_timeout=self._keepalive_seconds,
-                                             ssl=self._ssl)
+            # idle connections live longer than a status interval (aiohttp's 15 s default is one interval, so
+            # every pull would pay a new TCP connection); the connector closes those idle for longer itself
+            connector = aiohttp.TCPConnector(limit=self._max_concurrency, keepalive_timeout=60.0, ssl=self._ssl)
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=aiohttp.ClientTimeout(total=self._timeout_seconds),
@@ -245,14 +243,8 @@ class AgentPuller:
 
         # a worker is a connection slot: each agent's request starts its timeout only once it is sent
         await asyncio.gather(*(worker() for _ in range(min(self._max_concurrency, len(nodes)))))
-        result = PullResult()
-        for node in nodes:
-            snapshot = answered.get(node)
-            if snapshot is None:
-                result.failed_nodes.append(node)
-            else:
-                result.snapshots.append(snapshot)
-        return result
+        return PullResult([answered[node] for node in nodes if node in answered],
+                          [node for node in nodes if node not in answered])
 
     async def _pull(
         self, node: str, base_url: str, answered: dict[str, Snapshot], on_snapshot: Callable[[Snapshot], None] | None,
@@ -324,7 +316,6 @@ class AgentPuller:
                 logger.warning("agent on %s at %s did not answer (%r); its GPUs are unmonitored until it does",
                                node, base_url, error, extra={"node": node, "url": base_url})
             state.warned = True
-        return None
 
     async def _fetch(self, node: str, base_url: str, since: int) -> Snapshot:
         known = self._known_devices.get(node)
