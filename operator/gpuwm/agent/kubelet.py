@@ -13,15 +13,17 @@ import logging
 import ssl
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwm.model import PodStatsSample
 
 log = logging.getLogger(__name__)
+K = TypeVar("K")
 
 _CA_FILE = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+_TIMEOUT_SECONDS = 5.0
 
 
 def _network_totals(pod: dict[str, Any]) -> tuple[float, float] | None:
@@ -59,25 +61,28 @@ def disk_totals(text: str) -> dict[tuple[str, str], tuple[float, float]]:
     return {key: (value[0], value[1]) for key, value in totals.items()}
 
 
+def _rates(previous: dict[K, tuple[float, float, float]], key: K, totals: tuple[float, float] | None,
+           now: float) -> tuple[float | None, float | None]:
+    """Bytes a second of two cumulative counters since their reading before, kept in `previous` under `key`."""
+    if totals is None:
+        return None, None
+    before = previous.get(key)
+    previous[key] = (now, *totals)
+    if before is None or now <= before[0] or totals[0] < before[1] or totals[1] < before[2]:
+        return None, None  # the first reading, or a counter that went back (a container restarted)
+    return (totals[0] - before[1]) / (now - before[0]), (totals[1] - before[2]) / (now - before[0])
+
+
 class KubeletStatsClient:
     """Reads the local kubelet's stats summary and turns it into `PodStatsSample`s."""
 
-    def __init__(
-        self,
-        url: str,
-        node: str,
-        token_file: str | None,
-        insecure_tls: bool = False,
-        ca_file: str = _CA_FILE,
-        timeout_seconds: float = 5.0,
-    ) -> None:
+    def __init__(self, url: str, node: str, token_file: str | None, insecure_tls: bool = False) -> None:
         self.url = url.rstrip("/") + "/stats/summary"
         self.cadvisor_url = url.rstrip("/") + "/metrics/cadvisor"
         self._previous_disk: dict[tuple[str, str], tuple[float, float, float]] = {}
         self.disk_error: str | None = None
         self.node = node
         self.token_file = token_file
-        self.timeout_seconds = timeout_seconds
         self.healthy = False
         self.error: str | None = "not read yet"
         self._previous_network: dict[str, tuple[float, float, float]] = {}
@@ -86,20 +91,16 @@ class KubeletStatsClient:
             if insecure_tls:
                 self._ssl = ssl._create_unverified_context()
             else:
-                self._ssl = ssl.create_default_context(cafile=ca_file if Path(ca_file).exists() else None)
+                self._ssl = ssl.create_default_context(cafile=_CA_FILE if Path(_CA_FILE).exists() else None)
 
     def _get(self, url: str, accept: str) -> bytes:
         request = urllib.request.Request(url, headers={"Accept": accept})
         if self.token_file and Path(self.token_file).exists():
             token = Path(self.token_file).read_text().strip()
             request.add_header("Authorization", f"Bearer {token}")
-        with urllib.request.urlopen(request, timeout=self.timeout_seconds, context=self._ssl) as response:
+        with urllib.request.urlopen(request, timeout=_TIMEOUT_SECONDS, context=self._ssl) as response:
             body: bytes = response.read()
         return body
-
-    def _request(self) -> dict[str, Any]:
-        payload: dict[str, Any] = json.loads(self._get(self.url, "application/json"))
-        return payload
 
     def _disk(self) -> dict[tuple[str, str], tuple[float, float]] | None:
         """cAdvisor's disk counters, or None (and one warning per new error) when they cannot be read:
@@ -118,7 +119,7 @@ class KubeletStatsClient:
     def read(self, now: float) -> list[PodStatsSample]:
         """One sample per pod on the node; [] (and `error` set) when the kubelet cannot be read."""
         try:
-            summary = self._request()
+            summary = json.loads(self._get(self.url, "application/json"))
         except (OSError, ValueError) as error:
             message = f"kubelet stats summary {self.url} unreadable: {error}"
             if self.error != message:
@@ -127,18 +128,6 @@ class KubeletStatsClient:
             return []
         self.healthy, self.error = True, None
         return self.parse(summary, now, self._disk())
-
-    def _disk_rates(
-        self, key: tuple[str, str], disk: dict[tuple[str, str], tuple[float, float]] | None, now: float
-    ) -> tuple[float | None, float | None]:
-        totals = None if disk is None else disk.get(key)
-        if totals is None:
-            return None, None
-        previous = self._previous_disk.get(key)
-        self._previous_disk[key] = (now, *totals)
-        if previous is None or now <= previous[0] or totals[0] < previous[1] or totals[1] < previous[2]:
-            return None, None  # the first reading, or a counter that went back (a container restarted)
-        return (totals[0] - previous[1]) / (now - previous[0]), (totals[1] - previous[2]) / (now - previous[0])
 
     def parse(
         self, summary: dict[str, Any], now: float, disk: dict[tuple[str, str], tuple[float, float]] | None = None
@@ -155,15 +144,9 @@ class KubeletStatsClient:
             cpu_nano = (pod.get("cpu") or {}).get("usageNanoCores")
             memory = (pod.get("memory") or {}).get("workingSetBytes")
             storage = (pod.get("ephemeral-storage") or {}).get("usedBytes")
-            rx_rate = tx_rate = None
-            totals = _network_totals(pod)
-            if totals is not None:
-                previous = self._previous_network.get(uid)
-                if previous is not None and now > previous[0] and totals[0] >= previous[1] and totals[1] >= previous[2]:
-                    rx_rate = (totals[0] - previous[1]) / (now - previous[0])
-                    tx_rate = (totals[1] - previous[2]) / (now - previous[0])
-                self._previous_network[uid] = (now, totals[0], totals[1])
-            read_rate, write_rate = self._disk_rates((namespace, name), disk, now)
+            rx_rate, tx_rate = _rates(self._previous_network, uid, _network_totals(pod), now)
+            read_rate, write_rate = _rates(self._previous_disk, (namespace, name),
+                                           None if disk is None else disk.get((namespace, name)), now)
             samples.append(
                 PodStatsSample(
                     t=now, node=self.node, namespace=namespace, pod=name, pod_uid=uid,
@@ -176,12 +159,8 @@ class KubeletStatsClient:
                     disk_write_bytes_per_second=write_rate,
                 )
             )
-        for uid in list(self._previous_network):
-            if uid not in seen:
-                del self._previous_network[uid]
+        self._previous_network = {uid: kept for uid, kept in self._previous_network.items() if uid in seen}
         names = {((p.get("podRef") or {}).get("namespace"), (p.get("podRef") or {}).get("name"))
                  for p in summary.get("pods") or []}
-        for key in list(self._previous_disk):
-            if key not in names:
-                del self._previous_disk[key]
+        self._previous_disk = {key: kept for key, kept in self._previous_disk.items() if key in names}
         return samples
