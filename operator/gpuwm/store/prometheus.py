@@ -105,29 +105,20 @@ class PrometheusStore(Store):
 
     # -- HTTP ---------------------------------------------------------------------------------
 
-    def _instant(self, query: str) -> list[dict[str, Any]]:
-        try:
-            params = {"time": repr(self.evaluation_time)} if self.evaluation_time is not None else None
-            result: list[dict[str, Any]] = self._client.custom_query(query, params=params)
-        except (PrometheusApiClientException, OSError, ValueError, OverflowError) as error:
-            raise StoreError(f"Prometheus at {self.url} failed the query {query!r}: {error}") from None
-        return result
-
-    def _instant_at(self, query: str, at: float) -> list[dict[str, Any]]:
-        try:
-            result: list[dict[str, Any]] = self._client.custom_query(query, params={"time": repr(at)})
-        except (PrometheusApiClientException, OSError, ValueError, OverflowError) as error:
-            raise StoreError(f"Prometheus at {self.url} failed the query {query!r}: {error}") from None
-        return result
+    def _instant(self, query: str, at: float | None = None) -> list[dict[str, Any]]:
+        """`query` at `at` (default: the evaluation time, or Prometheus' now)."""
+        at = self.evaluation_time if at is None else at
+        return self._ask(query, self._client.custom_query, params={"time": repr(at)} if at is not None else None)
 
     def _range(self, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        return self._ask(
+            query, self._client.custom_query_range, start_time=datetime.fromtimestamp(start, UTC),
+            end_time=datetime.fromtimestamp(end, UTC), step=repr(step),
+        )
+
+    def _ask(self, query: str, call: Callable[..., Any], **arguments: Any) -> list[dict[str, Any]]:
         try:
-            result: list[dict[str, Any]] = self._client.custom_query_range(
-                query,
-                start_time=datetime.fromtimestamp(start, UTC),
-                end_time=datetime.fromtimestamp(end, UTC),
-                step=repr(step),
-            )
+            result: list[dict[str, Any]] = call(query, **arguments)
         except (PrometheusApiClientException, OSError, ValueError, OverflowError) as error:
             raise StoreError(f"Prometheus at {self.url} failed the query {query!r}: {error}") from None
         return result
@@ -251,9 +242,6 @@ class PrometheusStore(Store):
         found = self._workloads(f"{{workload_uid={quote(uid)}}}")
         return found[0] if found else None
 
-    def runs(self) -> list[WorkloadFigures]:
-        return self._workloads("")
-
     def projects(self) -> list[ProjectFigures]:
         return self._projects("")
 
@@ -350,7 +338,7 @@ class PrometheusStore(Store):
         for metric in metrics:
             if metric not in _POD_SERIES:
                 continue
-            for item in self._instant_at(latest_by_workload_promql(_POD_SERIES[metric], window), end):
+            for item in self._instant(latest_by_workload_promql(_POD_SERIES[metric], window), end):
                 uid = item["metric"].get("workload_uid", "")
                 value = float(item["value"][1])
                 if uid in wanted and math.isfinite(value):
@@ -371,7 +359,7 @@ class PrometheusStore(Store):
             return ""
         label = "workload_uid" if query.scope == "workload" else "project"
         window = math.ceil(end - query.start) + 300
-        found = self._instant_at(
+        found = self._instant(
             f"group by (namespace, pod) (last_over_time(gpuwm_workload_pod_info{{{label}={quote(query.key)}}}"
             f"[{window}s]))",
             end,
@@ -397,9 +385,7 @@ class PrometheusStore(Store):
                 raise QueryError("by", f"{query.by!r} does not combine with pod=; use by=pod, by=gpu or leave by out")
             query = dataclasses.replace(query, by=query.by or "pod")
         if query.scope == "node" and query.by == "node":
-            query = RangeQuery(
-                query.scope, query.key, query.metrics, query.start, query.end, query.step_seconds
-            )
+            query = dataclasses.replace(query, by=None)
         grid = query.grid()
         end = grid[-1]
         narrow = self._narrowing(query, end)
@@ -412,13 +398,7 @@ class PrometheusStore(Store):
         result: list[Series] = []
         for metric in query.metrics:
             expression = promql(metric, query.scope, query.key, query.by, narrow)
-            if expression is None:
-                if query.by is None:
-                    result.append(
-                        Series(metric, scope_labels(query.scope, query.key), [(t, None) for t in grid])
-                    )
-                continue
-            answer = self._range(expression, query.start, end, query.step_seconds)
+            answer = [] if expression is None else self._range(expression, query.start, end, query.step_seconds)
             if not answer and query.by is None:
                 result.append(Series(metric, scope_labels(query.scope, query.key), [(t, None) for t in grid]))
             for item in answer:
