@@ -136,7 +136,7 @@ def _latest_of(by_metric: dict[str, Series], metric: str) -> float | None:
 
 
 def build_fleet(
-    workloads: Iterable[WorkloadFigures], recent: Sequence[Series], at: float | None, node: str | None = None
+    workloads: Iterable[WorkloadFigures], recent: Sequence[Series], node: str | None = None
 ) -> tuple[list[GpuView], dict[str, float]]:
     """Every device now (of `node` only, where given), and the stand-in units per node. Pure: the tests call
     it with figures they made."""
@@ -178,11 +178,9 @@ def build_fleet(
         if uuid in views:
             continue
         labels = next(iter(by_metric.values())).labels
-        sampled_at, utilization = _latest(by_metric["gpu_utilization_percent"].points) \
-            if "gpu_utilization_percent" in by_metric else (None, None)
-        latest_point = by_metric["gpu_utilization_percent"].points[-1][1] \
-            if "gpu_utilization_percent" in by_metric and by_metric["gpu_utilization_percent"].points else None
-
+        sm = by_metric.get("gpu_utilization_percent")
+        sampled_at, utilization = _latest(sm.points) if sm is not None else (None, None)
+        latest_point = sm.points[-1][1] if sm is not None and sm.points else None
         index = labels.get("gpu")
         views[uuid] = GpuView(
             node=labels.get("node", ""), uuid=uuid, index=int(index) if index and index.isdigit() else None,
@@ -289,7 +287,7 @@ class FleetReader:
             recent = self._recent.get(name, [])
         else:
             recent = self._store.query_range(self._query("node", name))
-        gpus, unnamed = build_fleet(self._holders.get(name, ()), recent, self.at, node=name)
+        gpus, unnamed = build_fleet(self._holders.get(name, ()), recent, node=name)
         return [gpu for gpu in gpus if gpu.node == name], unnamed.get(name)
 
     def devices(self, after: tuple[str, int, bool, str] | None = None) -> Iterator[GpuView]:

@@ -203,7 +203,7 @@ def test_stand_in_devices_are_not_gpus_of_the_fleet() -> None:
               _gpu(f"{UNNAMED_DEVICE_PREFIX}pod/c/0", workload="job", units=1.0)],
     )
     ended = holder.model_copy(update={"uid": "w2", "name": "old", "end_time": 1.0, "gpus": [_gpu("GPU-old", units=1.0)]})
-    gpus, unnamed = build_fleet([holder, ended], [], 100.0)
+    gpus, unnamed = build_fleet([holder, ended], [])
     assert [(g.uuid, g.state) for g in gpus] == [("GPU-a", "allocated-empty"), ("GPU-b", "idle-held")]
     assert unnamed == {"n1": 1.0}
     (node,) = build_nodes(gpus, unnamed)
