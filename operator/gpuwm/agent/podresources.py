@@ -16,6 +16,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from google.protobuf.message import DecodeError  # type: ignore[import-untyped]
 
@@ -82,6 +83,9 @@ class PodResourcesClient:
     def _is_gpu(self, resource_name: str) -> bool:
         return any(fnmatch.fnmatchcase(resource_name, pattern) for pattern in self.resource_names)
 
+    def _call(self, method: str, request: Any) -> bytes:
+        return self._channel.call(method, request.SerializeToString(), self.timeout_seconds, MAX_RECEIVE_BYTES)
+
     def close(self) -> None:
         """Close the kept connection (the next call opens a new one)."""
         self._channel.close()
@@ -97,10 +101,7 @@ class PodResourcesClient:
             self._fail(f"pod-resources socket {self.socket_path} not found; mount the kubelet's pod-resources directory")
             return True
         try:
-            reply = self._channel.call(
-                _LIST, api_pb2.ListPodResourcesRequest().SerializeToString(),
-                self.timeout_seconds, MAX_RECEIVE_BYTES,
-            )
+            reply = self._call(_LIST, api_pb2.ListPodResourcesRequest())
             self.list_calls += 1
             # the same answer as last time (the usual case): nothing to decode or rebuild
             if self.healthy and reply == self._list_reply and (
@@ -143,11 +144,8 @@ class PodResourcesClient:
         """Replicas per GPU from the allocatable device IDs (`GPU-x::0` ... `GPU-x::N-1`)."""
         self._allocatable_at = time.monotonic()
         try:
-            reply = self._channel.call(
-                _ALLOCATABLE, api_pb2.AllocatableResourcesRequest().SerializeToString(),
-                self.timeout_seconds, MAX_RECEIVE_BYTES,
-            )
-            response = api_pb2.AllocatableResourcesResponse.FromString(reply)
+            response = api_pb2.AllocatableResourcesResponse.FromString(
+                self._call(_ALLOCATABLE, api_pb2.AllocatableResourcesRequest()))
         except (GrpcError, DecodeError) as error:
             log.debug("pod-resources GetAllocatableResources unavailable: %s", error)
             return
