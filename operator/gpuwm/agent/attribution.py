@@ -122,11 +122,6 @@ def holder_state(
     return "idle-held" if has_processes else "allocated-empty"
 
 
-def _resolve_uuid(device_id_uuid: str, by_index: dict[str, str]) -> str:
-    """Device plugins with `deviceIDStrategy: index` name GPUs `0`, `1`, ...: map them to UUIDs."""
-    return by_index.get(device_id_uuid, device_id_uuid)
-
-
 def attribute(
     readings: Iterable[Reading],
     assignments: list[Assignment],
@@ -149,8 +144,8 @@ def attribute(
         if r.fields.get("index") is not None and r.fields.get("parent_uuid") is None
     }
     held: dict[str, list[Assignment]] = {}
-    for assignment in assignments:
-        held.setdefault(_resolve_uuid(assignment.uuid, by_index), []).append(assignment)
+    for assignment in assignments:  # device plugins with `deviceIDStrategy: index` name GPUs `0`, `1`, ...
+        held.setdefault(by_index.get(assignment.uuid, assignment.uuid), []).append(assignment)
 
     payloads: list[dict[str, Any]] = []
     found: list[tuple[list[Assignment], set[str]]] = []

@@ -54,11 +54,10 @@ class Records:
 class RecordBuffer:
     """Keeps at most `max_records` records (whole blocks are dropped oldest first)."""
 
-    def __init__(self, max_records: int, block_records: int = 512, compression_level: int = 3) -> None:
+    def __init__(self, max_records: int, block_records: int = 512) -> None:
         self.max_records = max_records
         # the open block is not dropped: keep it a small part of the bound
         self.block_records = max(1, min(block_records, max_records // 4))
-        self.compression_level = compression_level
         self._blocks: deque[_Block] = deque()
         self._open: list[bytes] = []  # the newest records, not compressed yet
         self._count = 0
@@ -85,7 +84,7 @@ class RecordBuffer:
         self.latest_seq += len(records)
         if len(self._open) >= self.block_records:
             first_seq = self.latest_seq - len(self._open) + 1
-            data = zlib.compress(b"\n".join(self._open), self.compression_level)
+            data = zlib.compress(b"\n".join(self._open), 3)  # level 3: see above
             self._blocks.append(_Block(first_seq, self.latest_seq, data))
             self._open = []
         while self._count > self.max_records and self._blocks:

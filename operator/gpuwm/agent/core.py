@@ -261,10 +261,6 @@ class Agent:
         return answer_json(head, records.samples, records.pod_stats, _DEVICES.dump_json(devices), columns=columns,
                            merge=merge, devices_tag=devices_tag)
 
-    @property
-    def latest_seq(self) -> int:
-        return self._records.latest_seq
-
     def readiness(self) -> tuple[bool, str]:
         """Ready once NVML works and a poll has completed."""
         if not self.nvml_ready:
