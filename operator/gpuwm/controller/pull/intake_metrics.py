@@ -66,14 +66,12 @@ class EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         engine = self._engine if isinstance(self._engine, Engine) else self._engine()
-        unattributed = CounterMetricFamily(
+        yield CounterMetricFamily(
             "gpuwm_controller_unattributed_samples",
             "Samples of a busy GPU whose holders' processes could not explain it (the device's figure was used).",
+            value=float(0 if engine is None else engine.unattributed_samples),
         )
-        unattributed.add_metric([], float(0 if engine is None else engine.unattributed_samples))
-        yield unattributed
-        late = CounterMetricFamily(
+        yield CounterMetricFamily(
             "gpuwm_controller_late_samples_dropped", "Samples older than the late-event window, dropped.",
+            value=float(0 if engine is None else engine.late_samples_dropped),
         )
-        late.add_metric([], float(0 if engine is None else engine.late_samples_dropped))
-        yield late
