@@ -211,7 +211,7 @@ def build_workload_status(
     idle_since = idle_since_second(figures, now, reporting_slack_seconds)
     return WorkloadMetricsStatus(
         phase=figures.phase if figures.phase in _PHASES else None,
-        requested_gpus=_round_optional(figures.requested_gpus, 4),
+        requested_gpus=_round(figures.requested_gpus, 4),
         allocated_gpus=round(figures.allocated_gpus, 4),
         gpu_model=figures.gpu_model,
         nodes=sorted(figures.nodes),
@@ -277,10 +277,6 @@ def build_project_status(figures: ProjectFigures, now: float) -> ProjectMetricsS
         energy_joules=round(figures.energy_joules, 3),
         last_update_time=rfc3339(now),
     )
-
-
-def _round_optional(value: float | None, digits: int) -> float | None:
-    return None if value is None else float(round(value, digits))
 
 
 def workload_signature(
