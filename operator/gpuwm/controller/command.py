@@ -29,7 +29,7 @@ def register(subparsers: Any) -> None:
                     "GPUWorkloadMetrics / GPUProjectMetrics status. Logs in like kopf run: in-cluster "
                     "service account, else the kubeconfig ($KUBECONFIG).",
     )
-    add_settings_arguments(parser, [name for name in FIELDS if name in Settings.model_fields])
+    add_settings_arguments(parser, FIELDS)
     parser.set_defaults(handler=run)
 
 
@@ -80,7 +80,7 @@ def run(arguments: argparse.Namespace) -> int:
     from gpuwm.controller.kopf_import import import_kopf_without_clients
 
     import_kopf_without_clients()  # first: nothing of the controller may import kopf before it
-    settings = settings_from_arguments(arguments, [name for name in FIELDS if name in Settings.model_fields])
+    settings = settings_from_arguments(arguments, FIELDS)
     check_settings(settings)
     import kopf
 
