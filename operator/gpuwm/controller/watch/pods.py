@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Collection, Container, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuwm.controller.pull import DeviceHolder
@@ -61,7 +61,6 @@ class TrackedPod:
     deletion_time: float | None = None  # metadata.deletionTimestamp: the kubelet has killed it by then
     resources: PodResources | None = None
     failure_reason: str | None = None
-    sent: tuple[Any, ...] | None = field(default=None, repr=False)
 
     @property
     def requested_units(self) -> float:
