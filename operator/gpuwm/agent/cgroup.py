@@ -66,6 +66,4 @@ class CgroupReader:
 
     def retain(self, pids: set[int]) -> None:
         """Forget PIDs no longer on any GPU (PIDs are reused)."""
-        for pid in list(self._cache):
-            if pid not in pids:
-                del self._cache[pid]
+        self._cache = {pid: reference for pid, reference in self._cache.items() if pid in pids}
