@@ -36,10 +36,6 @@ class WorkloadSink(Protocol):
     def observe_workload(self, event: WorkloadEvent) -> None: ...
 
 
-def _group_of(api_version: str) -> str:
-    return api_version.rpartition("/")[0]
-
-
 class WorkloadObjects:
     """The watched workload objects' last state sent to the engine, and the Kueue Workloads' queue states."""
 
@@ -66,7 +62,7 @@ class WorkloadObjects:
         """An event of a watched object; returns what the engine was sent (None: nothing new, or not a workload)."""
         api_version = str(body.get("apiVersion") or "")
         kind = str(body.get("kind") or "")
-        if _group_of(api_version) == KUEUE_GROUP and kind == KUEUE_WORKLOAD_KIND:
+        if api_version.rpartition("/")[0] == KUEUE_GROUP and kind == KUEUE_WORKLOAD_KIND:
             return self._on_kueue_workload(body, deleted)
         metadata = body.get("metadata") or {}
         uid = str(metadata.get("uid") or "")
@@ -82,8 +78,7 @@ class WorkloadObjects:
             self._objects.pop(uid, None)
             self._sent.pop(uid, None)
             self._kueue.pop(uid, None)
-            if event is not None:
-                self._engine().observe_workload(event)
+            self._engine().observe_workload(event)
             return event
         return self._send(event)
 
@@ -106,9 +101,7 @@ class WorkloadObjects:
         owner = self._objects.get(state.owner_uid)
         return None if owner is None else self._send(self._event(owner, False))
 
-    def _send(self, event: WorkloadEvent | None) -> WorkloadEvent | None:
-        if event is None:
-            return None
+    def _send(self, event: WorkloadEvent) -> WorkloadEvent | None:
         key = _key(event)
         if self._sent.get(event.uid) == key:
             return None  # a resync, or a change of nothing the engine reads
@@ -116,7 +109,7 @@ class WorkloadObjects:
         self._engine().observe_workload(event)
         return event
 
-    def _event(self, body: Mapping[str, Any], deleted: bool) -> WorkloadEvent | None:
+    def _event(self, body: Mapping[str, Any], deleted: bool) -> WorkloadEvent:
         metadata = body.get("metadata") or {}
         uid, kind = str(metadata["uid"]), str(body.get("kind") or "")
         reader = reader_of(kind)
