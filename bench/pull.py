@@ -1,7 +1,7 @@
 """The controller's agent pull alone: every agent's `/v1/snapshot` through `AgentPuller`, no engine, no store.
 
 What `bench/controller.py` reports as its `pull` phase, without the rest of the cycle around it:
-the HTTP client and the snapshots' parsing, columns included. The agents are
+the HTTP client, the snapshots' parsing and the columns read together. The agents are
 controller.py's (a child process on loopback, the same simulated nodes); this process's event
 loop thread is timed (`time.thread_time`), so the agents' CPU is not counted.
 

@@ -15,9 +15,9 @@ enters infinite or NaN.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy
 import numpy.typing as npt
@@ -103,6 +103,9 @@ class SampleColumns:
     numbers: dict[str, Floats]  # every NUMBER_COLUMNS name
     errors: dict[int, str]
     processes: Processes | None
+    #: `max_seq` and `in_time_order()` where they were found for many agents' rows at once (`parse_columns_many`)
+    known_max_seq: int | None = None
+    known_in_time_order: bool | None = None
     #: rows the agent sent that were dropped for a number that is not finite (see `without`)
     rejected_rows: int = 0
 
@@ -111,6 +114,8 @@ class SampleColumns:
 
     @property
     def max_seq(self) -> int:
+        if self.known_max_seq is not None:
+            return self.known_max_seq
         seq = self.numbers["seq"]
         return int(numpy.nanmax(seq)) if len(seq) and not numpy.isnan(seq).all() else 0
 
@@ -120,6 +125,8 @@ class SampleColumns:
 
     def in_time_order(self) -> bool:
         """Whether the rows are in time order already (`time_order` is then every row in place)."""
+        if self.known_in_time_order is not None:
+            return self.known_in_time_order
         return bool((self.t[1:] >= self.t[:-1]).all())
 
     def take(self, order: Ints) -> SampleColumns:
@@ -337,6 +344,7 @@ _DEVICES: dict[tuple[Any, ...], DeviceEntry] = {}
 _DEVICES_KEPT = 20_000  # a fleet with more distinct entries re-validates (as without the cache)
 #: the fast path's table rows: `gpu`, `t`, then NUMBER_COLUMNS
 _TABLE = ("gpu", "t", *NUMBER_COLUMNS)
+_TABLE_AND_HEALTHY = (*_TABLE, "healthy")
 #: each row's bounds; an open bound is the largest finite float, so the same comparisons find infinities
 _FLOAT_MAX = float(numpy.finfo(numpy.float64).max)
 _LOW = numpy.array([0.0, -_FLOAT_MAX] + [-_FLOAT_MAX if _BOUNDS[name][0] is None else _BOUNDS[name][0]
@@ -403,6 +411,122 @@ def parse_columns(payload: Mapping[str, Any]) -> SampleColumns:
     return columns.without(dropped) if dropped.any() else columns
 
 
+def parse_columns_many(payloads: Sequence[Mapping[str, Any]]) -> list[SampleColumns | ValueError]:
+    """`parse_columns` of each payload: its SampleColumns, or the ValueError it raises (naming the field and row).
+
+    A pull is a thousand small snapshots of a few dozen rows each; reading and checking each
+    one's table on its own paid numpy's fixed cost per agent. Payloads of the same
+    plain shape (the same columns present, no `errors` or `processes`, every column a list
+    of the row count) are read as one table and checked at once; each gets a view of its
+    rows. Where that table cannot be read or any check fails, each of those payloads is read
+    on its own, so a bad one is named and the others are still taken. Either way every
+    payload's result is what `parse_columns` gives it.
+    """
+    results: list[SampleColumns | ValueError | None] = [None] * len(payloads)
+    together: list[tuple[int, list[DeviceEntry], Mapping[str, Any]]] = []
+    shape: tuple[bool, ...] | None = None
+    for position, payload in enumerate(payloads):
+        raw = payload.get("columns")
+        key = _plain_shape(payload, raw)
+        if key is None or (shape is not None and key != shape):
+            results[position] = _parsed_or_error(payload)
+            continue
+        try:
+            devices = device_entries(payload["gpus"] or [])
+        except ValueError as error:
+            results[position] = error
+            continue
+        shape = key
+        together.append((position, devices, cast(Mapping[str, Any], raw)))
+    if together and shape is not None:
+        read = _read_together(together, shape)
+        for index, (position, _, _) in enumerate(together):
+            results[position] = read[index] if read is not None else _parsed_or_error(payloads[position])
+    return cast(list[SampleColumns | ValueError], results)
+
+
+def _parsed_or_error(payload: Mapping[str, Any]) -> SampleColumns | ValueError:
+    """`parse_columns`, its failure as a ValueError (saying what `parse_snapshot` says of it)."""
+    try:
+        return parse_columns(payload)
+    except ValueError as error:  # pydantic's ValidationError is one too
+        return error
+    except (TypeError, AttributeError) as error:
+        return ValueError(str(error))
+
+
+def _plain_shape(payload: Mapping[str, Any], raw: Any) -> tuple[bool, ...] | None:
+    """Which table columns (and `healthy`) a payload has, if it can be read with others; None if it cannot."""
+    if (not isinstance(raw, dict) or not isinstance(payload.get("gpus") or [], list)
+            or payload.get("errors") is not None or payload.get("processes") is not None):
+        return None
+    t = raw.get("t")
+    if type(t) is not list or not t:  # no rows: read on its own (an empty `healthy` is not booleans there)
+        return None
+    count = len(t)
+    shape = []
+    for name in _TABLE_AND_HEALTHY:
+        values = raw.get(name)
+        if values is None:
+            shape.append(False)
+        elif type(values) is list and len(values) == count:
+            shape.append(True)
+        else:
+            return None
+    return tuple(shape) if shape[0] else None  # `gpu` and `t` (present: above) in every table
+
+
+def _read_together(
+    together: list[tuple[int, list[DeviceEntry], Mapping[str, Any]]], shape: tuple[bool, ...]
+) -> list[SampleColumns] | None:
+    """One table for the payloads' rows, checked as `_table` checks each; None where anything is off."""
+    raws = [raw for _, _, raw in together]
+    counts = [len(raw["t"]) for raw in raws]
+    total = sum(counts)
+    present = [index for index in range(len(_TABLE)) if shape[index]]
+    flat: list[Any] = []
+    for index in present:
+        name = _TABLE[index]
+        for raw in raws:
+            flat += raw[name]
+    table = numpy.full((len(_TABLE), total), numpy.nan)
+    try:
+        table[present] = numpy.array(flat, dtype=numpy.float64).reshape(len(present), total)
+    except (TypeError, ValueError):
+        return None
+    healthy: npt.NDArray[numpy.bool_] = numpy.ones(total, dtype=numpy.bool_)
+    if shape[-1]:
+        flags: list[Any] = []
+        for raw in raws:
+            flags += raw["healthy"]
+        given = numpy.array(flags)
+        if given.dtype != numpy.bool_:
+            return None
+        healthy = given
+    if _wrong(table, numpy.repeat([len(devices) for _, devices, _ in together], counts)):
+        return None
+    gpu, t, seq = table[0], table[1], table[2]
+    gpu_indexes = gpu.astype(numpy.int64)
+    sizes: Ints = numpy.asarray(counts, dtype=numpy.int64)
+    ends: Ints = numpy.cumsum(sizes)
+    starts: Ints = ends - sizes
+    # per payload: its highest seq (fmax skips NaN: no seq; all NaN gives NaN, read as 0) and whether its times
+    # never go back (each payload has rows: see `_plain_shape`)
+    highest = numpy.fmax.reduceat(seq, starts)
+    max_seqs = numpy.where(numpy.isnan(highest), 0.0, highest).astype(numpy.int64).tolist()
+    back = numpy.zeros(total, dtype=numpy.int64)
+    back[1:] = t[1:] < t[:-1]
+    back[starts] = 0  # a payload's first row follows the row of the one before it
+    ordered = (numpy.add.reduceat(back, starts) == 0).tolist()
+    parts = []
+    for position, (_, devices, _) in enumerate(together):
+        low, high = int(starts[position]), int(ends[position])
+        numbers = {name: table[index, low:high] for index, name in enumerate(NUMBER_COLUMNS, start=2)}
+        parts.append(SampleColumns(devices, gpu_indexes[low:high], t[low:high], healthy[low:high], numbers, {}, None,
+                                   max_seqs[position], ordered[position]))
+    return parts
+
+
 def _table(raw: Mapping[str, Any], count: int, devices: int) -> Floats | None:
     """`gpu`, `t` and the number columns as one float table (NaN for null), or None if anything is off."""
     present = [index for index, name in enumerate(_TABLE) if raw.get(name) is not None]
@@ -417,10 +541,10 @@ def _table(raw: Mapping[str, Any], count: int, devices: int) -> Floats | None:
     return None if _wrong(table, devices) else table
 
 
-def _wrong(table: Floats, devices: int) -> bool:
+def _wrong(table: Floats, devices: int | Ints) -> bool:
     """Whether a table of `_TABLE` rows breaks GpuSample's bounds: a number out of range or infinite (a row to
     drop: `parse_columns` finds it; see `_LOW` and `_HIGH`), a time that is not finite, a `gpu` that is not an
-    entry of its `gpus` (`devices`: their count), a fractional seq."""
+    entry of its `gpus` (`devices`: their count, or each row's), a fractional seq."""
     with numpy.errstate(invalid="ignore"):
         gpu, t, seq = table[0], table[1], table[2]
         return bool(

@@ -219,7 +219,7 @@ def test_device_entries_hold_the_agents_device_fields_in_order() -> None:
 
 
 def _plain_body(rng: random.Random, node: str, rows: int, seq_from: int) -> dict[str, Any]:
-    """A snapshot's JSON with no processes or errors."""
+    """A snapshot's JSON with no processes or errors (what `parse_columns_many` reads together with others)."""
     samples = []
     for row in range(rows):
         uuid = f"GPU-{node}-{row % 3}"
@@ -277,77 +277,56 @@ _BREAKS: list[Any] = [
 ]
 
 
-def _parsed(page: dict[str, Any]) -> Any:
-    """`parse_columns` of a page: its SampleColumns, or its failure as a ValueError."""
-    from gpuwm.feed.decode import parse_columns
-
-    try:
-        return parse_columns(page)
-    except (ValueError, TypeError, AttributeError) as error:
-        return ValueError(str(error))
-
-
 @pytest.mark.parametrize("seed", range(12))
-def test_a_snapshot_holds_what_parse_columns_reads_of_its_page(seed: int) -> None:
-    """`parse_snapshot` (what the puller reads each answer with): the same SampleColumns as `parse_columns` of its
-    page, or a ValueError naming the node and saying the same, whatever mix of plain pages, pages with processes or
-    errors, empty or malformed it is given."""
+def test_pages_read_together_equal_each_read_on_its_own(seed: int) -> None:
+    """`parse_columns_many`: the same SampleColumns (or the same error) as `parse_columns` of each page, whatever
+    mix of plain pages, pages of another shape, with processes or errors, empty or malformed it is given; a bad
+    page fails alone."""
+    from gpuwm.feed.decode import parse_columns, parse_columns_many
+
     rng = random.Random(seed)
     pages = [_plain_body(rng, f"n{index}", rng.choice([1, 3, 9, 24]), 1 + 100 * index) for index in range(30)]
     for index in rng.sample(range(30), rng.randint(0, 4)):
         rng.choice(_BREAKS)(pages[index])
-    for index in rng.sample(range(30), 2):  # a page with processes and errors
+    for index in rng.sample(range(30), 2):  # a page with processes and errors: read on its own
         pages[index] = orjson.loads(_snapshot_bytes([_random_sample(rng, 5.0, 1, "GPU-1")]))
+    expected: list[Any] = []
     for page in pages:
-        expected, node = _parsed(page), page["node"]
         try:
-            ours: Any = parse_snapshot(page, node).columns
-        except ValueError as error:
-            assert isinstance(expected, ValueError)
-            assert str(error) == f"agent for node {node!r} sent a malformed snapshot: {expected}"
-            continue
-        _same_parse(ours, expected)
+            expected.append(parse_columns(page))
+        except (ValueError, TypeError, AttributeError) as error:
+            expected.append(ValueError(str(error)))
+    got = parse_columns_many(pages)
+    assert len(got) == len(pages)
+    for ours, theirs in zip(got, expected, strict=True):
+        _same_parse(ours, theirs)
 
 
 @pytest.mark.parametrize("index", range(len(_BREAKS)))
-async def test_each_kind_of_bad_page_among_good_ones_fails_alone(index: int, caplog: pytest.LogCaptureFixture) -> None:
-    """A pull of five agents, one of which answers a broken page: the others are answered with the columns
-    `parse_columns` reads of their pages; the broken one fails alone (its `since` kept) where its page does not
-    read, and is answered like the others where it does."""
+def test_each_kind_of_bad_page_among_good_ones_fails_alone(index: int) -> None:
+    from gpuwm.feed.decode import SampleColumns, parse_columns, parse_columns_many
+
     rng = random.Random(index)
-    nodes = [f"n{number}" for number in range(5)]
-    pages = {node: _plain_body(rng, node, 6, 1 + 10 * number) for number, node in enumerate(nodes)}
-    _BREAKS[index](pages["n2"])
-
-    async def handle(request: web.Request) -> web.Response:
-        return web.Response(body=orjson.dumps(pages[request.match_info["node"]]), content_type="application/json")
-
-    app = web.Application()
-    app.router.add_get("/{node}/v1/snapshot", handle)
-    puller = AgentPuller(timeout_seconds=3, max_concurrency=2)
-    async with serving(app) as url:
+    pages = [_plain_body(rng, f"n{number}", 6, 1 + 10 * number) for number in range(5)]
+    _BREAKS[index](pages[2])
+    got = parse_columns_many(pages)
+    assert all(isinstance(got[number], SampleColumns) for number in (0, 1, 3, 4))
+    for ours, page in zip(got, pages, strict=True):
         try:
-            result = await puller.pull_all({node: f"{url}/{node}" for node in nodes})
-        finally:
-            await puller.close()
-    got = {snapshot.node: snapshot.columns for snapshot in result.snapshots}
-    bad = isinstance(_parsed(pages["n2"]), ValueError)
-    assert result.failed_nodes == (["n2"] if bad else [])
-    assert sorted(got) == [node for node in nodes if not (bad and node == "n2")]
-    for node, columns in got.items():
-        _same_parse(columns, _parsed(pages[node]))
-    if bad:
-        assert puller.positions()["n2"]["since"] == 0
-        assert any("n2" in record.getMessage() and "malformed snapshot" in record.getMessage()
-                   for record in caplog.records)
+            theirs: Any = parse_columns(page)
+        except (ValueError, TypeError, AttributeError) as error:
+            theirs = ValueError(str(error))
+        _same_parse(ours, theirs)
 
 
-async def test_a_slow_agent_holds_only_its_own_connection_slot_and_a_bad_agent_fails_alone(
-    caplog: pytest.LogCaptureFixture,
+async def test_a_pull_reads_columns_outside_its_connection_slot_and_a_bad_agent_fails_alone(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """With 2 slots, an agent that answers only once every other agent was asked is still answered in time (its
-    slot is held, the other serves the rest); a malformed agent fails alone, its `since` kept; the others'
-    samples reach the intake."""
+    """Pages wait to be read with other agents' outside the puller's connection slots: with 2 slots, an agent
+    that answers only once every other agent was asked is still answered in time; a malformed agent fails alone,
+    its `since` kept; the others' samples reach the intake (also when every page is read as soon as it waits)."""
+    from gpuwm.feed.decode import ColumnBatch
+
     rng = random.Random(5)
     nodes = [f"n{index}" for index in range(6)]
     bodies = {node: _plain_body(rng, node, 6, 1) for node in nodes}
@@ -366,21 +345,26 @@ async def test_a_slow_agent_holds_only_its_own_connection_slot_and_a_bad_agent_f
 
     app = web.Application()
     app.router.add_get("/{node}/v1/snapshot", handle)
-    puller = AgentPuller(timeout_seconds=3, max_concurrency=2)
-    intake = SampleIntake(Engine(EngineConfig()))
-    async with serving(app) as url:
-        try:
-            result = await asyncio.wait_for(  # a pull stuck on its slow agent fails here, not hangs
-                puller.pull_all({node: f"{url}/{node}" for node in nodes}, on_snapshot=intake.take), 20)
-        finally:
-            await puller.close()
-    intake.flush()
-    assert result.failed_nodes == ["n3"]
-    assert sorted(snapshot.node for snapshot in result.snapshots) == [node for node in nodes if node != "n3"]
-    assert intake.samples == 5 * 6
-    assert puller.positions()["n3"]["since"] == 0 and puller.positions()["n0"]["since"] == 6
-    assert any("agent for node 'n3' sent a malformed snapshot: column 'sm_percent' row 0: 250 is above 100"
-               in record.getMessage() for record in caplog.records)
+    for batch_rows in (ColumnBatch.BATCH_ROWS, 1):
+        monkeypatch.setattr(ColumnBatch, "BATCH_ROWS", batch_rows)
+        asked.clear()
+        everyone_asked.clear()
+        caplog.clear()
+        puller = AgentPuller(timeout_seconds=3, max_concurrency=2)
+        intake = SampleIntake(Engine(EngineConfig()))
+        async with serving(app) as url:
+            try:
+                result = await asyncio.wait_for(  # a pull stuck on its own batch fails here, not hangs
+                    puller.pull_all({node: f"{url}/{node}" for node in nodes}, on_snapshot=intake.take), 20)
+            finally:
+                await puller.close()
+        intake.flush()
+        assert result.failed_nodes == ["n3"]
+        assert sorted(snapshot.node for snapshot in result.snapshots) == [node for node in nodes if node != "n3"]
+        assert intake.samples == 5 * 6
+        assert puller.positions()["n3"]["since"] == 0 and puller.positions()["n0"]["since"] == 6
+        assert any("agent for node 'n3' sent a malformed snapshot: column 'sm_percent' row 0: 250 is above 100"
+                   in record.getMessage() for record in caplog.records)
 
 
 async def test_a_pull_asks_at_most_max_concurrency_agents_at_once_and_times_each_from_when_it_is_sent() -> None:

@@ -22,7 +22,7 @@ from gpuwm.feed.decode import (
     SampleColumns,
     Snapshot,
     WrongNodeError,
-    parse_columns,
+    parse_columns_many,
     parse_snapshot,
 )
 
@@ -215,12 +215,13 @@ def test_the_collector_reads_the_current_puller() -> None:
     assert 'gpuwm_controller_rejected_snapshots_total{reason="wrong-node"} 0.0' in generate_latest(registry).decode()
 
 
-def test_a_page_drops_only_its_rows_that_are_not_finite() -> None:
-    # one infinite value drops its row from its own page and leaves the other pages as they were
+def test_pages_read_together_drop_only_the_rows_that_are_not_finite() -> None:
+    # plain pages (no processes, no errors) are read as one table; one infinite value sends its page to be read
+    # alone, where its row is dropped, and leaves the others as they were
     plain = [_sample(seq) for seq in range(1, 5)]
     pages = [dict(_body(plain, columns=True)) for _ in range(3)]
     pages[1] = orjson.loads(orjson.dumps(pages[1]))
     pages[1]["columns"]["power_watts"] = [100.0, math.inf, 100.0, 100.0]
-    results = [parse_columns(page) for page in pages]
+    results = parse_columns_many(pages)
     assert [len(result) for result in results if isinstance(result, SampleColumns)] == [4, 3, 4]
     assert [result.rejected_rows for result in results if isinstance(result, SampleColumns)] == [0, 1, 0]

@@ -29,6 +29,7 @@ from gpuwm import __version__
 from gpuwm.feed import DEVICES_TAG_MAX_LENGTH, MergeRequest
 from gpuwm.feed.decode import (
     COLUMNS_FORMAT,
+    ColumnBatch,
     DeviceHolder,
     FormatError,
     HolderCache,
@@ -235,11 +236,12 @@ class AgentPuller:
         for gone in self._known_devices.keys() - agents.keys():
             del self._known_devices[gone]
         answered: dict[str, Snapshot] = {}
+        batch = ColumnBatch(len(nodes))
         queue = iter(nodes)
 
         async def worker() -> None:
             for node in queue:  # the next agent not yet asked, in node order
-                await self._pull(node, agents[node], answered, on_snapshot)
+                await self._pull(node, agents[node], batch, answered, on_snapshot)
 
         # a worker is a connection slot: each agent's request starts its timeout only once it is sent
         await asyncio.gather(*(worker() for _ in range(min(self._max_concurrency, len(nodes)))))
@@ -247,27 +249,45 @@ class AgentPuller:
                           [node for node in nodes if node not in answered])
 
     async def _pull(
-        self, node: str, base_url: str, answered: dict[str, Snapshot], on_snapshot: Callable[[Snapshot], None] | None,
+        self, node: str, base_url: str, batch: ColumnBatch, answered: dict[str, Snapshot],
+        on_snapshot: Callable[[Snapshot], None] | None,
     ) -> None:
-        """Fetch and read one agent's pages (in a worker's slot), then `_took` puts its snapshot in `answered`. An
-        agent that fails (a page malformed included) is left out of `answered`."""
+        """Fetch one agent's pages (in a worker's slot); its columns are read with other agents' (`batch`), after
+        which `_took` puts its snapshot in `answered`. An agent that fails is left out of `answered`."""
         state = self.state.setdefault(node, AgentState())
+        handed_over = False
         try:
-            snapshot = await self._fetch(node, base_url, state.since)
-            restarted = snapshot.seq < state.since or (
-                state.agent_id is not None and snapshot.agent_id is not None and snapshot.agent_id != state.agent_id
-            )
-            if restarted:  # its sequence began again: read it from the start
-                logger.info("agent on %s restarted (seq %d, was %d); reading it from the start",
-                            node, snapshot.seq, state.since, extra={"node": node})
-                snapshot = await self._fetch(node, base_url, 0)
-            pages = 1
-            while snapshot.more and pages < MAX_PAGES_PER_PULL:  # the agent pages large backlogs
-                snapshot, pages = snapshot.extend(await self._fetch(node, base_url, snapshot.seq)), pages + 1
-        except (TimeoutError, AgentHttpError, OSError, ValueError) as error:
-            self._failed(node, base_url, error)
-            return
-        self._took(node, base_url, snapshot, answered, on_snapshot)
+            try:
+                snapshot = await self._fetch(node, base_url, state.since)
+                restarted = snapshot.seq < state.since or (
+                    state.agent_id is not None and snapshot.agent_id is not None
+                    and snapshot.agent_id != state.agent_id
+                )
+                if restarted:  # its sequence began again: read it from the start
+                    logger.info("agent on %s restarted (seq %d, was %d); reading it from the start",
+                                node, snapshot.seq, state.since, extra={"node": node})
+                    snapshot = await self._fetch(node, base_url, 0)
+                pages = 1
+                while snapshot.more and pages < MAX_PAGES_PER_PULL:  # the agent pages large backlogs
+                    snapshot, pages = snapshot.extend(await self._fetch(node, base_url, snapshot.seq)), pages + 1
+            except (TimeoutError, AgentHttpError, OSError, ValueError) as error:
+                self._failed(node, base_url, error)
+                return
+            if not snapshot.pending_columns:
+                self._took(node, base_url, snapshot, answered, on_snapshot)
+                return
+
+            def read(error: ValueError | None) -> None:
+                if error is None:
+                    self._took(node, base_url, snapshot, answered, on_snapshot)
+                else:
+                    self._failed(node, base_url, error)
+
+            handed_over = True  # read with other agents' pages, outside the connection slots
+            batch.add(node, snapshot, read)
+        finally:
+            if not handed_over:
+                batch.stopped()
 
     def _took(
         self, node: str, base_url: str, snapshot: Snapshot, answered: dict[str, Snapshot],
@@ -324,7 +344,7 @@ class AgentPuller:
         status, payload = await self.get(base_url, f"/v1/snapshot?since={since}{tail}{tag}")
         if status != 200:
             raise ValueError(f"HTTP {status} from {base_url}/v1/snapshot")
-        snapshot = parse_snapshot(payload, node, self._holder_cache, known=known)
+        snapshot = parse_snapshot(payload, node, self._holder_cache, defer_columns=True, known=known)
         if (snapshot.devices_tag is not None and snapshot.device_entries is not None
                 and len(snapshot.devices_tag) <= DEVICES_TAG_MAX_LENGTH):
             if known is None or known.tag != snapshot.devices_tag:
