@@ -385,7 +385,8 @@ class PrometheusStore(Store):
                 raise QueryError("by", f"{query.by!r} does not combine with pod=; use by=pod, by=gpu or leave by out")
             query = dataclasses.replace(query, by=query.by or "pod")
         if query.scope == "node" and query.by == "node":
-            query = dataclasses.replace(query, by=None)
+            # by=node of one node is its own series; the query without its breakdown, pods or steps asked for
+            query = RangeQuery(query.scope, query.key, query.metrics, query.start, query.end, query.step_seconds)
         grid = query.grid()
         end = grid[-1]
         narrow = self._narrowing(query, end)
