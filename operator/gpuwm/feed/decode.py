@@ -363,9 +363,9 @@ def _tagged_devices(
 class ColumnBatch:
     """Agents' `format=columns` pages read together (`parse_columns_many`), not one agent at a time.
 
-    A fast twin of reading each answer whole as it arrives (`parse_snapshot`): at 1,000 agents it saves
-    ~0.26 CPU-s of each 15 s pull, a tenth of the controller's cycle (bench/README.md, "Issue 36,
-    thirteenth session"); the seeded tests in test_columns_feed.py hold the two to the same columns.
+    A fast twin of reading each answer whole as it arrives (`parse_snapshot`), kept for what it saves of
+    the controller's pull at 1,000 agents (bench/README.md, "Issue 36, thirteenth session"); the seeded
+    tests in test_columns_feed.py hold the two to the same columns.
 
     A pull hands its snapshot over once all its pages are in (`add`), with what to do once they
     are read. The waiting pages are read when they reach `BATCH_ROWS` rows, or when no other pull
