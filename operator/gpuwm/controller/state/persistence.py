@@ -82,8 +82,8 @@ LINES_KEY = "$lines"
 def encode_state(state: dict[str, Any]) -> bytes:
     """The state as JSON bytes, in one piece (small states and tests; saving streams instead).
 
-    orjson encodes the state several times faster than `json.dumps` (bench/README.md); non-string keys become strings as `json.dumps` makes them, so `load_state`
-    reads back what it always did. Raw columns (`RawDoubles`) go in as base64 text.
+    orjson, not `json.dumps`, for its speed (bench/README.md); non-string keys become strings as `json.dumps`
+    makes them, so `load_state` reads back what it always did. Raw columns (`RawDoubles`) go in as base64 text.
     """
     return orjson.dumps({"version": STATE_VERSION, **state}, default=_entries, option=_OPTIONS)
 
@@ -254,11 +254,7 @@ def commit_state(staged: Path, path: Path) -> None:
     where links are not possible the old file is simply replaced.
     """
     try:
-        descriptor = os.open(staged, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
+        _fsync(staged)
         swap = path.with_name(path.name + ".swap")
         swap.unlink(missing_ok=True)  # left by a controller killed in the middle of this
         try:
@@ -269,16 +265,15 @@ def commit_state(staged: Path, path: Path) -> None:
         os.replace(staged, path)
         if kept:
             os.replace(swap, previous_path(path))
-        sync_directory(path.parent)
+        # a rename is in the folder's entries: until they reach the disk a power cut can bring back the old name
+        _fsync(path.parent, getattr(os, "O_DIRECTORY", 0))
     except BaseException:
         staged.unlink(missing_ok=True)
         raise
 
 
-def sync_directory(folder: Path) -> None:
-    """fsync a folder: a rename is in its entries, so until they reach the disk a power cut can bring back
-    the old name (or no file at all), however well the file itself was synced."""
-    descriptor = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+def _fsync(path: Path, flags: int = 0) -> None:
+    descriptor = os.open(path, os.O_RDONLY | flags)
     try:
         os.fsync(descriptor)
     finally:
@@ -353,12 +348,8 @@ class _StateFile:
 
     def column(self, reference: Any) -> bytes:
         """The bytes a `{"$raw": [offset, length]}` names, read from the file (not all columns in memory at once)."""
-        if (not isinstance(reference, list) or len(reference) != 2
-                or not all(isinstance(number, int) and number >= 0 for number in reference)
-                or self.columns_start + reference[0] + reference[1] > self.columns_end):
-            raise ValueError(f"a raw column reference {reference!r} is not within the "
-                             f"{self.columns_end - self.columns_start} raw bytes")
-        return self.read(self.columns_start + reference[0], reference[1])
+        offset, length = _raw_range(reference, self.columns_end - self.columns_start)
+        return self.read(self.columns_start + offset, length)
 
     def __del__(self) -> None:
         with contextlib.suppress(OSError):
@@ -368,11 +359,9 @@ class _StateFile:
 class SavedLines(Sequence[Any]):
     """A section of a state file: its entries, each parsed when read (see `encode_state_chunks`).
 
-    Restoring from a whole parsed document held all its small objects (dicts, strings, floats,
-    millions at 8,000 GPUs) until the end; the engine's objects were then spread among them, and
-    the memory they left could not go back (more RSS after a restart than a controller that never
-    stopped, bench/README.md). Read an entry at a time, an entry's objects reuse the last one's
-    memory. `consume()` reads each entry once and lets the section's bytes go after the last.
+    A whole parsed document holds all its small objects until the end; the engine's objects are
+    then spread among them, and the memory they leave cannot go back (bench/README.md). Read an
+    entry at a time, an entry's objects reuse the last one's memory. `consume()` reads each entry once and lets the section's bytes go after the last.
     Strings are the interpreter's one copy (`sys.intern`): the same node, namespace or UUID,
     repeated in many entries, is kept once, as the live controller keeps it.
     """
@@ -521,12 +510,18 @@ def _split_raw(data: bytes) -> tuple[bytes, memoryview | None]:
 
 def _resolve_raw(document: Any, raw: memoryview) -> None:
     """Replace each `{"$raw": [offset, length]}` in the loaded JSON with those bytes of `raw` (a view, no copy)."""
-    _replace_references(document, {RAW_KEY: lambda reference: _raw_slice(raw, reference)})
+
+    def column(reference: Any) -> memoryview:
+        offset, length = _raw_range(reference, len(raw))
+        return raw[offset: offset + length]
+
+    _replace_references(document, {RAW_KEY: column})
 
 
-def _raw_slice(raw: memoryview, reference: Any) -> memoryview:
+def _raw_range(reference: Any, size: int) -> tuple[int, int]:
+    """(offset, length) of a raw column reference, checked to lie within `size` raw bytes; ValueError if not."""
     if (not isinstance(reference, list) or len(reference) != 2
             or not all(isinstance(number, int) and number >= 0 for number in reference)
-            or reference[0] + reference[1] > len(raw)):
-        raise ValueError(f"a raw column reference {reference!r} is not within the {len(raw)} raw bytes")
-    return raw[reference[0]: reference[0] + reference[1]]
+            or reference[0] + reference[1] > size):
+        raise ValueError(f"a raw column reference {reference!r} is not within the {size} raw bytes")
+    return reference[0], reference[1]
