@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpuwm.controller.watch.owners import controller_reference
@@ -115,15 +115,6 @@ def _conditions(obj: Mapping[str, Any]) -> dict[str, str]:
         if isinstance(condition, Mapping) and condition.get("type"):
             found[str(condition["type"])] = str(condition.get("status"))
     return found
-
-
-def _finished_by_conditions(obj: Mapping[str, Any], succeeded: Sequence[str], failed: Sequence[str]) -> Finished:
-    conditions = _conditions(obj)
-    if any(conditions.get(name) == "True" for name in failed):
-        return "Failed"
-    if any(conditions.get(name) == "True" for name in succeeded):
-        return "Succeeded"
-    return None
 
 
 def failure_message(obj: Mapping[str, Any]) -> str | None:
@@ -273,13 +264,19 @@ class KindReader:
     templates: Callable[[Mapping[str, Any]], Templates]
     suspended: Callable[[Mapping[str, Any]], bool] = _not_suspended
     finished: Callable[[Mapping[str, Any]], Finished] = _never
-    #: the field paths, for the documentation and the controller's log
-    fields: Mapping[str, str] = field(default_factory=dict)
 
 
 def _conditions_reader(succeeded: Sequence[str], failed: Sequence[str]) -> Callable[[Mapping[str, Any]], Finished]:
+    """Finished when one of the `failed` conditions is True (that first), else one of the `succeeded`."""
+
     def finished(obj: Mapping[str, Any]) -> Finished:
-        return _finished_by_conditions(obj, succeeded, failed)
+        conditions = _conditions(obj)
+        if any(conditions.get(name) == "True" for name in failed):
+            return "Failed"
+        if any(conditions.get(name) == "True" for name in succeeded):
+            return "Succeeded"
+        return None
+
     return finished
 
 
