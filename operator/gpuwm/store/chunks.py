@@ -157,6 +157,15 @@ class ChunkWriter:
             ],
         )
 
+    def _store_whole(self, span: TierSpan, start: int, series_ids: Sequence[int], values: IntArray) -> None:
+        """The whole chunk of a coarse span from `start`, in place of its pieces (the chunks starting inside it)."""
+        placeholders = ",".join("?" * len(series_ids))
+        self.connection.execute(
+            f"DELETE FROM chunks WHERE tier = ? AND start > ? AND start < ? AND series_id IN ({placeholders})",
+            (span.step, start, start + span.span_seconds, *series_ids),
+        )
+        self._store(span, start, series_ids, values)
+
     def write_fine(self, series_ids: Sequence[int], start: int, values: IntArray, complete_until: float) -> None:
         """Overlay [S, M, n] points of the finest tier from `start` (a span start; n a whole number of
         spans), then roll the complete buckets up into every coarser tier.
@@ -199,13 +208,7 @@ class ChunkWriter:
                     if target is None:
                         target = np.full((len(series_ids), METRIC_COUNT, span.points), MISSING, dtype=np.int64)
                     _overlay(target, coarse_start, coarse, start, span.step)
-                    placeholders = ",".join("?" * len(series_ids))
-                    self.connection.execute(
-                        f"DELETE FROM chunks WHERE tier = ? AND start > ? AND start < ? "
-                        f"AND series_id IN ({placeholders})",
-                        (span.step, coarse_start, coarse_end, *series_ids),
-                    )
-                    self._store(span, coarse_start, series_ids, target)
+                    self._store_whole(span, coarse_start, series_ids, target)
                     continue
                 piece_points = fine.span_seconds // span.step
                 for piece_start in range(max(start, coarse_start), min(end, coarse_end), fine.span_seconds):
@@ -216,12 +219,10 @@ class ChunkWriter:
                     self._store(span, piece_start, series_ids, found)
         sweep_payloads(self.connection)  # the bytes of replaced chunks and merged pieces no chunk names now
 
-    def merge_ended_pieces(self, until: int) -> int:
+    def merge_ended_pieces(self, until: int) -> None:
         """Merge the pieces of coarse spans that ended by `until` into whole chunks: those of series with
         no point in the fine span that ended the coarse span (a workload that ended before), which
-        `write_fine` never saw then. Pieces have payload ids below zero (`chunks_pieces` finds them).
-        Returns how many (series, span) chunks were merged."""
-        merged = 0
+        `write_fine` never saw then. Pieces have payload ids below zero (`chunks_pieces` finds them)."""
         for span in self.spans[1:]:
             cut = until // span.span_seconds * span.span_seconds
             rows = self.connection.execute(
@@ -236,21 +237,12 @@ class ChunkWriter:
                 for offset in range(0, len(ordered), BLOCK):
                     series_ids = ordered[offset : offset + BLOCK]
                     target, _ = self._gather(span, series_ids, coarse_start, span.points)
-                    if target is None:
-                        continue
-                    placeholders = ",".join("?" * len(series_ids))
-                    self.connection.execute(
-                        f"DELETE FROM chunks WHERE tier = ? AND start > ? AND start < ? "
-                        f"AND series_id IN ({placeholders})",
-                        (span.step, coarse_start, coarse_start + span.span_seconds, *series_ids),
-                    )
-                    self._store(span, coarse_start, series_ids, target)
-                    merged += len(series_ids)
+                    if target is not None:
+                        self._store_whole(span, coarse_start, series_ids, target)
         sweep_payloads(self.connection)
-        return merged
 
-    def compact_block(self, block: int, until: int) -> int:
-        """Copy the head rows of `block` before `until` into chunks; returns how many head rows it read.
+    def compact_block(self, block: int, until: int) -> None:
+        """Copy the head rows of `block` before `until` into chunks.
 
         The rows stay in the head until the round is over (`EmbeddedStore._drop_head_before`): readers
         take a series' chunk over its head rows where both cover a time (`sqlite_read`)."""
@@ -258,13 +250,12 @@ class ChunkWriter:
             "SELECT t, data FROM head WHERE block = ? AND t < ? ORDER BY t", (block, until)
         ).fetchall()
         if not rows:
-            return 0
+            return
         fine = self.spans[0]
         series_ids = list(range(block * BLOCK, (block + 1) * BLOCK))
         by_chunk: dict[int, list[tuple[int, bytes]]] = {}
         for t, data in rows:
             by_chunk.setdefault(int(t) // fine.span_seconds * fine.span_seconds, []).append((int(t), data))
-        moved = len(rows)
         del rows  # each span's head rows (an hour's: 240 a block) go once decoded
         for start in sorted(by_chunk):
             values = np.full((BLOCK, METRIC_COUNT, fine.points), MISSING, dtype=np.int64)
@@ -275,7 +266,6 @@ class ChunkWriter:
             if chosen:  # every series (the usual case): the block's points as they are, not a copy
                 self.write_fine([series_ids[index] for index in chosen], start,
                                 values if len(chosen) == BLOCK else values[chosen], until)
-        return moved
 
     def apply_retention(self, latest: float) -> None:
         """Drop the chunks each tier no longer keeps (whole chunks only), series by series through the

@@ -68,7 +68,7 @@ def test_a_failed_slice_leaves_its_blocks_to_the_next_one(tmp_path: Path, monkey
         calls = 0
         real_compact_block = store._chunks.compact_block
 
-        def fail_second(block: int, until: int) -> int:  # the first block goes into the file, then it fails
+        def fail_second(block: int, until: int) -> None:  # the first block goes into the file, then it fails
             nonlocal calls
             calls += 1
             if calls == 2:
