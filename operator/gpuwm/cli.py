@@ -27,7 +27,7 @@ _VERB_MODULES = {
 
 def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     """The parser of every verb, or of `verb` alone: then only its module is imported. A verb module
-    imports what its verb runs at the top (the controller's kopf and aiohttp, 16 MiB), and the agent on
+    imports what its verb runs at the top (the controller's kopf and aiohttp), and the agent on
     every GPU node should not carry the controller's."""
     parser = argparse.ArgumentParser(prog="gpuwm", description="GPU workload metrics for Kubernetes.")
     subparsers = parser.add_subparsers(dest="verb", metavar="VERB")

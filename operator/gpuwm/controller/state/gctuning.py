@@ -16,14 +16,13 @@ GC_THRESHOLDS = (250_000, 20, 100)
 def tune_garbage_collector() -> None:
     """Make cyclic garbage collection cheap for a process holding a large, long-lived engine state.
 
-    Each cycle creates ~10^5 objects that live for the cycle (samples, figures, store rows) on top
+    Each cycle creates many objects that live for the cycle (samples, figures, store rows) on top
     of the engine's long-lived state. With CPython's default thresholds young collections run every
     700 allocations, promote the cycle's objects and keep triggering full collections that rescan
-    the whole state, a large share of the store's row building (bench/README.md). Objects alive now
-    (modules, restored state) are moved out of the collector's view (`gc.freeze`), and collections
-    run after 250,000 allocations instead of 700 (the controller collects the young generation at
-    each cycle's end: `collect_cycle_garbage`). Almost all garbage here is freed by reference
-    counting anyway; cycles are still collected, later.
+    the whole state (bench/README.md). Objects alive now (modules, restored state) are moved out of
+    the collector's view (`gc.freeze`), and collections run after `GC_THRESHOLDS[0]` allocations
+    (the controller collects the young generation at each cycle's end: `collect_cycle_garbage`).
+    Almost all garbage here is freed by reference counting anyway; cycles are still collected, later.
     """
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
@@ -32,11 +31,10 @@ def tune_garbage_collector() -> None:
 def collect_cycle_garbage() -> int:
     """Collect the youngest generation once a status cycle's objects are gone; how many objects it freed.
 
-    A cycle's ~10^5 short-lived objects (figures, rows, samples) are freed by reference counting
-    when it ends. With 50,000 as the young threshold a collection ran in the middle of each cycle
-    and scanned them all while they were alive (~0.02-0.05 CPU-s); the threshold is now above
-    what one cycle holds at once, and this collection at its end scans only what outlived it
-    (the next cycle's offers and latest samples, ~10^4 objects). Cyclic garbage lives one cycle.
+    A cycle's short-lived objects (figures, rows, samples) are freed by reference counting when it
+    ends. The young threshold is above what one cycle holds at once, so no collection scans them
+    while they are alive; this one, at the cycle's end, scans only what outlived it (the next
+    cycle's offers and latest samples). Cyclic garbage lives one cycle.
     """
     return gc.collect(0)
 

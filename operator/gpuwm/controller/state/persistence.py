@@ -154,7 +154,7 @@ def _chunks(value: Any, depth: int, default: Callable[[Any], Any] = _entries, li
 
 
 def encode_state_chunks(state: dict[str, Any]) -> Iterator[bytes | memoryview]:
-    """The state streamed in pieces: a 100 MB state never sits in memory, encoded, in one piece.
+    """The state streamed in pieces: a large state never sits in memory, encoded, in one piece.
 
     Without lazy lists (`LazyEntries`) nor raw columns the pieces are exactly `encode_state`'s JSON.
     Otherwise, after the JSON and a newline (see `SECTIONS_MAGIC`):

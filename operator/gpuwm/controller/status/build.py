@@ -333,7 +333,7 @@ def project_counters(figures: ProjectFigures) -> tuple[float, ...]:
 
 def _rounded_windows(windows: Windows) -> tuple[float, ...]:
     """Each window (in field order) to 0.01 %, -1 for none: read off the model's values, no model dump per CR."""
-    values = windows.__dict__  # a model's field values: plain reads, no genexpr frame per CR (4,000 a cycle)
+    values = windows.__dict__  # a model's field values: plain reads, no genexpr frame per CR
     current, minute, five, hour, lifetime = (values["current"], values["avg1m"], values["avg5m"], values["avg1h"],
                                              values["lifetime"])
     return (-1.0 if current is None else round(current, 2), -1.0 if minute is None else round(minute, 2),

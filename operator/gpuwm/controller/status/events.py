@@ -68,7 +68,7 @@ class IdleEvents:
     def announce(self, workloads: list[WorkloadFigures], idle: Mapping[str, str]) -> None:
         """Queue an Event for each workload whose Idle condition turned True (`idle`: uid -> its status).
 
-        The Idle condition is the one judge of idleness (`gpuwm.controller.status.build.idle_condition`:
+        The Idle condition is the one judge of idleness (`gpuwm.controller.status.idleness.idle_condition`:
         observed idle time only), so an Event never says more than the CR does. While the
         condition is Unknown (its agent not reporting) a spell already announced stays announced:
         an outage inside one idle spell does not make a second Event.

@@ -161,8 +161,8 @@ class StatusWriter:
         if (last is None and key in self.existing and key not in self._material
                 and (waiting is None or waiting.signature == desired.signature)):
             # adopted at start, not written since: it shows an earlier controller's figures. A refresh, oldest of
-            # all; as news, 4,000 of them after a restart would hold every state change back for minutes. A state
-            # that changes while it waits is news, as for any CR
+            # all; as news, every CR adopted at a restart would hold each state change back. A state that changes
+            # while it waits is news, as for any CR
             reason: WriteReason = "due"
         else:
             reason = write_reason(
