@@ -25,6 +25,7 @@ import math
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
+from operator import itemgetter
 from pathlib import Path
 from typing import cast
 
@@ -353,7 +354,7 @@ class EmbeddedStore(Store):
         if waiting and refresh_rows is not None:
             slots = max(0, refresh_rows - written)
             if slots < len(waiting):
-                waiting.sort(key=_written_at)  # the longest unwritten first (then by key: the same order each run)
+                waiting.sort(key=itemgetter(0, 1))  # the longest unwritten first (then by key: the same order each run)
                 del waiting[slots:]
             for _, cache_key, columns, figures in waiting:
                 write(cache_key, columns, figures, getattr(figures, "phase", None))
@@ -496,17 +497,23 @@ class EmbeddedStore(Store):
 
     def _finish_round(self, until: int, at: float) -> None:
         self._drop_head_before(until)
-        done = self._get_meta("compacted_until")
-        if done is not None and done >= until:
+        if not self._advance_compacted(until):
             return
-        self._set_meta("compacted_until", float(until))
-        for span in self.spans[1:]:
-            self._set_meta(f"rollup_until:{span.step}", float(until // span.step * span.step))
         self._chunks.merge_ended_pieces(until)
         self._chunks.apply_retention(at)
         self._forget_empty_series()
         self._writer.execute("DELETE FROM latest_workloads WHERE at < ?", (at - self.retention_seconds,))
         self._writer.execute("DELETE FROM latest_projects WHERE at < ?", (at - self.retention_seconds,))
+
+    def _advance_compacted(self, until: int) -> bool:
+        """Move the compaction watermark and each roll-up's up to `until`; False where they were there already."""
+        done = self._get_meta("compacted_until")
+        if done is not None and done >= until:
+            return False
+        self._set_meta("compacted_until", float(until))
+        for span in self.spans[1:]:
+            self._set_meta(f"rollup_until:{span.step}", float(until // span.step * span.step))
+        return True
 
     def _drop_head_slice(self, until: int) -> bool:
         """A slice of deleting the head rows before `until`, once every block of the round is compacted: the
@@ -514,12 +521,7 @@ class EmbeddedStore(Store):
 
         An hour of head rows deleted in one go made one long interval: spread over 8 of the round's slices
         after its blocks (the round still ends within the span)."""
-        connection = self._writer
-        oldest: int | None = None
-        for block in self._head_blocks:
-            (first,) = connection.execute("SELECT min(t) FROM head WHERE block = ?", (block,)).fetchone()
-            if first is not None and (oldest is None or first < oldest):
-                oldest = int(first)
+        oldest = self._least_in_head("SELECT min(t) FROM head WHERE block = ?")
         if oldest is None or oldest >= until:
             return True
         cut = min(until, oldest + _HEAD_DROP_INTERVALS * int(self.spans[0].step))
@@ -535,13 +537,7 @@ class EmbeddedStore(Store):
         first row at or after it: deleted together, each page is written once.
         """
         connection = self._writer
-        first_after: int | None = None
-        for block in self._head_blocks:
-            (lowest,) = connection.execute(
-                "SELECT min(rowid) FROM head WHERE block = ? AND t >= ?", (block, until)
-            ).fetchone()
-            if lowest is not None and (first_after is None or lowest < first_after):
-                first_after = int(lowest)
+        first_after = self._least_in_head("SELECT min(rowid) FROM head WHERE block = ? AND t >= ?", until)
         if first_after is None:  # nothing at or after `until`: every row before it goes
             connection.execute("DELETE FROM head WHERE t < ?", (until,))
         else:
@@ -554,6 +550,11 @@ class EmbeddedStore(Store):
                 connection.executemany("DELETE FROM head WHERE rowid = ?", late)
         if blocks:  # which blocks still have rows (a slice's caller leaves it to the round's end)
             self._head_blocks = _blocks_in_head(connection)
+
+    def _least_in_head(self, query: str, *arguments: int) -> int | None:
+        """The least answer of `query` (a min() over one block's head rows) over every block with head rows."""
+        answers = (self._writer.execute(query, (block, *arguments)).fetchone()[0] for block in self._head_blocks)
+        return min((int(answer) for answer in answers if answer is not None), default=None)
 
     def _forget_empty_series(self) -> None:
         """Delete the series rows left without a point: no chunk in any tier, nothing in the head.
@@ -642,11 +643,7 @@ class EmbeddedStore(Store):
             earliest = self._get_meta("earliest_time")
             if earliest is None or start < earliest:
                 self._set_meta("earliest_time", float(start))
-            done = self._get_meta("compacted_until")
-            if done is None or end > done:
-                self._set_meta("compacted_until", float(end))
-                for span in self.spans[1:]:
-                    self._set_meta(f"rollup_until:{span.step}", float(end // span.step * span.step))
+            self._advance_compacted(end)
 
     def forget_workload(self, uid: str) -> None:
         """Drop a workload's latest figures (its points age out with the tiers)."""
@@ -794,11 +791,6 @@ class _IdMarks:
 def _blocks_in_head(connection: sqlite3.Connection) -> set[int]:
     """The blocks with head rows, as the file says (after a rollback, what this process thought may be off)."""
     return {block for (block,) in connection.execute("SELECT DISTINCT block FROM head")}
-
-
-def _written_at(entry: tuple[float, str, tuple[object, ...], BaseModel]) -> tuple[float, str]:
-    """A waiting latest row's turn: when its row was written, then its key."""
-    return entry[0], entry[1]
 
 
 def _insert_statement(table: str, columns: int) -> str:
