@@ -339,13 +339,13 @@ def round_to_rollup(values: FloatArray) -> FloatArray:
     return np.rint(values / quantum) * quantum
 
 
-def roll_up(values: IntArray, factor: int, rollups: BoolArray = _SECOND_ORDER) -> IntArray:
-    """Coarser points from [..., metrics, points]: the mean (or, where `rollups` is set, the max) of each
+def roll_up(values: IntArray, factor: int) -> IntArray:
+    """Coarser points from [..., metrics, points]: the mean (the max for counters, `Rollup.MAX`) of each
     run of `factor` points, over the present ones, rounded once to the roll-ups' declared resolution
     (`round_to_rollup`); MISSING where none is. Series by series in passes (`ENCODE_SERIES_PER_PASS`):
     each series' points are its own, and a whole block's temporaries at once made a needless peak."""
     if values.ndim == 3 and values.shape[0] > ENCODE_SERIES_PER_PASS:
-        return np.concatenate([roll_up(values[low : low + ENCODE_SERIES_PER_PASS], factor, rollups)
+        return np.concatenate([roll_up(values[low : low + ENCODE_SERIES_PER_PASS], factor)
                                for low in range(0, values.shape[0], ENCODE_SERIES_PER_PASS)])
     shape = values.shape
     grouped = values.reshape(*shape[:-1], shape[-1] // factor, factor)
@@ -355,7 +355,7 @@ def roll_up(values: IntArray, factor: int, rollups: BoolArray = _SECOND_ORDER) -
     with np.errstate(invalid="ignore", divide="ignore"):
         value = total / count
     maximum = np.where(present, grouped, MISSING).max(axis=-1)
-    value[..., rollups, :] = maximum[..., rollups, :]
+    value[..., _SECOND_ORDER, :] = maximum[..., _SECOND_ORDER, :]
     value[count == 0] = 0.0
     result = round_to_rollup(value).astype(np.int64)
     result[count == 0] = MISSING

@@ -156,7 +156,7 @@ def select_series(connection: sqlite3.Connection, query: RangeQuery) -> list[tup
             f"SELECT id, labels FROM series WHERE kind = ? AND {column} = ?", (kind, query.key)
         ).fetchall()
     if query.pods:
-        rows = _only_pods(query, [(series_id, labels) for series_id, labels in rows])
+        rows = _only_pods(query, rows)
     if len(rows) > MAX_SERIES_PER_QUERY:
         raise QueryError(
             "by",

@@ -15,10 +15,6 @@ class Tier:
     step_seconds: int
     keep_seconds: float
 
-    @property
-    def table(self) -> str:
-        return f"points_{self.step_seconds}"
-
 
 def parse_tiers(specs: Sequence[str]) -> list[Tier]:
     """Parse and check `--store-rollups`; the error names the option and the entry at fault."""
