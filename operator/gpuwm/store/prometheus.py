@@ -31,6 +31,7 @@ from gpuwm.model.figures import ClusterFigures, PodFigures, ProjectFigures, Wind
 from gpuwm.model.metrics import STORED, Source
 from gpuwm.model.podstats import PodResources
 from gpuwm.store.base import (
+    MAX_SERIES_PER_QUERY,
     QueryError,
     RangeQuery,
     ReadOnlyStoreError,
@@ -56,6 +57,12 @@ def latest_by_workload_promql(series: str, window_seconds: int) -> str:
         f"(last_over_time(gpuwm_workload_pod_info[{window_seconds}s])))"
     )
     return f"sum by (workload_uid) ({used} * on (namespace, pod) group_left (workload_uid) {info})"
+
+
+def _finite(item: dict[str, Any]) -> float | None:
+    """An instant query item's value, None where it is NaN or infinite (no figure)."""
+    value = float(item["value"][1])
+    return value if math.isfinite(value) else None
 
 
 def _cumulative_figures(value: Callable[..., float | None]) -> dict[str, Any]:
@@ -126,8 +133,7 @@ class PrometheusStore(Store):
     def _values(self, query: str, key_label: str) -> dict[str, float]:
         values: dict[str, float] = {}
         for item in self._instant(query):
-            value = float(item["value"][1])
-            if math.isfinite(value):
+            if (value := _finite(item)) is not None:
                 values[item["metric"].get(key_label, "")] = value
         return values
 
@@ -226,8 +232,7 @@ class PrometheusStore(Store):
         fields: dict[tuple[str, str], dict[str, float]] = {}
         for field in _SPEC_FIELDS:
             for item in self._instant(f"max by (namespace, pod) (gpuwm_pod_{field})"):
-                value = float(item["value"][1])
-                if math.isfinite(value):
+                if (value := _finite(item)) is not None:
                     key = (item["metric"].get("namespace", ""), item["metric"].get("pod", ""))
                     fields.setdefault(key, {})[field] = value
         return {key: PodResources(**values) for key, values in fields.items()}
@@ -340,8 +345,7 @@ class PrometheusStore(Store):
                 continue
             for item in self._instant(latest_by_workload_promql(_POD_SERIES[metric], window), end):
                 uid = item["metric"].get("workload_uid", "")
-                value = float(item["value"][1])
-                if uid in wanted and math.isfinite(value):
+                if uid in wanted and (value := _finite(item)) is not None:
                     found.setdefault(uid, {})[metric] = value
         rest = tuple(metric for metric in metrics if metric not in _POD_SERIES)
         if rest:
@@ -415,7 +419,7 @@ class PrometheusStore(Store):
                 result.append(Series(metric=metric, labels=labels, points=points))
         if query.pods:  # in the order asked for; each pod named has its series, null where it has no point
             result = _pod_series(query, grid, result)
-        if len(result) > 2_000:
+        if len(result) > MAX_SERIES_PER_QUERY:
             raise QueryError("by", f"{len(result)} series; narrow the scope or drop by=")
         return result
 
