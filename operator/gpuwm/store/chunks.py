@@ -7,8 +7,7 @@ at that moment (the fine span is a multiple of every coarser step, so its bucket
 and overlaid onto the coarse chunk, which fills up over many fine spans. Every write here is an
 overlay by time, so compacting the same interval twice, or a late interval after its chunk,
 gives the same chunk. A chunk row names its encoded bytes in `payloads` (schema.py), one payload per
-part of the metrics (codec.PARTS): chunks with the same bytes of a part (a one-GPU pod's device
-figures in its GPU, pod, workload and workload_node series) share one copy.
+part of the metrics (codec.PARTS): chunks with the same bytes of a part share one copy.
 """
 
 from __future__ import annotations

@@ -58,8 +58,8 @@ _RESOLUTION_BY_UNIT = {
 RESOLUTION: FloatArray = np.array([_RESOLUTION_BY_UNIT[metric.unit] for metric in METRICS], dtype=np.float64)
 #: the declared resolution of the roll-ups (every tier but the finest), in stored units per metric unit:
 #: (absolute quantum, significant digits; 0 digits = the absolute quantum only). A 5-minute mean's
-#: last digits are the simulator's or the GPU's noise, which compresses worst of all (PCIe and network
-#: rates, energy and utilisation were half of the 5 min tier's bytes); the finest tier keeps RESOLUTION.
+#: last digits are the simulator's or the GPU's noise, which compresses worst of all; the finest tier
+#: keeps RESOLUTION.
 #: - percents 0.1 %; bytes 1 MiB (NVML's own unit for device memory); watts 0.1 W; degC 0.1; MHz 1;
 #:   GPU units 1/64; seconds 1 s (idle seconds, a max); cores 0.01;
 #: - energy (a counter, the max of each step) 100 J: a third of a watt over 5 minutes, so the energy
@@ -173,8 +173,7 @@ def _divide_out(deltas: IntArray) -> tuple[IntArray, IntArray]:
     """Differences divided by each row's greatest common divisor (a value with 0.01 % steps kept at
     1e-6 % costs no more than at 0.01 %). The gcd of the first points decides most rows at once: where
     it is 1, so is the row's. Elsewhere the whole row is reduced, including a row whose first points
-    are all 0 (a series that starts inside the chunk, gaps filled with 0): until 2026-11-24 those kept
-    divisor 1, and a roll-up of 0.1 % steps was stored in units of 1e-6 %."""
+    are all 0 (a series that starts inside the chunk, gaps filled with 0)."""
     head = np.gcd.reduce(deltas[:, :, :16], axis=2)
     divisor = head.copy()
     wide = (head != 1) & deltas[:, :, 16:].any(axis=2)
@@ -274,8 +273,8 @@ def decode_chunk(
     return result
 
 
-#: series encoded in one pass: a compaction's whole block at once (64 series x every metric x 240 points) kept
-#: all its temporaries alive together. Each series' chunk is its own, so the bytes do not depend on the passes
+#: series encoded in one pass, so that a compaction's whole block does not keep all its temporaries alive
+#: together. Each series' chunk is its own, so the bytes do not depend on the passes
 ENCODE_SERIES_PER_PASS = 16
 
 
@@ -343,7 +342,7 @@ def roll_up(values: IntArray, factor: int) -> IntArray:
     """Coarser points from [..., metrics, points]: the mean (the max for counters, `Rollup.MAX`) of each
     run of `factor` points, over the present ones, rounded once to the roll-ups' declared resolution
     (`round_to_rollup`); MISSING where none is. Series by series in passes (`ENCODE_SERIES_PER_PASS`):
-    each series' points are its own, and a whole block's temporaries at once made a needless peak."""
+    each series' points are its own, and a whole block's temporaries at once would make a needless peak."""
     if values.ndim == 3 and values.shape[0] > ENCODE_SERIES_PER_PASS:
         return np.concatenate([roll_up(values[low : low + ENCODE_SERIES_PER_PASS], factor)
                                for low in range(0, values.shape[0], ENCODE_SERIES_PER_PASS)])

@@ -1,20 +1,18 @@
 """The embedded store: one SQLite file (WAL) the controller writes each status interval.
 
-Layout (schema 4, why): each interval is one transaction that appends a *head* row per block
+Layout (why): each interval is one transaction that appends a *head* row per block
 of 64 series (all metrics of those series, compressed; codec.py), so the write is a few
 hundred small rows however many series there are, and the interval is durable when `record`
 returns. Once a chunk span (1 h at 15 s) is over, compaction moves the head rows into
 *chunks*: one row per (tier, series, span) with every metric's points delta-coded and
 compressed, a few blocks per `record` call so no interval pays for all of it; coarser tiers
 are rolled up from the fine chunks then (chunks.py). A chunk's metrics are kept in parts
-(device figures, energy, units and idle seconds, pod stats: codec.PARTS), and identical bytes of
-a part (a one-GPU pod's device figures in its GPU, pod, workload and workload_node series) keep
-one copy (schema.py `payloads`). A 24 h query of one series reads about
+(codec.PARTS), and identical bytes of a part keep one copy (schema.py `payloads`). A 24 h query of one series reads about
 24 chunks plus the head of the current hour. Workload, project, node and cluster series are
 aggregated when written, so a project query over 1,000 workloads reads one series. Values are
 kept at a fixed per-metric resolution (codec.RESOLUTION; roll-ups at codec.ROLLUP_QUANTUM).
 The file carries an application_id and a schema version, so a foreign, newer or much older file
-is refused and never written to; a schema-2 or schema-3 file is migrated in place when opened.
+is refused and never written to; an older file is migrated in place when opened (schema.py).
 """
 
 from __future__ import annotations
@@ -71,10 +69,8 @@ _HEAD_DROP_INTERVALS = 30
 _LATEST_ROWS_PER_WRITE = 256
 #: workload phases whose figures change every interval (new objects: not worth keeping to compare)
 _LIVE_PHASES = frozenset({"Running", "Pending", "Queued"})  # a Queued one's queuedSeconds grows
-
-
-#: series rows deleted per compaction round at most: a store that kept every series
-#: before this was deleted is cleaned over several hourly rounds, not in one long transaction
+#: series rows deleted per compaction round at most: a store with many series left without a point
+#: is cleaned over several hourly rounds, not in one long transaction
 FORGET_SERIES_PER_ROUND = 50_000
 
 
@@ -108,8 +104,8 @@ class EmbeddedStore(Store):
         # whether the map's keys were read from the file: the row builder's equal tuples replace them once it
         # holds its own (see `_adopt_keys`)
         self._keys_from_file = False
-        # hash() of the JSON each latest_* row holds now, so unchanged figures are not rewritten: the JSON
-        # itself, kept for every finished workload too, grew with every workload the cluster ran
+        # hash() of the JSON each latest_* row holds now, so unchanged figures are not rewritten (a hash, not
+        # the JSON: kept for every finished workload too, the JSON would grow with every workload run)
         self._latest_json: dict[str, int] = {}
         # the figures objects those rows were dumped from (ended workloads, projects, cluster): the engine
         # hands the same object again for a settled workload (never changed in place): no JSON needed
@@ -392,8 +388,8 @@ class EmbeddedStore(Store):
 
     def write_head(self, bucket: int, ids: IntArray, values: IntArray | FloatArray) -> None:
         """Head rows of one interval: `values[i]` is series `ids[i]`'s row at `bucket`, quantized already
-        (integers) or as floats, which go into the blocks quantized a slice of rows at a time: a whole
-        interval's quantized copy and its temporaries were alive at once."""
+        (integers) or as floats, which go into the blocks quantized a slice of rows at a time, so that a
+        whole interval's quantized copy and its temporaries are never alive at once."""
         if ids is self._blocks_of[0]:
             blocks, inverse = self._blocks_of[1]
         else:
@@ -428,8 +424,8 @@ class EmbeddedStore(Store):
     def _adopt_keys(self, keys: Sequence[SeriesKey], ids: Sequence[int | None]) -> None:
         """Key the map by the row builder's tuples for the series it holds, once after the map was read from the file.
 
-        A dict keeps the key it was first given: the tuples and strings read from SQLite stayed beside the row
-        builder's equal ones for every series after each restart.
+        A dict keeps the key it was first given: the tuples and strings read from SQLite would stay beside the
+        row builder's equal ones for every series after each restart.
         """
         series_ids = self._series_ids
         for key, series_id in zip(keys, ids, strict=True):
@@ -519,8 +515,8 @@ class EmbeddedStore(Store):
         """A slice of deleting the head rows before `until`, once every block of the round is compacted: the
         oldest `_HEAD_DROP_INTERVALS` intervals' rows; True once none is left before `until`.
 
-        An hour of head rows deleted in one go made one long interval: spread over 8 of the round's slices
-        after its blocks (the round still ends within the span)."""
+        A span of head rows deleted in one go would make one long interval: a slice at a time, after the
+        round's blocks, the round still ends within the span."""
         oldest = self._least_in_head("SELECT min(t) FROM head WHERE block = ?")
         if oldest is None or oldest >= until:
             return True
@@ -531,7 +527,7 @@ class EmbeddedStore(Store):
     def _drop_head_before(self, until: int, *, blocks: bool = True) -> None:
         """Delete the head rows before `until`, every block's compacted by now, as one range of rowids.
 
-        Deleting each block's rows when it was compacted dirtied a page for every interval of the
+        Deleting each block's rows as it is compacted would dirty a page for every interval of the
         block's hour (a page holds several blocks' rows of one interval), every page once per block with the
         WAL's checkpoint. Rows are appended in time order, so those before `until` are the rowids below the
         first row at or after it: deleted together, each page is written once.
@@ -764,7 +760,7 @@ class EmbeddedStore(Store):
 class _IdMarks:
     """Which series ids were marked: a flag per id up to the highest marked (ids are given out in order).
 
-    A set of the ids held a boxed integer and a hash slot per id; this holds a byte per id.
+    A byte per id, where a set of the ids would hold a boxed integer and a hash slot per id.
     """
 
     __slots__ = ("_flags",)

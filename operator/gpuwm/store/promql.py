@@ -39,7 +39,7 @@ def quote(value: str) -> str:
     return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def _scoped(series: str, scope: str, key: str, narrow: str = "") -> str | None:
+def _scoped(series: str, scope: str, key: str, narrow: str = "") -> str:
     """`series` restricted to the scope: joined to workloads through gpuwm_workload_pod_info where needed.
 
     `narrow` (label matchers such as `namespace=~"a|b"`) pre-filters the agent's series so that

@@ -89,6 +89,8 @@ _POD_RATIOS = tuple(
     (metric.name, *metric.ratio_of) for metric in METRICS if metric.source is Source.POD and metric.ratio_of
 )
 _RATIO_PARTS = tuple((POD_SUMMED.index(numerator), POD_SUMMED.index(denominator)) for _, numerator, denominator in _POD_RATIOS)
+#: the series kinds of every device alike (utilisation not weighted by units held)
+_PER_DEVICE_KINDS = frozenset({"node", "cluster"})
 
 
 def pod_host_row(stat: PodStatsSample, resources: PodResources | None) -> tuple[float | None, ...]:
@@ -98,7 +100,6 @@ def pod_host_row(stat: PodStatsSample, resources: PodResources | None) -> tuple[
         *[None if resources is None else getattr(resources, field) for _, field in _POD_RESOURCES],
     )
     return (*summed, *(summed[numerator] if summed[denominator] else None for numerator, denominator in _RATIO_PARTS))
-_PER_DEVICE_KINDS = frozenset({"node", "cluster"})
 
 
 @dataclass
@@ -143,13 +144,13 @@ _sample_figures_units = _Fields(*_SAMPLE_FIGURES_UNITS)
 _gpu_fields = _Fields("uuid", "pod_uid", "node", "pod", "units", "utilization_percent", "sm_percent", "device_units")
 _pod_fields = _Fields("uid", "name")
 _workload_fields = _Fields("uid", "namespace", "name", "project", "gpus", "pods", "idle_seconds", "energy_joules")
+_parent_of = _Fields("parent_uuid")
+_is_none = partial(is_, None)
 
 
 def _columns(rows: list[Any], width: int) -> tuple[tuple[Any, ...], ...]:
     """Rows of `width` fields as `width` columns (empty columns for no rows)."""
     return tuple(zip(*rows, strict=True)) if rows else ((),) * width
-_parent_of = _Fields("parent_uuid")
-_is_none = partial(is_, None)
 
 
 @dataclass(slots=True, eq=False)
@@ -263,7 +264,7 @@ class RowBuilder:
             gpu_slots.append(gpu_series)
             node_slots.append(holder[5])
             uuids.append(gpu.uuid)
-        # tuples: one allocation each instead of two (4,000 entries of 8 sequences stay in memory)
+        # tuples: one allocation each instead of a list's two (every workload's entry stays in memory)
         return _Entry(
             structure, (workload_series, project_series), tuple(pair_slots), tuple(gpu_slots), tuple(node_slots),
             tuple(uuids), tuple(set_slots), tuple(raise_slots), tuple(pod_members), labels or None,
@@ -681,7 +682,7 @@ def _aggregate(
         seen: FloatArray = np.bincount(pairs_s, weights=has, minlength=count).astype(np.float64, copy=False)
         return total, seen
 
-    # each pair-long temporary is dropped once used: all of them alive together made the store thread's peak
+    # each pair-long temporary is dropped once used: all of them alive together would make the store thread's peak
     weight = np.where(per_device_series[pairs_s] | (pair_units <= 0), 1.0, pair_units)
     del pair_units
     util = parts.util[pairs_p]
