@@ -169,8 +169,7 @@ class ControllerRuntime:
         for pod in restored.vanished:  # deleted while the controller was down: ended now
             pod.phase = "Deleted"
             self._send(pod)
-            state.pods.pop(pod.uid, None)
-            state.sent.pop(pod.uid, None)
+            state.forget_pod(pod.uid)
         logger.info("controller state restored from %s (%d workloads, %d pods)", restored.source,
                     len(state.engine.workloads(self.clock())), len(state.pods))
         return restored.source
@@ -293,9 +292,9 @@ class ControllerRuntime:
                 if pod.node in intake.changed_nodes:
                     self._send(pod)
         terminating_now = self.clock()
-        for pod in [pod for pod in state.pods.values() if pod.deletion_time is not None]:
-            if pod.deletion_time is not None and pod.deletion_time <= terminating_now:
-                self._send(pod)  # past its grace period: ended there, whether or not the object is gone
+        for pod in [pod for pod in state.pods.values()
+                    if pod.deletion_time is not None and pod.deletion_time <= terminating_now]:
+            self._send(pod)  # past its grace period: ended there, whether or not the object is gone
         timer.mark("attribution")
         timer.phases["engine_samples"] = intake.cpu_seconds
         if intake.latest_time is not None:
@@ -566,21 +565,18 @@ class ControllerRuntime:
         # loop resumes, and the interval's figures must be free before `_compact` runs (see `cycle`)
         handed = [samples, workloads, projects, cluster, pod_stats]
 
-        def record() -> float:
-            started = time.thread_time()
+        def record() -> None:
             interval = list(handed)
             handed.clear()
             if _slices(store):  # the embedded store: its compaction slice comes in `_compact`
                 store.record(now, *interval, compact=False)
             else:
                 store.record(now, *interval)
-            del interval
-            return time.thread_time() - started
 
         self.store_cpu_seconds = 0.0
         try:
             # the phase timer sees this thread only: the store's own CPU is reported beside it
-            self.store_cpu_seconds = await asyncio.to_thread(record)
+            self.store_cpu_seconds = await asyncio.to_thread(_thread_cpu_seconds, record)
         except Exception as error:  # the store is an extra: CR status goes on without it
             logger.warning("store write failed: %s", error)
 
@@ -589,15 +585,9 @@ class ControllerRuntime:
         store = self.store
         if not _slices(store):
             return
-        compact_slice = store.compact_slice
-
-        def compact() -> float:
-            started = time.thread_time()
-            compact_slice(now)
-            return time.thread_time() - started
-
         try:
-            self.store_cpu_seconds += await asyncio.to_thread(compact)
+            self.store_cpu_seconds += await asyncio.to_thread(_thread_cpu_seconds,
+                                                              functools.partial(store.compact_slice, now))
         except Exception as error:  # the next slice tries again (the store starts the round again from its file)
             logger.warning("store compaction failed: %s", error)
 
@@ -613,6 +603,13 @@ class ControllerRuntime:
             except Exception:
                 logger.exception("status cycle failed; retrying next interval")
             await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+
+def _thread_cpu_seconds(work: Callable[[], object]) -> float:
+    """Run `work`; the CPU seconds it took in the thread that ran it (the store's, not the loop's)."""
+    started = time.thread_time()
+    work()
+    return time.thread_time() - started
 
 
 def _slices(store: Any) -> bool:
