@@ -60,6 +60,8 @@ _UNSUPPORTED = (
     pynvml.NVMLError_InvalidArgument,
     pynvml.NVMLLibraryMismatchError,
 )
+#: errors that leave a figure unreported: the above, or NVML finding nothing to report
+_ABSENT = (*_UNSUPPORTED, pynvml.NVMLError_NotFound)
 #: GPU instance slices of a whole GPU when NVML does not say (A100, H100, H200, B200)
 DEFAULT_MIG_SLICES = 7
 _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
@@ -86,7 +88,7 @@ ENERGY_COUNTER_EVERY_SECONDS = 60.0
 
 def _running_processes(handle: Any) -> list[tuple[int, int | None]]:
     """(PID, used bytes or None) of each compute process: `nvmlDeviceGetComputeRunningProcesses`
-    without pynvml's per-process friendly objects (each a dozen Python calls; 32 a poll)."""
+    without pynvml's per-process friendly objects (each a dozen Python calls)."""
     function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses_v3")
     count = ctypes.c_uint(0)
     result = function(handle, ctypes.byref(count), None)
@@ -114,8 +116,8 @@ _SAMPLE_BUFFER = 256
 
 def _samples(handle: Any, sampling_type: int, last_seen_us: int) -> tuple[int, Any]:
     """(value type, samples) newer than `last_seen_us`: `nvmlDeviceGetSamples` in one call into a buffer of
-    `_SAMPLE_BUFFER`, where pynvml makes two (the first to size the buffer): 2.5 against 2.8 ms of CPU on an
-    H200 (driver 580), twice a GPU a poll. More samples than the buffer holds (after a pause): pynvml's two."""
+    `_SAMPLE_BUFFER`, where pynvml makes two (the first to size the buffer). More samples than the buffer holds
+    (after a pause): pynvml's two."""
     function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetSamples")
     value_type = ctypes.c_uint(0)
     count = ctypes.c_uint(_SAMPLE_BUFFER)
@@ -282,7 +284,7 @@ def _no_holders(device: Device, pids: frozenset[int]) -> frozenset[Any]:
 
 
 class RawProcess(NamedTuple):
-    """A compute process as NVML lists it (attribution adds its pod); a tuple: built in C, 32 a poll."""
+    """A compute process as NVML lists it (attribution adds its pod); a tuple: built in C."""
 
     pid: int
     memory_used_bytes: float | None
@@ -322,9 +324,7 @@ def _optional(call: Any, *args: Any) -> Any:
     """The call's result, or None when the device does not report that figure."""
     try:
         return call(*args)
-    except _UNSUPPORTED:
-        return None
-    except pynvml.NVMLError_NotFound:
+    except _ABSENT:
         return None
 
 
@@ -558,8 +558,7 @@ class NvmlSampler:
         # power is not additive over MIG instances: it stays on the parent GPU's sample
         power_mw = _optional(pynvml.nvmlDeviceGetPowerUsage, handle) if device.parent_handle is None else None
         fields = {
-            "t": now, "node": self.node, "uuid": device.uuid, "index": device.index, "model": device.model,
-            "parent_uuid": device.parent_uuid, "mig_profile": device.mig_profile, "device_units": device.device_units,
+            **self._identity(device, now),
             "healthy": True,
             "sm_percent": None,
             "memory_used_bytes": None if memory is None else float(_field(memory, "used")),
@@ -677,7 +676,7 @@ class NvmlSampler:
         last_seen = max(device.util_cursor_us, bounds_us[0])
         try:
             value_type, samples = _samples(device.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, last_seen)
-        except (*_UNSUPPORTED, pynvml.NVMLError_NotFound):
+        except _ABSENT:
             return [None] * (len(bounds_us) - 1)
         # one pass, reading the struct fields through the plain descriptor (see _field)
         name = _VALUE_FIELDS[value_type] if 0 <= value_type < len(_VALUE_FIELDS) else "uiVal"
