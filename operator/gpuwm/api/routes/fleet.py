@@ -19,9 +19,8 @@ from gpuwm.api.fleet import (
     page_of_nodes,
 )
 from gpuwm.api.http import ERRORS, NOT_FOUND, ContinueParam, NotFound, check_parameters, metrics_json
-from gpuwm.api.params import parse_breakdown
 from gpuwm.api.routes.context import CallerOf, Context
-from gpuwm.api.routes.ranges import DeviceRange, RangeTarget, ScopeRange, answer_range
+from gpuwm.api.routes.ranges import DeviceRange, RangeTarget, ScopeRange, answer_range, answer_scope
 from gpuwm.api.schemas import MetricsBody
 
 router = APIRouter()
@@ -38,24 +37,14 @@ async def node_metrics(context: Context, caller: CallerOf, node: str, params: Sc
     await caller.require(None)
     if node not in await context.blocking(context.store.nodes):
         raise NotFound(f"no GPU node {node!r} in the store")
-    target = RangeTarget(
-        "node", node, await context.last_hour(),
-        lambda query, series: metrics_json(scope="node", node=node, query=query, series=series),
-        parse_breakdown(params.by),
-    )
-    return await answer_range(context, params, target)
+    return await answer_scope(context, params, "node", node)
 
 
 @router.get("/api/v1/cluster/metrics", response_model=MetricsBody, responses=ERRORS, tags=["metrics"])
 async def cluster_metrics(context: Context, caller: CallerOf, params: ScopeRange) -> Response:
     """Time series of the whole cluster; needs cluster-wide access; default range: the last hour."""
     await caller.require(None)
-    target = RangeTarget(
-        "cluster", "", await context.last_hour(),
-        lambda query, series: metrics_json(scope="cluster", query=query, series=series),
-        parse_breakdown(params.by),
-    )
-    return await answer_range(context, params, target)
+    return await answer_scope(context, params, "cluster")
 
 
 Limit = Annotated[

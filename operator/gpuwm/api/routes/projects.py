@@ -5,10 +5,9 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from gpuwm.api.http import ERRORS, NOT_FOUND, NotFound, check_parameters, metrics_json
-from gpuwm.api.params import parse_breakdown
+from gpuwm.api.http import ERRORS, NOT_FOUND, NotFound, check_parameters
 from gpuwm.api.routes.context import CallerOf, Context
-from gpuwm.api.routes.ranges import RangeTarget, ScopeRange, answer_range
+from gpuwm.api.routes.ranges import ScopeRange, answer_scope
 from gpuwm.api.schemas import MetricsBody, ProjectList
 
 router = APIRouter()
@@ -42,9 +41,4 @@ async def project_metrics(context: Context, caller: CallerOf, project: str, para
         await caller.authenticate()
         raise NotFound(f"no project {project!r}")
     await caller.require(found.namespaces)
-    target = RangeTarget(
-        "project", project, await context.last_hour(),
-        lambda query, series: metrics_json(scope="project", project=project, query=query, series=series),
-        parse_breakdown(params.by),
-    )
-    return await answer_range(context, params, target)
+    return await answer_scope(context, params, "project", project)

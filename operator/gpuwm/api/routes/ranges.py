@@ -33,8 +33,9 @@ from gpuwm.api.http import (
     StepParam,
     WorkloadByParam,
     check_parameters,
+    metrics_json,
 )
-from gpuwm.api.params import choose_range, parse_metrics, parse_step, parse_time
+from gpuwm.api.params import choose_range, parse_breakdown, parse_metrics, parse_step, parse_time
 from gpuwm.api.routes.context import ApiContext
 from gpuwm.store import DEFAULT_METRICS, Breakdown, RangeQuery, Scope, Series, Store
 
@@ -153,3 +154,16 @@ async def answer_range(context: ApiContext, params: RangeParams, target: RangeTa
         if series_count is None:
             limits.check_answer(query, series)
         return await context.blocking(target.encode, query, series)
+
+
+async def answer_scope(context: ApiContext, params: RangeParams, scope: Scope, key: str = "") -> Response:
+    """The series of the project or node `key` names, or of the cluster; default range: the store's last hour."""
+    target = RangeTarget(
+        scope, key, await context.last_hour(),
+        lambda query, series: metrics_json(
+            scope=scope, query=query, series=series,
+            project=key if scope == "project" else None, node=key if scope == "node" else None,
+        ),
+        parse_breakdown(params.by),
+    )
+    return await answer_range(context, params, target)
