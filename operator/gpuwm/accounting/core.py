@@ -72,6 +72,21 @@ def place_in_timeline(timeline: list[tuple[float, Any]], t: float, event: Any) -
     return index
 
 
+def merged_runs(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """`spans` (start, end) sorted and merged where they overlap or touch; empty ones left out."""
+    spans.sort()
+    merged: list[tuple[float, float]] = []
+    for start, end in spans:
+        if end <= start:
+            continue
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
 def physical_uuid(uuid: str) -> str:
     """`GPU-x::2` (a time-sliced replica id) is GPU-x: samples are per physical device."""
     return uuid.split("::", 1)[0] if "::" in uuid else uuid
@@ -156,14 +171,6 @@ class EngineCore:
     def boundary(self) -> float:
         """Input older than this is no longer placed exactly (see the module docstring)."""
         return self.clock - self.config.late_event_window_seconds
-
-    def _gpu(self, uuid: str, node: str | None) -> Gpu:
-        gpu = self.gpu_records.get(uuid)
-        if gpu is None:
-            gpu = self.gpu_records[uuid] = Gpu(uuid, node)
-        elif node is not None and gpu.node is None:
-            gpu.node = node
-        return gpu
 
     def observe_sample(self, sample: GpuSample) -> None:
         self.inputs += 1
@@ -475,7 +482,9 @@ class EngineCore:
         desired = [item for item in self._desired_stretches(pod) if item[5] > low]
         devices = {stretch.uuid for stretch in pod.stretches if stretch.end > low} | {item[0] for item in desired}
         for uuid in sorted(devices):
-            gpu = self._gpu(uuid, None)
+            gpu = self.gpu_records.get(uuid)
+            if gpu is None:
+                gpu = self.gpu_records[uuid] = Gpu(uuid, None)
             # every holder of g, not only this workload's: whether a workload holds g alone decides its
             # utilisation (DESIGN §3), so a stretch that comes or goes changes the others' figures too
             group = list(gpu.stretches)
@@ -522,8 +531,7 @@ class EngineCore:
     def _drop_stretch(gpu: Gpu, stretch: Stretch) -> None:
         gpu.stretches.remove(stretch)
         stretch.workload.stretches.remove(stretch)
-        pod_stretches = stretch.workload.pods[stretch.pod_uid].stretches
-        pod_stretches.remove(stretch)
+        stretch.workload.pods[stretch.pod_uid].stretches.remove(stretch)
 
     # ------------------------------------------------------------ MIG energy
 
@@ -726,7 +734,7 @@ class EngineCore:
                 utilization, unattributed = self.attribution(gpu, index, workload, sub_start, sub_end)
                 if unattributed:
                     workload.unattributed_gpu_seconds += units * (sub_end - sub_start)
-                    counted = counted or unattributed
+                    counted = True
                 self._account(stretch, units, sub_start, sub_end, utilization, memory, sign)
         if counted and sign > 0 and low == -INFINITY and high == INFINITY:  # a new point, not a re-accounting
             self.unattributed_samples += 1
@@ -896,16 +904,7 @@ class EngineCore:
         if stretch.end > tail_start:  # never covered by a sample: unmonitored for good
             workload.unmonitored_gpu_seconds += stretch.units * (stretch.end - tail_start)
         workload.retired_last_active = max(workload.retired_last_active, stretch.last_active)
-        runs = workload.retired_runs
-        runs.append((stretch.start, stretch.end))
-        runs.sort()
-        merged: list[tuple[float, float]] = []
-        for run_start, run_end in runs:
-            if merged and run_start <= merged[-1][1]:
-                merged[-1] = (merged[-1][0], max(merged[-1][1], run_end))
-            else:
-                merged.append((run_start, run_end))
-        workload.retired_runs = merged
+        workload.retired_runs = merged_runs([*workload.retired_runs, (stretch.start, stretch.end)])
         self._drop_stretch(gpu, stretch)
 
     def forget_workload(self, uid: str) -> None:

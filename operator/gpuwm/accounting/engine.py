@@ -9,7 +9,7 @@ from functools import reduce
 from operator import add
 from typing import Any
 
-from gpuwm.accounting.core import EngineCore
+from gpuwm.accounting.core import EngineCore, merged_runs
 from gpuwm.accounting.persist import restore_state, save_state
 from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Pod, Stretch, Workload
 from gpuwm.accounting.windows import windows_of
@@ -23,6 +23,7 @@ from gpuwm.model.figures import (
     shared_keys_fields,
     trusted_complete,
 )
+from gpuwm.model.sample import GpuSample
 from gpuwm.model.trace import ENDED_POD_PHASES, WorkloadEvent, gpu_quota
 
 #: the report's two biggest models' fields, for dicts of shared keys (see `shared_keys_fields`)
@@ -37,6 +38,21 @@ def _optional_float(value: float | None) -> float | None:
 
 def _gpu_order(item: GpuFigures) -> tuple[str, str, str, str]:
     return item.node, item.uuid, item.pod or "", item.container or ""
+
+
+def _copy_latest(fields: dict[str, Any], latest: GpuSample) -> None:
+    """What a device's latest sample says about it, into GpuFigures' `fields` (in field order, after `node`)."""
+    fields["index"] = latest.index
+    fields["model"] = latest.model
+    fields["mig_profile"] = latest.mig_profile
+    fields["parent_uuid"] = latest.parent_uuid
+    fields["device_units"] = latest.device_units
+    fields["sm_percent"] = latest.sm_percent
+    fields["memory_used_bytes"] = latest.memory_used_bytes
+    fields["memory_total_bytes"] = latest.memory_total_bytes
+    fields["power_watts"] = latest.power_watts
+    fields["healthy"] = latest.healthy
+    fields["error"] = latest.error
 
 
 #: the phases of a workload that has not got its GPUs: its requested units are unmet demand
@@ -109,14 +125,27 @@ def _pod_order(pod: Pod) -> tuple[str, str]:
     return pod.name, pod.uid
 
 
+def _totals(members: list[WorkloadFigures], sums: _Sums) -> dict[str, Any]:
+    """The last fields of ProjectFigures and of ClusterFigures, in field order: sums over `members`, means of `sums`."""
+    utilization, memory = sums.windows()
+    return {
+        "allocated_gpu_seconds": float(sum(figures.allocated_gpu_seconds for figures in members)),
+        "active_gpu_seconds": float(sum(figures.active_gpu_seconds for figures in members)),
+        "idle_gpu_seconds": float(sum(figures.idle_gpu_seconds for figures in members)),
+        "unmonitored_gpu_seconds": float(sum(figures.unmonitored_gpu_seconds for figures in members)),
+        "energy_joules": float(sum(figures.energy_joules for figures in members)),
+        "utilization": utilization,
+        "memory_utilization": memory,
+    }
+
+
 class _Sums:
     """Window integrals of one or more workloads, turned into allocation-weighted means.
 
     One flat list (a report merges thousands: one comprehension per merge, not nested loops):
     per window avg1m, avg5m, avg1h, lifetime (in that order) units, util, mem_units, mem at
     4 * window + column; then at 16 the latest samples' (units, units x util) and at 18
-    (units, units x memory %). Every element is summed in the same order as before, so the figures
-    are the same to the bit.
+    (units, units x memory %).
     """
 
     __slots__ = ("values",)
@@ -270,45 +299,12 @@ class Engine(EngineCore):
         """Merged (start, end) stretches of any GPU container of the workload, clipped to now."""
         spans = list(workload.retired_runs)
         spans.extend((stretch.start, min(stretch.end, now)) for stretch in workload.stretches if stretch.start < now)
-        spans.sort()
-        merged: list[tuple[float, float]] = []
-        for start, end in spans:
-            if end <= start:
-                continue
-            if merged and start <= merged[-1][1]:
-                if end > merged[-1][1]:
-                    merged[-1] = (merged[-1][0], end)
-            else:
-                merged.append((start, end))
-        return merged
-
-    @staticmethod
-    def _device_fields(gpu: Gpu) -> dict[str, Any]:
-        """What a device's latest sample says about it, for GpuFigures."""
-        fields: dict[str, Any] = {"node": gpu.node or "", "uuid": gpu.uuid, "last_sample_time": gpu.last_time}
-        latest = gpu.latest
-        if latest is not None:
-            fields.update(
-                node=latest.node,
-                index=latest.index,
-                model=latest.model,
-                mig_profile=latest.mig_profile,
-                parent_uuid=latest.parent_uuid,
-                device_units=latest.device_units,
-                sm_percent=latest.sm_percent,
-                memory_used_bytes=latest.memory_used_bytes,
-                memory_total_bytes=latest.memory_total_bytes,
-                power_watts=latest.power_watts,
-                healthy=latest.healthy,
-                error=latest.error,
-            )
-        return fields
+        return merged_runs(spans)
 
     def _holder_figures(self, gpu: Gpu, stretch: Stretch, utilization: float | None, monitored: bool) -> GpuFigures:
         """A device as held by one stretch: the device's figures with its holder and the holder's utilisation.
 
-        What `GpuFigures(**self._device_fields(gpu), holder fields...)` gives, built in field
-        order without validation (8,000 of these per report at 8,000 GPUs).
+        Built in field order without validation (see `trusted`): a report builds one per held device.
         """
         workload = stretch.workload
         pod = workload.pods.get(stretch.pod_uid)
@@ -322,17 +318,7 @@ class Engine(EngineCore):
             fields["healthy"] = True
         else:
             fields["node"] = stretch.node or latest.node
-            fields["index"] = latest.index
-            fields["model"] = latest.model
-            fields["mig_profile"] = latest.mig_profile
-            fields["parent_uuid"] = latest.parent_uuid
-            fields["device_units"] = latest.device_units
-            fields["sm_percent"] = latest.sm_percent
-            fields["memory_used_bytes"] = latest.memory_used_bytes
-            fields["memory_total_bytes"] = latest.memory_total_bytes
-            fields["power_watts"] = latest.power_watts
-            fields["healthy"] = latest.healthy
-            fields["error"] = latest.error
+            _copy_latest(fields, latest)
         fields["namespace"] = workload.namespace
         fields["workload"] = workload.name
         fields["workload_uid"] = workload.uid
@@ -577,11 +563,9 @@ class Engine(EngineCore):
 
     def projects(self, now: float | None = None) -> list[ProjectFigures]:
         at = self.clock if now is None else now
-        return self._projects(at, self._rows(at))
+        return self._projects(self._rows(at))
 
-    def _projects(
-        self, now: float, rows: Iterable[tuple[Workload, WorkloadFigures, _Sums]]
-    ) -> list[ProjectFigures]:
+    def _projects(self, rows: Iterable[tuple[Workload, WorkloadFigures, _Sums]]) -> list[ProjectFigures]:
         grouped: dict[str, tuple[list[WorkloadFigures], list[_Sums]]] = {}
         for _workload, figures, sums in rows:
             entry = grouped.setdefault(figures.project, ([], []))
@@ -590,7 +574,6 @@ class Engine(EngineCore):
         projects = []
         for name in sorted(grouped):
             members, member_sums = grouped[name]
-            utilization, memory = _Sums.total(member_sums).windows()
             namespaces = sorted({figures.namespace for figures in members})
             quota = self._quota(namespaces)
             projects.append(trusted_complete(ProjectFigures, {
@@ -606,13 +589,7 @@ class Engine(EngineCore):
                 "queued_workloads": sum(1 for figures in members if figures.phase == "Queued"),
                 "longest_queued_seconds": float(max((figures.queued_seconds for figures in members
                                                      if figures.phase == "Queued"), default=0.0)),
-                "allocated_gpu_seconds": float(sum(figures.allocated_gpu_seconds for figures in members)),
-                "active_gpu_seconds": float(sum(figures.active_gpu_seconds for figures in members)),
-                "idle_gpu_seconds": float(sum(figures.idle_gpu_seconds for figures in members)),
-                "unmonitored_gpu_seconds": float(sum(figures.unmonitored_gpu_seconds for figures in members)),
-                "energy_joules": float(sum(figures.energy_joules for figures in members)),
-                "utilization": utilization,
-                "memory_utilization": memory,
+                **_totals(members, _Sums.total(member_sums)),
             }))
         return projects
 
@@ -637,15 +614,14 @@ class Engine(EngineCore):
         at = self.clock if now is None else now
         rows = self._rows(at)
         workloads = [row[1] for row in rows]
-        projects = self._projects(at, rows)
+        projects = self._projects(rows)
         cluster_sums = _Sums.total(row[2] for row in rows)
-        return workloads, projects, self._cluster(at, workloads, cluster_sums)
+        return workloads, projects, self._cluster(workloads, cluster_sums)
 
     def cluster(self, now: float | None = None) -> ClusterFigures:
         return self.report(now)[2]
 
-    def _cluster(self, now: float, workloads: list[WorkloadFigures], sums: _Sums) -> ClusterFigures:
-        utilization, memory = sums.windows()
+    def _cluster(self, workloads: list[WorkloadFigures], sums: _Sums) -> ClusterFigures:
         healthy = sum(1 for gpu in self.gpu_records.values() if gpu.latest is not None and gpu.latest.healthy)
         samples = [gpu.latest for gpu in self.gpu_records.values() if gpu.latest is not None]
         mig_parents = {sample.parent_uuid for sample in samples if sample.parent_uuid}
@@ -659,13 +635,7 @@ class Engine(EngineCore):
             "idle_gpus": float(sum(w.idle_gpus for w in workloads)),
             "workloads": len(workloads),
             "running_workloads": sum(1 for w in workloads if w.allocated_gpus > 0),
-            "allocated_gpu_seconds": float(sum(w.allocated_gpu_seconds for w in workloads)),
-            "active_gpu_seconds": float(sum(w.active_gpu_seconds for w in workloads)),
-            "idle_gpu_seconds": float(sum(w.idle_gpu_seconds for w in workloads)),
-            "unmonitored_gpu_seconds": float(sum(w.unmonitored_gpu_seconds for w in workloads)),
-            "energy_joules": float(sum(w.energy_joules for w in workloads)),
-            "utilization": utilization,
-            "memory_utilization": memory,
+            **_totals(workloads, sums),
         })
 
     def gpus(self, now: float | None = None) -> list[GpuFigures]:
@@ -679,10 +649,10 @@ class Engine(EngineCore):
                 continue
             holders = [s for s in gpu.stretches if s.start <= at < s.end]
             if not holders:
+                fields: dict[str, Any] = {"node": latest.node, "uuid": gpu.uuid, "last_sample_time": gpu.last_time}
+                _copy_latest(fields, latest)
                 monitored = at - latest.t <= self.gap_seconds and latest.sm_percent is not None
-                result.append(
-                    GpuFigures(utilization_percent=latest.sm_percent, monitored=monitored, **self._device_fields(gpu))
-                )
+                result.append(GpuFigures(utilization_percent=latest.sm_percent, monitored=monitored, **fields))
             for stretch in holders:
                 utilization, _memory, monitored = self._stretch_current(gpu, stretch, at)
                 result.append(self._holder_figures(gpu, stretch, utilization, monitored))
