@@ -206,11 +206,11 @@ class RowBuilder:
             self._per_device.append(kind in _PER_DEVICE_KINDS)
         return found
 
-    def _entry(
-        self, workload: WorkloadFigures, structure: int, latest: dict[str, GpuSample], known: Container[SeriesKey],
-    ) -> _Entry:
-        """The series and pairs of one workload, as the part-by-part loop finds them."""
-        labels: dict[SeriesKey, dict[str, str]] = {}
+    def _slot_getter(
+        self, known: Container[SeriesKey], labels: dict[SeriesKey, dict[str, str]]
+    ) -> Callable[[str, str, Callable[[], dict[str, str]]], int]:
+        """`get(kind, key, make)`: the slot of series (kind, key), `make()` its labels, put in `labels` where
+        `known` lacks them."""
 
         def get(kind: str, key: str, make: Callable[[], dict[str, str]]) -> int:
             found = self._slot(kind, key)
@@ -218,6 +218,14 @@ class RowBuilder:
                 labels[(kind, key)] = make()
             return found
 
+        return get
+
+    def _entry(
+        self, workload: WorkloadFigures, structure: int, latest: dict[str, GpuSample], known: Container[SeriesKey],
+    ) -> _Entry:
+        """The series and pairs of one workload, as the part-by-part loop finds them."""
+        labels: dict[SeriesKey, dict[str, str]] = {}
+        get = self._slot_getter(known, labels)
         uid = workload.uid
         base = {"namespace": workload.namespace, "workload": workload.name, "workload_uid": uid,
                 "project": workload.project}
@@ -337,12 +345,7 @@ class RowBuilder:
                     labels.setdefault(key, value)
                 entry.labels = pending or None
 
-        def get(kind: str, key: str, make: Callable[[], dict[str, str]]) -> int:
-            found = self._slot(kind, key)
-            if (kind, key) not in known and (kind, key) not in labels:
-                labels[(kind, key)] = make()
-            return found
-
+        get = self._slot_getter(known, labels)
         project_slots = [get("project", project.name, lambda: {"project": project.name}) for project in projects]
         # unallocated devices: a gpu series each (no pod), and a whole-device part for node and cluster
         layout = self._layout
