@@ -1,11 +1,10 @@
 """The bounded record buffer behind `/v1/snapshot?since=SEQ`, kept compressed.
 
 Each record (GPU sample, pod stats) is serialised once to JSON; every `block_records` records are
-zlib-compressed as one block. A sample with four processes is ~1.1 KB as JSON and ~3 KB as a Python
-object, but ~30 bytes in a compressed block of 512 (successive samples of a GPU differ little), so
-the default 100,000 records take ~3 MiB instead of hundreds. zlib level 3 costs ~1.3 ms a block
-against ~3.4 ms at level 6 for ~30 instead of ~21 bytes a record: the agent's CPU is the scarcer. A pull decompresses only the blocks
-after `since` and splices their JSON into the response.
+zlib-compressed as one block: successive samples of a GPU differ little, so a record takes a small
+part of its JSON's size there, and far less than the Python object would. zlib level 3 rather than 6:
+a little larger for much less CPU, and the agent's CPU is the scarcer. A pull decompresses only the
+blocks after `since` and splices their JSON into the response.
 """
 
 from __future__ import annotations
@@ -21,16 +20,6 @@ from gpuwm.model.jsonfast import model_json
 
 SAMPLE = b"s"
 POD_STATS = b"p"
-
-
-def record_json(model: BaseModel) -> bytes:
-    """A record as the snapshot serves it: `model.model_dump_json()`, byte for byte.
-
-    orjson over the validated field values (`gpuwm.model.jsonfast`): a third of pydantic's cost per
-    record hot, and far less at the agent's 1 Hz where pydantic's serialiser runs with cold caches
-    (~60 us a sample). tests/unit/agent/test_buffer.py checks the bytes against model_dump_json.
-    """
-    return model_json(model)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +68,7 @@ class RecordBuffer:
     def append(self, records: list[tuple[bytes, BaseModel]]) -> None:
         """Add one poll's records, each (kind, model with consecutive `seq` after `latest_seq`)."""
         for kind, model in records:
-            self._open.append(kind + record_json(model))
+            self._open.append(kind + model_json(model))  # model_dump_json's bytes, for less CPU
         self._count += len(records)
         self.latest_seq += len(records)
         if len(self._open) >= self.block_records:

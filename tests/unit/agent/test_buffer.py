@@ -6,8 +6,9 @@ import json
 
 import pytest
 
-from gpuwm.agent.buffer import POD_STATS, SAMPLE, RecordBuffer, record_json
+from gpuwm.agent.buffer import POD_STATS, SAMPLE, RecordBuffer
 from gpuwm.model import GpuSample, PodStatsSample, ProcessSample
+from gpuwm.model.jsonfast import model_json
 
 
 def _poll(buffer: RecordBuffer, gpus: int, with_stats: bool = False) -> None:
@@ -79,7 +80,7 @@ _ODD_FLOATS = [0.0, 1e-7, 1 / 3, 0.1 + 0.2, 400.123, 1.5e9, 12345678901234.5, 1e
 
 
 @pytest.mark.parametrize("value", _ODD_FLOATS)
-def test_record_json_is_model_dump_json(value: float) -> None:
+def test_the_buffers_json_is_model_dump_json(value: float) -> None:
     """The buffer's fast JSON must stay byte-identical to pydantic's (the snapshot format)."""
     samples = [
         GpuSample(
@@ -94,17 +95,17 @@ def test_record_json_is_model_dump_json(value: float) -> None:
         GpuSample(t=value, node="n", uuid="GPU-2", healthy=False, error="NVMLError_GpuIsLost: GPU is lost \u2014 \"x\""),
     ]
     for sample in samples:
-        assert record_json(sample) == sample.model_dump_json().encode()
+        assert model_json(sample) == sample.model_dump_json().encode()
     stats = PodStatsSample(t=value, node="n", namespace="ns", pod="p", pod_uid="u", seq=1, cpu_usage_cores=value,
                            memory_used_bytes=value)
-    assert record_json(stats) == stats.model_dump_json().encode()
+    assert model_json(stats) == stats.model_dump_json().encode()
 
 
-def test_record_json_refuses_what_it_cannot_write() -> None:
+def test_the_buffers_json_refuses_what_it_cannot_write() -> None:
     class Odd(PodStatsSample):
         pass
 
     odd = Odd(t=1.0, node="n", namespace="ns", pod="p", pod_uid="u")
     object.__setattr__(odd, "__dict__", {**odd.__dict__, "extra": object()})
     with pytest.raises(TypeError):
-        record_json(odd)
+        model_json(odd)
