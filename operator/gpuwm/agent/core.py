@@ -208,7 +208,7 @@ class Agent:
             self._known_uids[(pod.namespace, pod.pod)] = pod.pod_uid
         return stats
 
-    def _count(self, sample: GpuSample, unexplained: bool = False) -> None:
+    def _count(self, sample: GpuSample, unexplained: bool) -> None:
         counters = self.state.counters.get(sample.uuid)
         if counters is None:
             counters = self.state.counters[sample.uuid] = DeviceCounters(first_seen_t=sample.t)

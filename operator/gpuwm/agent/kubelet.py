@@ -135,9 +135,11 @@ class KubeletStatsClient:
         """One sample per pod of the summary, with disk rates from `disk` (`disk_totals`) where given."""
         samples = []
         seen: set[str] = set()
+        names: set[tuple[str | None, str | None]] = set()
         for pod in summary.get("pods") or []:
             ref = pod.get("podRef") or {}
             uid, name, namespace = ref.get("uid"), ref.get("name"), ref.get("namespace")
+            names.add((namespace, name))
             if not (uid and name and namespace):
                 continue
             seen.add(uid)
@@ -160,7 +162,5 @@ class KubeletStatsClient:
                 )
             )
         self._previous_network = {uid: kept for uid, kept in self._previous_network.items() if uid in seen}
-        names = {((p.get("podRef") or {}).get("namespace"), (p.get("podRef") or {}).get("name"))
-                 for p in summary.get("pods") or []}
         self._previous_disk = {key: kept for key, kept in self._previous_disk.items() if key in names}
         return samples

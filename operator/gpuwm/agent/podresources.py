@@ -74,7 +74,6 @@ class PodResourcesClient:
         self.replicas: dict[str, int] = {}
         self.healthy = False
         self.error: str | None = "not listed yet"
-        self.list_calls = 0
         self._listed_at = -float("inf")
         self._list_reply: bytes | None = None  # the last List answer, as received
         self._allocatable_at = -float("inf")
@@ -102,7 +101,6 @@ class PodResourcesClient:
             return True
         try:
             reply = self._call(_LIST, api_pb2.ListPodResourcesRequest())
-            self.list_calls += 1
             # the same answer as last time (the usual case): nothing to decode or rebuild
             if self.healthy and reply == self._list_reply and (
                 time.monotonic() - self._allocatable_at < ALLOCATABLE_REFRESH_SECONDS
