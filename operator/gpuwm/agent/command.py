@@ -80,8 +80,8 @@ def _once(agent: Agent) -> int:
 def _freeze_startup_objects() -> None:
     """Keep what exists after the first poll (modules, schemas, clients) out of the collector's passes.
 
-    Those objects live as long as the process; a full collection would otherwise walk all ~50k of
-    them (~30 ms on 2 cores) now and then for nothing.
+    Those objects live as long as the process; a full collection would otherwise walk all of them
+    now and then for nothing.
     """
     gc.collect()
     gc.freeze()

@@ -1,9 +1,9 @@
 """A unary gRPC call over HTTP/2 on a unix socket, on the pure-Python `h2` library.
 
 The agent makes one kind of gRPC call, a few seconds apart: the kubelet's pod-resources `List`.
-grpcio would add ~15 MiB of resident memory and background threads to an agent whose budget is
-60 MiB; this speaks the same wire protocol (HTTP/2, `application/grpc`, length-prefixed protobuf,
-`grpc-status` trailers) in ~2 MiB, with no background thread: one connection is kept between calls.
+grpcio would add much of the agent's memory budget and background threads; this speaks the same
+wire protocol (HTTP/2, `application/grpc`, length-prefixed protobuf, `grpc-status` trailers) in a
+fraction of that, with no background thread: one connection is kept between calls.
 """
 
 from __future__ import annotations

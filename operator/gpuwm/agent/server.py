@@ -149,8 +149,8 @@ class AgentHTTPServer(ThreadingHTTPServer):
     def serve_forever(self, poll_interval: float = 0.5) -> None:
         """Serve until `shutdown()`, asleep in select between requests (`poll_interval` is not used).
 
-        socketserver's own loop wakes every `poll_interval` to look for a shutdown request, ~0.2 ms
-        of CPU a second on an agent that polls for ~2 ms a second; here `shutdown()` wakes it instead.
+        socketserver's own loop wakes every `poll_interval` to look for a shutdown request, a cost next
+        to the agent's own polling; here `shutdown()` wakes it instead.
         """
         self._stopped.clear()
         try:
