@@ -105,8 +105,6 @@ class SampleIntake:
             if known is None or ts[row] >= known.t:
                 latest[uuid] = sample(row)
         self.samples += len(ids)
-        self._newest(float(columns.t.max()))
-
-    def _newest(self, t: float) -> None:
-        if self.latest_time is None or t > self.latest_time:
-            self.latest_time = t
+        newest = float(columns.t.max())
+        if self.latest_time is None or newest > self.latest_time:
+            self.latest_time = newest
