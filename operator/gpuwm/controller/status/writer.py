@@ -81,7 +81,6 @@ class Written:
 @dataclass
 class WriterStats:
     writes: int = 0
-    creates: int = 0
     failures: int = 0
     #: sample -> CR status lag of the latest writes (bounded: a long-running controller must not grow)
     lag_seconds: deque[float] = field(default_factory=lambda: deque(maxlen=LAG_HISTORY))
@@ -336,8 +335,6 @@ class StatusWriter:
         collection = resource_path(API_VERSION, desired.plural, desired.namespace)
         try:
             self._remember_generation(key, await self._client.create(collection, body))
-            self.labels_hash[key] = hash(frozenset(labels.items()))
-            self.stats.creates += 1
         except KubeApiError as error:
             if error.status != 409:
                 raise
@@ -350,7 +347,7 @@ class StatusWriter:
             # ours (a restart, or a race): keep its spec in line with ours
             adopted = await self._client.merge_patch(path, {"metadata": {"labels": labels}, "spec": desired.spec})
             self._remember_generation(key, adopted)
-            self.labels_hash[key] = hash(frozenset(labels.items()))
+        self.labels_hash[key] = hash(frozenset(labels.items()))
         self.existing.add(key)
 
     async def _foreign(self, collection: str, name: str) -> bool:
