@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -275,9 +276,10 @@ def _open_store(settings: Settings) -> Any:
         from gpuwm.store import open_store
     except ImportError:
         return None
+    open_at = functools.partial(open_store, rollups=settings.store_rollups, retention_seconds=settings.retention,
+                                latest_rows_per_interval=settings.store_latest_rows_per_interval)
     try:
-        return open_store(settings.store, rollups=settings.store_rollups, retention_seconds=settings.retention,
-                          latest_rows_per_interval=settings.store_latest_rows_per_interval)
+        return open_at(settings.store)
     except Exception as error:
         if settings.store.startswith(("http://", "https://")):
             logger.warning("store %s not available (%s); writing CR status only", settings.store, error)
@@ -286,8 +288,7 @@ def _open_store(settings: Settings) -> Any:
         logger.warning("cannot open --store %s (%s); using %s (set --store to a writable path)",
                        settings.store, error, fallback)
     try:
-        return open_store(fallback, rollups=settings.store_rollups, retention_seconds=settings.retention,
-                          latest_rows_per_interval=settings.store_latest_rows_per_interval)
+        return open_at(fallback)
     except Exception as error:
         logger.warning("store %s not available (%s); writing CR status only", fallback, error)
         return None
