@@ -120,10 +120,8 @@ def pod_resources(spec: Mapping[str, Any]) -> PodResources | None:
                       or (((c.get("resources") or {}).get("limits") or {}).get(resource) if kind == "requests" else None)
                       for c in containers]
             given = [parse_quantity(v) for v in values if v is not None]
-            if not given or (kind == "limits" and len(given) < len(values)):
-                figures[f"{name}_{kind[:-1]}_{unit}"] = None
-            else:
-                figures[f"{name}_{kind[:-1]}_{unit}"] = sum(given)
+            unknown = not given or (kind == "limits" and len(given) < len(values))
+            figures[f"{name}_{kind[:-1]}_{unit}"] = None if unknown else sum(given)
     if all(value is None for value in figures.values()):
         return None
     return PodResources.model_validate(figures)
