@@ -40,7 +40,7 @@ from gpuwm.store.base import (
     StoreError,
     check_range,
 )
-from gpuwm.store.promql import _POD_SERIES, promql, quote, scope_labels
+from gpuwm.store.promql import _POD_SERIES, KEY_LABEL, promql, quote, scope_labels
 
 #: the PodResources fields the controller exports as gpuwm_pod_<field>
 _SPEC_FIELDS = tuple(str(metric.field) for metric in STORED if metric.source is Source.POD_SPEC)
@@ -361,12 +361,10 @@ class PrometheusStore(Store):
             raise QueryError("pod", "selects pods of a workload; it applies to workload metrics only")
         if query.scope not in ("workload", "project"):
             return ""
-        label = "workload_uid" if query.scope == "workload" else "project"
         window = math.ceil(end - query.start) + 300
+        selector = f"{KEY_LABEL[query.scope]}={quote(query.key)}"
         found = self._instant(
-            f"group by (namespace, pod) (last_over_time(gpuwm_workload_pod_info{{{label}={quote(query.key)}}}"
-            f"[{window}s]))",
-            end,
+            f"group by (namespace, pod) (last_over_time(gpuwm_workload_pod_info{{{selector}}}[{window}s]))", end
         )
         if not found:
             return None

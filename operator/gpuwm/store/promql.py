@@ -32,6 +32,8 @@ _BY_LABELS = {
     "node": "node",
 }
 _INFO_LABELS = "namespace, pod, workload, workload_uid, project"
+#: the label that holds a scope's key
+KEY_LABEL = {"workload": "workload_uid", "project": "project", "node": "node"}
 
 
 def quote(value: str) -> str:
@@ -49,8 +51,7 @@ def _scoped(series: str, scope: str, key: str, narrow: str = "") -> str:
         return f"{series}{{node={quote(key)}}}"
     if scope == "cluster":
         return series
-    label = "workload_uid" if scope == "workload" else "project"
-    info = f"max by ({_INFO_LABELS}) (gpuwm_workload_pod_info{{{label}={quote(key)}}})"
+    info = f"max by ({_INFO_LABELS}) (gpuwm_workload_pod_info{{{KEY_LABEL[scope]}={quote(key)}}})"
     left = f"{series}{{{narrow}}}" if narrow else series
     return f"({left} * on (namespace, pod) group_left (workload, workload_uid, project) {info})"
 
@@ -80,20 +81,15 @@ def promql(metric: str, scope: str, key: str, by: str | None, narrow: str = "") 
             return f"sum{grouping} ({_scoped('gpuwm_gpu_energy_joules_total', scope, key, narrow)})"
         if by is not None:
             return None
-        if scope == "workload":
-            return f"max (gpuwm_workload_energy_joules_total{{workload_uid={quote(key)}}})"
-        return f"max (gpuwm_project_energy_joules_total{{project={quote(key)}}})"
+        return f"max (gpuwm_{scope}_energy_joules_total{{{KEY_LABEL[scope]}={quote(key)}}})"
     if metric == "gpu_idle_seconds":
         if scope in ("node", "cluster"):
             return f"max{grouping} ({_scoped('gpuwm_gpu_idle_seconds', scope, key, narrow)})"
         if by is not None:
             return None
-        label = "workload_uid" if scope == "workload" else "project"
-        return f"max (gpuwm_workload_idle_seconds{{{label}={quote(key)}}})"
+        return f"max (gpuwm_workload_idle_seconds{{{KEY_LABEL[scope]}={quote(key)}}})"
     return None
 
 
 def scope_labels(scope: str, key: str) -> dict[str, str]:
-    return {"workload": {"workload_uid": key}, "project": {"project": key}, "node": {"node": key}}.get(
-        scope, {}
-    )
+    return {KEY_LABEL[scope]: key} if scope in KEY_LABEL else {}
