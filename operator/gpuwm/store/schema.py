@@ -316,10 +316,8 @@ def create_schema(connection: sqlite3.Connection, path: Path) -> None:
         version = connection.execute("PRAGMA user_version").fetchone()[0]
         if version == MIGRATABLE_VERSION:
             _migrate_from_2(connection, path)
-            connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         elif version == 3:
             _migrate_from_3(connection, path)
-            connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         if MIGRATABLE_VERSION <= version < 5:
             _migrate_to_5(connection, path)
             connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
