@@ -159,8 +159,7 @@ def _apply_pieces(
     core: EngineCore, gpus: list[Gpu], bases: list[int], group_start: npt.NDArray[Any], group_end: npt.NDArray[Any],
     order: npt.NDArray[Any], t: npt.NDArray[Any], sm: npt.NDArray[Any], memory: npt.NDArray[Any],
     energy: npt.NDArray[Any], previous_t: npt.NDArray[Any], previous_energy: npt.NDArray[Any],
-    per_process: npt.NDArray[Any], merged: npt.NDArray[Any] | None = None,
-    device_units: npt.NDArray[Any] | None = None,
+    per_process: npt.NDArray[Any], merged: npt.NDArray[Any] | None, device_units: npt.NDArray[Any],
 ) -> None:
     """`_apply_appended` of every appended row (grouped by device) on its holders, in row order."""
     import numpy
@@ -209,12 +208,10 @@ def _apply_pieces(
     pair_rate = rate[pair_position]
     pair_monitored = monitored[pair_position] & valid
     # DESIGN §3 (EngineCore.attribution): a device's sole stretch without per-process data takes the
-    # device's SM % over its share, computed here for every such pair at once, as `_attribution` does
-    # it; any other pair (several holders, or per-process data) asks `_attribution` itself
+    # device's SM % over its share, computed here for every such pair at once, as `attribution` does
+    # it; any other pair (several holders, or per-process data) asks `attribution` itself
     group_sizes = numpy.array([len(gpu.stretches) for gpu in gpus], dtype=numpy.int64)
     pair_group = groups[pair_combo]
-    if device_units is None:
-        device_units = numpy.ones(len(t))
     with numpy.errstate(invalid="ignore", divide="ignore"):
         utilization = numpy.minimum(100.0, sm[pair_position] / (units / device_units[pair_position]))
     unattributed = numpy.zeros(len(pair_combo), dtype=numpy.bool_)

@@ -249,7 +249,6 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
             timeline, raw["name"], raw["namespace"], raw["labels"], raw["stretches"], raw["uid"],
             float(raw.get("movedIn", -INFINITY)),
         )
-    workloads: dict[str, Workload] = {}
     links: list[tuple[Workload, list[int], list[str]]] = []  # each workload's stretch ids and pods, linked below
     for raw in saved_entries(state["workloads"], consume):
         object_timeline = [(float(t), WorkloadEvent.model_validate(event)) for t, event in raw.get("objectTimeline", [])]
@@ -283,13 +282,12 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
         workload.retired_runs = [(run[0], run[1]) for run in raw["retiredRuns"]]
         retired = raw["retiredLastActive"]
         workload.retired_last_active = -INFINITY if retired is None else retired
-        workloads[workload.uid] = workload
         core.workload_records[workload.uid] = workload
         links.append((workload, raw["stretches"], raw["pods"]))
     stretches: list[Stretch] = []
     for raw in saved_entries(state["stretches"], consume):
         stretch = Stretch(
-            workloads[raw["workload"]],
+            core.workload_records[raw["workload"]],
             raw["pod"],
             raw["uuid"],
             raw["node"],

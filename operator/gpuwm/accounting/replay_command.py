@@ -28,7 +28,7 @@ from gpuwm.model.trace import (
 TraceEvents = list[NamespaceEvent | PodEvent | WorkloadEvent | SampleEvent]
 
 
-def read_trace(path: Path, quota_annotation: str = EngineConfig.quota_annotation) -> TraceEvents:
+def read_trace(path: Path, quota_annotation: str) -> TraceEvents:
     """All events of a trace file, in file order; raises TraceLineError on the first bad line.
 
     A namespace's quota annotation must be a finite number: the engine would take "NaN" or

@@ -339,7 +339,7 @@ class Gpu:
             merged_column.append(merged)
 
     def _columns(self) -> tuple[Any, ...]:
-        """The columns in SampleValues' order (late input's insert and replace; `append` writes them out)."""
+        """The columns in SampleValues' order (`insert`, `replace`, `forget_before`; `append` writes them out)."""
         return self.times, self.sm, self.memory, self.energy, self.pod_sm, self.device_units, self.merged
 
     def insert(self, index: int, values: SampleValues) -> None:
@@ -352,10 +352,8 @@ class Gpu:
 
     def forget_before(self, index: int) -> None:
         """Drop samples 0..index-1 (their intervals are final)."""
-        for column in (self.times, self.sm, self.memory, self.energy, self.device_units):
+        for column in self._columns():
             del column[:index]
-        del self.pod_sm[:index]
-        del self.merged[:index]
         self.pruned = True
 
     def rows(self) -> list[list[Any]]:

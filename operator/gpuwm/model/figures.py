@@ -11,7 +11,6 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
-from pydantic_core import PydanticUndefined
 
 from gpuwm.model.podstats import PodResources
 
@@ -177,11 +176,8 @@ class ClusterFigures(_Figures):
 
 
 def _template(cls: type[BaseModel]) -> dict[str, Any]:
-    template: dict[str, Any] = {}
-    for name, field in cls.model_fields.items():
-        # required fields and those with a default factory must be given: a missing one stays this marker
-        template[name] = field.default if field.default is not PydanticUndefined else PydanticUndefined
-    _TEMPLATES[cls] = template
+    # required fields and those with a default factory must be given: a missing one stays PydanticUndefined
+    template = _TEMPLATES[cls] = {name: field.default for name, field in cls.model_fields.items()}
     return template
 
 
