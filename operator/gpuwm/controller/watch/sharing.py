@@ -198,8 +198,8 @@ def whole_device_nodes(
     container: a time-sliced replica or a MIG slice is a fraction), and each device the agent last
     named on it has one holder, a pod the controller tracks, on a resource that is neither a MIG
     slice nor `*.shared`, through a device ID that is not a replica's (`GPU-...::N`), with the agent's
-    own count of its units whole. Anything
-    unknown leaves the node out: its agent then keeps every share down to 1/16 exact, as before.
+    own count of its units whole. Anything unknown leaves the node out: its agent then keeps every
+    share exact down to the merge request's default (`feed.merge.EXACT_UP_TO_REPLICAS`).
     The pod watch learns of a pod when it is bound, before its containers start, so a pod that
     could hold part of a device takes its node out before that pod's first poll.
     """
