@@ -167,8 +167,8 @@ def job_templates(obj: Mapping[str, Any]) -> Templates:
 
 
 def cronjob_templates(obj: Mapping[str, Any]) -> Templates:
-    job_spec = _mapping(_mapping(_spec(obj).get("jobTemplate")).get("spec"))
-    return [(_job_pods(job_spec), _pod_spec(job_spec.get("template")))]
+    """The Job its `spec.jobTemplate` makes."""
+    return job_templates(_mapping(_spec(obj).get("jobTemplate")))
 
 
 def jobset_templates(obj: Mapping[str, Any]) -> Templates:
