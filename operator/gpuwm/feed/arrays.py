@@ -216,7 +216,8 @@ class SampleColumns:
             fields["pcie_tx_bytes_per_second"] = tx
             fields["processes"] = None if listed is None else [ProcessSample.model_validate(item) for item in listed]
             fields["merged_seconds"] = merged
-            built.append(_validated(fields))
+            # checked already, column by column: built without model_validate's checks, defaults and alias lookups
+            built.append(trusted_complete(GpuSample, fields))
         return built
 
     def _processes_of(self, row: int) -> list[dict[str, Any]] | None:
@@ -283,26 +284,8 @@ class SampleColumns:
         return [by_row[row] for row in order.tolist()]
 
 
-#: the fields-set of every sample built here: one set shared by all (else each of the engine's latest samples
-#: and device templates holds its own). GpuSample is frozen, so nothing adds to it in place;
-#: `model_copy(update=...)` copies it before adding.
-_FIELDS_SET = set(GpuSample.model_fields)
-
-
-def _validated(fields: dict[str, Any]) -> GpuSample:
-    """A GpuSample of every field's value, checked already (column by column): built as `model_construct`
-    builds it, without its per-field defaults and alias lookups (`model_validate` would check them again).
-    """
-    return trusted_complete(GpuSample, fields, _FIELDS_SET)
-
-
 def _none(value: float) -> float | None:
     return None if value != value else float(value)
-
-
-def concat(first: SampleColumns, second: SampleColumns) -> SampleColumns:
-    """`first`'s rows then `second`'s (pages of one pull)."""
-    return join([first, second])
 
 
 def join(parts: list[SampleColumns]) -> SampleColumns:

@@ -33,7 +33,6 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from gpuwm.feed.arrays import (
     DeviceEntry,
     SampleColumns,
-    concat,
     device_entries,
     join,
     parse_columns,
@@ -92,17 +91,13 @@ def _holders(entry: Mapping[str, Any], node: str) -> list[DeviceHolder]:
     flat.setdefault("node", node)
     nested = next((flat[key] for key in ("holders", "pods", "allocations") if isinstance(flat.get(key), list)), None)
     if nested is None:
-        # kept until the node's devices change: one fields-set for all alike, strings shared
-        holder = intern_strings(share_fields_set(DeviceHolder.model_validate(flat)))
-        return [holder] if holder.pod_key else []
-    holders = []
-    for inner in nested:
-        merged = {**{k: v for k, v in flat.items() if k not in {"holders", "pods", "allocations"}},
-                  **{_ALIASES.get(key, key): value for key, value in inner.items()}}
-        holder = intern_strings(share_fields_set(DeviceHolder.model_validate(merged)))
-        if holder.pod_key:
-            holders.append(holder)
-    return holders
+        entries = [flat]
+    else:
+        device = {k: v for k, v in flat.items() if k not in {"holders", "pods", "allocations"}}
+        entries = [{**device, **{_ALIASES.get(key, key): value for key, value in inner.items()}} for inner in nested]
+    # kept until the node's devices change: one fields-set for all alike, strings shared
+    holders = [intern_strings(share_fields_set(DeviceHolder.model_validate(held))) for held in entries]
+    return [holder for holder in holders if holder.pod_key]
 
 
 @dataclass
@@ -142,7 +137,7 @@ class Snapshot:
         following.pod_stats[:0] = self.pod_stats
         following.truncated = following.truncated or self.truncated
         if self.columns is not None:
-            following.columns = self.columns if following.columns is None else concat(self.columns, following.columns)
+            following.columns = self.columns if following.columns is None else join([self.columns, following.columns])
         following.pending_columns[:0] = self.pending_columns
         following.rejected_samples += self.rejected_samples
         return following
@@ -150,7 +145,7 @@ class Snapshot:
 
 #: agent's node -> (node it reported, a digest of its last `devices` list's JSON, the holders built from them):
 #: most pulls repeat it. A digest, not the parsed list: kept for every node, the parsed dicts (and orjson's
-#: output buffers, larger than the JSON) were a visible part of the controller's memory (bench/README.md)
+#: output buffers, larger than the JSON) would be a visible part of the controller's memory (bench/README.md)
 HolderCache = dict[str, tuple[str, bytes, list[DeviceHolder]]]
 
 
@@ -268,9 +263,8 @@ def _infinity_for_nan(payload: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _snapshot(
-    payload: _ColumnsEnvelope, expected_node: str, holder_cache: HolderCache | None = None,
-    columns: SampleColumns | None = None, pending_columns: list[Mapping[str, Any]] | None = None,
-    known: KnownDevices | None = None, rejected_samples: int = 0,
+    payload: _ColumnsEnvelope, expected_node: str, holder_cache: HolderCache | None, columns: SampleColumns | None,
+    pending_columns: list[Mapping[str, Any]] | None, known: KnownDevices | None, rejected_samples: int,
 ) -> Snapshot:
     node = payload.node or expected_node
     if node != expected_node:
@@ -328,12 +322,8 @@ def parse_snapshot(
         held, entries = _tagged_devices(envelope, payload, expected_node, known)
         if entries is not None:  # validated once here; the columns' reading takes them as they are
             payload = {**payload, "gpus": entries}
-        if defer_columns:
-            snapshot = _snapshot(envelope, expected_node, holder_cache, pending_columns=[payload], known=held,
-                                 rejected_samples=rejected)
-        else:
-            snapshot = _snapshot(envelope, expected_node, holder_cache, parse_columns(payload), known=held,
-                                 rejected_samples=rejected)
+        snapshot = _snapshot(envelope, expected_node, holder_cache, None if defer_columns else parse_columns(payload),
+                             [payload] if defer_columns else None, held, rejected)
         snapshot.devices_tag, snapshot.device_entries = envelope.devices_tag, entries
         return snapshot
     except FormatError:
