@@ -112,8 +112,8 @@ def devices_members(gpus_json: bytes, devices_json: bytes, known_tag: str | None
     """A columnar answer's `gpus` and `devices` members with their tag (`,"devices_tag":...`), or only the tag and
     `"devices_unchanged":true` when they are what the puller holds under `known_tag` (it sent `?devices_tag=`).
 
-    A node's devices and their holders rarely change, yet were most of each answer, which the
-    puller read and checked per agent and pull (bench/README.md). The tag is a digest of exactly the two
+    A node's devices and their holders rarely change, yet would be most of each answer, for the
+    puller to read and check per agent and pull (bench/README.md). The tag is a digest of exactly the two
     members' JSON, so an answer left without them always means the very ones the puller keeps,
     whatever happened between (an agent restart that finds the same devices gives the same tag).
     """

@@ -2,13 +2,12 @@
 
 Runs of a device's 1 Hz polls go as one sample each, with nothing lost that the engine counts.
 
-At 1,000 nodes and 1 Hz a status interval carries 120,000 samples; parsing, accounting and
-keeping each of them was most of the controller's CPU and memory. Yet most consecutive polls
-say the same thing to the accounting: the GPU busy (or idle) for every holder, second after
-second. The controller asks (`/v1/snapshot?merge_seconds=S&merge_threshold_percent=P&
-merge_gap_seconds=G`) and the agent sends each such run as one sample at the run's last poll,
-carrying `merged_seconds` (the run's last time minus its first) and the run's time-weighted
-means, the energy counter of its last poll.
+Parsing, accounting and keeping every poll of every device costs the controller CPU and memory
+in proportion to the fleet, yet most consecutive polls say the same thing to the accounting:
+the GPU busy (or idle) for every holder, second after second. The controller asks
+(`/v1/snapshot?merge_seconds=S&merge_threshold_percent=P&merge_gap_seconds=G`) and the agent
+sends each such run as one sample at the run's last poll, carrying `merged_seconds` (the run's
+last time minus its first) and the run's time-weighted means, the energy counter of its last poll.
 
 A poll joins the run before it only where that changes none of allocated, active, idle and
 unmonitored GPU-seconds, lastActiveTime, idleSeconds, idleGpus and a GPU's energy:
@@ -62,7 +61,7 @@ MEAN_FIELDS = (
 EXACT_UP_TO_REPLICAS = 16
 
 
-def _cap_side(percent: float, exact_replicas: int = EXACT_UP_TO_REPLICAS) -> int:
+def _cap_side(percent: float, exact_replicas: int) -> int:
     """Which k = 1, 2, ... make `percent` x k reach the cap of 100 (those up to the result), bounded.
 
     A holder of 1/k of a device gets an SM figure x k, capped at 100: polls whose figures share
@@ -145,8 +144,7 @@ def _pod_sm(sample: Mapping[str, Any]) -> dict[str, float] | None:
     return by_pod
 
 
-def _activity(sample: Mapping[str, Any], threshold_percent: float,
-              exact_replicas: int = EXACT_UP_TO_REPLICAS) -> tuple[Any, ...] | None:
+def _activity(sample: Mapping[str, Any], threshold_percent: float, exact_replicas: int) -> tuple[Any, ...] | None:
     """What every holder's active/idle verdict depends on, or None when the poll cannot be merged."""
     if sample.get("healthy", True) is not True or sample.get("error") is not None or sample.get("merged_seconds"):
         return None
@@ -179,11 +177,6 @@ def _counter_continues(previous: Mapping[str, Any], sample: Mapping[str, Any]) -
     """
     before, now = previous.get("energy_joules"), sample.get("energy_joules")
     return (before is None) == (now is None) and (now is None or now >= before)
-
-
-def _joins(previous: Mapping[str, Any], sample: Mapping[str, Any], gap_seconds: float) -> bool:
-    """Whether `sample` may follow `previous` in one run (their activity and device fields already compared)."""
-    return sample["t"] - previous["t"] <= gap_seconds and _counter_continues(previous, sample)
 
 
 def _merged(run: Sequence[Mapping[str, Any]], weights: Sequence[float]) -> dict[str, Any]:
@@ -240,7 +233,8 @@ def _runs(polls: Sequence[Mapping[str, Any]], request: MergeRequest) -> list[lis
         activity = _activity(poll, request.threshold_percent, request.exact_replicas)
         if activity is not None:  # the device fields too: a run is one device as it was
             activity = (*activity, device_key(poll))
-        joins = _joins(polls[index - 1], poll, request.gap_seconds)
+        previous = polls[index - 1]
+        joins = poll["t"] - previous["t"] <= request.gap_seconds and _counter_continues(previous, poll)
         run = runs[-1]
         if (len(runs) > 1 and joins and activity is not None and activity == run_activity
                 and poll["t"] - polls[run[0]]["t"] <= request.span_seconds):
