@@ -25,7 +25,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
 from pathlib import Path
-from typing import cast
+from typing import TypeVar, cast
 
 import numpy as np
 from pydantic import BaseModel
@@ -72,6 +72,8 @@ _LIVE_PHASES = frozenset({"Running", "Pending", "Queued"})  # a Queued one's que
 #: series rows deleted per compaction round at most: a store with many series left without a point
 #: is cleaned over several hourly rounds, not in one long transaction
 FORGET_SERIES_PER_ROUND = 50_000
+
+_Figures = TypeVar("_Figures", bound=BaseModel)
 
 
 class EmbeddedStore(Store):
@@ -658,20 +660,20 @@ class EmbeddedStore(Store):
             by_name[(workload.namespace, workload.name)] = workload  # the newest of a reused name wins
         return list(by_name.values())
 
+    def _latest_row(self, model: type[_Figures], query: str, *arguments: object) -> _Figures | None:
+        """The figures of the one latest_* row `query` selects, or None."""
+        row = self._reader().execute(query, arguments).fetchone()
+        return model.model_validate_json(row[0]) if row else None
+
     def workload(self, namespace: str, name: str) -> WorkloadFigures | None:
-        row = (
-            self._reader()
-            .execute(
-                "SELECT figures FROM latest_workloads WHERE namespace = ? AND name = ? ORDER BY at DESC LIMIT 1",
-                (namespace, name),
-            )
-            .fetchone()
+        return self._latest_row(
+            WorkloadFigures,
+            "SELECT figures FROM latest_workloads WHERE namespace = ? AND name = ? ORDER BY at DESC LIMIT 1",
+            namespace, name,
         )
-        return WorkloadFigures.model_validate_json(row[0]) if row else None
 
     def workload_by_uid(self, uid: str) -> WorkloadFigures | None:
-        row = self._reader().execute("SELECT figures FROM latest_workloads WHERE uid = ?", (uid,)).fetchone()
-        return WorkloadFigures.model_validate_json(row[0]) if row else None
+        return self._latest_row(WorkloadFigures, "SELECT figures FROM latest_workloads WHERE uid = ?", uid)
 
     def runs(self) -> list[WorkloadFigures]:
         rows = self._reader().execute("SELECT figures FROM latest_workloads ORDER BY namespace, name, at, uid")
@@ -682,12 +684,10 @@ class EmbeddedStore(Store):
         return [ProjectFigures.model_validate_json(figures) for (figures,) in rows]
 
     def project(self, name: str) -> ProjectFigures | None:
-        row = self._reader().execute("SELECT figures FROM latest_projects WHERE name = ?", (name,)).fetchone()
-        return ProjectFigures.model_validate_json(row[0]) if row else None
+        return self._latest_row(ProjectFigures, "SELECT figures FROM latest_projects WHERE name = ?", name)
 
     def cluster(self) -> ClusterFigures | None:
-        row = self._reader().execute("SELECT figures FROM latest_cluster WHERE id = 1").fetchone()
-        return ClusterFigures.model_validate_json(row[0]) if row else None
+        return self._latest_row(ClusterFigures, "SELECT figures FROM latest_cluster WHERE id = 1")
 
     def nodes(self) -> list[str]:
         rows = self._reader().execute("SELECT DISTINCT node FROM series WHERE kind = 'node' ORDER BY node")
