@@ -3,10 +3,8 @@
 Schema 4 (why each table): `series` names every series once; `head` holds one row per interval
 and block of series (what `record` appends); `chunks` one row per tier, series and span
 (compacted points) naming its bytes in `payloads`, one payload per *part* of the metrics
-(codec.PARTS: device figures, energy, units and idle seconds, pod stats), where identical bytes
-are kept once (a one-GPU pod's device part is its GPU series', its workload's and its
-workload_node's), counted by triggers so the bytes go when the last chunk naming them does;
-`latest_*` the latest figures; `meta` the metric layout and watermarks.
+(codec.PARTS), where identical bytes are kept once, counted by triggers so the bytes go when the
+last chunk naming them does; `latest_*` the latest figures; `meta` the metric layout and watermarks.
 
 Schema 5 adds the metrics of issue 39 §3 at the end of the layout (the pods' requests, limits, use
 of them, disk rates) as a fifth part (`host_payload`); a schema 4 file gains the column (NULL: those
