@@ -22,7 +22,7 @@ import os
 import ssl
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Protocol, TypeVar
@@ -127,23 +127,6 @@ class Authorizer(Protocol):
         """Whether `user` may `get` the non-resource URL `path` (e.g. /metrics)."""
 
 
-async def require(authorizer: Authorizer, token: str | None, namespaces: Sequence[str] | None) -> User:
-    """Authenticate, then require access to every namespace listed (None: cluster-wide); AuthError otherwise."""
-    user = await authorizer.authenticate(token)
-    targets: list[str | None] = [None] if namespaces is None else list(dict.fromkeys(namespaces))
-    if await authorizer.allowed(user, None):
-        return user
-    for namespace in targets:
-        if namespace is None or not await authorizer.allowed(user, namespace):
-            where = "cluster-wide" if namespace is None else f"in namespace {namespace!r}"
-            raise AuthError(
-                403,
-                f"user {user.username!r} may not get {RESOURCE}.{RESOURCE_GROUP} {where}; "
-                "grant it with a Role/ClusterRole and binding",
-            )
-    return user
-
-
 class AllowAll:
     """`--auth=none`: everyone is `anonymous` and may read everything (local use only)."""
 
@@ -155,18 +138,6 @@ class AllowAll:
 
     async def allowed_path(self, user: User, path: str) -> bool:
         return True
-
-
-async def require_path(authorizer: Authorizer, token: str | None, path: str) -> User:
-    """Authenticate, then require `get` on the non-resource URL `path`; AuthError otherwise."""
-    user = await authorizer.authenticate(token)
-    if not await authorizer.allowed_path(user, path):
-        raise AuthError(
-            403,
-            f"user {user.username!r} may not get {path}; grant it with a ClusterRole rule "
-            f"nonResourceURLs: [{path!r}], verbs: [get] (the chart's <release>-metrics-reader)",
-        )
-    return user
 
 
 class KubernetesAuthorizer:

@@ -19,7 +19,7 @@ import anyio.to_thread
 from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry
 
-from gpuwm.api.auth import Authorizer, User, require, require_path
+from gpuwm.api.auth import RESOURCE, RESOURCE_GROUP, AuthError, Authorizer, User
 from gpuwm.api.http import bearer_token
 from gpuwm.api.limits import QueryLimits
 from gpuwm.config import Settings
@@ -79,11 +79,30 @@ class Caller:
 
     async def require(self, namespaces: Sequence[str] | None) -> User:
         """401/403 unless the caller may read every one of `namespaces` (None: cluster-wide)."""
-        return await require(self.authorizer, self.token, namespaces)
+        user = await self.authenticate()
+        targets: list[str | None] = [None] if namespaces is None else list(dict.fromkeys(namespaces))
+        if await self.authorizer.allowed(user, None):
+            return user
+        for namespace in targets:
+            if namespace is None or not await self.authorizer.allowed(user, namespace):
+                where = "cluster-wide" if namespace is None else f"in namespace {namespace!r}"
+                raise AuthError(
+                    403,
+                    f"user {user.username!r} may not get {RESOURCE}.{RESOURCE_GROUP} {where}; "
+                    "grant it with a Role/ClusterRole and binding",
+                )
+        return user
 
     async def require_path(self, path: str) -> User:
         """401/403 unless the caller may `get` the non-resource URL `path`."""
-        return await require_path(self.authorizer, self.token, path)
+        user = await self.authenticate()
+        if not await self.authorizer.allowed_path(user, path):
+            raise AuthError(
+                403,
+                f"user {user.username!r} may not get {path}; grant it with a ClusterRole rule "
+                f"nonResourceURLs: [{path!r}], verbs: [get] (the chart's <release>-metrics-reader)",
+            )
+        return user
 
     async def readable(self, user: User, workloads: list[WorkloadFigures]) -> list[WorkloadFigures]:
         """Those of `workloads` in namespaces `user` may read (all of them with cluster-wide access)."""
