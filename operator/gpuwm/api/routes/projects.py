@@ -20,11 +20,7 @@ async def list_projects(request: Request, context: Context, caller: CallerOf) ->
     user = await caller.authenticate()
     projects = await context.blocking(context.store.projects)
     if not await context.authorizer.allowed(user, None):
-        kept = []
-        for project in projects:
-            if all([await context.authorizer.allowed(user, ns) for ns in project.namespaces]):
-                kept.append(project)
-        projects = kept
+        projects = [p for p in projects if all([await context.authorizer.allowed(user, ns) for ns in p.namespaces])]
     return ProjectList(projects=projects)
 
 

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
+from gpuwm.api.auth import User
 from gpuwm.api.http import (
     BOOL_PATTERN,
     ERRORS,
@@ -21,7 +22,7 @@ from gpuwm.api.http import (
 )
 from gpuwm.api.params import parse_bool
 from gpuwm.api.queue import WAITING_PHASES, QueueView, queue_view
-from gpuwm.api.routes.context import ApiContext, CallerOf, Context
+from gpuwm.api.routes.context import ApiContext, Caller, CallerOf, Context
 from gpuwm.api.routes.ranges import RangeParams, RangeTarget, WorkloadRange, answer_range
 from gpuwm.api.runs import (
     DEFAULT_PAGE_RUNS,
@@ -74,25 +75,29 @@ async def list_workloads(
     idle_only = parse_bool("idle", idle) if idle is not None else None
     ended_runs = parse_bool("ended", ended) if ended is not None else None
     page_size = limit if limit is not None else (DEFAULT_PAGE_RUNS if ended_runs else None)
-    user = await caller.authenticate()
-    if namespace is not None:
-        await caller.require([namespace])
+    user = await (caller.require([namespace]) if namespace is not None else caller.authenticate())
     workloads = await context.blocking(context.store.runs if ended_runs else context.store.workloads)
     if ended_runs is False:
         workloads = [w for w in workloads if w.end_time is None]
-    chosen = [
-        w
-        for w in workloads
-        if (namespace is None or w.namespace == namespace)
-        and (project is None or w.project == project)
-        and (idle_only is None or is_idle(w) == idle_only)
-    ]
-    if namespace is None:
-        chosen = await caller.readable(user, chosen)
+    if idle_only is not None:
+        workloads = [w for w in workloads if is_idle(w) == idle_only]
+    chosen = await readable_of(caller, user, workloads, namespace, project)
     if page_size is None and continue_ is None:
         return WorkloadList(workloads=chosen)
     page, following = page_of_runs(chosen, page_size, continue_)
     return WorkloadList(workloads=page, continue_=following)
+
+
+async def readable_of(
+    caller: Caller, user: User, workloads: list[WorkloadFigures], namespace: str | None, project: str | None
+) -> list[WorkloadFigures]:
+    """Those of `workloads` in `namespace` and `project` where given, and in namespaces `user` may read (a
+    namespace given is one the caller was already required to read)."""
+    chosen = [
+        w for w in workloads
+        if (namespace is None or w.namespace == namespace) and (project is None or w.project == project)
+    ]
+    return chosen if namespace is not None else await caller.readable(user, chosen)
 
 
 async def find_workload(context: ApiContext, namespace: str, name: str) -> WorkloadFigures:
@@ -200,14 +205,8 @@ async def queue(
     check_parameters(request, {"namespace", "project"}, multi=())
     user = await (caller.require([namespace]) if namespace is not None else caller.authenticate())
     workloads = await context.blocking(context.store.workloads)
-    chosen = [
-        w for w in workloads
-        if w.phase in WAITING_PHASES
-        and (namespace is None or w.namespace == namespace)
-        and (project is None or w.project == project)
-    ]
-    if namespace is None:
-        chosen = await caller.readable(user, chosen)
-    return queue_view(chosen)
+    return queue_view(
+        await readable_of(caller, user, [w for w in workloads if w.phase in WAITING_PHASES], namespace, project)
+    )
 
 
