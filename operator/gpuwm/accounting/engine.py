@@ -155,7 +155,7 @@ class _Sums:
 
     @classmethod
     def of_workload(cls, workload: Workload, windows: tuple[list[float], list[float], list[float]]) -> _Sums:
-        """One workload's sums (`windows`: its `windows.windows(now)`); 0.0 + x as adding to fresh sums did."""
+        """One workload's sums (`windows`: its `windows.windows(now)`); 0.0 + x, as adding to fresh sums gives."""
         minute, five, hour = windows
         return cls([
             0.0 + minute[0], 0.0 + minute[1], 0.0 + minute[2], 0.0 + minute[3],
@@ -194,7 +194,7 @@ class _Sums:
 
 class _ReportWindows:
     """Each workload's `windows.windows(now)` of one report, kept until the next report or input (the
-    report's own lists, not copies: packing them cost more than keeping them; bench/README.md).
+    report's own lists, not copies: packing them costs more than keeping them).
     `inputs`: the engine's input count at the report (see `EngineCore.inputs`)."""
 
     __slots__ = ("_row_of", "_windows", "inputs", "now")
@@ -433,12 +433,12 @@ class Engine(EngineCore):
         for pod in ordered_pods:
             current = pod.current
             any_running = any_running or current.phase == "Running"
-            pod_units: float = 0  # summed from an int 0, as sum() did: the same float
+            pod_units = 0.0
             for pod_stretch in pod.stretches:
                 if pod_stretch.start <= now < pod_stretch.end:
                     pod_units += pod_stretch.units
             pods.append(trusted_complete(PodFigures, {"name": pod.name, "uid": pod.uid, "node": current.node,
-                                             "phase": current.phase, "allocated_gpus": float(pod_units),
+                                             "phase": current.phase, "allocated_gpus": pod_units,
                                              "labels": current.labels, "resources": current.resources,
                                              "failure_reason": current.failure_reason}))
             if current.phase in ENDED_POD_PHASES:
@@ -535,8 +535,7 @@ class Engine(EngineCore):
 
     def workload(self, uid: str, now: float | None = None) -> WorkloadFigures | None:
         """One workload's figures; at the latest report's `now` with no input since, from that report's window sums
-        (the status writer renders a few hundred CRs a cycle, each at its report's time: one numpy pass over a
-        workload's hour of segments each, saved)."""
+        (the status writer renders CRs at their report's time: no second pass over their hour of segments)."""
         workload = self.workload_records.get(uid)
         if workload is None:
             return None
@@ -546,7 +545,7 @@ class Engine(EngineCore):
         return self._workload_figures(workload, at, windows)[0]
 
     def _sorted_workloads(self) -> list[Workload]:
-        """In report order; the same list while no workload came or went (4,000 sort keys a report saved)."""
+        """In report order; the same list while no workload comes or goes (not sorted again each report)."""
         ordered = self._ordered
         if ordered is None or len(ordered) != len(self.workload_records):
             ordered = self._ordered = sorted(self.workload_records.values(), key=lambda w: (w.namespace, w.name, w.uid))

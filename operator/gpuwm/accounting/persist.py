@@ -36,10 +36,9 @@ def _finite(value: float) -> float | None:
 class LazyEntries(Sequence[dict[str, Any]]):
     """A saved list whose entries are built when read: `save_state(core, lazy=True)`'s big lists.
 
-    The controller streams the state to its file a batch of entries at a time; with every
-    entry built first, the whole state (dicts and base64 strings, more
-    than the file) sat in memory at once and made the controller's peak RSS. Read in
-    batches, only a batch is alive. Reading an entry twice builds the same entry twice.
+    The controller streams the state to its file a batch of entries at a time, so only a batch
+    is alive, not the whole state (dicts and base64 strings, more than the file): that would
+    make the controller's peak RSS. Reading an entry twice builds the same entry twice.
     """
 
     __slots__ = ("_build", "_items")
@@ -200,11 +199,9 @@ def restore_state(core: Any, state: dict[str, Any], consume: bool = False) -> No
     """Fill an empty engine `core` from `state`; raises StateError naming what is wrong.
 
     `consume`: each entry of the state's big lists is dropped from it once restored (the controller's
-    restart, whose loaded state is garbage afterwards). The loaded JSON's small objects (dicts, floats,
-    strings) fill Python's memory arenas, and the restored engine keeps some of its strings and
-    floats: freed only at the end, the JSON left arenas that those few objects held mostly
-    empty; dropped as it goes, the engine's own objects reuse its memory (less RSS after a
-    restart: bench/README.md).
+    restart, whose loaded state is garbage afterwards). The loaded JSON's small objects fill Python's
+    memory arenas and the restored engine keeps a few of them: freed only at the end, the JSON would
+    leave arenas mostly empty but held; dropped as it goes, its memory is reused by the engine's own.
     """
     if state.get("version") not in READABLE_VERSIONS:
         raise StateError(f"engine state version {state.get('version')!r} is not one of {READABLE_VERSIONS}; "

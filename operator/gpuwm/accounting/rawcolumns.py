@@ -1,10 +1,10 @@
 """Columns of doubles in the saved engine state: base64 inside the JSON, or raw bytes beside it.
 
-The window segments and GPU histories are most of the controller's state file, as doubles. As base64 in the JSON they cost a third more bytes to
-write, and an encoding pass each save (every `state_save_interval`); the controller's state file therefore
-carries them as raw little-endian bytes after its JSON (`gpuwm.controller.state.persistence`),
-and the JSON names where each one lies. Anything else that saves the engine (tests, a state
-encoded in one piece) gets base64 text, as before.
+The window segments and GPU histories are most of the controller's state file, as doubles. Base64 in
+the JSON would cost more bytes and an encoding pass each save, so the controller's state file carries
+them as raw little-endian bytes after its JSON (`gpuwm.controller.state.persistence`), and the JSON
+names where each one lies. Anything else that saves the engine (tests, a state encoded in one piece)
+gets base64 text.
 """
 
 from __future__ import annotations
@@ -40,9 +40,9 @@ class RawDoubles:
 class RawJson:
     """A value already serialised as JSON (a model's `to_json`), for a raw state's encoder to splice in as it is.
 
-    The controller's state saves each device's latest sample and each pod event: 8,000 + 4,000
-    models dumped to Python dicts and encoded again each save. Serialised once by
-    pydantic-core instead, the same JSON comes out (tests/unit/controller/test_persistence.py).
+    The controller's state saves each device's latest sample and each pod event: serialised once by
+    pydantic-core rather than dumped to Python dicts and encoded again, the same JSON comes out
+    (tests/unit/controller/test_persistence.py).
     """
 
     __slots__ = ("data",)

@@ -159,8 +159,8 @@ T = TypeVar("T")
 class UniformColumn(Generic[T]):
     """A history column kept as one value and a length while every sample has the same value.
 
-    A device's size never changes and most GPUs never report per-process figures, so at 1 Hz
-    these two columns were mostly repeats of one value (bench/README.md has the sizes).
+    A device's size never changes, most GPUs never report per-process figures and most polls
+    are not merged, so these columns are mostly repeats of one value.
     The first differing value turns the column into the full sequence `materialize` builds.
     With `adopt`, an empty uniform column takes its first value as the repeated one (a MIG
     slice's 3/7); without, only `value` repeats (None: no per-process data).
@@ -372,15 +372,15 @@ class Gpu:
     def columns(self, raw: bool = False) -> dict[str, Any]:
         """The history as JSON-able columns: each float column base64 of its little-endian doubles (NaN kept).
 
-        What the engine state saves: rows would be a Python list per sample (10^6 of them for
-        a fleet's late window at 1 Hz); columns are a few strings per GPU.
+        What the engine state saves: rows would be a Python list per sample; columns are a few
+        strings per GPU.
         `podSm` is null when no sample carried per-process data; `units` (a device's size, which
         does not change) is a plain number when every sample has the same.
 
         `raw` (the controller's state file, see gpuwm.accounting.rawcolumns): t, sm, memory,
         energy (and merged, where any point is) as one `RawDoubles` of the columns one after the
         other ("floats", with "floatColumns": 5 when merged is there). One piece per GPU, not five:
-        at 8,000 GPUs of short histories, the cost of a save was per piece, not per byte.
+        with many GPUs of short histories a save costs per piece more than per byte.
         """
         units, pod_sm, merged = self.device_units, self.pod_sm, self.merged
         merged_any = merged.count(0.0) != len(merged)  # left out while no point is merged (as before merged polls)

@@ -26,13 +26,12 @@ _COARSE_BUCKET_SECONDS = 60.0
 _EXACT_SECONDS = 70.0  # segments newer than now-70s stay exact (1m window edge)
 _FINE_SECONDS = 330.0  # segments newer than now-330s go to 5 s buckets (5m window edge)
 _MIN_CAPACITY_SEGMENTS = 128
-#: a workload folds again once this many segments came after its last fold: with merged polls (gpuwm.feed.merge)
-#: a busy workload then folds every few minutes; twice its folded size (the rule at 1 Hz of single polls) kept
-#: far more segments per workload than the hour needs
+#: a workload folds again once this many segments came after its last fold (not in proportion to its folded
+#: size, which would keep far more segments than the hour needs)
 _FOLD_AFTER_SEGMENTS = 64
-#: each workload's own fold point is 64 +- this many segments (`fold_after_of`, from its uid): workloads started
-#: together (a job array; a benchmark's thousands) folded together, so their segments, and the controller's RSS
-#: with them, rose and fell in waves, and one maintenance folded all of them at once
+#: each workload's own fold point is 64 +- this many segments (`fold_after_of`, from its uid), so that workloads
+#: started together (a job array) do not fold together: their segments, and the controller's RSS, would rise
+#: and fall in waves, and one maintenance would fold all of them at once
 _FOLD_SPREAD_SEGMENTS = 16
 _NUMPY_FROM_SEGMENTS = 24  # below this a plain loop is faster than numpy's call overhead
 _WORKLOADS_PER_PASS = 128  # workloads per numpy pass over segments: bounds the pass's temporaries
@@ -233,11 +232,8 @@ class WindowSums:
                     capacity: int | None = None) -> WindowSums:
         """Inverse of `to_base64` (or raw bytes, of `to_raw`); raises ValueError when it is not whole segments.
 
-        `capacity`: the saved `capacity`. Without it (states saved before it was) the next fold is due
-        `fold_after` segments from now: every restored workload then began its fold cycle at the restore,
-        so after a restart their segments piled up past the steady state
-        until each folded, and the folds, so the short windows' figures, fell elsewhere than in an
-        engine that never stopped.
+        `capacity`: the saved `capacity`; without it (an older state) the next fold is due `fold_after`
+        segments from now.
         """
         values = doubles_from_saved(text)
         if len(values) % _STRIDE:
@@ -261,13 +257,12 @@ class WindowSums:
 
 
 def windows_of(many: Sequence[WindowSums], now: float) -> list[tuple[list[float], list[float], list[float]]]:
-    """`WindowSums.windows(now)` of many workloads in a few numpy passes (a report covers thousands).
+    """`WindowSums.windows(now)` of many workloads in a few numpy passes, not many small numpy calls.
 
     Per workload and column the products are summed in segment order, starting from 0.0, as
     the plain loop in `windows` does, so the two agree to the bit whichever computes a
-    workload's figures; a pass over many workloads' segments replaces thousands of small numpy
-    calls. The passes take `_WORKLOADS_PER_PASS` workloads each: one pass over an hour of
-    segments of thousands of workloads held their copies and temporaries all at once.
+    workload's figures. The passes take `_WORKLOADS_PER_PASS` workloads each, which bounds the
+    copies and temporaries alive at once.
     """
     result: list[tuple[list[float], list[float], list[float]]] = []
     for low in range(0, len(many), _WORKLOADS_PER_PASS):
@@ -310,9 +305,8 @@ def _windows_pass(many: Sequence[WindowSums], now: float) -> list[tuple[list[flo
 def maintain_all(many: Sequence[WindowSums], now: float) -> None:
     """`maintain` of many workloads' sums: those that hold too many segments are folded in one numpy pass.
 
-    At 1 Hz each of 4,000 workloads reaches its capacity every few minutes, so each engine
-    maintenance (every 30 s of input) folds hundreds: one pass over all their segments, not
-    hundreds of small numpy calls.
+    A maintenance of a busy engine folds many workloads at once: one pass over all their
+    segments, not a small numpy call each.
     """
     due = []
     for sums in many:

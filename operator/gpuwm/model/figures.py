@@ -17,7 +17,7 @@ from gpuwm.model.podstats import PodResources
 _Model = TypeVar("_Model", bound=BaseModel)
 _new_object = object.__new__
 #: BaseModel's slots, set through their descriptors: what `object.__setattr__` does for them, without looking
-#: the name up along the class's MRO each time (a large part of building a model this way; a report builds tens of thousands)
+#: the name up along the class's MRO each time
 _set_dict = BaseModel.__dict__["__dict__"].__set__
 _set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
 _set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
@@ -192,8 +192,7 @@ def shared_keys_fields(cls: type[BaseModel]) -> dict[str, Any]:
     CPython keeps an instance `__dict__` of a plain class as values over a key table shared by
     the class ("split" dicts, up to 30 keys), and `dict.copy()` of one keeps it so. Filled by
     assigning each field in turn (no key is added, the order stays the field order), a copy is
-    a fraction of a plain dict's size, and is built faster: a cycle builds a report model per
-    device and workload and a latest GpuSample per device (bench/README.md).
+    smaller than a plain dict and faster to build; a cycle builds one per device and workload.
     Elsewhere (another interpreter) the copy is an ordinary dict: the same contents, only bigger.
     """
     holder = type(f"_{cls.__name__}Fields", (), {})()
@@ -206,8 +205,8 @@ def shared_keys_fields(cls: type[BaseModel]) -> dict[str, Any]:
 def trusted(cls: type[_Model], values: dict[str, Any]) -> _Model:
     """`cls(**values)` without validation, for figures the engine computed itself (several times cheaper).
 
-    A report builds some 28,000 of these models per status interval; validating numbers the
-    engine made costs more than computing them. `values` must already hold each field's type
+    A report builds one per workload, pod and device each status interval; validating numbers
+    the engine made costs more than computing them. `values` must already hold each field's type
     (float, not int, for a float field: `float()` where a sum may be empty) and every field
     that is required or has a default factory (lists, windows; a shared default would be
     mutated). The `__dict__` is in field order, as validation leaves it, so dumps are the same

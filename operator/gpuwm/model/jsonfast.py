@@ -1,10 +1,9 @@
-"""`model.model_dump_json()` for gpuwm's plain models, through orjson: about half of pydantic's CPU.
+"""`model.model_dump_json()` for gpuwm's plain models, through orjson, which takes less CPU than pydantic.
 
 Plain: no aliases in the dump, no serialisers, no computed fields; field values of JSON types or
-nested plain models. What gpuwm writes in bulk is such models: the agent's buffered samples (1 Hz per
-GPU) and the store's latest figures (every running workload's each interval: orjson
-encodes them in about half the time pydantic's serialiser takes; bench/README.md). The bytes
-are pydantic's own (floats, NaN as null, non-ASCII as is); tests check them against model_dump_json.
+nested plain models. What gpuwm writes in bulk is such models: the agent's buffered samples and the
+store's latest figures (every running workload's each interval). The bytes are pydantic's own
+(floats, NaN as null, non-ASCII as is); tests check them against model_dump_json.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ class WorkloadEvent(_Event):
     creation, queued or pending with no pod yet: whether it is held back (`suspended`: `spec.suspend`,
     `runPolicy.suspend`, a Kueue Workload not admitted), the GPU units its pod templates ask for, the
     Kueue queues it waits in, and whether it has finished or been deleted. A later event for the same
-    uid replaces its state from its time on; pods keep rolling up to it by uid as before.
+    uid replaces its state from its time on; pods roll up to it by uid.
     """
 
     event: Literal["workload"]
