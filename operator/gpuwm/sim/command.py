@@ -101,17 +101,13 @@ def run(arguments: argparse.Namespace) -> int:
 
 
 def _write_trace(arguments: argparse.Namespace, interval: float, threshold: float) -> int:
-    from gpuwm.sim.fleet import node_names
-    from gpuwm.sim.simulator import SimConfig, Simulator, default_faults
+    from gpuwm.sim.simulator import faulted_simulator
     from gpuwm.sim.trace import truth_report, write_trace
 
     duration = _seconds("--duration", arguments.duration)
     start = float(arguments.start)
-    outages, losses = default_faults(node_names(arguments.nodes), start, duration) if arguments.faults else ((), ())
-    simulator = Simulator(SimConfig(
-        seed=arguments.seed, nodes=arguments.nodes, gpus_per_node=arguments.gpus_per_node, interval_seconds=interval,
-        start_time=start, idle_threshold_percent=threshold, outages=outages, gpu_losses=losses,
-    ))
+    simulator = faulted_simulator(arguments.seed, arguments.nodes, arguments.gpus_per_node, interval, start, threshold,
+                                  duration if arguments.faults else None)
     path = Path(arguments.write_trace)
     try:
         with path.open("w", encoding="utf-8") as out:

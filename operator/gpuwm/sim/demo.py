@@ -30,8 +30,7 @@ from gpuwm.config import Settings
 from gpuwm.model.figures import ClusterFigures, WorkloadFigures
 from gpuwm.model.podstats import PodStatsSample
 from gpuwm.model.sample import GpuSample
-from gpuwm.sim.fleet import node_names
-from gpuwm.sim.simulator import AgentOutage, GpuLoss, SimConfig, Simulator, default_faults
+from gpuwm.sim.simulator import Simulator, faulted_simulator
 from gpuwm.sim.table import clock_text, cluster_line, render, truth_line
 from gpuwm.sim.trace import truth_report
 from gpuwm.store import Store
@@ -139,20 +138,6 @@ def add_truth_route(app: FastAPI, controller: SimulatedController) -> None:
                       summary="The simulator's ground truth (gpuwm demo only)")
 
 
-def _simulator(options: DemoOptions, start: float) -> Simulator:
-    interval = options.settings.interval
-    start = float(int(start))  # whole seconds: tidy sample times
-    outages: tuple[AgentOutage, ...] = ()
-    losses: tuple[GpuLoss, ...] = ()
-    if options.faults:
-        outages, losses = default_faults(node_names(options.nodes), start, options.warmup_seconds)
-    return Simulator(SimConfig(
-        seed=options.seed, nodes=options.nodes, gpus_per_node=options.gpus_per_node, interval_seconds=interval,
-        start_time=start, idle_threshold_percent=options.settings.idle_threshold_percent,
-        outages=outages, gpu_losses=losses,
-    ))
-
-
 def _check_can_listen(host: str, port: int) -> None:
     """Raise OSError (address in use, not available) before uvicorn tries."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -180,7 +165,9 @@ async def run_demo(options: DemoOptions) -> int:
     console = Console()
     try:
         started_wall = time.time()
-        simulator = _simulator(options, started_wall - options.warmup_seconds)
+        start = float(int(started_wall - options.warmup_seconds))  # whole seconds: tidy sample times
+        simulator = faulted_simulator(options.seed, options.nodes, options.gpus_per_node, settings.interval, start,
+                                      settings.idle_threshold_percent, options.warmup_seconds if options.faults else None)
         engine = Engine(EngineConfig.from_settings(settings))
         controller = SimulatedController(simulator, engine, store, settings.status_interval, settings.retention)
         app = create_app(store, settings.model_copy(update={"auth": "none", "api_listen": options.listen}))

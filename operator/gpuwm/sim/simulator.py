@@ -32,12 +32,12 @@ from gpuwm.model.trace import (
     TraceWorkload,
     WorkloadEvent,
 )
-from gpuwm.sim.fleet import Device, Gpu, Node, NodeKind, build_fleet, random_uuid
+from gpuwm.sim.fleet import Device, Gpu, Node, NodeKind, build_fleet, node_names, random_uuid
 from gpuwm.sim.scenario import AgentOutage, GpuLoss, SimConfig, default_faults
 from gpuwm.sim.truth import GroundTruth, TruthFigures
 from gpuwm.sim.workloads import ALL_NAMESPACES, SimWorkload, new_workload, pick_kind
 
-__all__ = ["AgentOutage", "GpuLoss", "SimConfig", "Simulator", "Step", "default_faults"]
+__all__ = ["AgentOutage", "GpuLoss", "SimConfig", "Simulator", "Step", "default_faults", "faulted_simulator"]
 
 #: how often queued workloads are offered to the scheduler (simulated seconds)
 PLACEMENT_EVERY_SECONDS = 5.0
@@ -49,7 +49,6 @@ PREEMPT_EVERY_SECONDS = 4 * 3600.0
 GIVE_UP_SECONDS = 90 * 60.0
 #: a preempted job is not admitted again before this much later (Kueue's requeue backoff)
 REQUEUE_BACKOFF_SECONDS = 60.0
-
 
 _sample = GpuSample.model_validate  # validating a dict is faster than model_construct in pydantic 2
 
@@ -197,10 +196,10 @@ class Simulator:
 
     # --------------------------------------------------------------- events
 
-    def _pod_event(self, workload: SimWorkload, index: int, t: float, phase: PodPhase) -> PodEvent:
-        pod = workload.pods[index]
+    def _pod_events(self, workload: SimWorkload, t: float, phase: PodPhase) -> list[PodEvent]:
+        """Each of the workload's pods from t on, in `phase`."""
         running = phase == "Running"
-        return PodEvent(
+        return [PodEvent(
             t=t, event="pod", namespace=workload.namespace, name=pod.name, uid=pod.uid,
             phase=phase,
             node=pod.node if phase != "Pending" else None, labels=workload.labels,
@@ -208,7 +207,7 @@ class Simulator:
                                    uid=workload.uid, created=workload.created),
             devices=[DeviceAllocation(uuid=device.uuid, units=device.units, container="main")
                      for device in pod.devices] if running else [],
-        )
+        ) for pod in workload.pods]
 
     def _workload_event(self, workload: SimWorkload, t: float, **state: object) -> list[WorkloadEvent]:
         """The workload object's state from t on (none for a kind gpuwm does not watch)."""
@@ -234,7 +233,7 @@ class Simulator:
         if workload.suspended:
             workload.suspended = False
             step.events.extend(self._workload_event(workload, t))
-        step.events.extend(self._pod_event(workload, i, t, "Running") for i in range(len(workload.pods)))
+        step.events.extend(self._pod_events(workload, t, "Running"))
         return True
 
     def _preempt(self, workload: SimWorkload, t: float, step: Step) -> None:
@@ -247,7 +246,7 @@ class Simulator:
         assert workload.started is not None
         workload.ran_seconds += t - workload.started
         self._release(workload, t)
-        step.events.extend(self._pod_event(workload, i, t, "Deleted") for i in range(len(workload.pods)))
+        step.events.extend(self._pod_events(workload, t, "Deleted"))
         workload.started = None
         for pod in workload.pods:  # the job's controller makes new pods once it is admitted again
             pod.uid, pod.devices, pod.node = random_uuid(self.rng), [], None
@@ -285,7 +284,7 @@ class Simulator:
                 self.truth_ledger.run_started(workload.uid, t)
                 held += self._units_of(workload)
                 step.events.extend(self._workload_event(workload, t))
-                step.events.extend(self._pod_event(workload, i, t, "Running") for i in range(len(workload.pods)))
+                step.events.extend(self._pod_events(workload, t, "Running"))
         for workload in list(self.running.values()):
             if workload.started is not None and t >= workload.started + workload.duration_seconds - workload.ran_seconds:
                 workload.ended = t
@@ -294,7 +293,7 @@ class Simulator:
                 phase: PodPhase = "Deleted"  # a Deployment's or Notebook's pods go away
                 if workload.kind in ("training", "batch"):
                     phase = "Failed" if workload.fails else "Succeeded"
-                step.events.extend(self._pod_event(workload, i, t, phase) for i in range(len(workload.pods)))
+                step.events.extend(self._pod_events(workload, t, phase))
                 if phase == "Deleted":
                     step.events.extend(self._workload_event(workload, t, deleted=True))
                 else:
@@ -318,7 +317,7 @@ class Simulator:
             self._created(workload)
             step.events.extend(self._workload_event(workload, t))
             if not workload.suspended:  # a suspended job has no pods until Kueue admits it
-                step.events.extend(self._pod_event(workload, i, t, "Pending") for i in range(len(workload.pods)))
+                step.events.extend(self._pod_events(workload, t, "Pending"))
             self._next_arrival += self.rng.expovariate(self._arrivals_per_second)
             self._placement_due = min(self._placement_due, t)
         if t >= self._placement_due and self.pending:
@@ -471,8 +470,15 @@ class Simulator:
         """Per workload uid, the GPU-seconds generated up to the latest step."""
         return self.truth_ledger.finish(self.clock)
 
-    def workload_uid(self, namespace: str, name: str) -> str | None:
-        for workload in self.workloads.values():
-            if workload.namespace == namespace and workload.name == name:
-                return workload.uid
-        return None
+
+def faulted_simulator(
+    seed: int, nodes: int, gpus_per_node: int, interval_seconds: float, start_time: float,
+    idle_threshold_percent: float, faults_within: float | None,
+) -> Simulator:
+    """`gpuwm demo`'s simulator, with `default_faults` within `faults_within` seconds of the start (None: none)."""
+    outages, losses = (default_faults(node_names(nodes), start_time, faults_within) if faults_within is not None
+                       else ((), ()))
+    return Simulator(SimConfig(
+        seed=seed, nodes=nodes, gpus_per_node=gpus_per_node, interval_seconds=interval_seconds, start_time=start_time,
+        idle_threshold_percent=idle_threshold_percent, outages=outages, gpu_losses=losses,
+    ))

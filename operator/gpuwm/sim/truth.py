@@ -119,14 +119,10 @@ class GroundTruth:
         self._open: dict[tuple[str, str], _Holding] = {}  # (sample uuid, pod uid) -> open holding
         self._lives: dict[str, _Life] = {}
 
-    def track(self, workload_uid: str) -> None:
-        """A workload exists (from its first pod event), with or without GPUs yet."""
-        self.sums.setdefault(workload_uid, _Sums())
-
     def created(self, workload_uid: str, created: float, requested_gpus: float | None, held: bool) -> None:
         """A workload created at `created`, asking for `requested_gpus` (None: its object is not watched),
         held back by Kueue from its creation when `held`."""
-        self.track(workload_uid)
+        self.sums.setdefault(workload_uid, _Sums())
         self._lives[workload_uid] = _Life(created, requested_gpus, created if held else None)
 
     def held(self, workload_uid: str, t: float) -> None:
@@ -221,10 +217,7 @@ class GroundTruth:
 
     def add_energy(self, workload_uid: str, joules: float) -> None:
         """Energy the holder drew (power x seconds x share), known whether or not anyone measured it."""
-        sums = self.sums.get(workload_uid)
-        if sums is None:
-            sums = self.sums[workload_uid] = _Sums()
-        sums.energy += joules
+        self.sums.setdefault(workload_uid, _Sums()).energy += joules
 
     def finish(self, now: float) -> dict[str, TruthFigures]:
         """Figures as of `now`: allocated time after each device's latest sample is unmonitored."""

@@ -121,7 +121,7 @@ class SimWorkload:
         """Kueue may admit it (its ClusterQueue has quota); always so for workloads outside Kueue."""
         return self.cluster_queue != UNREACHABLE_QUEUE
 
-    def step_demand(self, t: float, dt: float, rng: random.Random) -> float:
+    def step_demand(self, t: float, dt: float, rng: random.Random) -> None:
         """The workload's utilisation of its share over (t - dt, t]; 0 or at least 5 (clear of any threshold)."""
         demand = 0.0
         if self.kind in ("training", "batch"):
@@ -145,7 +145,6 @@ class SimWorkload:
                 demand = 0.0
         demand = min(100.0, max(5.0, demand)) if demand > 0.0 else 0.0
         self.demand_percent = round(demand, 1)
-        return self.demand_percent
 
     def device_percent(self, rng: random.Random) -> float:
         """One device's utilisation this step: the workload's demand with per-device noise."""
