@@ -55,6 +55,14 @@ class Processes:
     memory_used_bytes: Floats
     empty: set[int]
 
+    def select(self, entries: Ints, position: Ints, empty: set[int]) -> Processes:
+        """The `entries` in that order, their rows renumbered by `position` (old row -> new row), with `empty`."""
+        listed = entries.tolist()
+        return Processes(
+            position[self.row[entries]], self.pid[entries], [self.pod_uid[index] for index in listed],
+            [self.container[index] for index in listed], self.sm_percent[entries], self.memory_used_bytes[entries], empty,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class DeviceEntry:
@@ -135,13 +143,8 @@ class SampleColumns:
         position[order] = numpy.arange(len(order))  # old row -> new row
         processes = self.processes
         if processes is not None:
-            moved = position[processes.row]
-            by_row = numpy.argsort(moved, kind="stable")  # a row's processes keep their order
-            processes = Processes(
-                moved[by_row], processes.pid[by_row], [processes.pod_uid[index] for index in by_row.tolist()],
-                [processes.container[index] for index in by_row.tolist()], processes.sm_percent[by_row],
-                processes.memory_used_bytes[by_row], {int(position[row]) for row in processes.empty},
-            )
+            by_row = numpy.argsort(position[processes.row], kind="stable")  # a row's processes keep their order
+            processes = processes.select(by_row, position, {int(position[row]) for row in processes.empty})
         return SampleColumns(
             devices=self.devices, gpu=self.gpu[order], t=self.t[order], healthy=self.healthy[order],
             numbers={name: column[order] for name, column in self.numbers.items()},
@@ -156,13 +159,8 @@ class SampleColumns:
         position[kept] = numpy.arange(len(kept))  # old row -> new row
         processes = self.processes
         if processes is not None:
-            mine = numpy.flatnonzero(~dropped[processes.row])
-            listed = mine.tolist()
-            processes = Processes(
-                position[processes.row[mine]], processes.pid[mine], [processes.pod_uid[index] for index in listed],
-                [processes.container[index] for index in listed], processes.sm_percent[mine],
-                processes.memory_used_bytes[mine], {int(position[row]) for row in processes.empty if not dropped[row]},
-            )
+            kept_rows = {int(position[row]) for row in processes.empty if not dropped[row]}
+            processes = processes.select(numpy.flatnonzero(~dropped[processes.row]), position, kept_rows)
         return SampleColumns(
             devices=self.devices, gpu=self.gpu[kept], t=self.t[kept], healthy=self.healthy[kept],
             numbers={name: column[kept] for name, column in self.numbers.items()},
