@@ -131,7 +131,7 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
             "retiredLastActive": _finite(workload.retired_last_active),
             "stretches": [stretch_ids[id(stretch)] for stretch in workload.stretches],
             "pods": [pod_keys.get(id(pod), uid) for uid, pod in workload.pods.items()],
-            "objectTimeline": [[t, workload_event_json(event)] for t, event in workload.timeline],
+            "objectTimeline": [[t, event.model_dump(by_alias=True, mode="json")] for t, event in workload.timeline],
         }
 
     def pod_entry(pod: Pod) -> dict[str, Any]:
@@ -160,9 +160,6 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
             "latest": None if gpu.latest is None else sample_json(gpu.latest),
             "stretches": [stretch_ids[id(stretch)] for stretch in gpu.stretches],
         }
-
-    def workload_event_json(event: WorkloadEvent) -> Any:
-        return event.model_dump(by_alias=True, mode="json")
 
     def event_json(event: PodEvent) -> Any:
         if raw:  # serialised at once by pydantic-core (see RawJson)

@@ -405,7 +405,7 @@ class Gpu:
         return columns
 
     def load_columns(self, columns: dict[str, Any]) -> None:
-        """Inverse of `columns`; raises ValueError when the columns disagree in length."""
+        """Inverse of `columns`, into a new Gpu's empty history; raises ValueError when the columns disagree in length."""
         merged: array[float] | None = None
         if "floats" in columns:  # raw: t, sm, memory, energy (and merged) one after the other
             floats = _decode(columns["floats"])
@@ -426,15 +426,11 @@ class Gpu:
                 merged = _decode(columns["merged"])
         size = len(self.times)
         units = columns["units"]
-        self.device_units = UniformColumn(1.0, _float_column, adopt=True)
         self.device_units.extend([float(units)] * size if isinstance(units, int | float) else _decode(units))
         pod_sm = columns["podSm"]
-        self.pod_sm = UniformColumn(None, _dict_column, adopt=False)
         self.pod_sm.extend([None] * size if pod_sm is None else [None if value is None else dict(value) for value in pod_sm])
-        self.merged = UniformColumn(0.0, _float_column, adopt=False)
         self.merged.extend([0.0] * size if merged is None else merged)
-        if (any(len(getattr(self, attribute)) != size for _, attribute in _COLUMNS) or len(self.pod_sm) != size
-                or len(self.merged) != size):
+        if any(len(column) != size for column in self._columns()):
             raise ValueError(f"GPU {self.uuid}: saved history columns differ in length")
 
 
