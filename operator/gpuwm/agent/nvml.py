@@ -349,7 +349,6 @@ class NvmlSampler:
         self._buffers_read_at = -math.inf
         self._device_set: frozenset[str] = frozenset()
         self.devices: list[Device] = []
-        self.driver_version: str | None = None
         self._discovered_at = -math.inf
         self._count: int | None = None
         self._started = False
@@ -362,7 +361,6 @@ class NvmlSampler:
         try:
             pynvml.nvmlInit()
             version = _optional(pynvml.nvmlSystemGetDriverVersion)
-            self.driver_version = "unknown" if version is None else _text(version)
         except pynvml.NVMLError_LibraryNotFound as error:
             raise NvmlUnavailable(
                 "NVIDIA driver not found: libnvidia-ml.so.1 could not be loaded "
@@ -372,7 +370,7 @@ class NvmlSampler:
             raise NvmlUnavailable(f"NVML could not be initialised: {error}; check the NVIDIA driver on this node") from None
         self._started = True
         self.discover()
-        return self.driver_version
+        return "unknown" if version is None else _text(version)
 
     def stop(self) -> None:
         if self._started:

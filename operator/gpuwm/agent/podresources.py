@@ -1,7 +1,7 @@
 """Which pod and container hold each GPU: the kubelet's pod-resources `v1` gRPC API, cached.
 
 The calls go through `grpcunary` (HTTP/2 on the pure-Python h2 library) with the messages generated
-from the kubelet's api.proto; the receive limit is raised to 64 MiB (gRPC's default is 4 MiB).
+from the kubelet's api.proto; the receive limit is raised (`MAX_RECEIVE_BYTES`).
 
 `List` is called when the agent sees the GPU or process set change and otherwise at most every
 `refresh_seconds`, never per scrape. `GetAllocatableResources` (where the kubelet serves it) tells
