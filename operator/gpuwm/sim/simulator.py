@@ -350,10 +350,9 @@ class Simulator:
                 workload = self.workloads[self._pod_workload[device.holder]]
                 percent = workload.device_percent(rng) if gpu.kind != "shared" else workload.demand_percent
                 holders.append((device, workload, percent))
+        busy = sum(percent * device.units for device, _, percent in holders)
         if gpu.kind == "shared":
-            busy = min(100.0, sum(percent * device.units for device, _, percent in holders))
-        else:
-            busy = sum(percent * device.units for device, _, percent in holders)
+            busy = min(100.0, busy)
         memory_used = sum(device.memory_total_bytes * self._memory_fraction[device.holder or ""] for device, _, _ in holders)
         if gpu.kind == "shared":
             memory_used = min(memory_used / len(gpu.devices), product.memory_total_bytes)

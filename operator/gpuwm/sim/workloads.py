@@ -201,7 +201,7 @@ def new_workload(
     name = f"{_NAMES[kind][serial % len(_NAMES[kind])]}-{serial:04d}"
     api_version, owner_kind = _OWNER[kind]
     local_queue = cluster_queue = None
-    if kind in KUEUE_KINDS:  # names only: no draws, so adding Kueue left every other draw as it was
+    if kind in KUEUE_KINDS:  # names only, no draws: a seed's other draws do not depend on Kueue
         local_queue = f"{namespace}-gpus"
         cluster_queue = UNREACHABLE_QUEUE if serial % UNREACHABLE_EVERY == UNREACHABLE_EVERY // 2 else "whole-gpus"
     workload = SimWorkload(
