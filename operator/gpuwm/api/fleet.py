@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from gpuwm.api.params import decode_continue, encode_continue
+from gpuwm.api.schemas import CONTINUE
 from gpuwm.model.figures import GpuFigures, WorkloadFigures
 from gpuwm.store import QueryError, RangeQuery, Series, Store
 
@@ -94,22 +95,16 @@ class NodeView(_Camel):
     last_sample_time: float | None = None
 
 
-_CONTINUE = Field(
-    default=None, alias="continue",
-    description="Where the list was cut at `limit`: pass it as `continue` for the next page; null on the last.",
-)
-
-
 class GpuList(_Camel):
     at: float | None = Field(description="The store's latest time: what `now` is for these states.")
     gpus: list[GpuView]
-    continue_: str | None = _CONTINUE
+    continue_: str | None = CONTINUE
 
 
 class NodeList(_Camel):
     at: float | None
     nodes: list[NodeView]
-    continue_: str | None = _CONTINUE
+    continue_: str | None = CONTINUE
 
 
 def holder_state(gpu: GpuFigures) -> GpuState:

@@ -76,10 +76,8 @@ MetricParam = Annotated[
         f"Known: {', '.join(METRIC_NAMES)}."
     ),
 ]
-StartParam = Annotated[
-    str | None, Query(description="RFC 3339, epoch seconds or epoch milliseconds.", pattern=TIME_PATTERN)
-]
-EndParam = Annotated[
+#: `start` and `end`
+TimeParam = Annotated[
     str | None, Query(description="RFC 3339, epoch seconds or epoch milliseconds.", pattern=TIME_PATTERN)
 ]
 StepParam = Annotated[
@@ -126,9 +124,7 @@ class TooBusy(Exception):
 
 
 class NotFound(Exception):
-    def __init__(self, message: str) -> None:
-        self.message = message
-        super().__init__(message)
+    """404, with the message as its body's."""
 
 
 def error_response(status: int, error: str, message: str, parameter: str | None = None) -> JSONResponse:
@@ -255,7 +251,7 @@ async def _store_failed(_request: Request, error: StoreError) -> JSONResponse:
 
 
 async def _not_found(_request: Request, error: NotFound) -> JSONResponse:
-    return error_response(404, "not_found", error.message)
+    return error_response(404, "not_found", str(error))
 
 
 #: FastAPI(exception_handlers=...): each exception the routes raise, as the status and body it means

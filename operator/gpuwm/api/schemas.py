@@ -16,15 +16,18 @@ class ErrorBody(BaseModel):
     parameter: str | None = Field(default=None, description="The query parameter at fault (400 only).")
 
 
+#: the `continue` of a paged list (`continue` is a Python keyword, hence the alias)
+CONTINUE = Field(
+    default=None, alias="continue",
+    description="Where the list was cut at `limit`: pass it as `continue` for the next page; null on the last.",
+)
+
+
 class WorkloadList(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
     workloads: list[WorkloadFigures]
-    continue_: str | None = Field(
-        default=None,
-        alias="continue",
-        description="Where the list was cut at `limit`: pass it as `continue` for the next page; null on the last.",
-    )
+    continue_: str | None = CONTINUE
 
 
 class ProjectList(BaseModel):

@@ -25,12 +25,11 @@ from gpuwm.api.http import (
     RANGE_PARAMETERS,
     WORKLOAD_RANGE_PARAMETERS,
     ByParam,
-    EndParam,
     LeaderParam,
     MetricParam,
     PodParam,
-    StartParam,
     StepParam,
+    TimeParam,
     WorkloadByParam,
     check_parameters,
     metrics_json,
@@ -56,8 +55,8 @@ class RangeParams:
 async def scope_range(
     request: Request,
     metric: MetricParam = [],  # noqa: B006
-    start: StartParam = None,
-    end: EndParam = None,
+    start: TimeParam = None,
+    end: TimeParam = None,
     step: StepParam = None,
     by: ByParam = None,
 ) -> RangeParams:
@@ -69,8 +68,8 @@ async def scope_range(
 async def device_range(
     request: Request,
     metric: MetricParam = [],  # noqa: B006
-    start: StartParam = None,
-    end: EndParam = None,
+    start: TimeParam = None,
+    end: TimeParam = None,
     step: StepParam = None,
 ) -> RangeParams:
     """One GPU's series (one per holder: no breakdown to choose)."""
@@ -81,8 +80,8 @@ async def device_range(
 async def workload_range(
     request: Request,
     metric: MetricParam = [],  # noqa: B006
-    start: StartParam = None,
-    end: EndParam = None,
+    start: TimeParam = None,
+    end: TimeParam = None,
     step: StepParam = None,
     by: WorkloadByParam = None,
     pod: PodParam = [],  # noqa: B006

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from gpuwm.api.http import ERRORS, EndParam, StartParam, check_parameters
+from gpuwm.api.http import ERRORS, TimeParam, check_parameters
 from gpuwm.api.params import BadParameter, parse_time
 from gpuwm.api.report import DEFAULT_PERIOD_SECONDS, Report, ReportBy, ReportFormat, build_report, report_csv
 from gpuwm.api.routes.context import CallerOf, Context
@@ -23,8 +23,8 @@ async def period_report(
     request: Request,
     context: Context,
     caller: CallerOf,
-    start: StartParam = None,
-    end: EndParam = None,
+    start: TimeParam = None,
+    end: TimeParam = None,
     by: Annotated[ReportBy | None, Query(description="Rows per project (default), namespace or workload.")] = None,
     format: Annotated[ReportFormat | None, Query(description="json (default) or csv.")] = None,
 ) -> Response:
