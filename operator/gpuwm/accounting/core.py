@@ -467,8 +467,7 @@ class EngineCore:
                     key = (uuid, event.node, units, container)
                     previous = open_by_key.get(key)
                     if previous is not None and desired[previous][5] == t:
-                        item = desired[previous]
-                        desired[previous] = (item[0], item[1], item[2], item[3], item[4], end)
+                        desired[previous] = (*desired[previous][:5], end)
                         current[key] = previous
                     else:
                         current[key] = len(desired)

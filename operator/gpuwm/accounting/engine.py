@@ -621,14 +621,13 @@ class Engine(EngineCore):
         return self.report(now)[2]
 
     def _cluster(self, workloads: list[WorkloadFigures], sums: _Sums) -> ClusterFigures:
-        healthy = sum(1 for gpu in self.gpu_records.values() if gpu.latest is not None and gpu.latest.healthy)
         samples = [gpu.latest for gpu in self.gpu_records.values() if gpu.latest is not None]
         mig_parents = {sample.parent_uuid for sample in samples if sample.parent_uuid}
         # a MIG parent's own samples are not capacity: its instances are
         total_units = sum(sample.device_units for sample in samples if sample.uuid not in mig_parents)
         return trusted_complete(ClusterFigures, {
-            "gpus": sum(1 for gpu in self.gpu_records.values() if gpu.latest is not None),
-            "healthy_gpus": healthy,
+            "gpus": len(samples),
+            "healthy_gpus": sum(1 for sample in samples if sample.healthy),
             "total_gpu_units": float(total_units),
             "allocated_gpus": float(sum(w.allocated_gpus for w in workloads)),
             "idle_gpus": float(sum(w.idle_gpus for w in workloads)),

@@ -62,7 +62,7 @@ SampleValues = tuple[float, float, float, float, dict[str, float] | None, float,
 
 
 def sample_values(sample: GpuSample) -> SampleValues:
-    """(t, sm %, memory %, energy J, SM % per pod uid, device units, merged seconds) of a sample; NaN where not reported.
+    """A sample's `SampleValues`; NaN where not reported.
 
     The per-pod SM map is None without per-process data; `processes: []` is per-process
     data saying "no processes" (an empty map); a list whose processes carry no SM is none.
