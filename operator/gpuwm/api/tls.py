@@ -21,7 +21,7 @@ import ipaddress
 import logging
 import socket
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -287,9 +287,15 @@ def _renewed(found: Mapping[str, Any], dns_names: Sequence[str], now: datetime.d
     return KeptCertificate(cert_pem, key_pem, ca_pem, ca_key_pem), True
 
 
-def _status(error: BaseException) -> int | None:
-    status = getattr(error, "status", None)
-    return status if isinstance(status, int) else None
+async def _written(write: Awaitable[object]) -> bool:
+    """Whether `write` went through; False where another writer got there first (409: read the Secret again)."""
+    try:
+        await write
+    except Exception as error:
+        if getattr(error, "status", None) == 409:
+            return False
+        raise
+    return True
 
 
 async def kept_in_secret(
@@ -326,12 +332,8 @@ async def kept_in_secret(
             # the resourceVersion makes the patch fail (409) if another replica changed the Secret since the read
             body: dict[str, Any] = {"metadata": {"resourceVersion": (secret.get("metadata") or {}).get("resourceVersion")},
                                     "data": kept.secret_data()}
-            try:
-                await client.merge_patch(path, body)
-            except Exception as error:
-                if _status(error) == 409:
-                    continue
-                raise
+            if not await _written(client.merge_patch(path, body)):
+                continue
             log.warning("metrics API: %s could not be served (%s); made a new certificate%s and stored it there "
                         "(CA SHA-256 %s)", where, problem,
                         " and a new CA: clients must trust its new ca.crt" if new_ca else " signed by its CA",
@@ -343,12 +345,8 @@ async def kept_in_secret(
                              "labels": {"app.kubernetes.io/managed-by": "gpuwm",
                                         "app.kubernetes.io/component": "controller"}},
                 "data": kept.secret_data()}
-        try:
-            await client.create(f"/api/v1/namespaces/{namespace}/secrets", body)
-        except Exception as error:
-            if _status(error) == 409:
-                continue
-            raise
+        if not await _written(client.create(f"/api/v1/namespaces/{namespace}/secrets", body)):
+            continue
         log.info("metrics API: made a CA and a certificate for %s and stored them in %s (CA SHA-256 %s); clients "
                  "verify the API with its ca.crt", ", ".join(dns_names) or "localhost", where,
                  kept.fingerprint(kept.ca_pem))
