@@ -79,7 +79,7 @@ class _Sums:
     weighted_utilization: float = 0.0
     energy: float = 0.0
     workloads: int = 0
-    allocation: list[float] = field(default_factory=list)  # units held per point, for the peak
+    allocation: list[float] = field(default_factory=list)  # units held at each point of the period, for the peak
 
     def add(self, other: _Sums) -> None:
         self.allocated += other.allocated
@@ -89,8 +89,6 @@ class _Sums:
         self.weighted_utilization += other.weighted_utilization
         self.energy += other.energy
         self.workloads += other.workloads
-        if len(self.allocation) < len(other.allocation):
-            self.allocation.extend([0.0] * (len(other.allocation) - len(self.allocation)))
         for index, units in enumerate(other.allocation):
             self.allocation[index] += units
 
