@@ -301,19 +301,6 @@ class FleetReader:
         return None
 
 
-def read_fleet(store: Store, status_interval_seconds: float) -> tuple[float | None, list[GpuView], dict[str, float]]:
-    """The store's latest time, every device then, and stand-in units per node (blocking: run off the loop)."""
-    reader = FleetReader(store, status_interval_seconds)
-    gpus: list[GpuView] = []
-    unnamed: dict[str, float] = {}
-    for name in reader.nodes:
-        mine, stand_ins = reader.node(name)
-        gpus += mine
-        if stand_ins is not None:
-            unnamed[name] = stand_ins
-    return reader.at, gpus, unnamed
-
-
 def _gpu_cursor(key: Any) -> tuple[str, int, bool, str]:
     node, index, whole, uuid = key
     if not isinstance(index, int) or not isinstance(whole, bool):

@@ -17,7 +17,7 @@ from typing import TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpuwm.api.fleet import RECENT_INTERVALS, GpuView, read_fleet
+from gpuwm.api.fleet import RECENT_INTERVALS, FleetReader, GpuView
 from gpuwm.model import PodResources
 from gpuwm.model.figures import GpuFigures, ProjectFigures, WorkloadFigures
 from gpuwm.model.metrics import RUNAI_NAMES
@@ -236,7 +236,7 @@ def _free_devices(store: Store, options: RunaiOptions, workloads: Iterable[Workl
     """The fleet's devices no running workload holds (MIG parents left out: their instances are the GPUs)."""
     held = {gpu.uuid for workload in workloads if workload.end_time is None for gpu in workload.gpus}
     try:
-        _, views, _ = read_fleet(store, options.status_interval_seconds)
+        views = list(FleetReader(store, options.status_interval_seconds).devices())
     except (StoreError, ValueError) as error:  # QueryError is a ValueError (too many devices for one query)
         log.warning("Run:ai-compatible metrics: free GPUs left out: %s", error)
         return []
