@@ -15,11 +15,8 @@ from gpuwm.api.tls import TlsFiles
 class _Server(uvicorn.Server):
     """uvicorn without its signal handlers: the loop's owner (kopf, the CLI) handles signals."""
 
-    def install_signal_handlers(self) -> None:  # uvicorn < 0.29
-        return None
-
     @contextlib.contextmanager
-    def capture_signals(self) -> Generator[None, None, None]:  # uvicorn >= 0.29
+    def capture_signals(self) -> Generator[None, None, None]:
         yield
 
 
