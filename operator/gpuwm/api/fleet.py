@@ -7,8 +7,8 @@ device without a utilisation point there is unmonitored). Stand-in devices (`unn
 agent has named yet) are not GPUs of the fleet: their units show on the node as `unnamedUnits`.
 
 The devices' series are read in one query where the store answers them all at once, else node by node
-(`FleetReader`): a fleet of more devices than the store's series limit (8,000 GPUs) answers as a small
-one, each store read holding at most one node's devices, and a page of a list reads only its nodes.
+(`FleetReader`): a fleet of more devices than the store's series limit (MAX_SERIES_PER_QUERY) answers as
+a small one, each store read holding at most one node's devices, and a page of a list reads only its nodes.
 The routes are in gpuwm.api.routes.fleet.
 """
 

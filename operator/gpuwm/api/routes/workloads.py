@@ -184,7 +184,7 @@ async def run_metrics(context: Context, caller: CallerOf, uid: str, params: Work
     return await answer_workload_range(context, params, await find_run(context, caller, uid))
 
 
-#: its own router only so the OpenAPI document keeps listing it after the report, as it always has
+#: its own router only so the OpenAPI document keeps listing it after the report
 queue_router = APIRouter()
 
 
