@@ -14,6 +14,7 @@ The routes are in gpuwm.api.routes.fleet.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Literal, get_args
 
@@ -220,14 +221,11 @@ def build_nodes(gpus: Sequence[GpuView], unnamed: dict[str, float]) -> list[Node
     for name in names:
         mine = [gpu for gpu in gpus if gpu.node == name]
         capacity = [gpu for gpu in mine if not gpu.mig_parent]
-        states: dict[str, int] = {}
-        for gpu in capacity:
-            states[gpu.state] = states.get(gpu.state, 0) + 1
-        monitored = [gpu.utilization_percent for gpu in mine if gpu.utilization_percent is not None and not gpu.mig_parent]
+        monitored = [gpu.utilization_percent for gpu in capacity if gpu.utilization_percent is not None]
         nodes.append(NodeView(
             name=name, gpus=len(capacity), total_units=round(sum(gpu.device_units for gpu in capacity), 6),
             allocated_units=round(sum(gpu.allocated_units for gpu in capacity), 6),
-            unnamed_units=round(unnamed.get(name, 0.0), 6), states=states,
+            unnamed_units=round(unnamed.get(name, 0.0), 6), states=Counter(gpu.state for gpu in capacity),
             models=sorted({gpu.model for gpu in mine if gpu.model}),
             utilization_percent=sum(monitored) / len(monitored) if monitored else None,
             last_sample_time=max((g.last_sample_time for g in mine if g.last_sample_time is not None), default=None),
