@@ -9,7 +9,7 @@ import logging
 import signal
 from typing import Any
 
-from gpuwm.config import ConfigError, add_settings_arguments, settings_from_arguments
+from gpuwm.config import ConfigError, add_settings_arguments, parse_listen, settings_from_arguments
 from gpuwm.logs import configure_logging
 
 FIELDS = (
@@ -54,7 +54,6 @@ def run(arguments: argparse.Namespace) -> int:
     from gpuwm.api.auth import AuthError
     from gpuwm.api.server import ApiServer
     from gpuwm.api.tls import TlsError, tls_files
-    from gpuwm.config import parse_listen
     from gpuwm.store import StoreError, open_store
 
     try:

@@ -64,6 +64,6 @@ class QueryLimits:
             if heavy:
                 self.heavy_now -= 1
 
-    def check_answer(self, query: RangeQuery, series: list[Series]) -> None:
+    def check_answer(self, series: list[Series]) -> None:
         """After a read whose series count was unknown (a breakdown on Prometheus): refuse before encoding."""
         self.check_size(sum(len(one.points) for one in series))

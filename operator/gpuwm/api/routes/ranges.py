@@ -151,7 +151,7 @@ async def answer_range(context: ApiContext, params: RangeParams, target: RangeTa
         if target.keep is not None:
             series = [each for each in series if target.keep(each)]
         if series_count is None:
-            limits.check_answer(query, series)
+            limits.check_answer(series)
         return await context.blocking(target.encode, query, series)
 
 
