@@ -2,9 +2,9 @@
 
 Each range route takes its parameters through one of the dependencies here (which also refuse unknown
 and repeated parameters), checks the caller's access and finds what it is about, then hands a
-`RangeTarget` to `answer_range`: the values are parsed, the answer's size is checked before the store is
-read (400 past the limit, 429 past the heavy queries at once), and the read and the encoding run off the
-event loop.
+`RangeTarget` to `answer_range` (a project, a node or the cluster through `answer_scope`): the values are
+parsed, the answer's size is checked before the store is read (400 past the limit, 429 past the heavy
+queries at once), and the read and the encoding run off the event loop.
 
 The answer says which step its values really have: a step finer than the store keeps is answered at the
 stored step, and a stretch only a coarser tier still covers says the tier's step (its cells carry that
@@ -156,7 +156,7 @@ async def answer_range(context: ApiContext, params: RangeParams, target: RangeTa
 
 
 async def answer_scope(context: ApiContext, params: RangeParams, scope: Scope, key: str = "") -> Response:
-    """The series of the project or node `key` names, or of the cluster; default range: the store's last hour."""
+    """The series of the project or node `key` names, or the cluster's; default range: the store's last hour."""
     target = RangeTarget(
         scope, key, await context.last_hour(),
         lambda query, series: metrics_json(
