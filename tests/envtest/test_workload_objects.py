@@ -5,6 +5,8 @@ fields gpuwm reads, installed after the controller started) appear as Queued wit
 before any pod exists; unsuspended they are Pending, and once their pods are bound to a fake Node and run
 they are Running with the GPUs they hold, their queued and wait seconds kept. The project counts them as
 queued demand meanwhile. RayJob's CRD is never installed: it is skipped with one log line, no error.
+A controller whose role has no list/watch on CRDs (kopf then hears of no new CRD) still watches a kind
+installed while it runs: it reads discovery again for the configured kinds it does not watch.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from gpuwm.controller.handlers import ABSENT_KINDS_RESCAN_SECONDS
+from gpuwm.controller.rbac import REQUIRED_RULES
 from tests.envtest.conftest import established, make_namespace
 from tests.envtest.controlplane import ControlPlane
 from tests.envtest.gpunode import GpuNode, busy, job_pod, run_pod
@@ -59,12 +63,21 @@ def gpu_pod_spec(node: str, gpus: int = 1) -> dict[str, Any]:
         {"name": "main", "image": "registry.example/trainer:1", "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}
 
 
-@pytest.fixture
-def node(control_plane: ControlPlane, crds: list[str], tmp_path: Path) -> Iterator[GpuNode]:
-    gpu_node = GpuNode(control_plane, "gpu-queued", tmp_path, build_fake_nvml(tmp_path / "fakenvml"))
+def _node(plane: ControlPlane, name: str, tmp_path: Path) -> Iterator[GpuNode]:
+    gpu_node = GpuNode(plane, name, tmp_path, build_fake_nvml(tmp_path / "fakenvml"))
     yield gpu_node
     gpu_node.stop()
-    control_plane.admin().request("DELETE", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{PYTORCHJOB_CRD}")
+    plane.admin().request("DELETE", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{PYTORCHJOB_CRD}")
+
+
+@pytest.fixture
+def node(control_plane: ControlPlane, crds: list[str], tmp_path: Path) -> Iterator[GpuNode]:
+    yield from _node(control_plane, "gpu-queued", tmp_path)
+
+
+@pytest.fixture
+def narrow_node(control_plane: ControlPlane, crds: list[str], tmp_path: Path) -> Iterator[GpuNode]:
+    yield from _node(control_plane, "gpu-narrow", tmp_path)
 
 
 def test_suspended_job_and_pytorchjob_queue_then_run(control_plane: ControlPlane, node: GpuNode,
@@ -159,6 +172,69 @@ def test_suspended_job_and_pytorchjob_queue_then_run(control_plane: ControlPlane
         assert "Traceback" not in text and "Unresolved resources" not in text, text[-3000:]
     finally:
         controller.stop()
+
+
+NARROW_NS = "ns-narrow"
+NARROW = "gpuwm-narrow"
+
+
+def _narrow_role(plane: ControlPlane) -> str:
+    """A ServiceAccount bound to the controller's rules less list/watch on CRDs; its token."""
+    http = plane.admin()
+    make_namespace(plane, NARROW_NS)
+    rules = [rule for rule in REQUIRED_RULES if rule["apiGroups"] != ["apiextensions.k8s.io"]]
+    assert len(rules) == len(REQUIRED_RULES) - 1
+    http.create(f"/api/v1/namespaces/{NARROW_NS}/serviceaccounts", {"metadata": {"name": NARROW}})
+    http.create("/apis/rbac.authorization.k8s.io/v1/clusterroles", {"metadata": {"name": NARROW}, "rules": rules})
+    http.create("/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", {
+        "metadata": {"name": NARROW},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": NARROW},
+        "subjects": [{"kind": "ServiceAccount", "name": NARROW, "namespace": NARROW_NS}]})
+    return plane.token(NARROW_NS, NARROW)
+
+
+def test_a_kind_installed_later_is_watched_without_access_to_crds(control_plane: ControlPlane,
+                                                                  narrow_node: GpuNode, tmp_path: Path) -> None:
+    """kopf reads a group's discovery again only on an event of one of its CRDs: without list/watch on CRDs it
+    never sees a new one (nor, with that access, a group discovery lists only after the CRD's last event). The
+    controller looks for the groups of the configured kinds it does not watch every ABSENT_KINDS_RESCAN_SECONDS
+    and has kopf read those served, so a PyTorchJob installed while it runs is watched and its suspended object
+    Queued."""
+    http = control_plane.admin()
+    crd_path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{PYTORCHJOB_CRD}"
+    wait_until("no PyTorchJob CRD left", lambda: http.request("GET", crd_path)[0] == 404, timeout=90)
+    token = _narrow_role(control_plane)
+    node = narrow_node
+    node.create()
+    node.set(busy(80.0))
+    node.start()
+    log = tmp_path / "controller.log"
+    controller = Controller(control_plane.write_kubeconfig(tmp_path / "kubeconfig", token=token), node.agents_flag(),
+                            tmp_path / "gpuwm.db", log, status_interval=1.0, interval=0.5)
+    controller.start()
+
+    def queued() -> dict[str, Any] | None:
+        status, body = http.request("GET", f"/apis/gpuwm.io/v1alpha1/namespaces/{NARROW_NS}/gpuworkloadmetrics/pt")
+        return body["status"] if status == 200 and body.get("status", {}).get("phase") == "Queued" else None
+
+    try:
+        wait_until("kopf refused the CRDs", lambda: "customresourcedefinitions.apiextensions.k8s.io is forbidden" in
+                   log.read_text(), log=log, timeout=60)
+        control_plane.kubectl("apply", "-f", "-", stdin=_yaml(pytorchjob_crd()))
+        wait_until("PyTorchJob CRD", lambda: established(control_plane, PYTORCHJOB_CRD), timeout=30)
+        replica = {"replicas": 1, "restartPolicy": "Never", "template": {"spec": gpu_pod_spec(node.name)}}
+        http.create(f"/apis/kubeflow.org/v1/namespaces/{NARROW_NS}/pytorchjobs", {
+            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": "pt"},
+            "spec": {"runPolicy": {"suspend": True},
+                     "pytorchReplicaSpecs": {"Master": replica, "Worker": {**replica, "replicas": 2}}}})
+        pt = wait_until("pt Queued", queued, log=log, timeout=3 * ABSENT_KINDS_RESCAN_SECONDS)
+        assert pt["requestedGpus"] == 3 and pt["allocatedGpus"] == 0
+        text = log.read_text()
+        assert "Traceback" not in text and "reading the API's discovery" not in text, text[-3000:]
+    finally:
+        controller.stop()
+        for kind in ("clusterrolebindings", "clusterroles"):
+            http.request("DELETE", f"/apis/rbac.authorization.k8s.io/v1/{kind}/{NARROW}")
 
 
 def _yaml(document: dict[str, Any]) -> str:

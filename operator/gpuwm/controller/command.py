@@ -83,6 +83,7 @@ def run(arguments: argparse.Namespace) -> int:
     settings = settings_from_arguments(arguments, FIELDS)
     check_settings(settings)
     import kopf
+    from kopf._cogs.structs import references  # kopf.run takes an Insights; kopf has no public name for it
 
     from gpuwm.controller import handlers
     from gpuwm.controller.state import limit_malloc_arenas
@@ -91,6 +92,7 @@ def run(arguments: argparse.Namespace) -> int:
     limit_malloc_arenas()  # before any thread allocates (kopf's, the store's)
     raise_open_files_limit()
     memo = handlers.configure(settings)
+    memo.insights = insights = references.Insights()  # kopf's record of what it watches, for handlers.look_for_absent_kinds
     operator_settings = kopf.OperatorSettings()
     handlers.tune_kopf(operator_settings, settings)
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
@@ -98,6 +100,7 @@ def run(arguments: argparse.Namespace) -> int:
             loop=runner.get_loop(),
             registry=handlers.REGISTRY,
             memo=memo,
+            insights=insights,
             settings=operator_settings,
             clusterwide=settings.namespace is None,
             namespaces=[settings.namespace] if settings.namespace else (),

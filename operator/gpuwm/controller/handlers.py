@@ -8,7 +8,8 @@ user's Pod, a write per pod and a mutation of objects gpuwm does not own (DESIGN
 What the handlers share lives in kopf's `memo` (`kopf.Memo`, given to every handler and filter),
 not in module globals: `memo.settings` (set by `configure` before kopf starts), then from the
 startup handler on `memo.runtime` (the status cycle and its `ControllerState`),
-`memo.workloads` and `memo.tasks`. kopf gives each watched object a shallow copy of the memo
+`memo.workloads` and `memo.tasks`; `memo.insights`, kopf's own record of what it watches, where
+`gpuwm controller` hands one to `kopf.run` (see `look_for_absent_kinds`). kopf gives each watched object a shallow copy of the memo
 made after startup, so those copies share the one runtime.
 """
 
@@ -234,10 +235,59 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, memo: ko
     tasks.append(asyncio.create_task(_delayed_cycles(runtime), name="gpuwm status cycles"))
     tasks.append(asyncio.create_task(runtime.writer.run(), name="gpuwm status writer"))
     tasks.append(asyncio.create_task(runtime.idle_events.run(), name="gpuwm events"))
+    insights = memo.get("insights")
+    if insights is not None:
+        kinds = parse_workload_kinds(gpuwm_settings.workload_kinds)
+        tasks.append(asyncio.create_task(look_for_absent_kinds(kinds, insights, settings, client),
+                                                 name="gpuwm workload kinds"))
     api = _start_api(runtime)
     if api is not None:
         tasks.append(api)
     logger.info("gpuwm controller started (state from %s, agents %s)", source, gpuwm_settings.agents)
+
+
+#: how often the API's discovery is read again for a configured workload kind kopf does not watch yet
+ABSENT_KINDS_RESCAN_SECONDS = 30.0
+
+
+async def look_for_absent_kinds(
+    kinds: list[WorkloadKind], insights: Any, settings: kopf.OperatorSettings, client: KubeClient,
+    interval: float = ABSENT_KINDS_RESCAN_SECONDS,
+) -> None:
+    """While a configured workload kind is not watched, look for its group in discovery every `interval`.
+
+    kopf reads a group's discovery again on each event of one of its CRDs, and on nothing else. The API
+    server may list a new CRD's group in discovery a moment after the CRD's last event (Established), and
+    without list/watch on CRDs (a narrower role than the chart's) kopf sees no event at all: either way a
+    kind installed while the controller runs (the Kubeflow training operator, KubeRay) would never be
+    watched until a restart. Each round reads the served groups once (`/apis`) and, for a served group of
+    a kind kopf does not watch, asks kopf's own rescan (the one its CRD events run, so its watchers start
+    as they do for those); a round with every kind watched reads nothing. kopf has no public name for that
+    rescan or for `insights` (a `kopf.run` argument): kopf is pinned below 2.
+    """
+    from kopf._core.reactor.observation import process_discovered_resource_event
+
+    failing = False
+    while True:
+        await asyncio.sleep(interval)
+        watched = {(resource.group, resource.kind) for resource in insights.watched_resources}
+        absent = {kind.group for kind in kinds if (kind.group, kind.kind) not in watched}
+        if not absent:
+            continue
+        try:
+            listed = await client.get("/apis") or {}
+            served = {group.get("name") for group in listed.get("groups", [])}
+            for group in sorted(absent & served):
+                await process_discovered_resource_event(
+                    raw_event={"type": "MODIFIED", "object": {"spec": {"group": group}}},
+                    settings=settings, registry=REGISTRY, insights=insights,
+                )
+        except Exception as error:  # the next round asks again; said once an outage
+            if not failing:
+                logger.warning("reading the API's discovery for workload kinds not yet watched failed: %s", error)
+            failing = True
+        else:
+            failing = False
 
 
 async def end_vanished_workloads(runtime: ControllerRuntime, kinds: list[WorkloadKind]) -> None:
