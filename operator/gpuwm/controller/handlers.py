@@ -8,9 +8,9 @@ user's Pod, a write per pod and a mutation of objects gpuwm does not own (DESIGN
 What the handlers share lives in kopf's `memo` (`kopf.Memo`, given to every handler and filter),
 not in module globals: `memo.settings` (set by `configure` before kopf starts), then from the
 startup handler on `memo.runtime` (the status cycle and its `ControllerState`),
-`memo.workloads` and `memo.tasks`; `memo.insights`, kopf's own record of what it watches, where
-`gpuwm controller` hands one to `kopf.run` (see `look_for_absent_kinds`). kopf gives each watched object a shallow copy of the memo
-made after startup, so those copies share the one runtime.
+`memo.workloads` and `memo.tasks`; and `memo.insights`, kopf's own record of what it watches, where
+`gpuwm controller` hands one to `kopf.run` (see `look_for_absent_kinds`). kopf gives each watched
+object a shallow copy of the memo made after startup, so those copies share the one runtime.
 """
 
 from __future__ import annotations
@@ -238,8 +238,8 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, memo: ko
     insights = memo.get("insights")
     if insights is not None:
         kinds = parse_workload_kinds(gpuwm_settings.workload_kinds)
-        tasks.append(asyncio.create_task(look_for_absent_kinds(kinds, insights, settings, client),
-                                                 name="gpuwm workload kinds"))
+        looking = look_for_absent_kinds(kinds, insights, settings, client)
+        tasks.append(asyncio.create_task(looking, name="gpuwm workload kinds"))
     api = _start_api(runtime)
     if api is not None:
         tasks.append(api)
