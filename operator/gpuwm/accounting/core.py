@@ -39,9 +39,7 @@ from gpuwm.accounting.state import (
     sample_values,
 )
 from gpuwm.accounting.windows import maintain_all
-from gpuwm.model.compact import compact_pod_event
-from gpuwm.model.sample import GpuSample
-from gpuwm.model.trace import NamespaceEvent, PodEvent, SampleEvent, WorkloadEvent
+from gpuwm.model import GpuSample, NamespaceEvent, PodEvent, SampleEvent, WorkloadEvent, compact_pod_event
 
 _MAINTENANCE_EVERY_SECONDS = 30.0
 #: SampleBatch's per-row columns (numpy arrays from the controller, lists elsewhere)

@@ -13,18 +13,20 @@ from gpuwm.accounting.core import EngineCore, merged_runs
 from gpuwm.accounting.persist import restore_state, save_state
 from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Pod, Stretch, Workload
 from gpuwm.accounting.windows import windows_of
-from gpuwm.model.figures import (
+from gpuwm.model import (
+    ENDED_POD_PHASES,
     ClusterFigures,
     GpuFigures,
+    GpuSample,
     PodFigures,
     ProjectFigures,
     Windows,
+    WorkloadEvent,
     WorkloadFigures,
+    gpu_quota,
     shared_keys_fields,
     trusted_complete,
 )
-from gpuwm.model.sample import GpuSample
-from gpuwm.model.trace import ENDED_POD_PHASES, WorkloadEvent, gpu_quota
 
 #: the report's two biggest models' fields, for dicts of shared keys (see `shared_keys_fields`)
 _GPU_FIELDS = shared_keys_fields(GpuFigures)

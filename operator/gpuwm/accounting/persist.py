@@ -15,9 +15,14 @@ from typing import Any, overload
 from gpuwm.accounting.rawcolumns import RawJson
 from gpuwm.accounting.state import INFINITY, Gpu, Pod, Stretch, Workload
 from gpuwm.accounting.windows import WindowSums, fold_after_of
-from gpuwm.model.compact import compact_pod_event, share_fields_set
-from gpuwm.model.sample import GpuSample
-from gpuwm.model.trace import NamespaceEvent, PodEvent, WorkloadEvent
+from gpuwm.model import (
+    GpuSample,
+    NamespaceEvent,
+    PodEvent,
+    WorkloadEvent,
+    compact_pod_event,
+    share_fields_set,
+)
 
 STATE_VERSION = 2
 #: versions `restore_state` reads: 1 saved each GPU's history as rows ("points") and window segments as

@@ -15,7 +15,7 @@ from typing import Any
 from gpuwm.accounting.engine import Engine
 from gpuwm.accounting.state import EngineConfig
 from gpuwm.config import ConfigError, Settings, parse_duration_seconds
-from gpuwm.model.trace import (
+from gpuwm.model import (
     NamespaceEvent,
     PodEvent,
     SampleEvent,

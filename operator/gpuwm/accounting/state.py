@@ -15,8 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from gpuwm.accounting.rawcolumns import RawDoubles, doubles_from_saved
 from gpuwm.accounting.windows import WindowSums, fold_after_of
 from gpuwm.config import DEFAULT_IDLE_THRESHOLD_PERCENT, Settings
-from gpuwm.model.sample import GpuSample
-from gpuwm.model.trace import PodEvent, WorkloadEvent
+from gpuwm.model import GpuSample, PodEvent, WorkloadEvent
 
 if TYPE_CHECKING:
     import numpy.typing as npt

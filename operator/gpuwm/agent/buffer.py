@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
-from gpuwm.model.jsonfast import model_json
+from gpuwm.model import model_json
 
 SAMPLE = b"s"
 POD_STATS = b"p"

@@ -22,8 +22,7 @@ from prometheus_client.registry import Collector
 
 from gpuwm.agent.core import Agent
 from gpuwm.feed import AgentDevice
-from gpuwm.model import GpuSample, PodStatsSample
-from gpuwm.model.metrics import BY_NAME, EXPORTED, Metric, Source
+from gpuwm.model import BY_NAME, EXPORTED, GpuSample, Metric, PodStatsSample, Source
 
 GPU_LABELS = ["node", "gpu", "uuid", "model", "mig_profile", "namespace", "pod", "container"]
 POD_LABELS = ["node", "namespace", "pod"]

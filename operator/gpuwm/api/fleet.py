@@ -23,7 +23,7 @@ from pydantic.alias_generators import to_camel
 
 from gpuwm.api.params import decode_continue, encode_continue
 from gpuwm.api.schemas import CONTINUE
-from gpuwm.model.figures import GpuFigures, WorkloadFigures
+from gpuwm.model import GpuFigures, WorkloadFigures
 from gpuwm.store import QueryError, RangeQuery, Series, Store
 
 #: a device's latest figures are looked for in this many status intervals before the store's latest time

@@ -17,7 +17,7 @@ from pydantic import StringConstraints
 from gpuwm.api.auth import AuthError, current_client
 from gpuwm.api.params import BadParameter, parse_bool, parse_metrics, parse_step, parse_time
 from gpuwm.api.schemas import ErrorBody, WorkloadIdentity
-from gpuwm.model.figures import WorkloadFigures
+from gpuwm.model import WorkloadFigures
 from gpuwm.store import DEFAULT_METRICS, METRIC_NAMES, QueryError, RangeQuery, Series, StoreError
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,7 @@ from prometheus_client.registry import Collector
 
 from gpuwm.api.runai_metrics import RunaiOptions, Series, families, runai_metrics
 from gpuwm.api.runs import failure_reason
-from gpuwm.model.figures import ProjectFigures, WorkloadFigures
-from gpuwm.model.metrics import CATALOGUE, Source
+from gpuwm.model import CATALOGUE, ProjectFigures, Source, WorkloadFigures
 from gpuwm.store import Store
 
 WORKLOAD_LABELS = ["namespace", "workload", "workload_uid", "kind", "project"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from gpuwm.model.figures import WorkloadFigures
+from gpuwm.model import WorkloadFigures
 
 #: the phases of a workload waiting for its GPUs, in the order a tie on wait is listed
 WAITING_PHASES = ("Queued", "Pending")

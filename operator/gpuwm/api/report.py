@@ -23,7 +23,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from gpuwm.model.figures import WorkloadFigures
+from gpuwm.model import WorkloadFigures
 from gpuwm.store import RangeQuery, Series, Store
 
 ReportBy = Literal["project", "namespace", "workload"]

@@ -18,9 +18,7 @@ from typing import TypeVar
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from gpuwm.api.fleet import RECENT_INTERVALS, FleetReader, GpuView
-from gpuwm.model import PodResources
-from gpuwm.model.figures import GpuFigures, ProjectFigures, WorkloadFigures
-from gpuwm.model.metrics import RUNAI_NAMES
+from gpuwm.model import RUNAI_NAMES, GpuFigures, PodResources, ProjectFigures, WorkloadFigures
 from gpuwm.store import Store, StoreError
 
 log = logging.getLogger(__name__)

@@ -18,7 +18,7 @@ from gpuwm.api.http import metrics_json
 from gpuwm.api.params import BadParameter, decode_continue, encode_continue, parse_bool, parse_breakdown
 from gpuwm.api.ranks import rank_pods
 from gpuwm.api.schemas import PodIdentity, WorkloadIdentity
-from gpuwm.model.figures import WorkloadFigures
+from gpuwm.model import WorkloadFigures
 from gpuwm.store import Breakdown, RangeQuery, Series
 
 #: runs a page of `?ended=true` holds unless `limit` says otherwise, and the most it may hold

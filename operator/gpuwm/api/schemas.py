@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from gpuwm.model.figures import ProjectFigures, WorkloadFigures
+from gpuwm.model import ProjectFigures, WorkloadFigures
 
 
 class ErrorBody(BaseModel):

@@ -295,7 +295,7 @@ async def end_vanished_workloads(runtime: ControllerRuntime, kinds: list[Workloa
 
     Their delete event is gone with the controller; the watch lists only the objects that exist.
     """
-    from gpuwm.model.trace import WorkloadEvent
+    from gpuwm.model import WorkloadEvent
 
     watched = {kind.kind for kind in kinds}
     now = runtime.clock()

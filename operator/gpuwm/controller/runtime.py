@@ -75,8 +75,7 @@ from gpuwm.controller.watch import (
     whole_device_nodes,
 )
 from gpuwm.feed import MergeRequest
-from gpuwm.model.figures import ProjectFigures, WorkloadFigures
-from gpuwm.model.trace import NamespaceEvent, gpu_quota
+from gpuwm.model import NamespaceEvent, ProjectFigures, WorkloadFigures, gpu_quota
 
 logger = logging.getLogger(__name__)
 

@@ -25,8 +25,7 @@ from pydantic import ValidationError
 
 from gpuwm.accounting import SampleBatch
 from gpuwm.feed.schema import DEVICE_FIELDS, NUMBER_COLUMNS
-from gpuwm.model.figures import shared_keys_fields, trusted_complete
-from gpuwm.model.sample import GpuSample, ProcessSample
+from gpuwm.model import GpuSample, ProcessSample, shared_keys_fields, trusted_complete
 
 Floats = npt.NDArray[numpy.float64]
 Ints = npt.NDArray[numpy.int64]

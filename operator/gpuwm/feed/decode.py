@@ -39,8 +39,7 @@ from gpuwm.feed.arrays import (
     parse_columns_many,
 )
 from gpuwm.feed.schema import DEVICES_TAG_PARAM
-from gpuwm.model.compact import intern_strings, share_fields_set
-from gpuwm.model.podstats import PodStatsSample
+from gpuwm.model import PodStatsSample, intern_strings, share_fields_set
 
 __all__ = [
     "COLUMNS_FORMAT", "ColumnBatch", "DeviceEntry", "DeviceHolder", "FormatError", "HolderCache", "KnownDevices",

@@ -27,9 +27,7 @@ from rich.live import Live
 
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.config import Settings
-from gpuwm.model.figures import ClusterFigures, WorkloadFigures
-from gpuwm.model.podstats import PodStatsSample
-from gpuwm.model.sample import GpuSample
+from gpuwm.model import ClusterFigures, GpuSample, PodStatsSample, WorkloadFigures
 from gpuwm.sim.simulator import Simulator, faulted_simulator
 from gpuwm.sim.table import clock_text, cluster_line, render, truth_line
 from gpuwm.sim.trace import truth_report

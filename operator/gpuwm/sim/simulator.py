@@ -22,13 +22,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwm.model.podstats import PodStatsSample
-from gpuwm.model.sample import GpuSample
-from gpuwm.model.trace import (
+from gpuwm.model import (
     DeviceAllocation,
+    GpuSample,
     NamespaceEvent,
     PodEvent,
     PodPhase,
+    PodStatsSample,
     TraceWorkload,
     WorkloadEvent,
 )

@@ -10,7 +10,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from gpuwm.model.figures import ClusterFigures, WorkloadFigures
+from gpuwm.model import ClusterFigures, WorkloadFigures
 
 COLUMNS = ("NAMESPACE", "NAME", "PROJECT", "GPUS", "UTIL", "MEM", "IDLE", "WASTED-GPU-H", "AGE")
 NAME_COLUMNS = frozenset({"NAMESPACE", "NAME", "PROJECT"})

@@ -11,10 +11,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-from gpuwm.model import GpuSample, PodStatsSample
-from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
-from gpuwm.model.metrics import STORED, Metric
-from gpuwm.model.metrics import Rollup as Rollup
+from gpuwm.model import (
+    STORED,
+    ClusterFigures,
+    GpuSample,
+    Metric,
+    PodStatsSample,
+    ProjectFigures,
+    WorkloadFigures,
+)
+from gpuwm.model import Rollup as Rollup
 
 #: at most this many points per series, like Prometheus' query_range limit
 MAX_POINTS_PER_SERIES = 11_000

@@ -30,9 +30,7 @@ from typing import TypeVar, cast
 import numpy as np
 from pydantic import BaseModel
 
-from gpuwm.model import GpuSample, PodStatsSample
-from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
-from gpuwm.model.jsonfast import model_json
+from gpuwm.model import ClusterFigures, GpuSample, PodStatsSample, ProjectFigures, WorkloadFigures, model_json
 from gpuwm.store.base import METRIC_NAMES, RangeQuery, Series, Store, StoreError, Stretch, latest_value
 from gpuwm.store.chunks import ChunkWriter, chunk_spans
 from gpuwm.store.codec import (

@@ -26,10 +26,18 @@ from typing import Any
 from prometheus_api_client import PrometheusConnect
 from prometheus_api_client.exceptions import PrometheusApiClientException
 
-from gpuwm.model import GpuSample, PodStatsSample
-from gpuwm.model.figures import ClusterFigures, PodFigures, ProjectFigures, Windows, WorkloadFigures
-from gpuwm.model.metrics import STORED, Source
-from gpuwm.model.podstats import PodResources
+from gpuwm.model import (
+    STORED,
+    ClusterFigures,
+    GpuSample,
+    PodFigures,
+    PodResources,
+    PodStatsSample,
+    ProjectFigures,
+    Source,
+    Windows,
+    WorkloadFigures,
+)
 from gpuwm.store.base import (
     MAX_SERIES_PER_QUERY,
     QueryError,

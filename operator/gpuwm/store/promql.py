@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuwm.model.metrics import STORED, Aggregation, Source
+from gpuwm.model import STORED, Aggregation, Source
 
 #: PromQL's operator for each of the catalogue's aggregations across devices
 _OPERATOR = {Aggregation.SUM: "sum", Aggregation.MEAN: "avg", Aggregation.MAX: "max"}

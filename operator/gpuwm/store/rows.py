@@ -40,9 +40,16 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpuwm.model import GpuSample, PodResources, PodStatsSample
-from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
-from gpuwm.model.metrics import Aggregation, Source
+from gpuwm.model import (
+    Aggregation,
+    ClusterFigures,
+    GpuSample,
+    PodResources,
+    PodStatsSample,
+    ProjectFigures,
+    Source,
+    WorkloadFigures,
+)
 from gpuwm.store.base import METRIC_INDEX, METRIC_NAMES, METRICS
 
 SeriesKey = tuple[str, str]  # (kind, key)

@@ -23,7 +23,7 @@ from gpuwm.api.auth import RESOURCE, RESOURCE_GROUP, AuthError, Authorizer, User
 from gpuwm.api.http import bearer_token
 from gpuwm.api.limits import QueryLimits
 from gpuwm.config import Settings
-from gpuwm.model.figures import WorkloadFigures
+from gpuwm.model import WorkloadFigures
 from gpuwm.store import Store
 
 T = TypeVar("T")

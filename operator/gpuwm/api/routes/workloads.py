@@ -35,7 +35,7 @@ from gpuwm.api.runs import (
     workload_selection,
 )
 from gpuwm.api.schemas import MetricsBody, WorkloadList
-from gpuwm.model.figures import WorkloadFigures
+from gpuwm.model import WorkloadFigures
 
 router = APIRouter()
 

@@ -14,7 +14,7 @@ import numpy
 
 from gpuwm.accounting import Engine
 from gpuwm.feed.decode import DeviceHolder, SampleColumns, Snapshot, join
-from gpuwm.model.sample import GpuSample
+from gpuwm.model import GpuSample
 
 __all__ = ["SampleIntake"]
 

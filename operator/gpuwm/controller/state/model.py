@@ -15,8 +15,7 @@ from gpuwm.accounting import Engine, EngineConfig, LazyEntries, saved_entries
 from gpuwm.controller.pull import DeviceHolder, index_holders
 from gpuwm.controller.status import ConditionMemo, memo_from_json, memo_to_json
 from gpuwm.controller.watch import TrackedPod
-from gpuwm.model.compact import share_fields_set
-from gpuwm.model.trace import TraceWorkload
+from gpuwm.model import TraceWorkload, share_fields_set
 
 
 @dataclass(eq=False)

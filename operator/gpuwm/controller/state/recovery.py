@@ -36,7 +36,7 @@ from gpuwm.controller.status import (
     remembered,
 )
 from gpuwm.controller.watch import TrackedPod, parse_kubernetes_time
-from gpuwm.model.crd import Condition
+from gpuwm.model import Condition
 
 logger = logging.getLogger(__name__)
 

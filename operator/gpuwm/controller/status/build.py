@@ -21,18 +21,21 @@ from gpuwm.controller.status.idleness import (
     reporting,
     sample_recent,
 )
-from gpuwm.model.crd import (
+from gpuwm.model import (
     MAX_LISTED,
     Condition,
     ConditionType,
     GpuStatus,
     PodStatus,
+    ProjectFigures,
     ProjectMetricsStatus,
     UtilizationWindows,
+    Windows,
+    WorkloadFigures,
     WorkloadMetricsStatus,
     WorkloadPhase,
+    trusted,
 )
-from gpuwm.model.figures import ProjectFigures, Windows, WorkloadFigures, trusted
 
 _PHASES: frozenset[str] = frozenset(get_args(WorkloadPhase))
 _DNS_INVALID = re.compile(r"[^a-z0-9.-]+")

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 
 from gpuwm.controller.kube import KubeApiError, KubeClient, TokenBucket, resource_path
 from gpuwm.controller.status.build import rfc3339
-from gpuwm.model.figures import WorkloadFigures
+from gpuwm.model import WorkloadFigures
 
 logger = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from gpuwm.model.figures import GpuFigures, WorkloadFigures
+from gpuwm.model import GpuFigures, WorkloadFigures
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 

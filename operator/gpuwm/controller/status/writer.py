@@ -28,7 +28,7 @@ from gpuwm.controller.status.build import (
     WriteReason,
     write_reason,
 )
-from gpuwm.model.crd import GROUP, VERSION
+from gpuwm.model import GROUP, VERSION
 
 logger = logging.getLogger(__name__)
 #: labels that come after a CR's creation (a Kueue ClusterQueue once admitted): a CR adopted at a restart may lack them

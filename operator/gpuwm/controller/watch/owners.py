@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import Any
 
-from gpuwm.model.trace import TraceWorkload
+from gpuwm.model import TraceWorkload
 
 logger = logging.getLogger(__name__)
 

@@ -17,8 +17,7 @@ from typing import Any
 from gpuwm.controller.pull import DeviceHolder
 from gpuwm.controller.watch.owners import parse_kubernetes_time
 from gpuwm.controller.watch.units import NodeSharing, requested_units
-from gpuwm.model.podstats import PodResources
-from gpuwm.model.trace import ENDED_POD_PHASES, DeviceAllocation, PodEvent, PodPhase, TraceWorkload
+from gpuwm.model import ENDED_POD_PHASES, DeviceAllocation, PodEvent, PodPhase, PodResources, TraceWorkload
 
 _PHASES: frozenset[str] = frozenset({"Pending", "Running", "Succeeded", "Failed", "Unknown"})
 #: labels the operators of distributed jobs put on their pods to say which replica each one is: kept

@@ -33,7 +33,7 @@ from gpuwm.controller.watch.units import (
     mig_profile,
     node_replicas_label,
 )
-from gpuwm.model.trace import ENDED_POD_PHASES
+from gpuwm.model import ENDED_POD_PHASES
 
 logger = logging.getLogger(__name__)
 

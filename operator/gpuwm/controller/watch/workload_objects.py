@@ -27,7 +27,7 @@ from gpuwm.controller.watch.workload_kinds import (
     reader_of,
     requested_gpus,
 )
-from gpuwm.model.trace import WorkloadEvent
+from gpuwm.model import WorkloadEvent
 
 logger = logging.getLogger(__name__)
 
