@@ -102,11 +102,12 @@ def run_with_twin(revision: str, bench_args: list[str]) -> None:
     runpy.run_path(sys.argv[0], run_name="__main__")
 
 
-def figures(output: str) -> tuple[float, float, dict[str, float], str]:
+def figures(output: str, errors: str = "") -> tuple[float, float, dict[str, float], str]:
     """(status interval, steady CPU-s a cycle, steady phases, the CRs read back) of one bench/controller.py run."""
     steady, phases, read_back = _STEADY.search(output), _PHASES.search(output), _READ_BACK.search(output)
     if steady is None or phases is None or read_back is None:
-        raise SystemExit("client_twin: a bench/controller.py run printed no steady summary:\n" + output[-3000:])
+        raise SystemExit("client_twin: a bench/controller.py run printed no steady summary:\n"
+                         + output[-3000:] + errors[-3000:])
     parsed = {name: float(value) for name, value in (part.split() for part in phases["phases"].split(", "))}
     written = f"{int(read_back['crs']) - int(read_back['bare'])} of {read_back['crs']} CRs with a status"
     return float(steady["interval"]), float(steady["cpu"]), parsed, written
@@ -131,8 +132,9 @@ def main() -> None:
         command = [sys.executable, str(ROOT / "bench" / "controller.py"), *args.bench_args]
         if variant == "twin":
             command = [sys.executable, __file__, "--inner-twin", "--revision", args.revision, "--", *args.bench_args]
-        output = subprocess.run(command, check=False, capture_output=True, text=True).stdout
-        interval, cpu, phases, written = figures(output)
+        run = subprocess.run(command, check=False, capture_output=True, text=True)
+        output = run.stdout
+        interval, cpu, phases, written = figures(output, run.stderr)
         results[variant].append((cpu, phases))
         calls = _TWIN_CALLS.search(output)
         if calls is not None:
