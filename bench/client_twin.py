@@ -4,7 +4,7 @@ Issue 36 §4 put the agent pulls and the status writes through aiohttp and allow
 of library code back only where `bench/` shows it saves at least 5 % of one core at 1,000
 nodes. This runs `bench/controller.py` (pass its options after `--`) in turn as the tree is
 and with the client that issue removed in place: `controller/agenthttp.py`, read from git at
-REVISION (its last tree), answering `AgentPuller.get` and the status writes' merge patches
+REVISION (as it was when removed), answering `AgentPuller.get` and the status writes' merge patches
 (`KubeClient._send` for PATCH); every other call stays on aiohttp. The runs alternate
 (aiohttp, twin, twin, aiohttp, ... : a drift of the machine falls on both), and the summary
 gives each run's steady CPU a status cycle, the pull and write phases, the mean saving and
@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-#: the last tree that held controller/agenthttp.py (issue 36 §4 removed it in the commit after)
+#: a tree holding controller/agenthttp.py as issue 36 §4 removed it (83e928e): the file did not change from this
+#: tree, the one filed against, to its removal
 REVISION = "2c6dbcb"
 CLIENT_PATH = "operator/gpuwm/controller/agenthttp.py"
 #: issue 36 §4: a fast twin stays only where it saves at least this share of one core
