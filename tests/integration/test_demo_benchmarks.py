@@ -96,8 +96,11 @@ def test_controller_bench_restart_restores_and_resends_nothing() -> None:
 def test_client_twin_bench_runs_the_removed_client() -> None:
     """`bench/client_twin.py` (issue 36 §4's rule, measured): the twin's run really goes through the client read
     from git, and its status writes land as aiohttp's do."""
-    shown = subprocess.run(["git", "-C", str(BENCH.parent), "cat-file", "-e", "2c6dbcb:operator/gpuwm/controller/agenthttp.py"],
-                           capture_output=True, check=False)
+    try:
+        shown = subprocess.run(["git", "-C", str(BENCH.parent), "cat-file", "-e",
+                                "2c6dbcb:operator/gpuwm/controller/agenthttp.py"], capture_output=True, check=False)
+    except OSError as error:
+        pytest.skip(f"no git here ({error}): the twin is read from the repository's history")
     if shown.returncode != 0:
         pytest.skip("no git history holding 2c6dbcb here (a shallow clone or an archive): the twin is read from it")
     result = subprocess.run([sys.executable, str(BENCH / "client_twin.py"), "--pairs", "1", "--", "--nodes", "6",
