@@ -121,6 +121,8 @@ def main() -> None:
     parser.add_argument("--inner-twin", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("bench_args", nargs="*", help="bench/controller.py's options, after --")
     args = parser.parse_args()
+    if args.pairs < 1:
+        parser.error(f"--pairs: at least 1 pair of runs is needed to compare, got {args.pairs}")
     if args.inner_twin:
         run_with_twin(args.revision, args.bench_args)
         return
