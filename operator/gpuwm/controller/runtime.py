@@ -48,6 +48,7 @@ from gpuwm.controller.status import (
     Desired,
     IdleEvents,
     IdleWatch,
+    Seen,
     StatusWriter,
     build_project_status,
     build_workload_status,
@@ -57,6 +58,7 @@ from gpuwm.controller.status import (
     project_counters,
     project_signature,
     remembered,
+    seen_now,
     workload_counters,
     workload_cr_name,
     workload_labels,
@@ -313,16 +315,19 @@ class ControllerRuntime:
         projects = self._projects_with_baselines(projects, engine_workloads)
         timer.mark("engine_report")
         await asyncio.sleep(0)
-        self._observe_idleness(workloads, now)
         idle_after = self.settings.idle_condition_after
         slack = self.reporting_slack_seconds
-        # each workload's Idle condition once a cycle: the writer's signatures and the Events read the same one
-        idle = {figures.uid: idle_condition(figures, state.observed_idle.get(figures.uid), idle_after, now, slack)
+        # what each workload's samples show, and its Idle condition, once a cycle: the idle watch, the writer's
+        # signatures and the Events read the same ones
+        seen = {figures.uid: seen_now(figures, now, slack) for figures in workloads}
+        self._observe_idleness(workloads, now, seen)
+        idle = {figures.uid: idle_condition(figures, state.observed_idle.get(figures.uid), idle_after, now, slack,
+                                            seen[figures.uid])
                 for figures in workloads}
-        self._offer_workloads(workloads, now, idle)
+        self._offer_workloads(workloads, now, idle, seen)
         self._offer_projects(projects, now)
         self.idle_events.announce(workloads, {uid: condition[0] for uid, condition in idle.items()})
-        del idle
+        del idle, seen
         await self._apply_retention(workloads, now)
         await self.writer.retire_projects(now, self.settings.retention)  # projects with no workload left
         timer.mark("offer")
@@ -392,8 +397,10 @@ class ControllerRuntime:
         cr_owner[(figures.namespace, name)] = (figures.uid, figures.kind, figures.created_time)
         return name
 
-    def _observe_idleness(self, workloads: list[WorkloadFigures], now: float) -> None:
-        """How long each running workload's current idle stretch has been seen through samples (`IdleWatch`)."""
+    def _observe_idleness(self, workloads: list[WorkloadFigures], now: float,
+                          seen: Mapping[str, Seen] | None = None) -> None:
+        """How long each running workload's current idle stretch has been seen through samples (`IdleWatch`);
+        `seen`: each one's `seen_now` for this `now`, where the cycle has them."""
         observed: dict[str, float] = {}
         # once, not per CR
         watch, conditions, observed_before = self.idle_watch, self._state.conditions, self._state.observed_idle
@@ -402,14 +409,16 @@ class ControllerRuntime:
                 watch.forget(figures.uid)  # nothing to watch: no memory kept for ended workloads
                 continue
             written_idle = any(memo.type == "Idle" and memo.status == "True" for memo in conditions.get(figures.uid, ()))
-            seconds = watch.observe(figures, now, written_idle)
+            seconds = watch.observe(figures, now, written_idle, None if seen is None else seen.get(figures.uid))
             if seconds is not None:
                 observed[figures.uid] = seconds
         self._state.observed_idle = observed
 
     def _offer_workloads(self, workloads: list[WorkloadFigures], now: float,
-                         idle: Mapping[str, tuple[ConditionStatus, str]] | None = None) -> None:
-        """Each workload's CR to the writer; `idle`: each one's Idle condition, as this cycle computed it."""
+                         idle: Mapping[str, tuple[ConditionStatus, str]] | None = None,
+                         seen: Mapping[str, Seen] | None = None) -> None:
+        """Each workload's CR to the writer; `idle`, `seen`: each one's Idle condition and `seen_now`, as this
+        cycle computed them."""
         idle_after, low = self.settings.idle_condition_after, self.settings.underutilized_percent
         # the fields once, not once per CR
         engine, offered_settled, observed_idle = self._state.engine, self._offered_settled, self._state.observed_idle
@@ -445,7 +454,8 @@ class ControllerRuntime:
                                                   underutilized_percent=low,
                                                   observed_idle_seconds=observed_idle.get(figures.uid),
                                                   reporting_slack_seconds=slack,
-                                                  idle=None if idle is None else idle.get(figures.uid))),
+                                                  idle=None if idle is None else idle.get(figures.uid),
+                                                  seen=None if seen is None else seen.get(figures.uid))),
                 counters=hash(workload_counters(figures)),
                 # a settled workload's figures are final, no sample is behind them: not a sample -> status lag
                 sample_time=None if settled else sample_time,

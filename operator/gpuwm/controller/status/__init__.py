@@ -24,7 +24,7 @@ from gpuwm.controller.status.build import (
     workload_signature,
 )
 from gpuwm.controller.status.events import COMPONENT, IdleEvents
-from gpuwm.controller.status.idleness import ConditionStatus, IdleWatch, idle_condition
+from gpuwm.controller.status.idleness import ConditionStatus, IdleWatch, Seen, idle_condition, seen_now
 from gpuwm.controller.status.writer import API_VERSION, PROJECT_PLURAL, WORKLOAD_PLURAL, Desired, StatusWriter
 
 __all__ = [
@@ -39,6 +39,7 @@ __all__ = [
     "Desired",
     "IdleEvents",
     "IdleWatch",
+    "Seen",
     "StatusWriter",
     "build_project_status",
     "build_workload_status",
@@ -50,6 +51,7 @@ __all__ = [
     "project_counters",
     "project_signature",
     "remembered",
+    "seen_now",
     "workload_counters",
     "workload_cr_name",
     "workload_labels",

@@ -15,11 +15,13 @@ from typing import Any, Literal, NamedTuple, get_args
 
 from gpuwm.controller.status.idleness import (
     ConditionStatus,
+    Seen,
     holds_gpus,
     idle_condition,
     idle_since_second,
     reporting,
     sample_recent,
+    seen_now,
 )
 from gpuwm.model import (
     MAX_LISTED,
@@ -291,13 +293,15 @@ def workload_signature(
     observed_idle_seconds: float | None = None,
     reporting_slack_seconds: float = 0.0,
     idle: tuple[ConditionStatus, str] | None = None,
+    seen: Seen | None = None,
 ) -> tuple[Any, ...]:
     """What a reader acts on: phase, GPUs held, pods and devices, active or idle since when, each condition's
     status and reason. A change is news: the writer sends it before any refresh of counters.
 
-    `idle`: the Idle condition's (status, reason) where the caller has it already (the status cycle
-    computes it once per workload); else computed here."""
-    running = holds_gpus(figures)
+    `idle`, `seen`: the Idle condition's (status, reason) and `seen_now`'s answer where the caller has them
+    already (the status cycle computes both once per workload); else computed here."""
+    seen = seen or seen_now(figures, now, reporting_slack_seconds)
+    running = seen.holds_gpus
     average = figures.utilization.avg1h
     underutilized = "Unknown" if not running or average is None else str(average < underutilized_percent)
     return (
@@ -307,10 +311,10 @@ def workload_signature(
         tuple(sorted((pod.name, pod.phase, round(pod.allocated_gpus, 4)) for pod in figures.pods)),
         tuple(sorted((gpu.uuid, gpu.pod, gpu.healthy) for gpu in figures.gpus)),
         figures.start_time is not None, figures.end_time is not None,
-        running and reporting(figures, now, reporting_slack_seconds),
-        idle_since_second(figures, now, reporting_slack_seconds),
+        running and seen.reporting,
+        seen.idle_since_second,
         idle if idle is not None else idle_condition(figures, observed_idle_seconds, idle_condition_after_seconds, now,
-                                                     reporting_slack_seconds),
+                                                     reporting_slack_seconds, seen),
         underutilized,
     )
 

@@ -9,7 +9,7 @@ whether it is seen active, seen idle and for how long, or not seen at all (Unkno
 from __future__ import annotations
 
 import math
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from gpuwm.model import GpuFigures, WorkloadFigures
 
@@ -65,9 +65,23 @@ def idle_since_second(figures: WorkloadFigures, now: float, slack_seconds: float
     return math.floor(now - figures.idle_seconds + 1e-3)
 
 
+class Seen(NamedTuple):
+    """What a workload's samples show at one time: judged once a status cycle (`seen_now`), and read alike
+    by the idle watch, the Idle condition and the writer's signature."""
+
+    holds_gpus: bool  # see `holds_gpus`
+    reporting: bool  # see `reporting`
+    idle_since_second: int | None  # see `idle_since_second`; None also means seen active
+
+
+def seen_now(figures: WorkloadFigures, now: float, slack_seconds: float = 0.0) -> Seen:
+    return Seen(holds_gpus(figures), reporting(figures, now, slack_seconds),
+                idle_since_second(figures, now, slack_seconds))
+
+
 def idle_condition(
     figures: WorkloadFigures, observed_idle_seconds: float | None, idle_condition_after_seconds: float,
-    now: float = 0.0, slack_seconds: float = 0.0,
+    now: float = 0.0, slack_seconds: float = 0.0, seen: Seen | None = None,
 ) -> tuple[ConditionStatus, str]:
     """The Idle condition's status and reason: True only on observed idleness (DESIGN §3).
 
@@ -75,13 +89,15 @@ def idle_condition(
     (`IdleWatch`); None when it has not been. Idle time before a workload's first sample or while
     its agent is not reporting is not evidence of idleness: the engine's idleSeconds counts it,
     the condition does not, and says Unknown while the workload's time is unmonitored now.
-    `now`, `slack_seconds`: see `reporting` (0: the engine's own flags alone).
+    `now`, `slack_seconds`: see `reporting` (0: the engine's own flags alone). `seen`: `seen_now`'s answer
+    where the caller has it for this `now` already.
     """
-    if not holds_gpus(figures):
+    seen = seen or seen_now(figures, now, slack_seconds)
+    if not seen.holds_gpus:
         return "False", "NotRunning"
-    if seen_active(figures, now, slack_seconds):
+    if seen.idle_since_second is None:
         return "False", "Active"  # a sample showed it busy: observed, whatever the other devices say
-    if not reporting(figures, now, slack_seconds):
+    if not seen.reporting:
         never = not figures.gpus or all(gpu.last_sample_time is None for gpu in figures.gpus)
         return "Unknown", "NotYetSampled" if never else "AgentNotReporting"
     if observed_idle_seconds is not None and observed_idle_seconds >= idle_condition_after_seconds:
@@ -110,18 +126,20 @@ class IdleWatch:
         self._stretch: dict[str, tuple[int, float]] = {}  # uid -> (stretch's start second, observed since)
         self._sampled_at: dict[str, float] = {}  # uid -> the latest cycle that saw it running and sampled
 
-    def observe(self, figures: WorkloadFigures, now: float, written_idle: bool = False) -> float | None:
+    def observe(self, figures: WorkloadFigures, now: float, written_idle: bool = False,
+                seen: Seen | None = None) -> float | None:
         """Seconds of the current idle stretch observed by `now`; None while active, not running or not yet seen.
 
         `written_idle`: the workload's Idle condition as last written was True (a restart's memory).
+        `seen`: `seen_now`'s answer for this `now` and the watch's slack, where the caller has it.
         """
         uid = figures.uid
-        stretch = idle_since_second(figures, now, self.slack_seconds)
-        sampled = reporting(figures, now, self.slack_seconds)
+        seen = seen or seen_now(figures, now, self.slack_seconds)
+        stretch, sampled = seen.idle_since_second, seen.reporting
         previous_sample = self._sampled_at.get(uid)
-        if holds_gpus(figures) and sampled:
+        if seen.holds_gpus and sampled:
             self._sampled_at[uid] = now
-        elif not holds_gpus(figures):
+        elif not seen.holds_gpus:
             self._sampled_at.pop(uid, None)
         if stretch is None:
             self._stretch.pop(uid, None)

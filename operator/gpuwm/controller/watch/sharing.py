@@ -209,14 +209,19 @@ def whole_device_nodes(
         asks = asks_whole[pod.uid] = all(units == int(units) for units in pod.units_by_container.values())
         if not asks and pod.node in whole and pod.phase not in ENDED_POD_PHASES:
             whole.discard(pod.node)
+    whole_resources: dict[str | None, bool] = {}
     for node, holders in holders_by_node.items():
         if node not in whole:
             continue
         held: set[str] = set()
         for holder in holders:
             name, device_id = holder.resource_name, holder.device_id or ""
-            if (not asks_whole.get(holder.pod_uid or "", False) or name is None or mig_profile(name) is not None
-                    or is_shared_resource(name) or "::" in device_id or holder.uuid in held
+            whole_resource = whole_resources.get(name)
+            if whole_resource is None:  # a cluster has a few resource names: each judged once, not once per device
+                whole_resource = whole_resources[name] = (name is not None and mig_profile(name) is None
+                                                          and not is_shared_resource(name))
+            if (not asks_whole.get(holder.pod_uid or "", False) or not whole_resource or "::" in device_id
+                    or holder.uuid in held
                     or holder.units not in (None, 1.0)):  # the agent's own share of a whole-GPU resource
                 whole.discard(node)
                 break
