@@ -77,6 +77,17 @@ def test_pull_bench_reads_every_agent() -> None:
     assert result.stdout.splitlines()[-1].startswith("summary: CPU per pull of 6 agents")
 
 
+def test_cycle_parts_bench_times_each_part_where_every_node_qualifies() -> None:
+    result = subprocess.run([sys.executable, str(BENCH / "cycle_parts.py"), "--nodes", "5", "--rounds", "1"],
+                            capture_output=True, text=True, timeout=240, cwd=BENCH.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    # every node's devices held whole: `whole_device_nodes` looks at each of the 40 holders
+    assert lines[0] == "5 nodes: 20 running workloads, 20 pods, 40 holders; 5 nodes held whole"
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        "idleness, each helper judging", "idleness, seen once a cycle", "whole_device_nodes"]
+
+
 def test_controller_bench_restart_restores_and_resends_nothing() -> None:
     """`bench/controller.py --restart`: the second controller restores the first one's state and, since the
     pods it is handed are those the first one saw (and still exist), tells the engine nothing again."""
