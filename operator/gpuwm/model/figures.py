@@ -7,6 +7,7 @@ CR status names (camelCase), which is also what `gpuwm replay` prints.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -193,13 +194,15 @@ def shared_keys_fields(cls: type[BaseModel]) -> dict[str, Any]:
     the class ("split" dicts, up to 30 keys), and `dict.copy()` of one keeps it so. Filled by
     assigning each field in turn (no key is added, the order stays the field order), a copy is
     smaller than a plain dict and faster to build; a cycle builds one per device and workload.
-    Elsewhere (another interpreter) the copy is an ordinary dict: the same contents, only bigger.
+    With more keys (WorkloadFigures has 34) or elsewhere (another interpreter) the holder's dict is an
+    ordinary one, grown key by key to about twice the size of one made at once: the smaller is returned.
     """
     holder = type(f"_{cls.__name__}Fields", (), {})()
     for name in cls.model_fields:
         setattr(holder, name, None)
-    fields: dict[str, Any] = holder.__dict__
-    return fields
+    shared: dict[str, Any] = holder.__dict__
+    plain = dict.fromkeys(cls.model_fields)
+    return shared if sys.getsizeof(shared) <= sys.getsizeof(plain) else plain
 
 
 def trusted(cls: type[_Model], values: dict[str, Any]) -> _Model:
