@@ -16,10 +16,8 @@ from typing import Any, Literal, NamedTuple, get_args
 from gpuwm.controller.status.idleness import (
     ConditionStatus,
     Seen,
-    holds_gpus,
     idle_condition,
     idle_since_second,
-    reporting,
     sample_recent,
     seen_now,
 )
@@ -147,10 +145,11 @@ def build_conditions(
     `reporting_slack_seconds`: see `reporting`.
     """
     before: dict[str, Condition | ConditionMemo] = {condition.type: condition for condition in previous}
-    running = holds_gpus(figures)
+    seen = seen_now(figures, now, reporting_slack_seconds)  # what the samples show, for all three conditions
+    running = seen.holds_gpus
     if not running:
         sampling = _condition("Sampling", "Unknown", "NoGpusHeld", "the workload holds no GPUs now", now, before)
-    elif reporting(figures, now, reporting_slack_seconds) and figures.unattributed_gpu_seconds > 0:
+    elif seen.reporting and figures.unattributed_gpu_seconds > 0:
         # DESIGN §3, rule of 2026-11-27: the figures hold, but a busy GPU's activity was taken from the device
         # because the agent saw none of the processes that explain it (no number here: it would change the
         # condition, and so force a write, every cycle)
@@ -160,14 +159,14 @@ def build_conditions(
             "processes: the agent saw no process explaining a busy GPU (an agent without hostPID, MIG instances)",
             now, before,
         )
-    elif reporting(figures, now, reporting_slack_seconds):
+    elif seen.reporting:
         sampling = _condition("Sampling", "True", "DevicesSampled", "every device it holds has a recent sample", now, before)
     else:
         unmonitored = [gpu.uuid for gpu in figures.gpus if not sample_recent(gpu, now, reporting_slack_seconds)]
         detail = f"no recent sample from {', '.join(unmonitored[:5])}" if unmonitored else "its devices are not known yet"
         sampling = _condition("Sampling", "False", "SamplesMissing", detail, now, before)
     idle_status, idle_reason = idle_condition(figures, observed_idle_seconds, idle_condition_after_seconds,
-                                              now, reporting_slack_seconds)
+                                              now, reporting_slack_seconds, seen)
     observed = f"{observed_idle_seconds or 0.0:.0f}s"
     if idle_status == "True":
         message = f"observed idle for {observed} (timeout {idle_condition_after_seconds:.0f}s)"
