@@ -25,7 +25,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import TypeVar
 
 import numpy as np
 from pydantic import BaseModel
@@ -54,8 +54,9 @@ from gpuwm.store.tiers import Tier, parse_tiers
 #: the same CPU with a bigger one (bench/README.md, "The store's choices"); 4 MiB keeps an interval's head pages
 #: (every block's leaves and the tree above them) at 1,000 nodes with room to spare
 WRITER_CACHE_KIB = 4 * 1024
-#: rows quantized at a time when an interval goes into the head (bounds the temporaries, see `write_head`)
-_QUANTIZE_ROWS = 2048
+#: head blocks filled, quantized and encoded at a time when an interval goes into the head (`write_head`):
+#: 2,048 series slots, so that an interval's block grid and its quantized copy are never alive whole
+_BLOCKS_AT_ONCE = 32
 #: compaction of a closed span is spread over this share of the next span's intervals: the same CPU an hour
 #: as over half of it, half of it in any one interval; the rest of the span is the margin for a round that
 #: falls behind (missed intervals, a restart)
@@ -115,7 +116,9 @@ class EmbeddedStore(Store):
         self._rows = RowBuilder()  # each workload's series and pairs, kept between intervals
         # the ids of the series of the last rows (the same list while no workload changed), and their blocks
         self._ids_of: tuple[object, IntArray] = (None, np.zeros(0, dtype=np.int64))
-        self._blocks_of: tuple[object, tuple[IntArray, IntArray]] = (None, (self._ids_of[1], self._ids_of[1]))
+        self._blocks_of: tuple[object, tuple[IntArray, IntArray, IntArray]] = (
+            None, (self._ids_of[1], self._ids_of[1], self._ids_of[1])
+        )
         self._head_blocks: set[int] = set()  # blocks with head rows
         # series that may hold points in the head, not yet in chunks: those written since the last
         # compaction round (and, when opened, every series of a block with head rows)
@@ -388,36 +391,40 @@ class EmbeddedStore(Store):
 
     def write_head(self, bucket: int, ids: IntArray, values: IntArray | FloatArray) -> None:
         """Head rows of one interval: `values[i]` is series `ids[i]`'s row at `bucket`, quantized already
-        (integers) or as floats, which go into the blocks quantized a slice of rows at a time, so that a
-        whole interval's quantized copy and its temporaries are never alive at once."""
+        (integers) or as floats. The blocks are filled, quantized and encoded `_BLOCKS_AT_ONCE` at a time,
+        so that neither a whole interval's block grid nor its quantized copy is alive beside the floats
+        (they were the store thread's peak at 1,000 nodes: bench/README.md)."""
         if ids is self._blocks_of[0]:
-            blocks, inverse = self._blocks_of[1]
+            blocks, inverse, by_block = self._blocks_of[1]
         else:
             blocks, inverse = np.unique(ids // BLOCK, return_inverse=True)
-            self._blocks_of = (ids, (blocks, inverse))
-        grid = np.full((len(blocks), BLOCK, METRIC_COUNT), MISSING, dtype=np.int64)
-        if values.dtype.kind == "f":
-            floats = cast(FloatArray, values)
-            offsets = ids % BLOCK
-            for low in range(0, len(ids), _QUANTIZE_ROWS):
-                high = low + _QUANTIZE_ROWS
-                grid[inverse[low:high], offsets[low:high]] = quantize(floats[low:high])
-        else:
-            grid[inverse, ids % BLOCK] = values
+            by_block = np.argsort(inverse, kind="stable")  # the rows block by block, each block's in order
+            self._blocks_of = (ids, (blocks, inverse, by_block))
         block_list = [int(block) for block in blocks]
-        if self._latest_bucket is None or bucket <= self._latest_bucket:
-            # a second write into an interval: series written before and absent now keep their row
-            placeholders = ",".join("?" * len(block_list))
-            for block, data in self._writer.execute(
-                f"SELECT block, data FROM head WHERE t = ? AND block IN ({placeholders})", (bucket, *block_list)
-            ).fetchall():
-                index = block_list.index(block)
-                fresh = (grid[index] != MISSING).any(axis=1)
-                grid[index][~fresh] = decode_head(data)[~fresh]
-        self._writer.executemany(
-            "INSERT OR REPLACE INTO head (block, t, data) VALUES (?, ?, ?)",
-            [(block, bucket, encode_head(grid[index])) for index, block in enumerate(block_list)],
-        )
+        # where each group of blocks' rows start in `by_block`
+        starts = np.searchsorted(inverse[by_block], np.arange(0, len(block_list) + _BLOCKS_AT_ONCE, _BLOCKS_AT_ONCE))
+        # None: a store just opened, whose file may hold this interval already
+        again = self._latest_bucket is None or bucket <= self._latest_bucket
+        for group, low in enumerate(range(0, len(block_list), _BLOCKS_AT_ONCE)):
+            group_blocks = block_list[low:low + _BLOCKS_AT_ONCE]
+            rows = by_block[starts[group]:starts[group + 1]]
+            grid = np.full((len(group_blocks), BLOCK, METRIC_COUNT), MISSING, dtype=np.int64)
+            given = values[rows]
+            grid[inverse[rows] - low, ids[rows] % BLOCK] = quantize(given) if given.dtype.kind == "f" else given
+            del given
+            if again:
+                # a second write into an interval: series written before and absent now keep their row
+                placeholders = ",".join("?" * len(group_blocks))
+                for block, data in self._writer.execute(
+                    f"SELECT block, data FROM head WHERE t = ? AND block IN ({placeholders})", (bucket, *group_blocks)
+                ).fetchall():
+                    index = group_blocks.index(block)
+                    fresh = (grid[index] != MISSING).any(axis=1)
+                    grid[index][~fresh] = decode_head(data)[~fresh]
+            self._writer.executemany(
+                "INSERT OR REPLACE INTO head (block, t, data) VALUES (?, ?, ?)",
+                [(block, bucket, encode_head(grid[index])) for index, block in enumerate(group_blocks)],
+            )
         self._head_blocks.update(block_list)
         self._latest_bucket = bucket if self._latest_bucket is None else max(self._latest_bucket, bucket)
 

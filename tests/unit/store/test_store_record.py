@@ -277,12 +277,13 @@ def test_latest_figures_of_more_workloads_than_one_write_holds_are_all_kept(tmp_
 
 
 def test_float_rows_go_into_the_head_as_their_quantized_values_across_slices(tmp_path: Path) -> None:
-    """write_head quantizes float rows a slice at a time: the blocks hold what one quantize of them all gives."""
+    """write_head fills, quantizes and encodes a group of blocks at a time: the blocks hold what one quantize
+    of all the rows gives, every row at its series' place."""
     from gpuwm.store import embedded
     from gpuwm.store.codec import BLOCK, METRIC_COUNT
 
     rng = np.random.default_rng(7)
-    count = 3 * embedded._QUANTIZE_ROWS + 11  # more than two slices, the last one short
+    count = 3 * embedded._BLOCKS_AT_ONCE * BLOCK + 11  # more than two groups of blocks, the last one short
     ids = rng.permutation(np.arange(1, 2 * count, dtype=np.int64))[:count]  # scattered over blocks, unordered
     values = rng.normal(50.0, 40.0, size=(count, METRIC_COUNT)) * rng.choice([1e-3, 1.0, 1e9], size=(count, 1))
     values[rng.random(values.shape) < 0.1] = np.nan
@@ -299,6 +300,32 @@ def test_float_rows_go_into_the_head_as_their_quantized_values_across_slices(tmp
     assert [(block, t) for block, t, _ in heads[0]] == [(block, t) for block, t, _ in heads[1]]
     for (_, _, floats), (_, _, ints) in zip(heads[0], heads[1], strict=True):
         np.testing.assert_array_equal(decode_head(floats), decode_head(ints))
-    first = int(np.argmin(ids))  # one row read back: the value stored is the float quantized
-    block_rows = decode_head(heads[0][0][2])
-    np.testing.assert_array_equal(block_rows[ids[first] % BLOCK], quantize(values[first:first + 1])[0])
+    stored = {block: decode_head(data) for block, _, data in heads[0]}  # every row read back at its series' place
+    read_back = np.array([stored[int(each) // BLOCK][int(each) % BLOCK] for each in ids])
+    np.testing.assert_array_equal(read_back, quantize(values))
+
+
+def test_a_second_write_into_an_interval_keeps_the_rows_of_series_absent_from_it_in_every_group(tmp_path: Path) -> None:
+    """Series written into an interval before and absent from a second write into it keep their rows, in each
+    group of blocks write_head fills; the series written again take their new rows."""
+    from gpuwm.store import embedded
+    from gpuwm.store.codec import BLOCK, METRIC_COUNT
+
+    rng = np.random.default_rng(11)
+    count = 2 * embedded._BLOCKS_AT_ONCE * BLOCK + 5  # three groups of blocks
+    ids = np.arange(1, count + 1, dtype=np.int64)
+    first = rng.normal(50.0, 10.0, size=(count, METRIC_COUNT))
+    again = rng.permutation(count)[: count // 3]  # a third of the series, scattered over every group
+    second = rng.normal(500.0, 10.0, size=(len(again), METRIC_COUNT))
+    store = EmbeddedStore(tmp_path / "again.db")
+    try:
+        store.write_head(1500, ids, first)
+        store.write_head(1500, ids[again], second)
+        stored = {block: decode_head(data) for block, data in
+                  store._writer.execute("SELECT block, data FROM head WHERE t = 1500").fetchall()}
+    finally:
+        store.close()
+    expected = quantize(first)
+    expected[again] = quantize(second)
+    read_back = np.array([stored[int(each) // BLOCK][int(each) % BLOCK] for each in ids])
+    np.testing.assert_array_equal(read_back, expected)
