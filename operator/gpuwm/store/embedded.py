@@ -25,7 +25,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from operator import itemgetter
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import numpy as np
 from pydantic import BaseModel
@@ -410,7 +410,9 @@ class EmbeddedStore(Store):
             rows = by_block[starts[group]:starts[group + 1]]
             grid = np.full((len(group_blocks), BLOCK, METRIC_COUNT), MISSING, dtype=np.int64)
             given = values[rows]
-            grid[inverse[rows] - low, ids[rows] % BLOCK] = quantize(given) if given.dtype.kind == "f" else given
+            grid[inverse[rows] - low, ids[rows] % BLOCK] = (
+                quantize(cast(FloatArray, given)) if given.dtype.kind == "f" else given
+            )
             del given
             if again:
                 # a second write into an interval: series written before and absent now keep their row
