@@ -303,8 +303,9 @@ class RowBuilder:
             if each.uuid not in latest or each.t >= latest[each.uuid].t:
                 latest[each.uuid] = each
         sample_list = list(latest.values())
-        # per sample: the 11 figures, then device units; a last row of NaN for "no sample" (row -1)
-        figures = np.vstack((_as_array(_sample_figures_units.read(sample_list), _WIDTH), np.full((1, _WIDTH), np.nan)))
+        # per sample (column): the 11 figures, then device units (rows); a last column of NaN for "no sample" (-1)
+        figures = np.full((_WIDTH, len(sample_list) + 1), np.nan)
+        figures[:, :-1] = _as_array(_sample_figures_units.read(sample_list), _WIDTH).T
         stats_by_pod: dict[str, PodStatsSample] = {}
         for stat in pod_stats:
             if stat.pod_uid not in stats_by_pod or stat.t >= stats_by_pod[stat.pod_uid].t:
@@ -531,7 +532,7 @@ class _Layout:
         self,
         latest: dict[str, GpuSample],
         sample_list: list[GpuSample],
-        figures: FloatArray,
+        figures: FloatArray,  # [figure, sample] (see `build`)
         gpu_values: Sequence[Sequence[Any]],  # per GPU field: units, utilisation, SM %, device units
         idle_of: Sequence[float],
         energy_of: Sequence[float | None],
@@ -561,14 +562,14 @@ class _Layout:
         values_of_gpu = np.array(gpu_values, dtype=np.float64).reshape(4, held).T
         units = values_of_gpu[:, 0]
         sampled = rows >= 0
-        device_units = np.where(sampled, figures[rows, _UNITS], values_of_gpu[:, 3])
+        device_units = np.where(sampled, figures[_UNITS][rows], values_of_gpu[:, 3])
         with np.errstate(invalid="ignore", divide="ignore"):
             share = np.where(device_units > 0, np.fmin(1.0, units / device_units), 1.0)
         no_util = np.fromiter(map(_is_none, gpu_values[1]), dtype=np.bool_, count=held)
-        util = np.where(no_util, figures[rows, _SM], values_of_gpu[:, 1])
+        util = np.where(no_util, figures[_SM][rows], values_of_gpu[:, 1])
         device_first = self.device_first
         device_rows = rows[device_first]
-        device_util = np.where(device_rows >= 0, figures[device_rows, _SM], values_of_gpu[device_first, 2])
+        device_util = np.where(device_rows >= 0, figures[_SM][device_rows], values_of_gpu[device_first, 2])
         free_count = len(free_rows)
         free_row_array = np.array(free_rows, dtype=np.int64)
         sample_of_part = np.concatenate((rows, device_rows, free_row_array))
@@ -577,10 +578,10 @@ class _Layout:
             units=np.concatenate((units, np.bincount(self.device_of_gpu, weights=units, minlength=devices),
                                   np.zeros(free_count))),
             share=np.concatenate((share, np.ones(devices + free_count))),
-            util=np.concatenate((util, device_util, figures[free_row_array, _SM])),
+            util=np.concatenate((util, device_util, figures[_SM][free_row_array])),
         )
         count = self.count
-        values = _aggregate(count, self.per_device, np.ascontiguousarray(figures.T), parts, self.pairs_s, self.pairs_p)
+        values = _aggregate(count, self.per_device, figures, parts, self.pairs_s, self.pairs_p)
 
         # energy: the workload's and project's own; for gpu, node and cluster the devices' counters,
         # each physical GPU once (a MIG instance carries its parent's counter)
@@ -589,7 +590,7 @@ class _Layout:
             energy[self.energy_rows] = np.array(energy_of, dtype=np.float64)[self.energy_workload]
         if len(self.energy_project_rows):
             energy[self.energy_project_rows] = np.array(project_energy, dtype=np.float64)[self.energy_project]
-        counter = figures[:-1, _ENERGY]
+        counter = figures[_ENERGY][:-1]
         gpu_pairs = self.gpu_rows
         gpu_rows = sample_of_part[self.gpu_parts]
         energy[gpu_pairs] = np.nan
@@ -679,54 +680,74 @@ def _aggregate(
 
     `columns[figure, row]`: the samples' figures, with a last column of NaN for parts without one.
     A NaN term is added as 0.0 (x + 0.0 is x: the sums are those of the non-NaN terms, same order).
+    Each figure is made per part first and gathered into the pairs in one buffer used again and again:
+    pair-long arrays are what made the store thread's peak beside the values (bench/README.md).
     """
     values = np.full((count, len(METRIC_NAMES)), np.nan)
-    pair_units = parts.units[pairs_p]
-    values[:, METRIC_INDEX["gpu_allocated"]] = np.bincount(pairs_s, weights=pair_units, minlength=count)
+    pair_count = np.bincount(pairs_s, minlength=count).astype(np.float64)  # terms per series, NaN or not
+    terms = np.empty(len(pairs_p))  # the pairs' terms of one figure at a time ...
+    missing = np.empty(len(pairs_p))  # ... and 1.0 where one is NaN
 
-    def sums(terms: FloatArray) -> tuple[FloatArray, FloatArray]:
-        """Per series: the sum of its non-NaN terms, and how many there are (`terms` is overwritten)."""
-        has = ~np.isnan(terms)
-        terms[~has] = 0.0
+    def sums(part_terms: FloatArray | None = None) -> tuple[FloatArray, FloatArray]:
+        """Per series: the sum of its non-NaN terms and how many there are; the terms are `part_terms`
+        gathered into the pairs, or `terms` as they stand (overwritten: NaN becomes 0.0)."""
+        if part_terms is not None:
+            np.take(part_terms, pairs_p, out=terms, mode="clip")
+        np.isnan(terms, out=missing)
+        np.nan_to_num(terms, copy=False, nan=0.0, posinf=np.inf, neginf=-np.inf)
         total: FloatArray = np.bincount(pairs_s, weights=terms, minlength=count).astype(np.float64, copy=False)
-        seen: FloatArray = np.bincount(pairs_s, weights=has, minlength=count).astype(np.float64, copy=False)
+        seen = pair_count - np.bincount(pairs_s, weights=missing, minlength=count).astype(np.float64, copy=False)
         return total, seen
 
-    # each pair-long temporary is dropped once used: all of them alive together would make the store thread's peak
-    weight = np.where(per_device_series[pairs_s] | (pair_units <= 0), 1.0, pair_units)
-    del pair_units
-    util = parts.util[pairs_p]
-    util_sum, _ = sums(util * weight)
-    weight[np.isnan(util)] = np.nan
-    del util
-    util_weight, _ = sums(weight)
+    np.take(parts.units, pairs_p, out=terms, mode="clip")
+    values[:, METRIC_INDEX["gpu_allocated"]] = np.bincount(pairs_s, weights=terms, minlength=count)
+    weight = np.where(per_device_series[pairs_s] | (terms <= 0), 1.0, terms)
+    np.take(parts.util, pairs_p, out=terms, mode="clip")
+    np.multiply(terms, weight, out=terms)
+    util_sum, _ = sums()
+    weight[np.isnan(parts.util)[pairs_p]] = np.nan
+    np.copyto(terms, weight)
     del weight
-    with np.errstate(invalid="ignore", divide="ignore"):
-        values[:, METRIC_INDEX["gpu_utilization_percent"]] = np.where(
-            util_weight > 0, util_sum / util_weight, np.nan
-        )
-    rows = parts.sample[pairs_p]  # -1 (no sample): the NaN column
-    share = parts.share[pairs_p]
+    values[:, METRIC_INDEX["gpu_utilization_percent"]] = _mean(util_sum, sums()[0])
+    del util_sum
+    # each figure's count-long results go into `values` at once, none left alive for the next one
+    sample = parts.sample  # -1 (no sample): the NaN column
     for position, column in enumerate(_SHARED_COLUMNS):
-        total, seen = sums(columns[position][rows] * share)
-        values[:, column] = np.where(seen > 0, total, np.nan)
-    del share
+        values[:, column] = _where_seen(*sums(columns[position][sample] * parts.share))
     for column, numerator, denominator in _DEVICE_RATIOS:
-        used = values[:, numerator]
-        total = values[:, denominator]
-        with np.errstate(invalid="ignore", divide="ignore"):
-            ratio = np.minimum(100.0, 100.0 * used / total)
-        values[:, column] = np.where(~np.isnan(used) & ~np.isnan(total) & (total != 0), ratio, np.nan)
+        values[:, column] = _percent_of(values[:, numerator], values[:, denominator])
     for position, metric in enumerate(_DEVICE_MAX, start=_MAX_AT):
-        figure = columns[position][rows]
-        largest = np.full(count, -np.inf)
-        np.maximum.at(largest, pairs_s, np.where(np.isnan(figure), -np.inf, figure))
-        values[:, METRIC_INDEX[metric.name]] = np.where(np.isinf(largest), np.nan, largest)
+        np.take(columns[position][sample], pairs_p, out=terms, mode="clip")
+        np.nan_to_num(terms, copy=False, nan=-np.inf, posinf=np.inf, neginf=-np.inf)
+        values[:, METRIC_INDEX[metric.name]] = _largest(count, pairs_s, terms)
     for position, metric in enumerate(_DEVICE_MEAN, start=_MEAN_AT):
-        figure_sum, figure_count = sums(columns[position][rows])
-        with np.errstate(invalid="ignore", divide="ignore"):
-            values[:, METRIC_INDEX[metric.name]] = np.where(figure_count > 0, figure_sum / figure_count, np.nan)
+        values[:, METRIC_INDEX[metric.name]] = _mean(*sums(columns[position][sample]))
     return values
+
+
+def _where_seen(total: FloatArray, seen: FloatArray) -> FloatArray:
+    """A series' sum where it has a term, NaN where it has none."""
+    return np.where(seen > 0, total, np.nan)
+
+
+def _mean(total: FloatArray, weight: FloatArray) -> FloatArray:
+    """total / weight where the weight is above 0, NaN elsewhere."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(weight > 0, total / weight, np.nan)
+
+
+def _percent_of(used: FloatArray, total: FloatArray) -> FloatArray:
+    """used as percent of total, at most 100, NaN where either is NaN or total is 0."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = np.minimum(100.0, 100.0 * used / total)
+    return np.where(~np.isnan(used) & ~np.isnan(total) & (total != 0), ratio, np.nan)
+
+
+def _largest(count: int, pairs_s: IntArray, terms: FloatArray) -> FloatArray:
+    """Per series the largest of its terms (-inf where NaN), NaN where it has none."""
+    largest = np.full(count, -np.inf)
+    np.maximum.at(largest, pairs_s, terms)
+    return np.where(np.isinf(largest), np.nan, largest)
 
 
 def _sum_pod_stats(
