@@ -684,20 +684,18 @@ def _aggregate(
     pair-long arrays are what made the store thread's peak beside the values (bench/README.md).
     """
     values = np.full((count, len(METRIC_NAMES)), np.nan)
-    pair_count = np.bincount(pairs_s, minlength=count).astype(np.float64)  # terms per series, NaN or not
-    terms = np.empty(len(pairs_p))  # the pairs' terms of one figure at a time ...
-    missing = np.empty(len(pairs_p))  # ... and 1.0 where one is NaN
+    pair_count = np.bincount(pairs_s, minlength=count)  # terms per series, NaN or not
+    terms = np.empty(len(pairs_p))  # the pairs' terms of one figure at a time
 
-    def sums(part_terms: FloatArray | None = None) -> tuple[FloatArray, FloatArray]:
+    def sums(part_terms: FloatArray | None = None) -> tuple[FloatArray, IntArray]:
         """Per series: the sum of its non-NaN terms and how many there are; the terms are `part_terms`
         gathered into the pairs, or `terms` as they stand (overwritten: NaN becomes 0.0)."""
         if part_terms is not None:
             np.take(part_terms, pairs_p, out=terms, mode="clip")
-        np.isnan(terms, out=missing)
-        np.nan_to_num(terms, copy=False, nan=0.0, posinf=np.inf, neginf=-np.inf)
+        missing = np.isnan(terms)
+        terms[missing] = 0.0
         total: FloatArray = np.bincount(pairs_s, weights=terms, minlength=count).astype(np.float64, copy=False)
-        seen = pair_count - np.bincount(pairs_s, weights=missing, minlength=count).astype(np.float64, copy=False)
-        return total, seen
+        return total, pair_count - np.bincount(pairs_s[missing], minlength=count)
 
     np.take(parts.units, pairs_p, out=terms, mode="clip")
     values[:, METRIC_INDEX["gpu_allocated"]] = np.bincount(pairs_s, weights=terms, minlength=count)
@@ -725,12 +723,12 @@ def _aggregate(
     return values
 
 
-def _where_seen(total: FloatArray, seen: FloatArray) -> FloatArray:
+def _where_seen(total: FloatArray, seen: IntArray) -> FloatArray:
     """A series' sum where it has a term, NaN where it has none."""
     return np.where(seen > 0, total, np.nan)
 
 
-def _mean(total: FloatArray, weight: FloatArray) -> FloatArray:
+def _mean(total: FloatArray, weight: FloatArray | IntArray) -> FloatArray:
     """total / weight where the weight is above 0, NaN elsewhere."""
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(weight > 0, total / weight, np.nan)
