@@ -10,8 +10,13 @@ The compaction slice of a closed chunk span is included once the run crosses an 
 (`--start` puts the run just before one).
 
     .venv/bin/python bench/store_record.py [--intervals 12] [--pod-stats] [--latest-rows-per-interval N] [--profile tottime]
+                                           [--traced-peak]
 
 Also printed: the bytes each record hands to write() (the WAL and its checkpoints into the file).
+`--traced-peak` prints, per interval, the most memory `record` had allocated at once above what was alive
+when it began (Python's and numpy's allocations, by `tracemalloc`): what the store adds to the controller's
+peak at the end of its cycle, where the report's figures are alive too. Its CPU figures are then
+tracemalloc's, not the store's.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import random
 import statistics
 import tempfile
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +130,8 @@ def main() -> None:
     parser.add_argument("--latest-rows-per-interval", type=int, default=Settings().store_latest_rows_per_interval,
                         help="running workloads' latest rows rewritten per interval at most (the controller's "
                              "storeLatestRowsPerInterval; 0: every row, as before it)")
+    parser.add_argument("--traced-peak", action="store_true",
+                        help="record's peak of allocations above its start, by tracemalloc (slows the CPU figures)")
     parser.add_argument("--profile", choices=("cumulative", "tottime"), help="profile record() after the first")
     parser.add_argument("--profile-lines", type=int, default=40)
     args = parser.parse_args()
@@ -141,6 +149,7 @@ def main() -> None:
     compacting: list[float] = []  # ... and with a compaction slice
     compacted = 0
     written: list[int] = []  # bytes handed to write() by each record after the first (WAL, checkpoints)
+    traced: list[float] = []  # MiB: record's peak of allocations above what was alive when it began
     with tempfile.TemporaryDirectory() as directory:
         store = EmbeddedStore(Path(directory) / "bench.db", latest_rows_per_interval=args.latest_rows_per_interval or None)
         # rows alone: a builder of its own fed the same intervals (or the stateless function of older code)
@@ -168,9 +177,15 @@ def main() -> None:
                 build.append(time.thread_time() - started)
             if profiler is not None and interval:
                 profiler.enable()
+            if args.traced_peak:
+                tracemalloc.start()
+                alive_before = tracemalloc.get_traced_memory()[0]
             started, written_before = time.thread_time(), _bytes_written()
             store.record(end, latest, workloads, projects, cluster, stats)
             elapsed = time.thread_time() - started
+            if args.traced_peak:
+                traced.append((tracemalloc.get_traced_memory()[1] - alive_before) / 2**20)
+                tracemalloc.stop()
             if interval:
                 written.append(_bytes_written() - written_before)
             if profiler is not None and interval:
@@ -183,7 +198,8 @@ def main() -> None:
             compacted = store.compacted_blocks
             print(f"interval {interval}: record {elapsed * 1000:.0f} ms CPU, {written[-1] / 1e6 if interval else 0:.1f} MB written"
                   f"{'' if not interval else f' (building the rows alone {build[-1] * 1000:.0f} ms)'}"
-                  f"; compacted blocks so far {store.compacted_blocks}", flush=True)
+                  f"; compacted blocks so far {store.compacted_blocks}"
+                  f"{f'; traced peak {traced[-1]:.2f} MiB' if traced else ''}", flush=True)
         size = sum(path.stat().st_size for path in Path(directory).iterdir())
         store.close()
     print(f"machine: {os.cpu_count()} cores, load {os.getloadavg()[0]:.2f}; {args.nodes} nodes, {len(gpu_nodes)} GPUs, "
@@ -198,6 +214,9 @@ def main() -> None:
     for label, figures in (("without compaction", plain), ("with a compaction slice", compacting)):
         if figures:
             print(f"  {label}: mean {statistics.mean(figures) * 1000:.0f} ms over {len(figures)}")
+    if len(traced) > 1:
+        print(f"record's traced peak above its start (MiB): first {traced[0]:.2f}; after it max {max(traced[1:]):.2f}, "
+              f"median {statistics.median(traced[1:]):.2f} (CPU figures above are under tracemalloc)")
     if profiler is not None:
         pstats.Stats(profiler).sort_stats(args.profile).print_stats(args.profile_lines)
 

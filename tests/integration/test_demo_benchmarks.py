@@ -88,6 +88,18 @@ def test_cycle_parts_bench_times_each_part_where_every_node_qualifies() -> None:
         "idleness, each helper judging", "idleness, seen once a cycle", "whole_device_nodes"]
 
 
+def test_store_record_bench_traces_record_s_peak() -> None:
+    """`bench/store_record.py --traced-peak`: each interval's peak of allocations in `record`, and their summary."""
+    result = subprocess.run([sys.executable, str(BENCH / "store_record.py"), "--nodes", "10", "--intervals", "3",
+                             "--traced-peak"], capture_output=True, text=True, timeout=240, cwd=BENCH.parent)
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    peaks = [float(line.split("traced peak ")[1].split(" MiB")[0]) for line in lines if line.startswith("interval ")]
+    assert len(peaks) == 3 and all(peak > 0 for peak in peaks), lines
+    summary = next(line for line in lines if line.startswith("record's traced peak above its start (MiB): "))
+    assert f"after it max {max(peaks[1:]):.2f}" in summary, summary
+
+
 def test_controller_bench_restart_restores_and_resends_nothing() -> None:
     """`bench/controller.py --restart`: the second controller restores the first one's state and, since the
     pods it is handed are those the first one saw (and still exist), tells the engine nothing again."""
