@@ -683,7 +683,6 @@ def _aggregate(
     Each figure is made per part first and gathered into the pairs in one buffer used again and again:
     pair-long arrays are what made the store thread's peak beside the values (bench/README.md).
     """
-    values = np.full((count, len(METRIC_NAMES)), np.nan)
     pair_count = np.bincount(pairs_s, minlength=count)  # terms per series, NaN or not
     terms = np.empty(len(pairs_p))  # the pairs' terms of one figure at a time
 
@@ -697,8 +696,9 @@ def _aggregate(
         total: FloatArray = np.bincount(pairs_s, weights=terms, minlength=count).astype(np.float64, copy=False)
         return total, pair_count - np.bincount(pairs_s[missing], minlength=count)
 
+    # units held and utilisation weighted by them first: their pair-long weights are gone before `values` comes
     np.take(parts.units, pairs_p, out=terms, mode="clip")
-    values[:, METRIC_INDEX["gpu_allocated"]] = np.bincount(pairs_s, weights=terms, minlength=count)
+    allocated = np.bincount(pairs_s, weights=terms, minlength=count)
     weight = np.where(per_device_series[pairs_s] | (terms <= 0), 1.0, terms)
     np.take(parts.util, pairs_p, out=terms, mode="clip")
     np.multiply(terms, weight, out=terms)
@@ -706,8 +706,12 @@ def _aggregate(
     weight[np.isnan(parts.util)[pairs_p]] = np.nan
     np.copyto(terms, weight)
     del weight
-    values[:, METRIC_INDEX["gpu_utilization_percent"]] = _mean(util_sum, sums()[0])
+    utilization = _mean(util_sum, sums()[0])
     del util_sum
+    values = np.full((count, len(METRIC_NAMES)), np.nan)
+    values[:, METRIC_INDEX["gpu_allocated"]] = allocated
+    values[:, METRIC_INDEX["gpu_utilization_percent"]] = utilization
+    del allocated, utilization
     # each figure's count-long results go into `values` at once, none left alive for the next one
     sample = parts.sample  # -1 (no sample): the NaN column
     for position, column in enumerate(_SHARED_COLUMNS):
