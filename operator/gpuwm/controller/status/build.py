@@ -17,7 +17,6 @@ from gpuwm.controller.status.idleness import (
     ConditionStatus,
     Seen,
     idle_condition,
-    idle_since_second,
     sample_recent,
     seen_now,
 )
@@ -138,14 +137,15 @@ def build_conditions(
     previous: Sequence[Condition | ConditionMemo] = (),
     observed_idle_seconds: float | None = None,
     reporting_slack_seconds: float = 0.0,
+    seen: Seen | None = None,
 ) -> list[Condition]:
     """Sampling, Idle and Underutilized for one workload; `previous`: those written before (their transition times).
 
     `observed_idle_seconds`: see `idle_condition` (from `IdleWatch`); None: no idleness observed.
-    `reporting_slack_seconds`: see `reporting`.
+    `reporting_slack_seconds`: see `reporting`. `seen`: `seen_now`'s answer where the caller has it already.
     """
     before: dict[str, Condition | ConditionMemo] = {condition.type: condition for condition in previous}
-    seen = seen_now(figures, now, reporting_slack_seconds)  # what the samples show, for all three conditions
+    seen = seen or seen_now(figures, now, reporting_slack_seconds)  # what the samples show, for all three conditions
     running = seen.holds_gpus
     if not running:
         sampling = _condition("Sampling", "Unknown", "NoGpusHeld", "the workload holds no GPUs now", now, before)
@@ -212,7 +212,8 @@ def build_workload_status(
     reporting_slack_seconds: float = 0.0,
 ) -> WorkloadMetricsStatus:
     """The GPUWorkloadMetrics status for `figures` as of `now` (epoch seconds)."""
-    idle_since = idle_since_second(figures, now, reporting_slack_seconds)
+    seen = seen_now(figures, now, reporting_slack_seconds)  # for idleSince and the conditions alike
+    idle_since = seen.idle_since_second
     return WorkloadMetricsStatus(
         phase=figures.phase if figures.phase in _PHASES else None,
         requested_gpus=_round(figures.requested_gpus, 4),
@@ -253,7 +254,7 @@ def build_workload_status(
         conditions=build_conditions(
             figures, now, idle_condition_after_seconds=idle_condition_after_seconds,
             underutilized_percent=underutilized_percent, previous=previous_conditions,
-            observed_idle_seconds=observed_idle_seconds, reporting_slack_seconds=reporting_slack_seconds,
+            observed_idle_seconds=observed_idle_seconds, reporting_slack_seconds=reporting_slack_seconds, seen=seen,
         ),
         last_update_time=rfc3339(now),
     )
