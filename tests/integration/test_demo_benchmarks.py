@@ -8,6 +8,7 @@ its definition allows.
 
 from __future__ import annotations
 
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -119,13 +120,15 @@ def test_controller_bench_restart_restores_and_resends_nothing() -> None:
 def test_client_twin_bench_runs_the_removed_client() -> None:
     """`bench/client_twin.py` (issue 36 §4's rule, measured): the twin's run really goes through the client read
     from git, and its status writes land as aiohttp's do."""
+    twin = runpy.run_path(str(BENCH / "client_twin.py"))  # the script's names (it runs only as __main__)
+    revision, client_path = twin["REVISION"], twin["CLIENT_PATH"]
     try:
-        shown = subprocess.run(["git", "-C", str(BENCH.parent), "cat-file", "-e",
-                                "2c6dbcb:operator/gpuwm/controller/agenthttp.py"], capture_output=True, check=False)
+        shown = subprocess.run(["git", "-C", str(BENCH.parent), "cat-file", "-e", f"{revision}:{client_path}"],
+                               capture_output=True, check=False)
     except OSError as error:
         pytest.skip(f"no git here ({error}): the twin is read from the repository's history")
     if shown.returncode != 0:
-        pytest.skip("no git history holding 2c6dbcb here (a shallow clone or an archive): the twin is read from it")
+        pytest.skip(f"no git history holding {revision} here (a shallow clone or an archive): the twin is read from it")
     result = subprocess.run([sys.executable, str(BENCH / "client_twin.py"), "--pairs", "1", "--", "--nodes", "6",
                              "--gpus-per-node", "2", "--gpus-per-workload", "1", "--cycles", "2", "--status-interval",
                              "2", "--history-minutes", "1"], capture_output=True, text=True, timeout=300, cwd=BENCH.parent)
