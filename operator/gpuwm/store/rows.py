@@ -346,6 +346,10 @@ class RowBuilder:
             self._entries = entries
             self._in_order = in_order
             self._signature = signature
+            del gpu_structures, pod_keys
+        # what only the structure needed goes before the values come (the signature kept is the last one's)
+        gpu_values = gpu_columns[4:]
+        del signature, uids, namespaces, names, project_names, gpu_lists, gpu_columns, pod_columns, gpu_counts, pod_counts
         for entry in in_order:
             if entry.labels is not None:
                 pending = {key: value for key, value in entry.labels.items() if key not in known}
@@ -388,7 +392,7 @@ class RowBuilder:
                     if pod.resources is not None:
                         resources_by_pod[pod.uid] = pod.resources
         return layout.fill(
-            latest, sample_list, figures, gpu_columns[4:], idle_of, energy_of, [each.energy_joules for each in projects],
+            latest, sample_list, figures, gpu_values, idle_of, energy_of, [each.energy_joules for each in projects],
             free_rows, stats_by_pod, labels, resources_by_pod,
         )
 
@@ -580,6 +584,7 @@ class _Layout:
             share=np.concatenate((share, np.ones(devices + free_count))),
             util=np.concatenate((util, device_util, figures[_SM][free_row_array])),
         )
+        del values_of_gpu, units, device_units, share, util, device_util  # in `parts` now: not alive beside the values
         count = self.count
         values = _aggregate(count, self.per_device, figures, parts, self.pairs_s, self.pairs_p)
 
