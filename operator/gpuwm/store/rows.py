@@ -771,18 +771,27 @@ def _sum_pod_stats(
     if not kept.any():
         return
     members = member_series[kept]
-    picked = stats[rows[kept]]
+    pod_rows = rows[kept]
     count = len(values)
-    totals: list[FloatArray] = []
-    for position in range(width):
-        column = picked[:, position]
+
+    def total(position: int) -> FloatArray:
+        """Per series the sum of its pods' figure `position`, NaN where none of them has it (one figure at a
+        time: a series-long total of each, all alive at once, was the store's peak with pod stats)."""
+        column = stats[:, position][pod_rows]
         has = ~np.isnan(column)
-        total = np.bincount(members[has], weights=column[has], minlength=count)
-        seen = np.bincount(members[has], minlength=count) > 0
-        totals.append(np.where(seen, total, np.nan))
+        summed = np.bincount(members[has], weights=column[has], minlength=count)
+        return np.where(np.bincount(members[has], minlength=count) > 0, summed, np.nan)
+
+    denominators = {POD_SUMMED.index(denominator) for _, _, denominator in _POD_RATIOS}
+    given_totals: dict[int, FloatArray] = {}
     for position, name in enumerate(POD_SUMMED):
-        values[:, METRIC_INDEX[name]] = np.where(np.isnan(totals[position]), values[:, METRIC_INDEX[name]], totals[position])
+        summed = total(position)
+        column = METRIC_INDEX[name]
+        values[:, column] = np.where(np.isnan(summed), values[:, column], summed)
+        if position in denominators:
+            given_totals[position] = summed
+        del summed
     for offset, (name, _, denominator) in enumerate(_POD_RATIOS):
-        used, given = totals[len(POD_SUMMED) + offset], totals[POD_SUMMED.index(denominator)]
+        used, given = total(len(POD_SUMMED) + offset), given_totals[POD_SUMMED.index(denominator)]
         with np.errstate(invalid="ignore", divide="ignore"):
             values[:, METRIC_INDEX[name]] = np.where(given > 0, 100.0 * used / given, np.nan)
