@@ -779,8 +779,8 @@ def _sum_pod_stats(
         time: a series-long total of each, all alive at once, was the store's peak with pod stats)."""
         column = stats[:, position][pod_rows]
         has = ~np.isnan(column)
-        summed = np.bincount(members[has], weights=column[has], minlength=count)
-        return np.where(np.bincount(members[has], minlength=count) > 0, summed, np.nan)
+        summed = np.bincount(members[has], weights=column[has], minlength=count).astype(np.float64, copy=False)
+        return _where_seen(summed, np.bincount(members[has], minlength=count))
 
     denominators = {POD_SUMMED.index(denominator) for _, _, denominator in _POD_RATIOS}
     given_totals: dict[int, FloatArray] = {}
