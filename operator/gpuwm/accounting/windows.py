@@ -35,6 +35,10 @@ _FOLD_AFTER_SEGMENTS = 64
 _FOLD_SPREAD_SEGMENTS = 16
 _NUMPY_FROM_SEGMENTS = 24  # below this a plain loop is faster than numpy's call overhead
 _WORKLOADS_PER_PASS = 128  # workloads per numpy pass over segments: bounds the pass's temporaries
+#: workloads per fold pass: a fold cuts each old segment into the buckets it spans and holds about a dozen
+#: piece-long arrays at once, several times a window pass's per workload; the maintenance's temporaries stayed
+#: resident until the cycle's trim, so fewer workloads a pass lower the controller's peak (bench/README.md)
+_WORKLOADS_PER_FOLD = 32
 _TRIM_FROM_SEGMENTS = 8  # segments past the hour are dropped once this many lead (see `_trim`)
 #: a segment, and its four rates, as the segments' array holds them (native doubles): `add` writes one with a
 #: single copy of its bytes, where the array's own append or item assignment converts each number on its own
@@ -303,18 +307,18 @@ def _windows_pass(many: Sequence[WindowSums], now: float) -> list[tuple[list[flo
 
 
 def maintain_all(many: Sequence[WindowSums], now: float) -> None:
-    """`maintain` of many workloads' sums: those that hold too many segments are folded in one numpy pass.
+    """`maintain` of many workloads' sums: those that hold too many segments are folded in a few numpy passes.
 
-    A maintenance of a busy engine folds many workloads at once: one pass over all their
-    segments, not a small numpy call each.
+    A maintenance of a busy engine folds many workloads at once: a pass over the segments of
+    `_WORKLOADS_PER_FOLD` of them, not a small numpy call each.
     """
     due = []
     for sums in many:
         sums._trim(now)
         if len(sums) > sums._capacity:
             due.append(sums)
-    for low in range(0, len(due), _WORKLOADS_PER_PASS):  # bounded temporaries, as in `windows_of`
-        _fold_all(due[low : low + _WORKLOADS_PER_PASS], now)
+    for low in range(0, len(due), _WORKLOADS_PER_FOLD):  # bounded temporaries (see `_WORKLOADS_PER_FOLD`)
+        _fold_all(due[low : low + _WORKLOADS_PER_FOLD], now)
     for sums in due:
         sums._capacity = _capacity_after(len(sums), sums._fold_after)
 
