@@ -622,6 +622,8 @@ class _Layout:
             np.fmax.at(idle_seconds, self.raise_rows, idle[self.raise_workload])
             idle_seconds[self.gpu_idle_rows] = idle[self.gpu_idle_workload]
         values[:, METRIC_INDEX["gpu_idle_seconds"]] = idle_seconds
+        # in `values` now: the pod stats' temporaries come without them
+        del parts, sample_of_part, energy, idle_seconds, idle, device_sample_rows, gpu_rows, has_sample
         if stats_by_pod:
             if self.members is None:
                 # each series' pods as a set filled in workload order (sums go in the set's order, as ever)
@@ -772,6 +774,7 @@ def _sum_pod_stats(
         return
     members = member_series[kept]
     pod_rows = rows[kept]
+    del rows, kept
     count = len(values)
 
     def total(position: int) -> FloatArray:
@@ -779,8 +782,9 @@ def _sum_pod_stats(
         time: a series-long total of each, all alive at once, was the store's peak with pod stats)."""
         column = stats[:, position][pod_rows]
         has = ~np.isnan(column)
-        summed = np.bincount(members[has], weights=column[has], minlength=count).astype(np.float64, copy=False)
-        return _where_seen(summed, np.bincount(members[has], minlength=count))
+        members_having = members[has]
+        summed = np.bincount(members_having, weights=column[has], minlength=count).astype(np.float64, copy=False)
+        return _where_seen(summed, np.bincount(members_having, minlength=count))
 
     denominators = {POD_SUMMED.index(denominator) for _, _, denominator in _POD_RATIOS}
     given_totals: dict[int, FloatArray] = {}
