@@ -117,33 +117,6 @@ def test_fold_equals_the_piece_by_piece_fold_to_the_bit(seed: int) -> None:
     assert struct.pack(f"{len(expected)}d", *sums._data) == struct.pack(f"{len(expected)}d", *expected)
 
 
-def test_maintain_all_folds_more_workloads_than_one_pass_takes_each_as_alone() -> None:
-    """More workloads due than one fold pass takes: the passes split them, and each one still equals its own
-    piece-by-piece fold to the bit, in its own place."""
-    import struct
-
-    from gpuwm.accounting.windows import _WORKLOADS_PER_FOLD, maintain_all
-
-    rng = random.Random(11)
-    now = 1_763_903_000.0
-    datas = []
-    for _ in range(2 * _WORKLOADS_PER_FOLD + 5):
-        data: list[float] = []
-        t = now - 900.0 + rng.random()
-        for _ in range(rng.randrange(25, 60)):
-            step = rng.choice((1.0, 3.0, 15.0, 40.0))
-            data.extend((t, t + step, 1.0, rng.uniform(0, 100), 1.0, rng.uniform(0, 100)))
-            t += step
-        datas.append(data)
-    many = [WindowSums.from_list(list(data)) for data in datas]
-    for sums in many:
-        sums._capacity = 20
-    maintain_all(many, now)
-    for sums, data in zip(many, datas, strict=True):
-        expected = _reference_fold(data, now)
-        assert struct.pack(f"{len(sums._data)}d", *sums._data) == struct.pack(f"{len(expected)}d", *expected)
-
-
 def test_maintain_drops_segments_past_the_hour_once_eight_lead() -> None:
     """The hour ends at 15 s. Segments past it are dropped together once the 8th from the front is
     one of them (the rest keep their order); a list that has wholly passed it is emptied (a settled
@@ -163,16 +136,16 @@ def test_maintain_drops_segments_past_the_hour_once_eight_lead() -> None:
 
 
 def test_maintain_all_folds_each_due_one_as_alone_and_leaves_the_rest() -> None:
-    """One numpy pass for many workloads: each folded one equals its own piece-by-piece fold; one under its
-    capacity is left as it was; an empty one stays empty."""
+    """Numpy passes over many workloads, more due than one pass takes: each folded one equals its own
+    piece-by-piece fold in its own place; one under its capacity is left as it was; an empty one stays empty."""
     import struct
 
-    from gpuwm.accounting.windows import maintain_all
+    from gpuwm.accounting.windows import _WORKLOADS_PER_FOLD, maintain_all
 
     rng = random.Random(3)
     now = 1_763_903_000.0
     datas = []
-    for count in (400, 30, 0, 900, 257):
+    for count in (400, 30, 0, 900, 257, *[rng.randrange(257, 400) for _ in range(2 * _WORKLOADS_PER_FOLD)]):
         data: list[float] = []
         t = now - 2000.0 + rng.random()
         for _ in range(count):
