@@ -34,7 +34,7 @@ _FOLD_AFTER_SEGMENTS = 64
 #: and fall in waves, and one maintenance would fold all of them at once
 _FOLD_SPREAD_SEGMENTS = 16
 _NUMPY_FROM_SEGMENTS = 24  # below this a plain loop is faster than numpy's call overhead
-_WORKLOADS_PER_PASS = 128  # workloads per numpy pass over segments: bounds the pass's temporaries
+_WORKLOADS_PER_PASS = 128  # workloads per `windows_of` pass over segments: bounds the pass's temporaries
 #: workloads per fold pass: a fold cuts each old segment into the buckets it spans and holds about a dozen
 #: piece-long arrays at once, several times a window pass's per workload; the maintenance's temporaries stayed
 #: resident until the cycle's trim, so fewer workloads a pass lower the controller's peak (bench/README.md)
