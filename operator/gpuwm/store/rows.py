@@ -786,7 +786,7 @@ def _sum_pod_stats(
         summed = np.bincount(members_having, weights=column[has], minlength=count).astype(np.float64, copy=False)
         return _where_seen(summed, np.bincount(members_having, minlength=count))
 
-    denominators = {POD_SUMMED.index(denominator) for _, _, denominator in _POD_RATIOS}
+    denominators = {denominator for _, denominator in _RATIO_PARTS}
     given_totals: dict[int, FloatArray] = {}
     for position, name in enumerate(POD_SUMMED):
         summed = total(position)
@@ -795,7 +795,7 @@ def _sum_pod_stats(
         if position in denominators:
             given_totals[position] = summed
         del summed
-    for offset, (name, _, denominator) in enumerate(_POD_RATIOS):
-        used, given = total(len(POD_SUMMED) + offset), given_totals[POD_SUMMED.index(denominator)]
+    for offset, ((name, _, _), (_, denominator)) in enumerate(zip(_POD_RATIOS, _RATIO_PARTS, strict=True)):
+        used, given = total(len(POD_SUMMED) + offset), given_totals[denominator]
         with np.errstate(invalid="ignore", divide="ignore"):
             values[:, METRIC_INDEX[name]] = np.where(given > 0, 100.0 * used / given, np.nan)
