@@ -23,6 +23,7 @@ from gpuwm.store.base import (
     Store,
     StoreError,
     Stretch,
+    utilized_gpu_seconds,
 )
 
 
@@ -65,4 +66,5 @@ __all__ = [
     "StoreError",
     "Stretch",
     "open_store",
+    "utilized_gpu_seconds",
 ]

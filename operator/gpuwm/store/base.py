@@ -120,6 +120,16 @@ def check_range(query: RangeQuery) -> None:
             raise QueryError("metric", f"unknown metric {name!r}; known: {', '.join(METRIC_NAMES)}")
 
 
+def utilized_gpu_seconds(figures: WorkloadFigures | ProjectFigures | ClusterFigures) -> float:
+    """Monitored GPU-seconds weighted by SM utilisation: (active + idle) x the lifetime utilisation / 100.
+
+    Over a period, its difference divided by the period's active + idle GPU-seconds is the period's
+    mean utilisation (what the engine's lifetime figure is over the whole life)."""
+    lifetime = figures.utilization.lifetime
+    monitored = figures.active_gpu_seconds + figures.idle_gpu_seconds
+    return 0.0 if lifetime is None else monitored * lifetime / 100.0
+
+
 def latest_value(points: Sequence[tuple[float, float | None]]) -> float | None:
     """The value of the latest non-null point, or None."""
     return next((value for _, value in reversed(points) if value is not None), None)
