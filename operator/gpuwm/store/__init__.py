@@ -15,6 +15,7 @@ from gpuwm.store.base import (
     METRIC_NAMES,
     METRICS,
     Breakdown,
+    PeriodSums,
     QueryError,
     RangeQuery,
     ReadOnlyStoreError,
@@ -23,6 +24,7 @@ from gpuwm.store.base import (
     Store,
     StoreError,
     Stretch,
+    WorkloadPeriod,
     utilized_gpu_seconds,
 )
 
@@ -57,6 +59,7 @@ __all__ = [
     "METRIC_INDEX",
     "METRIC_NAMES",
     "Breakdown",
+    "PeriodSums",
     "QueryError",
     "RangeQuery",
     "ReadOnlyStoreError",
@@ -65,6 +68,7 @@ __all__ = [
     "Store",
     "StoreError",
     "Stretch",
+    "WorkloadPeriod",
     "open_store",
     "utilized_gpu_seconds",
 ]

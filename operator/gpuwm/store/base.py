@@ -7,8 +7,8 @@ Two backends implement it: `EmbeddedStore` (SQLite, read-write) and `PrometheusS
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from gpuwm.model import (
@@ -101,6 +101,42 @@ class RangeQuery:
         """The point times: start, start+step, ... up to end."""
         count = int((self.end - self.start) // self.step_seconds) + 1
         return [self.start + index * self.step_seconds for index in range(count)]
+
+
+@dataclass(frozen=True)
+class PeriodSums:
+    """The engine's additive figures over a period: the differences of its cumulative figures (the names of
+    the catalogue's `Source.FIGURES` metrics)."""
+
+    allocated_gpu_seconds: float = 0.0
+    active_gpu_seconds: float = 0.0
+    idle_gpu_seconds: float = 0.0
+    unmonitored_gpu_seconds: float = 0.0
+    #: active + idle GPU-seconds weighted by SM utilisation: / (active + idle) is the period's mean utilisation
+    utilized_gpu_seconds: float = 0.0
+    energy_joules: float = 0.0
+
+    def plus(self, other: PeriodSums) -> PeriodSums:
+        return PeriodSums(**{each.name: getattr(self, each.name) + getattr(other, each.name) for each in fields(self)})
+
+
+@dataclass(frozen=True)
+class WorkloadPeriod:
+    """One workload over a period: what it held and accrued in it, as the store keeps it.
+
+    `apportioned_gpu_seconds`: the part of `sums.allocated_gpu_seconds` not known at the status interval
+    but apportioned by time (a period edge inside a coarse bucket, or what the workload accrued before the
+    store first saw it); 0 where the figures are the engine's own, to the stored resolution."""
+
+    uid: str
+    namespace: str
+    name: str
+    project: str
+    kind: str | None
+    sums: PeriodSums
+    #: the most GPU units it held at one status interval of the period
+    peak_allocated_gpus: float
+    apportioned_gpu_seconds: float = 0.0
 
 
 def check_range(query: RangeQuery) -> None:
@@ -222,6 +258,17 @@ class Store(abc.ABC):
             if values:
                 found[uid] = values
         return found
+
+    def period(self, start: float, end: float) -> list[WorkloadPeriod]:
+        """The workloads that held GPUs or accrued GPU-seconds in [start, end), each with its sums there: the
+        engine's cumulative figures before `end` minus those before `start`, at the status interval's
+        resolution where the store keeps it (a period that ends at or after the latest time holds everything)."""
+        raise StoreError(f"{type(self).__name__} keeps no period figures")
+
+    def peak_allocated(self, start: float, end: float, groups: Mapping[str, Collection[str]]) -> dict[str, float]:
+        """Per group (a key and its workloads' UIDs): the most GPU units its workloads held together at one
+        status interval of [start, end)."""
+        raise StoreError(f"{type(self).__name__} keeps no period figures")
 
     def series_count(self, query: RangeQuery) -> int | None:
         """How many label sets `query` can answer with (an upper bound, known before any point is read),

@@ -52,7 +52,8 @@ from gpuwm.model import (
     Source,
     WorkloadFigures,
 )
-from gpuwm.store.base import METRIC_INDEX, METRIC_NAMES, METRICS, utilized_gpu_seconds
+from gpuwm.store.base import METRIC_INDEX, METRIC_NAMES, METRICS
+from gpuwm.store.figures import FIGURE_COLUMNS, figure_values
 
 SeriesKey = tuple[str, str]  # (kind, key)
 FloatArray = npt.NDArray[np.float64]
@@ -98,10 +99,6 @@ _POD_RATIOS = tuple(
     (metric.name, *metric.ratio_of) for metric in METRICS if metric.source is Source.POD and metric.ratio_of
 )
 _RATIO_PARTS = tuple((POD_SUMMED.index(numerator), POD_SUMMED.index(denominator)) for _, numerator, denominator in _POD_RATIOS)
-#: the engine's cumulative figures: their columns, and the field each is read from (None: computed)
-_FIGURE_COLUMNS = np.array([METRIC_INDEX[metric.name] for metric in METRICS if metric.source is Source.FIGURES],
-                           dtype=np.intp)
-_FIGURE_FIELDS = tuple(metric.field for metric in METRICS if metric.source is Source.FIGURES)
 #: the series kinds of every device alike (utilisation not weighted by units held)
 _PER_DEVICE_KINDS = frozenset({"node", "cluster"})
 
@@ -133,16 +130,6 @@ def _index_label(index: int | None, sample: GpuSample | None) -> str:
 
 def _as_array(rows: list[tuple[float | None, ...]], width: int) -> FloatArray:
     return np.array(rows, dtype=np.float64).reshape(len(rows), width)
-
-
-def figure_values(
-    figures: Sequence[WorkloadFigures] | Sequence[ProjectFigures] | Sequence[ClusterFigures],
-) -> FloatArray:
-    """[len(figures), the engine's figures]: each one's cumulative figures, in `_FIGURE_COLUMNS` order."""
-    return _as_array([
-        tuple(utilized_gpu_seconds(each) if name is None else getattr(each, name) for name in _FIGURE_FIELDS)
-        for each in figures
-    ], len(_FIGURE_FIELDS))
 
 
 class _Fields:
@@ -662,11 +649,11 @@ class _Layout:
     ) -> None:
         """The engine's cumulative figures (`figure_values`) into the workload, project and cluster rows."""
         if len(self.energy_rows):
-            values[np.ix_(self.energy_rows, _FIGURE_COLUMNS)] = workload_figures[self.energy_workload]
+            values[np.ix_(self.energy_rows, FIGURE_COLUMNS)] = workload_figures[self.energy_workload]
         if len(self.energy_project_rows):
-            values[np.ix_(self.energy_project_rows, _FIGURE_COLUMNS)] = project_figures[self.energy_project]
+            values[np.ix_(self.energy_project_rows, FIGURE_COLUMNS)] = project_figures[self.energy_project]
         if self.cluster_row >= 0:
-            values[self.cluster_row, _FIGURE_COLUMNS] = cluster_figures[0]
+            values[self.cluster_row, FIGURE_COLUMNS] = cluster_figures[0]
 
 
 def build_rows(

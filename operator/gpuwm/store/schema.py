@@ -33,6 +33,7 @@ from pathlib import Path
 
 from gpuwm.store.base import METRIC_NAMES, StoreError
 from gpuwm.store.codec import SPLIT_PARTS, WHOLE
+from gpuwm.store.figures import FIGURE_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +254,17 @@ def _migrate_columns(connection: sqlite3.Connection, path: Path) -> None:
     log.info("migrated store", extra={"store": str(path), "schema_version": SCHEMA_VERSION, "columns": added})
 
 
+#: `holdings` and `openings` (store/holdings.py): a row when a workload's units held change, by series and
+#: bucket, found by time for a period; what a workload new to the store had accrued before, by series
+HOLDINGS_TABLES = [
+    "CREATE TABLE IF NOT EXISTS holdings (series_id INTEGER NOT NULL, t INTEGER NOT NULL, units REAL NOT NULL, "
+    "allocated INTEGER NOT NULL, PRIMARY KEY (series_id, t)) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS holdings_by_t ON holdings (t)",
+    "CREATE TABLE IF NOT EXISTS openings (series_id INTEGER PRIMARY KEY, t INTEGER NOT NULL, since REAL NOT NULL, "
+    + ", ".join(f"{name} INTEGER NOT NULL" for name in FIGURE_NAMES) + ")",
+]
+
+
 #: a rowid table: its ~2-3 KB rows (a workload's figures JSON), rewritten every interval, are cheaper to
 #: update in place there than in the index b-tree of a WITHOUT ROWID table, which holds ~5 of them a page
 #: and was rebalanced at each rewrite (`bench/store_latest.py`). Its index leaves out `at`, which every
@@ -329,7 +341,7 @@ def create_schema(connection: sqlite3.Connection, path: Path) -> None:
             _migrate_columns(connection, path)
             connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         _rebuild_latest_workloads(connection, path)
-        for statement in statements + _CHUNK_TABLES:
+        for statement in statements + _CHUNK_TABLES + HOLDINGS_TABLES:
             connection.execute(statement)
         connection.execute(
             "INSERT OR IGNORE INTO meta VALUES ('metrics', ?)", (json.dumps(METRIC_NAMES),)
