@@ -770,13 +770,13 @@ class EmbeddedStore(Store):
     # -- reading: periods ---------------------------------------------------------------------
 
     def period(self, start: float, end: float) -> list[WorkloadPeriod]:
-        with self._snapshot() as (connection, latest, _):
-            clock = StoreClock(self.spans, latest, self._get_meta("earliest_time", connection))
+        with self._snapshot() as (connection, latest, watermarks):
+            clock = StoreClock(self.spans, latest, self._get_meta("earliest_time", connection), watermarks)
             return read_period(connection, clock, start, end)
 
     def peak_allocated(self, start: float, end: float, groups: Mapping[str, Collection[str]]) -> dict[str, float]:
-        with self._snapshot() as (connection, latest, _):
-            clock = StoreClock(self.spans, latest, self._get_meta("earliest_time", connection))
+        with self._snapshot() as (connection, latest, watermarks):
+            clock = StoreClock(self.spans, latest, self._get_meta("earliest_time", connection), watermarks)
             return read_group_peaks(connection, clock, start, end, groups)
 
     def latest_by_workload(

@@ -8,8 +8,10 @@ the same as one at it. Edges snap to the finest step: the status interval stored
 the period whose snapped edges hold t; an edge at or after the store's latest time holds everything.
 
 Where the finest tier no longer holds an edge, the coarse bucket it cuts is apportioned by time: C(x) =
-C(bucket start) + fraction x (C(bucket end) - C(bucket start)), and the answer says how many GPU-seconds
-that moved (`WorkloadPeriod.apportioned_gpu_seconds`). So does a workload's opening (what it had accrued
+C(bucket start) + fraction x (C(bucket end) - C(bucket start)), the fraction being the share of the units
+the workload held at the bucket's intervals that came before x (holdings keep them at every interval; the
+share of the bucket's time where they are not known), and the answer says how many GPU-seconds that moved
+(`WorkloadPeriod.apportioned_gpu_seconds`). So does a workload's opening (what it had accrued
 before the store first saw it, store/holdings.py): spread over its life before then instead of being read
 as one interval's.
 
@@ -32,7 +34,17 @@ from gpuwm.store.base import PeriodSums, WorkloadPeriod
 from gpuwm.store.chunks import TierSpan, read_chunks
 from gpuwm.store.codec import BLOCK, MISSING, decode_head, decode_parts
 from gpuwm.store.figures import FIGURE_COLUMNS, FIGURE_NAMES, FIGURE_RESOLUTION
-from gpuwm.store.holdings import FIRST, LAST, Opening, Steps, group_peak, read_openings, read_steps
+from gpuwm.store.holdings import (
+    FIRST,
+    LAST,
+    Opening,
+    Steps,
+    group_peak,
+    openings_within,
+    read_openings,
+    read_steps,
+    unit_weights,
+)
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -56,24 +68,25 @@ class Edge:
     cut_end: int
     fraction: float
 
-    def share(self, t: int) -> float:
-        """How much of a point at bucket `t` counts before the edge."""
+    def share(self, t: int, fraction: float) -> float:
+        """How much of a point at bucket `t` counts before the edge, the cut bucket's `fraction` of it."""
         if t < self.whole_before:
             return 1.0
-        return self.fraction if t < self.cut_end else 0.0
+        return fraction if t < self.cut_end else 0.0
 
 
-NOTHING = Edge(-math.inf, FIRST, FIRST, 0.0)
 EVERYTHING = Edge(math.inf, LAST, LAST, 0.0)
 
 
 @dataclass(frozen=True)
 class StoreClock:
-    """What places an edge: the tiers' chunk spans, the latest and earliest recorded times."""
+    """What places an edge: the tiers' chunk spans, the latest and earliest recorded times, and how far each
+    coarser tier is rolled up (its step -> the time its buckets are complete until)."""
 
     spans: Sequence[TierSpan]
     latest: float | None
     earliest: float | None
+    rolled_up: Mapping[int, float | None]
 
     @property
     def finest_step(self) -> int:
@@ -89,36 +102,62 @@ class StoreClock:
         return int(math.floor(x / step) * step)
 
     def place(self, x: float) -> tuple[Edge, TierSpan | None]:
-        """The edge at `x` and the tier that answers it (the finest whose points around it are still kept)."""
+        """The edge at `x` and the tier that answers it: the finest that still keeps what precedes it (the
+        finest tier keeps every point from the next one's roll-up on; a coarser tier answers only where its
+        bucket there is rolled up); the coarsest where none does."""
         snapped = self.snapped(x)
         if snapped == LAST:
             return EVERYTHING, self.spans[0]
-        if snapped == FIRST:
-            return NOTHING, None
+        if snapped == FIRST:  # nothing stored before it; an opening may still be spread there
+            return Edge(self.finest_time(x), FIRST, FIRST, 0.0), None
         assert self.latest is not None
+        last = len(self.spans) - 1
         for index, span in enumerate(self.spans):
             start = snapped // span.step * span.step
-            kept_from = self.latest - span.tier.keep_seconds
-            if start - WINDOW_POINTS * span.step >= kept_from or index == len(self.spans) - 1:
-                fraction = (snapped - start) / span.step
-                return Edge(float(snapped), start, start + span.step if fraction else start, fraction), span
+            fraction = (snapped - start) / span.step
+            cut_end = start + span.step if fraction else start
+            # a series whose last point before the edge is further back is found exactly in the next tier
+            before = self.spans[index + 1].step if index < last else WINDOW_POINTS * span.step
+            kept = max(start - before, self.snapped_earliest) >= self.latest - span.tier.keep_seconds
+            if index == 0:
+                kept = kept or index == last or snapped - span.step >= self._rolled_up(self.spans[1].step)
+            elif self._rolled_up(span.step) < cut_end:
+                kept = False
+            if kept or index == last:
+                return Edge(float(snapped), start, cut_end, fraction), span
         raise AssertionError("unreachable: the coarsest tier answers")
+
+    def finest_time(self, x: float) -> float:
+        """`x` snapped down to the finest step (-inf stays -inf)."""
+        return x if math.isinf(x) else math.floor(x / self.finest_step) * self.finest_step
+
+    @property
+    def snapped_earliest(self) -> int:
+        """The first data's bucket: nothing before it was ever kept, so nothing before it was dropped."""
+        step = self.finest_step
+        return FIRST if self.earliest is None else int(math.floor(self.earliest / step) * step)
+
+    def _rolled_up(self, step: int) -> float:
+        until = self.rolled_up.get(step)
+        return -math.inf if until is None else until
 
 
 @dataclass
 class EdgeFigures:
     """Series' cumulative figures at an edge (store resolution): `low` before `whole_before`, `high` before
-    `cut_end` (where the edge cuts a bucket)."""
+    `cut_end` (where the edge cuts a bucket), and the share of each series' cut bucket before the edge."""
 
     edge: Edge
     low: dict[int, IntArray]
     high: dict[int, IntArray]
+    fractions: dict[int, float]
+
+    def fraction(self, series_id: int) -> float:
+        return self.fractions.get(series_id, self.edge.fraction) if self.edge.fraction else 0.0
 
     def value(self, series_id: int) -> FloatArray:
         low = self.low.get(series_id, _ZERO)
-        if not self.edge.fraction:
-            return low.astype(np.float64)
-        return low + self.edge.fraction * (self.high.get(series_id, low) - low)
+        return low + self.fraction(series_id) * self.cut(series_id)
 
     def cut(self, series_id: int) -> FloatArray:
         """The cut bucket's figures (0 where the edge cuts none)."""
@@ -238,31 +277,41 @@ def read_edge(
     """The cumulative figures of `ids` at the period edge `x`."""
     edge, span = clock.place(x)
     if span is None or not ids:
-        return EdgeFigures(edge, {}, {})
+        return EdgeFigures(edge, {}, {}, {})
     if edge is EVERYTHING:
         assert clock.latest is not None
         bound = int(math.floor(clock.latest / span.step) * span.step) + span.step
         (everything,) = _values_before(connection, clock.spans, span, ids, [bound])
-        return EdgeFigures(edge, everything, {})
+        return EdgeFigures(edge, everything, {}, {})
     if not edge.fraction:
         (low,) = _values_before(connection, clock.spans, span, ids, [edge.whole_before])
-        return EdgeFigures(edge, low, {})
+        return EdgeFigures(edge, low, {}, {})
     low, high = _values_before(connection, clock.spans, span, ids, [edge.whole_before, edge.cut_end])
-    return EdgeFigures(edge, low, high)
+    fractions: dict[int, float] = {}
+    for series_id, weights in unit_weights(connection, ids, edge.whole_before, edge.cut_end).items():
+        total = sum(weight for _, weight in weights)
+        if total > 0:
+            fractions[series_id] = sum(weight for t, weight in weights if t < edge.at) / total
+    return EdgeFigures(edge, low, high, fractions)
 
 
-def _opening_share(opening: Opening, edge: Edge, finest_step: int) -> float:
-    """The part of an opening a C(edge) holds once spread over [since, first bucket's end), less the part the
-    stored point (which carries it whole) already gives it."""
-    span_end = opening.t + finest_step
-    spread = min(1.0, max(0.0, (edge.at - opening.since) / (span_end - opening.since)))
-    return spread - edge.share(opening.t)
+def _spread(opening: Opening, edge: Edge, finest_step: int) -> float:
+    """The share of an opening before `edge` once spread over [since, the end of its first bucket)."""
+    return min(1.0, max(0.0, (edge.at - opening.since) / (opening.t + finest_step - opening.since)))
+
+
+def _opening_moved(opening: Opening, start: EdgeFigures, end: EdgeFigures, series_id: int, finest_step: int) -> float:
+    """The share of an opening the period gains by spreading it, less the share its stored point (which
+    carries it whole at its first bucket) gave the period."""
+    stored = (end.edge.share(opening.t, end.fraction(series_id))
+              - start.edge.share(opening.t, start.fraction(series_id)))
+    return _spread(opening, end.edge, finest_step) - _spread(opening, start.edge, finest_step) - stored
 
 
 def _apportioned(start: EdgeFigures, end: EdgeFigures, series_id: int) -> float:
     """Allocated GPU-seconds (store resolution) the period took from coarse buckets cut by its edges."""
-    before_end = end.edge.fraction * end.cut(series_id)[_ALLOCATED]
-    before_start = start.edge.fraction * start.cut(series_id)[_ALLOCATED]
+    before_end = end.fraction(series_id) * end.cut(series_id)[_ALLOCATED]
+    before_start = start.fraction(series_id) * start.cut(series_id)[_ALLOCATED]
     if start.edge.fraction and start.edge.whole_before == end.edge.whole_before:
         return float(abs(before_end - before_start))
     return float(start.cut(series_id)[_ALLOCATED] - before_start + before_end)
@@ -294,36 +343,67 @@ def _sums(stored: FloatArray) -> PeriodSums:
     return PeriodSums(**{name: float(value) for name, value in zip(FIGURE_NAMES, values, strict=True)})
 
 
-def read_period(connection: sqlite3.Connection, clock: StoreClock, start: float, end: float) -> list[WorkloadPeriod]:
-    """Every workload that held GPUs or accrued GPU-seconds in [start, end), with its figures there."""
+@dataclass
+class _Candidates:
+    """The workloads a period may hold: their units held (steps), labels and openings."""
+
+    steps: dict[int, Steps]
+    labels: dict[int, dict[str, str]]
+    openings: dict[int, Opening]
+    #: those whose opening is spread over part of the period: their units then stand for what they held
+    spread: set[int]
+
+    def peak(self, series_id: int) -> float:
+        peak = self.steps[series_id].peak() if series_id in self.steps else 0.0
+        if series_id in self.spread:
+            peak = max(peak, self.openings[series_id].units)
+        return peak
+
+
+def _candidates(connection: sqlite3.Connection, clock: StoreClock, start: float, end: float) -> _Candidates:
+    """Every workload with a holdings row in [start, end) or units held when it begins, or an opening spread
+    over part of it; a series the store no longer has (forgotten) is none."""
     steps = read_steps(connection, clock.snapped(start), clock.snapped(end))
-    labels = _workload_labels(connection, sorted(steps))
-    ids = sorted(labels)  # a holdings row whose series is gone (forgotten) is no workload of the period
+    spread = set(openings_within(connection, clock.finest_time(start), clock.finest_time(end), clock.finest_step))
+    labels = _workload_labels(connection, sorted(set(steps) | spread))
+    openings = read_openings(connection, sorted(labels))
+    return _Candidates(steps, labels, openings, spread & set(labels))
+
+
+def _figures_between(
+    first: EdgeFigures, last: EdgeFigures, opening: Opening | None, series_id: int, finest_step: int,
+) -> tuple[FloatArray, float]:
+    """A workload's figures over the period (store resolution) and the allocated GPU-seconds apportioned."""
+    stored = last.value(series_id) - first.value(series_id)
+    apportioned = _apportioned(first, last, series_id)
+    if opening is not None:
+        moved = _opening_moved(opening, first, last, series_id, finest_step)
+        stored = stored + moved * np.array(opening.figures, dtype=np.float64)
+        apportioned += (_spread(opening, last.edge, finest_step)
+                        - _spread(opening, first.edge, finest_step)) * opening.figures[_ALLOCATED]
+    return stored, float(min(apportioned, max(0.0, stored[_ALLOCATED])))
+
+
+def read_period(connection: sqlite3.Connection, clock: StoreClock, start: float, end: float) -> list[WorkloadPeriod]:
+    """Every workload whose figures changed in [start, end), with its figures there."""
+    candidates = _candidates(connection, clock, start, end)
+    ids = sorted(candidates.labels)
     first = read_edge(connection, clock, start, ids)
     last = read_edge(connection, clock, end, ids)
-    openings = read_openings(connection, ids)
-    kinds = _kinds(connection, [labels[series_id].get("workload_uid", "") for series_id in ids])
+    kinds = _kinds(connection, [candidates.labels[series_id].get("workload_uid", "") for series_id in ids])
     result: list[WorkloadPeriod] = []
     for series_id in ids:
-        stored = last.value(series_id) - first.value(series_id)
-        apportioned = _apportioned(first, last, series_id)
-        opening = openings.get(series_id)
-        if opening is not None:
-            moved = (_opening_share(opening, last.edge, clock.finest_step)
-                     - _opening_share(opening, first.edge, clock.finest_step))
-            stored = stored + moved * np.array(opening.figures, dtype=np.float64)
-            spread = np.clip([(edge.at - opening.since) / (opening.t + clock.finest_step - opening.since)
-                              for edge in (first.edge, last.edge)], 0.0, 1.0)
-            apportioned += float((spread[1] - spread[0]) * opening.figures[_ALLOCATED])
-        if stored[_ALLOCATED] <= 0:
+        stored, apportioned = _figures_between(first, last, candidates.openings.get(series_id), series_id,
+                                               clock.finest_step)
+        if not np.any(np.abs(stored) > 1e-9):  # nothing of it changed in the period
             continue
-        label = labels[series_id]
+        label = candidates.labels[series_id]
         uid = label.get("workload_uid", "")
         result.append(WorkloadPeriod(
             uid=uid, namespace=label.get("namespace", ""), name=label.get("workload", ""),
             project=label.get("project", ""), kind=kinds.get(uid), sums=_sums(stored),
-            peak_allocated_gpus=steps[series_id].peak(),
-            apportioned_gpu_seconds=min(apportioned, float(stored[_ALLOCATED])) / FIGURE_RESOLUTION[_ALLOCATED],
+            peak_allocated_gpus=candidates.peak(series_id),
+            apportioned_gpu_seconds=apportioned / FIGURE_RESOLUTION[_ALLOCATED],
         ))
     return result
 
@@ -331,9 +411,15 @@ def read_period(connection: sqlite3.Connection, clock: StoreClock, start: float,
 def read_group_peaks(
     connection: sqlite3.Connection, clock: StoreClock, start: float, end: float, groups: Mapping[str, Collection[str]],
 ) -> dict[str, float]:
-    """Per group of workload UIDs: the most units its workloads held together at one interval of [start, end)."""
-    steps = read_steps(connection, clock.snapped(start), clock.snapped(end))
-    uid_of = {series_id: label.get("workload_uid", "")
-              for series_id, label in _workload_labels(connection, sorted(steps)).items()}
-    by_uid: dict[str, Steps] = {uid_of[series_id]: each for series_id, each in steps.items() if series_id in uid_of}
-    return {key: group_peak(by_uid[uid] for uid in members if uid in by_uid) for key, members in groups.items()}
+    """Per group of workload UIDs: the most units its workloads held together at one interval of [start, end)
+    (where the period reaches back before the store saw some of them, their units when first seen stand for
+    what they held then, all at once)."""
+    candidates = _candidates(connection, clock, start, end)
+    uid_of = {series_id: label.get("workload_uid", "") for series_id, label in candidates.labels.items()}
+    steps = {uid_of[series_id]: each for series_id, each in candidates.steps.items() if series_id in uid_of}
+    spread = {uid_of[series_id]: candidates.openings[series_id].units for series_id in candidates.spread}
+    return {
+        key: max(group_peak(steps[uid] for uid in members if uid in steps),
+                 round(sum(spread.get(uid, 0.0) for uid in members), 9))
+        for key, members in groups.items()
+    }

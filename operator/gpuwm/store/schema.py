@@ -254,13 +254,16 @@ def _migrate_columns(connection: sqlite3.Connection, path: Path) -> None:
     log.info("migrated store", extra={"store": str(path), "schema_version": SCHEMA_VERSION, "columns": added})
 
 
-#: `holdings` and `openings` (store/holdings.py): a row when a workload's units held change, by series and
-#: bucket, found by time for a period; what a workload new to the store had accrued before, by series
+#: `holdings`, `records` and `openings` (store/holdings.py): a row when a workload's units held change, by
+#: series and bucket, found by time for a period; the buckets the store recorded an interval at; what a
+#: workload new to the store had accrued before, by series
 HOLDINGS_TABLES = [
     "CREATE TABLE IF NOT EXISTS holdings (series_id INTEGER NOT NULL, t INTEGER NOT NULL, units REAL NOT NULL, "
-    "allocated INTEGER NOT NULL, PRIMARY KEY (series_id, t)) WITHOUT ROWID",
+    "PRIMARY KEY (series_id, t)) WITHOUT ROWID",
     "CREATE INDEX IF NOT EXISTS holdings_by_t ON holdings (t)",
+    "CREATE TABLE IF NOT EXISTS records (t INTEGER PRIMARY KEY)",
     "CREATE TABLE IF NOT EXISTS openings (series_id INTEGER PRIMARY KEY, t INTEGER NOT NULL, since REAL NOT NULL, "
+    "units REAL NOT NULL, "
     + ", ".join(f"{name} INTEGER NOT NULL" for name in FIGURE_NAMES) + ")",
 ]
 
