@@ -72,11 +72,13 @@ class Series:
 @dataclass(frozen=True)
 class Stretch:
     """A part of a range's grid, [start, end), whose values really have `step_seconds` between them: the
-    query's step where the store keeps points that fine, the coarser tier's step where only it covers."""
+    query's step where the store keeps points that fine, the coarser tier's step where only it covers;
+    `tier` names the tier read there (`STEP:KEEP`; None where the backend has no tiers or nothing is kept)."""
 
     start: float
     end: float
     step_seconds: float
+    tier: str | None = None
 
 
 @dataclass(frozen=True)
