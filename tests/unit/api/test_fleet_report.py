@@ -236,3 +236,25 @@ def test_report_help_says_defaults_and_choices(capsys: pytest.CaptureFixture[str
         main(["report", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "{project,namespace,workload}" in text and "(default: project)" in text and "(default: table)" in text
+
+
+def test_a_gpu_nobody_holds_is_free_whatever_the_intervals_offset(tmp_path: Path) -> None:
+    """Intervals recorded off the store's 15 s step (a controller started at any second) keep their point in the
+    cell before the latest: a sampled device nobody holds is still free, on both views, and the node counts it."""
+    from tests.unit.store.store_data import cluster, project, sample, workload
+
+    store = EmbeddedStore(tmp_path / "s.db")
+    try:
+        for index in range(8):
+            t = START + 7 + STATUS_INTERVAL * index
+            job = workload("held", [("gpu-0", 1.0, 50.0)])
+            job.gpus[0] = job.gpus[0].model_copy(update={"monitored": True, "active": True, "last_sample_time": t})
+            store.record(t, [sample(t, "gpu-0"), sample(t, "gpu-1", sm=0.0), sample(t, "gpu-2", sm=0.0)], [job],
+                         [project("alpha", [job])], cluster(3))
+        client = TestClient(create_app(store, Settings(auth="none", status_interval=STATUS_INTERVAL)))
+        states = {gpu["uuid"]: gpu["state"] for gpu in client.get("/api/v1/gpus").json()["gpus"]}
+        assert states == {"gpu-0": "active", "gpu-1": "free", "gpu-2": "free"}
+        (node,) = client.get("/api/v1/nodes").json()["nodes"]
+        assert node["states"] == {"active": 1, "free": 2}
+    finally:
+        store.close()
