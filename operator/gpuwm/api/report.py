@@ -24,7 +24,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from gpuwm.store import PeriodSums, Store, WorkloadPeriod
+from gpuwm.store import PeriodSums, Store, WorkloadGroup, WorkloadPeriod
 
 ReportBy = Literal["project", "namespace", "workload"]
 ReportFormat = Literal["json", "csv"]
@@ -34,8 +34,8 @@ CSV_COLUMNS = (
     "idleGpuHours", "unmonitoredGpuHours", "wastedGpuHours", "energyJoules", "meanUtilizationPercent",
     "peakAllocatedGpus", "exact", "apportionedGpuHours",
 )
-#: the group every workload of a report is in: its total row's peak
-_TOTAL = "\x00total"
+#: the key of the total row's group in `Store.peak_allocated`
+_TOTAL = "total"
 
 
 class ReportRow(BaseModel):
@@ -107,19 +107,29 @@ def _row(members: Sequence[WorkloadPeriod], peak: float, **keys: str | None) -> 
     )
 
 
+def _peak_group(key: _RowKey, namespaces: frozenset[str] | None) -> WorkloadGroup:
+    """The workloads of a project or namespace row, as labels: those of its project (in the namespaces the
+    reader may see, None: all) or of its namespace."""
+    project, namespace = key[0], key[1]
+    if namespace is not None:
+        return WorkloadGroup(namespaces=frozenset({namespace}))
+    return WorkloadGroup(project=project, namespaces=namespaces)
+
+
 def build_report(
     store: Store, workloads: Sequence[WorkloadPeriod], start: float, end: float, by: ReportBy,
-    step_seconds: float, threshold: float,
+    step_seconds: float, threshold: float, namespaces: frozenset[str] | None = None,
 ) -> Report:
-    """Sum `workloads` (the store's period figures a caller may read) per row (blocking: run off the loop)."""
+    """Sum `workloads` (the store's period figures a caller may read: those of `namespaces`, None where it may
+    read all of them) per row (blocking: run off the loop)."""
     groups: dict[_RowKey, list[WorkloadPeriod]] = {}
     for workload in workloads:
         groups.setdefault(_row_key(workload, by), []).append(workload)
     ordered = sorted(groups.items(), key=lambda item: tuple(part or "" for part in item[0]))
     # a workload row's peak is its own; a group's is its workloads' together, at one status interval
-    wanted = {_TOTAL: [w.uid for w in workloads]}
+    wanted = {_TOTAL: WorkloadGroup(namespaces=namespaces)}
     if by != "workload":
-        wanted.update((str(index), [w.uid for w in group]) for index, (_, group) in enumerate(ordered))
+        wanted.update((str(index), _peak_group(key, namespaces)) for index, (key, _) in enumerate(ordered))
     peaks = store.peak_allocated(start, end, wanted) if workloads else {}
     rows = []
     for index, (key, group) in enumerate(ordered):

@@ -24,6 +24,7 @@ from gpuwm.store.base import (
     Store,
     StoreError,
     Stretch,
+    WorkloadGroup,
     WorkloadPeriod,
     utilized_gpu_seconds,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "Store",
     "StoreError",
     "Stretch",
+    "WorkloadGroup",
     "WorkloadPeriod",
     "open_store",
     "utilized_gpu_seconds",

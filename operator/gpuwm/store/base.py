@@ -7,7 +7,7 @@ Two backends implement it: `EmbeddedStore` (SQLite, read-write) and `PrometheusS
 from __future__ import annotations
 
 import abc
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
@@ -141,6 +141,21 @@ class WorkloadPeriod:
     apportioned_gpu_seconds: float = 0.0
 
 
+@dataclass(frozen=True)
+class WorkloadGroup:
+    """Workloads chosen by their labels, for a peak: of `project` (None: any), in `namespaces` (None: any).
+
+    A report's row is such a group (a project's or a namespace's workloads, all of them), narrowed to the
+    namespaces its reader may see: named by labels, a group of thousands of workloads is a short query."""
+
+    project: str | None = None
+    namespaces: frozenset[str] | None = None
+
+    def holds(self, namespace: str, project: str) -> bool:
+        return (self.project is None or project == self.project) and (
+            self.namespaces is None or namespace in self.namespaces)
+
+
 def check_range(query: RangeQuery) -> None:
     """Raise QueryError naming the parameter when the range or step cannot be answered."""
     if query.step_seconds <= 0:
@@ -267,9 +282,8 @@ class Store(abc.ABC):
         resolution where the store keeps it (a period that ends at or after the latest time holds everything)."""
         raise StoreError(f"{type(self).__name__} keeps no period figures")
 
-    def peak_allocated(self, start: float, end: float, groups: Mapping[str, Collection[str]]) -> dict[str, float]:
-        """Per group (a key and its workloads' UIDs): the most GPU units its workloads held together at one
-        status interval of [start, end)."""
+    def peak_allocated(self, start: float, end: float, groups: Mapping[str, WorkloadGroup]) -> dict[str, float]:
+        """Per group: the most GPU units its workloads held together at one status interval of [start, end)."""
         raise StoreError(f"{type(self).__name__} keeps no period figures")
 
     def series_count(self, query: RangeQuery) -> int | None:

@@ -22,7 +22,7 @@ import json
 import math
 import sqlite3
 import threading
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from pathlib import Path
 from typing import TypeVar, cast
@@ -38,6 +38,7 @@ from gpuwm.store.base import (
     Store,
     StoreError,
     Stretch,
+    WorkloadGroup,
     WorkloadPeriod,
     latest_value,
 )
@@ -774,7 +775,7 @@ class EmbeddedStore(Store):
             clock = StoreClock(self.spans, latest, self._get_meta("earliest_time", connection), watermarks)
             return read_period(connection, clock, start, end)
 
-    def peak_allocated(self, start: float, end: float, groups: Mapping[str, Collection[str]]) -> dict[str, float]:
+    def peak_allocated(self, start: float, end: float, groups: Mapping[str, WorkloadGroup]) -> dict[str, float]:
         with self._snapshot() as (connection, latest, watermarks):
             clock = StoreClock(self.spans, latest, self._get_meta("earliest_time", connection), watermarks)
             return read_group_peaks(connection, clock, start, end, groups)

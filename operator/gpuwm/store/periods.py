@@ -24,13 +24,13 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
 
-from gpuwm.store.base import PeriodSums, WorkloadPeriod
+from gpuwm.store.base import PeriodSums, WorkloadGroup, WorkloadPeriod
 from gpuwm.store.chunks import TierSpan, read_chunks
 from gpuwm.store.codec import BLOCK, MISSING, decode_head, decode_parts
 from gpuwm.store.figures import FIGURE_COLUMNS, FIGURE_NAMES, FIGURE_RESOLUTION
@@ -409,17 +409,17 @@ def read_period(connection: sqlite3.Connection, clock: StoreClock, start: float,
 
 
 def read_group_peaks(
-    connection: sqlite3.Connection, clock: StoreClock, start: float, end: float, groups: Mapping[str, Collection[str]],
+    connection: sqlite3.Connection, clock: StoreClock, start: float, end: float, groups: Mapping[str, WorkloadGroup],
 ) -> dict[str, float]:
-    """Per group of workload UIDs: the most units its workloads held together at one interval of [start, end)
-    (where the period reaches back before the store saw some of them, their units when first seen stand for
-    what they held then, all at once)."""
+    """Per group: the most units its workloads held together at one interval of [start, end) (where the period
+    reaches back before the store saw some of them, their units when first seen stand for what they held then,
+    all at once)."""
     candidates = _candidates(connection, clock, start, end)
-    uid_of = {series_id: label.get("workload_uid", "") for series_id, label in candidates.labels.items()}
-    steps = {uid_of[series_id]: each for series_id, each in candidates.steps.items() if series_id in uid_of}
-    spread = {uid_of[series_id]: candidates.openings[series_id].units for series_id in candidates.spread}
-    return {
-        key: max(group_peak(steps[uid] for uid in members if uid in steps),
-                 round(sum(spread.get(uid, 0.0) for uid in members), 9))
-        for key, members in groups.items()
-    }
+    peaks: dict[str, float] = {}
+    for key, group in groups.items():
+        members = [series_id for series_id, label in candidates.labels.items()
+                   if group.holds(label.get("namespace", ""), label.get("project", ""))]
+        held = group_peak(candidates.steps[series_id] for series_id in members if series_id in candidates.steps)
+        spread = sum(candidates.openings[series_id].units for series_id in members if series_id in candidates.spread)
+        peaks[key] = max(held, round(spread, 9))
+    return peaks

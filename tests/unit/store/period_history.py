@@ -11,13 +11,13 @@ utilisation of its own. After its last interval it is reported ended, its figure
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, Windows, WorkloadFigures
-from gpuwm.store import PeriodSums
+from gpuwm.store import PeriodSums, WorkloadGroup
 from gpuwm.store.embedded import EmbeddedStore
 
 from .store_data import workload
@@ -129,9 +129,9 @@ def _figures(plan: Plan, t: float, units: float, running: bool) -> WorkloadFigur
     })
 
 
-def record(store: EmbeddedStore, history: History) -> None:
-    """Record every interval of `history` as the controller would: every workload it knows reported, an
-    ended one with its figures frozen."""
+def intervals(history: History) -> Iterator[tuple[float, list[WorkloadFigures], list[ProjectFigures]]]:
+    """Every interval of `history` as the controller reports it: (time, every workload it knows, an ended one
+    with its figures frozen, the projects)."""
     for index, t in enumerate(history.times()):
         reported: list[WorkloadFigures] = []
         for plan in history.plans:
@@ -145,6 +145,12 @@ def record(store: EmbeddedStore, history: History) -> None:
             reported.append(_figures(plan, t, plan.units[position] if running else 0.0, running))
         projects = [ProjectFigures(name=name, allocated_gpus=sum(w.allocated_gpus for w in reported if w.project == name))
                     for name in PROJECTS]
+        yield t, reported, projects
+
+
+def record(store: EmbeddedStore, history: History) -> None:
+    """Record every interval of `history`."""
+    for t, reported, projects in intervals(history):
         store.record(t, [], reported, projects, ClusterFigures())
 
 
@@ -179,6 +185,18 @@ def reference(history: History, start: float, end: float) -> dict[str, PeriodSum
         if any(abs(value) > 1e-9 for value in total):  # any figure of it changed in the period
             sums[plan.uid] = PeriodSums(**dict(zip(FIGURES, total, strict=True)))
     return sums
+
+
+def members(history: History, group: WorkloadGroup) -> list[str]:
+    """The UIDs of the history's workloads that `group` chooses."""
+    return [plan.uid for plan in history.plans if group.holds(plan.namespace, plan.project)]
+
+
+def label_groups(namespaces: Sequence[str] = NAMESPACES) -> dict[str, WorkloadGroup]:
+    """Every project's, every namespace's, a project's within a namespace a reader sees, and the whole fleet's."""
+    return {"all": WorkloadGroup(), **{f"project:{name}": WorkloadGroup(project=name) for name in PROJECTS},
+            **{f"namespace:{name}": WorkloadGroup(namespaces=frozenset({name})) for name in namespaces},
+            "alpha seen from team-a": WorkloadGroup(project="alpha", namespaces=frozenset({"team-a"}))}
 
 
 def reference_peak(history: History, start: float, end: float, uids: Sequence[str]) -> float:

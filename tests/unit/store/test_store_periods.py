@@ -23,6 +23,8 @@ from .period_history import (
     STEP,
     History,
     histories,
+    label_groups,
+    members,
     record,
     record_frozen,
     reference,
@@ -100,13 +102,10 @@ def test_periods_add_up_over_random_splits(data: st.DataObject, history: History
 def test_group_peaks_are_the_most_units_held_together(data: st.DataObject, history: History) -> None:
     with recorded(history) as store:
         start, end = sorted((data.draw(edges(history)), data.draw(edges(history))))
-        uids = [plan.uid for plan in history.plans]
-        groups = {"all": uids, **{f"ns:{ns}": [p.uid for p in history.plans if p.namespace == ns]
-                                   for ns in {p.namespace for p in history.plans}},
-                  "some": data.draw(st.lists(st.sampled_from(uids), unique=True))}
+        groups = label_groups()
         peaks = store.peak_allocated(start, end, groups)
-        for key, members in groups.items():
-            assert peaks[key] == pytest.approx(reference_peak(history, start, end, members)), key
+        for key, group in groups.items():
+            assert peaks[key] == pytest.approx(reference_peak(history, start, end, members(history, group))), key
 
 
 @_SETTINGS

@@ -42,11 +42,12 @@ async def period_report(
     user = await caller.authenticate()
     store, settings = context.store, context.settings
     periods = await context.blocking(store.period, start_s, end_s)
-    readable = await caller.readable_namespaces(user, {workload.namespace for workload in periods})
+    present = {workload.namespace for workload in periods}
+    readable = await caller.readable_namespaces(user, present)
     step = store.finest_step_seconds or settings.status_interval
     report: Report = await context.blocking(
         build_report, store, [workload for workload in periods if workload.namespace in readable], start_s, end_s,
-        chosen_by, step, settings.idle_threshold_percent,
+        chosen_by, step, settings.idle_threshold_percent, None if readable == present else frozenset(readable),
     )
     if format == "csv":
         return Response(
