@@ -223,30 +223,54 @@ def _last_before(found: list[tuple[IntArray, IntArray]], bound: int, step: int) 
     return best
 
 
-def _last_anywhere(connection: sqlite3.Connection, spans: Sequence[TierSpan], series_id: int, bound: int) -> IntArray:
-    """A series' last figures before `bound` wherever they are (head, then each tier's latest chunks before
-    it): for a series with no point just before an edge (a workload no longer recorded then)."""
-    found: list[tuple[int, IntArray]] = []
-    fine = spans[0]
-    for t, data in connection.execute(
-        "SELECT t, data FROM head WHERE block = ? AND t < ? ORDER BY t DESC", (series_id // BLOCK, bound)
-    ):
-        row = decode_head(data)[series_id % BLOCK, FIGURE_COLUMNS]
-        if row[_ALLOCATED] != MISSING:
-            found.append((int(t) + fine.step, row))
-            break
-    for span in spans:
+def _head_before(connection: sqlite3.Connection, ids: Sequence[int], bound: int, step: int) -> dict[int, tuple[int, IntArray]]:
+    """Each series' newest head point before `bound`: (covered until, figures), walking each block's rows back."""
+    found: dict[int, tuple[int, IntArray]] = {}
+    by_block: dict[int, set[int]] = {}
+    for series_id in ids:
+        by_block.setdefault(series_id // BLOCK, set()).add(series_id)
+    for block, wanted in by_block.items():
+        for t, data in connection.execute("SELECT t, data FROM head WHERE block = ? AND t < ? ORDER BY t DESC",
+                                          (block, bound)):
+            rows = decode_head(data)[:, FIGURE_COLUMNS]
+            for series_id in [each for each in wanted if rows[each % BLOCK][_ALLOCATED] != MISSING]:
+                found[series_id] = (int(t) + step, rows[series_id % BLOCK])
+                wanted.discard(series_id)
+            if not wanted:
+                break
+    return found
+
+
+def _chunks_before(
+    connection: sqlite3.Connection, span: TierSpan, ids: Sequence[int], bound: int,
+) -> dict[int, tuple[int, IntArray]]:
+    """Each series' newest point of `span`'s tier whose bucket ends by `bound`, from its newest chunk before it."""
+    found: dict[int, tuple[int, IntArray]] = {}
+    for batch in _batches(ids):
         rows = connection.execute(
-            "SELECT c.start, c.points, p.data FROM chunks c JOIN payloads p ON p.id = c.figures_payload "
-            "WHERE c.tier = ? AND c.series_id = ? AND c.start < ? ORDER BY c.start DESC LIMIT 2",
-            (span.step, series_id, bound),
-        ).fetchall()
-        chunks = [(start + span.step * np.arange(count, dtype=np.int64),
-                   decode_parts([(_FIGURES_PART, data)], count, FIGURE_COLUMNS).T) for start, count, data in rows]
-        last = _last_before(chunks, bound, span.step)
-        if last is not None:
-            found.append(last)
-    return max(found, key=lambda each: each[0])[1] if found else _ZERO
+            "SELECT c.series_id, c.start, c.points, p.data FROM chunks c JOIN payloads p ON p.id = c.figures_payload "
+            f"WHERE c.tier = ? AND c.series_id IN ({','.join('?' * len(batch))}) AND c.start = (SELECT max(start) "
+            "FROM chunks o WHERE o.tier = c.tier AND o.series_id = c.series_id AND o.start < ? "
+            "AND o.figures_payload IS NOT NULL)", (span.step, *batch, bound))
+        for series_id, start, count, data in rows:
+            values = decode_parts([(_FIGURES_PART, data)], count, FIGURE_COLUMNS).T
+            last = _last_before([(start + span.step * np.arange(count, dtype=np.int64), values)], bound, span.step)
+            if last is not None:
+                found[series_id] = last
+    return found
+
+
+def _last_anywhere(
+    connection: sqlite3.Connection, spans: Sequence[TierSpan], ids: Sequence[int], bound: int,
+) -> dict[int, IntArray]:
+    """Series' last figures before `bound` wherever they are (the head, each tier's newest chunk before it; the
+    newest of those): for series with no point just before an edge (a workload no longer recorded then)."""
+    best = _head_before(connection, ids, bound, spans[0].step)
+    for span in spans:
+        for series_id, last in _chunks_before(connection, span, ids, bound).items():
+            if series_id not in best or last[0] > best[series_id][0]:
+                best[series_id] = last
+    return {series_id: best[series_id][1] if series_id in best else _ZERO for series_id in ids}
 
 
 def _values_before(
@@ -264,9 +288,14 @@ def _values_before(
     answers: list[dict[int, IntArray]] = []
     for bound in bounds:
         values: dict[int, IntArray] = {}
+        missing: list[int] = []
         for series_id in ids:
             last = _last_before(points.get(series_id, []), bound, span.step)
-            values[series_id] = last[1] if last is not None else _last_anywhere(connection, spans, series_id, bound)
+            if last is None:
+                missing.append(series_id)
+            else:
+                values[series_id] = last[1]
+        values.update(_last_anywhere(connection, spans, missing, bound) if missing else {})
         answers.append(values)
     return answers
 
