@@ -166,8 +166,8 @@ def record_frozen(store: EmbeddedStore, history: History, times: Sequence[float]
 
 
 def snap(x: float, earliest: float, latest: float) -> float:
-    """A period edge as the store takes it: everything at or after the latest, nothing at or before the
-    earliest, else the finest step's bucket."""
+    """A period edge as the store takes it, a bound of buckets (those below it count before the edge):
+    everything at or after the latest, nothing at or before the earliest, else x's bucket."""
     if x >= latest:
         return math.inf
     if x <= earliest:
