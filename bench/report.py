@@ -13,7 +13,7 @@ last `--days` (an edge in the 5 min tier, apportioned, and one at the latest dat
 (both edges in the 15 s tier), three times each, and prints the best wall and CPU seconds (on a machine
 shared with other work the CPU seconds are the figure to compare). Asserts nothing.
 
-Target (issue 53): the 30-day report at 1,000 nodes / 4,000 workloads answers in <= 2 s.
+Target: the 30-day report at 1,000 nodes / 4,000 workloads answers in <= 2 s.
 """
 
 from __future__ import annotations
