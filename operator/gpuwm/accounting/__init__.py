@@ -33,11 +33,12 @@ from gpuwm.accounting.policy import (
     selects,
 )
 from gpuwm.accounting.rawcolumns import RawDoubles, RawJson, doubles_from_saved
+from gpuwm.accounting.replay_steps import ReplayInputError, read_policies, read_pricing
 from gpuwm.accounting.state import EngineConfig, SampleBatch
 
 __all__ = [
     "CostMeter", "Engine", "EngineConfig", "LazyEntries", "Planned", "Policy", "PolicyError", "PolicyEvaluator",
-    "PolicyOutlook", "PriceBook", "ProjectCost", "RawDoubles", "RawJson", "Result", "SampleBatch", "StateError",
-    "Step", "Subject", "WorkloadCost", "applies", "doubles_from_saved", "exempt", "parse_time", "price_figures",
-    "project_costs", "queued_by_kueue", "saved_entries", "selects",
+    "PolicyOutlook", "PriceBook", "ProjectCost", "RawDoubles", "RawJson", "ReplayInputError", "Result", "SampleBatch",
+    "StateError", "Step", "Subject", "WorkloadCost", "applies", "doubles_from_saved", "exempt", "parse_time",
+    "price_figures", "project_costs", "queued_by_kueue", "read_policies", "read_pricing", "saved_entries", "selects",
 ]
