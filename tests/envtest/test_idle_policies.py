@@ -11,11 +11,13 @@ without the rights to act says which it lacks on the policy's status.
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import yaml
@@ -124,11 +126,14 @@ def _make_node(control_plane: ControlPlane, tmp_path: Path, made: list[GpuNode],
     return node
 
 
-def _controller(plane: ControlPlane, nodes: list[GpuNode], tmp_path: Path, token: str | None = None) -> Controller:
+def _controller(plane: ControlPlane, nodes: list[GpuNode], tmp_path: Path, token: str | None = None,
+                acting: str = ACTING, own_namespace: str | None = None) -> Controller:
     agents = "static:" + ",".join(f"{node.name}={node.agent.url}" for node in nodes if node.agent is not None)
     controller = Controller(plane.write_kubeconfig(tmp_path / "kubeconfig", token=token), agents, tmp_path / "gpuwm.db",
                             tmp_path / "controller.log", status_interval=1.0, interval=0.5,
-                            extra=("--idle-policies", ACTING, "--pricing", PRICING))
+                            extra=("--idle-policies", acting, "--pricing", PRICING))
+    if own_namespace is not None:
+        controller.env["POD_NAMESPACE"] = own_namespace  # as the chart's downward API gives it
     controller.start()
     return controller
 
@@ -339,3 +344,52 @@ def test_missing_rights_are_named_on_the_policys_status(control_plane: ControlPl
         http.request("DELETE", f"{GROUP}/clustergpuidlepolicies/needs-rights")
         for kind in ("clusterrolebindings", "clusterroles"):
             http.request("DELETE", f"/apis/rbac.authorization.k8s.io/v1/{kind}/{LIMITED}")
+
+
+class _Hook(http.server.BaseHTTPRequestHandler):
+    received: ClassVar[list[dict[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        _Hook.received.append(json.loads(self.rfile.read(length)))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, format: str, *args: Any) -> None:
+        return
+
+
+def test_a_warning_also_calls_the_webhook_its_secret_names(control_plane: ControlPlane, nodes: list[GpuNode],
+                                                           tmp_path: Path) -> None:
+    http_api = control_plane.admin()
+    namespace, own = "ns-idle-hook", "gpuwm-system-hook"
+    make_namespace(control_plane, namespace)
+    make_namespace(control_plane, own)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/alerts"
+    http_api.create(f"/api/v1/namespaces/{own}/secrets", {"metadata": {"name": "idle-hook"},
+                                                           "stringData": {"url": url}})
+    node = _make_node(control_plane, tmp_path, nodes, "gpu-hook")
+    pod = deployment_with_pod(control_plane, namespace, "hooked", node.name)
+    node.hold(pod)
+    run_pod(control_plane, pod, time.time())
+    node.start()
+    apply(control_plane, policy("tell-me", {"selector": {"namespaces": [namespace]}, "idleFor": "2s", "dryRun": False,
+                                            "actions": [{"type": "warn", "webhookSecret": {"name": "idle-hook"}}]}))
+    acting = json.dumps({"enabled": True, "actions": ["warn"], "webhooks": True})
+    controller = _controller(control_plane, nodes, tmp_path, acting=acting, own_namespace=own)
+    log = tmp_path / "controller.log"
+    try:
+        wait_until("the webhook called", lambda: _Hook.received, log=log, timeout=90)
+        assert _Hook.received[0]["name"] == "hooked" and _Hook.received[0]["action"] == "warn"
+        assert _Hook.received[0]["policy"] == "tell-me" and _Hook.received[0]["idleSeconds"] >= 2
+        trail = wait_until("policyActions", _trail_of(control_plane, namespace, "hooked", 1), log=log, timeout=30)
+        assert trail[0]["action"] == "warn" and trail[0]["result"] == "Succeeded"
+        time.sleep(3.0)
+        assert len(_Hook.received) == 1  # once per idle spell
+    finally:
+        controller.stop()
+        server.shutdown()
+        http_api.request("DELETE", f"{GROUP}/clustergpuidlepolicies/tell-me")

@@ -391,6 +391,12 @@ class PolicyEvaluator:
         if result == "DryRun":
             progress.dry_run_steps.append((step.index, now))
 
+    def forget_policy(self, key: str) -> None:
+        """A policy whose spec changed starts afresh: a dry run switched off acts on the workloads idle now
+        (warning first), instead of counting the steps the dry run passed as done."""
+        for pair in [pair for pair in self.progress if pair[0] == key]:
+            del self.progress[pair]
+
     def observed_idle_seconds(self, uid: str) -> float | None:
         watch = self.watches.get(uid)
         return None if watch is None or watch.stretch is None else watch.observed_seconds

@@ -271,3 +271,16 @@ def test_memory_survives_save_and_restore() -> None:
 def test_a_bad_policy_is_refused_naming_the_field(spec: dict[str, Any], field: str) -> None:
     with pytest.raises(PolicyError, match=field.replace("[", r"\[").replace("]", r"\]")):
         Policy.parse("bad", None, spec)
+
+
+def test_a_policy_that_changed_starts_again_warning_first() -> None:
+    """A dry run switched off: the steps it passed are not taken as done; the workloads idle now are warned at
+    once and acted on after the delay."""
+    spec = {"actions": [{"type": "warn"}, {"type": "scaleToZero", "after": "30s"}], "dryRun": True}
+    run = Run([policy(**spec)], [pod(0)])
+    assert [(t, step.action, step.dry_run) for t, step in run.until(200)] == [(60, "warn", True),
+                                                                            (90, "scaleToZero", True)]
+    run.policies = [policy(**{**spec, "dryRun": False})]
+    run.evaluator.forget_policy("idle")
+    assert [(t, step.action, step.dry_run) for t, step in run.until(400)] == [(210, "warn", False),
+                                                                            (240, "scaleToZero", False)]

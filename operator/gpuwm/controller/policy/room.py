@@ -116,7 +116,11 @@ class PolicyRoom:
             self.policies.pop(ident, None)
             self._written.pop(ident, None)
             return
-        state = self.policies.get(ident) or PolicyState(kind=kind, namespace=namespace, name=ident[2])
+        state = self.policies.get(ident)
+        if state is None:
+            state = PolicyState(kind=kind, namespace=namespace, name=ident[2])
+        elif state.generation != metadata.get("generation"):
+            self.evaluator.forget_policy(state.key)  # its spec changed: its episodes start again
         state.generation = metadata.get("generation")
         try:
             state.policy, state.problem = Policy.parse(state.name, namespace, body.get("spec") or {}), None
