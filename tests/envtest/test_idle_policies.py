@@ -321,14 +321,22 @@ def _limited_token(plane: ControlPlane) -> str:
     return plane.token(LIMITED_NS, LIMITED)
 
 
-def test_missing_rights_are_named_on_the_policys_status(control_plane: ControlPlane, nodes: list[GpuNode],
-                                                        tmp_path: Path) -> None:
+def test_missing_rights_are_named_and_a_refused_step_is_reported(control_plane: ControlPlane, nodes: list[GpuNode],
+                                                                  tmp_path: Path) -> None:
+    """Without the rights to act the policy says so at start; a step the API server refuses is recorded as failed
+    on the policy (its status and an Event on it) and on the workload's trail."""
     http = control_plane.admin()
+    namespace = "ns-idle-refused"
     token = _limited_token(control_plane)
+    make_namespace(control_plane, namespace)
     node = _make_node(control_plane, tmp_path, nodes, "gpu-limited")
+    pod = deployment_with_pod(control_plane, namespace, "refused", node.name)
+    node.hold(pod)
+    run_pod(control_plane, pod, time.time())
     node.start()
-    apply(control_plane, policy("needs-rights", {"idleFor": "10m", "dryRun": False,
-                                                 "actions": [{"type": "warn"}, {"type": "scaleToZero", "after": "1h"}]}))
+    apply(control_plane, policy("needs-rights", {"selector": {"namespaces": [namespace]}, "idleFor": "2s",
+                                                 "dryRun": False,
+                                                 "actions": [{"type": "warn"}, {"type": "scaleToZero", "after": "1s"}]}))
     controller = _controller(control_plane, nodes, tmp_path, token=token)
     log = tmp_path / "controller.log"
     try:
@@ -339,6 +347,16 @@ def test_missing_rights_are_named_on_the_policys_status(control_plane: ControlPl
         ready = {c["type"]: c for c in status["conditions"]}
         assert ready["Ready"]["status"] == "False" and ready["Ready"]["reason"] == "PermissionsMissing"
         assert ready["PermissionsMissing"]["status"] == "True"
+        failed = wait_until("the refused step on the status", lambda: (s := policy_status(control_plane, "needs-rights"))
+                            and s.get("actionsFailed", 0) >= 1 and s, log=log, timeout=90)
+        assert failed["recentActions"][0]["result"] == "Failed" and "403" in failed["recentActions"][0]["message"]
+        assert http.get(f"/apis/apps/v1/namespaces/{namespace}/deployments/refused")["spec"]["replicas"] == 1
+        trail = wait_until("the trail", _trail_of(control_plane, namespace, "refused", 2), log=log, timeout=30)
+        assert [(entry["action"], entry["result"]) for entry in trail[:2]] == [("scaleToZero", "Failed"),
+                                                                               ("warn", "Succeeded")]
+        wait_until("an Event on the policy", lambda: "IdlePolicyActionFailed" in events(control_plane, "default",
+                                                                                         "needs-rights"),
+                   log=log, timeout=30)
     finally:
         controller.stop()
         http.request("DELETE", f"{GROUP}/clustergpuidlepolicies/needs-rights")
