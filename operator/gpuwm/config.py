@@ -210,6 +210,13 @@ class Settings(BaseSettings):
         default="gpuwm",
         description="kopf peering object the controller replicas share (ClusterKopfPeering; KopfPeering with --namespace).",
     )
+    peering_priority: Annotated[int | None, BeforeValidator(_empty_is_none)] = Field(
+        default=None,
+        description="kopf peering priority of this replica: the live replica with the highest one leads, the others "
+        "wait. Unset: derived from the replica's start (minus its start time in microseconds), so the longest-running "
+        "replica leads and a new one never takes over from a live leader; any number >= 0 outranks those (a "
+        "developer's controller, as kopf's --dev). Replicas with the same priority all pause (kopf's rule).",
+    )
 
     # API
     auth: Literal["kubernetes", "none"] = Field(default="kubernetes", description="API authentication.")
