@@ -49,6 +49,22 @@ def parse_duration_seconds(value: object) -> float:
     return total
 
 
+def format_duration(seconds: float) -> str:
+    """`parse_duration_seconds`' spelling of `seconds`: 7d, 2m, 1m30s, 1.5s, 250ms; `0s` for none."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    if seconds != int(seconds):
+        return f"{seconds:g}s"
+    parts, rest = [], int(seconds)
+    for unit in ("d", "h", "m", "s"):
+        count, rest = divmod(rest, int(_DURATION_UNITS[unit]))
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)
+
+
 def parse_listen(listen: str, flag: str = "--listen", example_port: int = 9400) -> tuple[str, int]:
     """`HOST:PORT` (IPv6 as `[::1]:8080`) -> (host, port); raises ValueError naming the option `flag`."""
     host, separator, port = listen.rpartition(":")
@@ -280,6 +296,13 @@ class Settings(BaseSettings):
         default="gpuwm",
         description="kopf peering object the controller replicas share (ClusterKopfPeering; KopfPeering with --namespace).",
     )
+    peering_priority: Annotated[int | None, BeforeValidator(_empty_is_none)] = Field(
+        default=None,
+        description="kopf peering priority of this replica: the live replica with the highest one leads, the others "
+        "wait. Unset: derived from the replica's start (minus its start time in microseconds), so the longest-running "
+        "replica leads and a new one never takes over from a live leader; any number >= 0 outranks those (a "
+        "developer's controller, as kopf's --dev). Replicas with the same priority all pause (kopf's rule).",
+    )
 
     idle_policies: Annotated[IdlePoliciesSettings, NoDecode, BeforeValidator(_object_text)] = Field(
         default_factory=IdlePoliciesSettings,
@@ -406,6 +429,11 @@ def settings_help(name: str) -> str:
     default = field.get_default(call_default_factory=True)
     if isinstance(default, bool):
         shown = "true" if default else "false"
+    elif isinstance(default, float) and any(getattr(rule, "func", None) is parse_duration_seconds
+                                            for rule in field.metadata):
+        shown = format_duration(default)  # as the flag is written: 15s, 2m, 7d
+    elif isinstance(default, float):
+        shown = f"{default:g}"
     elif isinstance(default, list):
         shown = ",".join(str(item) for item in default) or "none"
     elif default is None or default == "":

@@ -32,9 +32,7 @@ DERIVED = {
     "api_tls_dns_names": "the API Service's DNS names with controller.tls.source selfSigned",
 }
 # Values the chart sets on purpose to something other than the program's default.
-CHART_DEFAULTS = {
-    "liveness": ("http://0.0.0.0:8081/healthz", "the controller's liveness probe needs kopf's liveness endpoint"),
-}
+CHART_DEFAULTS: dict[str, tuple[Any, str]] = {}
 # A value for each option whose chart default is empty, to see it reach the containers.
 SAMPLES = {
     "node_name": "gpu-node-1",
@@ -48,6 +46,8 @@ SAMPLES = {
     "api_tls_secret": "custom-api-tls",
     "api_tls_dns_names": "api.example.com,gpuwm.example.com",
     "runai_user_label": "example.com/user",
+    "liveness": "http://0.0.0.0:8081/healthz",
+    "peering_priority": 666,
 }
 
 

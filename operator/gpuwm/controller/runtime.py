@@ -132,6 +132,8 @@ class ControllerRuntime:
         #: workload uid -> the settled figures last offered (the engine's own cached object, no extra memory)
         self._offered_settled: dict[str, WorkloadFigures] = {}
         self.cycles = 0
+        #: False once another replica took over (`handlers`): what this one does on its way out must not get in its way
+        self.leading = True
         self.store: Any = None
         self.sharing = SharingSource(client, default_shared_replicas=settings.time_sliced_replicas,
                                      device_plugin_config=settings.device_plugin_config, clock=clock)

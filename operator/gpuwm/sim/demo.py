@@ -163,10 +163,11 @@ async def run_demo(options: DemoOptions) -> int:
         store_path = str(temp_dir / "gpuwm.db")
     else:
         store_path = options.store_path
-    store = open_store(store_path, rollups=settings.store_rollups, retention_seconds=settings.retention,
-                       latest_rows_per_interval=settings.store_latest_rows_per_interval)
+    store: Any = None
     console = Console()
-    try:
+    try:  # from here on the temporary folder goes, whatever fails (a bad --store-rollups, a port in use)
+        store = open_store(store_path, rollups=settings.store_rollups, retention_seconds=settings.retention,
+                           latest_rows_per_interval=settings.store_latest_rows_per_interval)
         started_wall = time.time()
         start = float(int(started_wall - options.warmup_seconds))  # whole seconds: tidy sample times
         simulator = faulted_simulator(options.seed, options.nodes, options.gpus_per_node, settings.interval, start,
@@ -195,7 +196,8 @@ async def run_demo(options: DemoOptions) -> int:
               f"gpuwm demo: {controller.policies.summary()}", flush=True)
         return 0
     finally:
-        store.close()
+        if store is not None:
+            store.close()
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
 

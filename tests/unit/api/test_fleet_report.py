@@ -238,4 +238,4 @@ def test_report_help_says_defaults_and_choices(capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit):
         main(["report", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "{project,namespace,workload}" in text and "(default: project)" in text and "(default: table)" in text
+    assert "{project,namespace,workload}" in text and "(default project)" in text and "(default table)" in text
