@@ -19,6 +19,7 @@ from gpuwm import __version__
 from gpuwm.api.auth import AllowAll, Authorizer, KubernetesAuthorizer
 from gpuwm.api.http import ERROR_HANDLERS, remember_client
 from gpuwm.api.limits import QueryLimits
+from gpuwm.api.middleware import SecurityHeaders
 from gpuwm.api.prom_metrics import WorkloadMetricsCollector
 from gpuwm.api.routes import ROUTERS
 from gpuwm.api.routes.context import ApiContext
@@ -69,6 +70,7 @@ def create_app(
         limiter=anyio.CapacityLimiter(store.concurrent_reads) if store.concurrent_reads else None,
     )
     app.middleware("http")(remember_client)
+    app.add_middleware(SecurityHeaders)
     for router in ROUTERS:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
