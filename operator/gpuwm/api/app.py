@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from gpuwm import __version__
 from gpuwm.api.auth import AllowAll, Authorizer, KubernetesAuthorizer
@@ -71,6 +72,9 @@ def create_app(
     )
     app.middleware("http")(remember_client)
     app.add_middleware(SecurityHeaders)
+    if settings.api_trusted_proxies:
+        # outermost: the client it names is the one remember_client sees
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=list(settings.api_trusted_proxies))
     for router in ROUTERS:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
@@ -85,4 +89,5 @@ def default_authorizer(settings: Settings) -> Authorizer:
         audience=settings.api_token_audience,
         cache_entries=settings.api_auth_cache_entries,
         reviews_per_client_per_second=settings.api_auth_reviews_per_client_per_second,
+        token_reviews_per_second=settings.api_token_reviews_per_second,
     )

@@ -24,6 +24,8 @@ FIELDS = (
     "api_max_concurrent_queries",
     "api_auth_cache_entries",
     "api_auth_reviews_per_client_per_second",
+    "api_token_reviews_per_second",
+    "api_trusted_proxies",
     "auth",
     "runai_compatible_metrics",
     "cluster_id",
