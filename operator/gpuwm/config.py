@@ -8,6 +8,7 @@ environment variable `GPUWM_IDLE_THRESHOLD_PERCENT`, and the Helm value
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -113,6 +114,16 @@ def _check_label_key(key: str) -> str:
     if key and (not _LABEL_KEY.match(key) or len(name) > 63 or len(prefix) > 253):
         raise ValueError(f"{key!r} is not a Kubernetes label key ([prefix/]name, e.g. user or runai/user)")
     return key
+
+
+def _check_networks(addresses: list[str]) -> list[str]:
+    """Each an IP address or network (CIDR): a host name or a typo would trust nobody, or everybody."""
+    for text in addresses:
+        try:
+            ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            raise ValueError(f"{text!r} is not an IP address or network (e.g. 10.0.0.7 or 10.0.0.0/24)") from None
+    return addresses
 
 
 def _check_workload_kinds(kinds: list[str]) -> list[str]:
@@ -364,6 +375,18 @@ class Settings(BaseSettings):
         gt=0,
         description="TokenReviews and SubjectAccessReviews one client address may cause per second (a burst of 5 s "
         "worth); past it the API answers 429.",
+    )
+    api_token_reviews_per_second: float = Field(
+        default=50.0,
+        gt=0,
+        description="TokenReviews the API sends per second, all clients together (a burst of 5 s worth); past it a "
+        "token not reviewed lately gets 429, while tokens reviewed lately go on from the cache.",
+    )
+    api_trusted_proxies: Annotated[CommaList, AfterValidator(_check_networks)] = Field(
+        default_factory=list,
+        description="IP addresses or networks (CIDR) of proxies in front of the API whose X-Forwarded-For header "
+        "names the client; from any other peer the header is ignored and the peer is the client (the review "
+        "rates are per client); empty: trust none.",
     )
     runai_compatible_metrics: bool = Field(default=False, description="Also export Run:ai-compatible metric names.")
     cluster_id: str = Field(
