@@ -39,7 +39,7 @@ from gpuwm.accounting.state import (
     sample_values,
 )
 from gpuwm.accounting.windows import maintain_all
-from gpuwm.model import GpuSample, NamespaceEvent, PodEvent, SampleEvent, WorkloadEvent, compact_pod_event
+from gpuwm.model import GpuSample, NamespaceEvent, PodEvent, SampleEvent, WorkloadEvent
 
 _MAINTENANCE_EVERY_SECONDS = 30.0
 #: SampleBatch's per-row columns (numpy arrays from the controller, lists elsewhere)
@@ -387,7 +387,6 @@ class EngineCore:
 
     def observe_pod(self, event: PodEvent) -> None:
         self.inputs += 1
-        compact_pod_event(event)  # kept in the pod's timeline, for a finished pod as long as the retention
         workload = self.workload_records.get(event.workload.uid)
         if workload is None:
             workload = self.workload_records[event.workload.uid] = Workload(event.workload.uid, event)

@@ -15,14 +15,7 @@ from typing import Any, overload
 from gpuwm.accounting.rawcolumns import RawJson
 from gpuwm.accounting.state import INFINITY, Gpu, Pod, Stretch, Workload
 from gpuwm.accounting.windows import WindowSums, fold_after_of
-from gpuwm.model import (
-    GpuSample,
-    NamespaceEvent,
-    PodEvent,
-    WorkloadEvent,
-    compact_pod_event,
-    share_fields_set,
-)
+from gpuwm.model import GpuSample, NamespaceEvent, PodEvent, WorkloadEvent
 
 STATE_VERSION = 2
 #: versions `restore_state` reads: 1 saved each GPU's history as rows ("points") and window segments as
@@ -167,12 +160,12 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
         }
 
     def event_json(event: PodEvent) -> Any:
-        if raw:  # serialised at once by pydantic-core (see RawJson)
-            return RawJson(event.__pydantic_serializer__.to_json(event, by_alias=True))
+        if raw:  # serialised at once, not as a dict (see RawJson)
+            return RawJson(event.model_dump_json(by_alias=True).encode())
         return event.model_dump(by_alias=True, mode="json")
 
     def sample_json(sample: GpuSample) -> Any:
-        return RawJson(sample.__pydantic_serializer__.to_json(sample)) if raw else sample.model_dump(mode="json")
+        return RawJson(sample.model_dump_json().encode()) if raw else sample.model_dump(mode="json")
 
     def listed(records: list[Any], build: Callable[[Any], dict[str, Any]]) -> Sequence[dict[str, Any]]:
         return LazyEntries(records, build) if lazy else [build(record) for record in records]
@@ -243,7 +236,7 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
     # a pod's timeline, name, namespace, labels and stretch ids, until its workload is linked to it
     saved_pods: dict[str, tuple[list[tuple[float, PodEvent]], str, str, dict[str, str], list[int], str, float]] = {}
     for raw in saved_entries(state["pods"], consume):
-        timeline = [(float(t), compact_pod_event(PodEvent.model_validate(event))) for t, event in raw["timeline"]]
+        timeline = [(float(t), PodEvent.model_validate(event)) for t, event in raw["timeline"]]
         saved_pods[raw.get("key", raw["uid"])] = (
             timeline, raw["name"], raw["namespace"], raw["labels"], raw["stretches"], raw["uid"],
             float(raw.get("movedIn", -INFINITY)),
@@ -317,8 +310,7 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
         else:
             gpu.load_rows(raw["points"])
         gpu.pruned = bool(raw["pruned"])
-        # its fields-set shared: each validated sample had its own set of field names
-        gpu.latest = None if raw["latest"] is None else share_fields_set(GpuSample.model_validate(raw["latest"]))
+        gpu.latest = None if raw["latest"] is None else GpuSample.model_validate(raw["latest"])
         gpu.stretches = [stretches[index] for index in raw["stretches"]]
         core.gpu_records[gpu.uuid] = gpu
 

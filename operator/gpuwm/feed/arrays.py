@@ -25,7 +25,7 @@ from pydantic import ValidationError
 
 from gpuwm.accounting import SampleBatch
 from gpuwm.feed.schema import DEVICE_FIELDS, NUMBER_COLUMNS
-from gpuwm.model import GpuSample, ProcessSample, shared_keys_fields, trusted_complete
+from gpuwm.model import GpuSample
 
 Floats = npt.NDArray[numpy.float64]
 Ints = npt.NDArray[numpy.int64]
@@ -82,21 +82,14 @@ class DeviceEntry:
     power_limit_watts: float | None
 
 
-#: what `SampleColumns.samples` builds each sample's fields in, and the number columns it unpacks in that order
-_SAMPLE_FIELD_ORDER = (
-    "t", "node", "uuid", "seq", "index", "model", "parent_uuid", "mig_profile", "device_units", "healthy", "error",
-    "sm_percent", "memory_used_bytes", "memory_total_bytes", "memory_activity_percent", "power_watts",
-    "power_limit_watts", "energy_joules", "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz",
-    "pcie_rx_bytes_per_second", "pcie_tx_bytes_per_second", "processes", "merged_seconds",
-)
+#: the number columns `SampleColumns.samples` unpacks, in that order
 _UNPACKED_NUMBERS = (
     "seq", "sm_percent", "memory_used_bytes", "memory_activity_percent", "power_watts", "energy_joules",
     "temperature_celsius", "sm_clock_mhz", "memory_clock_mhz", "pcie_rx_bytes_per_second", "pcie_tx_bytes_per_second",
     "merged_seconds",
 )
-if tuple(GpuSample.model_fields) != _SAMPLE_FIELD_ORDER or NUMBER_COLUMNS != _UNPACKED_NUMBERS:
-    raise ImportError("GpuSample's fields or the feed's number columns changed: update SampleColumns.samples")
-_SAMPLE_FIELDS = shared_keys_fields(GpuSample)
+if NUMBER_COLUMNS != _UNPACKED_NUMBERS:
+    raise ImportError("the feed's number columns changed: update SampleColumns.samples")
 
 
 @dataclass
@@ -185,36 +178,16 @@ class SampleColumns:
             device = devices[gpu]
             seq, sm, used, activity, power, energy, temperature, sm_clock, memory_clock, rx, tx, merged = numbers
             listed = None if processes is None else self._processes_of(row)
-            # every GpuSample field (`_SAMPLE_FIELD_ORDER` is checked against the model), in a dict of shared keys in
-            # field order: these are the engine's latest samples, kept between cycles (see shared_keys_fields)
-            fields = _SAMPLE_FIELDS.copy()
-            fields["t"] = t
-            fields["node"] = device.node
-            fields["uuid"] = device.uuid
-            fields["seq"] = None if seq is None else int(seq)
-            fields["index"] = device.index
-            fields["model"] = device.model
-            fields["parent_uuid"] = device.parent_uuid
-            fields["mig_profile"] = device.mig_profile
-            fields["device_units"] = device.device_units
-            fields["healthy"] = ok
-            fields["error"] = errors.get(row)
-            fields["sm_percent"] = sm
-            fields["memory_used_bytes"] = used
-            fields["memory_total_bytes"] = device.memory_total_bytes
-            fields["memory_activity_percent"] = activity
-            fields["power_watts"] = power
-            fields["power_limit_watts"] = device.power_limit_watts
-            fields["energy_joules"] = energy
-            fields["temperature_celsius"] = temperature
-            fields["sm_clock_mhz"] = sm_clock
-            fields["memory_clock_mhz"] = memory_clock
-            fields["pcie_rx_bytes_per_second"] = rx
-            fields["pcie_tx_bytes_per_second"] = tx
-            fields["processes"] = None if listed is None else [ProcessSample.model_validate(item) for item in listed]
-            fields["merged_seconds"] = merged
-            # checked already, column by column: built without model_validate's checks, defaults and alias lookups
-            built.append(trusted_complete(GpuSample, fields))
+            built.append(GpuSample(
+                t=t, node=device.node, uuid=device.uuid, seq=None if seq is None else int(seq), index=device.index,
+                model=device.model, parent_uuid=device.parent_uuid, mig_profile=device.mig_profile,
+                device_units=device.device_units, healthy=ok, error=errors.get(row), sm_percent=sm,
+                memory_used_bytes=used, memory_total_bytes=device.memory_total_bytes,
+                memory_activity_percent=activity, power_watts=power, power_limit_watts=device.power_limit_watts,
+                energy_joules=energy, temperature_celsius=temperature, sm_clock_mhz=sm_clock,
+                memory_clock_mhz=memory_clock, pcie_rx_bytes_per_second=rx, pcie_tx_bytes_per_second=tx,
+                processes=listed, merged_seconds=merged,
+            ))
         return built
 
     def _processes_of(self, row: int) -> list[dict[str, Any]] | None:

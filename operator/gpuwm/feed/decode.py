@@ -39,7 +39,7 @@ from gpuwm.feed.arrays import (
     parse_columns_many,
 )
 from gpuwm.feed.schema import DEVICES_TAG_PARAM
-from gpuwm.model import PodStatsSample, intern_strings, share_fields_set
+from gpuwm.model import PodStatsSample, intern_strings
 
 __all__ = [
     "COLUMNS_FORMAT", "ColumnBatch", "DeviceEntry", "DeviceHolder", "FormatError", "HolderCache", "KnownDevices",
@@ -94,8 +94,8 @@ def _holders(entry: Mapping[str, Any], node: str) -> list[DeviceHolder]:
     else:
         device = {k: v for k, v in flat.items() if k not in {"holders", "pods", "allocations"}}
         entries = [{**device, **{_ALIASES.get(key, key): value for key, value in inner.items()}} for inner in nested]
-    # kept until the node's devices change: one fields-set for all alike, strings shared
-    holders = [intern_strings(share_fields_set(DeviceHolder.model_validate(held))) for held in entries]
+    # kept until the node's devices change: strings shared
+    holders = [DeviceHolder.model_validate(intern_strings(held)) for held in entries]
     return [holder for holder in holders if holder.pod_key]
 
 

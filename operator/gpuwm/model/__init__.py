@@ -4,7 +4,7 @@ The other packages import these names from here, not from the modules below (an 
 pyproject.toml holds them to it).
 """
 
-from gpuwm.model.compact import compact_pod_event, intern_strings, share_fields_set
+from gpuwm.model.compact import intern_strings, share_fields_set
 from gpuwm.model.crd import (
     GROUP,
     MAX_LISTED,
@@ -28,9 +28,7 @@ from gpuwm.model.figures import (
     ProjectFigures,
     Windows,
     WorkloadFigures,
-    shared_keys_fields,
     trusted,
-    trusted_complete,
 )
 from gpuwm.model.jsonfast import model_json
 from gpuwm.model.metrics import (
@@ -68,6 +66,6 @@ __all__ = [
     "PodStatsSample", "PodStatus", "ProcessSample", "ProjectFigures", "ProjectMetricsSpec", "ProjectMetricsStatus",
     "Rollup", "SampleEvent", "Source", "TraceEvent", "TraceLineError", "TraceWorkload", "UtilizationWindows",
     "Windows", "WorkloadEvent", "WorkloadFigures", "WorkloadMetricsSpec", "WorkloadMetricsStatus", "WorkloadPhase",
-    "WorkloadRef", "compact_pod_event", "gpu_quota", "intern_strings", "model_json", "parse_trace_line",
-    "share_fields_set", "shared_keys_fields", "trusted", "trusted_complete",
+    "WorkloadRef", "gpu_quota", "intern_strings", "model_json", "parse_trace_line",
+    "share_fields_set", "trusted",
 ]
