@@ -6,6 +6,8 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from functools import reduce
+from operator import add
 from typing import Any, NamedTuple
 
 from gpuwm.accounting.core import EngineCore, merged_runs
@@ -62,10 +64,6 @@ class Weighted(NamedTuple):
     memory_units: float = 0.0
     memory: float = 0.0
 
-    def plus(self, other: Weighted) -> Weighted:
-        return Weighted(self.units + other.units, self.utilization + other.utilization,
-                        self.memory_units + other.memory_units, self.memory + other.memory)
-
     def means(self) -> tuple[float | None, float | None]:
         """(utilisation %, memory %); None where nothing was weighed."""
         # 1e-9: what is left of a window after taking back late input is rounding, not time
@@ -90,10 +88,12 @@ class _Sums(NamedTuple):
 
     @classmethod
     def total(cls, many: Iterable[_Sums]) -> _Sums:
-        total = _NO_SUMS
-        for sums in many:
-            total = cls(*(mine.plus(theirs) for mine, theirs in zip(total, sums, strict=True)))
-        return total
+        """Each window's weights added up over `many`, in their order, from 0.0."""
+        windows = list(zip(*many, strict=True))  # per window, every member's weights
+        if not windows:
+            return _NO_SUMS
+        return cls(*(Weighted(*(reduce(add, column, 0.0) for column in zip(*window, strict=True)))
+                     for window in windows))
 
     def windows(self) -> tuple[Windows, Windows]:
         """The utilisation and the memory means of each window."""
