@@ -38,7 +38,6 @@ again with backoff until it opens.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
 import time
@@ -65,11 +64,6 @@ _ABSENT = (*_UNSUPPORTED, pynvml.NVMLError_NotFound)
 #: GPU instance slices of a whole GPU when NVML does not say (A100, H100, H200, B200)
 DEFAULT_MIG_SLICES = 7
 _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
-#: pynvml's structs override `__getattribute__` in Python (to decode byte strings), which makes every
-#: field read a Python call; numeric fields need none of that, so the hot loops read them directly
-_field = object.__getattribute__
-#: NVML's "not available" value for a process's used memory (WDDM on Windows)
-_NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
 #: The figures no definition rests on, each a glimpse of its moment: temperature, the clocks, the enforced power
 #: limit and PCIe throughput. They are read at most this often and repeated in between: fresh once per scrape of the
 #: chart's PodMonitor (15 s; dcgm-exporter collects every 30 s by default). `nvmlDeviceGetPcieThroughput` counts
@@ -87,48 +81,8 @@ ENERGY_COUNTER_EVERY_SECONDS = 60.0
 
 
 def _running_processes(handle: Any) -> list[tuple[int, int | None]]:
-    """(PID, used bytes or None) of each compute process: `nvmlDeviceGetComputeRunningProcesses`
-    without pynvml's per-process friendly objects (each a dozen Python calls)."""
-    function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses_v3")
-    count = ctypes.c_uint(0)
-    result = function(handle, ctypes.byref(count), None)
-    if result == pynvml.NVML_SUCCESS:
-        return []
-    if result != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
-        raise pynvml.NVMLError(result)
-    count.value = count.value * 2 + 5  # room for processes started between the two calls
-    infos = (pynvml.c_nvmlProcessInfo_v3_t * count.value)()
-    result = function(handle, ctypes.byref(count), infos)
-    if result != pynvml.NVML_SUCCESS:
-        raise pynvml.NVMLError(result)
-    found = []
-    for index in range(count.value):
-        info = infos[index]
-        used = _field(info, "usedGpuMemory")
-        found.append((_field(info, "pid"), None if used == _NOT_AVAILABLE else used))
-    return found
-
-
-#: room for the utilisation samples since the last read in one `nvmlDeviceGetSamples` call (~6 a second, a read
-#: every few seconds); more than this (after a pause) takes pynvml's two calls
-_SAMPLE_BUFFER = 256
-
-
-def _samples(handle: Any, sampling_type: int, last_seen_us: int) -> tuple[int, Any]:
-    """(value type, samples) newer than `last_seen_us`: `nvmlDeviceGetSamples` in one call into a buffer of
-    `_SAMPLE_BUFFER`, where pynvml makes two (the first to size the buffer). More samples than the buffer holds
-    (after a pause): pynvml's two."""
-    function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetSamples")
-    value_type = ctypes.c_uint(0)
-    count = ctypes.c_uint(_SAMPLE_BUFFER)
-    buffer = (pynvml.c_nvmlSample_t * _SAMPLE_BUFFER)()
-    result = function(handle, ctypes.c_uint(sampling_type), ctypes.c_ulonglong(last_seen_us), ctypes.byref(value_type),
-                      ctypes.byref(count), buffer)
-    if result == pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
-        return pynvml.nvmlDeviceGetSamples(handle, sampling_type, last_seen_us)  # type: ignore[no-any-return]
-    if result != pynvml.NVML_SUCCESS:
-        raise pynvml.NVMLError(result)
-    return value_type.value, buffer[: min(count.value, _SAMPLE_BUFFER)]
+    """(PID, used bytes or None) of each compute process on the device."""
+    return [(process.pid, process.usedGpuMemory) for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
 
 
 def interval_means(
@@ -559,9 +513,9 @@ class NvmlSampler:
             **self._identity(device, now),
             "healthy": True,
             "sm_percent": None,
-            "memory_used_bytes": None if memory is None else float(_field(memory, "used")),
-            "memory_total_bytes": None if memory is None else float(_field(memory, "total")),
-            "memory_activity_percent": None if rates is None else _percent(float(_field(rates, "memory"))),
+            "memory_used_bytes": None if memory is None else float(memory.used),
+            "memory_total_bytes": None if memory is None else float(memory.total),
+            "memory_activity_percent": None if rates is None else _percent(float(rates.memory)),
             "power_watts": None if power_mw is None else power_mw / 1000.0,
             "energy_joules": None,
             **self._gauges(device),
@@ -573,7 +527,7 @@ class NvmlSampler:
         # process since the cursor (not a series that a later read could split)
         sm_by_pid = (self._process_utilization(device, previous_t)
                      if len(holders) > 1 and running is not None and device.process_utilization_supported else None)
-        instant_sm = None if rates is None else float(_field(rates, "gpu"))
+        instant_sm = None if rates is None else float(rates.gpu)
         return Pending(now, fields, running, sm_by_pid, power_mw, instant_sm, holders=holders)
 
     def _read_buffers(self, device: Device, errors: dict[str, str],
@@ -673,18 +627,18 @@ class NvmlSampler:
         """The SM samples since the cursor, as a mean per interval of `bounds_us` (see `interval_means`)."""
         last_seen = max(device.util_cursor_us, bounds_us[0])
         try:
-            value_type, samples = _samples(device.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, last_seen)
+            value_type, samples = pynvml.nvmlDeviceGetSamples(device.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES,
+                                                              last_seen)
         except _ABSENT:
             return [None] * (len(bounds_us) - 1)
-        # one pass, reading the struct fields through the plain descriptor (see _field)
         name = _VALUE_FIELDS[value_type] if 0 <= value_type < len(_VALUE_FIELDS) else "uiVal"
         end = bounds_us[-1]
         stamped = []
         newest = last_seen
         for sample in samples:
-            stamp = _field(sample, "timeStamp")
+            stamp = sample.timeStamp
             if last_seen < stamp:
-                stamped.append((stamp, float(getattr(_field(sample, "sampleValue"), name))))
+                stamped.append((stamp, float(getattr(sample.sampleValue, name))))
                 if newest < stamp <= end:
                     newest = stamp
         device.util_cursor_us = newest  # samples after the last poll stay for the next read
@@ -741,11 +695,11 @@ class NvmlSampler:
         totals: dict[int, tuple[float, int]] = {}
         newest = cursor
         for sample in samples:
-            stamp = _field(sample, "timeStamp")
+            stamp = sample.timeStamp
             if stamp > cursor:
-                pid = _field(sample, "pid")
+                pid = sample.pid
                 total, count = totals.get(pid, (0.0, 0))
-                totals[pid] = (total + _field(sample, "smUtil"), count + 1)
+                totals[pid] = (total + sample.smUtil, count + 1)
                 if stamp > newest:
                     newest = stamp
         device.process_cursor_us = newest
