@@ -228,7 +228,7 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
     last = state["lastMaintenance"]
     core._last_maintenance = -INFINITY if last is None else float(last)
     core.late_samples_dropped = int(state["lateSamplesDropped"])
-    core.unattributed_samples = int(state.get("unattributedSamples", 0))  # absent in states saved before 2026-11-27
+    core.unattributed_samples = int(state.get("unattributedSamples", 0))  # absent in states saved before it was counted
     core.mig_children = {parent: list(children) for parent, children in state["migChildren"].items()}
     for raw in state["namespaces"]:
         event = NamespaceEvent.model_validate(raw)
@@ -262,7 +262,7 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
         workload.active_gpu_seconds = raw["activeSeconds"]
         workload.idle_gpu_seconds = raw["idleSeconds"]
         workload.unmonitored_gpu_seconds = raw["unmonitoredSeconds"]
-        workload.unattributed_gpu_seconds = raw.get("unattributedSeconds", 0.0)  # absent in states saved before 2026-11-27
+        workload.unattributed_gpu_seconds = raw.get("unattributedSeconds", 0.0)  # absent in states saved before it was counted
         workload.energy_joules = raw["energyJoules"]
         workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem = raw["life"]
         windows = raw["windows"]  # version 1: a list of floats; 2: base64 of the doubles, or their raw bytes

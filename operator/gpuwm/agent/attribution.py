@@ -3,7 +3,7 @@
 No I/O here, so the decisions (replica units, which container a process belongs to, the GPU
 state) are tested directly.
 
-The state of each holder follows DESIGN §3's rule of 2026-11-27 (`utilization_by_holder`): activity
+The state of each holder follows DESIGN §3's attribution rule (`utilization_by_holder`): activity
 is never lost to attribution. NVML's process list can be empty while a GPU computes (the processes
 run in another PID namespace, a MIG instance hides them, a cgroup cannot be read), so a busy device
 is never `allocated-empty` or `unallocated` for want of processes. The samples still carry the
@@ -55,7 +55,7 @@ def utilization_by_holder(
     processes: list[tuple[str | None, float | None]] | None,
     idle_threshold_percent: float,
 ) -> tuple[list[float | None], bool]:
-    """Each holder's SM % of the device by DESIGN §3 (rule of 2026-11-27), and whether the processes fell short.
+    """Each holder's SM % of the device by DESIGN §3's attribution rule, and whether the processes fell short.
 
     `processes`: (pod UID, SM %) of each process NVML listed, None when it gave no list; a list none
     of whose processes has an SM figure is no per-process data either (the sampler reads none for a

@@ -22,7 +22,7 @@ power readings (`spread_energy`); polls handed over between its readings carry i
 Memory activity (`memory_activity_percent`, the memory controller's busy time) is that instant
 call's figure, the driver's latest sample period at the poll: no definition rests on it (DESIGN
 §3's memory utilisation is memory used over total), and reading its own sample buffer costs the
-driver as much CPU as the SM one (bench/README.md, issue 37).
+driver as much CPU as the SM one.
 
 Per-process utilisation is read only where it decides something (DESIGN §3): on a device held
 by more than one pod, every poll (the driver answers one figure per process since the cursor,
@@ -68,11 +68,11 @@ _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
 #: limit and PCIe throughput. They are read at most this often and repeated in between: fresh once per scrape of the
 #: chart's PodMonitor (15 s; dcgm-exporter collects every 30 s by default). `nvmlDeviceGetPcieThroughput` counts
 #: bytes for 20 ms before it returns, one direction a call, and costs the driver's CPU besides; the others are cheap
-#: in a loop but not always at 1 Hz (bench/README.md, issue 37). (NVML's PCIe byte-count fields would give a
+#: in a loop but not always at 1 Hz. (NVML's PCIe byte-count fields would give a
 #: whole-interval rate, but on an H200 with driver 580 they are 32-bit and wrap many times a second at full speed.)
 GAUGES_EVERY_SECONDS = 15.0
-#: The energy counter costs the driver as much CPU as a utilisation buffer read, at times several times that
-#: (bench/README.md, issue 37), yet it only grows: so a whole GPU's counter is read at most this often, when its
+#: The energy counter costs the driver as much CPU as a utilisation buffer read, at times several times that,
+#: yet it only grows: so a whole GPU's counter is read at most this often, when its
 #: holders, processes or health change, and on `--once`; the polls in between carry it forward by their power
 #: readings (the driver's 1 s average on Ampere and later; `carry_energy`), and the next reading sets them right
 #: (`spread_energy`). A GPU cut into MIG instances reads it with every buffer read (its instances have no power

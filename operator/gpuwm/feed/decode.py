@@ -144,7 +144,7 @@ class Snapshot:
 
 #: agent's node -> (node it reported, a digest of its last `devices` list's JSON, the holders built from them):
 #: most pulls repeat it. A digest, not the parsed list: kept for every node, the parsed dicts (and orjson's
-#: output buffers, larger than the JSON) would be a visible part of the controller's memory (bench/README.md)
+#: output buffers, larger than the JSON) would be a visible part of the controller's memory
 HolderCache = dict[str, tuple[str, bytes, list[DeviceHolder]]]
 
 
@@ -353,7 +353,7 @@ class ColumnBatch:
     """Agents' `format=columns` pages read together (`parse_columns_many`), not one agent at a time.
 
     A fast twin of reading each answer whole as it arrives (`parse_snapshot`), kept for what it saves of
-    the controller's pull at 1,000 agents (bench/README.md, "Issue 36, thirteenth session"); the seeded
+    the controller's pull at 1,000 agents (`bench/pull.py`); the seeded
     tests in test_columns_feed.py hold the two to the same columns.
 
     A pull hands its snapshot over once all its pages are in (`add`), with what to do once they
