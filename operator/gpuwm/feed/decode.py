@@ -2,7 +2,7 @@
 
 `parse_snapshot` checks the envelope, reads the device holders from `devices` (or takes the
 ones the puller keeps, while the agent says they are unchanged under their `devices_tag`) and
-the samples, in columns (`format=columns`), into numpy arrays (`gpuwm.feed.arrays`), not one
+the samples, in columns (`format=columns`), into numpy arrays (`gpuwm.feed.arrays`, into `gpuwm.feed.columns`), not one
 object per sample. `ColumnBatch` reads the columns of many agents' answers together.
 
 The controller reads one form, the columns it asks for. Rows (`format=rows`, the agent's
@@ -30,14 +30,8 @@ from urllib.parse import quote
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from gpuwm.feed.arrays import (
-    DeviceEntry,
-    SampleColumns,
-    device_entries,
-    join,
-    parse_columns,
-    parse_columns_many,
-)
+from gpuwm.feed.arrays import device_entries, parse_columns, parse_columns_many
+from gpuwm.feed.columns import DeviceEntry, SampleColumns, join
 from gpuwm.feed.schema import DEVICES_TAG_PARAM
 from gpuwm.model import PodStatsSample, intern_strings
 
