@@ -20,8 +20,9 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from gpuwm.agent.cgroup import PodRef
-from gpuwm.agent.nvml import DEFAULT_MIG_SLICES, Reading
+from gpuwm.agent.nvml import DEFAULT_MIG_SLICES
 from gpuwm.agent.podresources import Assignment
+from gpuwm.agent.readings import Reading
 from gpuwm.feed import AgentDevice, DeviceState
 from gpuwm.model import GpuSample
 

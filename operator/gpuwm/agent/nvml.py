@@ -41,12 +41,21 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from itertools import pairwise
-from typing import Any, NamedTuple
+from typing import Any
 
 import pynvml
+
+from gpuwm.agent.polls import carry_energy, interval_means, spread_energy
+from gpuwm.agent.readings import (
+    Device,
+    HoldersOf,
+    Pending,
+    PollResult,
+    RawProcess,
+    Reading,
+    no_holders,
+    unopened_uuid,
+)
 
 log = logging.getLogger(__name__)
 
@@ -85,189 +94,8 @@ def _running_processes(handle: Any) -> list[tuple[int, int | None]]:
     return [(process.pid, process.usedGpuMemory) for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
 
 
-def interval_means(
-    samples: Sequence[tuple[int, float]], bounds_us: Sequence[int]
-) -> list[float | None]:
-    """The mean of the samples (timestamp µs, value) in each interval (bounds[i-1], bounds[i]], in time order.
-
-    An interval no sample falls in (polls faster than the driver samples) takes the first sample after
-    it, whose own period covers it; None where there is none (the caller falls back to an instant figure).
-    """
-    ordered = sorted(samples)
-    means: list[float | None] = []
-    position = 0
-    for end in bounds_us[1:]:
-        total, count = 0.0, 0
-        while position < len(ordered) and ordered[position][0] <= end:
-            if ordered[position][0] > bounds_us[0]:
-                total += ordered[position][1]
-                count += 1
-            position += 1
-        if count:
-            means.append(total / count)
-        elif position < len(ordered):
-            means.append(ordered[position][1])
-        else:
-            means.append(None)
-    return means
-
-
-def spread_energy(
-    previous_mj: float | None, now_mj: float | None, times: Sequence[float], power_mw: Sequence[float | None],
-    counter_floor_mj: float | None = None,
-) -> list[float | None]:
-    """The energy counter (mJ) at each of the polls `times[1:]`, from `previous_mj` at `times[0]` (the value the
-    last poll handed over) and a reading of the counter, `now_mj`, at the last poll. The growth between them is
-    spread by each interval's power × its length (by length alone where a power is missing), so the polls'
-    differences add up to the counter's own.
-
-    `counter_floor_mj`: the counter's previous reading, where `previous_mj` was carried forward from it by power
-    (`carry_energy`). A reading below `previous_mj` but not below that floor means the power ran ahead of the
-    counter: the polls hold `previous_mj` (no growth) until the counter passes it, so nothing is counted twice.
-    Without an earlier value, or when the counter went below its floor (a driver reload), every poll gets the new one.
-    """
-    count = len(times) - 1
-    if now_mj is None:
-        return [None] * count
-    if previous_mj is not None and counter_floor_mj is not None and counter_floor_mj <= now_mj < previous_mj:
-        return [previous_mj] * count
-    if previous_mj is None or now_mj < previous_mj or count <= 1:
-        return [now_mj] * count
-    lengths = [max(0.0, later - earlier) for earlier, later in pairwise(times)]
-    weights = [length * power if power is not None and power > 0 else 0.0
-               for length, power in zip(lengths, power_mw, strict=True)]
-    if sum(weights) <= 0:
-        weights = lengths if sum(lengths) > 0 else [1.0] * count
-    total, growth, running = sum(weights), now_mj - previous_mj, 0.0
-    spread: list[float | None] = []
-    for weight in weights:
-        running += weight
-        spread.append(previous_mj + growth * running / total)
-    spread[-1] = now_mj
-    return spread
-
-
-def carry_energy(previous_mj: float | None, times: Sequence[float], power_mw: Sequence[float | None]) -> list[float | None]:
-    """The energy counter (mJ) at each of the polls `times[1:]` without reading it: `previous_mj` at `times[0]`
-    carried forward by each interval's power × length (mW × s = mJ; nothing where a power is missing)."""
-    if previous_mj is None:
-        return [None] * (len(times) - 1)
-    running, carried = previous_mj, list[float | None]()
-    for (earlier, later), power in zip(pairwise(times), power_mw, strict=True):
-        if power is not None and power > 0 and later > earlier:
-            running += power * (later - earlier)
-        carried.append(running)
-    return carried
-
-
 class NvmlUnavailable(RuntimeError):
     """NVML cannot be used on this machine: no driver, or the library is missing."""
-
-
-def unopened_uuid(node: str, index: int) -> str:
-    """The stand-in UUID of GPU `index` on `node` while NVML cannot open it (its real UUID is unreadable then).
-
-    Stable across polls and agent restarts, unique in the cluster (the controller keys GPUs by UUID),
-    never a real NVML UUID (those are `GPU-` and 32 hex digits in 8-4-4-4-12 groups) and free of
-    `::` (a time-sliced replica's separator).
-    """
-    return f"GPU-unopened-{node}-{index}"
-
-
-@dataclass
-class Device:
-    """A GPU or MIG instance found by discovery, with its per-poll cursors."""
-
-    handle: Any
-    uuid: str
-    index: int | None
-    model: str | None
-    parent_uuid: str | None = None
-    parent_handle: Any = None
-    mig_profile: str | None = None
-    device_units: float = 1.0
-    util_cursor_us: int = 0
-    process_cursor_us: int = 0
-    process_utilization_supported: bool = True
-    #: the last reading of the figures read every `GAUGES_EVERY_SECONDS`, by field, and when (monotonic seconds)
-    gauges: dict[str, float | None] = field(default_factory=dict)
-    gauges_at: float = -math.inf
-    #: why NVML could not open this GPU (then `handle` is None and `uuid` is `unopened_uuid`)
-    open_error: str | None = None
-    #: polls taken since the buffers were last read, waiting for their share of the next read
-    pending: list[Pending] = field(default_factory=list)
-    #: the time (s) of the last poll whose reading left the sampler, the lower bound of the next poll's interval
-    emitted_t: float | None = None
-    #: the energy (mJ) handed over with the poll at `emitted_t`: the counter's reading, or carried forward from it
-    energy_mj: float | None = None
-    #: the energy counter's last reading (mJ) and when it was taken (monotonic seconds)
-    energy_counter_mj: float | None = None
-    energy_counter_at: float = -math.inf
-    #: a change since the last read (holders, processes, health, a new device): the next read settles the counter
-    settle: bool = True
-    #: what the last poll saw: its pods (from the caller), its processes' PIDs and whether it was healthy
-    holders: frozenset[Any] = frozenset()
-    pids: frozenset[int] = frozenset()
-    healthy: bool | None = None
-
-
-@dataclass(slots=True)
-class Pending:
-    """One poll of one device until the buffers are read: its instant figures, or a finished unhealthy reading."""
-
-    t: float
-    fields: dict[str, Any]
-    #: (PID, used bytes) from the running list; None when the device gave none (or failed)
-    running: list[tuple[int, int | None]] | None = None
-    #: per-process SM % read at this poll (a shared device); None when not read
-    sm_by_pid: dict[int, float] | None = None
-    power_mw: float | None = None
-    #: the device's SM % from `nvmlDeviceGetUtilizationRates` at this poll: the figure where no sample covers it
-    instant_sm_percent: float | None = None
-    final: bool = False
-    #: the pods holding the device at this poll, as the caller names them
-    holders: frozenset[Any] = frozenset()
-
-
-#: the pods holding a device at a poll, given the PIDs its process list names (the caller's view)
-HoldersOf = Callable[["Device", frozenset[int]], frozenset[Any]]
-
-
-def _no_holders(device: Device, pids: frozenset[int]) -> frozenset[Any]:
-    return frozenset()
-
-
-class RawProcess(NamedTuple):
-    """A compute process as NVML lists it (attribution adds its pod); a tuple: built in C."""
-
-    pid: int
-    memory_used_bytes: float | None
-    sm_percent: float | None
-
-
-@dataclass(slots=True)
-class Reading:
-    """One device's figures for a poll: `GpuSample` fields (without `processes`) and the raw processes."""
-
-    fields: dict[str, Any]
-    processes: list[RawProcess] | None = None
-
-    @property
-    def uuid(self) -> str:
-        return str(self.fields["uuid"])
-
-
-@dataclass
-class PollResult:
-    """The readings of one poll and how long NVML took."""
-
-    samples: list[Reading]
-    nvml_seconds: float
-    errors: dict[str, str] = field(default_factory=dict)
-    #: the PIDs this poll's process lists name (the readings may be of earlier polls)
-    pids: frozenset[int] = frozenset()
-    #: whether this poll read the buffers (then `samples` holds every poll since the last read)
-    read_buffers: bool = False
 
 
 def _text(value: str | bytes) -> str:
@@ -425,7 +253,7 @@ class NvmlSampler:
             instances.append(device)
         return instances
 
-    def poll(self, holders: HoldersOf = _no_holders, read_buffers: bool = False) -> PollResult:
+    def poll(self, holders: HoldersOf = no_holders, read_buffers: bool = False) -> PollResult:
         """Take this poll's instant figures of every device, and the readings of every poll since the last read.
 
         `holders`: the pods holding a device as the caller knows them, given the PIDs NVML lists on it: a

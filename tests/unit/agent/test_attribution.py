@@ -7,8 +7,8 @@ import pytest
 
 from gpuwm.agent.attribution import HolderShare, attribute, classify, utilization_by_holder
 from gpuwm.agent.cgroup import PodRef
-from gpuwm.agent.nvml import RawProcess, Reading
 from gpuwm.agent.podresources import Assignment
+from gpuwm.agent.readings import RawProcess, Reading
 from gpuwm.model import GpuSample, ProcessSample
 
 UID_A = "aaaaaaaa-0000-0000-0000-000000000001"

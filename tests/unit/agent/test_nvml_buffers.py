@@ -17,7 +17,9 @@ import pynvml
 import pytest
 
 from gpuwm.agent import nvml
-from gpuwm.agent.nvml import Device, NvmlSampler, Reading, carry_energy, interval_means, spread_energy
+from gpuwm.agent.nvml import NvmlSampler
+from gpuwm.agent.polls import carry_energy, interval_means, spread_energy
+from gpuwm.agent.readings import Device, Reading
 
 SAMPLE_PERIOD_US = 166_667
 POWER_MW = 300_000
