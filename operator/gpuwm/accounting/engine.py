@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from functools import reduce
 from operator import add
 from typing import Any, NamedTuple
@@ -120,20 +119,19 @@ def _totals(members: list[WorkloadFigures], sums: _Sums) -> dict[str, Any]:
     }
 
 
-@dataclass(slots=True)
-class _Holdings:
+class _Holdings(NamedTuple):
     """What a workload's allocation stretches say at `now`: the devices it holds and their latest samples."""
 
+    allocated_gpus: float
+    idle_gpus: float
     unmonitored_gpu_seconds: float
     last_active: float
-    allocated_gpus: float = 0.0
-    idle_gpus: float = 0.0
-    active_now: bool = False
-    sampling: bool = True
-    current: Weighted = field(default_factory=Weighted)
-    gpus: list[GpuFigures] = field(default_factory=list)
-    nodes: set[str] = field(default_factory=set)
-    models: set[str] = field(default_factory=set)
+    active_now: bool
+    sampling: bool
+    current: Weighted
+    gpus: list[GpuFigures]
+    nodes: set[str]
+    models: set[str]
 
 
 class _ReportWindows:
@@ -335,11 +333,17 @@ class Engine(EngineCore):
 
     def _holdings(self, workload: Workload, now: float) -> _Holdings:
         """The devices the workload's stretches hold at `now`, its unmonitored tails, and its latest activity."""
-        holdings = _Holdings(workload.unmonitored_gpu_seconds, workload.retired_last_active)
+        allocated_gpus = idle_gpus = 0.0
+        unmonitored = workload.unmonitored_gpu_seconds
+        last_active = workload.retired_last_active
+        active_now, sampling = False, True
         units = utilization_weight = memory_units = memory_weight = 0.0
+        gpus: list[GpuFigures] = []
+        nodes: set[str] = set()
+        models: set[str] = set()
         for stretch in workload.stretches:
             gpu = self.gpu_records.get(stretch.uuid)
-            holdings.last_active = max(holdings.last_active, stretch.last_active)
+            last_active = max(last_active, stretch.last_active)
             if gpu is None:
                 continue
             # allocated time after g's latest sample is unmonitored until a sample covers it
@@ -347,29 +351,30 @@ class Engine(EngineCore):
             tail_start = stretch.start if last_time is None else max(stretch.start, last_time)
             tail_end = min(stretch.end, now)
             if tail_end > tail_start:
-                holdings.unmonitored_gpu_seconds += stretch.units * (tail_end - tail_start)
+                unmonitored += stretch.units * (tail_end - tail_start)
             if not (stretch.start <= now < stretch.end):
                 continue
-            holdings.allocated_gpus += stretch.units
+            allocated_gpus += stretch.units
             if stretch.node:
-                holdings.nodes.add(stretch.node)
+                nodes.add(stretch.node)
             utilization, memory, monitored = self._stretch_current(gpu, stretch, now)
-            holdings.sampling = holdings.sampling and monitored
+            sampling = sampling and monitored
             if utilization is not None:
                 units += stretch.units
                 utilization_weight += stretch.units * utilization
                 if utilization >= self.threshold_percent:
-                    holdings.active_now = holdings.active_now or monitored
+                    active_now = active_now or monitored
                 else:
-                    holdings.idle_gpus += stretch.units
+                    idle_gpus += stretch.units
             if memory is not None:
                 memory_units += stretch.units
                 memory_weight += stretch.units * memory
             if gpu.latest is not None and gpu.latest.model:
-                holdings.models.add(gpu.latest.model)
-            holdings.gpus.append(self._holder_figures(gpu, stretch, utilization, monitored))
-        holdings.current = Weighted(units, utilization_weight, memory_units, memory_weight)
-        return holdings
+                models.add(gpu.latest.model)
+            gpus.append(self._holder_figures(gpu, stretch, utilization, monitored))
+        current = Weighted(units, utilization_weight, memory_units, memory_weight)
+        return _Holdings(allocated_gpus, idle_gpus, unmonitored, last_active, active_now, sampling, current, gpus,
+                         nodes, models)
 
     def workloads(self, now: float | None = None) -> list[WorkloadFigures]:
         at = self.clock if now is None else now

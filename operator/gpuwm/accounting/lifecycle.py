@@ -37,7 +37,10 @@ def pods_at(workload: Workload, now: float) -> PodsAtNow:
     for pod in sorted(workload.pods.values(), key=lambda pod: (pod.name, pod.uid)):
         current = pod.current
         any_running = any_running or current.phase == "Running"
-        units = sum(stretch.units for stretch in pod.stretches if stretch.start <= now < stretch.end)
+        units = 0.0
+        for stretch in pod.stretches:
+            if stretch.start <= now < stretch.end:
+                units += stretch.units
         figures.append(PodFigures(name=pod.name, uid=pod.uid, node=current.node, phase=current.phase,
                                   allocated_gpus=units, labels=current.labels, resources=current.resources,
                                   failure_reason=current.failure_reason))
