@@ -89,7 +89,7 @@ CommaList = Annotated[list[str], NoDecode, BeforeValidator(_split_list)]
 
 DEFAULT_RESOURCE_NAMES = ["nvidia.com/gpu", "nvidia.com/mig-*", "nvidia.com/gpu.shared"]
 
-#: the workload objects watched by default (issue 35): built-in kinds with their version, CRDs by group and kind
+#: the workload objects watched by default: built-in kinds with their version, CRDs by group and kind
 #: alone, so whichever version the cluster's operator serves as preferred is watched
 DEFAULT_WORKLOAD_KINDS = [
     "batch/v1/Job", "batch/v1/CronJob", "jobset.x-k8s.io/JobSet",
@@ -253,7 +253,7 @@ class Settings(BaseSettings):
         default=5.0, le=60.0,
         description="How often the agent reads NVML's utilisation sample buffers (milliseconds of driver CPU a call): "
         "each read is split into the polls since by the samples' timestamps, so a poll's sample leaves the agent up to "
-        "this late; keep it under half of what the driver's buffers hold (bench/README.md). The energy counter is read "
+        "this late; keep it under half of what the driver's buffers hold. The energy counter is read "
         "with these reads once a minute and on every change of a GPU's holders, carried forward by power in between.",
     )
 

@@ -89,7 +89,6 @@ def run(arguments: argparse.Namespace) -> int:
     from kopf._cogs.structs import references  # kopf.run takes an Insights; kopf has no public name for it
 
     from gpuwm.controller import handlers
-    from gpuwm.controller.state import limit_malloc_arenas
 
     _configure_logging(settings)
     operator_settings = kopf.OperatorSettings()
@@ -97,7 +96,6 @@ def run(arguments: argparse.Namespace) -> int:
     if missing:
         print(f"gpuwm controller: {missing}", file=sys.stderr)
         return 1
-    limit_malloc_arenas()  # before any thread allocates (kopf's, the store's)
     raise_open_files_limit()
     memo = handlers.configure(settings)
     memo.insights = insights = references.Insights()  # kopf's record of what it watches, for handlers.look_for_absent_kinds

@@ -4,7 +4,7 @@ The other packages import these names from here, not from the modules below (an 
 pyproject.toml holds them to it).
 """
 
-from gpuwm.model.compact import compact_pod_event, intern_strings, share_fields_set
+from gpuwm.model.compact import intern_strings, share_fields_set
 from gpuwm.model.crd import (
     GROUP,
     MAX_LISTED,
@@ -32,9 +32,7 @@ from gpuwm.model.figures import (
     ProjectFigures,
     Windows,
     WorkloadFigures,
-    shared_keys_fields,
     trusted,
-    trusted_complete,
 )
 from gpuwm.model.jsonfast import model_json
 from gpuwm.model.metrics import (
@@ -86,12 +84,12 @@ __all__ = [
     "EXEMPT_UNTIL_ANNOTATION", "EXEMPT_VALUE", "EXPORTED", "GROUP", "MAX_LISTED", "MAX_POLICY_LISTED",
     "MAX_WORKLOAD_ACTIONS", "RUNAI_NAMES", "STORED", "VERSION", "ActionResult", "ActionType", "Aggregation",
     "ClusterFigures", "Condition", "ConditionType", "DeviceAllocation", "ExemptWorkload", "GpuFigures",
-    "GpuSample", "GpuStatus", "IdlePolicySpec", "IdlePolicyStatus", "Metric", "NamespaceEvent", "PlannedAction",
-    "PodEvent", "PodFigures", "PodPhase", "PodResources", "PodStatsSample", "PodStatus", "PolicyAction",
-    "PolicyActionRecord", "PolicyCondition", "ProcessSample", "ProjectFigures", "ProjectMetricsSpec",
-    "ProjectMetricsStatus", "Rollup", "SampleEvent", "SecretKeyRef", "Source", "TraceEvent", "TraceLineError",
-    "TraceWorkload", "UtilizationWindow", "UtilizationWindows", "Windows", "WorkloadEvent", "WorkloadFigures",
-    "WorkloadMetricsSpec", "WorkloadMetricsStatus", "WorkloadPhase", "WorkloadRef", "WorkloadSelector",
-    "compact_pod_event", "gpu_quota", "intern_strings", "model_json", "parse_trace_line", "share_fields_set",
-    "shared_keys_fields", "trusted", "trusted_complete",
+    "GpuSample", "GpuStatus", "IdlePolicySpec", "IdlePolicyStatus", "Metric", "NamespaceEvent",
+    "PlannedAction", "PodEvent", "PodFigures", "PodPhase", "PodResources", "PodStatsSample", "PodStatus",
+    "PolicyAction", "PolicyActionRecord", "PolicyCondition", "ProcessSample", "ProjectFigures",
+    "ProjectMetricsSpec", "ProjectMetricsStatus", "Rollup", "SampleEvent", "SecretKeyRef", "Source",
+    "TraceEvent", "TraceLineError", "TraceWorkload", "UtilizationWindow", "UtilizationWindows", "Windows",
+    "WorkloadEvent", "WorkloadFigures", "WorkloadMetricsSpec", "WorkloadMetricsStatus", "WorkloadPhase",
+    "WorkloadRef", "WorkloadSelector", "gpu_quota", "intern_strings", "model_json", "parse_trace_line",
+    "share_fields_set", "trusted",
 ]

@@ -116,7 +116,7 @@ def test_design_section_4_names_and_columns() -> None:
         (version,) = crd["spec"]["versions"]
         assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [c["name"] for c in workload["spec"]["versions"][0]["additionalPrinterColumns"]]
-    # DESIGN §4's columns, with the phase and the GPUs requested beside those held (issue 35)
+    # DESIGN §4's columns, with the phase and the GPUs requested beside those held
     assert columns == ["Project", "Phase", "Requested", "GPUs", "Util", "Mem", "Idle", "Wasted GPU-h", "Age"]
     project_columns = [c["name"] for c in project["spec"]["versions"][0]["additionalPrinterColumns"]]
     assert {"Requested", "Queued"} <= set(project_columns)
