@@ -1,5 +1,5 @@
 """`gpuwm VERB --help` says, for every option, its default (and its choices where it has them), and every
-verb has a paragraph saying what it does (issue 38)."""
+verb has a paragraph saying what it does."""
 
 from __future__ import annotations
 

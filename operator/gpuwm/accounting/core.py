@@ -39,7 +39,7 @@ from gpuwm.accounting.state import (
     sample_values,
 )
 from gpuwm.accounting.windows import maintain_all
-from gpuwm.model import GpuSample, NamespaceEvent, PodEvent, SampleEvent, WorkloadEvent, compact_pod_event
+from gpuwm.model import GpuSample, NamespaceEvent, PodEvent, SampleEvent, WorkloadEvent
 
 _MAINTENANCE_EVERY_SECONDS = 30.0
 #: SampleBatch's per-row columns (numpy arrays from the controller, lists elsewhere)
@@ -105,7 +105,7 @@ class EngineCore:
         self.mig_children: dict[str, list[str]] = {}
         self.late_samples_dropped = 0
         #: samples whose busy device the processes seen could not explain, so that some holder took the
-        #: device's figure (DESIGN §3, rule of 2026-11-27); counted once, when a sample is first accounted
+        #: device's figure (DESIGN §3's attribution rule); counted once, when a sample is first accounted
         self.unattributed_samples = 0
         self._last_maintenance = -INFINITY
         #: bumped by each sample, batch of samples, pod or namespace event: any of them may change window
@@ -132,7 +132,7 @@ class EngineCore:
     def observe_workload(self, event: WorkloadEvent) -> None:
         """The workload object's own state from `event.t` on: queued or not, GPUs requested, finished, deleted.
 
-        A workload exists from its creation with or without pods (issue 35). Its state is a
+        A workload exists from its creation with or without pods. Its state is a
         timeline like a pod's: an event older than the late window takes effect at its edge, and
         a second event at the same time replaces the first. The figures it drives (phase,
         requested GPUs, queued and wait seconds) are read at report time from the timeline.
@@ -387,7 +387,6 @@ class EngineCore:
 
     def observe_pod(self, event: PodEvent) -> None:
         self.inputs += 1
-        compact_pod_event(event)  # kept in the pod's timeline, for a finished pod as long as the retention
         workload = self.workload_records.get(event.workload.uid)
         if workload is None:
             workload = self.workload_records[event.workload.uid] = Workload(event.workload.uid, event)
@@ -625,7 +624,7 @@ class EngineCore:
     def attribution(self, gpu: Gpu, index: int, workload: Workload, start: float, end: float) -> tuple[float, bool]:
         """W's utilisation on g over (start, end] within interval `index`, and whether it was *unattributed*.
 
-        DESIGN §3, rule of 2026-11-27: activity is never lost to attribution. NVML's process list
+        DESIGN §3's attribution rule: activity is never lost to attribution. NVML's process list
         can be empty or unattributable while a GPU computes (an agent in another PID namespace,
         MIG instances whose processes are hidden, a lost cgroup mapping), so:
         - W holds g alone (no other workload's stretch covers the piece): g's device SM % over

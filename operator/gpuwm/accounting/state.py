@@ -382,7 +382,7 @@ class Gpu:
         with many GPUs of short histories a save costs per piece more than per byte.
         """
         units, pod_sm, merged = self.device_units, self.pod_sm, self.merged
-        merged_any = merged.count(0.0) != len(merged)  # left out while no point is merged (as before merged polls)
+        merged_any = merged.count(0.0) != len(merged)  # left out while no point is merged
         constant_units = units[0] if units and units.count(units[0]) == len(units) else None
         columns: dict[str, Any]
         encode: Callable[[array[float]], Any]
@@ -530,7 +530,7 @@ class Workload:
         self.idle_gpu_seconds = 0.0
         self.unmonitored_gpu_seconds = 0.0
         #: monitored unit-seconds whose utilisation came from the device because the processes seen could
-        #: not explain a busy GPU (DESIGN §3, rule of 2026-11-27)
+        #: not explain a busy GPU (DESIGN §3's attribution rule)
         self.unattributed_gpu_seconds = 0.0
         self.energy_joules = 0.0
         self.life_units = 0.0  # monitored unit-seconds

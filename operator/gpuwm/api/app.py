@@ -14,11 +14,13 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from gpuwm import __version__
 from gpuwm.api.auth import AllowAll, Authorizer, KubernetesAuthorizer
 from gpuwm.api.http import ERROR_HANDLERS, remember_client
 from gpuwm.api.limits import QueryLimits
+from gpuwm.api.middleware import SecurityHeaders
 from gpuwm.api.prom_metrics import WorkloadMetricsCollector
 from gpuwm.api.routes import ROUTERS
 from gpuwm.api.routes.context import ApiContext
@@ -69,6 +71,10 @@ def create_app(
         limiter=anyio.CapacityLimiter(store.concurrent_reads) if store.concurrent_reads else None,
     )
     app.middleware("http")(remember_client)
+    app.add_middleware(SecurityHeaders)
+    if settings.api_trusted_proxies:
+        # outermost: the client it names is the one remember_client sees
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=list(settings.api_trusted_proxies))
     for router in ROUTERS:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
@@ -83,4 +89,5 @@ def default_authorizer(settings: Settings) -> Authorizer:
         audience=settings.api_token_audience,
         cache_entries=settings.api_auth_cache_entries,
         reviews_per_client_per_second=settings.api_auth_reviews_per_client_per_second,
+        token_reviews_per_second=settings.api_token_reviews_per_second,
     )

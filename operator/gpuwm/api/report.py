@@ -210,7 +210,20 @@ def report_csv(report: Report) -> str:
                 line.append("")
             elif isinstance(value, float):
                 line.append(f"{value:.3f}" if column == "energyJoules" else f"{value:.6f}")
+            elif isinstance(value, str):
+                line.append(csv_text_cell(value))
             else:
                 line.append(str(value))
         writer.writerow(line)
     return out.getvalue()
+
+
+#: what a spreadsheet reads as the start of a formula (or strips before one): =, +, -, @, tab and CR
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text_cell(text: str) -> str:
+    """A text cell a spreadsheet shows as text: one that would start a formula gets a leading `'`
+    (OWASP's advice against CSV injection; the csv writer quotes it where needed). Numbers are
+    written as numbers: a negative one is no formula."""
+    return "'" + text if text.startswith(_FORMULA_STARTS) else text

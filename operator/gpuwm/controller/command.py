@@ -20,6 +20,8 @@ FIELDS = (
     "runai_compatible_metrics", "cluster_id", "runai_user_label", "store_rollups", "store_latest_rows_per_interval",
     "api_tls", "api_tls_cert_file", "api_tls_key_file", "api_tls_secret", "api_tls_dns_names", "api_token_audience", "api_max_points_per_response",
     "api_max_concurrent_queries", "api_auth_cache_entries", "api_auth_reviews_per_client_per_second",
+    "idle_policies", "pricing",
+    "api_token_reviews_per_second", "api_trusted_proxies",
 )
 
 
@@ -87,7 +89,6 @@ def run(arguments: argparse.Namespace) -> int:
     from kopf._cogs.structs import references  # kopf.run takes an Insights; kopf has no public name for it
 
     from gpuwm.controller import handlers
-    from gpuwm.controller.state import limit_malloc_arenas
 
     _configure_logging(settings)
     operator_settings = kopf.OperatorSettings()
@@ -95,7 +96,6 @@ def run(arguments: argparse.Namespace) -> int:
     if missing:
         print(f"gpuwm controller: {missing}", file=sys.stderr)
         return 1
-    limit_malloc_arenas()  # before any thread allocates (kopf's, the store's)
     raise_open_files_limit()
     memo = handlers.configure(settings)
     memo.insights = insights = references.Insights()  # kopf's record of what it watches, for handlers.look_for_absent_kinds

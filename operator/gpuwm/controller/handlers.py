@@ -41,6 +41,7 @@ from gpuwm.controller.kube import (
     this_replica,
     wait_to_lead,
 )
+from gpuwm.controller.policy import POLICY_PLURALS, PolicyCollector, PolicyRoom
 from gpuwm.controller.pull import PodAgents, agent_url_of_pod, parse_agents_spec
 from gpuwm.controller.runtime import ControllerRuntime
 from gpuwm.controller.state import KeptState, tune_garbage_collector
@@ -58,8 +59,31 @@ REGISTRY = kopf.OperatorRegistry()
 def configure(settings: Settings) -> kopf.Memo:
     """The memo kopf runs with (`kopf.run(memo=...)`), holding `settings`; registers the workload kinds' handlers."""
     register_workload_kinds(parse_workload_kinds(settings.workload_kinds))
+    if settings.idle_policies.enabled:
+        register_idle_policies()
     replica = this_replica(settings.peering_priority, settings.status_interval)
     return kopf.Memo(settings=settings, runtime=None, workloads=None, tasks=[], replica=replica, peering=None)
+
+
+def register_idle_policies() -> None:
+    """One `@kopf.on.event` per idle-policy kind (idlePolicies.enabled): read only, no finalizers, no annotations."""
+    for kind, plural in POLICY_PLURALS.items():
+        handler_id = f"idle-policy:{plural}"
+        if handler_id in _REGISTERED_POLICY_HANDLERS:
+            continue
+        _REGISTERED_POLICY_HANDLERS.add(handler_id)
+        kopf.on.event("gpuwm.io", "v1alpha1", plural, id=handler_id, registry=REGISTRY)(
+            functools.partial(idle_policy_event, kind=kind))
+
+
+_REGISTERED_POLICY_HANDLERS: set[str] = set()
+
+
+async def idle_policy_event(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, kind: str, **_: Any) -> None:
+    """A GPUIdlePolicy or ClusterGPUIdlePolicy changed: the room reads it again."""
+    runtime = _runtime(memo)
+    if runtime is not None and runtime.policies is not None:
+        runtime.policies.on_policy(kind, body, deleted=event.get("type") == "DELETED")
 
 
 #: the kinds whose handler is registered (configure may run more than once in one process: tests)
@@ -239,12 +263,15 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, memo: ko
     workloads = WorkloadObjects(lambda: runtime.engine, runtime.clock, gpuwm_settings.resource_names,
                                 gpuwm_settings.time_sliced_replicas)
     await end_vanished_workloads(runtime, parse_workload_kinds(gpuwm_settings.workload_kinds))
+    room = _policy_room(runtime)
     memo.runtime = runtime
     memo.workloads = workloads
     tasks: list[asyncio.Task[None]] = memo.tasks
     tasks.append(asyncio.create_task(_delayed_cycles(runtime), name="gpuwm status cycles"))
     tasks.append(asyncio.create_task(runtime.writer.run(), name="gpuwm status writer"))
     tasks.append(asyncio.create_task(runtime.idle_events.run(), name="gpuwm events"))
+    if room is not None:
+        tasks.append(asyncio.create_task(room.run(gpuwm_settings.status_interval), name="gpuwm idle policies"))
     insights = memo.get("insights")
     if insights is not None:
         kinds = parse_workload_kinds(gpuwm_settings.workload_kinds)
@@ -383,6 +410,18 @@ async def end_vanished_workloads(runtime: ControllerRuntime, kinds: list[Workloa
                 requested_gpus=figures.requested_gpus or 0.0))
 
 
+def _policy_room(runtime: ControllerRuntime) -> PolicyRoom | None:
+    """The idle-policy and cost room, where idle policies or pricing are enabled; its memory from the state."""
+    settings = runtime.settings
+    if not settings.idle_policies.enabled and not settings.pricing.enabled:
+        return None
+    room = PolicyRoom(settings, runtime.client, runtime.writer.bucket, runtime.state.cr_names.get, own_namespace(),
+                      runtime.clock)
+    room.restore(runtime.state.policies)
+    runtime.policies = room
+    return room
+
+
 async def _delayed_cycles(runtime: ControllerRuntime) -> None:
     # the pods watch starts right after startup: give its initial listing a moment first
     await asyncio.sleep(min(2.0, runtime.settings.status_interval))
@@ -431,6 +470,7 @@ def _start_api(runtime: ControllerRuntime) -> asyncio.Task[None] | None:
         tls = None if kept else tls_files(settings.api_tls, settings.api_tls_cert_file, settings.api_tls_key_file, host)
         app = create_app(runtime.store, settings, extra_collectors=(
             IntakeCollector(lambda: runtime.puller), EngineCollector(lambda: runtime.engine),
+            PolicyCollector(lambda: runtime.policies),
         ))
     except Exception as error:  # e.g. --auth=kubernetes without credentials: CR status goes on
         logger.warning("metrics API not started: %s", error)

@@ -185,8 +185,17 @@ def browser(tmp_path_factory: pytest.TempPathFactory, downloads: Path) -> Iterat
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(60)
     driver.execute_cdp_cmd("Page.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+    # every Content-Security-Policy violation of every page, for test_the_page_keeps_its_policy_and_token
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": CSP_RECORDER})
     yield driver
     driver.quit()
+
+
+CSP_RECORDER = (
+    "window.cspViolations = [];"
+    "document.addEventListener('securitypolicyviolation',"
+    " (e) => window.cspViolations.push(e.violatedDirective + ' ' + e.blockedURI));"
+)
 
 
 def _wait_ready(driver: Any) -> None:
@@ -458,3 +467,32 @@ def test_queue_lists_waiting_workloads_by_wait(queue_url: str, browser: Any) -> 
     _wait_ready(driver)
     facts = driver.find_element(By.ID, "workload-facts").text
     assert "requested GPUs\n1.00" in facts and "queued\n7 min" in facts and "team-b-q → gpus" in facts
+
+
+def test_the_page_keeps_its_policy_and_token(api_url: str, browser: Any, downloads: Path) -> None:
+    """Under the API's Content-Security-Policy the pages run as they are (nothing refused: no inline
+    script or style), and a token typed in lives in the tab's sessionStorage, not in localStorage."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    driver = browser
+    driver.get(api_url + "/#/")
+    _wait_ready(driver)
+    token = driver.find_element(By.ID, "token")
+    token.send_keys("example-token")
+    driver.execute_script("arguments[0].dispatchEvent(new Event('change'))", token)
+    _wait_ready(driver)
+    assert driver.execute_script("return sessionStorage.getItem('gpuwm-token')") == "example-token"
+    assert driver.execute_script("return localStorage.getItem('gpuwm-token')") is None
+    driver.find_element(By.ID, "report-download").click()
+    target = downloads / "gpuwm-report-project.csv"
+    WebDriverWait(driver, 30).until(lambda _d: target.exists() and target.stat().st_size > 0)
+    driver.get(api_url + "/#/workload/team-a/train")
+    _wait_ready(driver)
+    Select(driver.find_element(By.ID, "breakdown")).select_by_value("gpu")  # a chart with a legend
+    _wait_ready(driver)
+    assert len(driver.find_elements(By.CSS_SELECTOR, ".chart-legend i")) >= 2
+    driver.get(api_url + "/#/fleet")
+    _wait_ready(driver)
+    assert driver.execute_script("return window.cspViolations") == []
+    assert driver.execute_script("return sessionStorage.getItem('gpuwm-token')") == "example-token"

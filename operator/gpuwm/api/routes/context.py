@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
 import anyio.to_thread
@@ -78,20 +78,34 @@ class Caller:
         return await self.authorizer.authenticate(self.token)
 
     async def require(self, namespaces: Sequence[str] | None) -> User:
-        """401/403 unless the caller may read every one of `namespaces` (None: cluster-wide)."""
+        """401/403 unless the caller may read every one of `namespaces` (None: cluster-wide), which the
+        caller named (a 403 tells nothing the request did not)."""
         user = await self.authenticate()
-        targets: list[str | None] = [None] if namespaces is None else list(dict.fromkeys(namespaces))
-        if await self.authorizer.allowed(user, None):
-            return user
-        for namespace in targets:
-            if namespace is None or not await self.authorizer.allowed(user, namespace):
-                where = "cluster-wide" if namespace is None else f"in namespace {namespace!r}"
-                raise AuthError(
-                    403,
-                    f"user {user.username!r} may not get {RESOURCE}.{RESOURCE_GROUP} {where}; "
-                    "grant it with a Role/ClusterRole and binding",
-                )
+        denied = await self._first_denied(user, namespaces)
+        if denied is not False:
+            where = "cluster-wide" if denied is None else f"in namespace {denied!r}"
+            raise AuthError(
+                403,
+                f"user {user.username!r} may not get {RESOURCE}.{RESOURCE_GROUP} {where}; "
+                "grant it with a Role/ClusterRole and binding",
+            )
         return user
+
+    async def may_read(self, user: User, namespaces: Sequence[str]) -> bool:
+        """Whether `user` may read every one of `namespaces` (found by the API, not named by the caller:
+        where not, the route answers as if there were nothing, so what exists where cannot be probed)."""
+        return await self._first_denied(user, namespaces) is False
+
+    async def _first_denied(self, user: User, namespaces: Sequence[str] | None) -> str | Literal[False] | None:
+        """The first of `namespaces` `user` may not read (None: cluster-wide), or False where it may read all."""
+        if await self.authorizer.allowed(user, None):
+            return False
+        if namespaces is None:
+            return None
+        for namespace in dict.fromkeys(namespaces):
+            if not await self.authorizer.allowed(user, namespace):
+                return namespace
+        return False
 
     async def require_path(self, path: str) -> User:
         """401/403 unless the caller may `get` the non-resource URL `path`."""

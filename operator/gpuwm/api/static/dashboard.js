@@ -5,8 +5,9 @@
 
 const $ = (selector) => document.querySelector(selector);
 const tokenInput = $("#token");
-tokenInput.value = localStorage.getItem("gpuwm-token") || "";
-tokenInput.addEventListener("change", () => { localStorage.setItem("gpuwm-token", tokenInput.value); route(); });
+// the token lives as long as the tab: sessionStorage, never localStorage (kept on disk, shared by every tab)
+tokenInput.value = sessionStorage.getItem("gpuwm-token") || "";
+tokenInput.addEventListener("change", () => { sessionStorage.setItem("gpuwm-token", tokenInput.value); route(); });
 const PAGE_ROWS = 25;
 const STATES = { active: "#15803d", "idle-held": "#c2410c", "allocated-empty": "#d97706", free: "#2f6fde",
   unhealthy: "#b91c1c", unmonitored: "#6b7385" };

@@ -1,4 +1,4 @@
-"""What survives a restart, and the process's memory: the state, its file, recovery, GC and malloc tuning.
+"""What survives a restart, and the process's memory: the state, its file, recovery, GC tuning.
 
 `model` is the `ControllerState` the status cycle changes, saved and restored whole;
 `persistence` writes and reads the sectioned state file; `kept` keeps a copy of it in a Secret for
@@ -8,7 +8,6 @@ collector's way. Nothing here imports the runtime: the runtime hands recovery wh
 
 from gpuwm.controller.state.gctuning import (
     collect_cycle_garbage,
-    limit_malloc_arenas,
     release_free_memory,
     tune_garbage_collector,
 )
@@ -31,7 +30,6 @@ __all__ = [
     "collect_cycle_garbage",
     "commit_state",
     "encode_state_chunks",
-    "limit_malloc_arenas",
     "release_free_memory",
     "restore",
     "restore_saved",
