@@ -275,6 +275,13 @@ class Settings(BaseSettings):
         default=120.0,
         description="How often the controller saves its engine state for a restart, which re-reads the agents from the saved positions (so nothing is lost while the agents still hold those samples, snapshotBufferSamples).",
     )
+    state_secret: str = Field(
+        default="",
+        description="Secret in the controller's namespace (POD_NAMESPACE) where the leading replica keeps its engine "
+        "state, compressed, each time it saves it and when it stops: a replica in another pod (a standby taking "
+        "over, a deleted pod made again) restores it and loses nothing; empty: the state file alone, which goes "
+        "with the pod's volume. States over about 900 KiB compressed are not kept there (use a volume).",
+    )
     idle_condition_after: DurationSeconds = Field(default=600.0, description="Idle this long sets condition Idle.")
     underutilized_percent: float = Field(
         default=20.0, ge=0, le=100, description="avg1h below this sets condition Underutilized."

@@ -160,9 +160,11 @@ def test_rbac_has_no_wildcards_and_no_secrets(installed: Installed) -> None:
                 for key in ("apiGroups", "resources", "verbs"):
                     assert "*" not in rule.get(key, []), f"{role['metadata']['name']}: wildcard in {key}: {rule}"
                 if "secrets" in rule.get("resources", []):
-                    # only the Secret the controller keeps the API's certificate in, by name; `create` cannot be
-                    # limited to a name by RBAC; never list or watch (which would show every Secret's contents)
-                    assert role["metadata"]["name"].endswith("-controller-tls"), f"{role['metadata']['name']} can touch secrets"
+                    # only the Secrets the controller keeps the API's certificate and its engine state in, by name;
+                    # `create` cannot be limited to a name by RBAC; never list or watch (which would show every
+                    # Secret's contents)
+                    assert kind == "Role" and role["metadata"]["name"].endswith(("-controller-tls", "-controller")), (
+                        f"{kind} {role['metadata']['name']} can touch secrets")
                     assert rule.get("resourceNames") or rule["verbs"] == ["create"], rule
                     assert not {"list", "watch"} & set(rule["verbs"]), rule
                 assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule

@@ -30,6 +30,7 @@ DERIVED = {
     "api_tls_key_file": "the controller.tls Secret mounted at /etc/gpuwm/tls (tls.key)",
     "api_tls_secret": "<release>-controller-tls with controller.tls.source selfSigned",
     "api_tls_dns_names": "the API Service's DNS names with controller.tls.source selfSigned",
+    "state_secret": "<release>-controller-state, in the controller's Role",
 }
 # Values the chart sets on purpose to something other than the program's default.
 CHART_DEFAULTS: dict[str, tuple[Any, str]] = {}
@@ -48,6 +49,7 @@ SAMPLES = {
     "runai_user_label": "example.com/user",
     "liveness": "http://0.0.0.0:8081/healthz",
     "peering_priority": 666,
+    "state_secret": "kept-state",
 }
 
 

@@ -33,6 +33,7 @@ START_SLACK_SECONDS = 4.0
 LIFETIME_SECONDS = 10.0
 PEERING = "gpuwm-ha-test"
 NAMESPACE = "ha"
+STATE_SECRET = "gpuwm-ha-state"
 
 
 @pytest.fixture
@@ -45,9 +46,11 @@ def node(control_plane: ControlPlane, crds: list[str], tmp_path: Path) -> Iterat
 def _replica(plane: ControlPlane, node: GpuNode, directory: Path, name: str) -> Controller:
     """A replica as the chart runs it: peering on (no --standalone), no priority given, its own store."""
     directory.mkdir()
-    return Controller(plane.write_kubeconfig(directory / "kubeconfig"), node.agents_flag(), directory / "gpuwm.db",
-                      directory / "controller.log", status_interval=STATUS_INTERVAL, interval=0.5,
-                      extra=("--standalone=false", "--peering-name", PEERING))
+    replica = Controller(plane.write_kubeconfig(directory / "kubeconfig"), node.agents_flag(), directory / "gpuwm.db",
+                         directory / "controller.log", status_interval=STATUS_INTERVAL, interval=0.5,
+                         extra=("--standalone=false", "--peering-name", PEERING, "--state-secret", STATE_SECRET))
+    replica.env["POD_NAMESPACE"] = NAMESPACE  # where the state Secret is, as the chart's downward API says
+    return replica
 
 
 def _records(plane: ControlPlane) -> dict[str, Any]:
@@ -98,11 +101,19 @@ def test_one_replica_leads_and_a_standby_takes_over(control_plane: ControlPlane,
         assert _leads(first), first.log.read_text()[-3000:]
         assert "waits as a standby" in second.log.read_text() and not _leads(second), second.log.read_text()[-3000:]
 
+        before = _written_after(control_plane, time.time(), first.log, timeout=3 * STATUS_INTERVAL)["status"]
         first.stop()  # SIGTERM, as a pod deletion: kopf removes its record on the way out
         stopped = time.time()
         handed = _written_after(control_plane, stopped, second.log, timeout=STATUS_INTERVAL + START_SLACK_SECONDS + 20)
         assert _leads(second), second.log.read_text()[-3000:]
         assert epoch(handed["status"]["lastUpdateTime"]) - stopped <= STATUS_INTERVAL + START_SLACK_SECONDS
+        # the standby restored the leader's state from the Secret: the busy GPU's time goes on, none of it lost
+        assert "engine state from Secret" in second.log.read_text(), second.log.read_text()[-3000:]
+        after = _written_after(control_plane, stopped + 2 * STATUS_INTERVAL, second.log, timeout=4 * STATUS_INTERVAL)
+        elapsed = epoch(after["status"]["lastUpdateTime"]) - epoch(before["lastUpdateTime"])
+        gained = after["status"]["activeGpuSeconds"] - before["activeGpuSeconds"]
+        assert gained == pytest.approx(elapsed, abs=3.0), (before, after["status"])
+        assert after["status"]["unmonitoredGpuSeconds"] - before["unmonitoredGpuSeconds"] <= 3.0
 
         first.start()  # back as the younger replica: a standby now
         wait_until("the restarted replica waits", lambda: "waits as a standby" in first.log.read_text().split(

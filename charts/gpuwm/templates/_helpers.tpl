@@ -78,7 +78,7 @@ gpuwm's settings (gpuwm.config.Settings), by Helm value name. Each becomes GPUWM
 in both containers; a test fails when a Settings field is missing here or in values.yaml.
 */}}
 {{- define "gpuwm.settingNames" -}}
-logFormat logLevel interval idleThresholdPercent projectLabel lateEventWindow listen nodeName podResourcesSocket kubeletUrl procRoot kubeletTokenFile kubeletInsecureTls resourceNames workloadKinds snapshotBufferSamples nvmlBufferReadSeconds namespace statusInterval snapshotMerge retention agents store stateSaveInterval idleConditionAfter underutilizedPercent statusWritesPerSecond statusCountersRefresh timeSlicedReplicas devicePluginConfig standalone liveness peeringName peeringPriority auth apiListen apiTls apiTlsCertFile apiTlsKeyFile apiTlsSecret apiTlsDnsNames apiTokenAudience apiMaxPointsPerResponse apiMaxConcurrentQueries apiAuthCacheEntries apiAuthReviewsPerClientPerSecond apiTokenReviewsPerSecond apiTrustedProxies runaiCompatibleMetrics clusterId runaiUserLabel storeRollups storeLatestRowsPerInterval idlePolicies pricing
+logFormat logLevel interval idleThresholdPercent projectLabel lateEventWindow listen nodeName podResourcesSocket kubeletUrl procRoot kubeletTokenFile kubeletInsecureTls resourceNames workloadKinds snapshotBufferSamples nvmlBufferReadSeconds namespace statusInterval snapshotMerge retention agents store stateSaveInterval stateSecret idleConditionAfter underutilizedPercent statusWritesPerSecond statusCountersRefresh timeSlicedReplicas devicePluginConfig standalone liveness peeringName peeringPriority auth apiListen apiTls apiTlsCertFile apiTlsKeyFile apiTlsSecret apiTlsDnsNames apiTokenAudience apiMaxPointsPerResponse apiMaxConcurrentQueries apiAuthCacheEntries apiAuthReviewsPerClientPerSecond apiTokenReviewsPerSecond apiTrustedProxies runaiCompatibleMetrics clusterId runaiUserLabel storeRollups storeLatestRowsPerInterval idlePolicies pricing
 {{- end -}}
 
 {{/* One settings value as an env string: lists comma-joined, objects as JSON, whole numbers without exponent. */}}
@@ -168,6 +168,11 @@ seccompProfile:
 {{- if include "gpuwm.keepsTlsSecret" . -}}{{ include "gpuwm.keptTlsSecretName" . }}
 {{- else if include "gpuwm.mountsTlsSecret" . -}}{{ include "gpuwm.tlsSecretName" . }}
 {{- end -}}
+{{- end -}}
+
+{{/* The Secret where the leading controller keeps its engine state (stateSecret, else <release>-controller-state). */}}
+{{- define "gpuwm.stateSecretName" -}}
+{{- default (printf "%s-state" (include "gpuwm.controllerName" .)) .Values.stateSecret -}}
 {{- end -}}
 
 {{/* The DNS names of the API's Service, for its certificate. */}}

@@ -15,7 +15,7 @@ from gpuwm.logs import wants_json
 FIELDS = (
     "log_format", "log_level", "namespace", "standalone", "peering_name", "peering_priority", "liveness",
     "resource_names", "workload_kinds", "project_label", "idle_threshold_percent", "interval", "late_event_window",
-    "status_interval", "snapshot_merge", "retention", "agents", "store", "state_save_interval", "idle_condition_after", "underutilized_percent",
+    "status_interval", "snapshot_merge", "retention", "agents", "store", "state_save_interval", "state_secret", "idle_condition_after", "underutilized_percent",
     "status_writes_per_second", "status_counters_refresh", "time_sliced_replicas", "device_plugin_config", "api_listen", "auth",
     "runai_compatible_metrics", "cluster_id", "runai_user_label", "store_rollups", "store_latest_rows_per_interval",
     "api_tls", "api_tls_cert_file", "api_tls_key_file", "api_tls_secret", "api_tls_dns_names", "api_token_audience", "api_max_points_per_response",

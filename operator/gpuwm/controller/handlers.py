@@ -44,7 +44,7 @@ from gpuwm.controller.kube import (
 from gpuwm.controller.policy import POLICY_PLURALS, PolicyCollector, PolicyRoom
 from gpuwm.controller.pull import PodAgents, agent_url_of_pod, parse_agents_spec
 from gpuwm.controller.runtime import ControllerRuntime
-from gpuwm.controller.state import tune_garbage_collector
+from gpuwm.controller.state import KeptState, tune_garbage_collector
 from gpuwm.controller.status import COMPONENT
 from gpuwm.controller.watch import WorkloadKind, WorkloadObjects, parse_workload_kinds, requests_gpu
 
@@ -296,6 +296,9 @@ def _serving_runtime(settings: kopf.OperatorSettings, logger: kopf.Logger, memo:
         return KubeClient.auth_headers(fresh) if fresh is not None else {}
 
     runtime = ControllerRuntime(_settings(memo), KubeClient.from_connection_info(info, relogin=relogin))
+    namespace = own_namespace()
+    if runtime.settings.state_secret and namespace:
+        runtime.kept = KeptState(runtime.client, namespace, runtime.settings.state_secret)
     if index is not None:
         runtime.agent_pod_urls = lambda: {str(node): str(next(iter(urls))) for node, urls in index.items() if urls}
     runtime.store = _open_store(runtime.settings)
@@ -550,6 +553,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if runtime is not None:
         await runtime.finish_saving()  # a save the cancelled cycle left renaming, before the last one
         runtime.save(time.time())
+        await runtime.keep_state_now()  # for the standby taking over
         if runtime.leading:
             await _label_leader(runtime, leading=False)
     runtime = runtime or memo.get("starting")  # a standby's: its client, API and store
