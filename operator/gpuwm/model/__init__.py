@@ -28,6 +28,7 @@ from gpuwm.model.figures import (
     ProjectFigures,
     Windows,
     WorkloadFigures,
+    complete,
     trusted,
 )
 from gpuwm.model.jsonfast import model_json
@@ -66,6 +67,6 @@ __all__ = [
     "PodStatsSample", "PodStatus", "ProcessSample", "ProjectFigures", "ProjectMetricsSpec", "ProjectMetricsStatus",
     "Rollup", "SampleEvent", "Source", "TraceEvent", "TraceLineError", "TraceWorkload", "UtilizationWindows",
     "Windows", "WorkloadEvent", "WorkloadFigures", "WorkloadMetricsSpec", "WorkloadMetricsStatus", "WorkloadPhase",
-    "WorkloadRef", "gpu_quota", "intern_strings", "model_json", "parse_trace_line",
+    "WorkloadRef", "complete", "gpu_quota", "intern_strings", "model_json", "parse_trace_line",
     "share_fields_set", "trusted",
 ]
