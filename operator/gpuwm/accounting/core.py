@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
-from dataclasses import replace
-from itertools import accumulate
 from typing import Any
 
 from gpuwm.accounting.batch import BatchArrays, observe_appending_chunk
@@ -38,8 +36,6 @@ from gpuwm.accounting.windows import maintain_all
 from gpuwm.model import GpuSample, NamespaceEvent, PodEvent, SampleEvent, WorkloadEvent
 
 _MAINTENANCE_EVERY_SECONDS = 30.0
-#: SampleBatch's per-row columns (numpy arrays from the controller, lists elsewhere)
-_COLUMNS = ("device", "t", "sm", "memory", "energy", "merged")
 #: a batch this long takes the vectorised path where it can (numpy's fixed cost pays from about here)
 _VECTORISED_FROM_ROWS = 64
 
@@ -49,11 +45,25 @@ def _python(column: Any) -> Any:
     return column.tolist() if hasattr(column, "tolist") else column
 
 
-class _Zeros:
-    """A batch's `merged` column when it has none: 0.0 for every row."""
+class _Rows:
+    """A batch's columns as Python values, for its rows taken one by one (`EngineCore._observe_row`).
 
-    def __getitem__(self, row: int) -> float:
-        return 0.0
+    `uuids` are the physical devices' (a time-sliced replica's samples are its GPU's).
+    """
+
+    def __init__(self, batch: SampleBatch, physical: list[str]) -> None:
+        self.uuids, self.nodes, self.parent_uuids, self.pod_sm = physical, batch.nodes, batch.parent_uuids, batch.pod_sm
+        self.device_units = batch.device_units
+        self.device: list[int] = _python(batch.device)
+        self.t: list[float] = _python(batch.t)
+        self.sm: list[float] = _python(batch.sm)
+        self.memory: list[float] = _python(batch.memory)
+        self.energy: list[float] = _python(batch.energy)
+        self.merged: list[float] = [0.0] * len(self.t) if batch.merged is None else _python(batch.merged)
+
+    def values(self, row: int) -> SampleValues:
+        return (self.t[row], self.sm[row], self.memory[row], self.energy[row], self.pod_sm[row],
+                self.device_units[self.device[row]], self.merged[row])
 
 
 def place_in_timeline(timeline: list[tuple[float, Any]], t: float, event: Any) -> int:
@@ -158,36 +168,43 @@ class EngineCore(IntervalAccounting):
     def observe_sample(self, sample: GpuSample) -> None:
         self.inputs += 1
         values = sample_values(sample)
-        t = values[0]
-        fields = sample.__dict__  # read as `sample_values` reads them (see there)
-        uuid = fields["uuid"]
-        if "::" in uuid:
-            uuid = physical_uuid(uuid)
+        gpu = self._gpu(physical_uuid(sample.uuid), sample.node)
+        if self._dropped(gpu, values[0]):
+            return
+        if self._place(gpu, values):
+            gpu.latest = sample
+        if sample.parent_uuid is not None and sample.energy_joules is None:  # no energy counter of its own
+            self._register_mig_child(sample.parent_uuid, gpu.uuid)
+        self._advance(values[0])
+
+    def _gpu(self, uuid: str, node: str) -> Gpu:
+        """The record of device `uuid`, on `node` as its latest input says."""
         gpu = self.gpu_records.get(uuid)
         if gpu is None:
-            gpu = self.gpu_records[uuid] = Gpu(uuid, fields["node"])
+            gpu = self.gpu_records[uuid] = Gpu(uuid, node)
         else:
-            gpu.node = fields["node"]
+            gpu.node = node
+        return gpu
+
+    def _dropped(self, gpu: Gpu, t: float) -> bool:
+        """Whether a sample of g at `t` comes after a later one and too late to be placed (then it is counted)."""
+        if gpu.times and t <= gpu.times[-1] and t < self.boundary:
+            self.late_samples_dropped += 1
+            return True
+        return False
+
+    def _place(self, gpu: Gpu, values: SampleValues) -> bool:
+        """A sample's point in g's history, its interval accounted; whether it is g's latest now."""
         times = gpu.times
+        t = values[0]
         if times and t <= times[-1]:
-            if t < self.boundary:
-                self.late_samples_dropped += 1
-                return
-            if self._insert_late_point(gpu, values):
-                gpu.latest = sample
-        else:
-            gpu.append(values)
-            gpu.latest = sample
-            stretches = gpu.stretches
-            if stretches:
-                self._apply_appended(gpu, len(times) - 1, stretches, values)
-            if uuid in self.mig_children:
-                self._apply_parent_energy(gpu, times[-2] if len(times) > 1 else t, t, self._child_stretches(uuid), 1.0)
-        parent_uuid = fields["parent_uuid"]
-        if parent_uuid is not None and fields["energy_joules"] is None:
-            self._register_mig_child(parent_uuid, uuid)
-        if t > self.clock:
-            self._advance(t)
+            return self._insert_late_point(gpu, values)
+        gpu.append(values)
+        if gpu.stretches:
+            self._apply_interval(gpu, len(times) - 1, -INFINITY, INFINITY, gpu.stretches, 1.0)
+        if gpu.uuid in self.mig_children:
+            self._apply_parent_energy(gpu, times[-2] if len(times) > 1 else t, t, self._child_stretches(gpu.uuid), 1.0)
+        return True
 
     def _insert_late_point(self, gpu: Gpu, values: SampleValues) -> bool:
         """Place a sample at or before the GPU's last one; True when it replaced the last (it is the latest)."""
@@ -220,10 +237,9 @@ class EngineCore(IntervalAccounting):
 
         The same figures to the bit: the same arithmetic in the same order (late and duplicate
         rows, MIG parent energy and children, the clock and its maintenance). The rows between
-        two maintenance runs go in as one chunk: each device's rows that simply extend its
-        history are appended at once, and only what reads them (its holders' intervals, a MIG
-        parent's energy) runs per row. A device's `latest` is built (`batch.sample`) only for the
-        row that ends up as its latest.
+        two maintenance runs go in as one chunk, at once where each only extends its device's
+        history (`gpuwm.accounting.batch`), else row by row. A device's `latest` is built
+        (`batch.sample`) only for the row that ends up as its latest.
         """
         self.inputs += 1
         count = len(batch.t)
@@ -232,21 +248,17 @@ class EngineCore(IntervalAccounting):
         entry_uids = [uids.setdefault(uuid, len(uids)) for uuid in physical]
         given_arrays = hasattr(batch.t, "tolist")  # numpy columns (the controller's); else lists
         arrays = BatchArrays(batch, entry_uids, list(uids)) if given_arrays or count >= _VECTORISED_FROM_ROWS else None
-        as_lists: list[SampleBatch] = [] if given_arrays else [batch]  # the row-by-row path reads Python floats
+        rows = _Rows(batch, physical)
         latest_rows: dict[str, tuple[Gpu, int]] = {}
-        row_uuids: list[str] = []
 
         def chunk(start: int, end: int) -> None:
             if arrays is None or not observe_appending_chunk(self, batch, arrays, start, end, latest_rows):
-                if not as_lists:
-                    as_lists.append(replace(batch, **{name: _python(getattr(batch, name)) for name in _COLUMNS}))
-                if not row_uuids:
-                    row_uuids.extend(physical[entry] for entry in as_lists[0].device)
-                self._observe_chunk(as_lists[0], row_uuids, start, end, latest_rows)
+                for row in range(start, end):
+                    self._observe_row(rows, row, latest_rows)
 
         start = 0
         clock, last_maintenance = self.clock, self._last_maintenance
-        rising: Iterable[tuple[int, float]] = enumerate(batch.t) if arrays is None else arrays.rising(clock)
+        rising: Iterable[tuple[int, float]] = enumerate(rows.t) if arrays is None else arrays.rising(clock)
         for row, t in rising:  # where `_advance` would maintain: a chunk ends after that row
             if t > clock:
                 clock = t
@@ -261,114 +273,18 @@ class EngineCore(IntervalAccounting):
         for gpu, row in latest_rows.values():
             gpu.latest = batch.sample(row)
 
-    def _observe_chunk(
-        self, batch: SampleBatch, row_uuids: list[str], start: int, end: int, latest_rows: dict[str, tuple[Gpu, int]]
-    ) -> None:
-        """Rows start..end-1 of `batch`, during which no maintenance falls due (see `observe_samples`)."""
-        ts, device, parents, energies = batch.t, batch.device, batch.parent_uuids, batch.energy
-        records, children = self.gpu_records, self.mig_children
-        groups: dict[str, list[int]] = {}  # device -> its rows, devices in order of first appearance
-        for row in range(start, end):
-            rows = groups.get(row_uuids[row])
-            if rows is None:
-                groups[row_uuids[row]] = [row]
-            else:
-                rows.append(row)
-        # a MIG instance registered now applies its parent's whole history, so the parent's rows go in
-        # one by one (registered before them: they apply to it; after: they are in the history)
-        registering: set[int] = set()
-        slow: set[str] = set()
-        for row in range(start, end):
-            parent = parents[device[row]]
-            if parent is not None and energies[row] != energies[row] and row_uuids[row] not in children.get(parent, ()):
-                registering.add(row)
-                slow.add(parent)
-        positions: dict[int, int] = {}
-        work: list[int] = []  # rows that need more than their append, in row order once sorted
-        nodes, units = batch.nodes, batch.device_units
-        sms, memories, pod_sms = batch.sm, batch.memory, batch.pod_sm
-        merged = batch.merged if batch.merged is not None else _Zeros()
-        for uuid, rows in groups.items():
-            gpu = records.get(uuid)
-            if gpu is None:
-                gpu = records[uuid] = Gpu(uuid, nodes[device[rows[0]]])
-            gpu.node = nodes[device[rows[-1]]]  # as each row sets it; nothing reads it in between
-            times = gpu.times
-            previous = times[-1] if times else -INFINITY
-            appending = uuid not in slow
-            if appending:
-                for row in rows:
-                    t = ts[row]
-                    if t <= previous:
-                        appending = False
-                        break
-                    previous = t
-            if not appending:
-                slow.add(uuid)
-                work.extend(rows)
-                continue
-            base = len(times)
-            times.extend([ts[row] for row in rows])
-            gpu.sm.extend([sms[row] for row in rows])
-            gpu.memory.extend([memories[row] for row in rows])
-            gpu.energy.extend([energies[row] for row in rows])
-            gpu.pod_sm.extend([pod_sms[row] for row in rows])
-            gpu.device_units.extend([units[device[row]] for row in rows])
-            gpu.merged.extend([merged[row] for row in rows])
-            latest_rows[uuid] = (gpu, rows[-1])
-            if gpu.stretches or uuid in children:
-                for offset, row in enumerate(rows):
-                    positions[row] = base + offset
-                work.extend(rows)
-            else:
-                for row in rows:
-                    if row in registering:
-                        positions[row] = -1
-                        work.append(row)
-        if not work:
+    def _observe_row(self, rows: _Rows, row: int, latest_rows: dict[str, tuple[Gpu, int]]) -> None:
+        """Row `row` of a batch as `observe_sample` takes a sample (its `latest` noted in `latest_rows`)."""
+        entry = rows.device[row]
+        gpu = self._gpu(rows.uuids[entry], rows.nodes[entry])
+        if self._dropped(gpu, rows.t[row]):
             return
-        work.sort()
-        clocks = list(accumulate(ts[start:end], max, initial=self.clock)) if slow else []
-        for row in work:
-            uuid = row_uuids[row]
-            gpu = records[uuid]
-            t = ts[row]
-            if uuid in slow:
-                self.clock = clocks[row - start]  # the clock as the rows before this one left it
-                entry = device[row]
-                values = (t, sms[row], memories[row], energies[row], pod_sms[row], units[entry], merged[row])
-                times = gpu.times
-                if times and t <= times[-1]:
-                    if t < self.boundary:
-                        self.late_samples_dropped += 1
-                        continue
-                    if self._insert_late_point(gpu, values):
-                        latest_rows[uuid] = (gpu, row)
-                else:
-                    gpu.append(values)
-                    latest_rows[uuid] = (gpu, row)
-                    if gpu.stretches:
-                        index = len(times) - 1
-                        self._apply_appended(gpu, index, gpu.stretches, gpu.point(index))
-                    if uuid in children:
-                        self._apply_parent_energy(
-                            gpu, times[-2] if len(times) > 1 else t, t, self._child_stretches(uuid), 1.0
-                        )
-                parent = parents[entry]
-                if parent is not None and energies[row] != energies[row]:  # NaN: no energy counter of its own
-                    self._register_mig_child(parent, uuid)
-                continue
-            index = positions[row]
-            if index >= 0:
-                if gpu.stretches:
-                    self._apply_appended(gpu, index, gpu.stretches, gpu.point(index))
-                if uuid in children:
-                    low = gpu.times[index - 1] if index > 0 else t
-                    self._apply_parent_energy(gpu, low, t, self._child_stretches(uuid), 1.0)
-            if row in registering:
-                parent = parents[device[row]]
-                assert parent is not None
-                self._register_mig_child(parent, uuid)
+        if self._place(gpu, rows.values(row)):
+            latest_rows[gpu.uuid] = (gpu, row)
+        parent = rows.parent_uuids[entry]
+        if parent is not None and rows.energy[row] != rows.energy[row]:  # NaN: no energy counter of its own
+            self._register_mig_child(parent, gpu.uuid)
+        self._advance(rows.t[row])
 
     def observe_pod(self, event: PodEvent) -> None:
         self.inputs += 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import bisect
 
-from gpuwm.accounting.state import INFINITY, NOTHING, EngineConfig, Gpu, SampleValues, Stretch, Workload
+from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Stretch, Workload
 
 
 class IntervalAccounting:
@@ -236,83 +236,6 @@ class IntervalAccounting:
                     counted = True
                 self._account(stretch, units, sub_start, sub_end, utilization, memory, sign)
         if counted and sign > 0 and low == -INFINITY and high == INFINITY:  # a new point, not a re-accounting
-            self.unattributed_samples += 1
-
-    def _apply_appended(self, gpu: Gpu, index: int, stretches: list[Stretch], values: SampleValues) -> None:
-        """`_apply_interval(gpu, index, -inf, inf, stretches, 1.0)`, the same arithmetic to the bit, for a new point.
-
-        What `observe_sample` and `observe_samples` run per appended row: the whole interval, nothing
-        taken back (x * 1.0 is x, and a cut at -inf/inf is the interval itself), the per-stretch work
-        inlined. `values` is point `index` itself (`Gpu.point`), so the point is read from locals, not
-        from the history's columns; `_monitored` and the check for `cuts` are inlined for it. An
-        interval in which g's holders change goes through `_apply_interval` (it is cut there).
-        """
-        end, sm, memory, joules, pod_sm, device_units, merged = values
-        energy = NOTHING
-        holders = len(gpu.stretches)
-        if index == 0:
-            start = -INFINITY
-            monitored = False
-        else:
-            start = gpu.times[index - 1]
-            monitored = sm == sm and end - merged - start <= self.gap_seconds  # `_monitored`
-            # `cuts` finds none where g has fewer than two stretches
-            if monitored and holders > 1 and self.cuts(gpu, start, end):
-                self._apply_interval(gpu, index, -INFINITY, INFINITY, stretches, 1.0)
-                return
-            previous_joules = gpu.energy[index - 1]
-            if joules == joules and previous_joules == previous_joules:
-                used = joules - previous_joules
-                energy = (used if used > 0.0 else 0.0) / (end - start)  # max(0.0, used), without the call
-        threshold = self.threshold_percent
-        cached_key: tuple[Workload, float, float] | None = None
-        utilization = 0.0
-        unattributed = counted = False
-        # the common case, a GPU with one stretch and no per-process data: `attribution`'s first branch
-        # (its sole holder takes the device's SM % over its share), computed here as it computes it
-        sole = None
-        if monitored and holders == 1 and pod_sm is None:
-            sole = gpu.stretches[0]
-            utilization = sm / (sole.units / device_units)
-            if not utilization < 100.0:  # min(100.0, utilization), without the call
-                utilization = 100.0
-        for stretch in stretches:
-            stretch_start, stretch_end = stretch.start, stretch.end
-            piece_start = start if start > stretch_start else stretch_start
-            piece_end = end if end < stretch_end else stretch_end
-            if piece_end <= piece_start:
-                continue
-            workload = stretch.workload
-            units = stretch.units
-            unit_seconds = units * (piece_end - piece_start)
-            if energy == energy:
-                workload.energy_joules += energy * unit_seconds
-            if not monitored:
-                workload.unmonitored_gpu_seconds += unit_seconds
-                continue
-            if stretch is not sole:  # (a sole holder's figure is never unattributed)
-                key = (workload, piece_start, piece_end)
-                if key != cached_key:
-                    cached_key = key
-                    utilization, unattributed = self.attribution(gpu, index, workload, piece_start, piece_end)
-                if unattributed:
-                    workload.unattributed_gpu_seconds += unit_seconds
-                    counted = True
-            if utilization >= threshold:
-                workload.active_gpu_seconds += unit_seconds
-                if piece_end > stretch.last_active:
-                    stretch.last_active = piece_end
-            else:
-                workload.idle_gpu_seconds += unit_seconds
-            workload.life_units += unit_seconds
-            workload.life_util += unit_seconds * utilization
-            if memory != memory:
-                workload.windows.add(piece_start, piece_end, units, units * utilization, 0.0, 0.0)
-            else:
-                workload.life_mem_units += unit_seconds
-                workload.life_mem += unit_seconds * memory
-                workload.windows.add(piece_start, piece_end, units, units * utilization, units, units * memory)
-        if counted:
             self.unattributed_samples += 1
 
     def _settle_last_active(self, gpu: Gpu, stretches: list[Stretch], low: float, high: float = INFINITY) -> None:
