@@ -175,7 +175,8 @@ class EngineCore(IntervalAccounting):
             gpu.latest = sample
         if sample.parent_uuid is not None and sample.energy_joules is None:  # no energy counter of its own
             self._register_mig_child(sample.parent_uuid, gpu.uuid)
-        self._advance(values[0])
+        if values[0] > self.clock:
+            self._advance(values[0])
 
     def _gpu(self, uuid: str, node: str) -> Gpu:
         """The record of device `uuid`, on `node` as its latest input says."""
@@ -284,7 +285,8 @@ class EngineCore(IntervalAccounting):
         parent = rows.parent_uuids[entry]
         if parent is not None and rows.energy[row] != rows.energy[row]:  # NaN: no energy counter of its own
             self._register_mig_child(parent, gpu.uuid)
-        self._advance(rows.t[row])
+        if rows.t[row] > self.clock:
+            self._advance(rows.t[row])
 
     def observe_pod(self, event: PodEvent) -> None:
         self.inputs += 1

@@ -11,6 +11,7 @@ applied (sign 1) or taken back (sign -1) when late input changes an interval.
 from __future__ import annotations
 
 import bisect
+from itertools import pairwise
 
 from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Stretch, Workload
 
@@ -227,9 +228,8 @@ class IntervalAccounting:
             if not monitored:
                 workload.unmonitored_gpu_seconds += unit_seconds
                 continue
-            bounds = [piece_start, *(cut for cut in cuts if piece_start < cut < piece_end), piece_end]
-            for position in range(len(bounds) - 1):
-                sub_start, sub_end = bounds[position], bounds[position + 1]
+            inner = [cut for cut in cuts if piece_start < cut < piece_end] if cuts else []
+            for sub_start, sub_end in pairwise([piece_start, *inner, piece_end]):
                 utilization, unattributed = self.attribution(gpu, index, workload, sub_start, sub_end)
                 if unattributed:
                     workload.unattributed_gpu_seconds += units * (sub_end - sub_start)

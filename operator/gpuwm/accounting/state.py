@@ -205,7 +205,8 @@ class UniformColumn(Generic[T]):
         items = self._items
         if items is not None:
             return items[index]
-        self._check(index)
+        if not -self._size <= index < self._size:  # as `_check` (read for every sample: one call less)
+            raise IndexError("history column index out of range")
         return self._value
 
     def __setitem__(self, index: int, value: T) -> None:
