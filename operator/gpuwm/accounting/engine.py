@@ -29,6 +29,7 @@ from gpuwm.model import (
     ProjectFigures,
     Windows,
     WorkloadFigures,
+    complete,
     gpu_quota,
 )
 
@@ -49,6 +50,13 @@ def _device_fields(latest: GpuSample) -> dict[str, Any]:
         "memory_used_bytes": latest.memory_used_bytes, "memory_total_bytes": latest.memory_total_bytes,
         "power_watts": latest.power_watts, "healthy": latest.healthy, "error": latest.error,
     }
+
+
+#: GpuFigures' device fields where the device has sent no sample yet
+_NO_DEVICE_FIELDS: dict[str, Any] = {
+    "index": None, "model": None, "mig_profile": None, "parent_uuid": None, "device_units": 1.0, "sm_percent": None,
+    "memory_used_bytes": None, "memory_total_bytes": None, "power_watts": None, "healthy": True, "error": None,
+}
 
 
 class Weighted(NamedTuple):
@@ -248,10 +256,10 @@ class Engine(EngineCore):
         workload = stretch.workload
         pod = workload.pods.get(stretch.pod_uid)
         latest = gpu.latest
-        device = {} if latest is None else _device_fields(latest)
+        device = _NO_DEVICE_FIELDS if latest is None else _device_fields(latest)
         node = stretch.node or (gpu.node or "" if latest is None else latest.node)
-        return GpuFigures(
-            node=node, uuid=gpu.uuid, **device, namespace=workload.namespace, workload=workload.name,
+        return complete(  # kept for every held device: see `complete`
+            GpuFigures, node=node, uuid=gpu.uuid, **device, namespace=workload.namespace, workload=workload.name,
             workload_uid=workload.uid, pod=pod.name if pod else stretch.pod_uid, pod_uid=stretch.pod_uid,
             container=stretch.container, units=stretch.units, utilization_percent=utilization,
             last_sample_time=gpu.last_time, monitored=monitored,

@@ -107,6 +107,8 @@ def render_table(report: dict[str, Any]) -> str:
     lines = []
     for row in [*report.get("rows", []), {**report.get("total", {}), keys[0]: "total"}]:
         cells = [str(row.get(key) or "") for key in keys]
+        if row.get("exact") is False:  # a figure apportioned by time: marked, and the total said below
+            cells[0] = f"~{cells[0]}"
         for field, _title in _TABLE_COLUMNS:
             value = row.get(field)
             if value is None:
@@ -121,7 +123,10 @@ def render_table(report: dict[str, Any]) -> str:
     widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
     text = ["  ".join(cell.ljust(widths[i]) if i < len(keys) else cell.rjust(widths[i])
                       for i, cell in enumerate(line)) for line in [header, *lines]]
-    return "\n".join(text) + f"\n({report.get('stepSeconds')} s per stored point; wasted = idle GPU-hours)\n"
+    note = "" if report.get("exact", True) else (
+        f"; ~: {report.get('total', {}).get('apportionedGpuHours', 0.0):.2f} GPU-h apportioned by time")
+    return "\n".join(text) + (f"\n(status intervals of {report.get('stepSeconds')} s; wasted = idle GPU-hours"
+                              f"{note})\n")
 
 
 def run(arguments: argparse.Namespace) -> int:

@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from gpuwm.accounting import SampleBatch
 from gpuwm.feed.schema import NUMBER_COLUMNS
-from gpuwm.model import GpuSample
+from gpuwm.model import GpuSample, ProcessSample, complete
 
 Floats = npt.NDArray[numpy.float64]
 Ints = npt.NDArray[numpy.int64]
@@ -157,15 +157,17 @@ class SampleColumns:
             device = devices[gpu]
             seq, sm, used, activity, power, energy, temperature, sm_clock, memory_clock, rx, tx, merged = numbers
             listed = None if processes is None else self._processes_of(row)
-            built.append(GpuSample(
-                t=t, node=device.node, uuid=device.uuid, seq=None if seq is None else int(seq), index=device.index,
+            # checked already, column by column, and kept between cycles: built without validating again
+            built.append(complete(
+                GpuSample, t=t, node=device.node, uuid=device.uuid, seq=None if seq is None else int(seq), index=device.index,
                 model=device.model, parent_uuid=device.parent_uuid, mig_profile=device.mig_profile,
                 device_units=device.device_units, healthy=ok, error=errors.get(row), sm_percent=sm,
                 memory_used_bytes=used, memory_total_bytes=device.memory_total_bytes,
                 memory_activity_percent=activity, power_watts=power, power_limit_watts=device.power_limit_watts,
                 energy_joules=energy, temperature_celsius=temperature, sm_clock_mhz=sm_clock,
                 memory_clock_mhz=memory_clock, pcie_rx_bytes_per_second=rx, pcie_tx_bytes_per_second=tx,
-                processes=listed, merged_seconds=merged,
+                processes=None if listed is None else [ProcessSample.model_validate(item) for item in listed],
+                merged_seconds=merged,
             ))
         return built
 

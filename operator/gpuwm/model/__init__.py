@@ -32,6 +32,7 @@ from gpuwm.model.figures import (
     ProjectFigures,
     Windows,
     WorkloadFigures,
+    complete,
     trusted,
 )
 from gpuwm.model.jsonfast import model_json
@@ -90,6 +91,6 @@ __all__ = [
     "ProjectMetricsSpec", "ProjectMetricsStatus", "Rollup", "SampleEvent", "SecretKeyRef", "Source",
     "TraceEvent", "TraceLineError", "TraceWorkload", "UtilizationWindow", "UtilizationWindows", "Windows",
     "WorkloadEvent", "WorkloadFigures", "WorkloadMetricsSpec", "WorkloadMetricsStatus", "WorkloadPhase",
-    "WorkloadRef", "WorkloadSelector", "gpu_quota", "intern_strings", "model_json", "parse_trace_line",
+    "WorkloadRef", "WorkloadSelector", "complete", "gpu_quota", "intern_strings", "model_json", "parse_trace_line",
     "share_fields_set", "trusted",
 ]

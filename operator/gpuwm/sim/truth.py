@@ -199,7 +199,7 @@ class GroundTruth:
     ) -> float:
         """The holder's utilisation by DESIGN §3's attribution rule (activity is never lost to attribution).
 
-        Written apart from the engine's (`EngineCore.attribution`) so that the two check each other:
+        Written apart from the engine's (`IntervalAccounting.attribution`) so that the two check each other:
         a sole holding workload takes the device's SM % over its share; on a shared device the
         processes split it, unless there are none to read or they cannot explain a busy device.
         """
