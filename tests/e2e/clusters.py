@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,7 +97,8 @@ def _pip_settings() -> list[str]:
         return options
     folder = Path(tempfile.mkdtemp(prefix="gpuwm-e2e-pip-"))
     lines = ["[global]", "cert = /etc/ssl/certs/host-ca.crt"]
-    index = subprocess.run(["pip", "config", "get", "global.index-url"], capture_output=True, text=True)
+    index = subprocess.run([sys.executable, "-m", "pip", "config", "get", "global.index-url"], capture_output=True,
+                           text=True)
     if index.returncode == 0 and index.stdout.strip().startswith("http"):
         lines.append(f"index-url = {index.stdout.strip()}")
     (folder / "pip.conf").write_text("\n".join(lines) + "\n")

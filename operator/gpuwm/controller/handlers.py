@@ -553,7 +553,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if runtime is not None:
         await runtime.finish_saving()  # a save the cancelled cycle left renaming, before the last one
         runtime.save(time.time())
-        await runtime.keep_state_now()  # for the standby taking over
+        if runtime.kept is not None and runtime.leading:  # for the standby taking over
+            await runtime.kept.keep_now(runtime.state_path)
         if runtime.leading:
             await _label_leader(runtime, leading=False)
     runtime = runtime or memo.get("starting")  # a standby's: its client, API and store

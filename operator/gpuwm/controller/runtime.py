@@ -137,7 +137,6 @@ class ControllerRuntime:
         self.leading = True
         #: the Secret holding a copy of the state for a replica in another pod (`--state-secret`); None: none
         self.kept: KeptState | None = None
-        self._keeping: asyncio.Task[bool] | None = None
         self.store: Any = None
         self.sharing = SharingSource(client, default_shared_replicas=settings.time_sliced_replicas,
                                      device_plugin_config=settings.device_plugin_config, clock=clock)
@@ -571,27 +570,11 @@ class ControllerRuntime:
             self._committing = asyncio.ensure_future(asyncio.to_thread(commit_state, staged, self.state_path))
             await asyncio.shield(self._committing)
             self._last_save = now
-            self.keep_state()
+            if self.kept is not None and self.leading:  # for a replica in another pod
+                self.kept.keep_in_background(self.state_path)
         except OSError as error:
             logger.warning("cannot save engine state to %s: %s", self.state_path, error)
         self._committing = None  # done (a cancelled cycle does not get here)
-
-    def keep_state(self) -> None:
-        """Copy the state file just saved to the API server (`KeptState`) in the background; one copy at a time."""
-        if self.kept is None or not self.leading or (self._keeping is not None and not self._keeping.done()):
-            return
-        self._keeping = asyncio.create_task(self.kept.upload(self.state_path), name="gpuwm kept state")
-
-    async def keep_state_now(self, timeout_seconds: float = 10.0) -> None:
-        """At shutdown: the last save's copy, once an earlier copy still on its way is done."""
-        if self.kept is None or not self.leading:
-            return
-        try:
-            if self._keeping is not None:
-                await asyncio.wait_for(self._keeping, timeout_seconds)
-            await asyncio.wait_for(self.kept.upload(self.state_path), timeout_seconds)
-        except (TimeoutError, asyncio.CancelledError):
-            logger.warning("the engine state's copy in Secret %s was not written before the stop", self.kept.name)
 
     async def finish_saving(self) -> None:
         """Wait for a background save's rename still running in its thread (a cycle cancelled at shutdown).

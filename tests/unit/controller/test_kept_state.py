@@ -87,3 +87,15 @@ async def test_the_copy_is_made_then_patched_and_restored_only_when_newer(tmp_pa
     standby.write_bytes(b"older")
     os.utime(standby, (now[0] - 100, now[0] - 100))
     assert await kept.download_newer(standby) and standby.read_bytes() == state.read_bytes()
+
+
+async def test_a_copy_on_its_way_is_not_doubled_and_the_stop_waits_for_it(tmp_path: Path) -> None:
+    secrets = FakeSecrets()
+    secrets.secret = {"metadata": {"annotations": {}}, "data": {}}
+    kept = KeptState(secrets, "gpuwm", "gpuwm-controller-state")  # type: ignore[arg-type]
+    state = tmp_path / "gpuwm.db.engine.json"
+    state.write_bytes(b'{"version": 1}')
+    kept.keep_in_background(state)
+    kept.keep_in_background(state)  # the first is still on its way: no second
+    await kept.keep_now(state)  # waits for it, then the last save's copy
+    assert kept.uploads == 2 and secrets.calls == ["patch", "patch"]

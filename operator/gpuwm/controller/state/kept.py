@@ -82,9 +82,25 @@ class KeptState:
         self.clock = clock
         self.path = f"/api/v1/namespaces/{namespace}/secrets/{name}"
         self._too_large_said = False
+        self._uploading: asyncio.Task[bool] | None = None
         self.uploads = 0
         #: the latest copy's compressed size (bytes)
         self.kept_bytes = 0
+
+    def keep_in_background(self, state_file: Path) -> None:
+        """`upload` in a task of its own, one at a time: while a copy is on its way, a newer save waits for the next."""
+        if self._uploading is None or self._uploading.done():
+            self._uploading = asyncio.create_task(self.upload(state_file), name="gpuwm kept state")
+
+    async def keep_now(self, state_file: Path, timeout_seconds: float = 10.0) -> None:
+        """At a stop: the last save's copy, once a copy still on its way is done."""
+        try:
+            if self._uploading is not None:
+                await asyncio.wait_for(self._uploading, timeout_seconds)
+            await asyncio.wait_for(self.upload(state_file), timeout_seconds)
+        except TimeoutError:
+            logger.warning("the engine state's copy in Secret %s/%s was not written before the stop",
+                           self.namespace, self.name)
 
     async def upload(self, state_file: Path) -> bool:
         """Keep `state_file` in the Secret; False when it is too large or the write failed (logged)."""
