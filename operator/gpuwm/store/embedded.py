@@ -258,8 +258,10 @@ class EmbeddedStore(Store):
 
     def record_prices(self, at: float, prices: Mapping[str, GpuHourPrice]) -> None:
         """Each run's price per GPU-hour as of `at`, where it changed (store/prices.py)."""
-        with self._transaction():
-            self._prices.record(at, prices)
+        changed = self._prices.changes(prices)
+        if changed:  # most intervals: no transaction at all
+            with self._transaction():
+                self._prices.write(at, changed)
 
     def compact_slice(self, at: float) -> None:
         """The compaction slice of the interval recorded at `at` with `record(..., compact=False)`, in a

@@ -43,15 +43,17 @@ class PriceWriter:
             self._last = {uid: GpuHourPrice(price, currency) for uid, price, currency, _ in rows}
         return self._last
 
-    def record(self, at: float, prices: Mapping[str, GpuHourPrice]) -> None:
+    def changes(self, prices: Mapping[str, GpuHourPrice]) -> dict[str, GpuHourPrice]:
+        """The prices that differ from the last this file holds for their runs (most intervals: none)."""
         known = self._known()
-        changed = [(uid, price) for uid, price in prices.items() if known.get(uid) != price]
-        if not changed:
-            return
+        return {uid: price for uid, price in prices.items() if known.get(uid) != price}
+
+    def write(self, at: float, changed: Mapping[str, GpuHourPrice]) -> None:
+        """Write the `changed` prices as of `at` (inside the caller's transaction)."""
         self._connection.executemany(
             "INSERT OR REPLACE INTO workload_prices (uid, t, price_per_gpu_hour, currency) VALUES (?, ?, ?, ?)",
-            [(uid, at, price.price_per_gpu_hour, price.currency) for uid, price in changed])
-        known.update(changed)
+            [(uid, at, price.price_per_gpu_hour, price.currency) for uid, price in changed.items()])
+        self._known().update(changed)
 
     def forget(self, uids: Sequence[str]) -> None:
         """Drop the prices of runs the store no longer keeps a point of."""

@@ -58,7 +58,7 @@ def test_a_rolled_back_price_is_written_again(tmp_path: Path) -> None:
     try:
         store.record_prices(100.0, {"uid-a": H100})
         with pytest.raises(RuntimeError), store._transaction():
-            store._prices.record(115.0, {"uid-a": SPOT})
+            store._prices.write(115.0, {"uid-a": SPOT})
             raise RuntimeError("the interval's write failed after the price")
         store.record_prices(130.0, {"uid-a": SPOT})
         assert _rows(store) == [("uid-a", 100.0, 4.0), ("uid-a", 130.0, 1.2)]
