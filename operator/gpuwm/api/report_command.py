@@ -30,6 +30,8 @@ _TABLE_COLUMNS = (
     ("meanUtilizationPercent", "mean util %"),
     ("peakAllocatedGpus", "peak GPUs"),
 )
+#: with pricing: what each row cost, and the part of it that paid for GPUs held and not used
+_COST_COLUMNS = (("cost", "cost"), ("idleCost", "idle cost"))
 
 
 def _duration(text: str) -> float:
@@ -103,13 +105,14 @@ def render_table(report: dict[str, Any]) -> str:
     """Rows and the total as aligned text: energy in kWh, hours with two decimals."""
     key_names = {"project": ("project",), "namespace": ("namespace",), "workload": ("namespace", "workload", "kind")}
     keys = key_names.get(str(report.get("by")), ("project",))
-    header = [*keys, *(title for _field, title in _TABLE_COLUMNS)]
+    columns = _TABLE_COLUMNS + (_COST_COLUMNS if report.get("currency") else ())
+    header = [*keys, *(title for _field, title in columns)]
     lines = []
     for row in [*report.get("rows", []), {**report.get("total", {}), keys[0]: "total"}]:
         cells = [str(row.get(key) or "") for key in keys]
         if row.get("exact") is False:  # a figure apportioned by time: marked, and the total said below
             cells[0] = f"~{cells[0]}"
-        for field, _title in _TABLE_COLUMNS:
+        for field, _title in columns:
             value = row.get(field)
             if value is None:
                 cells.append("–")
@@ -123,10 +126,20 @@ def render_table(report: dict[str, Any]) -> str:
     widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
     text = ["  ".join(cell.ljust(widths[i]) if i < len(keys) else cell.rjust(widths[i])
                       for i, cell in enumerate(line)) for line in [header, *lines]]
-    note = "" if report.get("exact", True) else (
-        f"; ~: {report.get('total', {}).get('apportionedGpuHours', 0.0):.2f} GPU-h apportioned by time")
-    return "\n".join(text) + (f"\n(status intervals of {report.get('stepSeconds')} s; wasted = idle GPU-hours"
-                              f"{note})\n")
+    return "\n".join(text) + f"\n({_notes(report)})\n"
+
+
+def _notes(report: dict[str, Any]) -> str:
+    """What the table's figures mean: the resolution, wasted, what was apportioned, the cost's currency."""
+    total = report.get("total", {})
+    notes = [f"status intervals of {report.get('stepSeconds')} s", "wasted = idle GPU-hours"]
+    if not report.get("exact", True):
+        notes.append(f"~: {total.get('apportionedGpuHours', 0.0):.2f} GPU-h apportioned by time")
+    if report.get("currency"):
+        notes.append(f"cost in {report['currency']}, idle cost a part of it")
+        if total.get("unpricedGpuHours"):
+            notes.append(f"{total['unpricedGpuHours']:.2f} GPU-h unpriced (no price for their GPUs)")
+    return "; ".join(notes)
 
 
 def run(arguments: argparse.Namespace) -> int:

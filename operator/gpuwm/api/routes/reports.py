@@ -10,6 +10,7 @@ from fastapi.responses import Response
 from gpuwm.api.http import ERRORS, TimeParam, check_parameters
 from gpuwm.api.params import BadParameter, parse_time
 from gpuwm.api.report import DEFAULT_PERIOD_SECONDS, Report, ReportBy, ReportFormat, build_report, report_csv
+from gpuwm.api.report_cost import PeriodPricing
 from gpuwm.api.routes.context import CallerOf, Context
 
 router = APIRouter()
@@ -31,7 +32,8 @@ async def period_report(
     """Allocated, active, idle, unmonitored and wasted GPU-hours, energy, mean utilisation and peak
     allocation per row over start..end (default: the day up to the store's latest time, which it holds), from
     the engine's stored counters; the workloads of namespaces you may read. Periods add up; a row says where
-    a figure was apportioned by time (`exact`, `apportionedGpuHours`)."""
+    a figure was apportioned by time (`exact`, `apportionedGpuHours`). With pricing set: what each row cost
+    (its runs' GPU-hours at their prices, plus energy), idle cost apart."""
     check_parameters(request, {"start", "end", "by", "format"}, multi=())
     chosen_by: ReportBy = by or "project"
     latest = await context.blocking(context.store.latest_time)
@@ -45,9 +47,14 @@ async def period_report(
     present = {workload.namespace for workload in periods}
     readable = await caller.readable_namespaces(user, present)
     step = store.finest_step_seconds or settings.status_interval
+    visible = [workload for workload in periods if workload.namespace in readable]
+    pricing = None
+    if settings.pricing.enabled:
+        recorded = await context.blocking(store.gpu_hour_prices, [workload.uid for workload in visible], start_s, end_s)
+        pricing = PeriodPricing.of(settings.pricing, recorded)
     report: Report = await context.blocking(
-        build_report, store, [workload for workload in periods if workload.namespace in readable], start_s, end_s,
-        chosen_by, step, settings.idle_threshold_percent, None if readable == present else frozenset(readable),
+        build_report, store, visible, start_s, end_s, chosen_by, step, settings.idle_threshold_percent,
+        None if readable == present else frozenset(readable), pricing,
     )
     if format == "csv":
         return Response(
