@@ -30,7 +30,7 @@ from gpuwm.api.report_cost import PeriodPricing, cost_columns
 from gpuwm.store import PeriodSums, Store, WorkloadGroup, WorkloadPeriod
 
 ReportBy = Literal["project", "namespace", "workload"]
-ReportFormat = Literal["json", "csv"]
+ReportFormat = Literal["json", "csv", "focus"]
 DEFAULT_PERIOD_SECONDS = 86400.0
 CSV_COLUMNS = (
     "project", "namespace", "workload", "workloadUid", "kind", "workloads", "allocatedGpuHours", "activeGpuHours",

@@ -1,4 +1,5 @@
-"""`gpuwm report --server URL`: a period report from a running gpuwm API, in the terminal or as CSV/JSON.
+"""`gpuwm report --server URL`: a period report from a running gpuwm API, in the terminal or as CSV, JSON or
+FinOps FOCUS.
 
 A client of `GET /api/v1/report` (gpuwm.api.report): no store or cluster access of its own, so it runs
 wherever the API can be reached (a port-forward, an Ingress).
@@ -19,7 +20,7 @@ from typing import Any
 
 from gpuwm.config import ConfigError, parse_duration_seconds
 
-FORMATS = ("table", "csv", "json")
+FORMATS = ("table", "csv", "json", "focus")
 _TABLE_COLUMNS = (
     ("allocatedGpuHours", "alloc GPU-h"),
     ("activeGpuHours", "active GPU-h"),
@@ -45,11 +46,12 @@ def _duration(text: str) -> float:
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "report",
-        help="print a period report (GPU-hours, idle, energy per project, namespace or workload) from a gpuwm API",
+        help="print a period report (GPU-hours, idle, energy, cost per project, namespace or workload) from a gpuwm API",
         description="Ask a running gpuwm API (the controller's, `gpuwm api` or `gpuwm demo`) for GET /api/v1/report: "
         "allocated, active, idle, unmonitored and wasted GPU-hours, energy, mean utilisation and peak allocation "
-        "per row over START..END, from the stored series. Prints a table, or the API's CSV or JSON for "
-        "chargeback spreadsheets. Reach an in-cluster API with `kubectl port-forward` (docs/install.md).",
+        "per row over START..END, from the stored series, and with `pricing` set what each row cost. Prints a "
+        "table, or the API's CSV or JSON for chargeback spreadsheets, or a FinOps FOCUS file (a charge per run, "
+        "whatever --by) for finance tools. Reach an in-cluster API with `kubectl port-forward` (docs/install.md).",
     )
     parser.add_argument("--server", default=os.environ.get("GPUWM_SERVER"),
                         help="the API's base URL, e.g. https://127.0.0.1:8080 (default $GPUWM_SERVER; required)")
@@ -61,7 +63,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--end", default=None, help="period end, same forms (default the store's latest time)")
     parser.add_argument("--by", choices=("project", "namespace", "workload"), default="project",
                         help="one row per project, namespace or workload (default project)")
-    parser.add_argument("--format", choices=FORMATS, default="table", help="output (default table)")
+    parser.add_argument("--format", choices=FORMATS, default="table",
+                        help="output (default table); focus: FinOps FOCUS CSV, a charge per run (needs pricing)")
     parser.add_argument("--ca-file", default=None,
                         help="PEM CA bundle that signed the API's certificate (default the system's CAs)")
     parser.add_argument("--insecure-skip-tls-verify", action="store_true", default=False,
@@ -151,7 +154,7 @@ def run(arguments: argparse.Namespace) -> int:
         if arguments.insecure_skip_tls_verify:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
-    wire = "csv" if arguments.format == "csv" else "json"
+    wire = arguments.format if arguments.format in ("csv", "focus") else "json"
     url = report_url(arguments.server, arguments.start, arguments.end, arguments.by, wire)
     body = fetch(url, arguments.token, context, arguments.timeout)
     if arguments.format == "table":
