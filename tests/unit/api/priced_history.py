@@ -85,10 +85,10 @@ def record_priced_trace(store: EmbeddedStore, pricing: dict[str, object], offset
 
 
 def priced_history(path: Path, recorded: dict[str, object] | None = None, served: dict[str, object] | None = None,
-                   ) -> Iterator[PricedHistory]:
-    """The trace recorded into a store at `path`, its workloads priced with `recorded`, and an API over it whose
-    `pricing` is `served` (default: the trace's)."""
-    store = EmbeddedStore(path)
+                   tiers: tuple[str, ...] = ("15s:2d", "5m:30d")) -> Iterator[PricedHistory]:
+    """The trace recorded into a store at `path` (with roll-up `tiers`), its workloads priced with `recorded`, and
+    an API over it whose `pricing` is `served` (default: the trace's)."""
+    store = EmbeddedStore(path, tiers=tiers)
     latest = record_priced_trace(store, PRICES if recorded is None else recorded)
     client = TestClient(create_app(store, Settings(auth="none", status_interval=STEP,
                                                      pricing=PRICES if served is None else served)))

@@ -119,6 +119,19 @@ def test_prices_in_another_currency_or_no_pricing_cost_nothing(tmp_path: Path) -
         assert report["total"]["allocatedGpuHours"] > 0
 
 
+def test_a_period_edge_only_a_coarse_tier_holds_says_its_cost_is_not_exact(tmp_path: Path) -> None:
+    # 15 s points kept 4 minutes, then 1 min roll-ups: an edge at 330 s cuts the 1 min bucket [300, 360)
+    for history in priced_history(tmp_path / "gpuwm.db", tiers=("15s:4m", "1m:30m")):
+        rows = _rows(_report(history, 330, history.latest + 1))
+        for name, units in UNITS.items():  # the intervals recorded from 330 on: what accrued after 315
+            row = rows[name]
+            assert row["exact"] is False and row["apportionedGpuHours"] > 0, name
+            assert row["apportionedCost"] == pytest.approx(row["apportionedGpuHours"] * PRICE[name], abs=MONEY), name
+            assert row["cost"] == pytest.approx(row["allocatedGpuHours"] * PRICE[name] + row["energyCost"],
+                                                abs=MONEY), name
+            assert row["allocatedGpuHours"] == pytest.approx(units * (END - 315) / 3600, rel=0.05), name
+
+
 def test_apportioned_gpu_hours_are_priced_apart() -> None:
     run = WorkloadPeriod(uid="u", namespace="ml", name="train", project="ml", kind="Job",
                          sums=PeriodSums(allocated_gpu_seconds=7200.0, idle_gpu_seconds=3600.0, energy_joules=3.6e6),
