@@ -12,6 +12,8 @@ from gpuwm.accounting.cost import (
     PriceBook,
     ProjectCost,
     WorkloadCost,
+    energy_cost,
+    gpu_seconds_cost,
     price_figures,
     project_costs,
 )
@@ -39,6 +41,7 @@ from gpuwm.accounting.state import EngineConfig, SampleBatch
 __all__ = [
     "CostMeter", "Engine", "EngineConfig", "LazyEntries", "Planned", "Policy", "PolicyError", "PolicyEvaluator",
     "PolicyOutlook", "PriceBook", "ProjectCost", "RawDoubles", "RawJson", "ReplayInputError", "Result", "SampleBatch",
-    "StateError", "Step", "Subject", "WorkloadCost", "applies", "doubles_from_saved", "exempt", "parse_time",
-    "price_figures", "project_costs", "queued_by_kueue", "read_policies", "read_pricing", "saved_entries", "selects",
+    "StateError", "Step", "Subject", "WorkloadCost", "applies", "doubles_from_saved", "energy_cost", "exempt",
+    "gpu_seconds_cost", "parse_time", "price_figures", "project_costs", "queued_by_kueue", "read_policies",
+    "read_pricing", "saved_entries", "selects",
 ]

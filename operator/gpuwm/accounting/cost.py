@@ -98,16 +98,26 @@ def _sum(values: Iterable[float | None]) -> float | None:
     return sum(known) if known else None
 
 
+def gpu_seconds_cost(gpu_seconds: float, rate: float) -> float:
+    """GPU-seconds (units x seconds) at `rate` per GPU-hour: a slice or replica pays its units' share."""
+    return gpu_seconds / SECONDS_PER_HOUR * rate
+
+
+def energy_cost(energy_joules: float, price_per_kwh: float) -> float:
+    return energy_joules / JOULES_PER_KWH * price_per_kwh
+
+
 def price_figures(figures: WorkloadFigures, rate: float | None, energy_price_per_kwh: float) -> WorkloadCost:
-    """A workload's figures priced at `rate` per GPU-hour (pure: replay and the controller alike)."""
-    energy_cost = figures.energy_joules / JOULES_PER_KWH * energy_price_per_kwh
+    """A workload's figures priced at `rate` per GPU-hour (pure: replay, the controller and, over a period's
+    figures, the period report alike)."""
+    energy = energy_cost(figures.energy_joules, energy_price_per_kwh)
     if rate is None:
         return WorkloadCost(price_per_gpu_hour=None, cost_per_hour=None, cost=None, idle_cost=None,
-                            energy_cost=energy_cost, idle_cost_per_hour=None)
-    gpu_cost = figures.allocated_gpu_seconds / SECONDS_PER_HOUR * rate
+                            energy_cost=energy, idle_cost_per_hour=None)
     return WorkloadCost(
-        price_per_gpu_hour=rate, cost_per_hour=figures.allocated_gpus * rate, cost=gpu_cost + energy_cost,
-        idle_cost=figures.idle_gpu_seconds / SECONDS_PER_HOUR * rate, energy_cost=energy_cost,
+        price_per_gpu_hour=rate, cost_per_hour=figures.allocated_gpus * rate,
+        cost=gpu_seconds_cost(figures.allocated_gpu_seconds, rate) + energy,
+        idle_cost=gpu_seconds_cost(figures.idle_gpu_seconds, rate), energy_cost=energy,
         idle_cost_per_hour=figures.idle_gpus * rate,
     )
 

@@ -30,6 +30,7 @@ FIELDS = (
     "runai_compatible_metrics",
     "cluster_id",
     "runai_user_label",
+    "pricing",
     "store_rollups",
     "retention",
     "log_level",

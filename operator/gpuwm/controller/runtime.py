@@ -597,6 +597,7 @@ class ControllerRuntime:
         # handed over in a list the thread empties: the executor's worker holds `record` a moment after the
         # loop resumes, and the interval's figures must be free before `_compact` runs (see `cycle`)
         handed = [samples, workloads, projects, cluster, pod_stats]
+        prices = self.policies.prices() if self.policies is not None else {}
 
         def record() -> None:
             interval = list(handed)
@@ -605,6 +606,8 @@ class ControllerRuntime:
                 store.record(now, *interval, compact=False)
             else:
                 store.record(now, *interval)
+            if prices:  # after the figures: a run's price names a run the store holds
+                store.record_prices(now, prices)
 
         self.store_cpu_seconds = 0.0
         try:

@@ -113,6 +113,7 @@ class SimulatedController:
         self.truth, self.truth_summary = truth, truth_line(truth, workloads)
         self.recording = False
         self.policies.observe(workloads, now)
+        self.store.record_prices(now, self.policies.prices)
         self.records += 1
         for figures in workloads:  # as the controller does: a finished workload is kept for `retention`
             if figures.end_time is not None and figures.allocated_gpus <= 0 and now - figures.end_time >= self.retention_seconds:
@@ -175,7 +176,9 @@ async def run_demo(options: DemoOptions) -> int:
         engine = Engine(EngineConfig.from_settings(settings))
         controller = SimulatedController(simulator, engine, store, settings.status_interval, settings.retention,
                                          options.policies)
-        app = create_app(store, settings.model_copy(update={"auth": "none", "api_listen": options.listen}))
+        # the API prices its period reports as the simulated controller priced the workloads
+        app = create_app(store, settings.model_copy(update={
+            "auth": "none", "api_listen": options.listen, "pricing": controller.policies.meter.book.pricing}))
         add_truth_route(app, controller)
         server = ApiServer(app, host, port, log_level=settings.log_level)
         _check_can_listen(host, port)  # uvicorn would sys.exit() from inside the loop instead

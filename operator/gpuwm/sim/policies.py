@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from gpuwm.accounting import CostMeter, Policy, PolicyEvaluator, Subject
 from gpuwm.config import PricingSettings
 from gpuwm.model import WorkloadFigures
+from gpuwm.store import GpuHourPrice
 
 DEMO_PRICING = PricingSettings.model_validate({
     "currency": "USD", "energyPricePerKwh": 0.15,
@@ -42,6 +43,8 @@ class DemoPolicies:
     cost: float = 0.0
     idle_cost: float = 0.0
     idle_cost_per_hour: float = 0.0
+    #: each priced workload's price per GPU-hour this interval, for the store (as the controller keeps them)
+    prices: dict[str, GpuHourPrice] = field(default_factory=dict)
 
     @classmethod
     def with_defaults(cls, policies: list[Policy] | None = None, pricing: PricingSettings | None = None
@@ -57,6 +60,8 @@ class DemoPolicies:
             # a demo never acts: every step counts as a dry run's, so the chain goes on as it would
             self.evaluator.record(step, "DryRun", now)
         costs = [self.meter.workload(figures) for figures in workloads]
+        self.prices = {figures.uid: GpuHourPrice(cost.price_per_gpu_hour, self.meter.currency)
+                       for figures, cost in zip(workloads, costs, strict=True) if cost.price_per_gpu_hour is not None}
         self.cost = sum(cost.cost or 0.0 for cost in costs)
         self.idle_cost = sum(cost.idle_cost or 0.0 for cost in costs)
         self.idle_cost_per_hour = sum(cost.idle_cost_per_hour or 0.0 for cost in costs)

@@ -112,8 +112,22 @@ def queue_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from _serve(workdir, workdir / "gpuwm.db")
 
 
-def _serve(workdir: Path, database: Path) -> Iterator[str]:
-    """`gpuwm api` on `database` at a free 127.0.0.1 port until the generator is closed."""
+@pytest.fixture(scope="module")
+def priced_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`gpuwm api --pricing` over a priced history (a whole H100, a MIG slice, two time-sliced L4 quarters)."""
+    import json
+
+    from tests.unit.api.priced_history import PRICES, record_priced_trace
+
+    workdir = tmp_path_factory.mktemp("priced")
+    store = EmbeddedStore(workdir / "gpuwm.db")
+    record_priced_trace(store, PRICES)
+    store.close()
+    yield from _serve(workdir, workdir / "gpuwm.db", "--pricing", json.dumps(PRICES))
+
+
+def _serve(workdir: Path, database: Path, *options: str) -> Iterator[str]:
+    """`gpuwm api` on `database` (with `options`) at a free 127.0.0.1 port until the generator is closed."""
     port = _free_port()
     log_path = workdir / "api.log"
     with log_path.open("w") as log:
@@ -130,6 +144,7 @@ def _serve(workdir: Path, database: Path) -> Iterator[str]:
                 "--auth",
                 "none",
                 "--api-tls=false",
+                *options,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -496,3 +511,40 @@ def test_the_page_keeps_its_policy_and_token(api_url: str, browser: Any, downloa
     _wait_ready(driver)
     assert driver.execute_script("return window.cspViolations") == []
     assert driver.execute_script("return sessionStorage.getItem('gpuwm-token')") == "example-token"
+
+
+def test_the_period_cost_shows_where_priced_and_downloads_as_focus(
+    api_url: str, priced_url: str, browser: Any, downloads: Path
+) -> None:
+    import json
+    import urllib.request
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    driver = browser
+    driver.get(api_url + "/#/")
+    _wait_ready(driver)
+    assert not driver.find_element(By.ID, "report-cost").is_displayed()  # no pricing: no cost, no FOCUS
+    assert driver.find_element(By.ID, "report-format-focus").get_attribute("hidden") is not None
+    driver.get(priced_url + "/#/")
+    _wait_ready(driver)
+    assert driver.find_element(By.ID, "report-cost").is_displayed()
+    with urllib.request.urlopen(priced_url + "/api/v1/report") as answer:
+        total = json.load(answer)["total"]
+    rows = _rows(driver, "#report-cost tbody tr")
+    assert [row[0] for row in rows] == ["vision", "total"]
+    assert rows[-1][3] == f"{total['cost']:.2f}" and rows[-1][4] == f"{total['idleCost']:.2f}"
+    assert "in EUR" in driver.find_element(By.ID, "report-cost-caption").text
+    Select(driver.find_element(By.ID, "report-by")).select_by_value("workload")
+    WebDriverWait(driver, 30).until(lambda d: len(_rows(d, "#report-cost tbody tr")) == 5)
+    assert _rows(driver, "#report-cost tbody tr")[0][0] == "ml/whole"  # the costliest first
+    Select(driver.find_element(By.ID, "report-format")).select_by_value("focus")
+    driver.find_element(By.ID, "report-download").click()
+    target = downloads / "gpuwm-focus.csv"
+    WebDriverWait(driver, 30).until(lambda _d: target.exists() and target.stat().st_size > 0)
+    lines = target.read_text().splitlines()
+    assert lines[0].startswith("BilledCost,") and len(lines) == 1 + 5  # 4 GPU Time charges, 1 GPU Energy
+    assert driver.find_element(By.ID, "report-status").text == "5 charges downloaded"
+    assert driver.execute_script("return window.cspViolations") == []
+    _screenshots(driver, "cost")

@@ -3,7 +3,8 @@ response as documented, valid requests accepted and invalid ones refused; bounde
 
 positive_data_acceptance runs too. A request the document calls valid may still get a 400 for a rule no
 OpenAPI schema can state, and only for those (CANNOT_STATE): a rule across parameters (end before start),
-the answer's size (points per response), or what the server holds (a `continue` token it never gave).
+the answer's size (points per response), what the server holds (a `continue` token it never gave), or how
+it is configured (FOCUS charges without `pricing`).
 schemathesis is told 400 is an accepted answer to valid data, and `refused_only_for_rules_the_document_cannot_state`
 holds every such 400 to that list, so a 400 for a value the document admits but the API does not (a
 pattern too loose, a missing enum) still fails here. The parameters whose form the document does not declare
@@ -40,6 +41,7 @@ CANNOT_STATE = [
     ("end", re.compile(r"is before start|must be after start")),  # across parameters
     ("continue", re.compile(r"is not a token this API gave")),  # what the server issued
     (None, re.compile(r"points")),  # the answer's size: series x points, apiMaxPointsPerResponse
+    ("format", re.compile(r"set `pricing`")),  # how the server is configured: FOCUS charges need prices
 ]
 #: parameters whose form the document does not declare in full (a gap of the document, not of this test): the
 #: message of the 400 it causes, why, and a value the document admits that the API refuses. limit, state, the

@@ -12,6 +12,7 @@ from gpuwm.controller.kube import KubeClient, TokenBucket
 from gpuwm.controller.policy import PolicyCollector, PolicyRoom
 from gpuwm.controller.status import Seen
 from gpuwm.model import GpuSample, PodEvent
+from gpuwm.store import GpuHourPrice
 
 PRICING = {"currency": "EUR", "gpuModels": [{"model": "NVIDIA A100*", "pricePerGpuHour": 3.5}]}
 
@@ -49,9 +50,10 @@ def test_costs_ride_on_the_status_and_the_metrics() -> None:
     registry = CollectorRegistry()
     registry.register(PolicyCollector(room))
     text = generate_latest(registry).decode()
-    assert 'gpuwm_workload_cost_total{currency="EUR",kind="Job",namespace="ml",project="ml",workload="slice"} 1.5' in text
+    assert 'gpuwm_workload_cost_total{currency="EUR",kind="Job",namespace="ml",project="ml",workload="slice",workload_uid="w1"} 1.5' in text
     assert 'gpuwm_project_idle_cost_total{currency="EUR",project="ml"} 0.75' in text
-    assert 'gpuwm_workload_gpu_hourly_cost{currency="EUR",kind="Job",namespace="ml",project="ml",workload="slice"} 3.5' in text
+    assert room.prices() == {"w1": GpuHourPrice(3.5, "EUR")}  # what the store keeps for period reports
+    assert 'gpuwm_workload_gpu_hourly_cost{currency="EUR",kind="Job",namespace="ml",project="ml",workload="slice",workload_uid="w1"} 3.5' in text
 
 
 def test_without_prices_no_cost_is_written_or_exported() -> None:
@@ -61,7 +63,7 @@ def test_without_prices_no_cost_is_written_or_exported() -> None:
     room.observe(workloads, projects, {}, 3600.0)
     status: dict[str, object] = {}
     room.decorate_workload(workloads[0], status)
-    assert "cost" not in status
+    assert "cost" not in status and room.prices() == {}
     registry = CollectorRegistry()
     registry.register(PolicyCollector(room))
     assert "gpuwm_workload_cost" not in generate_latest(registry).decode()

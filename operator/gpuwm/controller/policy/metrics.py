@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 
 from gpuwm.controller.policy.room import PolicyRoom
 
-_WORKLOAD_LABELS = ["namespace", "workload", "kind", "project", "currency"]
+_WORKLOAD_LABELS = ["namespace", "workload", "workload_uid", "kind", "project", "currency"]
 
 
 class PolicyCollector(Collector):
@@ -61,7 +61,9 @@ def _cost_families(room: PolicyRoom) -> Iterator[Metric]:
         identity = room.identity.get(uid)
         if identity is None:
             continue
-        labels = [*identity, currency]
+        namespace, name, kind, project_name = identity
+        # a reused name's runs are series of their own (a period report reads each run's price by its uid)
+        labels = [namespace, name, uid, kind, project_name, currency]
         for key, value in (("cost", cost.cost), ("idle", cost.idle_cost), ("energy", cost.energy_cost),
                            ("hourly", cost.cost_per_hour), ("rate", cost.price_per_gpu_hour)):
             if value is not None:

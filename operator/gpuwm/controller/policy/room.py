@@ -57,6 +57,7 @@ from gpuwm.controller.policy.report import (
 )
 from gpuwm.controller.status import API_VERSION, Seen
 from gpuwm.model import MAX_POLICY_LISTED, ProjectFigures, WorkloadFigures
+from gpuwm.store import GpuHourPrice
 
 logger = logging.getLogger(__name__)
 
@@ -221,6 +222,13 @@ class PolicyRoom:
         condition = idle_policy_condition(records, in_episode, self.released.get(figures.uid))
         if condition is not None:
             status.setdefault("conditions", []).append(condition)
+
+    def prices(self) -> dict[str, GpuHourPrice]:
+        """This cycle's price per GPU-hour of every priced workload, for the store: a period report prices
+        the period's GPU-seconds at them."""
+        currency = self.meter.currency
+        return {uid: GpuHourPrice(cost.price_per_gpu_hour, currency) for uid, cost in self.costs.items()
+                if cost.price_per_gpu_hour is not None}
 
     def decorate_project(self, name: str, status: dict[str, Any]) -> None:
         cost = self.project_cost.get(name)
