@@ -312,10 +312,17 @@ def _screenshots(driver: Any, name: str) -> None:
 
 
 def _rows(driver: Any, selector: str) -> list[list[str]]:
+    """The table's cells; read again where the page re-rendered the table while it was being read."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    return [[td.text for td in row.find_elements(By.TAG_NAME, "td")]
-            for row in driver.find_elements(By.CSS_SELECTOR, selector)]
+    for _attempt in range(5):
+        try:
+            return [[td.text for td in row.find_elements(By.TAG_NAME, "td")]
+                    for row in driver.find_elements(By.CSS_SELECTOR, selector)]
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{selector}: the table was re-rendered on every one of 5 reads")
 
 
 def test_all_workloads_sort_filter_and_page(api_url: str, browser: Any) -> None:
