@@ -262,8 +262,8 @@ class Settings(BaseSettings):
         default=4,
         ge=1,
         description="Queries (lists, time series, reports) the API answers at once, half of them at most (rounded "
-        "up) heavy time series (over a twentieth of apiMaxPointsPerResponse); more wait their turn in a queue. "
-        "The probes and /metrics are not queries: they never wait.",
+        "up) heavy time series (over a twentieth of apiMaxPointsPerResponse), all but one of those for one user; "
+        "more wait their turn in a queue. The probes and /metrics are not queries: they never wait.",
     )
     api_max_concurrent_queries_per_user: int = Field(
         default=2,

@@ -158,9 +158,12 @@ class AdmissionGate:
 
     @classmethod
     def of(cls, slots: int, slots_per_user: int, queue_seconds: float) -> AdmissionGate:
-        """`slots` queries at once, `slots_per_user` of them per user; half of them at most (rounded up) heavy."""
+        """`slots` queries at once, `slots_per_user` of them per user; half of them at most (rounded up) heavy,
+        and of those one user holds all but one where there are several."""
         heavy_slots = math.ceil(max(1, slots) / 2)
         return cls(
             queries=SlotPool("queries", slots, slots_per_user, queue_seconds),
-            heavy=SlotPool("large time-series queries", heavy_slots, slots_per_user, queue_seconds),
+            heavy=SlotPool(
+                "large time-series queries", heavy_slots, min(slots_per_user, max(1, heavy_slots - 1)), queue_seconds
+            ),
         )

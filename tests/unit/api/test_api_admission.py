@@ -107,10 +107,11 @@ async def test_a_waiter_that_goes_away_holds_nothing() -> None:
     assert pool.waiting == 0 and pool.held_total == 0
 
 
-def test_heavy_slots_are_half_of_the_queries() -> None:
-    assert AdmissionGate.of(4, 2, 10).heavy.slots == 2
-    assert AdmissionGate.of(5, 2, 10).heavy.slots == 3
-    assert AdmissionGate.of(1, 1, 10).heavy.slots == 1
+def test_heavy_slots_are_half_of_the_queries_and_no_user_holds_them_all() -> None:
+    assert (AdmissionGate.of(4, 2, 10).heavy.slots, AdmissionGate.of(4, 2, 10).heavy.per_identity) == (2, 1)
+    assert (AdmissionGate.of(5, 2, 10).heavy.slots, AdmissionGate.of(5, 2, 10).heavy.per_identity) == (3, 2)
+    assert (AdmissionGate.of(8, 8, 10).heavy.slots, AdmissionGate.of(8, 8, 10).heavy.per_identity) == (4, 3)
+    assert (AdmissionGate.of(1, 1, 10).heavy.slots, AdmissionGate.of(1, 1, 10).heavy.per_identity) == (1, 1)
 
 
 # -- through the app -----------------------------------------------------------------------------

@@ -226,9 +226,10 @@ async def test_an_oversized_answer_is_refused_before_the_store_is_read(watched: 
 
 
 async def test_heavy_queries_past_the_limit_get_429(watched: _Watched) -> None:
-    """4 queries at once make 2 heavy slots; a third heavy one waits its turn (0.3 s here), then 429."""
+    """6 queries at once make 3 heavy slots, 2 of them for one user; a third heavy one waits its turn (0.3 s
+    here), then 429."""
     app = create_app(watched, Settings(auth="none", api_max_points_per_response=100_000,
-                                       api_max_concurrent_queries=4, api_max_concurrent_queries_per_user=4,
+                                       api_max_concurrent_queries=6, api_max_concurrent_queries_per_user=4,
                                        api_query_queue_seconds=0.3))
     gate = _Watched.gate = threading.Event()
     heavy = {"start": "0", "end": "150000", "step": "15"}  # 4 x 10,001 points: over a twentieth of the limit
