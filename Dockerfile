@@ -9,14 +9,19 @@ FROM python:${PYTHON_VERSION}-slim-bookworm AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 RUN python -m venv /opt/gpuwm
-# Dependencies first, so a source change does not reinstall them.
+# Dependencies first, so a source change does not reinstall them. The placeholder package and what
+# setuptools built from it (build/, *.egg-info) go in the same step: a build/lib copy of the placeholder
+# __init__.py, newer than the real one copied below, would be packed instead of it.
 COPY pyproject.toml README.m[d] ./
 RUN mkdir -p operator/gpuwm && touch operator/gpuwm/__init__.py \
     && /opt/gpuwm/bin/pip install . \
-    && /opt/gpuwm/bin/pip uninstall -y gpuwm
+    && /opt/gpuwm/bin/pip uninstall -y gpuwm \
+    && rm -rf operator build
 COPY operator ./operator
+# pip and setuptools are not needed to run: the runtime venv goes without them.
 RUN /opt/gpuwm/bin/pip install --no-deps . \
-    && /opt/gpuwm/bin/gpuwm version
+    && /opt/gpuwm/bin/gpuwm version \
+    && /opt/gpuwm/bin/pip uninstall -y pip setuptools wheel
 
 # --- runtime: the venv on a slim base, no compiler, no pip cache, not root --------------------
 FROM python:${PYTHON_VERSION}-slim-bookworm

@@ -63,7 +63,7 @@ from gpuwm.controller.command import event_loop_factory  # noqa: E402
 from gpuwm.controller.kube.client import KubeClient  # noqa: E402
 from gpuwm.controller.pull.agents import index_holders  # noqa: E402
 from gpuwm.controller.runtime import ControllerRuntime  # noqa: E402
-from gpuwm.controller.state.gctuning import MALLOC_ARENAS, limit_malloc_arenas, tune_garbage_collector  # noqa: E402
+from gpuwm.controller.state.gctuning import tune_garbage_collector  # noqa: E402
 from gpuwm.feed import DEVICES_TAG_PARAM  # noqa: E402
 from gpuwm.feed.decode import DeviceHolder  # noqa: E402
 
@@ -725,12 +725,7 @@ def main() -> int:
     parser.add_argument("--loop", choices=("controller", "asyncio"), default="controller",
                         help="the event loop: the controller's (uvloop where installed, as `gpuwm controller` runs) "
                              "or asyncio's own")
-    parser.add_argument("--malloc-arenas", type=int, default=MALLOC_ARENAS,
-                        help="glibc malloc arenas, as `gpuwm controller` limits them (0: glibc's default, one per "
-                             "thread up to 8 per core)")
     args = parser.parse_args()
-    if args.malloc_arenas:
-        limit_malloc_arenas(args.malloc_arenas)  # before any thread allocates, as the controller command does
     if args.memory_report:
         import tracemalloc
 

@@ -160,3 +160,73 @@ def test_demo_on_a_taken_port_says_so() -> None:
     assert result.returncode == 2
     assert f"--listen 127.0.0.1:{port}: cannot listen there" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.fixture
+def aged_demo() -> Iterator[Demo]:
+    """A demo whose earlier runs are older than its finest tier keeps (10 minutes of 15 s points)."""
+    running = Demo("--nodes", "6", "--gpus-per-node", "4", "--speed", "10", "--warmup", "2h", "--seed", "7",
+                   "--interval", "2s", "--status-interval", "15s", "--store-rollups", "15s:10m,1m:1d")
+    try:
+        yield running
+    finally:
+        if running.process.poll() is None:
+            running.process.kill()
+            running.process.wait()
+
+
+def _interval_snapshot(url: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """/demo/truth and /api/v1/workloads of one recorded interval (two answers of the truth around the list)."""
+    deadline = time.monotonic() + 20
+    while True:
+        before = get_json(url + "demo/truth")
+        workloads = get_json(url + "api/v1/workloads?ended=true")["workloads"]
+        after = get_json(url + "demo/truth")
+        if before["at"] == after["at"] and not after["recording"]:
+            return before, workloads
+        assert time.monotonic() < deadline, "no two answers of /demo/truth from the same interval"
+
+
+def test_every_finished_runs_row_is_the_truth_over_any_period_that_holds_it(aged_demo: Demo) -> None:
+    assert aged_demo.url_found.wait(60), f"no dashboard URL printed; output: {aged_demo.lines}"
+    url = aged_demo.url
+    deadline = time.monotonic() + 240
+    while not any("warm-up done" in line for line in aged_demo.lines):
+        assert time.monotonic() < deadline and aged_demo.process.poll() is None, aged_demo.lines
+        time.sleep(0.5)
+    truth, workloads = _interval_snapshot(url)
+    # the runs that ended having held GPUs (a run ended while queued has no row in any report)
+    finished = {(w["namespace"], w["name"]): w for w in workloads
+                if w.get("endTime") is not None and w["allocatedGpuSeconds"] > 0}
+    assert len(finished) >= 3, "the demo finished too few runs to compare"
+    expected = {(t["namespace"], t["name"]): t for t in truth["workloads"]}
+    now = truth["at"]
+    reports = {name: get_json(url + f"api/v1/report?by=workload&start={start}")
+               for name, start in (("1d", now - 86400), ("7d", now - 7 * 86400), ("30d", now - 30 * 86400),
+                                   ("365d", now - 365 * 86400), ("all time", 0))}
+    for name, report in reports.items():
+        rows = {(row["namespace"], row["workload"]): row for row in report["rows"]}
+        for key, run in finished.items():
+            row, generated = rows[key], expected[key]
+            for column, field in (("allocated", "allocatedGpuSeconds"), ("active", "activeGpuSeconds"),
+                                  ("idle", "idleGpuSeconds"), ("unmonitored", "unmonitoredGpuSeconds")):
+                assert row[f"{column}GpuHours"] * 3600 == pytest.approx(generated[field], abs=2e-3), (name, key, field)
+            assert row["energyJoules"] == pytest.approx(run["energyJoules"], abs=2e-3), (name, key)
+            assert row["exact"] is True, (name, key)
+    # periods add up: all time cut at a run's middle, per project
+    middle = now - 20 * 60
+    whole = get_json(url + f"api/v1/report?start=0&end={now}")
+    parts = [get_json(url + f"api/v1/report?start=0&end={middle}"),
+             get_json(url + f"api/v1/report?start={middle}&end={now}")]
+    for row in whole["rows"]:
+        summed = sum(r["allocatedGpuHours"] for part in parts for r in part["rows"] if r["project"] == row["project"])
+        assert summed == pytest.approx(row["allocatedGpuHours"], abs=1e-6)
+    # a finished run older than the finest tier: its whole life at the stored resolution, no empty cells inside
+    oldest = min(finished.values(), key=lambda w: w["endTime"])
+    series = get_json(url + f"api/v1/workloads/{oldest['uid']}/metrics?metric=gpu_allocated")
+    values = [value for _, value in series["series"][0]["points"]]
+    present = [index for index, value in enumerate(values) if value is not None]
+    assert present and all(values[index] is not None for index in range(present[0], present[-1] + 1))
+    assert series["stepSeconds"] >= 60.0 and any(s["tier"] == "1m:1d" for s in series["resolution"])
+    code, stderr = aged_demo.stop(signal.SIGINT)
+    assert code == 0, stderr

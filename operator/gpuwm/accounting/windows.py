@@ -37,7 +37,7 @@ _NUMPY_FROM_SEGMENTS = 24  # below this a plain loop is faster than numpy's call
 _WORKLOADS_PER_PASS = 128  # workloads per `windows_of` pass over segments: bounds the pass's temporaries
 #: workloads per fold pass: a fold cuts each old segment into the buckets it spans and holds about a dozen
 #: piece-long arrays at once, several times a window pass's per workload; the maintenance's temporaries stayed
-#: resident until the cycle's trim, so fewer workloads a pass lower the controller's peak (bench/README.md)
+#: resident until the cycle's trim, so fewer workloads a pass lower the controller's peak
 _WORKLOADS_PER_FOLD = 32
 _TRIM_FROM_SEGMENTS = 8  # segments past the hour are dropped once this many lead (see `_trim`)
 #: a segment, and its four rates, as the segments' array holds them (native doubles): `add` writes one with a

@@ -203,7 +203,14 @@ class KubernetesAuthorizer:
                 ca_file=str(_SERVICE_ACCOUNT / "ca.crt"),
                     **options,
             )
-        from kubernetes import client, config
+        try:
+            from kubernetes import client, config
+        except ImportError:  # the image goes without it: in a pod the service account is read above
+            raise AuthError(
+                503,
+                "--auth=kubernetes outside a pod reads the kubeconfig with the official Kubernetes client, which "
+                "is not installed: pip install 'gpuwm[kubeconfig]', or run in a pod, or use --auth=none for local use",
+            ) from None
 
         configuration = client.Configuration()
         try:

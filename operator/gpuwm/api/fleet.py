@@ -28,6 +28,8 @@ from gpuwm.store import QueryError, RangeQuery, Series, Store
 
 #: a device's latest figures are looked for in this many status intervals before the store's latest time
 RECENT_INTERVALS = 4
+#: the cells of that grid that hold the latest interval's point (see `_sampled_lately`)
+LATEST_CELLS = 2
 #: the prefix of stand-in devices (gpuwm.controller.watch.pods.UNNAMED_DEVICE_PREFIX; the API sits below the
 #: controller's layer, so the value is repeated here and a unit test keeps the two equal)
 UNNAMED_DEVICE_PREFIX = "unnamed/"
@@ -127,6 +129,15 @@ def _latest(points: list[tuple[float, float | None]]) -> tuple[float | None, flo
     return None, None
 
 
+def _sampled_lately(utilization: Series | None) -> bool:
+    """A device nobody holds is monitored where its utilisation has a point in the latest status interval: the
+    last cell of the recent grid, or the one before where the latest interval's time is not on the store's
+    step (its point then sits in the cell before)."""
+    if utilization is None:
+        return False
+    return any(value is not None for _, value in utilization.points[-LATEST_CELLS:])
+
+
 def _latest_of(by_metric: dict[str, Series], metric: str) -> float | None:
     return _latest(by_metric[metric].points)[1] if metric in by_metric else None
 
@@ -176,11 +187,10 @@ def build_fleet(
         labels = next(iter(by_metric.values())).labels
         sm = by_metric.get("gpu_utilization_percent")
         sampled_at, utilization = _latest(sm.points) if sm is not None else (None, None)
-        latest_point = sm.points[-1][1] if sm is not None and sm.points else None
         index = labels.get("gpu")
         views[uuid] = GpuView(
             node=labels.get("node", ""), uuid=uuid, index=int(index) if index and index.isdigit() else None,
-            model=labels.get("model") or None, state="free" if latest_point is not None else "unmonitored",
+            model=labels.get("model") or None, state="free" if _sampled_lately(sm) else "unmonitored",
             utilization_percent=utilization, memory_used_bytes=_latest_of(by_metric, "gpu_memory_used_bytes"),
             memory_total_bytes=_latest_of(by_metric, "gpu_memory_total_bytes"),
             power_watts=_latest_of(by_metric, "gpu_power_watts"),

@@ -167,9 +167,11 @@ def metrics_json(
         "start": query.start,
         "end": query.end,
         "step": query.step_seconds,
+        "stepSeconds": max((stretch.step_seconds for stretch in query.resolution), default=query.step_seconds),
         "requestedStep": query.requested_step_seconds,
         "resolution": [
-            {"start": stretch.start, "end": stretch.end, "step": stretch.step_seconds} for stretch in query.resolution
+            {"start": stretch.start, "end": stretch.end, "step": stretch.step_seconds, "tier": stretch.tier}
+            for stretch in query.resolution
         ],
         "series": [{"metric": s.metric, "labels": s.labels, "points": s.points} for s in series],
     }

@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 from gpuwm.api.runai_metrics import RunaiOptions, Series, families, runai_metrics
 from gpuwm.api.runs import failure_reason
 from gpuwm.model import CATALOGUE, ProjectFigures, Source, WorkloadFigures
-from gpuwm.store import Store
+from gpuwm.store import Store, utilized_gpu_seconds
 
 WORKLOAD_LABELS = ["namespace", "workload", "workload_uid", "kind", "project"]
 
@@ -31,6 +31,9 @@ def _series(prefix: str, table: tuple[tuple[str, ...], ...]) -> tuple[Series[Any
     return tuple((prefix + name, help_text, attrgetter(path[0] if path else name)) for name, help_text, *path in table)
 
 
+#: HELP of the utilisation-weighted counter, what a period's mean utilisation is made of
+_UTILIZED_HELP = ("Active + idle GPU-seconds weighted by SM utilisation (x lifetime utilisation / 100): over a period, "
+                  "its increase divided by the active + idle increase is the mean utilisation.")
 # (name, help[, field of WorkloadFigures]); gauges
 _WORKLOAD_GAUGES = _series("gpuwm_workload_", (
     ("allocated_gpus", "GPU units the workload holds now."),
@@ -50,13 +53,13 @@ _WORKLOAD_GAUGES = _series("gpuwm_workload_", (
     ("start_timestamp_seconds", "When its first GPU container started.", "start_time"),
     ("end_timestamp_seconds", "When its last GPU pod ended.", "end_time"),
 ))
-_WORKLOAD_COUNTERS = _series("gpuwm_workload_", (
+_WORKLOAD_COUNTERS = (*_series("gpuwm_workload_", (
     ("allocated_gpu_seconds", "Units x seconds held by running GPU containers."),
     ("active_gpu_seconds", "Part of allocated GPU-seconds that was active."),
     ("idle_gpu_seconds", "Part of allocated GPU-seconds that was monitored and idle."),
     ("unmonitored_gpu_seconds", "Part of allocated GPU-seconds without samples."),
     ("energy_joules", "Energy of its devices, split by units."),
-))
+)), ("gpuwm_workload_utilized_gpu_seconds", _UTILIZED_HELP, utilized_gpu_seconds))
 _PROJECT_GAUGES = _series("gpuwm_project_", (
     ("allocated_gpus", "GPU units the project's workloads hold now."),
     ("idle_gpus", "Units held now whose latest sample was inactive."),
@@ -70,13 +73,13 @@ _PROJECT_GAUGES = _series("gpuwm_project_", (
     ("queued_workloads", "Its workloads held back (Queued) now."),
     ("longest_queued_seconds", "Queued seconds of its longest-queued workload among those Queued now (0: none)."),
 ))
-_PROJECT_COUNTERS = _series("gpuwm_project_", (
+_PROJECT_COUNTERS = (*_series("gpuwm_project_", (
     ("allocated_gpu_seconds", "Sum of its workloads' allocated GPU-seconds."),
     ("active_gpu_seconds", "Sum of its workloads' active GPU-seconds."),
     ("idle_gpu_seconds", "Sum of its workloads' idle GPU-seconds."),
     ("unmonitored_gpu_seconds", "Sum of its workloads' unmonitored GPU-seconds."),
     ("energy_joules", "Sum of its workloads' energy."),
-))
+)), ("gpuwm_project_utilized_gpu_seconds", _UTILIZED_HELP, utilized_gpu_seconds))
 #: HELP of `gpuwm_pod_<name>`, each running GPU pod's spec figure (the catalogue's pod-spec metrics, in its
 #: order), labelled like the agent's pod series
 _POD_SPEC_HELP = {

@@ -1,41 +1,41 @@
 """Period reports (`GET /api/v1/report`): GPU-hours, idle, energy and peak allocation per project,
-namespace or workload over start..end, from the stored series, as JSON or CSV.
+namespace or workload over start..end, from the engine's stored counters, as JSON or CSV.
 
-Chargeback and capacity reviews ask "what did each project hold and waste last month"; the CR status
-and the workload list carry lifetime totals, so a period needs the series. Each stored point stands for
-one step of time ending at it: the units held then count as allocated GPU-seconds for the step, split by
-that device's utilisation point into active (>= idleThresholdPercent), idle (below) and unmonitored (no
-point). With the status interval as the step (periods up to `MAX_STEPS` intervals) that is the engine's
-own split at the status interval's resolution; longer periods use a coarser step, a whole multiple of it.
-Energy is the difference of the cumulative energyJoules series between the period's ends; wasted
-GPU-hours are the idle ones (held, monitored, unused), as in the CRs' "Wasted GPU-h" column.
+Chargeback and capacity reviews ask "what did each project hold and waste last month". Every additive
+column is a difference of the engine's own cumulative figures (allocated, active, idle, unmonitored and
+utilisation-weighted GPU-seconds, energy) between the period's edges (`Store.period`), summed over a row's
+workloads: so periods add up (report[a,c) = report[a,b) + report[b,c)), a finished run's row is its CR's
+figures in every period that holds its life, and a period that starts before the first data is the one
+that starts at it. A status interval counts in the period that holds the time it was recorded at (snapped
+down to the store's finest step, `stepSeconds`); a period ending at or after the latest data holds all of it.
+Where an edge falls in a stretch only a coarse tier still holds, the bucket it cuts is apportioned by time,
+and the row says so: `exact` false and `apportionedGpuHours`. Peaks are the most units held at one status
+interval (`Store.peak_allocated`), the same whatever the period's length. Wasted GPU-hours are the idle ones
+(held, monitored, unused), as in the CRs' "Wasted GPU-h" column.
 """
 
 from __future__ import annotations
 
 import csv
 import io
-import math
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from gpuwm.model import WorkloadFigures
-from gpuwm.store import RangeQuery, Series, Store
+from gpuwm.store import PeriodSums, Store, WorkloadGroup, WorkloadPeriod
 
 ReportBy = Literal["project", "namespace", "workload"]
 ReportFormat = Literal["json", "csv"]
-#: at most this many steps per series; a longer period takes a coarser step (a multiple of the status interval)
-MAX_STEPS = 10_000
 DEFAULT_PERIOD_SECONDS = 86400.0
 CSV_COLUMNS = (
-    "project", "namespace", "workload", "kind", "workloads", "allocatedGpuHours", "activeGpuHours",
+    "project", "namespace", "workload", "workloadUid", "kind", "workloads", "allocatedGpuHours", "activeGpuHours",
     "idleGpuHours", "unmonitoredGpuHours", "wastedGpuHours", "energyJoules", "meanUtilizationPercent",
-    "peakAllocatedGpus",
+    "peakAllocatedGpus", "exact", "apportionedGpuHours",
 )
+#: the key of the total row's group in `Store.peak_allocated`
+_TOTAL = "total"
 
 
 class ReportRow(BaseModel):
@@ -44,6 +44,8 @@ class ReportRow(BaseModel):
     project: str | None = None
     namespace: str | None = None
     workload: str | None = None
+    workload_uid: str | None = Field(default=None, description="The run (by=workload): a reused name's runs are rows "
+                                     "of their own.")
     kind: str | None = None
     workloads: int = Field(default=0, description="Workloads that held GPUs in the period.")
     allocated_gpu_hours: float = 0.0
@@ -55,7 +57,11 @@ class ReportRow(BaseModel):
     mean_utilization_percent: float | None = Field(
         default=None, description="Allocation-weighted mean over the monitored time; None where none was."
     )
-    peak_allocated_gpus: float = Field(default=0.0, description="Most units held at once (at one stored point).")
+    peak_allocated_gpus: float = Field(default=0.0, description="Most units held at once (at one status interval).")
+    exact: bool = Field(default=True, description="Every figure is the engine's, at the status interval's resolution.")
+    apportioned_gpu_hours: float = Field(
+        default=0.0, description="Allocated GPU-hours apportioned by time: a period edge in a stretch only a coarse "
+        "tier still holds, or what a workload accrued before the store first saw it.")
 
 
 class Report(BaseModel):
@@ -63,137 +69,76 @@ class Report(BaseModel):
 
     start: float
     end: float
-    step_seconds: float = Field(description="Time each stored point stands for in this report.")
+    step_seconds: float = Field(description="The resolution of exact figures: a status interval counts in the "
+                                "period holding its time, snapped down to this step.")
     by: str
     idle_threshold_percent: float
+    exact: bool = Field(description="Every row is exact (see ReportRow.exact).")
     rows: list[ReportRow]
     total: ReportRow
 
 
-@dataclass
-class _Sums:
-    allocated: float = 0.0
-    active: float = 0.0
-    idle: float = 0.0
-    unmonitored: float = 0.0
-    weighted_utilization: float = 0.0
-    energy: float = 0.0
-    workloads: int = 0
-    allocation: list[float] = field(default_factory=list)  # units held at each point of the period, for the peak
-
-    def add(self, other: _Sums) -> None:
-        self.allocated += other.allocated
-        self.active += other.active
-        self.idle += other.idle
-        self.unmonitored += other.unmonitored
-        self.weighted_utilization += other.weighted_utilization
-        self.energy += other.energy
-        self.workloads += other.workloads
-        for index, units in enumerate(other.allocation):
-            self.allocation[index] += units
-
-    def row(self, **keys: str | None) -> ReportRow:
-        monitored = self.active + self.idle
-        return ReportRow(
-            **keys, workloads=self.workloads,
-            allocated_gpu_hours=self.allocated / 3600.0, active_gpu_hours=self.active / 3600.0,
-            idle_gpu_hours=self.idle / 3600.0, unmonitored_gpu_hours=self.unmonitored / 3600.0,
-            wasted_gpu_hours=self.idle / 3600.0, energy_joules=self.energy,
-            mean_utilization_percent=self.weighted_utilization / monitored if monitored > 0 else None,
-            peak_allocated_gpus=round(max(self.allocation, default=0.0), 6),
-        )
+_RowKey = tuple[str | None, str | None, str | None, str | None, str | None]
 
 
-def report_step(start: float, end: float, status_interval_seconds: float) -> float:
-    """The status interval, or the smallest multiple of it that keeps the period within MAX_STEPS points."""
-    interval = max(status_interval_seconds, 1.0)
-    return interval * max(1, math.ceil((end - start) / interval / MAX_STEPS))
+def _row_key(workload: WorkloadPeriod, by: ReportBy) -> _RowKey:
+    """(project, namespace, workload, its UID, kind) of the row `workload` is summed into."""
+    if by == "workload":
+        return workload.project, workload.namespace, workload.name, workload.uid, workload.kind
+    if by == "namespace":
+        return None, workload.namespace, None, None, None
+    return workload.project, None, None, None, None
 
 
-def split_devices(
-    devices: Sequence[Series], points: int, step: float, threshold: float
-) -> _Sums:
-    """Allocated, active, idle and unmonitored GPU-seconds of one workload from its per-device series."""
-    sums = _Sums(allocation=[0.0] * points)
-    by_device: dict[tuple[str, str], dict[str, Series]] = {}
-    for series in devices:
-        key = (series.labels.get("uuid", ""), series.labels.get("pod", ""))
-        by_device.setdefault(key, {})[series.metric] = series
-    for metrics in by_device.values():
-        allocated = metrics.get("gpu_allocated")
-        if allocated is None:
-            continue
-        utilization = metrics.get("gpu_utilization_percent")
-        for index, (_t, units) in enumerate(allocated.points[:points]):
-            if not units:
-                continue
-            seconds = units * step
-            sums.allocated += seconds
-            sums.allocation[index] += units
-            value = utilization.points[index][1] if utilization is not None and index < len(utilization.points) else None
-            if value is None:
-                sums.unmonitored += seconds
-            elif value >= threshold:
-                sums.active += seconds
-                sums.weighted_utilization += seconds * value
-            else:
-                sums.idle += seconds
-                sums.weighted_utilization += seconds * value
-    return sums
+def _row(members: Sequence[WorkloadPeriod], peak: float, **keys: str | None) -> ReportRow:
+    sums = PeriodSums()
+    apportioned = 0.0
+    for member in members:
+        sums = sums.plus(member.sums)
+        apportioned += member.apportioned_gpu_seconds
+    monitored = sums.active_gpu_seconds + sums.idle_gpu_seconds
+    return ReportRow(
+        **keys, workloads=len(members),
+        allocated_gpu_hours=sums.allocated_gpu_seconds / 3600.0, active_gpu_hours=sums.active_gpu_seconds / 3600.0,
+        idle_gpu_hours=sums.idle_gpu_seconds / 3600.0, unmonitored_gpu_hours=sums.unmonitored_gpu_seconds / 3600.0,
+        wasted_gpu_hours=sums.idle_gpu_seconds / 3600.0, energy_joules=sums.energy_joules,
+        mean_utilization_percent=100.0 * sums.utilized_gpu_seconds / monitored if monitored > 0 else None,
+        peak_allocated_gpus=round(peak, 6), exact=apportioned <= 0.0, apportioned_gpu_hours=apportioned / 3600.0,
+    )
 
 
-def energy_between(points: list[tuple[float, float | None]]) -> float:
-    """Δ of a cumulative series: its last value minus its value at the first point (0 before it existed)."""
-    values = [value for _t, value in points[1:] if value is not None]
-    if not values:
-        return 0.0
-    before = points[0][1] if points and points[0][1] is not None else 0.0
-    return max(0.0, values[-1] - before)
-
-
-def overlaps(workload: WorkloadFigures, start: float, end: float) -> bool:
-    began = workload.start_time if workload.start_time is not None else workload.created_time
-    if began is not None and began > end:
-        return False
-    return workload.end_time is None or workload.end_time >= start
+def _peak_group(key: _RowKey, namespaces: frozenset[str] | None) -> WorkloadGroup:
+    """The workloads of a project or namespace row, as labels: those of its project (in the namespaces the
+    reader may see, None: all) or of its namespace."""
+    project, namespace = key[0], key[1]
+    if namespace is not None:
+        return WorkloadGroup(namespaces=frozenset({namespace}))
+    return WorkloadGroup(project=project, namespaces=namespaces)
 
 
 def build_report(
-    store: Store, workloads: Iterable[WorkloadFigures], start: float, end: float, by: ReportBy,
-    status_interval_seconds: float, threshold: float,
+    store: Store, workloads: Sequence[WorkloadPeriod], start: float, end: float, by: ReportBy,
+    step_seconds: float, threshold: float, namespaces: frozenset[str] | None = None,
 ) -> Report:
-    """Read each workload's series over the period and sum them per row (blocking: run off the loop)."""
-    step = report_step(start, end, status_interval_seconds)
-    points = int((end - start) // step)
-    groups: dict[tuple[str | None, ...], _Sums] = {}
-    total = _Sums(allocation=[0.0] * points)
+    """Sum `workloads` (the store's period figures a caller may read: those of `namespaces`, None where it may
+    read all of them) per row (blocking: run off the loop)."""
+    groups: dict[_RowKey, list[WorkloadPeriod]] = {}
     for workload in workloads:
-        if points <= 0 or not overlaps(workload, start, end):
-            continue
-        # the point at t stands for the step ending at t: the first one inside the period ends at start + step
-        first, last = start + step, start + step * points
-        devices = store.query_range(RangeQuery(
-            "workload", workload.uid, ("gpu_allocated", "gpu_utilization_percent"), first, last, step, "gpu"))
-        sums = split_devices(devices, points, step, threshold)
-        if sums.allocated <= 0:
-            continue
-        energy = store.query_range(RangeQuery("workload", workload.uid, ("gpu_energy_joules",), start, last, step))
-        sums.energy = energy_between(energy[0].points) if energy else 0.0
-        sums.workloads = 1
-        if by == "workload":
-            key: tuple[str | None, ...] = (workload.project, workload.namespace, workload.name, workload.kind)
-        elif by == "namespace":
-            key = (None, workload.namespace, None, None)
-        else:
-            key = (workload.project, None, None, None)
-        groups.setdefault(key, _Sums(allocation=[0.0] * points)).add(sums)
-        total.add(sums)
-    rows = [
-        sums.row(project=key[0], namespace=key[1], workload=key[2], kind=key[3])
-        for key, sums in sorted(groups.items(), key=lambda item: tuple(part or "" for part in item[0]))
-    ]
-    return Report(start=start, end=end, step_seconds=step, by=by, idle_threshold_percent=threshold, rows=rows,
-                  total=total.row())
+        groups.setdefault(_row_key(workload, by), []).append(workload)
+    ordered = sorted(groups.items(), key=lambda item: tuple(part or "" for part in item[0]))
+    # a workload row's peak is its own; a group's is its workloads' together, at one status interval
+    wanted = {_TOTAL: WorkloadGroup(namespaces=namespaces)}
+    if by != "workload":
+        wanted.update((str(index), _peak_group(key, namespaces)) for index, (key, _) in enumerate(ordered))
+    peaks = store.peak_allocated(start, end, wanted) if workloads else {}
+    rows = []
+    for index, (key, group) in enumerate(ordered):
+        peak = group[0].peak_allocated_gpus if by == "workload" else peaks.get(str(index), 0.0)
+        rows.append(_row(group, peak, project=key[0], namespace=key[1], workload=key[2], workload_uid=key[3],
+                         kind=key[4]))
+    total = _row(workloads, peaks.get(_TOTAL, 0.0))
+    return Report(start=start, end=end, step_seconds=step_seconds, by=by, idle_threshold_percent=threshold,
+                  exact=total.exact, rows=rows, total=total)
 
 
 def report_csv(report: Report) -> str:
@@ -208,6 +153,8 @@ def report_csv(report: Report) -> str:
             value = data[column]
             if value is None:
                 line.append("")
+            elif isinstance(value, bool):
+                line.append("true" if value else "false")
             elif isinstance(value, float):
                 line.append(f"{value:.3f}" if column == "energyJoules" else f"{value:.6f}")
             elif isinstance(value, str):

@@ -17,7 +17,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from gpuwm.config import ConfigError
+from gpuwm.config import ConfigError, parse_duration_seconds
 
 FORMATS = ("table", "csv", "json")
 _TABLE_COLUMNS = (
@@ -32,6 +32,14 @@ _TABLE_COLUMNS = (
 )
 
 
+def _duration(text: str) -> float:
+    """argparse's type for --timeout: a duration (30s, 2m) or seconds."""
+    try:
+        return parse_duration_seconds(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "report",
@@ -40,22 +48,24 @@ def register(subparsers: Any) -> None:
         "allocated, active, idle, unmonitored and wasted GPU-hours, energy, mean utilisation and peak allocation "
         "per row over START..END, from the stored series. Prints a table, or the API's CSV or JSON for "
         "chargeback spreadsheets. Reach an in-cluster API with `kubectl port-forward` (docs/install.md).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--server", default=os.environ.get("GPUWM_SERVER"),
-                        help="the API's base URL, e.g. https://127.0.0.1:8080 (env GPUWM_SERVER); required")
+                        help="the API's base URL, e.g. https://127.0.0.1:8080 (default $GPUWM_SERVER; required)")
     parser.add_argument("--token", default=os.environ.get("GPUWM_TOKEN"),
-                        help="bearer token, e.g. $(kubectl create token NAME) (env GPUWM_TOKEN; none with --auth=none)")
+                        help="bearer token, e.g. $(kubectl create token NAME --audience gpuwm) (default "
+                             "$GPUWM_TOKEN; none with --auth=none)")
     parser.add_argument("--start", default=None,
-                        help="period start: RFC 3339, epoch seconds or milliseconds (default: END minus 24 h)")
-    parser.add_argument("--end", default=None, help="period end, same forms (default: the store's latest time)")
+                        help="period start: RFC 3339, epoch seconds or milliseconds (default END minus 24h)")
+    parser.add_argument("--end", default=None, help="period end, same forms (default the store's latest time)")
     parser.add_argument("--by", choices=("project", "namespace", "workload"), default="project",
-                        help="one row per")
-    parser.add_argument("--format", choices=FORMATS, default="table", help="output")
-    parser.add_argument("--ca-file", default=None, help="PEM CA bundle that signed the API's certificate")
+                        help="one row per project, namespace or workload (default project)")
+    parser.add_argument("--format", choices=FORMATS, default="table", help="output (default table)")
+    parser.add_argument("--ca-file", default=None,
+                        help="PEM CA bundle that signed the API's certificate (default the system's CAs)")
     parser.add_argument("--insecure-skip-tls-verify", action="store_true", default=False,
                         help="do not check the API's certificate (the chart's self-signed one, over a port-forward)")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the answer")
+    parser.add_argument("--timeout", type=_duration, default=120.0,
+                        help="how long to wait for the answer, e.g. 30s or 2m (default 2m)")
     parser.set_defaults(handler=run)
 
 
@@ -97,6 +107,8 @@ def render_table(report: dict[str, Any]) -> str:
     lines = []
     for row in [*report.get("rows", []), {**report.get("total", {}), keys[0]: "total"}]:
         cells = [str(row.get(key) or "") for key in keys]
+        if row.get("exact") is False:  # a figure apportioned by time: marked, and the total said below
+            cells[0] = f"~{cells[0]}"
         for field, _title in _TABLE_COLUMNS:
             value = row.get(field)
             if value is None:
@@ -111,7 +123,10 @@ def render_table(report: dict[str, Any]) -> str:
     widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
     text = ["  ".join(cell.ljust(widths[i]) if i < len(keys) else cell.rjust(widths[i])
                       for i, cell in enumerate(line)) for line in [header, *lines]]
-    return "\n".join(text) + f"\n({report.get('stepSeconds')} s per stored point; wasted = idle GPU-hours)\n"
+    note = "" if report.get("exact", True) else (
+        f"; ~: {report.get('total', {}).get('apportionedGpuHours', 0.0):.2f} GPU-h apportioned by time")
+    return "\n".join(text) + (f"\n(status intervals of {report.get('stepSeconds')} s; wasted = idle GPU-hours"
+                              f"{note})\n")
 
 
 def run(arguments: argparse.Namespace) -> int:

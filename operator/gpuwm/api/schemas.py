@@ -86,11 +86,13 @@ class WorkloadIdentity(BaseModel):
 
 
 class ResolutionStretch(BaseModel):
-    """A stretch [start, end) of the grid whose values really have `step` seconds between them."""
+    """A stretch [start, end) of the grid whose values really have `step` seconds between them, read from
+    `tier` (the embedded store's `STEP:KEEP`; null where the backend has no tiers)."""
 
     start: float
     end: float
     step: float
+    tier: str | None = None
 
 
 class MetricsBody(BaseModel):
@@ -105,6 +107,11 @@ class MetricsBody(BaseModel):
     start: float = Field(description="First point, epoch seconds.")
     end: float = Field(description="Last point at or before this, epoch seconds.")
     step: float = Field(description="Seconds between points.")
+    step_seconds: float = Field(
+        alias="stepSeconds",
+        description="The resolution the values really have: `step`, or the coarsest tier's step where only a "
+        "coarser tier still holds part of the range (its points answer every cell they overlap; see `resolution`).",
+    )
     requested_step: float | None = Field(
         default=None,
         alias="requestedStep",

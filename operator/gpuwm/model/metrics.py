@@ -25,6 +25,7 @@ class Rollup(Enum):
 
     MEAN = "mean"  # gauges
     MAX = "max"  # cumulative counters and growing durations: the latest value is the largest
+    LAST = "last"  # the engine's cumulative figures: the latest value, kept exactly (a period is a difference)
 
 
 class Source(Enum):
@@ -34,6 +35,7 @@ class Source(Enum):
     POD = "pod"  # a `PodStatsSample` field: the kubelet's figures of one pod
     POD_SPEC = "pod_spec"  # a `PodResources` field: the requests and limits of the pod spec (the controller)
     AGENT = "agent"  # counted by the agent per device (holders, active time), not a field of a sample
+    FIGURES = "figures"  # the engine's cumulative figure of a workload, project or cluster (`WorkloadFigures`)
 
 
 class Aggregation(Enum):
@@ -86,6 +88,13 @@ def _gpu(
 def _pod(name: str, unit: str, help_text: str, series_help: str, runai: str | None = None) -> Metric:
     """A kubelet figure of one pod, the `PodStatsSample` field of the metric's name, summed over pods."""
     return Metric(name, unit, help_text, Source.POD, name, Aggregation.SUM, series_help=series_help, runai=runai)
+
+
+def _figure(name: str, unit: str, help_text: str, *, computed: bool = False) -> Metric:
+    """The engine's cumulative figure of the scope: a workload's, project's or cluster's field of this name
+    (`computed`: made from its fields, `gpuwm.store.utilized_gpu_seconds`)."""
+    return Metric(name, unit, help_text, Source.FIGURES, None if computed else name, Aggregation.SUM, Rollup.LAST,
+                  kind="counter")
 
 
 def _spec(name: str, unit: str, help_text: str, runai: str | None = None) -> Metric:
@@ -155,7 +164,7 @@ CATALOGUE: tuple[Metric, ...] = (
          "Pod network transmit rate."),
     _pod("ephemeral_storage_used_bytes", "bytes", "Ephemeral storage of the scope's GPU pods, summed.",
          "Pod ephemeral storage used."),
-    # schema 5 (issue 39 §3): requests and limits from the pod specs, and what the pods use of them
+    # schema 5: requests and limits from the pod specs, and what the pods use of them
     _spec("cpu_request_cores", "cores", "CPU requests of the scope's GPU pods (from their specs), summed.",
           runai="runai_active_job_cpu_requested_cores"),
     _spec("cpu_limit_cores", "cores", "CPU limits of the scope's GPU pods (from their specs), summed.",
@@ -176,6 +185,16 @@ CATALOGUE: tuple[Metric, ...] = (
          "Pod block-device write rate (cAdvisor)."),
     _spec("ephemeral_storage_limit_bytes", "bytes",
           "Ephemeral-storage limits of the scope's GPU pods (specs), summed."),
+    # the engine's cumulative figures, which period reports difference (workload, project and cluster series)
+    _figure("allocated_gpu_seconds", "GPU-seconds", "The scope's allocatedGpuSeconds: units x seconds held."),
+    _figure("active_gpu_seconds", "GPU-seconds", "The scope's activeGpuSeconds."),
+    _figure("idle_gpu_seconds", "GPU-seconds", "The scope's idleGpuSeconds: held, monitored and idle."),
+    _figure("unmonitored_gpu_seconds", "GPU-seconds", "The scope's unmonitoredGpuSeconds: held without samples."),
+    _figure("utilized_gpu_seconds", "GPU-seconds",
+            "Monitored GPU-seconds weighted by SM utilisation (active + idle x lifetime utilisation / 100); "
+            "over a period, divided by its active + idle GPU-seconds, the period's mean utilisation.", computed=True),
+    _figure("energy_joules", "joules",
+            "The scope's energyJoules, kept exactly in every tier (gpu_energy_joules' roll-ups keep 100 J)."),
 )
 BY_NAME: dict[str, Metric] = {metric.name: metric for metric in CATALOGUE}
 #: the metrics the embedded store keeps, in its column order

@@ -15,6 +15,7 @@ from gpuwm.store.base import (
     METRIC_NAMES,
     METRICS,
     Breakdown,
+    PeriodSums,
     QueryError,
     RangeQuery,
     ReadOnlyStoreError,
@@ -23,6 +24,9 @@ from gpuwm.store.base import (
     Store,
     StoreError,
     Stretch,
+    WorkloadGroup,
+    WorkloadPeriod,
+    utilized_gpu_seconds,
 )
 
 
@@ -56,6 +60,7 @@ __all__ = [
     "METRIC_INDEX",
     "METRIC_NAMES",
     "Breakdown",
+    "PeriodSums",
     "QueryError",
     "RangeQuery",
     "ReadOnlyStoreError",
@@ -64,5 +69,8 @@ __all__ = [
     "Store",
     "StoreError",
     "Stretch",
+    "WorkloadGroup",
+    "WorkloadPeriod",
     "open_store",
+    "utilized_gpu_seconds",
 ]

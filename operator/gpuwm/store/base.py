@@ -7,8 +7,8 @@ Two backends implement it: `EmbeddedStore` (SQLite, read-write) and `PrometheusS
 from __future__ import annotations
 
 import abc
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 from gpuwm.model import (
@@ -72,11 +72,13 @@ class Series:
 @dataclass(frozen=True)
 class Stretch:
     """A part of a range's grid, [start, end), whose values really have `step_seconds` between them: the
-    query's step where the store keeps points that fine, the coarser tier's step where only it covers."""
+    query's step where the store keeps points that fine, the coarser tier's step where only it covers;
+    `tier` names the tier read there (`STEP:KEEP`; None where the backend has no tiers or nothing is kept)."""
 
     start: float
     end: float
     step_seconds: float
+    tier: str | None = None
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,57 @@ class RangeQuery:
         return [self.start + index * self.step_seconds for index in range(count)]
 
 
+@dataclass(frozen=True)
+class PeriodSums:
+    """The engine's additive figures over a period: the differences of its cumulative figures (the names of
+    the catalogue's `Source.FIGURES` metrics)."""
+
+    allocated_gpu_seconds: float = 0.0
+    active_gpu_seconds: float = 0.0
+    idle_gpu_seconds: float = 0.0
+    unmonitored_gpu_seconds: float = 0.0
+    #: active + idle GPU-seconds weighted by SM utilisation: / (active + idle) is the period's mean utilisation
+    utilized_gpu_seconds: float = 0.0
+    energy_joules: float = 0.0
+
+    def plus(self, other: PeriodSums) -> PeriodSums:
+        return PeriodSums(**{each.name: getattr(self, each.name) + getattr(other, each.name) for each in fields(self)})
+
+
+@dataclass(frozen=True)
+class WorkloadPeriod:
+    """One workload over a period: what it held and accrued in it, as the store keeps it.
+
+    `apportioned_gpu_seconds`: the part of `sums.allocated_gpu_seconds` not known at the status interval
+    but apportioned by time (a period edge inside a coarse bucket, or what the workload accrued before the
+    store first saw it); 0 where the figures are the engine's own, to the stored resolution."""
+
+    uid: str
+    namespace: str
+    name: str
+    project: str
+    kind: str | None
+    sums: PeriodSums
+    #: the most GPU units it held at one status interval of the period
+    peak_allocated_gpus: float
+    apportioned_gpu_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class WorkloadGroup:
+    """Workloads chosen by their labels, for a peak: of `project` (None: any), in `namespaces` (None: any).
+
+    A report's row is such a group (a project's or a namespace's workloads, all of them), narrowed to the
+    namespaces its reader may see: named by labels, a group of thousands of workloads is a short query."""
+
+    project: str | None = None
+    namespaces: frozenset[str] | None = None
+
+    def holds(self, namespace: str, project: str) -> bool:
+        return (self.project is None or project == self.project) and (
+            self.namespaces is None or namespace in self.namespaces)
+
+
 def check_range(query: RangeQuery) -> None:
     """Raise QueryError naming the parameter when the range or step cannot be answered."""
     if query.step_seconds <= 0:
@@ -118,6 +171,16 @@ def check_range(query: RangeQuery) -> None:
     for name in query.metrics:
         if name not in METRIC_INDEX:
             raise QueryError("metric", f"unknown metric {name!r}; known: {', '.join(METRIC_NAMES)}")
+
+
+def utilized_gpu_seconds(figures: WorkloadFigures | ProjectFigures | ClusterFigures) -> float:
+    """Monitored GPU-seconds weighted by SM utilisation: (active + idle) x the lifetime utilisation / 100.
+
+    Over a period, its difference divided by the period's active + idle GPU-seconds is the period's
+    mean utilisation (what the engine's lifetime figure is over the whole life)."""
+    lifetime = figures.utilization.lifetime
+    monitored = figures.active_gpu_seconds + figures.idle_gpu_seconds
+    return 0.0 if lifetime is None else monitored * lifetime / 100.0
 
 
 def latest_value(points: Sequence[tuple[float, float | None]]) -> float | None:
@@ -212,6 +275,16 @@ class Store(abc.ABC):
             if values:
                 found[uid] = values
         return found
+
+    def period(self, start: float, end: float) -> list[WorkloadPeriod]:
+        """The workloads that held GPUs or accrued GPU-seconds in [start, end), each with its sums there: the
+        engine's cumulative figures before `end` minus those before `start`, at the status interval's
+        resolution where the store keeps it (a period that ends at or after the latest time holds everything)."""
+        raise StoreError(f"{type(self).__name__} keeps no period figures")
+
+    def peak_allocated(self, start: float, end: float, groups: Mapping[str, WorkloadGroup]) -> dict[str, float]:
+        """Per group: the most GPU units its workloads held together at one status interval of [start, end)."""
+        raise StoreError(f"{type(self).__name__} keeps no period figures")
 
     def series_count(self, query: RangeQuery) -> int | None:
         """How many label sets `query` can answer with (an upper bound, known before any point is read),

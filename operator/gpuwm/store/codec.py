@@ -54,6 +54,7 @@ _RESOLUTION_BY_UNIT = {
     "GPU units": 1_000_000.0,
     "seconds": 1_000.0,
     "cores": 1_000.0,
+    "GPU-seconds": 1_000.0,
 }
 RESOLUTION: FloatArray = np.array([_RESOLUTION_BY_UNIT[metric.unit] for metric in METRICS], dtype=np.float64)
 #: the declared resolution of the roll-ups (every tier but the finest), in stored units per metric unit:
@@ -77,6 +78,7 @@ _ROLLUP_RESOLUTION_BY_UNIT: dict[str, tuple[int, int]] = {
     "GPU units": (15_625, 0),
     "seconds": (1_000, 0),
     "cores": (10, 0),
+    "GPU-seconds": (1, 0),  # the engine's counters: every tier keeps them exactly (`Rollup.LAST`)
 }
 #: the absolute quantum of each metric in the roll-ups (stored units)
 ROLLUP_QUANTUM: IntArray = np.array(
@@ -91,7 +93,10 @@ ROLLUP_ZLIB_LEVEL = 9
 #: CPU matters): less CPU than level 6 for slightly bigger chunks (bench/README.md, "The store's choices")
 FINE_ZLIB_LEVEL = 3
 #: metrics kept as second differences: counters and durations that grow by about the same each step
-_SECOND_ORDER: BoolArray = np.array([metric.rollup is Rollup.MAX for metric in METRICS], dtype=np.bool_)
+_SECOND_ORDER: BoolArray = np.array([metric.rollup in (Rollup.MAX, Rollup.LAST) for metric in METRICS], dtype=np.bool_)
+#: the engine's cumulative figures: a roll-up keeps each bucket's last value as it is, never rounded, so the
+#: difference of two buckets' values is the exact sum of the intervals between them
+LAST: BoolArray = np.array([metric.rollup is Rollup.LAST for metric in METRICS], dtype=np.bool_)
 #: a chunk holds one *part* of a series' metrics (schema 4). Part 0 (`WHOLE`): every metric, what
 #: schema 3 wrote. The others split the metrics by what series share: a one-GPU pod's device figures
 #: are its GPU series', its workload's and its workload_node's; its pod stats its workload's. Kept
@@ -102,6 +107,8 @@ WHOLE = 0
 #: the metrics schemas 3 and 4 kept (the first ones of METRICS): a whole chunk of schema 3 holds these,
 #: and so does a head row written before schema 5
 SCHEMA4_METRIC_COUNT = 19
+#: the metrics schema 5 kept: a head row written before schema 6 holds these
+SCHEMA5_METRIC_COUNT = 28
 PARTS: dict[int, npt.NDArray[np.intp]] = {
     WHOLE: np.arange(SCHEMA4_METRIC_COUNT, dtype=np.intp),
     # 1: the device figures: utilisation, memory, power, temperature, clocks, PCIe
@@ -113,10 +120,12 @@ PARTS: dict[int, npt.NDArray[np.intp]] = {
     # 4: the pods' own stats (CPU, memory, network, ephemeral storage)
     4: np.array([14, 15, 16, 17, 18], dtype=np.intp),
     # 5 (schema 5): the pods' requests, limits, use of them, and disk rates
-    5: np.arange(SCHEMA4_METRIC_COUNT, METRIC_COUNT, dtype=np.intp),
+    5: np.arange(SCHEMA4_METRIC_COUNT, SCHEMA5_METRIC_COUNT, dtype=np.intp),
+    # 6 (schema 6): the engine's cumulative figures (workload, project and cluster series only)
+    6: np.arange(SCHEMA5_METRIC_COUNT, METRIC_COUNT, dtype=np.intp),
 }
-#: the parts schema 5 writes, each metric in exactly one of them
-SPLIT_PARTS: tuple[int, ...] = (1, 2, 3, 4, 5)
+#: the parts schema 6 writes, each metric in exactly one of them
+SPLIT_PARTS: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
 #: the smallest value that reaches byte plane k (plane 0: any value above 0)
 _PLANE_FLOOR = np.array([1] + [256**k for k in range(1, 8)], dtype=np.uint64)
 #: the largest magnitude a quantized value may have (leaves room for differences without overflow)
@@ -341,7 +350,8 @@ def round_to_rollup(values: FloatArray) -> FloatArray:
 def roll_up(values: IntArray, factor: int) -> IntArray:
     """Coarser points from [..., metrics, points]: the mean (the max for counters, `Rollup.MAX`) of each
     run of `factor` points, over the present ones, rounded once to the roll-ups' declared resolution
-    (`round_to_rollup`); MISSING where none is. Series by series in passes (`ENCODE_SERIES_PER_PASS`):
+    (`round_to_rollup`); the engine's figures (`Rollup.LAST`) keep the last present point, exactly;
+    MISSING where none is. Series by series in passes (`ENCODE_SERIES_PER_PASS`):
     each series' points are its own, and a whole block's temporaries at once would make a needless peak."""
     if values.ndim == 3 and values.shape[0] > ENCODE_SERIES_PER_PASS:
         return np.concatenate([roll_up(values[low : low + ENCODE_SERIES_PER_PASS], factor)
@@ -357,5 +367,13 @@ def roll_up(values: IntArray, factor: int) -> IntArray:
     value[..., _SECOND_ORDER, :] = maximum[..., _SECOND_ORDER, :]
     value[count == 0] = 0.0
     result = round_to_rollup(value).astype(np.int64)
+    result[..., LAST, :] = _last_present(grouped[..., LAST, :, :], present[..., LAST, :, :])
     result[count == 0] = MISSING
     return np.asarray(result, dtype=np.int64)
+
+
+def _last_present(grouped: IntArray, present: BoolArray) -> IntArray:
+    """The last present value of each run ([..., runs, factor] -> [..., runs]; any value where none is)."""
+    factor = grouped.shape[-1]
+    last_index = factor - 1 - np.argmax(present[..., ::-1], axis=-1)
+    return np.take_along_axis(grouped, last_index[..., None], axis=-1)[..., 0]

@@ -22,7 +22,7 @@ import json
 import math
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from operator import itemgetter
 from pathlib import Path
 from typing import TypeVar, cast
@@ -31,7 +31,17 @@ import numpy as np
 from pydantic import BaseModel
 
 from gpuwm.model import ClusterFigures, GpuSample, PodStatsSample, ProjectFigures, WorkloadFigures, model_json
-from gpuwm.store.base import METRIC_NAMES, RangeQuery, Series, Store, StoreError, Stretch, latest_value
+from gpuwm.store.base import (
+    METRIC_NAMES,
+    RangeQuery,
+    Series,
+    Store,
+    StoreError,
+    Stretch,
+    WorkloadGroup,
+    WorkloadPeriod,
+    latest_value,
+)
 from gpuwm.store.chunks import ChunkWriter, chunk_spans
 from gpuwm.store.codec import (
     BLOCK,
@@ -43,6 +53,8 @@ from gpuwm.store.codec import (
     encode_head,
     quantize,
 )
+from gpuwm.store.holdings import HoldingsWriter
+from gpuwm.store.periods import StoreClock, read_group_peaks, read_period
 from gpuwm.store.rows import RowBuilder, Rows, SeriesKey
 from gpuwm.store.schema import APPLICATION_ID as APPLICATION_ID  # re-exported: the file's identity
 from gpuwm.store.schema import SCHEMA_VERSION as SCHEMA_VERSION
@@ -143,6 +155,7 @@ class EmbeddedStore(Store):
                 "Move it away or point --store at a new path."
             ) from None
         self._chunks = ChunkWriter(self._writer, self.spans)
+        self._holdings = HoldingsWriter(self._writer)
         self._target = int(self._get_meta("compacted_until") or 0)
         # each reading thread's connection, with its thread: the API's worker threads come and go
         # (anyio retires one idle for 10 s), and a dead thread's connection is closed on the next opening
@@ -216,6 +229,7 @@ class EmbeddedStore(Store):
         rows = self._rows.build(samples, workloads, projects, cluster, pod_stats, known=self._series_ids)
         with self._transaction():
             self.write_points(at, rows)
+            self._write_holdings(at, workloads)
             self._write_latest(
                 "latest_workloads", [(w.uid, (w.uid, w.namespace, w.name, w.project, at), w) for w in workloads],
                 at=at, refresh_rows=self.latest_rows_per_interval,
@@ -227,6 +241,17 @@ class EmbeddedStore(Store):
                 self._set_meta("earliest_time", at)
             if compact:
                 self._compact_slice(at)
+
+    def _write_holdings(self, at: float, workloads: Sequence[WorkloadFigures]) -> None:
+        """The interval's `holdings` rows (every workload has its series by now). A workload new to the store
+        brings an opening where it began more than an interval before the previous one (the store's first:
+        more than two finest steps before this one)."""
+        step = self.tiers[0].step_seconds
+        previous = self._get_meta("latest_time")
+        opening_before = at - 2 * step if previous is None else previous - max(at - previous, step)
+        ids = self._series_ids
+        self._holdings.record(int(math.floor(at / step) * step),
+                              [(ids[("workload", workload.uid)], workload) for workload in workloads], opening_before)
 
     def compact_slice(self, at: float) -> None:
         """The compaction slice of the interval recorded at `at` with `record(..., compact=False)`, in a
@@ -255,6 +280,7 @@ class EmbeddedStore(Store):
         self._latest_json.clear()  # the rolled-back rows may be gone: rewrite them next time
         self._latest_objects.clear()
         self._latest_refreshed.clear()
+        self._holdings.reload()
         self._read_series()
         self._drop_row_layouts()
         # a rolled-back slice took its blocks off the round's list, their rows still in the head: the round
@@ -506,6 +532,7 @@ class EmbeddedStore(Store):
             return
         self._chunks.merge_ended_pieces(until)
         self._chunks.apply_retention(at)
+        self._holdings.apply_retention(int(at - self.tiers[-1].keep_seconds))
         self._forget_empty_series()
         self._writer.execute("DELETE FROM latest_workloads WHERE at < ?", (at - self.retention_seconds,))
         self._writer.execute("DELETE FROM latest_projects WHERE at < ?", (at - self.retention_seconds,))
@@ -588,6 +615,7 @@ class EmbeddedStore(Store):
         for offset in range(0, len(empty), 500):
             batch = [series_id for series_id, _, _ in empty[offset : offset + 500]]
             connection.execute(f"DELETE FROM series WHERE id IN ({','.join('?' * len(batch))})", batch)
+        self._holdings.forget([series_id for series_id, _, _ in empty])
         for _, kind, key in empty:
             self._series_ids.pop((kind, key), None)
         self._drop_row_layouts()
@@ -739,6 +767,18 @@ class EmbeddedStore(Store):
     def query_range(self, query: RangeQuery) -> list[Series]:
         with self._snapshot() as (connection, latest, watermarks):
             return read_range(connection, self.spans, latest, watermarks, query)
+
+    # -- reading: periods ---------------------------------------------------------------------
+
+    def period(self, start: float, end: float) -> list[WorkloadPeriod]:
+        with self._snapshot() as (connection, latest, watermarks):
+            clock = StoreClock(self.spans, latest, self._get_meta("earliest_time", connection), watermarks)
+            return read_period(connection, clock, start, end)
+
+    def peak_allocated(self, start: float, end: float, groups: Mapping[str, WorkloadGroup]) -> dict[str, float]:
+        with self._snapshot() as (connection, latest, watermarks):
+            clock = StoreClock(self.spans, latest, self._get_meta("earliest_time", connection), watermarks)
+            return read_group_peaks(connection, clock, start, end, groups)
 
     def latest_by_workload(
         self, uids: Sequence[str], metrics: tuple[str, ...], start: float, end: float, step_seconds: float

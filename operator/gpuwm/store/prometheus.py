@@ -10,7 +10,9 @@ Series it reads (Prometheus, Thanos, Mimir or VictoriaMetrics behind the same Pr
 Workload and project scopes join the agent's series on (namespace, pod) with
 gpuwm_workload_pod_info. A point at t is PromQL's value at t (the latest sample within
 the lookback), not the mean over [t, t+step) that the embedded store returns.
-`record` is refused: Prometheus is written by scraping, not by gpuwm.
+`record` is refused: Prometheus is written by scraping, not by gpuwm. Queries go by POST, so a long one
+(a workload's pods, a group's workloads) has no URL length to stay under. Periods come from the controller's
+counters (store/prometheus_periods.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import dataclasses
 import math
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -46,8 +48,11 @@ from gpuwm.store.base import (
     Series,
     Store,
     StoreError,
+    WorkloadGroup,
+    WorkloadPeriod,
     check_range,
 )
+from gpuwm.store.prometheus_periods import PromPeriodReader, read_group_peaks, read_period
 from gpuwm.store.promql import _POD_SERIES, KEY_LABEL, promql, quote, scope_labels
 
 #: the PodResources fields the controller exports as gpuwm_pod_<field>
@@ -97,12 +102,16 @@ class PrometheusStore(Store):
         timeout_seconds: float = 30.0,
         headers: dict[str, str] | None = None,
         evaluation_time: float | None = None,
+        scrape_interval_seconds: float = 15.0,
     ) -> None:
-        """`evaluation_time`: read the latest state as of this epoch time instead of now (replays, tests)."""
+        """`evaluation_time`: read the latest state as of this epoch time instead of now (replays, tests);
+        `scrape_interval_seconds`: how often the controller is scraped (a group's units are summed at each)."""
         self.url = url.rstrip("/")
         self.evaluation_time = evaluation_time
+        self.scrape_interval_seconds = scrape_interval_seconds
         self._timeout = timeout_seconds
-        self._client = PrometheusConnect(url=self.url, headers=headers, timeout=math.ceil(timeout_seconds))
+        self._client = PrometheusConnect(url=self.url, headers=headers, timeout=math.ceil(timeout_seconds),
+                                         method="POST")
 
     def record(
         self,
@@ -126,9 +135,10 @@ class PrometheusStore(Store):
         return self._ask(query, self._client.custom_query, params={"time": repr(at)} if at is not None else None)
 
     def _range(self, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        # nocache: VictoriaMetrics otherwise moves a long answer's points onto multiples of the step
         return self._ask(
             query, self._client.custom_query_range, start_time=datetime.fromtimestamp(start, UTC),
-            end_time=datetime.fromtimestamp(end, UTC), step=repr(step),
+            end_time=datetime.fromtimestamp(end, UTC), step=repr(step), params={"nocache": "1"},
         )
 
     def _ask(self, query: str, call: Callable[..., Any], **arguments: Any) -> list[dict[str, Any]]:
@@ -338,6 +348,20 @@ class PrometheusStore(Store):
     def earliest_time(self) -> float | None:
         return None
 
+    # -- periods ------------------------------------------------------------------------------
+
+    def _period_reader(self) -> PromPeriodReader:
+        now = self.latest_time()
+        assert now is not None
+        return PromPeriodReader(instant=self._instant, ranged=self._range, scrape_seconds=self.scrape_interval_seconds,
+                                now=now)
+
+    def period(self, start: float, end: float) -> list[WorkloadPeriod]:
+        return read_period(self._period_reader(), start, end)
+
+    def peak_allocated(self, start: float, end: float, groups: Mapping[str, WorkloadGroup]) -> dict[str, float]:
+        return read_group_peaks(self._period_reader(), start, end, groups)
+
     # -- time series --------------------------------------------------------------------------
 
     def latest_by_workload(
@@ -383,10 +407,8 @@ class PrometheusStore(Store):
             if missing:
                 raise QueryError("pod", f"no pod {missing[0]!r} in this workload's series; its pods: {', '.join(pods)}")
             pods = sorted(set(query.pods))
-        matchers = [f"namespace=~{quote('|'.join(re.escape(n) for n in namespaces))}"]
-        if len(pods) <= 500:
-            matchers.append(f"pod=~{quote('|'.join(re.escape(p) for p in pods))}")
-        return ", ".join(matchers)
+        return (f"namespace=~{quote('|'.join(re.escape(n) for n in namespaces))}, "
+                f"pod=~{quote('|'.join(re.escape(p) for p in pods))}")
 
     def query_range(self, query: RangeQuery) -> list[Series]:
         check_range(query)

@@ -23,6 +23,9 @@ _POD_SERIES = {
     if metric.field is not None and metric.source in (Source.POD, Source.POD_SPEC)
 }
 #: the stored ratios: (numerator, denominator) of the device ratios and of the pod ratios
+#: the engine's cumulative figures, which the controller exports as `gpuwm_workload_<name>_total` and
+#: `gpuwm_project_<name>_total` (`api/prom_metrics.py`)
+_FIGURES = frozenset(metric.name for metric in STORED if metric.source is Source.FIGURES)
 _DEVICE_RATIOS = {metric.name: metric.ratio_of for metric in STORED if metric.ratio_of and metric.source is Source.GPU}
 _POD_RATIOS = {metric.name: metric.ratio_of for metric in STORED if metric.ratio_of and metric.source is Source.POD}
 _BY_LABELS = {
@@ -76,6 +79,8 @@ def promql(metric: str, scope: str, key: str, by: str | None, narrow: str = "") 
         used = f"({_scoped(numerator, scope, key, narrow)} and on (namespace, pod) {denominator})"
         given = f"({_scoped(denominator, scope, key, narrow)} and on (namespace, pod) {numerator})"
         return f"100 * sum{grouping} ({used}) / (sum{grouping} ({given}) > 0)"
+    if metric in _FIGURES:
+        return _figure(metric, scope, key, by)
     if metric == "gpu_energy_joules":
         if scope in ("node", "cluster"):
             return f"sum{grouping} ({_scoped('gpuwm_gpu_energy_joules_total', scope, key, narrow)})"
@@ -89,6 +94,16 @@ def promql(metric: str, scope: str, key: str, by: str | None, narrow: str = "") 
             return None
         return f"max (gpuwm_workload_idle_seconds{{{KEY_LABEL[scope]}={quote(key)}}})"
     return None
+
+
+def _figure(metric: str, scope: str, key: str, by: str | None) -> str | None:
+    """The engine's cumulative figure of a workload or project (the controller's counter), or the cluster's
+    (its projects' sum); a node, and any breakdown, has none."""
+    if by is not None or scope == "node":
+        return None
+    if scope == "cluster":
+        return f"sum (gpuwm_project_{metric}_total)"
+    return f"max (gpuwm_{scope}_{metric}_total{{{KEY_LABEL[scope]}={quote(key)}}})"
 
 
 def scope_labels(scope: str, key: str) -> dict[str, str]:

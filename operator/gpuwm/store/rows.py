@@ -23,7 +23,9 @@ so an idle unallocated device pulls the fleet's figure down); bytes, watts and P
 summed, a shared device counting by share; temperature is the hottest device; clocks are means;
 memory utilisation is used / total; energy is the workload's or project's energyJoules, or the
 devices' counters (each physical GPU once); idle seconds the workload's (the longest of its
-workloads for a project, node or cluster); pod stats are summed over the series' pods.
+workloads for a project, node or cluster); pod stats are summed over the series' pods. The engine's
+cumulative figures (`Source.FIGURES`: allocated, active, idle, unmonitored and utilized GPU-seconds,
+energy) are the workload's, project's and cluster's own, as their figures say; other series have none.
 """
 
 # ruff: noqa: B023 - the label builders (lambdas in loops) are called at once by `get`, never later
@@ -51,6 +53,7 @@ from gpuwm.model import (
     WorkloadFigures,
 )
 from gpuwm.store.base import METRIC_INDEX, METRIC_NAMES, METRICS
+from gpuwm.store.figures import FIGURE_COLUMNS, figure_values
 
 SeriesKey = tuple[str, str]  # (kind, key)
 FloatArray = npt.NDArray[np.float64]
@@ -295,7 +298,6 @@ class RowBuilder:
         known: Container[SeriesKey] = frozenset(),
     ) -> Rows:
         """One row per series for this interval (see `build_rows`)."""
-        del cluster  # the cluster row is aggregated from the devices; its figures are kept as latest state
         if len(self._keys) > 2 * self._in_use + self.SLACK:
             self.clear()  # slots of series gone long ago: start a fresh table
         latest: dict[str, GpuSample] = {}
@@ -391,10 +393,12 @@ class RowBuilder:
                 for pod in pods:
                     if pod.resources is not None:
                         resources_by_pod[pod.uid] = pod.resources
-        return layout.fill(
+        rows = layout.fill(
             latest, sample_list, figures, gpu_values, idle_of, energy_of, [each.energy_joules for each in projects],
             free_rows, stats_by_pod, labels, resources_by_pod,
         )
+        layout.fill_figures(rows.values, figure_values(workloads), figure_values(projects), figure_values([cluster]))
+        return rows
 
     def _assemble(self, entries: list[_Entry], extra: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]) -> _Layout:
         """The parts, pairs and series of an interval's entries (reused while they and `extra` stay the same)."""
@@ -490,6 +494,7 @@ class RowBuilder:
             energy_workload=np.fromiter(energy_workload.values(), dtype=np.int64, count=len(energy_workload)),
             energy_project_rows=row_of[np.fromiter(energy_project, dtype=np.int64, count=len(energy_project))],
             energy_project=np.fromiter(energy_project.values(), dtype=np.int64, count=len(energy_project)),
+            cluster_row=int(row_of[cluster_slot]) if cluster_slot >= 0 else -1,
         )
 
 
@@ -526,6 +531,7 @@ class _Layout:
     energy_workload: IntArray
     energy_project_rows: IntArray
     energy_project: IntArray
+    cluster_row: int  # -1: no cluster series (no device)
     members: tuple[IntArray, list[str]] | None = None  # (series row, pod uid) of each series' pods, when pod stats come
     sample_order: tuple[list[str], list[str | None]] | None = None  # the last samples' uuids and parents ...
     sample_rows: IntArray | None = None  # ... each GPU's sample row (-1: none) ...
@@ -637,6 +643,17 @@ class _Layout:
                                 [uid for uids in pods.values() for uid in uids])
             _sum_pod_stats(*self.members, stats_by_pod, resources_by_pod or {}, values)
         return Rows(keys=self.keys, values=values, labels=labels)
+
+    def fill_figures(
+        self, values: FloatArray, workload_figures: FloatArray, project_figures: FloatArray, cluster_figures: FloatArray,
+    ) -> None:
+        """The engine's cumulative figures (`figure_values`) into the workload, project and cluster rows."""
+        if len(self.energy_rows):
+            values[np.ix_(self.energy_rows, FIGURE_COLUMNS)] = workload_figures[self.energy_workload]
+        if len(self.energy_project_rows):
+            values[np.ix_(self.energy_project_rows, FIGURE_COLUMNS)] = project_figures[self.energy_project]
+        if self.cluster_row >= 0:
+            values[self.cluster_row, FIGURE_COLUMNS] = cluster_figures[0]
 
 
 def build_rows(

@@ -6,10 +6,16 @@ and block of series (what `record` appends); `chunks` one row per tier, series a
 (codec.PARTS), where identical bytes are kept once, counted by triggers so the bytes go when the
 last chunk naming them does; `latest_*` the latest figures; `meta` the metric layout and watermarks.
 
-Schema 5 adds the metrics of issue 39 §3 at the end of the layout (the pods' requests, limits, use
-of them, disk rates) as a fifth part (`host_payload`); a schema 4 file gains the column (NULL: those
-metrics missing from its chunks) and its head rows are read as they are (narrower: the new metrics
-missing).
+Schema 5 adds the pods' requests, limits, use of them and disk rates at the end of the layout as a
+fifth part (`host_payload`); a schema 4 file gains the column (NULL: those metrics missing from its
+chunks) and its head rows are read as they are (narrower: the new metrics missing).
+
+Schema 6 adds the engine's cumulative figures (`Rollup.LAST`) as a sixth part (`figures_payload`), and
+`holdings`: a row when a workload's units held change (or it accrues GPU-seconds while holding none at a
+status interval), from which reports find who held GPUs in a period and the peaks of any group of
+workloads; `openings`: what a workload had accrued before the store first saw it (a store migrated from
+schema 5, or a new file beside a running controller), which reports apportion over its life before then.
+A schema 5 file gains the column and the tables the same way as schema 4 gained `host_payload`.
 
 Older files are migrated in place, in one transaction, when opened: schema 3 named one payload
 of every metric per chunk (kept as it is, in the `payload` column: it reads back the same, and
@@ -27,11 +33,12 @@ from pathlib import Path
 
 from gpuwm.store.base import METRIC_NAMES, StoreError
 from gpuwm.store.codec import SPLIT_PARTS, WHOLE
+from gpuwm.store.figures import FIGURE_NAMES
 
 log = logging.getLogger(__name__)
 
 APPLICATION_ID = 0x6770776D  # "gpwm"
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 #: the oldest schema this gpuwm converts when it opens the file
 MIGRATABLE_VERSION = 2
 PAGE_SIZE = 16384
@@ -76,8 +83,8 @@ def check_file(path: Path) -> None:
 #: the column of `chunks` that names each part's payload (codec.PARTS); `payload` is the whole chunk
 #: of schema 3, never written since
 PART_COLUMNS: dict[int, str] = {WHOLE: "payload", 1: "device_payload", 2: "energy_payload", 3: "units_payload",
-                                4: "pod_payload", 5: "host_payload"}
-#: the payload columns schema 5 writes, in `SPLIT_PARTS` order
+                                4: "pod_payload", 5: "host_payload", 6: "figures_payload"}
+#: the payload columns schema 6 writes, in `SPLIT_PARTS` order
 SPLIT_COLUMNS: tuple[str, ...] = tuple(PART_COLUMNS[part] for part in SPLIT_PARTS)
 #: one row per chunk and part it names, (tier, series_id, start, points, part, payload): for tools and
 #: tests that count bytes or references by payload (the store itself reads chunks through `read_chunks`)
@@ -224,24 +231,41 @@ def _migrate_from_3(connection: sqlite3.Connection, path: Path) -> None:
     log.info("migrated store to schema 4", extra={"store": str(path), "chunks": moved, "schema_version": SCHEMA_VERSION})
 
 
-def _migrate_to_5(connection: sqlite3.Connection, path: Path) -> None:
-    """Schema 4 (or a file just migrated from 2 or 3) -> 5 inside the caller's transaction: `chunks` gains
-    `host_payload` (the triggers and the pieces' index name every payload column, so they are made again
-    by `_CHUNK_TABLES`), and the metric layout in `meta` gains the new metrics after the old ones. Chunks
-    and head rows are not rewritten: their new metrics are missing, which is what they are."""
+def _migrate_columns(connection: sqlite3.Connection, path: Path) -> None:
+    """Schema 4 or 5 (or a file just migrated from 2 or 3) -> 6 inside the caller's transaction: `chunks`
+    gains each payload column it lacks (`host_payload`, `figures_payload`; the triggers and the pieces'
+    index name every payload column, so they are made again by `_CHUNK_TABLES`), and the metric layout in
+    `meta` gains the new metrics after the old ones. Chunks and head rows are not rewritten: their new
+    metrics are missing, which is what they are. The new tables come with `create_schema`'s statements."""
     columns = {row[1] for row in connection.execute("PRAGMA table_info(chunks)")}
-    if "host_payload" not in columns:
+    added = [column for column in ("host_payload", "figures_payload") if column not in columns]
+    if added:
         connection.execute("DROP INDEX IF EXISTS chunks_pieces")
         for trigger in ("chunks_ref", "chunks_unref", "chunks_reref"):
             connection.execute(f"DROP TRIGGER IF EXISTS {trigger}")
-        connection.execute("ALTER TABLE chunks ADD COLUMN host_payload INTEGER")
+        for column in added:
+            connection.execute(f"ALTER TABLE chunks ADD COLUMN {column} INTEGER")
     row = connection.execute("SELECT value FROM meta WHERE key = 'metrics'").fetchone()
     if row is not None:
         stored = list(json.loads(row[0]))
         if stored != list(METRIC_NAMES[: len(stored)]):
             raise StoreError(f"store {path} has an incompatible metric layout; point --store at a new path")
         connection.execute("UPDATE meta SET value = ? WHERE key = 'metrics'", (json.dumps(METRIC_NAMES),))
-    log.info("migrated store to schema 5", extra={"store": str(path), "schema_version": SCHEMA_VERSION})
+    log.info("migrated store", extra={"store": str(path), "schema_version": SCHEMA_VERSION, "columns": added})
+
+
+#: `holdings`, `records` and `openings` (store/holdings.py): a row when a workload's units held change, by
+#: series and bucket, found by time for a period; the buckets the store recorded an interval at; what a
+#: workload new to the store had accrued before, by series
+HOLDINGS_TABLES = [
+    "CREATE TABLE IF NOT EXISTS holdings (series_id INTEGER NOT NULL, t INTEGER NOT NULL, units REAL NOT NULL, "
+    "PRIMARY KEY (series_id, t)) WITHOUT ROWID",
+    "CREATE INDEX IF NOT EXISTS holdings_by_t ON holdings (t)",
+    "CREATE TABLE IF NOT EXISTS records (t INTEGER PRIMARY KEY)",
+    "CREATE TABLE IF NOT EXISTS openings (series_id INTEGER PRIMARY KEY, t INTEGER NOT NULL, since REAL NOT NULL, "
+    "units REAL NOT NULL, "
+    + ", ".join(f"{name} INTEGER NOT NULL" for name in FIGURE_NAMES) + ")",
+]
 
 
 #: a rowid table: its ~2-3 KB rows (a workload's figures JSON), rewritten every interval, are cheaper to
@@ -316,11 +340,11 @@ def create_schema(connection: sqlite3.Connection, path: Path) -> None:
             _migrate_from_2(connection, path)
         elif version == 3:
             _migrate_from_3(connection, path)
-        if MIGRATABLE_VERSION <= version < 5:
-            _migrate_to_5(connection, path)
+        if MIGRATABLE_VERSION <= version < SCHEMA_VERSION:
+            _migrate_columns(connection, path)
             connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         _rebuild_latest_workloads(connection, path)
-        for statement in statements + _CHUNK_TABLES:
+        for statement in statements + _CHUNK_TABLES + HOLDINGS_TABLES:
             connection.execute(statement)
         connection.execute(
             "INSERT OR IGNORE INTO meta VALUES ('metrics', ?)", (json.dumps(METRIC_NAMES),)

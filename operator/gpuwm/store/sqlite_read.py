@@ -104,10 +104,11 @@ def plan_stretches(
         first, last = max(float(low), query.start), min(float(high), end)
         if last <= first:
             continue
-        if stretches and stretches[-1].step_seconds == step and stretches[-1].end >= first:
-            stretches[-1] = Stretch(stretches[-1].start, last, step)
+        previous = stretches[-1] if stretches else None
+        if previous is not None and (previous.step_seconds, previous.tier) == (step, tier.name) and previous.end >= first:
+            stretches[-1] = Stretch(previous.start, last, step, tier.name)
         else:
-            stretches.append(Stretch(first, last, step))
+            stretches.append(Stretch(first, last, step, tier.name))
     if not stretches:
         stretches = [Stretch(query.start, end, query.step_seconds)]
     # the pieces before the first and after the last segment read at the query's step
@@ -272,9 +273,13 @@ def read_range(
         for tier, low, high in segments:
             span = next(span for span in spans if span.tier == tier)
             with_head = tier == tiers[0]
-            coarser = tier.step_seconds > step
+            # a roll-up's points stand for whole buckets: spread over the cells they overlap where the grid is finer
+            # than them or not on their boundaries (a point per cell would leave a cell with none)
+            coarser = tier.step_seconds > step or (tier != tiers[0] and query.start % tier.step_seconds != 0)
             for series_id, times, values in _contributions(connection, span, ids, metrics, low, high, with_head):
-                inside = (times >= low) & (times < high)
+                # a coarse point stands for [t, t + its step): one that begins before the segment still covers it
+                begins = times + tier.step_seconds > low if coarser else times >= low
+                inside = begins & (times < high)
                 if not inside.any():
                     continue
                 times = times[inside]

@@ -15,6 +15,19 @@ class Tier:
     step_seconds: int
     keep_seconds: float
 
+    @property
+    def name(self) -> str:
+        """`STEP:KEEP` as `--store-rollups` spells it (15s:2d)."""
+        return f"{duration_text(self.step_seconds)}:{duration_text(self.keep_seconds)}"
+
+
+def duration_text(seconds: float) -> str:
+    """Seconds in the largest unit that divides them: 15s, 5m, 2d (a fraction of a second as a number)."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
 
 def parse_tiers(specs: Sequence[str]) -> list[Tier]:
     """Parse and check `--store-rollups`; the error names the option and the entry at fault."""

@@ -18,7 +18,7 @@ from gpuwm.api.app import create_app
 from gpuwm.api.auth import User
 from gpuwm.api.http import TooBusy
 from gpuwm.config import Settings
-from gpuwm.store import RangeQuery, Series
+from gpuwm.store import RangeQuery, Series, WorkloadPeriod
 from gpuwm.store.embedded import EmbeddedStore
 
 from .api_data import populate
@@ -118,15 +118,23 @@ def test_heavy_slots_are_half_of_the_queries_and_no_user_holds_them_all() -> Non
 
 
 class _Held(EmbeddedStore):
-    """Every range read waits for `release` (a report of the whole store's life, as slow as one likes)."""
+    """Every range read and period read waits for `release` (a report of the whole store's life, as slow as one
+    likes)."""
 
     release = threading.Event()
     reads_started = 0
 
-    def query_range(self, query: RangeQuery) -> list[Series]:
+    def _hold(self) -> None:
         type(self).reads_started += 1
         type(self).release.wait(30)
+
+    def query_range(self, query: RangeQuery) -> list[Series]:
+        self._hold()
         return super().query_range(query)
+
+    def period(self, start: float, end: float) -> list[WorkloadPeriod]:
+        self._hold()
+        return super().period(start, end)
 
 
 @pytest.fixture

@@ -33,7 +33,7 @@ def test_other_cells_are_kept(text: str) -> None:
 def test_the_report_csv_neutralises_names_and_keeps_numbers() -> None:
     row = ReportRow(project="=cmd|' /C calc'!A0", namespace="@team", workload="-train", kind="+Job", workloads=1,
                     allocated_gpu_hours=2.0)
-    report = Report(start=0.0, end=3600.0, step_seconds=15.0, by="workload", idle_threshold_percent=1.0,
+    report = Report(start=0.0, end=3600.0, step_seconds=15.0, by="workload", idle_threshold_percent=1.0, exact=True,
                     rows=[row], total=ReportRow(workloads=1, allocated_gpu_hours=2.0))
     lines = list(csv.DictReader(io.StringIO(report_csv(report))))
     assert lines[0]["project"] == "'=cmd|' /C calc'!A0"

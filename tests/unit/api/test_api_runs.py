@@ -138,7 +138,8 @@ async def test_whole_life_of_a_run_older_than_the_finest_tier_has_no_nulls(clien
     body = response.json()
     # all of it is in the 1-minute tier: answered at its step, and the answer says so
     assert (body["start"], body["end"], body["step"], body["requestedStep"]) == (0.0, 345.0, 60.0, 15.0)
-    assert body["resolution"] == [{"start": 0.0, "end": 360.0, "step": 60.0}]
+    assert body["resolution"] == [{"start": 0.0, "end": 360.0, "step": 60.0, "tier": "1m:1d"}]
+    assert body["stepSeconds"] == 60.0
     (util,) = body["series"]
     assert [t for t, _ in util["points"]] == [0.0, 60.0, 120.0, 180.0, 240.0, 300.0]
     assert all(value is not None for _, value in util["points"])
@@ -155,9 +156,10 @@ async def test_a_range_across_the_tiers_fills_the_coarse_stretch_and_says_which_
     assert body["step"] == 15.0 and body["requestedStep"] is None
     # the 15 s tier keeps 900 - 120 = 780 on; before that only the minutes
     assert body["resolution"] == [
-        {"start": 600.0, "end": 780.0, "step": 60.0},
-        {"start": 780.0, "end": 915.0, "step": 15.0},
+        {"start": 600.0, "end": 780.0, "step": 60.0, "tier": "1m:1d"},
+        {"start": 780.0, "end": 915.0, "step": 15.0, "tier": "15s:2m"},
     ]
+    assert body["stepSeconds"] == 60.0  # the coarsest resolution of any of its values
     (allocated,) = body["series"]
     assert len(allocated["points"]) == 21
     assert [v for _, v in allocated["points"]] == [2.0] * 21  # every cell answered, none null
@@ -169,7 +171,7 @@ async def test_a_step_finer_than_stored_is_answered_at_the_stored_step(client: h
     )
     body = response.json()
     assert (body["step"], body["requestedStep"]) == (15.0, 5.0)
-    assert body["resolution"] == [{"start": 780.0, "end": 915.0, "step": 15.0}]
+    assert body["resolution"] == [{"start": 780.0, "end": 915.0, "step": 15.0, "tier": "15s:2m"}]
     (util,) = body["series"]
     assert [t for t, _ in util["points"]] == [float(t) for t in range(780, 915, 15)]
     assert [v for _, v in util["points"]] == [

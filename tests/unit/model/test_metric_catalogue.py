@@ -1,6 +1,6 @@
 """Every consumer of the metric catalogue covers every entry: a metric added to `gpuwm.model.metrics` that
 the store's rows, the PromQL translation, the agent's `/metrics`, the OpenMetrics backfill or the Run:ai names leave out
-fails here (issue 36 §5)."""
+fails here."""
 
 from __future__ import annotations
 
@@ -74,18 +74,22 @@ def test_rows_give_every_stored_metric_a_value(kind: str) -> None:
     rows = build_rows([_full_sample()], [figures], [project("alpha", [figures])], cluster(1), [_full_stats()])
     row = rows.values[[key[0] for key in rows.keys].index(kind)]
     missing = [name for name, value in zip(METRIC_NAMES, row, strict=True) if np.isnan(value)]
-    # energy is the workload's and project's own figure, or the devices' counters: a pod has none
-    assert missing == (["gpu_energy_joules"] if kind == "pod" else [])
+    # energy is the workload's and project's own figure, or the devices' counters: a pod has none; the engine's
+    # cumulative figures are the workload's, project's and cluster's own
+    engines = [metric.name for metric in STORED if metric.source is Source.FIGURES]
+    assert missing == {"pod": ["gpu_energy_joules", *engines], "node": engines}.get(kind, [])
 
 
 @pytest.mark.parametrize("metric", STORED, ids=lambda metric: metric.name)
 @pytest.mark.parametrize("scope", ["workload", "project", "node", "cluster"])
 def test_promql_translates_every_stored_metric(metric: Metric, scope: str) -> None:
     expression = promql(metric.name, scope, "key", None)
-    assert expression is not None and "gpuwm_" in expression
+    # the engine's cumulative figures are a workload's, project's or the cluster's: a node has none
+    assert (expression is None) == (metric.source is Source.FIGURES and scope == "node")
+    assert expression is None or "gpuwm_" in expression
     per_gpu = promql(metric.name, scope, "key", "gpu")
     # a pod's figures are not split among its devices; the engine's own figures have no breakdown
-    assert (per_gpu is None) == (metric.source in (Source.POD, Source.POD_SPEC)
+    assert (per_gpu is None) == (metric.source in (Source.POD, Source.POD_SPEC, Source.FIGURES)
                                  or (scope in ("workload", "project") and metric.rollup is Rollup.MAX))
 
 

@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 
-from gpuwm.model import GpuSample, PodResources, PodStatsSample
+from gpuwm.model import GpuSample, PodResources, PodStatsSample, Source
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
-from gpuwm.store.base import METRIC_INDEX, METRIC_NAMES
+from gpuwm.store.base import METRIC_INDEX, METRIC_NAMES, METRICS, utilized_gpu_seconds
 from gpuwm.store.rows import POD_SUMMED, pod_host_row
 
 SeriesKey = tuple[str, str]  # (kind, key)
@@ -98,6 +98,7 @@ class _Group:
     pods: set[str] = field(default_factory=set)
     energy_joules: float | None = None
     idle_seconds: float | None = None
+    figures: WorkloadFigures | ProjectFigures | ClusterFigures | None = None  # whose cumulative figures it keeps
 
 
 def _aggregate(parts: Sequence[_Part], per_device: bool = False) -> Values:
@@ -195,7 +196,6 @@ def build_rows(
     pod_stats: Sequence[PodStatsSample] = (),
 ) -> dict[SeriesKey, SeriesRow]:
     """One row per series for this interval."""
-    del cluster  # the cluster row is aggregated from the devices; its figures are kept as latest state
     latest: dict[str, GpuSample] = {}
     for each in samples:
         if each.uuid not in latest or each.t >= latest[each.uuid].t:
@@ -223,6 +223,7 @@ def build_rows(
         }
         workload_group = groups.get(("workload", workload.uid)) or new_group("workload", workload.uid, dict(base))
         workload_group.energy_joules = workload.energy_joules
+        workload_group.figures = workload
         workload_group.idle_seconds = workload.idle_seconds
         project_name = workload.project
         project_group = groups.get(("project", project_name)) or new_group(
@@ -295,6 +296,7 @@ def build_rows(
             "project", project.name, {"project": project.name}
         )
         project_group.energy_joules = project.energy_joules
+        project_group.figures = project
 
     # node and cluster rows see every device once, held or not, whole (share 1)
     device_parts: dict[str, _Part] = {}
@@ -339,6 +341,8 @@ def build_rows(
         (groups.get(("node", part.node)) or new_group("node", part.node, {"node": part.node})).parts.append(part)
         (groups.get(("cluster", "")) or new_group("cluster", "", {})).parts.append(part)
 
+    if ("cluster", "") in groups:
+        groups[("cluster", "")].figures = cluster
     rows: dict[SeriesKey, SeriesRow] = {}
     energy_column = METRIC_INDEX["gpu_energy_joules"]
     idle_column = METRIC_INDEX["gpu_idle_seconds"]
@@ -362,6 +366,11 @@ def build_rows(
             values[idle_column] = found.parts[0].idle_seconds if found.parts else None
         else:
             values[idle_column] = found.idle_seconds
+        if found.figures is not None:
+            for metric in METRICS:
+                if metric.source is Source.FIGURES:
+                    figure = getattr(found.figures, metric.field) if metric.field else utilized_gpu_seconds(found.figures)
+                    values[METRIC_INDEX[metric.name]] = figure
         if kind != "gpu" and found.pods and stats_by_pod:
             _fill_pod_stats(values, [stats_by_pod[uid] for uid in found.pods if uid in stats_by_pod], resources)
         rows[(kind, key)] = SeriesRow(labels=found.labels, values=values)

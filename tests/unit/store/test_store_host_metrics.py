@@ -1,5 +1,5 @@
 """Issue 39 §3: the pods' requests, limits, use of them and disk rates in the embedded store, and a
-schema-4 file (without them) migrated to schema 5 in place."""
+schema-4 file (without them) migrated in place."""
 
 from __future__ import annotations
 
@@ -7,15 +7,13 @@ import json
 import sqlite3
 from pathlib import Path
 
-import numpy as np
-
 from gpuwm.model import PodResources, PodStatsSample
 from gpuwm.model.figures import WorkloadFigures
 from gpuwm.store import RangeQuery
 from gpuwm.store.base import METRIC_NAMES
-from gpuwm.store.codec import SCHEMA4_METRIC_COUNT, decode_head, encode_head
 from gpuwm.store.embedded import SCHEMA_VERSION, EmbeddedStore
 
+from .old_schema import narrowed, rewrite_as_schema
 from .store_data import cluster, project, sample, workload
 from .test_store_payloads import SMALL_TIERS, check_counts, chunk_values, record_jobs
 
@@ -76,25 +74,6 @@ def test_requests_limits_and_their_use_per_pod_workload_and_project(tmp_path: Pa
         store.close()
 
 
-def _as_schema_4(path: Path) -> None:
-    """Rewrite a file as schema 4 left it: no host_payload column, head rows and metric layout 19 wide."""
-    connection = sqlite3.connect(path, isolation_level=None)
-    connection.execute("BEGIN")
-    assert connection.execute("SELECT count(*) FROM chunks WHERE host_payload IS NOT NULL").fetchone() == (0,)
-    connection.execute("DROP INDEX chunks_pieces")
-    for name in ("chunks_ref", "chunks_unref", "chunks_reref"):
-        connection.execute(f"DROP TRIGGER {name}")
-    connection.execute("ALTER TABLE chunks DROP COLUMN host_payload")
-    for block, t, data in connection.execute("SELECT block, t, data FROM head").fetchall():
-        narrow = np.ascontiguousarray(decode_head(data)[:, :SCHEMA4_METRIC_COUNT])
-        connection.execute("UPDATE head SET data = ? WHERE block = ? AND t = ?", (encode_head(narrow), block, t))
-    connection.execute("UPDATE meta SET value = ? WHERE key = 'metrics'",
-                       (json.dumps(METRIC_NAMES[:SCHEMA4_METRIC_COUNT]),))
-    connection.execute("PRAGMA user_version = 4")
-    connection.execute("COMMIT")
-    connection.close()
-
-
 def test_a_schema_4_file_is_migrated_in_place_and_takes_the_new_metrics(tmp_path: Path) -> None:
     path = tmp_path / "s.db"
     store = EmbeddedStore(path, tiers=SMALL_TIERS)
@@ -103,17 +82,17 @@ def test_a_schema_4_file_is_migrated_in_place_and_takes_the_new_metrics(tmp_path
     query = RangeQuery("cluster", "", ("gpu_utilization_percent",), 0, 435, 15, "pod")
     before = store.query_range(query)
     store.close()
-    _as_schema_4(path)
+    rewrite_as_schema(path, 4)
     connection = sqlite3.connect(path)
     assert connection.execute("SELECT count(*) FROM head").fetchone()[0] > 0  # narrow head rows to read back
     connection.close()
     migrated = EmbeddedStore(path, tiers=SMALL_TIERS)
     try:
         connection = migrated._reader()
-        assert connection.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (5,)
+        assert connection.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (6,)
         stored = json.loads(connection.execute("SELECT value FROM meta WHERE key = 'metrics'").fetchone()[0])
         assert stored == list(METRIC_NAMES)
-        assert chunk_values(migrated) == before_values
+        assert chunk_values(migrated) == narrowed(before_values, 4)
         after = migrated.query_range(query)
         assert [(s.labels, s.points) for s in after] == [(s.labels, s.points) for s in before]
         check_counts(migrated)

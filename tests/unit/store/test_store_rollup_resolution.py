@@ -28,6 +28,7 @@ from gpuwm.store.embedded import EmbeddedStore
 from .test_store_chunks import SMALL_TIERS, record, util_at
 
 _MAX = np.array([metric.rollup is Rollup.MAX for metric in METRICS], dtype=np.bool_)
+_LAST = np.array([metric.rollup is Rollup.LAST for metric in METRICS], dtype=np.bool_)
 #: the roll-up quanta of the store before (schema 3 as first written): 1/64 %, 1 KiB, 1/8 W, 1 J, ...
 _OLD_QUANTUM = np.array(
     [
@@ -42,6 +43,7 @@ _OLD_QUANTUM = np.array(
             "GPU units": 15_625,
             "seconds": 1_000,
             "cores": 1,
+            "GPU-seconds": 1,
         }[metric.unit]
         for metric in METRICS
     ],
@@ -83,7 +85,7 @@ def _random_fine(seed: int, series: int = 6, points: int = 240) -> IntArray:
     }
     floats = np.empty((series, points, len(METRICS)))
     for index, metric in enumerate(METRICS):
-        if metric.rollup is Rollup.MAX:
+        if metric.rollup in (Rollup.MAX, Rollup.LAST):
             steps = rng.uniform(0, 700 * 15 if metric.unit == "joules" else 15, size=(series, points))
             floats[:, :, index] = rng.uniform(0, 1e9, size=(series, 1)) + np.cumsum(steps, axis=1)
         else:
@@ -106,7 +108,11 @@ def test_roll_up_is_within_half_a_quantum_of_the_exact_mean(seed: int, factor: i
         exact = np.where(present, grouped, 0).astype(np.float64).sum(axis=-1) / count
     exact[:, _MAX, :] = np.where(present, grouped, MISSING).max(axis=-1)[:, _MAX, :]
     assert ((rolled == MISSING) == (count == 0)).all()
-    kept = count > 0
+    # the engine's figures keep each bucket's last present value, exactly (whatever the unit's quantum)
+    last_index = factor - 1 - np.argmax(present[..., ::-1], axis=-1)
+    last = np.take_along_axis(grouped, last_index[..., None], axis=-1)[..., 0]
+    assert (rolled[:, _LAST][count[:, _LAST] > 0] == last[:, _LAST][count[:, _LAST] > 0]).all()
+    kept = (count > 0) & ~_LAST[None, :, None]
     # the quantum, worked out independently: the absolute one, or 10^(digits of the value - declared digits)
     quantum = np.broadcast_to(ROLLUP_QUANTUM[None, :, None], exact.shape).astype(np.float64)
     for index in np.flatnonzero(ROLLUP_DIGITS):
@@ -122,12 +128,21 @@ def test_roll_up_is_within_half_a_quantum_of_the_exact_mean(seed: int, factor: i
     assert (rolled[kept] % quantum[kept].astype(np.int64) == 0).all()
 
 
+def test_the_engines_figures_keep_the_last_value_even_where_it_fell() -> None:
+    column = int(np.flatnonzero(_LAST)[0])
+    values = np.full((1, len(METRICS), 8), MISSING, dtype=np.int64)
+    values[0, column] = [5, 9, 7, MISSING, MISSING, MISSING, 3, MISSING]  # a counter the engine took back
+    rolled = roll_up(values, 4)
+    assert rolled[0, column].tolist() == [7, 3]
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_values_on_the_grid_stay_and_round_trip_through_a_chunk(seed: int) -> None:
     rolled = roll_up(_random_fine(seed), 20)
     present = rolled != MISSING
     again = round_to_rollup(np.where(present, rolled, 0).astype(np.float64)).astype(np.int64)
-    assert (again[present] == rolled[present]).all()
+    on_grid = present & ~_LAST[None, :, None]  # the engine's figures are kept as they are, off any grid
+    assert (again[on_grid] == rolled[on_grid]).all()
     for row, data in zip(rolled, encode_chunks(rolled, level=9), strict=True):
         assert (decode_chunk(data, rolled.shape[2]) == row).all()
 

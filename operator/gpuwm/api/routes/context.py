@@ -150,10 +150,14 @@ class Caller:
 
     async def readable(self, user: User, workloads: list[WorkloadFigures]) -> list[WorkloadFigures]:
         """Those of `workloads` in namespaces `user` may read (all of them with cluster-wide access)."""
-        if await self.authorizer.allowed(user, None):
-            return workloads
-        allowed = {ns for ns in {w.namespace for w in workloads} if await self.authorizer.allowed(user, ns)}
+        allowed = await self.readable_namespaces(user, {w.namespace for w in workloads})
         return [w for w in workloads if w.namespace in allowed]
+
+    async def readable_namespaces(self, user: User, namespaces: set[str]) -> set[str]:
+        """Those of `namespaces` `user` may read (all of them with cluster-wide access)."""
+        if await self.authorizer.allowed(user, None):
+            return namespaces
+        return {namespace for namespace in namespaces if await self.authorizer.allowed(user, namespace)}
 
 
 async def caller(request: Request, context: Annotated[ApiContext, Depends(api_context)]) -> AsyncIterator[Caller]:

@@ -29,8 +29,9 @@ async def period_report(
     format: Annotated[ReportFormat | None, Query(description="json (default) or csv.")] = None,
 ) -> Response:
     """Allocated, active, idle, unmonitored and wasted GPU-hours, energy, mean utilisation and peak
-    allocation per row over start..end (default: the day before the store's latest time), from the
-    stored series; the workloads of namespaces you may read."""
+    allocation per row over start..end (default: the day up to the store's latest time, which it holds), from
+    the engine's stored counters; the workloads of namespaces you may read. Periods add up; a row says where
+    a figure was apportioned by time (`exact`, `apportionedGpuHours`)."""
     check_parameters(request, {"start", "end", "by", "format"}, multi=())
     chosen_by: ReportBy = by or "project"
     given_start = parse_time("start", start) if start is not None else None
@@ -38,15 +39,18 @@ async def period_report(
     if given_start is not None and given_end is not None:
         _check_period(given_start, given_end)
     user = await caller.authenticate()  # and admitted: from here on it reads the store
-    latest = await context.blocking(context.store.latest_time) if given_end is None else None
+    store, settings = context.store, context.settings
+    latest = await context.blocking(store.latest_time) if given_end is None else None
     end_s = given_end if given_end is not None else (latest if latest is not None else 0.0)
     start_s = given_start if given_start is not None else end_s - DEFAULT_PERIOD_SECONDS
     _check_period(start_s, end_s)
-    workloads = await caller.readable(user, await context.blocking(context.store.workloads))
-    settings = context.settings
+    periods = await context.blocking(store.period, start_s, end_s)
+    present = {workload.namespace for workload in periods}
+    readable = await caller.readable_namespaces(user, present)
+    step = store.finest_step_seconds or settings.status_interval
     report: Report = await context.blocking(
-        build_report, context.store, workloads, start_s, end_s, chosen_by, settings.status_interval,
-        settings.idle_threshold_percent,
+        build_report, store, [workload for workload in periods if workload.namespace in readable], start_s, end_s,
+        chosen_by, step, settings.idle_threshold_percent, None if readable == present else frozenset(readable),
     )
     if format == "csv":
         return Response(
