@@ -61,5 +61,6 @@ async def period_report(
 
 
 def _check_period(start_s: float, end_s: float) -> None:
-    if end_s <= start_s:
-        raise BadParameter("end", f"must be after start ({end_s} <= {start_s})")
+    """A period may be empty (end at start: a report of nothing), not reversed."""
+    if end_s < start_s:
+        raise BadParameter("end", f"is before start ({end_s} < {start_s})")
