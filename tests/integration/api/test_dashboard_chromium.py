@@ -429,7 +429,7 @@ def test_report_downloads_as_csv(api_url: str, browser: Any, downloads: Path) ->
     target = downloads / "gpuwm-report-workload.csv"
     WebDriverWait(driver, 30).until(lambda _d: target.exists() and target.stat().st_size > 0)
     lines = target.read_text().splitlines()
-    assert lines[0].startswith("project,namespace,workload,kind,workloads,allocatedGpuHours")
+    assert lines[0].startswith("project,namespace,workload,workloadUid,kind,workloads,allocatedGpuHours")
     assert sorted(line.split(",")[2] for line in lines[1:-1]) == ["notebook", "stale-eval", "train"]
     assert lines[-1].startswith("total,")
     assert driver.find_element(By.ID, "report-status").text == "3 rows downloaded"
@@ -484,6 +484,7 @@ def test_the_page_keeps_its_policy_and_token(api_url: str, browser: Any, downloa
     _wait_ready(driver)
     assert driver.execute_script("return sessionStorage.getItem('gpuwm-token')") == "example-token"
     assert driver.execute_script("return localStorage.getItem('gpuwm-token')") is None
+    Select(driver.find_element(By.ID, "report-by")).select_by_value("project")
     driver.find_element(By.ID, "report-download").click()
     target = downloads / "gpuwm-report-project.csv"
     WebDriverWait(driver, 30).until(lambda _d: target.exists() and target.stat().st_size > 0)
