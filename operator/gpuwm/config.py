@@ -369,10 +369,21 @@ class Settings(BaseSettings):
         "is refused with 400 before the store is read.",
     )
     api_max_concurrent_queries: int = Field(
+        default=4,
+        ge=1,
+        description="Queries (lists, time series, reports) the API answers at once, half of them at most (rounded "
+        "up) heavy time series (over a twentieth of apiMaxPointsPerResponse), all but one of those for one user; "
+        "more wait their turn in a queue. The probes and /metrics are not queries: they never wait.",
+    )
+    api_max_concurrent_queries_per_user: int = Field(
         default=2,
         ge=1,
-        description="Heavy time-series queries (over a twentieth of apiMaxPointsPerResponse) answered at once; "
-        "more get 429 with Retry-After.",
+        description="Queries one user (the identity its token names) has answered at once; more of theirs wait, "
+        "and waiting users are served the one with the fewest running first.",
+    )
+    api_query_queue_seconds: DurationSeconds = Field(
+        default=10.0,
+        description="Longest a query waits for its turn; past it the API answers 429 with Retry-After.",
     )
     api_auth_cache_entries: int = Field(
         default=10_000, ge=1, description="Token and access-review results the API keeps (least recently used go first)."

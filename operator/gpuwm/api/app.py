@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from gpuwm import __version__
+from gpuwm.api.admission import AdmissionGate
 from gpuwm.api.auth import AllowAll, Authorizer, KubernetesAuthorizer
 from gpuwm.api.http import ERROR_HANDLERS, remember_client
 from gpuwm.api.limits import QueryLimits
@@ -62,13 +63,18 @@ def create_app(
         redoc_url=None,
         exception_handlers=ERROR_HANDLERS,
     )
+    gate = AdmissionGate.of(
+        settings.api_max_concurrent_queries, settings.api_max_concurrent_queries_per_user,
+        settings.api_query_queue_seconds,
+    )
     app.state.context = ApiContext(
         store=store,
         settings=settings,
         authorizer=authorizer,
-        limits=QueryLimits(settings.api_max_points_per_response, settings.api_max_concurrent_queries),
+        limits=QueryLimits(settings.api_max_points_per_response, gate.heavy),
         registry=registry,
         limiter=anyio.CapacityLimiter(store.concurrent_reads) if store.concurrent_reads else None,
+        gate=gate,
     )
     app.middleware("http")(remember_client)
     app.add_middleware(SecurityHeaders)

@@ -22,6 +22,8 @@ FIELDS = (
     "api_token_audience",
     "api_max_points_per_response",
     "api_max_concurrent_queries",
+    "api_max_concurrent_queries_per_user",
+    "api_query_queue_seconds",
     "api_auth_cache_entries",
     "api_auth_reviews_per_client_per_second",
     "api_token_reviews_per_second",

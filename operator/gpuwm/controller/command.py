@@ -21,7 +21,8 @@ FIELDS = (
     "api_tls", "api_tls_cert_file", "api_tls_key_file", "api_tls_secret", "api_tls_dns_names", "api_token_audience", "api_max_points_per_response",
     "api_max_concurrent_queries", "api_auth_cache_entries", "api_auth_reviews_per_client_per_second",
     "idle_policies", "pricing",
-    "api_token_reviews_per_second", "api_trusted_proxies",
+    "api_token_reviews_per_second", "api_trusted_proxies", "api_max_concurrent_queries_per_user",
+    "api_query_queue_seconds",
 )
 
 

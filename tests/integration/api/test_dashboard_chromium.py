@@ -506,6 +506,7 @@ def test_the_page_keeps_its_policy_and_token(api_url: str, browser: Any, downloa
     _wait_ready(driver)
     assert driver.execute_script("return sessionStorage.getItem('gpuwm-token')") == "example-token"
     assert driver.execute_script("return localStorage.getItem('gpuwm-token')") is None
+    Select(driver.find_element(By.ID, "report-by")).select_by_value("project")
     driver.find_element(By.ID, "report-download").click()
     target = downloads / "gpuwm-report-project.csv"
     WebDriverWait(driver, 30).until(lambda _d: target.exists() and target.stat().st_size > 0)

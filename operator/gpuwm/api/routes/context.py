@@ -1,17 +1,22 @@
-"""What every route shares, handed to it through FastAPI's `Depends`: the store and the limiter of its
-reads, the settings, the answer limits, the Prometheus registry, and the caller (token and authoriser).
+"""What every route shares, handed to it through FastAPI's `Depends`: the store and the limiters of its
+reads, the settings, the answer limits and the admission gate, the Prometheus registry, and the caller
+(token and authoriser).
 
 One `ApiContext` per app, built by `create_app` and kept in `app.state`; the routes never close over it,
 so each route module is a plain `APIRouter` that any app can include. The dependencies are `async def`
-although none awaits: FastAPI runs a plain `def` dependency on a worker thread, a thread hop per request
+although few await: FastAPI runs a plain `def` dependency on a worker thread, a thread hop per request
 outside the store's limiter.
+
+A query's caller takes a slot of the admission gate once its token is reviewed (gpuwm.api.admission) and
+gives it back when the route returns, before the answer is sent: a client slow to read holds no slot.
+The probes and `/metrics` read the store aside, on threads the queries never hold.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
@@ -19,6 +24,7 @@ import anyio.to_thread
 from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry
 
+from gpuwm.api.admission import AdmissionGate, SlotPool, current_identity
 from gpuwm.api.auth import RESOURCE, RESOURCE_GROUP, AuthError, Authorizer, User
 from gpuwm.api.http import bearer_token
 from gpuwm.api.limits import QueryLimits
@@ -41,11 +47,20 @@ class ApiContext:
     #: at most `store.concurrent_reads` worker threads ever hold a store connection, however many queries
     #: arrive together (the rest wait their turn); None: the store takes any number
     limiter: anyio.CapacityLimiter | None
+    #: every query's way in: bounded at once, per user, fair (gpuwm.api.admission)
+    gate: AdmissionGate
+    #: one thread each for /readyz and for /metrics, which the queries never hold
+    readiness_limiter: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(1))
+    scrape_limiter: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(1))
 
     async def blocking(self, function: Callable[..., T], *arguments: Any) -> T:
         """`function(*arguments)` on a worker thread: store reads and encoding stay off the event loop
         (in the controller it is kopf's)."""
         return await anyio.to_thread.run_sync(function, *arguments, limiter=self.limiter)
+
+    async def aside(self, limiter: anyio.CapacityLimiter, function: Callable[..., T], *arguments: Any) -> T:
+        """`function(*arguments)` on a thread of `limiter`'s own, not behind the queries' store reads."""
+        return await anyio.to_thread.run_sync(function, *arguments, limiter=limiter)
 
     async def store_bounds(self) -> tuple[float, float]:
         """(the store's earliest time, its latest time); now where it has no data yet."""
@@ -69,13 +84,28 @@ async def api_context(request: Request) -> ApiContext:
 @dataclass
 class Caller:
     """Who asks: the request's bearer token before the authoriser. Nothing is reviewed until a route asks,
-    so a bad parameter is refused (400) before the token is looked at, as in every route."""
+    so a bad parameter is refused (400) before the token is looked at, as in every route. Once reviewed,
+    the caller waits for a slot of `queries` (None: a caller that reads no query, /metrics')."""
 
     authorizer: Authorizer
     token: str | None
+    queries: SlotPool | None = None
+    #: the identity holding a slot of `queries` for this request
+    admitted: str | None = field(default=None, init=False)
 
     async def authenticate(self) -> User:
-        return await self.authorizer.authenticate(self.token)
+        user = await self.authorizer.authenticate(self.token)
+        if self.queries is not None and self.admitted is None:
+            await self.queries.acquire(user.username)
+            self.admitted = user.username
+            current_identity.set(user.username)
+        return user
+
+    def leave(self) -> None:
+        """Give the request's slot back (the route has returned)."""
+        if self.queries is not None and self.admitted is not None:
+            self.queries.release(self.admitted)
+            self.admitted = None
 
     async def require(self, namespaces: Sequence[str] | None) -> User:
         """401/403 unless the caller may read every one of `namespaces` (None: cluster-wide), which the
@@ -130,9 +160,21 @@ class Caller:
         return {namespace for namespace in namespaces if await self.authorizer.allowed(user, namespace)}
 
 
-async def caller(request: Request, context: Annotated[ApiContext, Depends(api_context)]) -> Caller:
+async def caller(request: Request, context: Annotated[ApiContext, Depends(api_context)]) -> AsyncIterator[Caller]:
+    """A query's caller: its slot is given back when the route returns (scope "function"), before the answer
+    is sent."""
+    made = Caller(context.authorizer, bearer_token(request), context.gate.queries)
+    try:
+        yield made
+    finally:
+        made.leave()
+
+
+async def scraper(request: Request, context: Annotated[ApiContext, Depends(api_context)]) -> Caller:
+    """Prometheus' caller: authorised like any other, admitted by no gate (its reads are aside)."""
     return Caller(context.authorizer, bearer_token(request))
 
 
 Context = Annotated[ApiContext, Depends(api_context)]
-CallerOf = Annotated[Caller, Depends(caller)]
+CallerOf = Annotated[Caller, Depends(caller, scope="function")]
+ScraperOf = Annotated[Caller, Depends(scraper)]

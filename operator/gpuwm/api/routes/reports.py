@@ -41,13 +41,16 @@ async def period_report(
     if format == "focus" and not settings.pricing.enabled:
         raise BadParameter("format", "focus lists charges: set `pricing` (a price per GPU-hour or per kWh) first")
     chosen_by: ReportBy = "workload" if format == "focus" else by or "project"
-    latest = await context.blocking(context.store.latest_time)
-    end_s = parse_time("end", end) if end is not None else (latest if latest is not None else 0.0)
-    start_s = parse_time("start", start) if start is not None else end_s - DEFAULT_PERIOD_SECONDS
-    if end_s <= start_s:
-        raise BadParameter("end", f"must be after start ({end_s} <= {start_s})")
-    user = await caller.authenticate()
+    given_start = parse_time("start", start) if start is not None else None
+    given_end = parse_time("end", end) if end is not None else None
+    if given_start is not None and given_end is not None:
+        _check_period(given_start, given_end)
+    user = await caller.authenticate()  # and admitted: from here on it reads the store
     store = context.store
+    latest = await context.blocking(store.latest_time) if given_end is None else None
+    end_s = given_end if given_end is not None else (latest if latest is not None else 0.0)
+    start_s = given_start if given_start is not None else end_s - DEFAULT_PERIOD_SECONDS
+    _check_period(start_s, end_s)
     periods = await context.blocking(store.period, start_s, end_s)
     present = {workload.namespace for workload in periods}
     readable = await caller.readable_namespaces(user, present)
@@ -72,3 +75,9 @@ async def period_report(
             headers={"Content-Disposition": f'attachment; filename="gpuwm-report-{chosen_by}.csv"'},
         )
     return Response(content=report.model_dump_json(by_alias=True), media_type="application/json")
+
+
+def _check_period(start_s: float, end_s: float) -> None:
+    """A period may be empty (end at start: a report of nothing), not reversed."""
+    if end_s < start_s:
+        raise BadParameter("end", f"is before start ({end_s} < {start_s})")
