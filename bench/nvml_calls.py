@@ -11,7 +11,7 @@ seconds each of the driver's sample buffers holds (samples per second x buffer l
 `nvmlBufferReadSeconds` should stay under half of it), what `nvmlDeviceGetSamples` costs by how far back it
 reads, what per-process utilisation returns while a process computes (with PyTorch), the driver's share of the
 agent's CPU at its schedule, and the real agent's CPU per GPU-second at 1 Hz (a `gpuwm agent` process, with the
-default buffer read, against issue 37's 1.5 ms, and with every poll reading).
+default buffer read, against the agent's 1.5 ms target, and with every poll reading).
 """
 
 from __future__ import annotations
@@ -38,10 +38,9 @@ from gpuwm.agent.nvml import (  # noqa: E402
     GAUGES_EVERY_SECONDS,
     NvmlSampler,
     _running_processes,
-    _samples,
 )
 
-#: issue 37's target for the agent on a real driver; the calls the agent makes every poll of a whole GPU, and those
+#: the agent's target on a real driver; the calls the agent makes every poll of a whole GPU, and those
 #: it makes every `GAUGES_EVERY_SECONDS` (PCIe's besides)
 TARGET_MS_PER_GPU_SECOND = 1.5
 INSTANT_CALLS = ("nvmlDeviceGetMemoryInfo", "nvmlDeviceGetUtilizationRates", "nvmlDeviceGetPowerUsage",
@@ -58,7 +57,7 @@ def _calls(handle: Any, cursor_us: int) -> dict[str, Callable[[], Any]]:
         "nvmlDeviceGetSamples(memory utilisation)":
             lambda: pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_MEMORY_UTILIZATION_SAMPLES, cursor_us),
         "the agent's one-call nvmlDeviceGetSamples(GPU)":
-            lambda: _samples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, cursor_us),
+            lambda: pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, cursor_us),
         "nvmlDeviceGetUtilizationRates": lambda: pynvml.nvmlDeviceGetUtilizationRates(handle),
         "nvmlDeviceGetTotalEnergyConsumption": lambda: pynvml.nvmlDeviceGetTotalEnergyConsumption(handle),
         "nvmlDeviceGetTemperature": lambda: pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU),
@@ -213,7 +212,7 @@ def _buffers(handle: Any) -> None:
         for _ in range(10):
             cpu = time.thread_time()
             with contextlib.suppress(pynvml.NVMLError):
-                _samples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, cursor)
+                pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, cursor)
             cpus.append(time.thread_time() - cpu)
         label = f"the last {back:.0f} s" if back else "the whole buffer"
         print(f"the agent's nvmlDeviceGetSamples(GPU) reading {label}: CPU p50 {1000 * statistics.median(cpus):.3f} ms")
@@ -291,7 +290,7 @@ def _cold_calls(handle: Any, seconds: float, buffer_read_seconds: float = 5.0) -
 
 
 def _samples_mean(handle: Any, back: float) -> float | None:
-    value_type, samples = _samples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, int((time.time() - back) * 1e6))
+    value_type, samples = pynvml.nvmlDeviceGetSamples(handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, int((time.time() - back) * 1e6))
     values = [getattr(sample.sampleValue, _VALUE_FIELDS[value_type]) for sample in samples]
     return sum(values) / len(values) if values else None
 
@@ -408,7 +407,7 @@ def main() -> int:
     parser.add_argument("--agent-seconds", type=float, default=30.0,
                         help="how long each real agent run is measured for its CPU per GPU-second (0: not)")
     parser.add_argument("--no-every-poll", action="store_true",
-                        help="leave out the agent run that reads the buffers every poll (the schedule before issue 37)")
+                        help="leave out the agent run that reads the buffers every poll (the schedule before the buffers were read every few seconds)")
     parser.add_argument("--cold-seconds", type=float, default=12.0,
                         help="how long the agent's calls are made once a second, each timed (0: not)")
     parser.add_argument("--agent-buffer-reads", default="5s",
@@ -468,7 +467,7 @@ def main() -> int:
     if options.agent_seconds:
         for period in options.agent_buffer_reads.split(","):
             agent_ms = _agent_cpu(options.agent_seconds, period, gpus)
-            print(f"issue 37's target, the agent <= {TARGET_MS_PER_GPU_SECOND} ms CPU per GPU-second "
+            print(f"the target, the agent <= {TARGET_MS_PER_GPU_SECOND} ms CPU per GPU-second "
                   f"(nvmlBufferReadSeconds={period}): {'met' if agent_ms <= TARGET_MS_PER_GPU_SECOND else 'NOT met'} "
                   f"({agent_ms:.2f}; the driver's calls {driver_ms:.2f} at 5 s, the agent's own work and the calls' "
                   f"1 Hz extra {agent_ms - driver_ms:.2f}, shared by {gpus} GPU(s))")

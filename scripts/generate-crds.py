@@ -24,10 +24,15 @@ from gpuwm.model.crd import (
     WorkloadMetricsSpec,
     WorkloadMetricsStatus,
 )
+from gpuwm.model.policy import IdlePolicySpec, IdlePolicyStatus
 
 
-def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
-    """A Kubernetes structural schema (no $ref, no anyOf-null) from a pydantic model."""
+def structural_schema(model: type[BaseModel], defaults: bool = False) -> dict[str, Any]:
+    """A Kubernetes structural schema (no $ref, no anyOf-null) from a pydantic model.
+
+    `defaults`: the fields' plain defaults go into the schema, so the API server fills them in (a spec's
+    `dryRun: true` is then in the stored object, for every reader to see).
+    """
     raw = model.model_json_schema(by_alias=True, mode="serialization")
     definitions = raw.get("$defs", {})
 
@@ -44,6 +49,8 @@ def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
             converted = convert({**options[0], **({"format": node["format"]} if "format" in node else {})})
             if "description" in node:
                 converted["description"] = node["description"]
+            if defaults and node.get("default") is not None:
+                converted["default"] = node["default"]
             if nullable:
                 converted["nullable"] = True
             return converted
@@ -70,12 +77,18 @@ def structural_schema(model: type[BaseModel]) -> dict[str, Any]:
             result["items"] = convert(node.get("items", {}))
             if "maxItems" in node:  # the API server enforces it: a status that would outgrow etcd is refused early
                 result["maxItems"] = node["maxItems"]
+            if "minItems" in node:
+                result["minItems"] = node["minItems"]
         elif kind in ("string", "integer", "number", "boolean"):
             result["type"] = kind
             if kind == "string" and node.get("format") == "date-time":
                 result["format"] = "date-time"
+            if kind == "string" and "pattern" in node:  # a duration: refused by the API server when malformed
+                result["pattern"] = node["pattern"]
         else:
             raise ValueError(f"unsupported schema node {node}")
+        if defaults and node.get("default") is not None and not isinstance(node["default"], list | dict):
+            result["default"] = node["default"]
         return result
 
     return convert(raw)
@@ -96,6 +109,8 @@ def _crd(
     status: type[BaseModel],
     description: str,
     columns: list[tuple[str, str, str, str]],
+    spec_defaults: bool = False,
+    singular: str | None = None,
 ) -> dict[str, Any]:
     schema = {
         "type": "object",
@@ -105,7 +120,7 @@ def _crd(
             "apiVersion": {"type": "string", "description": "APIVersion of this object."},
             "kind": {"type": "string", "description": "Kind of this object."},
             "metadata": {"type": "object"},
-            "spec": structural_schema(spec),
+            "spec": structural_schema(spec, defaults=spec_defaults),
             "status": structural_schema(status),
         },
     }
@@ -123,7 +138,7 @@ def _crd(
                 "kind": kind,
                 "listKind": f"{kind}List",
                 "plural": plural,
-                "singular": plural,
+                "singular": singular or plural,
                 "shortNames": [short_name],
                 "categories": ["gpuwm"],
             },
@@ -188,9 +203,52 @@ def project_metrics_crd() -> dict[str, Any]:
     )
 
 
+_POLICY_COLUMNS = [
+    ("Dry Run", "boolean", ".spec.dryRun", "Lists what it would do and changes nothing."),
+    ("Idle For", "string", ".spec.idleFor", "Observed idle time that triggers it."),
+    ("Matched", "integer", ".status.matchedWorkloads", "Workloads it covers now."),
+    ("Idle", "integer", ".status.idleWorkloads", "Of those, how many trigger it now."),
+    ("Taken", "integer", ".status.actionsTaken", "Actions that succeeded."),
+    ("Failed", "integer", ".status.actionsFailed", "Actions that failed."),
+]
+
+
+def idle_policy_crd() -> dict[str, Any]:
+    return _crd(
+        "GPUIdlePolicy",
+        "gpuidlepolicies",
+        "gip",
+        "Namespaced",
+        IdlePolicySpec,
+        IdlePolicyStatus,
+        "What to do about idle GPU workloads in this namespace: warn, scale to zero, suspend (a dry run by default).",
+        _POLICY_COLUMNS,
+        spec_defaults=True,
+        singular="gpuidlepolicy",
+    )
+
+
+def cluster_idle_policy_crd() -> dict[str, Any]:
+    return _crd(
+        "ClusterGPUIdlePolicy",
+        "clustergpuidlepolicies",
+        "cgip",
+        "Cluster",
+        IdlePolicySpec,
+        IdlePolicyStatus,
+        "A platform's defaults for idle GPU workloads in every namespace it selects: warn, scale to zero, suspend "
+        "(a dry run by default).",
+        _POLICY_COLUMNS,
+        spec_defaults=True,
+        singular="clustergpuidlepolicy",
+    )
+
+
 CRD_FILES = {
     "gpuwm.io_gpuworkloadmetrics.yaml": workload_metrics_crd,
     "gpuwm.io_gpuprojectmetrics.yaml": project_metrics_crd,
+    "gpuwm.io_gpuidlepolicies.yaml": idle_policy_crd,
+    "gpuwm.io_clustergpuidlepolicies.yaml": cluster_idle_policy_crd,
 }
 
 

@@ -8,11 +8,14 @@ environment variable `GPUWM_IDLE_THRESHOLD_PERCENT`, and the Helm value
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import json
 import re
 from collections.abc import Iterable, Sequence
 from typing import Annotated, Any, Literal, get_args, get_origin
 
-from pydantic import AfterValidator, BeforeValidator, Field, ValidationError
+import yaml
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic.alias_generators import to_camel
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
@@ -47,6 +50,22 @@ def parse_duration_seconds(value: object) -> float:
     return total
 
 
+def format_duration(seconds: float) -> str:
+    """`parse_duration_seconds`' spelling of `seconds`: 7d, 2m, 1m30s, 1.5s, 250ms; `0s` for none."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{seconds * 1000:g}ms"
+    if seconds != int(seconds):
+        return f"{seconds:g}s"
+    parts, rest = [], int(seconds)
+    for unit in ("d", "h", "m", "s"):
+        count, rest = divmod(rest, int(_DURATION_UNITS[unit]))
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)
+
+
 def parse_listen(listen: str, flag: str = "--listen", example_port: int = 9400) -> tuple[str, int]:
     """`HOST:PORT` (IPv6 as `[::1]:8080`) -> (host, port); raises ValueError naming the option `flag`."""
     host, separator, port = listen.rpartition(":")
@@ -70,7 +89,7 @@ CommaList = Annotated[list[str], NoDecode, BeforeValidator(_split_list)]
 
 DEFAULT_RESOURCE_NAMES = ["nvidia.com/gpu", "nvidia.com/mig-*", "nvidia.com/gpu.shared"]
 
-#: the workload objects watched by default (issue 35): built-in kinds with their version, CRDs by group and kind
+#: the workload objects watched by default: built-in kinds with their version, CRDs by group and kind
 #: alone, so whichever version the cluster's operator serves as preferred is watched
 DEFAULT_WORKLOAD_KINDS = [
     "batch/v1/Job", "batch/v1/CronJob", "jobset.x-k8s.io/JobSet",
@@ -97,12 +116,90 @@ def _check_label_key(key: str) -> str:
     return key
 
 
+def _check_networks(addresses: list[str]) -> list[str]:
+    """Each an IP address or network (CIDR): a host name or a typo would trust nobody, or everybody."""
+    for text in addresses:
+        try:
+            ipaddress.ip_network(text, strict=False)
+        except ValueError:
+            raise ValueError(f"{text!r} is not an IP address or network (e.g. 10.0.0.7 or 10.0.0.0/24)") from None
+    return addresses
+
+
 def _check_workload_kinds(kinds: list[str]) -> list[str]:
     for text in kinds:
         if "/" not in text or not _WORKLOAD_KIND.match(text):
             raise ValueError(f"workload kind {text!r} is not GROUP/VERSION/Kind, GROUP/Kind or VERSION/Kind "
                              "(e.g. batch/v1/Job, kubeflow.org/PyTorchJob)")
     return kinds
+
+
+def _object_text(value: object) -> object:
+    """A nested option given as text (a flag or a GPUWM_ variable): JSON or YAML; an empty text is the default."""
+    if not isinstance(value, str):
+        return value
+    if not value.strip():
+        return {}
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError as error:
+        raise ValueError(f"expected a JSON or YAML object, got {value!r} ({error.__class__.__name__})") from None
+
+
+class _CamelSettings(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+
+class GpuModelPrice(_CamelSettings):
+    """The price of one GPU-hour of the GPU models whose product name matches `model`."""
+
+    model: str = Field(min_length=1, description="GPU product name, or a glob such as 'NVIDIA A100*' (any case).")
+    price_per_gpu_hour: float = Field(ge=0, allow_inf_nan=False, description="Price of a whole GPU for an hour.")
+
+
+class NodeLabelPrice(_CamelSettings):
+    """The price of one GPU-hour of the GPUs on nodes with a label (spot nodes, a reserved pool)."""
+
+    label: str = Field(min_length=1, description="KEY=VALUE, or KEY for any value.")
+    price_per_gpu_hour: float = Field(ge=0, allow_inf_nan=False, description="Price of a whole GPU for an hour.")
+
+
+class PricingSettings(_CamelSettings):
+    """What a GPU-hour and a kWh cost; a device's units (a MIG slice's fraction, a time-sliced replica's
+    1/replicas) take that share of its GPU's price. Node labels are checked first, then GPU models in
+    order, then the default; unpriced when none applies."""
+
+    currency: str = Field(default="USD", min_length=1, description="Currency the prices are in (a label only).")
+    default_price_per_gpu_hour: float | None = Field(
+        default=None, ge=0, allow_inf_nan=False, description="Price of a GPU-hour where no rule matches; unset: unpriced."
+    )
+    gpu_models: list[GpuModelPrice] = Field(default_factory=list, description="Prices by GPU product name, in order.")
+    node_labels: list[NodeLabelPrice] = Field(default_factory=list, description="Prices by node label, in order.")
+    energy_price_per_kwh: float = Field(default=0.0, ge=0, allow_inf_nan=False, description="Price of a kWh of GPU energy.")
+
+    @property
+    def enabled(self) -> bool:
+        """Whether any price is set: without one no cost is reported."""
+        return bool(self.default_price_per_gpu_hour is not None or self.gpu_models or self.node_labels
+                    or self.energy_price_per_kwh)
+
+
+IdlePolicyActionType = Literal["warn", "scaleToZero", "suspend", "delete"]
+_DEFAULT_ACTIONS: tuple[IdlePolicyActionType, ...] = ("warn", "scaleToZero", "suspend")
+
+
+class IdlePoliciesSettings(_CamelSettings):
+    """Whether the controller acts on GPUIdlePolicy and ClusterGPUIdlePolicy objects, and with which actions
+    (the chart grants the rights for exactly these)."""
+
+    enabled: bool = Field(default=False, description="Watch idle policies and act on them.")
+    actions: list[IdlePolicyActionType] = Field(
+        default_factory=lambda: list(_DEFAULT_ACTIONS),
+        description="Action types policies may use; delete only when listed here and named in a policy.",
+    )
+    webhooks: bool = Field(
+        default=False, description="Warn through webhooks whose URL a Secret in the controller's namespace holds."
+    )
 
 
 class Settings(BaseSettings):
@@ -156,7 +253,7 @@ class Settings(BaseSettings):
         default=5.0, le=60.0,
         description="How often the agent reads NVML's utilisation sample buffers (milliseconds of driver CPU a call): "
         "each read is split into the polls since by the samples' timestamps, so a poll's sample leaves the agent up to "
-        "this late; keep it under half of what the driver's buffers hold (bench/README.md). The energy counter is read "
+        "this late; keep it under half of what the driver's buffers hold. The energy counter is read "
         "with these reads once a minute and on every change of a GPU's holders, carried forward by power in between.",
     )
 
@@ -177,6 +274,13 @@ class Settings(BaseSettings):
     state_save_interval: DurationSeconds = Field(
         default=120.0,
         description="How often the controller saves its engine state for a restart, which re-reads the agents from the saved positions (so nothing is lost while the agents still hold those samples, snapshotBufferSamples).",
+    )
+    state_secret: str = Field(
+        default="",
+        description="Secret in the controller's namespace (POD_NAMESPACE) where the leading replica keeps its engine "
+        "state, compressed, each time it saves it and when it stops: a replica in another pod (a standby taking "
+        "over, a deleted pod made again) restores it and loses nothing; empty: the state file alone, which goes "
+        "with the pod's volume. States over about 900 KiB compressed are not kept there (use a volume).",
     )
     idle_condition_after: DurationSeconds = Field(default=600.0, description="Idle this long sets condition Idle.")
     underutilized_percent: float = Field(
@@ -209,6 +313,23 @@ class Settings(BaseSettings):
     peering_name: str = Field(
         default="gpuwm",
         description="kopf peering object the controller replicas share (ClusterKopfPeering; KopfPeering with --namespace).",
+    )
+    peering_priority: Annotated[int | None, BeforeValidator(_empty_is_none)] = Field(
+        default=None,
+        description="kopf peering priority of this replica: the live replica with the highest one leads, the others "
+        "wait. Unset: derived from the replica's start (minus its start time in microseconds), so the longest-running "
+        "replica leads and a new one never takes over from a live leader; any number >= 0 outranks those (a "
+        "developer's controller, as kopf's --dev). Replicas with the same priority all pause (kopf's rule).",
+    )
+
+    idle_policies: Annotated[IdlePoliciesSettings, NoDecode, BeforeValidator(_object_text)] = Field(
+        default_factory=IdlePoliciesSettings,
+        description="Idle policies (GPUIdlePolicy, ClusterGPUIdlePolicy): {enabled, actions, webhooks} as JSON or YAML.",
+    )
+    pricing: Annotated[PricingSettings, NoDecode, BeforeValidator(_object_text)] = Field(
+        default_factory=PricingSettings,
+        description="GPU prices: {currency, defaultPricePerGpuHour, gpuModels: [{model, pricePerGpuHour}], "
+        "nodeLabels: [{label, pricePerGpuHour}], energyPricePerKwh} as JSON or YAML; no price: no cost reported.",
     )
 
     # API
@@ -248,10 +369,21 @@ class Settings(BaseSettings):
         "is refused with 400 before the store is read.",
     )
     api_max_concurrent_queries: int = Field(
+        default=4,
+        ge=1,
+        description="Queries (lists, time series, reports) the API answers at once, half of them at most (rounded "
+        "up) heavy time series (over a twentieth of apiMaxPointsPerResponse), all but one of those for one user; "
+        "more wait their turn in a queue. The probes and /metrics are not queries: they never wait.",
+    )
+    api_max_concurrent_queries_per_user: int = Field(
         default=2,
         ge=1,
-        description="Heavy time-series queries (over a twentieth of apiMaxPointsPerResponse) answered at once; "
-        "more get 429 with Retry-After.",
+        description="Queries one user (the identity its token names) has answered at once; more of theirs wait, "
+        "and waiting users are served the one with the fewest running first.",
+    )
+    api_query_queue_seconds: DurationSeconds = Field(
+        default=10.0,
+        description="Longest a query waits for its turn; past it the API answers 429 with Retry-After.",
     )
     api_auth_cache_entries: int = Field(
         default=10_000, ge=1, description="Token and access-review results the API keeps (least recently used go first)."
@@ -261,6 +393,18 @@ class Settings(BaseSettings):
         gt=0,
         description="TokenReviews and SubjectAccessReviews one client address may cause per second (a burst of 5 s "
         "worth); past it the API answers 429.",
+    )
+    api_token_reviews_per_second: float = Field(
+        default=50.0,
+        gt=0,
+        description="TokenReviews the API sends per second, all clients together (a burst of 5 s worth); past it a "
+        "token not reviewed lately gets 429, while tokens reviewed lately go on from the cache.",
+    )
+    api_trusted_proxies: Annotated[CommaList, AfterValidator(_check_networks)] = Field(
+        default_factory=list,
+        description="IP addresses or networks (CIDR) of proxies in front of the API whose X-Forwarded-For header "
+        "names the client; from any other peer the header is ignored and the peer is the client (the review "
+        "rates are per client); empty: trust none.",
     )
     runai_compatible_metrics: bool = Field(default=False, description="Also export Run:ai-compatible metric names.")
     cluster_id: str = Field(
@@ -326,10 +470,17 @@ def settings_help(name: str) -> str:
     default = field.get_default(call_default_factory=True)
     if isinstance(default, bool):
         shown = "true" if default else "false"
+    elif isinstance(default, float) and any(getattr(rule, "func", None) is parse_duration_seconds
+                                            for rule in field.metadata):
+        shown = format_duration(default)  # as the flag is written: 15s, 2m, 7d
+    elif isinstance(default, float):
+        shown = f"{default:g}"
     elif isinstance(default, list):
         shown = ",".join(str(item) for item in default) or "none"
     elif default is None or default == "":
         shown = "unset"
+    elif isinstance(default, BaseModel):
+        shown = json.dumps(default.model_dump(mode="json", by_alias=True), separators=(",", ":"))
     else:
         shown = str(default)
     parts.append(f"default {shown}; env GPUWM_{name.upper()}")

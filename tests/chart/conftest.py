@@ -46,9 +46,8 @@ def _python312() -> list[str] | None:
     return None
 
 
-@pytest.fixture(scope="session")
-def helm_python() -> str:
-    """The Python of a venv that has helm-sdkpy; built on first use."""
+def find_helm_python() -> str | None:
+    """The Python of a venv that has helm-sdkpy, built on first use; None without a Python >= 3.12."""
     given = os.environ.get("GPUWM_HELM_PYTHON")
     if given:
         return given
@@ -59,12 +58,21 @@ def helm_python() -> str:
             return str(python)
     interpreter = _python312()
     if interpreter is None:
-        pytest.skip("helm-sdkpy needs Python >= 3.12 and no python3.12/python3.13 is on PATH")
+        return None
     env = {**os.environ, "PYENV_VERSION": os.environ.get("PYENV_VERSION", "3.12.1")}
     subprocess.run([*interpreter, "-m", "venv", "--clear", str(HELM_VENV)], check=True, env=env)
     requirements = ROOT / ".ci" / "helm-requirements.txt"
     subprocess.run([str(python), "-m", "pip", "install", "--quiet", "-r", str(requirements)], check=True, timeout=600)
     return str(python)
+
+
+@pytest.fixture(scope="session")
+def helm_python() -> str:
+    """The Python of a venv that has helm-sdkpy; built on first use."""
+    found = find_helm_python()
+    if found is None:
+        pytest.skip("helm-sdkpy needs Python >= 3.12 and no python3.12/python3.13 is on PATH")
+    return found
 
 
 def run_helm(helm_python: str, *arguments: str) -> dict[str, Any]:

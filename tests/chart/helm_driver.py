@@ -1,7 +1,9 @@
 """Drive Helm's own library (helm-sdkpy) for the chart tests; runs in the Python >= 3.12 venv.
 
     helm_driver.py lint CHART [VALUES.yaml ...]
-    helm_driver.py install CHART --kubeconfig FILE --namespace NS --release NAME [VALUES.yaml ...]
+    helm_driver.py install CHART --kubeconfig FILE --namespace NS --release NAME [--wait SECONDS] [VALUES.yaml ...]
+    helm_driver.py upgrade CHART --kubeconfig FILE --namespace NS --release NAME [--wait SECONDS] [VALUES.yaml ...]
+    helm_driver.py uninstall - --kubeconfig FILE --namespace NS --release NAME [--wait SECONDS]
 
 Prints one JSON object on stdout: {"ok": bool, "result": ..., "error": str}. helm-sdkpy's lint takes
 no values files, so values are merged into a copy of the chart's values.yaml, which is what
@@ -51,28 +53,53 @@ def lint(chart: str, values_files: list[str]) -> dict[str, Any]:
         return result
 
 
-def install(chart: str, kubeconfig: str, namespace: str, release: str, values_files: list[str]) -> dict[str, Any]:
+def install(chart: str, kubeconfig: str, namespace: str, release: str, values_files: list[str],
+            wait_seconds: int = 0) -> dict[str, Any]:
+    """`helm install`; with `wait_seconds`, `--wait --timeout` (every Deployment and DaemonSet ready)."""
     config = helm_sdkpy.Configuration(namespace=namespace, kubeconfig=kubeconfig)
-    result: dict[str, Any] = asyncio.run(
-        helm_sdkpy.Install(config).run(release, chart, values=load_values(values_files) or None, wait=False, timeout=120)
-    )
+    result: dict[str, Any] = asyncio.run(helm_sdkpy.Install(config).run(
+        release, chart, values=load_values(values_files) or None, wait=wait_seconds > 0,
+        timeout=wait_seconds or 120))
+    return result
+
+
+def upgrade(chart: str, kubeconfig: str, namespace: str, release: str, values_files: list[str],
+            wait_seconds: int = 0) -> dict[str, Any]:
+    """`helm upgrade` with these values files alone, as a GitOps tool applies the values it holds."""
+    config = helm_sdkpy.Configuration(namespace=namespace, kubeconfig=kubeconfig)
+    result: dict[str, Any] = asyncio.run(helm_sdkpy.Upgrade(config).run(
+        release, chart, values=load_values(values_files) or None, wait=wait_seconds > 0,
+        timeout=wait_seconds or 120))
+    return result
+
+
+def uninstall(kubeconfig: str, namespace: str, release: str, wait_seconds: int = 0) -> dict[str, Any]:
+    config = helm_sdkpy.Configuration(namespace=namespace, kubeconfig=kubeconfig)
+    result: dict[str, Any] = asyncio.run(helm_sdkpy.Uninstall(config).run(
+        release, wait=wait_seconds > 0, timeout=wait_seconds or 120))
     return result
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("action", choices=["lint", "install"])
+    parser.add_argument("action", choices=["lint", "install", "upgrade", "uninstall"])
     parser.add_argument("chart")
     parser.add_argument("values", nargs="*")
     parser.add_argument("--kubeconfig")
     parser.add_argument("--namespace", default="gpuwm")
     parser.add_argument("--release", default="gpuwm")
+    parser.add_argument("--wait", type=int, default=0, metavar="SECONDS")
     arguments = parser.parse_args()
+    where = (arguments.kubeconfig, arguments.namespace, arguments.release)
     try:
         if arguments.action == "lint":
             result = lint(arguments.chart, arguments.values)
+        elif arguments.action == "install":
+            result = install(arguments.chart, *where, arguments.values, arguments.wait)
+        elif arguments.action == "upgrade":
+            result = upgrade(arguments.chart, *where, arguments.values, arguments.wait)
         else:
-            result = install(arguments.chart, arguments.kubeconfig, arguments.namespace, arguments.release, arguments.values)
+            result = uninstall(*where, arguments.wait)
     except helm_sdkpy.HelmError as error:
         print(json.dumps({"ok": False, "error": str(error)}))
         return 0

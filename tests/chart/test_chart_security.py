@@ -89,7 +89,9 @@ def test_no_access_to_secrets_where_the_controller_keeps_none(
 ) -> None:
     installed = install(values=values)
     assert installed.ok, installed.error
-    assert not installed.objects("Role") and not installed.objects("RoleBinding")
+    # the state Secret (the controller's Role) is the only one it may touch then
+    assert not [role for role in installed.objects("Role") if role["metadata"]["name"].endswith("-tls")]
+    assert not [binding for binding in installed.objects("RoleBinding") if binding["metadata"]["name"].endswith("-tls")]
     assert "GPUWM_API_TLS_SECRET" not in env_of(containers(installed.one("Deployment", "-controller"))["controller"])
 
 
@@ -173,3 +175,26 @@ def test_service_monitor_skips_verification_only_when_told(install: Callable[...
     assert skipped.ok, skipped.error
     (endpoint,) = skipped.one("ServiceMonitor")["spec"]["endpoints"]
     assert endpoint["tlsConfig"]["insecureSkipVerify"] is True and "ca" not in endpoint["tlsConfig"]
+
+
+def test_the_controller_labels_its_pod_and_keeps_its_state_in_its_own_namespace(
+    install: Callable[..., Installed],
+) -> None:
+    """A Role in the release namespace: patch on pods (the leader's label for the API's Service), get and patch
+    on the one state Secret by name, create on secrets (which RBAC cannot restrict by name); nothing else."""
+    installed = install()
+    assert installed.ok, installed.error
+    role = installed.one("Role", "gpuwm-controller")
+    assert role["metadata"]["namespace"] == "gpuwm"
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["gpuwm-controller-state"],
+         "verbs": ["get", "patch"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+    ]
+    binding = installed.one("RoleBinding", "gpuwm-controller")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gpuwm-controller", "namespace": "gpuwm"}]
+    cluster_rules = installed.one("ClusterRole", "-controller")["rules"]
+    assert not [rule for rule in cluster_rules if "pods" in rule["resources"] and "patch" in rule["verbs"]]
+    env = env_of(containers(installed.one("Deployment", "-controller"))["controller"])
+    assert env["GPUWM_STATE_SECRET"]["value"] == "gpuwm-controller-state"

@@ -47,3 +47,28 @@ def test_dockerignore_keeps_venvs_and_git_out() -> None:
     ignored = (ROOT / ".dockerignore").read_text().splitlines()
     for pattern in (".git", ".venv*", "tests", "charts"):
         assert pattern in ignored, pattern
+
+
+def test_the_dependency_step_leaves_no_build_of_its_placeholder_package() -> None:
+    """The dependency layer installs a placeholder gpuwm; setuptools' build/ copy of its empty __init__.py is
+    newer than the real one copied after it and would be packed instead (`gpuwm version` then fails)."""
+    build = INSTRUCTIONS[:_final_stage_start()]
+    placeholder = next(i for i, line in enumerate(build) if "touch operator/gpuwm/__init__.py" in line)
+    assert "rm -rf operator build" in build[placeholder], build[placeholder]
+    source = next(i for i, line in enumerate(build) if line.startswith("COPY operator"))
+    assert placeholder < source
+    assert "gpuwm version" in " ".join(build[source:]), "the build stage should run the installed `gpuwm version`"
+
+
+def test_the_image_leaves_out_what_does_not_run_in_a_pod() -> None:
+    """The official Kubernetes client (only for kubeconfigs outside a pod) is an extra; pip leaves the venv."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not [d for d in project["dependencies"] if d.split(">")[0].split("=")[0].strip() == "kubernetes"]
+    assert any(d.startswith("kubernetes") for d in project["optional-dependencies"]["kubeconfig"])
+    assert re.search(r"pip uninstall -y pip setuptools", " ".join(" ".join(INSTRUCTIONS).split()))
+
+
+def _final_stage_start() -> int:
+    return [i for i, line in enumerate(INSTRUCTIONS) if line.upper().startswith("FROM ")][-1]

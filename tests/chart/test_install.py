@@ -62,10 +62,16 @@ def test_install_default_values(install: Callable[..., Installed]) -> None:
     controller = containers(deployment)["controller"]
     assert controller["args"][0] == "controller"
     ports = {port["name"]: port["containerPort"] for port in controller["ports"]}
-    assert ports == {"http": 8080, "liveness": 8081}
-    assert controller["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "liveness", "scheme": "HTTP"}
+    assert ports == {"http": 8080}
+    # the API's /healthz, served in the operator's loop: kopf serves its own liveness endpoint only once a
+    # replica leads, and a standby waits in kopf's startup
+    assert controller["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http", "scheme": "HTTPS"}
     # the API speaks HTTPS by default (apiTls)
     assert controller["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http", "scheme": "HTTPS"}
+    # the API's Service routes to the leading replica only: the one whose store is being written
+    service = installed.one("Service", "-controller")
+    assert service["spec"]["selector"]["gpuwm.io/leader"] == "true"
+    assert "GPUWM_PEERING_PRIORITY" not in env_of(controller)  # each replica derives its own
     daemonset = installed.one("DaemonSet", "-agent")
     assert containers(daemonset)["agent"]["args"][0] == "agent"
     peering = installed.one("ClusterKopfPeering")

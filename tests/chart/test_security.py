@@ -118,6 +118,22 @@ def test_agent_without_host_pid_reads_the_hosts_proc(install: Callable[..., Inst
     assert env_of(agent)["GPUWM_PROC_ROOT"]["value"] == "/host/proc"
 
 
+def test_the_kubelets_folder_on_the_host_and_the_socket_in_the_agent_are_set_apart(
+    install: Callable[..., Installed],
+) -> None:
+    """A kubelet with another root dir (MicroK8s, k0s, a test node): the host folder moves, the agent's path stays."""
+    host = "/var/snap/microk8s/common/var/lib/kubelet/pod-resources"
+    installed = install(values={"agent": {"podResourcesHostPath": host}})
+    assert installed.ok, installed.error
+    daemonset = installed.one("DaemonSet", "-agent")
+    volume = next(v for v in daemonset["spec"]["template"]["spec"]["volumes"] if v["name"] == "pod-resources")
+    mount = next(m for m in containers(daemonset)["agent"]["volumeMounts"] if m["name"] == "pod-resources")
+    assert volume["hostPath"] == {"path": host, "type": "Directory"}
+    assert (mount["mountPath"], mount["readOnly"]) == ("/var/lib/kubelet/pod-resources", True)
+    socket = env_of(containers(daemonset)["agent"])["GPUWM_POD_RESOURCES_SOCKET"]["value"]
+    assert socket == "/var/lib/kubelet/pod-resources/kubelet.sock"
+
+
 def test_agent_runs_on_gpu_nodes_only(installed: Installed) -> None:
     spec = installed.one("DaemonSet", "-agent")["spec"]["template"]["spec"]
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
@@ -144,9 +160,11 @@ def test_rbac_has_no_wildcards_and_no_secrets(installed: Installed) -> None:
                 for key in ("apiGroups", "resources", "verbs"):
                     assert "*" not in rule.get(key, []), f"{role['metadata']['name']}: wildcard in {key}: {rule}"
                 if "secrets" in rule.get("resources", []):
-                    # only the Secret the controller keeps the API's certificate in, by name; `create` cannot be
-                    # limited to a name by RBAC; never list or watch (which would show every Secret's contents)
-                    assert role["metadata"]["name"].endswith("-controller-tls"), f"{role['metadata']['name']} can touch secrets"
+                    # only the Secrets the controller keeps the API's certificate and its engine state in, by name;
+                    # `create` cannot be limited to a name by RBAC; never list or watch (which would show every
+                    # Secret's contents)
+                    assert kind == "Role" and role["metadata"]["name"].endswith(("-controller-tls", "-controller")), (
+                        f"{kind} {role['metadata']['name']} can touch secrets")
                     assert rule.get("resourceNames") or rule["verbs"] == ["create"], rule
                     assert not {"list", "watch"} & set(rule["verbs"]), rule
                 assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), rule

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from gpuwm.config import Settings
 from tests.chart.conftest import CHART, Installed, containers, env_of
@@ -29,11 +30,10 @@ DERIVED = {
     "api_tls_key_file": "the controller.tls Secret mounted at /etc/gpuwm/tls (tls.key)",
     "api_tls_secret": "<release>-controller-tls with controller.tls.source selfSigned",
     "api_tls_dns_names": "the API Service's DNS names with controller.tls.source selfSigned",
+    "state_secret": "<release>-controller-state, in the controller's Role",
 }
 # Values the chart sets on purpose to something other than the program's default.
-CHART_DEFAULTS = {
-    "liveness": ("http://0.0.0.0:8081/healthz", "the controller's liveness probe needs kopf's liveness endpoint"),
-}
+CHART_DEFAULTS: dict[str, tuple[Any, str]] = {}
 # A value for each option whose chart default is empty, to see it reach the containers.
 SAMPLES = {
     "node_name": "gpu-node-1",
@@ -47,6 +47,9 @@ SAMPLES = {
     "api_tls_secret": "custom-api-tls",
     "api_tls_dns_names": "api.example.com,gpuwm.example.com",
     "runai_user_label": "example.com/user",
+    "liveness": "http://0.0.0.0:8081/healthz",
+    "peering_priority": 666,
+    "state_secret": "kept-state",
 }
 
 
@@ -72,6 +75,8 @@ def test_value_default_is_the_settings_default(field: str) -> None:
         assert value == CHART_DEFAULTS[field][0], f"{field}: {CHART_DEFAULTS[field][1]}"
         return
     default = Settings.model_fields[field].get_default(call_default_factory=True)
+    if isinstance(default, BaseModel):  # a nested option (pricing, idlePolicies): compared as its fields
+        default = default.model_dump()
     if value == "" and default is None:
         return
     assert Settings(**{field: value}).model_dump()[field] == default, (

@@ -147,3 +147,37 @@ def test_a_cluster_wide_reader_sees_everything(api: Api) -> None:
     assert listed[0] == 200 and sorted(w["name"] for w in listed[1]["workloads"]) == ["notebook", "train"]
     assert api.get("/api/v1/cluster/metrics", carol)[0] == 200
     assert api.get("/api/v1/namespaces/team-b/workloads/notebook", carol)[0] == 200
+
+
+def test_unknown_and_forbidden_look_the_same(api: Api) -> None:
+    """bob may read nothing: a run and a project that exist in namespaces he may not read are answered as ones
+    that do not (alice's token names train's UID in the list)."""
+    bob = api.tokens["bob"]
+    uid = api.get("/api/v1/workloads", api.tokens["carol"])[1]["workloads"][0]["uid"]
+    forbidden, unknown = api.get(f"/api/v1/workloads/{uid}", bob), api.get("/api/v1/workloads/no-such-uid", bob)
+    assert forbidden[0] == unknown[0] == 404
+    assert forbidden[1]["message"] == unknown[1]["message"].replace("no-such-uid", uid)
+    project, nothing = api.get("/api/v1/projects/alpha/metrics", bob), api.get("/api/v1/projects/gamma/metrics", bob)
+    assert project[0] == nothing[0] == 404
+    assert "team-a" not in json.dumps(forbidden[1]) + json.dumps(project[1])
+
+
+def test_forged_forwarding_headers_are_one_client(api: Api) -> None:
+    """Made-up tokens over loopback, each with a new X-Forwarded-For: the API trusts no proxy by default, so they
+    are one client held to 10 reviews a second (a burst of 50), and the real API server is asked that many.
+    Last in the module: it spends loopback's review budget."""
+    statuses = []
+    started = time.monotonic()
+    for index in range(150):
+        request = urllib.request.Request(api.url + "/api/v1/workloads", headers={
+            "Authorization": f"Bearer made-up-{index}", "X-Forwarded-For": f"198.51.100.{index}"})
+        try:
+            with urllib.request.urlopen(request, timeout=15, context=api.context) as response:
+                statuses.append(response.status)
+        except urllib.error.HTTPError as error:
+            statuses.append(error.code)
+    elapsed = time.monotonic() - started
+    reviewed = statuses.count(401)  # each a TokenReview the real API server answered
+    assert set(statuses) == {401, 429}, statuses
+    assert reviewed <= 50 + 10 * elapsed + 1, (reviewed, elapsed)
+    assert statuses.count(429) >= 150 - (50 + 10 * elapsed + 1)

@@ -1,9 +1,10 @@
 """`gpuwm VERB --help` says, for every option, its default (and its choices where it has them), and every
-verb has a paragraph saying what it does (issue 38)."""
+verb has a paragraph saying what it does."""
 
 from __future__ import annotations
 
 import argparse
+import re
 
 import pytest
 
@@ -40,7 +41,7 @@ def test_settings_help_names_choices_default_and_env(capsys: pytest.CaptureFixtu
     assert settings_help("auth") == (
         "API authentication (one of kubernetes, none; default kubernetes; env GPUWM_AUTH)."
     )
-    assert "default 1.0; env GPUWM_IDLE_THRESHOLD_PERCENT" in settings_help("idle_threshold_percent")
+    assert "default 1; env GPUWM_IDLE_THRESHOLD_PERCENT" in settings_help("idle_threshold_percent")
     assert "default 15s:2d,5m:30d" in settings_help("store_rollups")
     assert "default unset" in settings_help("namespace")
     with pytest.raises(SystemExit):
@@ -48,3 +49,21 @@ def test_settings_help_names_choices_default_and_env(capsys: pytest.CaptureFixtu
     out = " ".join(capsys.readouterr().out.split())
     assert "--auth {kubernetes,none}" in out and "(one of kubernetes, none; default kubernetes; env GPUWM_AUTH)" in out
     assert f"default {Settings().api_listen}" in out
+
+
+@pytest.mark.parametrize("verb", VERBS)
+def test_defaults_are_real_values_and_durations_one_spelling(verb: str) -> None:
+    """No "(default: None)", and a duration's default is written as its flag takes it (15s, 2m, 7d), never as
+    seconds with a decimal point: `--help` shows what to type."""
+    help_text = " ".join(_subparser(verb).format_help().split())
+    assert "default: None" not in help_text and "default None" not in help_text
+    assert not re.search(r"default \d+\.\d+[;)]", help_text), re.findall(r"default \d+\.\d+[;)]", help_text)
+
+
+def test_duration_defaults_read_back_as_themselves() -> None:
+    from gpuwm.config import format_duration, parse_duration_seconds
+
+    for seconds in (0.25, 1.0, 1.5, 15.0, 90.0, 120.0, 600.0, 7 * 86400.0, 90000.0):
+        assert parse_duration_seconds(format_duration(seconds)) == seconds
+    assert [format_duration(s) for s in (0.25, 15.0, 90.0, 7 * 86400.0)] == ["250ms", "15s", "1m30s", "7d"]
+    assert "default 2m; env GPUWM_STATE_SAVE_INTERVAL" in settings_help("state_save_interval")

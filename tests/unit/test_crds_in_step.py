@@ -1,5 +1,5 @@
 """crds/ and charts/gpuwm/crds/ hold the same files, kopf's peering CRDs included: a GitOps install that
-applies crds/ alone gets every CRD the controller needs (issue 38)."""
+applies crds/ alone gets every CRD the controller needs."""
 
 from __future__ import annotations
 

@@ -78,13 +78,15 @@ gpuwm's settings (gpuwm.config.Settings), by Helm value name. Each becomes GPUWM
 in both containers; a test fails when a Settings field is missing here or in values.yaml.
 */}}
 {{- define "gpuwm.settingNames" -}}
-logFormat logLevel interval idleThresholdPercent projectLabel lateEventWindow listen nodeName podResourcesSocket kubeletUrl procRoot kubeletTokenFile kubeletInsecureTls resourceNames workloadKinds snapshotBufferSamples nvmlBufferReadSeconds namespace statusInterval snapshotMerge retention agents store stateSaveInterval idleConditionAfter underutilizedPercent statusWritesPerSecond statusCountersRefresh timeSlicedReplicas devicePluginConfig standalone liveness peeringName auth apiListen apiTls apiTlsCertFile apiTlsKeyFile apiTlsSecret apiTlsDnsNames apiTokenAudience apiMaxPointsPerResponse apiMaxConcurrentQueries apiAuthCacheEntries apiAuthReviewsPerClientPerSecond runaiCompatibleMetrics clusterId runaiUserLabel storeRollups storeLatestRowsPerInterval
+logFormat logLevel interval idleThresholdPercent projectLabel lateEventWindow listen nodeName podResourcesSocket kubeletUrl procRoot kubeletTokenFile kubeletInsecureTls resourceNames workloadKinds snapshotBufferSamples nvmlBufferReadSeconds namespace statusInterval snapshotMerge retention agents store stateSaveInterval stateSecret idleConditionAfter underutilizedPercent statusWritesPerSecond statusCountersRefresh timeSlicedReplicas devicePluginConfig standalone liveness peeringName peeringPriority auth apiListen apiTls apiTlsCertFile apiTlsKeyFile apiTlsSecret apiTlsDnsNames apiTokenAudience apiMaxPointsPerResponse apiMaxConcurrentQueries apiMaxConcurrentQueriesPerUser apiQueryQueueSeconds apiAuthCacheEntries apiAuthReviewsPerClientPerSecond apiTokenReviewsPerSecond apiTrustedProxies runaiCompatibleMetrics clusterId runaiUserLabel storeRollups storeLatestRowsPerInterval idlePolicies pricing
 {{- end -}}
 
-{{/* One settings value as an env string: lists comma-joined, whole numbers without exponent. */}}
+{{/* One settings value as an env string: lists comma-joined, objects as JSON, whole numbers without exponent. */}}
 {{- define "gpuwm.settingString" -}}
 {{- $value := . -}}
-{{- if kindIs "slice" $value -}}
+{{- if kindIs "map" $value -}}
+{{- toJson $value -}}
+{{- else if kindIs "slice" $value -}}
 {{- join "," $value -}}
 {{- else if or (kindIs "float64" $value) (kindIs "int64" $value) (kindIs "int" $value) -}}
 {{- if eq (float64 $value) (floor $value) -}}{{- int64 $value -}}{{- else -}}{{- $value -}}{{- end -}}
@@ -166,6 +168,11 @@ seccompProfile:
 {{- if include "gpuwm.keepsTlsSecret" . -}}{{ include "gpuwm.keptTlsSecretName" . }}
 {{- else if include "gpuwm.mountsTlsSecret" . -}}{{ include "gpuwm.tlsSecretName" . }}
 {{- end -}}
+{{- end -}}
+
+{{/* The Secret where the leading controller keeps its engine state (stateSecret, else <release>-controller-state). */}}
+{{- define "gpuwm.stateSecretName" -}}
+{{- default (printf "%s-state" (include "gpuwm.controllerName" .)) .Values.stateSecret -}}
 {{- end -}}
 
 {{/* The DNS names of the API's Service, for its certificate. */}}

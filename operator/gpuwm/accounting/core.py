@@ -1,12 +1,8 @@
 """The accounting engine's core (`EngineCore`): pod lifecycle events and GPU samples in, DESIGN §3 sums out.
 
-Pure and deterministic: no clock, no I/O. Every input carries its own time.
-
-How time is cut (DESIGN §3): GPU g's sample at t_k covers (t_{k-1}, t_k]; the stretch
-before g's first sample, and any interval longer than 3 x the poll interval, is
-unmonitored. A sample that stands for a run of merged polls (`merged_seconds`, see
-gpuwm.feed.merge) is judged by the gap before the run's first poll, t_k - merged - t_{k-1}. A pod holding devices is a set of *stretches* (pod, device, units,
-start, end]. Accounting is the overlap of stretches with sample intervals.
+Pure and deterministic: no clock, no I/O. Every input carries its own time. A pod holding devices
+is a set of *stretches* (pod, device, units, start, end], made here from its events; how a sample's
+interval is accounted to the stretches it overlaps is `gpuwm.accounting.intervals`.
 
 Late and out-of-order input: every sample and pod event is placed at its own time, as
 long as it is no older than `late_event_window_seconds` behind the newest input (the
@@ -21,14 +17,12 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable
-from dataclasses import replace
-from itertools import accumulate
 from typing import Any
 
 from gpuwm.accounting.batch import BatchArrays, observe_appending_chunk
+from gpuwm.accounting.intervals import IntervalAccounting
 from gpuwm.accounting.state import (
     INFINITY,
-    NOTHING,
     EngineConfig,
     Gpu,
     Pod,
@@ -39,11 +33,9 @@ from gpuwm.accounting.state import (
     sample_values,
 )
 from gpuwm.accounting.windows import maintain_all
-from gpuwm.model import GpuSample, NamespaceEvent, PodEvent, SampleEvent, WorkloadEvent, compact_pod_event
+from gpuwm.model import GpuSample, NamespaceEvent, PodEvent, SampleEvent, WorkloadEvent
 
 _MAINTENANCE_EVERY_SECONDS = 30.0
-#: SampleBatch's per-row columns (numpy arrays from the controller, lists elsewhere)
-_COLUMNS = ("device", "t", "sm", "memory", "energy", "merged")
 #: a batch this long takes the vectorised path where it can (numpy's fixed cost pays from about here)
 _VECTORISED_FROM_ROWS = 64
 
@@ -53,11 +45,25 @@ def _python(column: Any) -> Any:
     return column.tolist() if hasattr(column, "tolist") else column
 
 
-class _Zeros:
-    """A batch's `merged` column when it has none: 0.0 for every row."""
+class _Rows:
+    """A batch's columns as Python values, for its rows taken one by one (`EngineCore._observe_row`).
 
-    def __getitem__(self, row: int) -> float:
-        return 0.0
+    `uuids` are the physical devices' (a time-sliced replica's samples are its GPU's).
+    """
+
+    def __init__(self, batch: SampleBatch, physical: list[str]) -> None:
+        self.uuids, self.nodes, self.parent_uuids, self.pod_sm = physical, batch.nodes, batch.parent_uuids, batch.pod_sm
+        self.device_units = batch.device_units
+        self.device: list[int] = _python(batch.device)
+        self.t: list[float] = _python(batch.t)
+        self.sm: list[float] = _python(batch.sm)
+        self.memory: list[float] = _python(batch.memory)
+        self.energy: list[float] = _python(batch.energy)
+        self.merged: list[float] = [0.0] * len(self.t) if batch.merged is None else _python(batch.merged)
+
+    def values(self, row: int) -> SampleValues:
+        return (self.t[row], self.sm[row], self.memory[row], self.energy[row], self.pod_sm[row],
+                self.device_units[self.device[row]], self.merged[row])
 
 
 def place_in_timeline(timeline: list[tuple[float, Any]], t: float, event: Any) -> int:
@@ -90,32 +96,21 @@ def physical_uuid(uuid: str) -> str:
     return uuid.split("::", 1)[0] if "::" in uuid else uuid
 
 
-class EngineCore:
-    """Ingestion and the accounting arithmetic; `Engine` adds the reports."""
+class EngineCore(IntervalAccounting):
+    """Ingestion and maintenance over the accounting arithmetic (`IntervalAccounting`); `Engine` adds the reports."""
 
     def __init__(self, config: EngineConfig | None = None) -> None:
-        self.config = config or EngineConfig()
+        super().__init__(config or EngineConfig())
         self.clock = -INFINITY
-        self.gpu_records: dict[str, Gpu] = {}
         self.workload_records: dict[str, Workload] = {}
         self.pods: dict[str, Pod] = {}
         self.namespaces: dict[str, NamespaceEvent] = {}
-        # MIG parent uuid -> instances whose samples carry no energy counter: the parent's
-        # own samples' energy is split among the workloads on those instances
-        self.mig_children: dict[str, list[str]] = {}
         self.late_samples_dropped = 0
-        #: samples whose busy device the processes seen could not explain, so that some holder took the
-        #: device's figure (DESIGN §3, rule of 2026-11-27); counted once, when a sample is first accounted
-        self.unattributed_samples = 0
         self._last_maintenance = -INFINITY
         #: bumped by each sample, batch of samples, pod or namespace event: any of them may change window
         #: segments, so a memo of figures (`Engine`'s latest report's sums) stands while this stays the same
         #: (a counter, not an override per input in Engine: one more call per sample cost more than this)
         self.inputs = 0
-        #: an interval longer than this is unmonitored (DESIGN §3: 3 x the poll interval)
-        self.gap_seconds = self.config.gap_seconds
-        #: a holder at or above this utilisation is active (DESIGN §3, `idleThresholdPercent`)
-        self.threshold_percent = self.config.idle_threshold_percent
 
     # ------------------------------------------------------------------ input
 
@@ -132,7 +127,7 @@ class EngineCore:
     def observe_workload(self, event: WorkloadEvent) -> None:
         """The workload object's own state from `event.t` on: queued or not, GPUs requested, finished, deleted.
 
-        A workload exists from its creation with or without pods (issue 35). Its state is a
+        A workload exists from its creation with or without pods. Its state is a
         timeline like a pod's: an event older than the late window takes effect at its edge, and
         a second event at the same time replaces the first. The figures it drives (phase,
         requested GPUs, queued and wait seconds) are read at report time from the timeline.
@@ -173,36 +168,44 @@ class EngineCore:
     def observe_sample(self, sample: GpuSample) -> None:
         self.inputs += 1
         values = sample_values(sample)
-        t = values[0]
-        fields = sample.__dict__  # read as `sample_values` reads them (see there)
-        uuid = fields["uuid"]
-        if "::" in uuid:
-            uuid = physical_uuid(uuid)
+        gpu = self._gpu(physical_uuid(sample.uuid), sample.node)
+        if self._dropped(gpu, values[0]):
+            return
+        if self._place(gpu, values):
+            gpu.latest = sample
+        if sample.parent_uuid is not None and sample.energy_joules is None:  # no energy counter of its own
+            self._register_mig_child(sample.parent_uuid, gpu.uuid)
+        if values[0] > self.clock:
+            self._advance(values[0])
+
+    def _gpu(self, uuid: str, node: str) -> Gpu:
+        """The record of device `uuid`, on `node` as its latest input says."""
         gpu = self.gpu_records.get(uuid)
         if gpu is None:
-            gpu = self.gpu_records[uuid] = Gpu(uuid, fields["node"])
+            gpu = self.gpu_records[uuid] = Gpu(uuid, node)
         else:
-            gpu.node = fields["node"]
+            gpu.node = node
+        return gpu
+
+    def _dropped(self, gpu: Gpu, t: float) -> bool:
+        """Whether a sample of g at `t` comes after a later one and too late to be placed (then it is counted)."""
+        if gpu.times and t <= gpu.times[-1] and t < self.boundary:
+            self.late_samples_dropped += 1
+            return True
+        return False
+
+    def _place(self, gpu: Gpu, values: SampleValues) -> bool:
+        """A sample's point in g's history, its interval accounted; whether it is g's latest now."""
         times = gpu.times
+        t = values[0]
         if times and t <= times[-1]:
-            if t < self.boundary:
-                self.late_samples_dropped += 1
-                return
-            if self._insert_late_point(gpu, values):
-                gpu.latest = sample
-        else:
-            gpu.append(values)
-            gpu.latest = sample
-            stretches = gpu.stretches
-            if stretches:
-                self._apply_appended(gpu, len(times) - 1, stretches, values)
-            if uuid in self.mig_children:
-                self._apply_parent_energy(gpu, times[-2] if len(times) > 1 else t, t, self._child_stretches(uuid), 1.0)
-        parent_uuid = fields["parent_uuid"]
-        if parent_uuid is not None and fields["energy_joules"] is None:
-            self._register_mig_child(parent_uuid, uuid)
-        if t > self.clock:
-            self._advance(t)
+            return self._insert_late_point(gpu, values)
+        gpu.append(values)
+        if gpu.stretches:
+            self._apply_interval(gpu, len(times) - 1, -INFINITY, INFINITY, gpu.stretches, 1.0)
+        if gpu.uuid in self.mig_children:
+            self._apply_parent_energy(gpu, times[-2] if len(times) > 1 else t, t, self._child_stretches(gpu.uuid), 1.0)
+        return True
 
     def _insert_late_point(self, gpu: Gpu, values: SampleValues) -> bool:
         """Place a sample at or before the GPU's last one; True when it replaced the last (it is the latest)."""
@@ -235,10 +238,9 @@ class EngineCore:
 
         The same figures to the bit: the same arithmetic in the same order (late and duplicate
         rows, MIG parent energy and children, the clock and its maintenance). The rows between
-        two maintenance runs go in as one chunk: each device's rows that simply extend its
-        history are appended at once, and only what reads them (its holders' intervals, a MIG
-        parent's energy) runs per row. A device's `latest` is built (`batch.sample`) only for the
-        row that ends up as its latest.
+        two maintenance runs go in as one chunk, at once where each only extends its device's
+        history (`gpuwm.accounting.batch`), else row by row. A device's `latest` is built
+        (`batch.sample`) only for the row that ends up as its latest.
         """
         self.inputs += 1
         count = len(batch.t)
@@ -247,21 +249,19 @@ class EngineCore:
         entry_uids = [uids.setdefault(uuid, len(uids)) for uuid in physical]
         given_arrays = hasattr(batch.t, "tolist")  # numpy columns (the controller's); else lists
         arrays = BatchArrays(batch, entry_uids, list(uids)) if given_arrays or count >= _VECTORISED_FROM_ROWS else None
-        as_lists: list[SampleBatch] = [] if given_arrays else [batch]  # the row-by-row path reads Python floats
+        as_rows: list[_Rows] = []  # the columns as Python values, made if a chunk goes row by row
         latest_rows: dict[str, tuple[Gpu, int]] = {}
-        row_uuids: list[str] = []
 
         def chunk(start: int, end: int) -> None:
             if arrays is None or not observe_appending_chunk(self, batch, arrays, start, end, latest_rows):
-                if not as_lists:
-                    as_lists.append(replace(batch, **{name: _python(getattr(batch, name)) for name in _COLUMNS}))
-                if not row_uuids:
-                    row_uuids.extend(physical[entry] for entry in as_lists[0].device)
-                self._observe_chunk(as_lists[0], row_uuids, start, end, latest_rows)
+                if not as_rows:
+                    as_rows.append(_Rows(batch, physical))
+                for row in range(start, end):
+                    self._observe_row(as_rows[0], row, latest_rows)
 
         start = 0
         clock, last_maintenance = self.clock, self._last_maintenance
-        rising: Iterable[tuple[int, float]] = enumerate(batch.t) if arrays is None else arrays.rising(clock)
+        rising: Iterable[tuple[int, float]] = enumerate(_python(batch.t)) if arrays is None else arrays.rising(clock)
         for row, t in rising:  # where `_advance` would maintain: a chunk ends after that row
             if t > clock:
                 clock = t
@@ -276,118 +276,22 @@ class EngineCore:
         for gpu, row in latest_rows.values():
             gpu.latest = batch.sample(row)
 
-    def _observe_chunk(
-        self, batch: SampleBatch, row_uuids: list[str], start: int, end: int, latest_rows: dict[str, tuple[Gpu, int]]
-    ) -> None:
-        """Rows start..end-1 of `batch`, during which no maintenance falls due (see `observe_samples`)."""
-        ts, device, parents, energies = batch.t, batch.device, batch.parent_uuids, batch.energy
-        records, children = self.gpu_records, self.mig_children
-        groups: dict[str, list[int]] = {}  # device -> its rows, devices in order of first appearance
-        for row in range(start, end):
-            rows = groups.get(row_uuids[row])
-            if rows is None:
-                groups[row_uuids[row]] = [row]
-            else:
-                rows.append(row)
-        # a MIG instance registered now applies its parent's whole history, so the parent's rows go in
-        # one by one (registered before them: they apply to it; after: they are in the history)
-        registering: set[int] = set()
-        slow: set[str] = set()
-        for row in range(start, end):
-            parent = parents[device[row]]
-            if parent is not None and energies[row] != energies[row] and row_uuids[row] not in children.get(parent, ()):
-                registering.add(row)
-                slow.add(parent)
-        positions: dict[int, int] = {}
-        work: list[int] = []  # rows that need more than their append, in row order once sorted
-        nodes, units = batch.nodes, batch.device_units
-        sms, memories, pod_sms = batch.sm, batch.memory, batch.pod_sm
-        merged = batch.merged if batch.merged is not None else _Zeros()
-        for uuid, rows in groups.items():
-            gpu = records.get(uuid)
-            if gpu is None:
-                gpu = records[uuid] = Gpu(uuid, nodes[device[rows[0]]])
-            gpu.node = nodes[device[rows[-1]]]  # as each row sets it; nothing reads it in between
-            times = gpu.times
-            previous = times[-1] if times else -INFINITY
-            appending = uuid not in slow
-            if appending:
-                for row in rows:
-                    t = ts[row]
-                    if t <= previous:
-                        appending = False
-                        break
-                    previous = t
-            if not appending:
-                slow.add(uuid)
-                work.extend(rows)
-                continue
-            base = len(times)
-            times.extend([ts[row] for row in rows])
-            gpu.sm.extend([sms[row] for row in rows])
-            gpu.memory.extend([memories[row] for row in rows])
-            gpu.energy.extend([energies[row] for row in rows])
-            gpu.pod_sm.extend([pod_sms[row] for row in rows])
-            gpu.device_units.extend([units[device[row]] for row in rows])
-            gpu.merged.extend([merged[row] for row in rows])
-            latest_rows[uuid] = (gpu, rows[-1])
-            if gpu.stretches or uuid in children:
-                for offset, row in enumerate(rows):
-                    positions[row] = base + offset
-                work.extend(rows)
-            else:
-                for row in rows:
-                    if row in registering:
-                        positions[row] = -1
-                        work.append(row)
-        if not work:
+    def _observe_row(self, rows: _Rows, row: int, latest_rows: dict[str, tuple[Gpu, int]]) -> None:
+        """Row `row` of a batch as `observe_sample` takes a sample (its `latest` noted in `latest_rows`)."""
+        entry = rows.device[row]
+        gpu = self._gpu(rows.uuids[entry], rows.nodes[entry])
+        if self._dropped(gpu, rows.t[row]):
             return
-        work.sort()
-        clocks = list(accumulate(ts[start:end], max, initial=self.clock)) if slow else []
-        for row in work:
-            uuid = row_uuids[row]
-            gpu = records[uuid]
-            t = ts[row]
-            if uuid in slow:
-                self.clock = clocks[row - start]  # the clock as the rows before this one left it
-                entry = device[row]
-                values = (t, sms[row], memories[row], energies[row], pod_sms[row], units[entry], merged[row])
-                times = gpu.times
-                if times and t <= times[-1]:
-                    if t < self.boundary:
-                        self.late_samples_dropped += 1
-                        continue
-                    if self._insert_late_point(gpu, values):
-                        latest_rows[uuid] = (gpu, row)
-                else:
-                    gpu.append(values)
-                    latest_rows[uuid] = (gpu, row)
-                    if gpu.stretches:
-                        index = len(times) - 1
-                        self._apply_appended(gpu, index, gpu.stretches, gpu.point(index))
-                    if uuid in children:
-                        self._apply_parent_energy(
-                            gpu, times[-2] if len(times) > 1 else t, t, self._child_stretches(uuid), 1.0
-                        )
-                parent = parents[entry]
-                if parent is not None and energies[row] != energies[row]:  # NaN: no energy counter of its own
-                    self._register_mig_child(parent, uuid)
-                continue
-            index = positions[row]
-            if index >= 0:
-                if gpu.stretches:
-                    self._apply_appended(gpu, index, gpu.stretches, gpu.point(index))
-                if uuid in children:
-                    low = gpu.times[index - 1] if index > 0 else t
-                    self._apply_parent_energy(gpu, low, t, self._child_stretches(uuid), 1.0)
-            if row in registering:
-                parent = parents[device[row]]
-                assert parent is not None
-                self._register_mig_child(parent, uuid)
+        if self._place(gpu, rows.values(row)):
+            latest_rows[gpu.uuid] = (gpu, row)
+        parent = rows.parent_uuids[entry]
+        if parent is not None and rows.energy[row] != rows.energy[row]:  # NaN: no energy counter of its own
+            self._register_mig_child(parent, gpu.uuid)
+        if rows.t[row] > self.clock:
+            self._advance(rows.t[row])
 
     def observe_pod(self, event: PodEvent) -> None:
         self.inputs += 1
-        compact_pod_event(event)  # kept in the pod's timeline, for a finished pod as long as the retention
         workload = self.workload_records.get(event.workload.uid)
         if workload is None:
             workload = self.workload_records[event.workload.uid] = Workload(event.workload.uid, event)
@@ -529,321 +433,6 @@ class EngineCore:
         gpu.stretches.remove(stretch)
         stretch.workload.stretches.remove(stretch)
         stretch.workload.pods[stretch.pod_uid].stretches.remove(stretch)
-
-    # ------------------------------------------------------------ MIG energy
-
-    def _register_mig_child(self, parent_uuid: str, child_uuid: str) -> None:
-        children = self.mig_children.setdefault(parent_uuid, [])
-        if child_uuid not in children:
-            children.append(child_uuid)
-            parent = self.gpu_records.get(parent_uuid)
-            child = self.gpu_records.get(child_uuid)
-            if parent is not None and child is not None and child.stretches:
-                # intervals of the parent seen before we knew: account them now
-                self._apply_parent_energy(parent, -INFINITY, INFINITY, list(child.stretches), 1.0)
-
-    def _child_stretches(self, parent_uuid: str) -> list[Stretch]:
-        stretches: list[Stretch] = []
-        for child_uuid in self.mig_children.get(parent_uuid, ()):
-            child = self.gpu_records.get(child_uuid)
-            if child is not None:
-                stretches.extend(child.stretches)
-        return stretches
-
-    def _energy_parent(self, gpu: Gpu) -> Gpu | None:
-        """The MIG parent whose energy this instance's holders share, if its own samples carry none."""
-        latest = gpu.latest
-        if latest is None or latest.parent_uuid is None or gpu.uuid not in self.mig_children.get(latest.parent_uuid, ()):
-            return None
-        return self.gpu_records.get(latest.parent_uuid)
-
-    def _apply_parent_energy(
-        self, parent: Gpu, low: float, high: float, stretches: list[Stretch], sign: float
-    ) -> None:
-        """Energy of the parent's intervals in (low, high] to instance stretches, by units."""
-        if not stretches:
-            return
-        times = parent.times
-        energies = parent.energy
-        index = max(1, bisect.bisect_right(times, low))
-        while index < len(times):
-            start = times[index - 1]
-            if start >= high:
-                break
-            end = times[index]
-            energy, previous = energies[index], energies[index - 1]
-            if energy == energy and previous == previous:  # neither is NaN (not reported)
-                rate = max(0.0, energy - previous) / (end - start)
-                cut_start, cut_end = max(start, low), min(end, high)
-                for stretch in stretches:
-                    piece = min(cut_end, stretch.end) - max(cut_start, stretch.start)
-                    if piece > 0:
-                        stretch.workload.energy_joules += sign * rate * piece * stretch.units
-            index += 1
-
-    # ------------------------------------------------------------ arithmetic
-
-    def _apply_range(self, gpu: Gpu, low: float, high: float, stretches: list[Stretch], sign: float) -> None:
-        """Apply (sign=1) or take back (sign=-1) the intervals of `gpu` within (low, high]."""
-        if not stretches:
-            return
-        times = gpu.times
-        index = bisect.bisect_right(times, low)
-        while index < len(times):
-            start = times[index - 1] if index > 0 else -INFINITY
-            if start >= high:
-                break
-            self._apply_interval(gpu, index, low, high, stretches, sign)
-            index += 1
-
-    def _monitored(self, gpu: Gpu, index: int) -> bool:
-        """Whether g's sample `index` (>= 1) leaves its interval monitored: SM reported (not NaN), and at most
-        the gap since the sample before; a sample of merged polls by the gap before its run's first poll,
-        t - merged - previous t (`batch._apply_pieces` is the vectorised twin)."""
-        sm, times = gpu.sm[index], gpu.times
-        return sm == sm and times[index] - gpu.merged[index] - times[index - 1] <= self.gap_seconds
-
-    @staticmethod
-    def cuts(gpu: Gpu, start: float, end: float) -> list[float]:
-        """Times strictly inside (start, end) where g's holders change: its stretches' starts and ends.
-
-        Between two cuts every stretch of g either covers the whole piece or none of it, so a
-        workload's share and whether it holds g alone are constant there (DESIGN §3 judges each
-        stretch of time by who holds g in it). A piece taken back later is cut the same way.
-        """
-        stretches = gpu.stretches
-        if len(stretches) < 2:
-            return []
-        cuts: set[float] = set()
-        for stretch in stretches:
-            if start < stretch.start < end:
-                cuts.add(stretch.start)
-            if start < stretch.end < end:
-                cuts.add(stretch.end)
-        return sorted(cuts)
-
-    def attribution(self, gpu: Gpu, index: int, workload: Workload, start: float, end: float) -> tuple[float, bool]:
-        """W's utilisation on g over (start, end] within interval `index`, and whether it was *unattributed*.
-
-        DESIGN §3, rule of 2026-11-27: activity is never lost to attribution. NVML's process list
-        can be empty or unattributable while a GPU computes (an agent in another PID namespace,
-        MIG instances whose processes are hidden, a lost cgroup mapping), so:
-        - W holds g alone (no other workload's stretch covers the piece): g's device SM % over
-          W's share of g (capped at 100), whatever the process list says;
-        - g is shared: the SM % of W's pods' processes over W's share (capped at 100), unless
-          there is no per-process data, or g is busy (SM >= threshold) while its holders'
-          processes sum below the threshold: then every holder gets g's device SM %.
-        W's share = W's units on g (its stretches covering the piece) / g's `device_units`.
-        *Unattributed*: g was busy and its figure came from the device because the processes
-        seen could not explain it (counted, and said on the workload's Sampling condition).
-        (start, end] must lie between two of `_cuts`, so the holders are the same all along it.
-        """
-        sm = gpu.sm[index]
-        if sm != sm:  # NaN: not reported (the interval is unmonitored; callers do not ask)
-            return 0.0, False
-        units = 0.0
-        own: list[str] = []
-        others: list[str] = []
-        for stretch in gpu.stretches:
-            if stretch.start < end and stretch.end > start:
-                if stretch.workload is workload:
-                    units += stretch.units
-                    if stretch.pod_uid not in own:
-                        own.append(stretch.pod_uid)
-                elif stretch.pod_uid not in others:
-                    others.append(stretch.pod_uid)
-        if units <= 0:
-            return 0.0, False
-        share = units / gpu.device_units[index]
-        pod_sm = gpu.pod_sm[index]
-        threshold = self.threshold_percent
-        busy = sm >= threshold
-        if not others:
-            explained = pod_sm is None or not busy or sum(pod_sm.get(uid, 0.0) for uid in own) >= threshold
-            return min(100.0, sm / share), not explained
-        if pod_sm is None:
-            return sm, busy
-        used = 0.0
-        for uid in own:
-            used += pod_sm.get(uid, 0.0)
-        if busy and used + sum(pod_sm.get(uid, 0.0) for uid in others) < threshold:
-            return sm, True
-        return min(100.0, used / share), False
-
-    def _account(
-        self, stretch: Stretch, units: float, piece_start: float, piece_end: float, utilization: float,
-        memory: float, sign: float,
-    ) -> None:
-        """Add (sign=1) or take back (sign=-1, `units` negative) one monitored piece of a stretch."""
-        workload = stretch.workload
-        unit_seconds = units * (piece_end - piece_start)
-        if utilization >= self.threshold_percent:
-            workload.active_gpu_seconds += unit_seconds
-            if sign > 0 and piece_end > stretch.last_active:
-                stretch.last_active = piece_end
-        else:
-            workload.idle_gpu_seconds += unit_seconds
-        workload.life_units += unit_seconds
-        workload.life_util += unit_seconds * utilization
-        if memory != memory:  # NaN: memory not reported
-            workload.windows.add(piece_start, piece_end, units, units * utilization, 0.0, 0.0)
-        else:
-            workload.life_mem_units += unit_seconds
-            workload.life_mem += unit_seconds * memory
-            workload.windows.add(piece_start, piece_end, units, units * utilization, units, units * memory)
-
-    def _apply_interval(
-        self, gpu: Gpu, index: int, low: float, high: float, stretches: list[Stretch], sign: float
-    ) -> None:
-        times = gpu.times
-        end = times[index]
-        energy: float | None = None
-        if index == 0:
-            start = -INFINITY
-            monitored = False
-        else:
-            start = times[index - 1]
-            monitored = self._monitored(gpu, index)
-            joules, previous_joules = gpu.energy[index], gpu.energy[index - 1]
-            if joules == joules and previous_joules == previous_joules:
-                energy = max(0.0, joules - previous_joules) / (end - start)  # joules per second
-        cut_start = start if start > low else low
-        cut_end = end if end < high else high
-        cuts = self.cuts(gpu, cut_start, cut_end) if monitored else []
-        memory = gpu.memory[index]
-        counted = False
-        for stretch in stretches:
-            piece_start = cut_start if cut_start > stretch.start else stretch.start
-            piece_end = cut_end if cut_end < stretch.end else stretch.end
-            if piece_end <= piece_start:
-                continue
-            workload = stretch.workload
-            units = stretch.units * sign
-            unit_seconds = units * (piece_end - piece_start)
-            if energy is not None:
-                workload.energy_joules += energy * unit_seconds
-            if not monitored:
-                workload.unmonitored_gpu_seconds += unit_seconds
-                continue
-            bounds = [piece_start, *(cut for cut in cuts if piece_start < cut < piece_end), piece_end]
-            for position in range(len(bounds) - 1):
-                sub_start, sub_end = bounds[position], bounds[position + 1]
-                utilization, unattributed = self.attribution(gpu, index, workload, sub_start, sub_end)
-                if unattributed:
-                    workload.unattributed_gpu_seconds += units * (sub_end - sub_start)
-                    counted = True
-                self._account(stretch, units, sub_start, sub_end, utilization, memory, sign)
-        if counted and sign > 0 and low == -INFINITY and high == INFINITY:  # a new point, not a re-accounting
-            self.unattributed_samples += 1
-
-    def _apply_appended(self, gpu: Gpu, index: int, stretches: list[Stretch], values: SampleValues) -> None:
-        """`_apply_interval(gpu, index, -inf, inf, stretches, 1.0)`, the same arithmetic to the bit, for a new point.
-
-        What `observe_sample` and `observe_samples` run per appended row: the whole interval, nothing
-        taken back (x * 1.0 is x, and a cut at -inf/inf is the interval itself), the per-stretch work
-        inlined. `values` is point `index` itself (`Gpu.point`), so the point is read from locals, not
-        from the history's columns; `_monitored` and the check for `cuts` are inlined for it. An
-        interval in which g's holders change goes through `_apply_interval` (it is cut there).
-        """
-        end, sm, memory, joules, pod_sm, device_units, merged = values
-        energy = NOTHING
-        holders = len(gpu.stretches)
-        if index == 0:
-            start = -INFINITY
-            monitored = False
-        else:
-            start = gpu.times[index - 1]
-            monitored = sm == sm and end - merged - start <= self.gap_seconds  # `_monitored`
-            # `cuts` finds none where g has fewer than two stretches
-            if monitored and holders > 1 and self.cuts(gpu, start, end):
-                self._apply_interval(gpu, index, -INFINITY, INFINITY, stretches, 1.0)
-                return
-            previous_joules = gpu.energy[index - 1]
-            if joules == joules and previous_joules == previous_joules:
-                used = joules - previous_joules
-                energy = (used if used > 0.0 else 0.0) / (end - start)  # max(0.0, used), without the call
-        threshold = self.threshold_percent
-        cached_key: tuple[Workload, float, float] | None = None
-        utilization = 0.0
-        unattributed = counted = False
-        # the common case, a GPU with one stretch and no per-process data: `attribution`'s first branch
-        # (its sole holder takes the device's SM % over its share), computed here as it computes it
-        sole = None
-        if monitored and holders == 1 and pod_sm is None:
-            sole = gpu.stretches[0]
-            utilization = sm / (sole.units / device_units)
-            if not utilization < 100.0:  # min(100.0, utilization), without the call
-                utilization = 100.0
-        for stretch in stretches:
-            stretch_start, stretch_end = stretch.start, stretch.end
-            piece_start = start if start > stretch_start else stretch_start
-            piece_end = end if end < stretch_end else stretch_end
-            if piece_end <= piece_start:
-                continue
-            workload = stretch.workload
-            units = stretch.units
-            unit_seconds = units * (piece_end - piece_start)
-            if energy == energy:
-                workload.energy_joules += energy * unit_seconds
-            if not monitored:
-                workload.unmonitored_gpu_seconds += unit_seconds
-                continue
-            if stretch is not sole:  # (a sole holder's figure is never unattributed)
-                key = (workload, piece_start, piece_end)
-                if key != cached_key:
-                    cached_key = key
-                    utilization, unattributed = self.attribution(gpu, index, workload, piece_start, piece_end)
-                if unattributed:
-                    workload.unattributed_gpu_seconds += unit_seconds
-                    counted = True
-            if utilization >= threshold:
-                workload.active_gpu_seconds += unit_seconds
-                if piece_end > stretch.last_active:
-                    stretch.last_active = piece_end
-            else:
-                workload.idle_gpu_seconds += unit_seconds
-            workload.life_units += unit_seconds
-            workload.life_util += unit_seconds * utilization
-            if memory != memory:
-                workload.windows.add(piece_start, piece_end, units, units * utilization, 0.0, 0.0)
-            else:
-                workload.life_mem_units += unit_seconds
-                workload.life_mem += unit_seconds * memory
-                workload.windows.add(piece_start, piece_end, units, units * utilization, units, units * memory)
-        if counted:
-            self.unattributed_samples += 1
-
-    def _settle_last_active(self, gpu: Gpu, stretches: list[Stretch], low: float, high: float = INFINITY) -> None:
-        """After taking back (low, high]: recompute last_active of stretches whose latest activity was in it."""
-        for stretch in stretches:
-            if stretch.last_active <= low or stretch.last_active > high:
-                continue
-            found = -INFINITY
-            times = gpu.times
-            index = bisect.bisect_left(times, min(low, stretch.end))
-            index = min(index, len(times) - 1)
-            while index >= 1:
-                end = times[index]
-                start = times[index - 1]
-                if end <= stretch.start:
-                    break
-                if start < low and self._monitored(gpu, index):
-                    piece_start, piece_end = max(start, stretch.start), min(end, low, stretch.end)
-                    if piece_end > piece_start:
-                        bounds = [piece_start, *self.cuts(gpu, piece_start, piece_end), piece_end]
-                        for position in range(len(bounds) - 1, 0, -1):  # the latest active piece first
-                            utilization = self.attribution(
-                                gpu, index, stretch.workload, bounds[position - 1], bounds[position]
-                            )[0]
-                            if utilization >= self.threshold_percent:
-                                found = bounds[position]
-                                break
-                        if found > -INFINITY:
-                            break
-                index -= 1
-            if found == -INFINITY and gpu.pruned and times and times[0] > stretch.start:
-                found = min(stretch.last_active, times[0])  # beyond the kept history: best known bound
-            stretch.last_active = found
 
     # ------------------------------------------------------------ maintenance
 

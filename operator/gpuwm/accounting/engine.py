@@ -7,191 +7,138 @@ import bisect
 from collections.abc import Iterable
 from functools import reduce
 from operator import add
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuwm.accounting.core import EngineCore, merged_runs
+from gpuwm.accounting.lifecycle import (
+    WAITING_PHASES,
+    idle_seconds,
+    object_state,
+    phase_and_end,
+    pods_at,
+    wait_and_queued,
+)
 from gpuwm.accounting.persist import restore_state, save_state
-from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Pod, Stretch, Workload
+from gpuwm.accounting.state import INFINITY, EngineConfig, Gpu, Stretch, Workload
 from gpuwm.accounting.windows import windows_of
 from gpuwm.model import (
     ENDED_POD_PHASES,
     ClusterFigures,
     GpuFigures,
     GpuSample,
-    PodFigures,
     ProjectFigures,
     Windows,
-    WorkloadEvent,
     WorkloadFigures,
     gpu_quota,
-    shared_keys_fields,
-    trusted_complete,
 )
 
-#: the report's two biggest models' fields, for dicts of shared keys (see `shared_keys_fields`)
-_GPU_FIELDS = shared_keys_fields(GpuFigures)
-_WORKLOAD_FIELDS = shared_keys_fields(WorkloadFigures)
-
-
-def _optional_float(value: float | None) -> float | None:
-    """As validation of a `float | None` field leaves it (an int becomes a float)."""
-    return None if value is None else float(value)
+#: a workload's 1m, 5m and 1h window integrals (`WindowSums.windows(now)`): per window units, units x util,
+#: memory units, memory units x memory %
+RecentWindows = tuple[list[float], list[float], list[float]]
 
 
 def _gpu_order(item: GpuFigures) -> tuple[str, str, str, str]:
     return item.node, item.uuid, item.pod or "", item.container or ""
 
 
-def _copy_latest(fields: dict[str, Any], latest: GpuSample) -> None:
-    """What a device's latest sample says about it, into GpuFigures' `fields` (in field order, after `node`)."""
-    fields["index"] = latest.index
-    fields["model"] = latest.model
-    fields["mig_profile"] = latest.mig_profile
-    fields["parent_uuid"] = latest.parent_uuid
-    fields["device_units"] = latest.device_units
-    fields["sm_percent"] = latest.sm_percent
-    fields["memory_used_bytes"] = latest.memory_used_bytes
-    fields["memory_total_bytes"] = latest.memory_total_bytes
-    fields["power_watts"] = latest.power_watts
-    fields["healthy"] = latest.healthy
-    fields["error"] = latest.error
+def _device_fields(latest: GpuSample) -> dict[str, Any]:
+    """What a device's latest sample says about the device itself, as GpuFigures' fields."""
+    return {
+        "index": latest.index, "model": latest.model, "mig_profile": latest.mig_profile,
+        "parent_uuid": latest.parent_uuid, "device_units": latest.device_units, "sm_percent": latest.sm_percent,
+        "memory_used_bytes": latest.memory_used_bytes, "memory_total_bytes": latest.memory_total_bytes,
+        "power_watts": latest.power_watts, "healthy": latest.healthy, "error": latest.error,
+    }
 
 
-#: the phases of a workload that has not got its GPUs: its requested units are unmet demand
-_WAITING_PHASES = frozenset({"Queued", "Pending"})
+#: GpuFigures' device fields where the device has sent no sample yet
+_NO_DEVICE_FIELDS: dict[str, Any] = {
+    "index": None, "model": None, "mig_profile": None, "parent_uuid": None, "device_units": 1.0, "sm_percent": None,
+    "memory_used_bytes": None, "memory_total_bytes": None, "power_watts": None, "healthy": True, "error": None,
+}
 
 
-def _object_state(workload: Workload, now: float) -> WorkloadEvent | None:
-    """The workload object's state at `now` (its latest event at or before it); None when only pods name it."""
-    timeline = workload.timeline
-    if not timeline:
-        return None
-    index = bisect.bisect_right([entry[0] for entry in timeline], now) - 1
-    return timeline[max(index, 0)][1]
+class Weighted(NamedTuple):
+    """Allocation weights and weighted percents, whose ratios are allocation-weighted means.
 
-
-def _object_phase(workload: Workload, state: WorkloadEvent, now: float) -> tuple[str, float | None]:
-    """(phase, end time) from the object's own state when no GPU container runs: deleted (Ended), finished,
-    suspended (Queued), else Pending (admitted or never suspended, no GPU container running yet)."""
-    if state.deleted or state.finished is not None:
-        # when it ended: the first event of the run of ended states that `state` belongs to
-        end = now
-        for t, event in reversed(workload.timeline):
-            if t > now:
-                continue
-            if not (event.deleted or event.finished is not None):
-                break
-            end = t
-        return ("Ended" if state.deleted and state.finished is None else state.finished or "Ended"), end
-    return ("Queued" if state.suspended else "Pending"), None
-
-
-def _queued_and_requeued(
-    workload: Workload, created: float, runs: list[tuple[float, float]], now: float, end_time: float | None,
-) -> tuple[float, float]:
-    """(queuedSeconds, the wait added by queueing again after a run) from the object's timeline.
-
-    queuedSeconds: every second from creation to now (or the end) the object was held back; its
-    first event's state holds from its creation (a workload is seen suspended from the start).
-    A workload suspended again after it ran (preempted) waits again: from its suspension, or from
-    the end of the run it was suspended in, to its next run, or to now (issue 35: both count on).
+    Over a window: monitored unit-seconds and their integral of utilisation %, unit-seconds with
+    memory known and their integral of memory %. Now: units held, and units x percent.
     """
-    stop = now if end_time is None else min(now, end_time)
-    timeline = [(t, event) for t, event in workload.timeline if t <= stop]
-    if not timeline:
-        return 0.0, 0.0
-    queued = 0.0
-    start = min(created, timeline[0][0])
-    for position, (t, event) in enumerate(timeline):
-        begin = start if position == 0 else t
-        until = timeline[position + 1][0] if position + 1 < len(timeline) else stop
-        if event.suspended and until > begin:
-            queued += until - begin
-    requeued = 0.0
-    first_run = runs[0][0] if runs else None
-    suspended_before = timeline[0][1].suspended
-    for t, event in timeline[1:]:
-        if event.suspended and not suspended_before and first_run is not None and t > first_run:
-            from_time = t
-            for run_start, run_end in runs:
-                if run_start <= t < run_end:
-                    from_time = run_end
-            following = [run_start for run_start, _run_end in runs if run_start >= from_time]
-            until_run = following[0] if following else stop
-            requeued += max(0.0, min(until_run, stop) - from_time)
-        suspended_before = event.suspended
-    return queued, requeued
+
+    units: float = 0.0
+    utilization: float = 0.0
+    memory_units: float = 0.0
+    memory: float = 0.0
+
+    def means(self) -> tuple[float | None, float | None]:
+        """(utilisation %, memory %); None where nothing was weighed."""
+        # 1e-9: what is left of a window after taking back late input is rounding, not time
+        return (self.utilization / self.units if self.units > 1e-9 else None,
+                self.memory / self.memory_units if self.memory_units > 1e-9 else None)
 
 
-def _pod_order(pod: Pod) -> tuple[str, str]:
-    return pod.name, pod.uid
+class _Sums(NamedTuple):
+    """One or more workloads' weights per window: added up across a project or the cluster, then divided."""
+
+    current: Weighted
+    minute: Weighted
+    five_minutes: Weighted
+    hour: Weighted
+    lifetime: Weighted
+
+    @classmethod
+    def of_workload(cls, workload: Workload, windows: RecentWindows, current: Weighted) -> _Sums:
+        minute, five, hour = windows
+        lifetime = Weighted(workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem)
+        return cls(current, Weighted(*minute), Weighted(*five), Weighted(*hour), lifetime)
+
+    @classmethod
+    def total(cls, many: Iterable[_Sums]) -> _Sums:
+        """Each window's weights added up over `many`, in their order, from 0.0."""
+        windows = list(zip(*many, strict=True))  # per window, every member's weights
+        if not windows:
+            return _NO_SUMS
+        return cls(*(Weighted(*(reduce(add, column, 0.0) for column in zip(*window, strict=True)))
+                     for window in windows))
+
+    def windows(self) -> tuple[Windows, Windows]:
+        """The utilisation and the memory means of each window."""
+        means = [weighted.means() for weighted in self]
+        utilization, memory = ({"current": means[0][kind], "avg1m": means[1][kind], "avg5m": means[2][kind],
+                                "avg1h": means[3][kind], "lifetime": means[4][kind]} for kind in (0, 1))
+        return Windows(**utilization), Windows(**memory)
+
+
+_NO_SUMS = _Sums(Weighted(), Weighted(), Weighted(), Weighted(), Weighted())
 
 
 def _totals(members: list[WorkloadFigures], sums: _Sums) -> dict[str, Any]:
-    """The last fields of ProjectFigures and of ClusterFigures, in field order: sums over `members`, means of `sums`."""
+    """The last fields of ProjectFigures and of ClusterFigures: sums over `members`, means of `sums`."""
     utilization, memory = sums.windows()
     return {
-        "allocated_gpu_seconds": float(sum(figures.allocated_gpu_seconds for figures in members)),
-        "active_gpu_seconds": float(sum(figures.active_gpu_seconds for figures in members)),
-        "idle_gpu_seconds": float(sum(figures.idle_gpu_seconds for figures in members)),
-        "unmonitored_gpu_seconds": float(sum(figures.unmonitored_gpu_seconds for figures in members)),
-        "energy_joules": float(sum(figures.energy_joules for figures in members)),
+        "allocated_gpu_seconds": sum(figures.allocated_gpu_seconds for figures in members),
+        "active_gpu_seconds": sum(figures.active_gpu_seconds for figures in members),
+        "idle_gpu_seconds": sum(figures.idle_gpu_seconds for figures in members),
+        "unmonitored_gpu_seconds": sum(figures.unmonitored_gpu_seconds for figures in members),
+        "energy_joules": sum(figures.energy_joules for figures in members),
         "utilization": utilization,
         "memory_utilization": memory,
     }
 
 
-class _Sums:
-    """Window integrals of one or more workloads, turned into allocation-weighted means.
+class _Holdings(NamedTuple):
+    """What a workload's allocation stretches say at `now`: the devices it holds and their latest samples."""
 
-    One flat list (a report merges thousands: one comprehension per merge, not nested loops):
-    per window avg1m, avg5m, avg1h, lifetime (in that order) units, util, mem_units, mem at
-    4 * window + column; then at 16 the latest samples' (units, units x util) and at 18
-    (units, units x memory %).
-    """
-
-    __slots__ = ("values",)
-
-    def __init__(self, values: list[float] | None = None) -> None:
-        self.values = [0.0] * 20 if values is None else values
-
-    @classmethod
-    def of_workload(cls, workload: Workload, windows: tuple[list[float], list[float], list[float]]) -> _Sums:
-        """One workload's sums (`windows`: its `windows.windows(now)`); 0.0 + x, as adding to fresh sums gives."""
-        minute, five, hour = windows
-        return cls([
-            0.0 + minute[0], 0.0 + minute[1], 0.0 + minute[2], 0.0 + minute[3],
-            0.0 + five[0], 0.0 + five[1], 0.0 + five[2], 0.0 + five[3],
-            0.0 + hour[0], 0.0 + hour[1], 0.0 + hour[2], 0.0 + hour[3],
-            0.0 + workload.life_units, 0.0 + workload.life_util, 0.0 + workload.life_mem_units,
-            0.0 + workload.life_mem, 0.0, 0.0, 0.0, 0.0,
-        ])
-
-    def merge(self, other: _Sums) -> None:
-        self.values = [mine + theirs for mine, theirs in zip(self.values, other.values, strict=True)]
-
-    @classmethod
-    def total(cls, many: Iterable[_Sums]) -> _Sums:
-        """Fresh sums with each of `many` merged in turn: per element 0.0 + a + b + ... in that order, as `merge` adds."""
-        columns = zip(*(sums.values for sums in many), strict=True)
-        return cls([reduce(add, column, 0.0) for column in columns] or None)
-
-    def windows(self) -> tuple[Windows, Windows]:
-        # 1e-9: what is left of a window after taking back late input is rounding, not time
-        v = self.values
-        return trusted_complete(Windows, {
-            "current": v[17] / v[16] if v[16] > 1e-9 else None,
-            "avg1m": v[1] / v[0] if v[0] > 1e-9 else None,
-            "avg5m": v[5] / v[4] if v[4] > 1e-9 else None,
-            "avg1h": v[9] / v[8] if v[8] > 1e-9 else None,
-            "lifetime": v[13] / v[12] if v[12] > 1e-9 else None,
-        }), trusted_complete(Windows, {
-            "current": v[19] / v[18] if v[18] > 1e-9 else None,
-            "avg1m": v[3] / v[2] if v[2] > 1e-9 else None,
-            "avg5m": v[7] / v[6] if v[6] > 1e-9 else None,
-            "avg1h": v[11] / v[10] if v[10] > 1e-9 else None,
-            "lifetime": v[15] / v[14] if v[14] > 1e-9 else None,
-        })
+    allocated_gpus: float
+    idle_gpus: float
+    unmonitored_gpu_seconds: float
+    last_active: float
+    active_now: bool
+    sampling: bool
+    current: Weighted
+    gpus: list[GpuFigures]
+    nodes: set[str]
+    models: set[str]
 
 
 class _ReportWindows:
@@ -202,14 +149,14 @@ class _ReportWindows:
     __slots__ = ("_row_of", "_windows", "inputs", "now")
 
     def __init__(
-        self, now: float, inputs: int, uids: list[str], windows: list[tuple[list[float], list[float], list[float]]]
+        self, now: float, inputs: int, uids: list[str], windows: list[RecentWindows]
     ) -> None:
         self.now = now
         self.inputs = inputs
         self._row_of = dict(zip(uids, range(len(uids)), strict=True))
         self._windows = windows
 
-    def get(self, uid: str) -> tuple[list[float], list[float], list[float]] | None:
+    def get(self, uid: str) -> RecentWindows | None:
         row = self._row_of.get(uid)
         return None if row is None else self._windows[row]
 
@@ -304,35 +251,19 @@ class Engine(EngineCore):
         return merged_runs(spans)
 
     def _holder_figures(self, gpu: Gpu, stretch: Stretch, utilization: float | None, monitored: bool) -> GpuFigures:
-        """A device as held by one stretch: the device's figures with its holder and the holder's utilisation.
-
-        Built in field order without validation (see `trusted`): a report builds one per held device.
-        """
+        """A device as held by one stretch: the device's figures with its holder and the holder's utilisation."""
         workload = stretch.workload
         pod = workload.pods.get(stretch.pod_uid)
         latest = gpu.latest
-        # every field in field order, None until set (see shared_keys_fields); setting a key keeps its place
-        fields = _GPU_FIELDS.copy()
-        fields["uuid"] = gpu.uuid
-        if latest is None:
-            fields["node"] = stretch.node or gpu.node or ""
-            fields["device_units"] = 1.0
-            fields["healthy"] = True
-        else:
-            fields["node"] = stretch.node or latest.node
-            _copy_latest(fields, latest)
-        fields["namespace"] = workload.namespace
-        fields["workload"] = workload.name
-        fields["workload_uid"] = workload.uid
-        fields["pod"] = pod.name if pod else stretch.pod_uid
-        fields["pod_uid"] = stretch.pod_uid
-        fields["container"] = stretch.container
-        fields["units"] = float(stretch.units)
-        fields["utilization_percent"] = utilization
-        fields["last_sample_time"] = gpu.last_time
-        fields["monitored"] = monitored
-        fields["active"] = None if utilization is None else utilization >= self.threshold_percent
-        return trusted_complete(GpuFigures, fields)
+        device = _NO_DEVICE_FIELDS if latest is None else _device_fields(latest)
+        node = stretch.node or (gpu.node or "" if latest is None else latest.node)
+        return GpuFigures(
+            node=node, uuid=gpu.uuid, **device, namespace=workload.namespace, workload=workload.name,
+            workload_uid=workload.uid, pod=pod.name if pod else stretch.pod_uid, pod_uid=stretch.pod_uid,
+            container=stretch.container, units=stretch.units, utilization_percent=utilization,
+            last_sample_time=gpu.last_time, monitored=monitored,
+            active=None if utilization is None else utilization >= self.threshold_percent,
+        )
 
     # ------------------------------------------------------------- reports
 
@@ -357,7 +288,7 @@ class Engine(EngineCore):
         return workload.revision, self.project_of(workload)
 
     def _workload_figures(
-        self, workload: Workload, now: float, windows: tuple[list[float], list[float], list[float]] | None = None
+        self, workload: Workload, now: float, windows: RecentWindows | None = None
     ) -> tuple[WorkloadFigures, _Sums]:
         """`windows`: the workload's `windows.windows(now)` when the caller computed many at once (`windows_of`)."""
         key = self._settled_key(workload)
@@ -372,27 +303,57 @@ class Engine(EngineCore):
         return figures, sums
 
     def _compute_figures(
-        self, workload: Workload, now: float, windows: tuple[list[float], list[float], list[float]] | None
+        self, workload: Workload, now: float, windows: RecentWindows | None
     ) -> tuple[WorkloadFigures, _Sums]:
-        sums = _Sums.of_workload(workload, workload.windows.windows(now) if windows is None else windows)
-        values = sums.values
+        holdings = self._holdings(workload, now)
+        sums = _Sums.of_workload(workload, workload.windows.windows(now) if windows is None else windows,
+                                 holdings.current)
+        running = holdings.allocated_gpus > 0
+        runs = self._runs(workload, now)
+        pods = pods_at(workload, now)
+        state = object_state(workload, now)
+        phase, end_time = phase_and_end(workload, pods, state, running, now)
+        created, wait_seconds, queued_seconds = wait_and_queued(workload, runs, end_time, now)
+        utilization, memory = sums.windows()
+        figures = WorkloadFigures(
+            uid=workload.uid, namespace=workload.namespace, name=workload.name, kind=workload.kind,
+            api_version=workload.api_version, project=self.project_of(workload), phase=phase,
+            allocated_gpus=holdings.allocated_gpus,
+            allocated_gpu_seconds=workload.active_gpu_seconds + workload.idle_gpu_seconds
+            + holdings.unmonitored_gpu_seconds,
+            active_gpu_seconds=workload.active_gpu_seconds, idle_gpu_seconds=workload.idle_gpu_seconds,
+            unmonitored_gpu_seconds=holdings.unmonitored_gpu_seconds, idle_gpus=holdings.idle_gpus,
+            unattributed_gpu_seconds=workload.unattributed_gpu_seconds,
+            last_active_time=holdings.last_active if holdings.last_active > -INFINITY else None,
+            idle_seconds=idle_seconds(runs, holdings.last_active, running, holdings.active_now, now),
+            wait_seconds=wait_seconds, run_seconds=sum(end - start for start, end in runs),
+            energy_joules=workload.energy_joules, utilization=utilization, memory_utilization=memory,
+            requested_gpus=None if state is None else state.requested_gpus, queued_seconds=queued_seconds,
+            local_queue=None if state is None else state.local_queue,
+            cluster_queue=None if state is None else state.cluster_queue,
+            failure_reason=None if state is None else state.message,
+            created_time=created, start_time=workload.first_run_start, end_time=end_time,
+            sampling=running and holdings.sampling, gpu_model=min(holdings.models) if holdings.models else None,
+            nodes=sorted(holdings.nodes), pods=pods.figures, gpus=sorted(holdings.gpus, key=_gpu_order),
+        )
+        return figures, sums
+
+    def _holdings(self, workload: Workload, now: float) -> _Holdings:
+        """The devices the workload's stretches hold at `now`, its unmonitored tails, and its latest activity."""
+        allocated_gpus = idle_gpus = 0.0
         unmonitored = workload.unmonitored_gpu_seconds
-        allocated_gpus = 0.0
-        idle_gpus = 0.0
-        active_now = False
-        sampling = True
         last_active = workload.retired_last_active
+        active_now, sampling = False, True
+        units = utilization_weight = memory_units = memory_weight = 0.0
         gpus: list[GpuFigures] = []
         nodes: set[str] = set()
         models: set[str] = set()
-        gpu_records = self.gpu_records
-        threshold = self.threshold_percent
         for stretch in workload.stretches:
-            gpu = gpu_records.get(stretch.uuid)
-            if stretch.last_active > last_active:
-                last_active = stretch.last_active
+            gpu = self.gpu_records.get(stretch.uuid)
+            last_active = max(last_active, stretch.last_active)
             if gpu is None:
                 continue
+            # allocated time after g's latest sample is unmonitored until a sample covers it
             last_time = gpu.last_time
             tail_start = stretch.start if last_time is None else max(stretch.start, last_time)
             tail_end = min(stretch.end, now)
@@ -406,130 +367,21 @@ class Engine(EngineCore):
             utilization, memory, monitored = self._stretch_current(gpu, stretch, now)
             sampling = sampling and monitored
             if utilization is not None:
-                values[16] += stretch.units
-                values[17] += stretch.units * utilization
-                if utilization >= threshold:
+                units += stretch.units
+                utilization_weight += stretch.units * utilization
+                if utilization >= self.threshold_percent:
                     active_now = active_now or monitored
                 else:
                     idle_gpus += stretch.units
             if memory is not None:
-                values[18] += stretch.units
-                values[19] += stretch.units * memory
-            latest = gpu.latest
-            if latest is not None and latest.model:
-                models.add(latest.model)
+                memory_units += stretch.units
+                memory_weight += stretch.units * memory
+            if gpu.latest is not None and gpu.latest.model:
+                models.add(gpu.latest.model)
             gpus.append(self._holder_figures(gpu, stretch, utilization, monitored))
-        running = allocated_gpus > 0
-        runs = self._runs(workload, now)
-        run_seconds = sum(end - start for start, end in runs)
-        last_active_time = last_active if last_active > -INFINITY else None
-
-        pods: list[PodFigures] = []
-        ended = bool(workload.pods)
-        end_time: float | None = None
-        end_phase = "Ended"
-        any_running = False
-        ordered_pods = list(workload.pods.values())
-        if len(ordered_pods) > 1:
-            ordered_pods.sort(key=_pod_order)
-        for pod in ordered_pods:
-            current = pod.current
-            any_running = any_running or current.phase == "Running"
-            pod_units = 0.0
-            for pod_stretch in pod.stretches:
-                if pod_stretch.start <= now < pod_stretch.end:
-                    pod_units += pod_stretch.units
-            pods.append(trusted_complete(PodFigures, {"name": pod.name, "uid": pod.uid, "node": current.node,
-                                             "phase": current.phase, "allocated_gpus": pod_units,
-                                             "labels": current.labels, "resources": current.resources,
-                                             "failure_reason": current.failure_reason}))
-            if current.phase in ENDED_POD_PHASES:
-                terminal_time = pod.timeline[-1][0]
-                if end_time is None or terminal_time >= end_time:
-                    end_time = terminal_time
-                    end_phase = current.phase if current.phase != "Deleted" else "Ended"
-            else:
-                ended = False
-        if not ended:
-            end_time = None
-        state = _object_state(workload, now)
-        if running:
-            phase = "Running"
-        elif state is not None and not (ended and end_phase != "Ended"):
-            # the object's own state, where its pods do not say they finished (a preempted workload's
-            # deleted pods do not end it: it queues again)
-            phase, object_end = _object_phase(workload, state, now)
-            if object_end is not None:
-                end_time = object_end
-            elif phase in _WAITING_PHASES:
-                end_time = None
-        elif ended:
-            phase = end_phase
-        elif any_running:
-            phase = "Running"
-        else:
-            phase = "Pending"
-
-        if running:
-            current_start = runs[-1][0] if runs else now
-            idle_seconds = 0.0 if active_now else max(0.0, now - max(last_active, current_start))
-        elif runs:
-            run_start, run_end = runs[-1]
-            idle_seconds = max(0.0, run_end - max(last_active, run_start))
-        else:
-            idle_seconds = 0.0
-
-        created = workload.created if workload.created is not None else workload.first_seen
-        if workload.first_run_start is not None:
-            wait_seconds = max(0.0, workload.first_run_start - created)
-        else:
-            wait_seconds = max(0.0, (end_time if end_time is not None else now) - created)
-        queued_seconds = 0.0
-        if workload.timeline:
-            queued_seconds, requeued_wait = _queued_and_requeued(workload, created, runs, now, end_time)
-            # a workload waits at least as long as it was held back: a container start the kubelet writes in
-            # whole seconds can read up to a second before the admission the controller saw
-            wait_seconds = max(wait_seconds + requeued_wait, queued_seconds)
-
-        utilization_windows, memory_windows = sums.windows()
-        # the engine's own numbers, every field in field order: no validation (see `trusted`), float()
-        # where an int could come in; a dict of shared keys (see shared_keys_fields)
-        fields = _WORKLOAD_FIELDS.copy()
-        fields["uid"] = workload.uid
-        fields["namespace"] = workload.namespace
-        fields["name"] = workload.name
-        fields["kind"] = workload.kind
-        fields["api_version"] = workload.api_version
-        fields["project"] = self.project_of(workload)
-        fields["phase"] = phase
-        fields["allocated_gpus"] = float(allocated_gpus)
-        fields["allocated_gpu_seconds"] = float(workload.active_gpu_seconds + workload.idle_gpu_seconds + unmonitored)
-        fields["active_gpu_seconds"] = float(workload.active_gpu_seconds)
-        fields["idle_gpu_seconds"] = float(workload.idle_gpu_seconds)
-        fields["unmonitored_gpu_seconds"] = float(unmonitored)
-        fields["idle_gpus"] = float(idle_gpus)
-        fields["unattributed_gpu_seconds"] = float(workload.unattributed_gpu_seconds)
-        fields["last_active_time"] = _optional_float(last_active_time)
-        fields["idle_seconds"] = float(idle_seconds)
-        fields["wait_seconds"] = float(wait_seconds)
-        fields["run_seconds"] = float(run_seconds)
-        fields["energy_joules"] = float(workload.energy_joules)
-        fields["utilization"] = utilization_windows
-        fields["memory_utilization"] = memory_windows
-        fields["requested_gpus"] = None if state is None else float(state.requested_gpus)
-        fields["queued_seconds"] = float(queued_seconds)
-        fields["local_queue"] = None if state is None else state.local_queue
-        fields["cluster_queue"] = None if state is None else state.cluster_queue
-        fields["failure_reason"] = None if state is None else state.message
-        fields["created_time"] = _optional_float(created)
-        fields["start_time"] = _optional_float(workload.first_run_start)
-        fields["end_time"] = _optional_float(end_time)
-        fields["sampling"] = running and sampling
-        fields["gpu_model"] = min(models) if models else None
-        fields["nodes"] = sorted(nodes)
-        fields["pods"] = pods
-        fields["gpus"] = sorted(gpus, key=_gpu_order)
-        return trusted_complete(WorkloadFigures, fields), sums
+        current = Weighted(units, utilization_weight, memory_units, memory_weight)
+        return _Holdings(allocated_gpus, idle_gpus, unmonitored, last_active, active_now, sampling, current, gpus,
+                         nodes, models)
 
     def workloads(self, now: float | None = None) -> list[WorkloadFigures]:
         at = self.clock if now is None else now
@@ -577,21 +429,21 @@ class Engine(EngineCore):
             members, member_sums = grouped[name]
             namespaces = sorted({figures.namespace for figures in members})
             quota = self._quota(namespaces)
-            projects.append(trusted_complete(ProjectFigures, {
-                "name": name,
-                "workloads": len(members),
-                "running_workloads": sum(1 for figures in members if figures.allocated_gpus > 0),
-                "namespaces": namespaces,
-                "allocated_gpus": float(sum(figures.allocated_gpus for figures in members)),
-                "idle_gpus": float(sum(figures.idle_gpus for figures in members)),
-                "quota": _optional_float(quota),
-                "requested_gpus": float(sum(figures.requested_gpus or 0.0 for figures in members
-                                            if figures.phase in _WAITING_PHASES)),
-                "queued_workloads": sum(1 for figures in members if figures.phase == "Queued"),
-                "longest_queued_seconds": float(max((figures.queued_seconds for figures in members
-                                                     if figures.phase == "Queued"), default=0.0)),
+            projects.append(ProjectFigures(
+                name=name,
+                workloads=len(members),
+                running_workloads=sum(1 for figures in members if figures.allocated_gpus > 0),
+                namespaces=namespaces,
+                allocated_gpus=sum(figures.allocated_gpus for figures in members),
+                idle_gpus=sum(figures.idle_gpus for figures in members),
+                quota=quota,
+                requested_gpus=sum(figures.requested_gpus or 0.0 for figures in members
+                                   if figures.phase in WAITING_PHASES),
+                queued_workloads=sum(1 for figures in members if figures.phase == "Queued"),
+                longest_queued_seconds=max((figures.queued_seconds for figures in members
+                                            if figures.phase == "Queued"), default=0.0),
                 **_totals(members, _Sums.total(member_sums)),
-            }))
+            ))
         return projects
 
     def _quota(self, namespaces: list[str]) -> float | None:
@@ -627,16 +479,16 @@ class Engine(EngineCore):
         mig_parents = {sample.parent_uuid for sample in samples if sample.parent_uuid}
         # a MIG parent's own samples are not capacity: its instances are
         total_units = sum(sample.device_units for sample in samples if sample.uuid not in mig_parents)
-        return trusted_complete(ClusterFigures, {
-            "gpus": len(samples),
-            "healthy_gpus": sum(1 for sample in samples if sample.healthy),
-            "total_gpu_units": float(total_units),
-            "allocated_gpus": float(sum(w.allocated_gpus for w in workloads)),
-            "idle_gpus": float(sum(w.idle_gpus for w in workloads)),
-            "workloads": len(workloads),
-            "running_workloads": sum(1 for w in workloads if w.allocated_gpus > 0),
+        return ClusterFigures(
+            gpus=len(samples),
+            healthy_gpus=sum(1 for sample in samples if sample.healthy),
+            total_gpu_units=total_units,
+            allocated_gpus=sum(w.allocated_gpus for w in workloads),
+            idle_gpus=sum(w.idle_gpus for w in workloads),
+            workloads=len(workloads),
+            running_workloads=sum(1 for w in workloads if w.allocated_gpus > 0),
             **_totals(workloads, sums),
-        })
+        )
 
     def gpus(self, now: float | None = None) -> list[GpuFigures]:
         """Every device by its latest sample, once per holder (a shared GPU has several)."""
@@ -649,10 +501,10 @@ class Engine(EngineCore):
                 continue
             holders = [s for s in gpu.stretches if s.start <= at < s.end]
             if not holders:
-                fields: dict[str, Any] = {"node": latest.node, "uuid": gpu.uuid, "last_sample_time": gpu.last_time}
-                _copy_latest(fields, latest)
                 monitored = at - latest.t <= self.gap_seconds and latest.sm_percent is not None
-                result.append(GpuFigures(utilization_percent=latest.sm_percent, monitored=monitored, **fields))
+                result.append(GpuFigures(node=latest.node, uuid=gpu.uuid, **_device_fields(latest),
+                                         last_sample_time=gpu.last_time, utilization_percent=latest.sm_percent,
+                                         monitored=monitored))
             for stretch in holders:
                 utilization, _memory, monitored = self._stretch_current(gpu, stretch, at)
                 result.append(self._holder_figures(gpu, stretch, utilization, monitored))

@@ -15,14 +15,7 @@ from typing import Any, overload
 from gpuwm.accounting.rawcolumns import RawJson
 from gpuwm.accounting.state import INFINITY, Gpu, Pod, Stretch, Workload
 from gpuwm.accounting.windows import WindowSums, fold_after_of
-from gpuwm.model import (
-    GpuSample,
-    NamespaceEvent,
-    PodEvent,
-    WorkloadEvent,
-    compact_pod_event,
-    share_fields_set,
-)
+from gpuwm.model import GpuSample, NamespaceEvent, PodEvent, WorkloadEvent
 
 STATE_VERSION = 2
 #: versions `restore_state` reads: 1 saved each GPU's history as rows ("points") and window segments as
@@ -79,40 +72,60 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
     which writes them as bytes), not base64 text; such a state must be encoded before the
     engine changes again too.
     """
-    stretch_ids: dict[int, int] = {}
-    stretches: list[dict[str, Any]] = []
+    entries = _Entries(core, raw)
 
-    def stretch_id(stretch: Stretch) -> int:
-        key = id(stretch)
-        if key not in stretch_ids:
-            stretch_ids[key] = len(stretches)
-            stretches.append(
-                {
-                    "workload": stretch.workload.uid,
-                    "pod": stretch.pod_uid,
-                    "uuid": stretch.uuid,
-                    "node": stretch.node,
-                    "units": stretch.units,
-                    "container": stretch.container,
-                    "start": stretch.start,
-                    "end": _finite(stretch.end),
-                    "lastActive": _finite(stretch.last_active),
-                }
-            )
-        return stretch_ids[key]
+    def listed(records: list[Any], build: Callable[[Any], dict[str, Any]]) -> Sequence[dict[str, Any]]:
+        return LazyEntries(records, build) if lazy else [build(record) for record in records]
 
-    workload_records = list(core.workload_records.values())
-    pod_records = list(core.pods.values())
-    # a pod that moved to another workload keeps its old record under another key (EngineCore._rehome)
-    pod_keys = {id(pod): key for key, pod in core.pods.items()}
-    gpu_records = list(core.gpu_records.values())
-    # stretch ids first, in the order the entries name them: the same ids however the entries are read
-    for records in (workload_records, pod_records, gpu_records):
-        for record in records:
-            for stretch in record.stretches:
-                stretch_id(stretch)
+    return {
+        "version": STATE_VERSION,
+        "clock": _finite(core.clock),
+        "lastMaintenance": _finite(core._last_maintenance),
+        "lateSamplesDropped": core.late_samples_dropped,
+        "unattributedSamples": core.unattributed_samples,
+        "namespaces": [event.model_dump(by_alias=True, mode="json") for event in core.namespaces.values()],
+        "migChildren": core.mig_children,
+        "workloads": listed(entries.workload_records, entries.workload),
+        "pods": listed(entries.pod_records, entries.pod),
+        "gpus": listed(entries.gpu_records, entries.gpu),
+        # lazy too: the controller's state file makes each lazy list a section it restores an entry at a time
+        "stretches": LazyEntries(entries.stretches, _same) if lazy else entries.stretches,
+    }
 
-    def workload_entry(workload: Workload) -> dict[str, Any]:
+
+class _Entries:
+    """The saved entries of one engine's records. Stretches are saved once and named by their position
+    (`stretch_ids`), in the order the workloads, pods and GPUs name them: the same ids however the lazy
+    entries are read."""
+
+    def __init__(self, core: Any, raw: bool) -> None:
+        self.raw = raw
+        self.workload_records: list[Workload] = list(core.workload_records.values())
+        self.pod_records: list[Pod] = list(core.pods.values())
+        self.gpu_records: list[Gpu] = list(core.gpu_records.values())
+        # a pod that moved to another workload keeps its old record under another key (EngineCore._rehome)
+        self.pod_keys = {id(pod): key for key, pod in core.pods.items()}
+        self.stretch_ids: dict[int, int] = {}
+        self.stretches: list[dict[str, Any]] = []
+        for records in (self.workload_records, self.pod_records, self.gpu_records):
+            for record in records:
+                for stretch in record.stretches:
+                    self._name(stretch)
+
+    def _name(self, stretch: Stretch) -> None:
+        if id(stretch) in self.stretch_ids:
+            return
+        self.stretch_ids[id(stretch)] = len(self.stretches)
+        self.stretches.append({
+            "workload": stretch.workload.uid, "pod": stretch.pod_uid, "uuid": stretch.uuid, "node": stretch.node,
+            "units": stretch.units, "container": stretch.container, "start": stretch.start,
+            "end": _finite(stretch.end), "lastActive": _finite(stretch.last_active),
+        })
+
+    def _ids(self, stretches: list[Stretch]) -> list[int]:
+        return [self.stretch_ids[id(stretch)] for stretch in stretches]
+
+    def workload(self, workload: Workload) -> dict[str, Any]:
         return {
             "uid": workload.uid,
             "namespace": workload.namespace,
@@ -129,68 +142,47 @@ def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, An
             "unattributedSeconds": workload.unattributed_gpu_seconds,
             "energyJoules": workload.energy_joules,
             "life": [workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem],
-            "windows": workload.windows.to_raw() if raw else workload.windows.to_base64(),
+            "windows": workload.windows.to_raw() if self.raw else workload.windows.to_base64(),
             "windowsCapacity": workload.windows.capacity,
             "firstRunStart": workload.first_run_start,
             "retiredRuns": [list(run) for run in workload.retired_runs],
             "retiredLastActive": _finite(workload.retired_last_active),
-            "stretches": [stretch_ids[id(stretch)] for stretch in workload.stretches],
-            "pods": [pod_keys.get(id(pod), uid) for uid, pod in workload.pods.items()],
+            "stretches": self._ids(workload.stretches),
+            "pods": [self.pod_keys.get(id(pod), uid) for uid, pod in workload.pods.items()],
             "objectTimeline": [[t, event.model_dump(by_alias=True, mode="json")] for t, event in workload.timeline],
         }
 
-    def pod_entry(pod: Pod) -> dict[str, Any]:
+    def pod(self, pod: Pod) -> dict[str, Any]:
         entry: dict[str, Any] = {
             "uid": pod.uid,
             "workload": pod.workload.uid,
             "name": pod.name,
             "namespace": pod.namespace,
             "labels": pod.labels,
-            "timeline": [[t, event_json(event)] for t, event in pod.timeline],
-            "stretches": [stretch_ids[id(stretch)] for stretch in pod.stretches],
+            "timeline": [[t, self._json(event, by_alias=True)] for t, event in pod.timeline],
+            "stretches": self._ids(pod.stretches),
         }
-        key = pod_keys.get(id(pod), pod.uid)
+        key = self.pod_keys.get(id(pod), pod.uid)
         if key != pod.uid:
             entry["key"] = key
         if pod.moved_in > -INFINITY:
             entry["movedIn"] = pod.moved_in
         return entry
 
-    def gpu_entry(gpu: Gpu) -> dict[str, Any]:
+    def gpu(self, gpu: Gpu) -> dict[str, Any]:
         return {
             "uuid": gpu.uuid,
             "node": gpu.node,
-            "history": gpu.columns(raw),
+            "history": gpu.columns(self.raw),
             "pruned": gpu.pruned,
-            "latest": None if gpu.latest is None else sample_json(gpu.latest),
-            "stretches": [stretch_ids[id(stretch)] for stretch in gpu.stretches],
+            "latest": None if gpu.latest is None else self._json(gpu.latest, by_alias=False),
+            "stretches": self._ids(gpu.stretches),
         }
 
-    def event_json(event: PodEvent) -> Any:
-        if raw:  # serialised at once by pydantic-core (see RawJson)
-            return RawJson(event.__pydantic_serializer__.to_json(event, by_alias=True))
-        return event.model_dump(by_alias=True, mode="json")
-
-    def sample_json(sample: GpuSample) -> Any:
-        return RawJson(sample.__pydantic_serializer__.to_json(sample)) if raw else sample.model_dump(mode="json")
-
-    def listed(records: list[Any], build: Callable[[Any], dict[str, Any]]) -> Sequence[dict[str, Any]]:
-        return LazyEntries(records, build) if lazy else [build(record) for record in records]
-
-    return {
-        "version": STATE_VERSION,
-        "clock": _finite(core.clock),
-        "lastMaintenance": _finite(core._last_maintenance),
-        "lateSamplesDropped": core.late_samples_dropped,
-        "unattributedSamples": core.unattributed_samples,
-        "namespaces": [event.model_dump(by_alias=True, mode="json") for event in core.namespaces.values()],
-        "migChildren": core.mig_children,
-        "workloads": listed(workload_records, workload_entry),
-        "pods": listed(pod_records, pod_entry),
-        "gpus": listed(gpu_records, gpu_entry),
-        # lazy too: the controller's state file makes each lazy list a section it restores an entry at a time
-        "stretches": LazyEntries(stretches, _same) if lazy else stretches,
-    }
+    def _json(self, model: PodEvent | GpuSample, by_alias: bool) -> Any:
+        if self.raw:  # serialised at once, not as a dict (see RawJson)
+            return RawJson(model.model_dump_json(by_alias=by_alias).encode())
+        return model.model_dump(by_alias=by_alias, mode="json")
 
 
 def _same(entry: dict[str, Any]) -> dict[str, Any]:
@@ -227,6 +219,10 @@ def saved_entries(entries: Sequence[Any], consume: bool) -> Iterator[Any]:
         yield entry
 
 
+#: a saved pod until its workload is restored: (timeline, name, namespace, labels, stretch ids, uid, moved in)
+_SavedPod = tuple[list[tuple[float, PodEvent]], str, str, dict[str, str], list[int], str, float]
+
+
 def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
     """Each of the state's lists read once, in turn (pods, workloads, stretches, GPUs): a consumed state's
     entries go as they are read, and what is built reuses their memory."""
@@ -235,80 +231,29 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
     last = state["lastMaintenance"]
     core._last_maintenance = -INFINITY if last is None else float(last)
     core.late_samples_dropped = int(state["lateSamplesDropped"])
-    core.unattributed_samples = int(state.get("unattributedSamples", 0))  # absent in states saved before 2026-11-27
+    core.unattributed_samples = int(state.get("unattributedSamples", 0))  # absent in states saved before it was counted
     core.mig_children = {parent: list(children) for parent, children in state["migChildren"].items()}
     for raw in state["namespaces"]:
         event = NamespaceEvent.model_validate(raw)
         core.namespaces[event.name] = event
-    # a pod's timeline, name, namespace, labels and stretch ids, until its workload is linked to it
-    saved_pods: dict[str, tuple[list[tuple[float, PodEvent]], str, str, dict[str, str], list[int], str, float]] = {}
+    saved_pods: dict[str, _SavedPod] = {}
     for raw in saved_entries(state["pods"], consume):
-        timeline = [(float(t), compact_pod_event(PodEvent.model_validate(event))) for t, event in raw["timeline"]]
+        timeline = [(float(t), PodEvent.model_validate(event)) for t, event in raw["timeline"]]
         saved_pods[raw.get("key", raw["uid"])] = (
             timeline, raw["name"], raw["namespace"], raw["labels"], raw["stretches"], raw["uid"],
             float(raw.get("movedIn", -INFINITY)),
         )
     links: list[tuple[Workload, list[int], list[str]]] = []  # each workload's stretch ids and pods, linked below
     for raw in saved_entries(state["workloads"], consume):
-        object_timeline = [(float(t), WorkloadEvent.model_validate(event)) for t, event in raw.get("objectTimeline", [])]
-        first: PodEvent | WorkloadEvent | None = saved_pods[raw["pods"][0]][0][0][1] if raw["pods"] else None
-        if first is None and object_timeline:
-            first = object_timeline[0][1]
-        if first is None:
-            raise ValueError(f"workload {raw['uid']} has no pods and no object events")
-        workload = Workload(raw["uid"], first)
-        workload.timeline = object_timeline
-        workload.namespace = raw["namespace"]
-        workload.name = raw["name"]
-        workload.kind = raw["kind"]
-        workload.api_version = raw["apiVersion"]
-        workload.created = raw["created"]
-        workload.first_seen = raw["firstSeen"]
-        workload.labels = dict(raw["labels"])
-        workload.labels_key = (raw["labelsKey"][0], raw["labelsKey"][1])
-        workload.active_gpu_seconds = raw["activeSeconds"]
-        workload.idle_gpu_seconds = raw["idleSeconds"]
-        workload.unmonitored_gpu_seconds = raw["unmonitoredSeconds"]
-        workload.unattributed_gpu_seconds = raw.get("unattributedSeconds", 0.0)  # absent in states saved before 2026-11-27
-        workload.energy_joules = raw["energyJoules"]
-        workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem = raw["life"]
-        windows = raw["windows"]  # version 1: a list of floats; 2: base64 of the doubles, or their raw bytes
-        fold_after = fold_after_of(workload.uid)
-        capacity = raw.get("windowsCapacity")  # absent in states saved before it was kept
-        workload.windows = (WindowSums.from_list(windows, fold_after, capacity) if isinstance(windows, list)
-                            else WindowSums.from_base64(windows, fold_after, capacity))
-        workload.first_run_start = raw["firstRunStart"]
-        workload.retired_runs = [(run[0], run[1]) for run in raw["retiredRuns"]]
-        retired = raw["retiredLastActive"]
-        workload.retired_last_active = -INFINITY if retired is None else retired
+        workload = _workload(raw, saved_pods)
         core.workload_records[workload.uid] = workload
         links.append((workload, raw["stretches"], raw["pods"]))
-    stretches: list[Stretch] = []
-    for raw in saved_entries(state["stretches"], consume):
-        stretch = Stretch(
-            core.workload_records[raw["workload"]],
-            raw["pod"],
-            raw["uuid"],
-            raw["node"],
-            raw["units"],
-            raw["container"],
-            raw["start"],
-            INFINITY if raw["end"] is None else raw["end"],
-        )
-        stretch.last_active = -INFINITY if raw["lastActive"] is None else raw["lastActive"]
-        stretches.append(stretch)
-    for workload, stretch_ids, pod_uids in links:
+    stretches = [_stretch(core, raw) for raw in saved_entries(state["stretches"], consume)]
+    for workload, stretch_ids, pod_keys in links:
         workload.stretches = [stretches[index] for index in stretch_ids]
-        for pod_key in pod_uids:
-            timeline, name, namespace, labels, pod_stretch_ids, pod_uid, moved_in = saved_pods[pod_key]
-            pod = Pod(pod_uid, workload, timeline[-1][1])
-            pod.moved_in = moved_in
-            pod.name = name
-            pod.namespace = namespace
-            pod.labels = dict(labels)
-            pod.timeline = timeline
-            pod.stretches = [stretches[index] for index in pod_stretch_ids]
-            workload.pods[pod_uid] = pod
+        for pod_key in pod_keys:
+            pod = _pod(workload, saved_pods[pod_key], stretches)
+            workload.pods[pod.uid] = pod
             core.pods[pod_key] = pod
     for raw in saved_entries(state["gpus"], consume):
         gpu = Gpu(raw["uuid"], raw["node"])
@@ -317,10 +262,64 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
         else:
             gpu.load_rows(raw["points"])
         gpu.pruned = bool(raw["pruned"])
-        # its fields-set shared: each validated sample had its own set of field names
-        gpu.latest = None if raw["latest"] is None else share_fields_set(GpuSample.model_validate(raw["latest"]))
+        gpu.latest = None if raw["latest"] is None else GpuSample.model_validate(raw["latest"])
         gpu.stretches = [stretches[index] for index in raw["stretches"]]
         core.gpu_records[gpu.uuid] = gpu
+
+
+def _workload(raw: dict[str, Any], saved_pods: dict[str, _SavedPod]) -> Workload:
+    """A saved workload, without its stretches and pods (linked once every stretch is restored)."""
+    object_timeline = [(float(t), WorkloadEvent.model_validate(event)) for t, event in raw.get("objectTimeline", [])]
+    first: PodEvent | WorkloadEvent | None = saved_pods[raw["pods"][0]][0][0][1] if raw["pods"] else None
+    if first is None and object_timeline:
+        first = object_timeline[0][1]
+    if first is None:
+        raise ValueError(f"workload {raw['uid']} has no pods and no object events")
+    workload = Workload(raw["uid"], first)
+    workload.timeline = object_timeline
+    workload.namespace = raw["namespace"]
+    workload.name = raw["name"]
+    workload.kind = raw["kind"]
+    workload.api_version = raw["apiVersion"]
+    workload.created = raw["created"]
+    workload.first_seen = raw["firstSeen"]
+    workload.labels = dict(raw["labels"])
+    workload.labels_key = (raw["labelsKey"][0], raw["labelsKey"][1])
+    workload.active_gpu_seconds = raw["activeSeconds"]
+    workload.idle_gpu_seconds = raw["idleSeconds"]
+    workload.unmonitored_gpu_seconds = raw["unmonitoredSeconds"]
+    workload.unattributed_gpu_seconds = raw.get("unattributedSeconds", 0.0)  # absent in states saved before it was counted
+    workload.energy_joules = raw["energyJoules"]
+    workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem = raw["life"]
+    windows = raw["windows"]  # version 1: a list of floats; 2: base64 of the doubles, or their raw bytes
+    fold_after = fold_after_of(workload.uid)
+    capacity = raw.get("windowsCapacity")  # absent in states saved before it was kept
+    workload.windows = (WindowSums.from_list(windows, fold_after, capacity) if isinstance(windows, list)
+                        else WindowSums.from_base64(windows, fold_after, capacity))
+    workload.first_run_start = raw["firstRunStart"]
+    workload.retired_runs = [(run[0], run[1]) for run in raw["retiredRuns"]]
+    retired = raw["retiredLastActive"]
+    workload.retired_last_active = -INFINITY if retired is None else retired
+    return workload
+
+
+def _stretch(core: Any, raw: dict[str, Any]) -> Stretch:
+    stretch = Stretch(core.workload_records[raw["workload"]], raw["pod"], raw["uuid"], raw["node"], raw["units"],
+                      raw["container"], raw["start"], INFINITY if raw["end"] is None else raw["end"])
+    stretch.last_active = -INFINITY if raw["lastActive"] is None else raw["lastActive"]
+    return stretch
+
+
+def _pod(workload: Workload, saved: _SavedPod, stretches: list[Stretch]) -> Pod:
+    timeline, name, namespace, labels, stretch_ids, uid, moved_in = saved
+    pod = Pod(uid, workload, timeline[-1][1])
+    pod.moved_in = moved_in
+    pod.name = name
+    pod.namespace = namespace
+    pod.labels = dict(labels)
+    pod.timeline = timeline
+    pod.stretches = [stretches[index] for index in stretch_ids]
+    return pod
 
 
 __all__ = ["STATE_VERSION", "LazyEntries", "StateError", "restore_state", "save_state", "saved_entries"]

@@ -1,6 +1,8 @@
 """`gpuwm replay TRACE.jsonl`: run a trace through the engine and print the figures at `--at`.
 
-The black-box interface to the engine, and how users check a trace by hand.
+The black-box interface to the engine, and how users check a trace by hand. With `--policy FILE` it also
+lists what idle policies would do on the trace, with times; with `--pricing FILE` it prices the figures
+(`gpuwm.accounting.replay_steps`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwm.accounting.engine import Engine
+from gpuwm.accounting.replay_steps import ReplayInputError, read_policies, read_pricing, replay_in_steps
 from gpuwm.accounting.state import EngineConfig
 from gpuwm.config import ConfigError, Settings, parse_duration_seconds
 from gpuwm.model import (
@@ -77,6 +80,18 @@ def _float_option(name: str, value: str) -> float:
     return number
 
 
+def _step_option(value: str | None, default: float) -> float:
+    if value is None:
+        return default
+    try:
+        step = parse_duration_seconds(value)
+    except ValueError as error:
+        raise ConfigError(f"--step: {error}") from None
+    if step <= 0:
+        raise ConfigError(f"--step: must be more than 0 seconds, got {value!r}")
+    return step
+
+
 def run(arguments: argparse.Namespace) -> int:
     defaults = Settings()
     try:
@@ -97,6 +112,13 @@ def run(arguments: argparse.Namespace) -> int:
         "interval": interval, "idle_threshold_percent": threshold,
         "project_label": arguments.project_label or defaults.project_label,
     }))
+    step = _step_option(arguments.step, defaults.status_interval)
+    try:
+        policies = [policy for name in arguments.policy or [] for policy in read_policies(Path(name))]
+        pricing = read_pricing(Path(arguments.pricing)) if arguments.pricing else None
+    except ReplayInputError as error:
+        print(f"gpuwm replay: {error}", file=sys.stderr)
+        return 2
     path = Path(arguments.trace)
     try:
         events = read_trace(path, config.quota_annotation)
@@ -109,8 +131,12 @@ def run(arguments: argparse.Namespace) -> int:
     except UnicodeDecodeError as error:
         print(f"gpuwm replay: {path}: not UTF-8 text: {error.reason}", file=sys.stderr)
         return 2
+    if policies or pricing is not None:
+        report = replay_in_steps(events, config, policies, pricing, at, step)
+    else:
+        report = replay(events, config, at)
     try:
-        json.dump(replay(events, config, at), sys.stdout, indent=2)
+        json.dump(report, sys.stdout, indent=2)
         sys.stdout.write("\n")
         sys.stdout.flush()
     except BrokenPipeError:  # `gpuwm replay ... | head`: the reader left, nothing is wrong
@@ -137,4 +163,19 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     # the name replay had before it took the shared spelling; kept working, left out of --help
     parser.add_argument("--idle-threshold", dest="idle_threshold", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--project-label", default=None, help="label naming the project (default gpuwm.io/project)")
+    parser.add_argument(
+        "--policy", action="append", metavar="FILE",
+        help="GPUIdlePolicy / ClusterGPUIdlePolicy manifests (YAML or JSON; repeatable): list the steps they would "
+        "take on the trace, with times, under \"actions\" (default: none)",
+    )
+    parser.add_argument(
+        "--pricing", metavar="FILE",
+        help="the pricing object (as the Helm value pricing, YAML or JSON): add costPerHour, cost, idleCost and "
+        "energyCost to every workload and project (default: unpriced)",
+    )
+    parser.add_argument(
+        "--step", default=None,
+        help="with --policy or --pricing: how often the figures are evaluated, as the controller's status interval "
+        "(default 15s)",
+    )
     parser.set_defaults(handler=run)

@@ -65,14 +65,9 @@ def sample_values(sample: GpuSample) -> SampleValues:
 
     The per-pod SM map is None without per-process data; `processes: []` is per-process
     data saying "no processes" (an empty map); a list whose processes carry no SM is none.
-
-    The fields are read from the model's `__dict__` (where pydantic keeps them): an attribute of a
-    pydantic model is read through `BaseModel.__getattr__`'s hook, several times a dict's lookup,
-    and the engine reads these once per sample.
     """
-    fields = sample.__dict__
     pod_sm: dict[str, float] | None = None
-    processes = fields["processes"]
+    processes = sample.processes
     if processes is not None:
         with_sm = [process for process in processes if process.sm_percent is not None]
         if with_sm or not processes:
@@ -80,20 +75,20 @@ def sample_values(sample: GpuSample) -> SampleValues:
             for process in with_sm:
                 if process.pod_uid is not None:
                     pod_sm[process.pod_uid] = pod_sm.get(process.pod_uid, 0.0) + (process.sm_percent or 0.0)
-    used, total = fields["memory_used_bytes"], fields["memory_total_bytes"]
+    used, total = sample.memory_used_bytes, sample.memory_total_bytes
     if used is None or not total:
         memory = NOTHING
     else:
         memory = 100.0 * used / total
         if not memory < 100.0:  # min(100.0, memory), without the call
             memory = 100.0
-    sm = fields["sm_percent"]
-    if sm is None or not fields["healthy"]:
+    sm = sample.sm_percent
+    if sm is None or not sample.healthy:
         sm = NOTHING
-    energy = fields["energy_joules"]
+    energy = sample.energy_joules
     if energy is None:
         energy = NOTHING
-    return fields["t"], sm, memory, energy, pod_sm, fields["device_units"], fields["merged_seconds"] or 0.0
+    return sample.t, sm, memory, energy, pod_sm, sample.device_units, sample.merged_seconds or 0.0
 
 
 @dataclass(frozen=True)
@@ -210,7 +205,8 @@ class UniformColumn(Generic[T]):
         items = self._items
         if items is not None:
             return items[index]
-        self._check(index)
+        if not -self._size <= index < self._size:  # as `_check` (read for every sample: one call less)
+            raise IndexError("history column index out of range")
         return self._value
 
     def __setitem__(self, index: int, value: T) -> None:
@@ -382,7 +378,7 @@ class Gpu:
         with many GPUs of short histories a save costs per piece more than per byte.
         """
         units, pod_sm, merged = self.device_units, self.pod_sm, self.merged
-        merged_any = merged.count(0.0) != len(merged)  # left out while no point is merged (as before merged polls)
+        merged_any = merged.count(0.0) != len(merged)  # left out while no point is merged
         constant_units = units[0] if units and units.count(units[0]) == len(units) else None
         columns: dict[str, Any]
         encode: Callable[[array[float]], Any]
@@ -530,7 +526,7 @@ class Workload:
         self.idle_gpu_seconds = 0.0
         self.unmonitored_gpu_seconds = 0.0
         #: monitored unit-seconds whose utilisation came from the device because the processes seen could
-        #: not explain a busy GPU (DESIGN §3, rule of 2026-11-27)
+        #: not explain a busy GPU (DESIGN §3's attribution rule)
         self.unattributed_gpu_seconds = 0.0
         self.energy_joules = 0.0
         self.life_units = 0.0  # monitored unit-seconds

@@ -3,7 +3,7 @@
 No I/O here, so the decisions (replica units, which container a process belongs to, the GPU
 state) are tested directly.
 
-The state of each holder follows DESIGN §3's rule of 2026-11-27 (`utilization_by_holder`): activity
+The state of each holder follows DESIGN §3's attribution rule (`utilization_by_holder`): activity
 is never lost to attribution. NVML's process list can be empty while a GPU computes (the processes
 run in another PID namespace, a MIG instance hides them, a cgroup cannot be read), so a busy device
 is never `allocated-empty` or `unallocated` for want of processes. The samples still carry the
@@ -20,8 +20,9 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from gpuwm.agent.cgroup import PodRef
-from gpuwm.agent.nvml import DEFAULT_MIG_SLICES, Reading
+from gpuwm.agent.nvml import DEFAULT_MIG_SLICES
 from gpuwm.agent.podresources import Assignment
+from gpuwm.agent.readings import Reading
 from gpuwm.feed import AgentDevice, DeviceState
 from gpuwm.model import GpuSample
 
@@ -55,7 +56,7 @@ def utilization_by_holder(
     processes: list[tuple[str | None, float | None]] | None,
     idle_threshold_percent: float,
 ) -> tuple[list[float | None], bool]:
-    """Each holder's SM % of the device by DESIGN §3 (rule of 2026-11-27), and whether the processes fell short.
+    """Each holder's SM % of the device by DESIGN §3's attribution rule, and whether the processes fell short.
 
     `processes`: (pod UID, SM %) of each process NVML listed, None when it gave no list; a list none
     of whose processes has an SM figure is no per-process data either (the sampler reads none for a
@@ -138,44 +139,14 @@ def attribute(
     with what process cgroups reveal about pods that pod-resources names.
     """
     readings = list(readings)
-    by_index = {
-        str(r.fields["index"]): r.uuid
-        for r in readings
-        if r.fields.get("index") is not None and r.fields.get("parent_uuid") is None
-    }
-    held: dict[str, list[Assignment]] = {}
-    for assignment in assignments:  # device plugins with `deviceIDStrategy: index` name GPUs `0`, `1`, ...
-        held.setdefault(by_index.get(assignment.uuid, assignment.uuid), []).append(assignment)
-
+    held = _held_by_uuid(readings, assignments)
     payloads: list[dict[str, Any]] = []
     found: list[tuple[list[Assignment], set[str]]] = []
-    no_holders: list[Assignment] = []
     for reading in readings:
-        holders = held.get(reading.uuid, no_holders)
-        processes: list[dict[str, Any]] | None = None
-        cgroup_pods: set[str] = set()
-        if reading.processes is not None:
-            containers = _containers_by_uid(holders, known_uids)
-            processes = []
-            for raw in reading.processes:
-                reference = pod_of_pid(raw.pid)
-                uid = None if reference is None else reference.pod_uid
-                if uid is not None:
-                    cgroup_pods.add(uid)
-                processes.append({
-                    "pid": raw.pid, "pod_uid": uid, "container": containers.get(uid),
-                    "sm_percent": raw.sm_percent, "memory_used_bytes": raw.memory_used_bytes,
-                })
-        # one holder and one pod seen in its processes: that is the holder's UID
-        if len(holders) == 1 and len(cgroup_pods) == 1:
-            only = holders[0]
-            uid = known_uids.setdefault((only.namespace, only.pod), next(iter(cgroup_pods)))
-            for process in processes or []:
-                if process["pod_uid"] == uid and process["container"] is None:
-                    process["container"] = only.container
-        payloads.append({**reading.fields, "processes": processes})
+        holders = held.get(reading.uuid, [])
+        payload, cgroup_pods = _payload(reading, holders, pod_of_pid, known_uids)
+        payloads.append(payload)
         found.append((holders, cgroup_pods))
-
     samples = _SAMPLES.validate_python(payloads)  # one call for the poll: less overhead than one per sample
     devices: list[AgentDevice] = []
     unexplained: set[str] = set()
@@ -196,8 +167,7 @@ def attribute(
         entries = device_cache.get(key) if device_cache is not None else None
         if entries is None:
             entries = _device_entries(sample, states, holders, replicas, default_replicas, known_uids, cgroup_pods)
-        if device_cache is not None:
-            used[key] = entries
+        used[key] = entries
         devices.extend(entries)
     if device_cache is not None:
         device_cache.clear()
@@ -207,6 +177,49 @@ def attribute(
         if uuid not in read:
             devices.extend(_unread_entries(uuid, holders, replicas, default_replicas, known_uids))
     return Attributed(samples, devices, frozenset(unexplained))
+
+
+def _held_by_uuid(readings: list[Reading], assignments: list[Assignment]) -> dict[str, list[Assignment]]:
+    """The pod-resources assignments by the UUID of the device they name (an index names a whole GPU: device
+    plugins with `deviceIDStrategy: index` name GPUs `0`, `1`, ...)."""
+    by_index = {
+        str(r.fields["index"]): r.uuid
+        for r in readings
+        if r.fields.get("index") is not None and r.fields.get("parent_uuid") is None
+    }
+    held: dict[str, list[Assignment]] = {}
+    for assignment in assignments:
+        held.setdefault(by_index.get(assignment.uuid, assignment.uuid), []).append(assignment)
+    return held
+
+
+def _payload(
+    reading: Reading, holders: list[Assignment], pod_of_pid: Callable[[int], PodRef | None],
+    known_uids: dict[tuple[str, str], str],
+) -> tuple[dict[str, Any], set[str]]:
+    """The reading's `GpuSample` fields with its processes' pods (from their cgroups), and the pods seen so."""
+    processes: list[dict[str, Any]] | None = None
+    cgroup_pods: set[str] = set()
+    if reading.processes is not None:
+        containers = _containers_by_uid(holders, known_uids)
+        processes = []
+        for raw in reading.processes:
+            reference = pod_of_pid(raw.pid)
+            uid = None if reference is None else reference.pod_uid
+            if uid is not None:
+                cgroup_pods.add(uid)
+            processes.append({
+                "pid": raw.pid, "pod_uid": uid, "container": containers.get(uid),
+                "sm_percent": raw.sm_percent, "memory_used_bytes": raw.memory_used_bytes,
+            })
+    # one holder and one pod seen in its processes: that is the holder's UID
+    if len(holders) == 1 and len(cgroup_pods) == 1:
+        only = holders[0]
+        uid = known_uids.setdefault((only.namespace, only.pod), next(iter(cgroup_pods)))
+        for process in processes or []:
+            if process["pod_uid"] == uid and process["container"] is None:
+                process["container"] = only.container
+    return {**reading.fields, "processes": processes}, cgroup_pods
 
 
 _MIG_SLICES = re.compile(r"^nvidia\.com/mig-(\d+)g\.")

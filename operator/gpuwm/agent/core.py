@@ -20,8 +20,9 @@ from gpuwm.agent.attribution import attribute
 from gpuwm.agent.buffer import POD_STATS, SAMPLE, RecordBuffer
 from gpuwm.agent.cgroup import CgroupReader
 from gpuwm.agent.kubelet import KubeletStatsClient
-from gpuwm.agent.nvml import Device, NvmlSampler, NvmlUnavailable, Reading
+from gpuwm.agent.nvml import NvmlSampler, NvmlUnavailable
 from gpuwm.agent.podresources import PodResourcesClient
+from gpuwm.agent.readings import Device, Reading
 from gpuwm.config import Settings
 from gpuwm.feed import AgentDevice, MergeRequest, answer_json
 from gpuwm.model import GpuSample, PodStatsSample

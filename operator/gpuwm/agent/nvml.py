@@ -22,7 +22,7 @@ power readings (`spread_energy`); polls handed over between its readings carry i
 Memory activity (`memory_activity_percent`, the memory controller's busy time) is that instant
 call's figure, the driver's latest sample period at the poll: no definition rests on it (DESIGN
 §3's memory utilisation is memory used over total), and reading its own sample buffer costs the
-driver as much CPU as the SM one (bench/README.md, issue 37).
+driver as much CPU as the SM one.
 
 Per-process utilisation is read only where it decides something (DESIGN §3): on a device held
 by more than one pod, every poll (the driver answers one figure per process since the cursor,
@@ -38,16 +38,24 @@ again with backoff until it opens.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from itertools import pairwise
-from typing import Any, NamedTuple
+from typing import Any
 
 import pynvml
+
+from gpuwm.agent.polls import carry_energy, interval_means, spread_energy
+from gpuwm.agent.readings import (
+    Device,
+    HoldersOf,
+    Pending,
+    PollResult,
+    RawProcess,
+    Reading,
+    no_holders,
+    unopened_uuid,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,20 +73,15 @@ _ABSENT = (*_UNSUPPORTED, pynvml.NVMLError_NotFound)
 #: GPU instance slices of a whole GPU when NVML does not say (A100, H100, H200, B200)
 DEFAULT_MIG_SLICES = 7
 _VALUE_FIELDS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
-#: pynvml's structs override `__getattribute__` in Python (to decode byte strings), which makes every
-#: field read a Python call; numeric fields need none of that, so the hot loops read them directly
-_field = object.__getattribute__
-#: NVML's "not available" value for a process's used memory (WDDM on Windows)
-_NOT_AVAILABLE = pynvml.NVML_VALUE_NOT_AVAILABLE_ulonglong.value
 #: The figures no definition rests on, each a glimpse of its moment: temperature, the clocks, the enforced power
 #: limit and PCIe throughput. They are read at most this often and repeated in between: fresh once per scrape of the
 #: chart's PodMonitor (15 s; dcgm-exporter collects every 30 s by default). `nvmlDeviceGetPcieThroughput` counts
 #: bytes for 20 ms before it returns, one direction a call, and costs the driver's CPU besides; the others are cheap
-#: in a loop but not always at 1 Hz (bench/README.md, issue 37). (NVML's PCIe byte-count fields would give a
+#: in a loop but not always at 1 Hz. (NVML's PCIe byte-count fields would give a
 #: whole-interval rate, but on an H200 with driver 580 they are 32-bit and wrap many times a second at full speed.)
 GAUGES_EVERY_SECONDS = 15.0
-#: The energy counter costs the driver as much CPU as a utilisation buffer read, at times several times that
-#: (bench/README.md, issue 37), yet it only grows: so a whole GPU's counter is read at most this often, when its
+#: The energy counter costs the driver as much CPU as a utilisation buffer read, at times several times that,
+#: yet it only grows: so a whole GPU's counter is read at most this often, when its
 #: holders, processes or health change, and on `--once`; the polls in between carry it forward by their power
 #: readings (the driver's 1 s average on Ampere and later; `carry_energy`), and the next reading sets them right
 #: (`spread_energy`). A GPU cut into MIG instances reads it with every buffer read (its instances have no power
@@ -87,233 +90,12 @@ ENERGY_COUNTER_EVERY_SECONDS = 60.0
 
 
 def _running_processes(handle: Any) -> list[tuple[int, int | None]]:
-    """(PID, used bytes or None) of each compute process: `nvmlDeviceGetComputeRunningProcesses`
-    without pynvml's per-process friendly objects (each a dozen Python calls)."""
-    function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetComputeRunningProcesses_v3")
-    count = ctypes.c_uint(0)
-    result = function(handle, ctypes.byref(count), None)
-    if result == pynvml.NVML_SUCCESS:
-        return []
-    if result != pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
-        raise pynvml.NVMLError(result)
-    count.value = count.value * 2 + 5  # room for processes started between the two calls
-    infos = (pynvml.c_nvmlProcessInfo_v3_t * count.value)()
-    result = function(handle, ctypes.byref(count), infos)
-    if result != pynvml.NVML_SUCCESS:
-        raise pynvml.NVMLError(result)
-    found = []
-    for index in range(count.value):
-        info = infos[index]
-        used = _field(info, "usedGpuMemory")
-        found.append((_field(info, "pid"), None if used == _NOT_AVAILABLE else used))
-    return found
-
-
-#: room for the utilisation samples since the last read in one `nvmlDeviceGetSamples` call (~6 a second, a read
-#: every few seconds); more than this (after a pause) takes pynvml's two calls
-_SAMPLE_BUFFER = 256
-
-
-def _samples(handle: Any, sampling_type: int, last_seen_us: int) -> tuple[int, Any]:
-    """(value type, samples) newer than `last_seen_us`: `nvmlDeviceGetSamples` in one call into a buffer of
-    `_SAMPLE_BUFFER`, where pynvml makes two (the first to size the buffer). More samples than the buffer holds
-    (after a pause): pynvml's two."""
-    function = pynvml._nvmlGetFunctionPointer("nvmlDeviceGetSamples")
-    value_type = ctypes.c_uint(0)
-    count = ctypes.c_uint(_SAMPLE_BUFFER)
-    buffer = (pynvml.c_nvmlSample_t * _SAMPLE_BUFFER)()
-    result = function(handle, ctypes.c_uint(sampling_type), ctypes.c_ulonglong(last_seen_us), ctypes.byref(value_type),
-                      ctypes.byref(count), buffer)
-    if result == pynvml.NVML_ERROR_INSUFFICIENT_SIZE:
-        return pynvml.nvmlDeviceGetSamples(handle, sampling_type, last_seen_us)  # type: ignore[no-any-return]
-    if result != pynvml.NVML_SUCCESS:
-        raise pynvml.NVMLError(result)
-    return value_type.value, buffer[: min(count.value, _SAMPLE_BUFFER)]
-
-
-def interval_means(
-    samples: Sequence[tuple[int, float]], bounds_us: Sequence[int]
-) -> list[float | None]:
-    """The mean of the samples (timestamp µs, value) in each interval (bounds[i-1], bounds[i]], in time order.
-
-    An interval no sample falls in (polls faster than the driver samples) takes the first sample after
-    it, whose own period covers it; None where there is none (the caller falls back to an instant figure).
-    """
-    ordered = sorted(samples)
-    means: list[float | None] = []
-    position = 0
-    for end in bounds_us[1:]:
-        total, count = 0.0, 0
-        while position < len(ordered) and ordered[position][0] <= end:
-            if ordered[position][0] > bounds_us[0]:
-                total += ordered[position][1]
-                count += 1
-            position += 1
-        if count:
-            means.append(total / count)
-        elif position < len(ordered):
-            means.append(ordered[position][1])
-        else:
-            means.append(None)
-    return means
-
-
-def spread_energy(
-    previous_mj: float | None, now_mj: float | None, times: Sequence[float], power_mw: Sequence[float | None],
-    counter_floor_mj: float | None = None,
-) -> list[float | None]:
-    """The energy counter (mJ) at each of the polls `times[1:]`, from `previous_mj` at `times[0]` (the value the
-    last poll handed over) and a reading of the counter, `now_mj`, at the last poll. The growth between them is
-    spread by each interval's power × its length (by length alone where a power is missing), so the polls'
-    differences add up to the counter's own.
-
-    `counter_floor_mj`: the counter's previous reading, where `previous_mj` was carried forward from it by power
-    (`carry_energy`). A reading below `previous_mj` but not below that floor means the power ran ahead of the
-    counter: the polls hold `previous_mj` (no growth) until the counter passes it, so nothing is counted twice.
-    Without an earlier value, or when the counter went below its floor (a driver reload), every poll gets the new one.
-    """
-    count = len(times) - 1
-    if now_mj is None:
-        return [None] * count
-    if previous_mj is not None and counter_floor_mj is not None and counter_floor_mj <= now_mj < previous_mj:
-        return [previous_mj] * count
-    if previous_mj is None or now_mj < previous_mj or count <= 1:
-        return [now_mj] * count
-    lengths = [max(0.0, later - earlier) for earlier, later in pairwise(times)]
-    weights = [length * power if power is not None and power > 0 else 0.0
-               for length, power in zip(lengths, power_mw, strict=True)]
-    if sum(weights) <= 0:
-        weights = lengths if sum(lengths) > 0 else [1.0] * count
-    total, growth, running = sum(weights), now_mj - previous_mj, 0.0
-    spread: list[float | None] = []
-    for weight in weights:
-        running += weight
-        spread.append(previous_mj + growth * running / total)
-    spread[-1] = now_mj
-    return spread
-
-
-def carry_energy(previous_mj: float | None, times: Sequence[float], power_mw: Sequence[float | None]) -> list[float | None]:
-    """The energy counter (mJ) at each of the polls `times[1:]` without reading it: `previous_mj` at `times[0]`
-    carried forward by each interval's power × length (mW × s = mJ; nothing where a power is missing)."""
-    if previous_mj is None:
-        return [None] * (len(times) - 1)
-    running, carried = previous_mj, list[float | None]()
-    for (earlier, later), power in zip(pairwise(times), power_mw, strict=True):
-        if power is not None and power > 0 and later > earlier:
-            running += power * (later - earlier)
-        carried.append(running)
-    return carried
+    """(PID, used bytes or None) of each compute process on the device."""
+    return [(process.pid, process.usedGpuMemory) for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle)]
 
 
 class NvmlUnavailable(RuntimeError):
     """NVML cannot be used on this machine: no driver, or the library is missing."""
-
-
-def unopened_uuid(node: str, index: int) -> str:
-    """The stand-in UUID of GPU `index` on `node` while NVML cannot open it (its real UUID is unreadable then).
-
-    Stable across polls and agent restarts, unique in the cluster (the controller keys GPUs by UUID),
-    never a real NVML UUID (those are `GPU-` and 32 hex digits in 8-4-4-4-12 groups) and free of
-    `::` (a time-sliced replica's separator).
-    """
-    return f"GPU-unopened-{node}-{index}"
-
-
-@dataclass
-class Device:
-    """A GPU or MIG instance found by discovery, with its per-poll cursors."""
-
-    handle: Any
-    uuid: str
-    index: int | None
-    model: str | None
-    parent_uuid: str | None = None
-    parent_handle: Any = None
-    mig_profile: str | None = None
-    device_units: float = 1.0
-    util_cursor_us: int = 0
-    process_cursor_us: int = 0
-    process_utilization_supported: bool = True
-    #: the last reading of the figures read every `GAUGES_EVERY_SECONDS`, by field, and when (monotonic seconds)
-    gauges: dict[str, float | None] = field(default_factory=dict)
-    gauges_at: float = -math.inf
-    #: why NVML could not open this GPU (then `handle` is None and `uuid` is `unopened_uuid`)
-    open_error: str | None = None
-    #: polls taken since the buffers were last read, waiting for their share of the next read
-    pending: list[Pending] = field(default_factory=list)
-    #: the time (s) of the last poll whose reading left the sampler, the lower bound of the next poll's interval
-    emitted_t: float | None = None
-    #: the energy (mJ) handed over with the poll at `emitted_t`: the counter's reading, or carried forward from it
-    energy_mj: float | None = None
-    #: the energy counter's last reading (mJ) and when it was taken (monotonic seconds)
-    energy_counter_mj: float | None = None
-    energy_counter_at: float = -math.inf
-    #: a change since the last read (holders, processes, health, a new device): the next read settles the counter
-    settle: bool = True
-    #: what the last poll saw: its pods (from the caller), its processes' PIDs and whether it was healthy
-    holders: frozenset[Any] = frozenset()
-    pids: frozenset[int] = frozenset()
-    healthy: bool | None = None
-
-
-@dataclass(slots=True)
-class Pending:
-    """One poll of one device until the buffers are read: its instant figures, or a finished unhealthy reading."""
-
-    t: float
-    fields: dict[str, Any]
-    #: (PID, used bytes) from the running list; None when the device gave none (or failed)
-    running: list[tuple[int, int | None]] | None = None
-    #: per-process SM % read at this poll (a shared device); None when not read
-    sm_by_pid: dict[int, float] | None = None
-    power_mw: float | None = None
-    #: the device's SM % from `nvmlDeviceGetUtilizationRates` at this poll: the figure where no sample covers it
-    instant_sm_percent: float | None = None
-    final: bool = False
-    #: the pods holding the device at this poll, as the caller names them
-    holders: frozenset[Any] = frozenset()
-
-
-#: the pods holding a device at a poll, given the PIDs its process list names (the caller's view)
-HoldersOf = Callable[["Device", frozenset[int]], frozenset[Any]]
-
-
-def _no_holders(device: Device, pids: frozenset[int]) -> frozenset[Any]:
-    return frozenset()
-
-
-class RawProcess(NamedTuple):
-    """A compute process as NVML lists it (attribution adds its pod); a tuple: built in C."""
-
-    pid: int
-    memory_used_bytes: float | None
-    sm_percent: float | None
-
-
-@dataclass(slots=True)
-class Reading:
-    """One device's figures for a poll: `GpuSample` fields (without `processes`) and the raw processes."""
-
-    fields: dict[str, Any]
-    processes: list[RawProcess] | None = None
-
-    @property
-    def uuid(self) -> str:
-        return str(self.fields["uuid"])
-
-
-@dataclass
-class PollResult:
-    """The readings of one poll and how long NVML took."""
-
-    samples: list[Reading]
-    nvml_seconds: float
-    errors: dict[str, str] = field(default_factory=dict)
-    #: the PIDs this poll's process lists name (the readings may be of earlier polls)
-    pids: frozenset[int] = frozenset()
-    #: whether this poll read the buffers (then `samples` holds every poll since the last read)
-    read_buffers: bool = False
 
 
 def _text(value: str | bytes) -> str:
@@ -471,7 +253,7 @@ class NvmlSampler:
             instances.append(device)
         return instances
 
-    def poll(self, holders: HoldersOf = _no_holders, read_buffers: bool = False) -> PollResult:
+    def poll(self, holders: HoldersOf = no_holders, read_buffers: bool = False) -> PollResult:
         """Take this poll's instant figures of every device, and the readings of every poll since the last read.
 
         `holders`: the pods holding a device as the caller knows them, given the PIDs NVML lists on it: a
@@ -559,9 +341,9 @@ class NvmlSampler:
             **self._identity(device, now),
             "healthy": True,
             "sm_percent": None,
-            "memory_used_bytes": None if memory is None else float(_field(memory, "used")),
-            "memory_total_bytes": None if memory is None else float(_field(memory, "total")),
-            "memory_activity_percent": None if rates is None else _percent(float(_field(rates, "memory"))),
+            "memory_used_bytes": None if memory is None else float(memory.used),
+            "memory_total_bytes": None if memory is None else float(memory.total),
+            "memory_activity_percent": None if rates is None else _percent(float(rates.memory)),
             "power_watts": None if power_mw is None else power_mw / 1000.0,
             "energy_joules": None,
             **self._gauges(device),
@@ -573,7 +355,7 @@ class NvmlSampler:
         # process since the cursor (not a series that a later read could split)
         sm_by_pid = (self._process_utilization(device, previous_t)
                      if len(holders) > 1 and running is not None and device.process_utilization_supported else None)
-        instant_sm = None if rates is None else float(_field(rates, "gpu"))
+        instant_sm = None if rates is None else float(rates.gpu)
         return Pending(now, fields, running, sm_by_pid, power_mw, instant_sm, holders=holders)
 
     def _read_buffers(self, device: Device, errors: dict[str, str],
@@ -673,18 +455,18 @@ class NvmlSampler:
         """The SM samples since the cursor, as a mean per interval of `bounds_us` (see `interval_means`)."""
         last_seen = max(device.util_cursor_us, bounds_us[0])
         try:
-            value_type, samples = _samples(device.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES, last_seen)
+            value_type, samples = pynvml.nvmlDeviceGetSamples(device.handle, pynvml.NVML_GPU_UTILIZATION_SAMPLES,
+                                                              last_seen)
         except _ABSENT:
             return [None] * (len(bounds_us) - 1)
-        # one pass, reading the struct fields through the plain descriptor (see _field)
         name = _VALUE_FIELDS[value_type] if 0 <= value_type < len(_VALUE_FIELDS) else "uiVal"
         end = bounds_us[-1]
         stamped = []
         newest = last_seen
         for sample in samples:
-            stamp = _field(sample, "timeStamp")
+            stamp = sample.timeStamp
             if last_seen < stamp:
-                stamped.append((stamp, float(getattr(_field(sample, "sampleValue"), name))))
+                stamped.append((stamp, float(getattr(sample.sampleValue, name))))
                 if newest < stamp <= end:
                     newest = stamp
         device.util_cursor_us = newest  # samples after the last poll stay for the next read
@@ -741,11 +523,11 @@ class NvmlSampler:
         totals: dict[int, tuple[float, int]] = {}
         newest = cursor
         for sample in samples:
-            stamp = _field(sample, "timeStamp")
+            stamp = sample.timeStamp
             if stamp > cursor:
-                pid = _field(sample, "pid")
+                pid = sample.pid
                 total, count = totals.get(pid, (0.0, 0))
-                totals[pid] = (total + _field(sample, "smUtil"), count + 1)
+                totals[pid] = (total + sample.smUtil, count + 1)
                 if stamp > newest:
                     newest = stamp
         device.process_cursor_us = newest

@@ -14,11 +14,14 @@ from fastapi import FastAPI
 from fastapi.staticfiles import StaticFiles
 from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
+from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from gpuwm import __version__
+from gpuwm.api.admission import AdmissionGate
 from gpuwm.api.auth import AllowAll, Authorizer, KubernetesAuthorizer
 from gpuwm.api.http import ERROR_HANDLERS, remember_client
 from gpuwm.api.limits import QueryLimits
+from gpuwm.api.middleware import SecurityHeaders
 from gpuwm.api.prom_metrics import WorkloadMetricsCollector
 from gpuwm.api.routes import ROUTERS
 from gpuwm.api.routes.context import ApiContext
@@ -60,15 +63,24 @@ def create_app(
         redoc_url=None,
         exception_handlers=ERROR_HANDLERS,
     )
+    gate = AdmissionGate.of(
+        settings.api_max_concurrent_queries, settings.api_max_concurrent_queries_per_user,
+        settings.api_query_queue_seconds,
+    )
     app.state.context = ApiContext(
         store=store,
         settings=settings,
         authorizer=authorizer,
-        limits=QueryLimits(settings.api_max_points_per_response, settings.api_max_concurrent_queries),
+        limits=QueryLimits(settings.api_max_points_per_response, gate.heavy),
         registry=registry,
         limiter=anyio.CapacityLimiter(store.concurrent_reads) if store.concurrent_reads else None,
+        gate=gate,
     )
     app.middleware("http")(remember_client)
+    app.add_middleware(SecurityHeaders)
+    if settings.api_trusted_proxies:
+        # outermost: the client it names is the one remember_client sees
+        app.add_middleware(ProxyHeadersMiddleware, trusted_hosts=list(settings.api_trusted_proxies))
     for router in ROUTERS:
         app.include_router(router)
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
@@ -83,4 +95,5 @@ def default_authorizer(settings: Settings) -> Authorizer:
         audience=settings.api_token_audience,
         cache_entries=settings.api_auth_cache_entries,
         reviews_per_client_per_second=settings.api_auth_reviews_per_client_per_second,
+        token_reviews_per_second=settings.api_token_reviews_per_second,
     )

@@ -8,9 +8,11 @@ access by a SubjectAccessReview for `get gpuworkloadmetrics.gpuwm.io` in the nam
 non-resource URL (as kube-rbac-proxy and kube-state-metrics ask Prometheus for).
 
 Results are cached briefly so a dashboard refresh does not cost two API calls per request; the
-caches are bounded (least recently used go first) and each client address may cause only so
-many reviews a second, so a stream of made-up tokens neither grows memory nor floods the
-Kubernetes API. `--auth=none` allows everything.
+caches are bounded (least recently used go first), each client address may cause only so
+many reviews a second and all clients together only so many TokenReviews, so a stream of made-up
+tokens neither grows memory nor floods the Kubernetes API. The client is the connection's peer
+unless a proxy the operator trusts names another (`apiTrustedProxies`): a forged X-Forwarded-For
+does not make one client many. `--auth=none` allows everything.
 """
 
 from __future__ import annotations
@@ -157,6 +159,7 @@ class KubernetesAuthorizer:
         audience: str = DEFAULT_AUDIENCE,
         cache_entries: int = 10_000,
         reviews_per_client_per_second: float = 10.0,
+        token_reviews_per_second: float = 50.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api_url = api_url.rstrip("/")
@@ -180,6 +183,9 @@ class KubernetesAuthorizer:
             cache_entries, cache_seconds
         )
         self._rate = ClientRate(reviews_per_client_per_second)
+        #: every client's TokenReviews together, one bucket: many clients with made-up tokens (or one that
+        #: looks like many) cannot send the API server more than this
+        self._token_reviews = ClientRate(token_reviews_per_second)
         self._session: aiohttp.ClientSession | None = None
 
     @classmethod
@@ -197,7 +203,14 @@ class KubernetesAuthorizer:
                 ca_file=str(_SERVICE_ACCOUNT / "ca.crt"),
                     **options,
             )
-        from kubernetes import client, config
+        try:
+            from kubernetes import client, config
+        except ImportError:  # the image goes without it: in a pod the service account is read above
+            raise AuthError(
+                503,
+                "--auth=kubernetes outside a pod reads the kubeconfig with the official Kubernetes client, which "
+                "is not installed: pip install 'gpuwm[kubeconfig]', or run in a pod, or use --auth=none for local use",
+            ) from None
 
         configuration = client.Configuration()
         try:
@@ -234,7 +247,8 @@ class KubernetesAuthorizer:
             return Path(self._token_file).read_text().strip()
         return self._token
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    def _take_review(self, token_review: bool) -> None:
+        """Count one review against the client's rate (and a TokenReview against every client's); 429 past it."""
         client = current_client.get()
         wait = self._rate.take(client, self._clock())
         if wait > 0:
@@ -245,6 +259,17 @@ class KubernetesAuthorizer:
                 "reuse one token instead of a new one per request",
                 retry_after_seconds=wait,
             )
+        wait = self._token_reviews.take("", self._clock()) if token_review else 0.0
+        if wait > 0:
+            raise AuthError(
+                429,
+                f"too many new tokens from all clients together (more than {self._token_reviews.per_second:g} "
+                f"TokenReviews a second, apiTokenReviewsPerSecond); retry in {wait:.1f}s",
+                retry_after_seconds=wait,
+            )
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        self._take_review(token_review=path.endswith("/tokenreviews"))
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         headers = {"Content-Type": "application/json", "Accept": "application/json"}

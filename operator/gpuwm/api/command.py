@@ -22,12 +22,17 @@ FIELDS = (
     "api_token_audience",
     "api_max_points_per_response",
     "api_max_concurrent_queries",
+    "api_max_concurrent_queries_per_user",
+    "api_query_queue_seconds",
     "api_auth_cache_entries",
     "api_auth_reviews_per_client_per_second",
+    "api_token_reviews_per_second",
+    "api_trusted_proxies",
     "auth",
     "runai_compatible_metrics",
     "cluster_id",
     "runai_user_label",
+    "pricing",
     "store_rollups",
     "retention",
     "log_level",
@@ -53,12 +58,14 @@ def run(arguments: argparse.Namespace) -> int:
     from gpuwm.api.app import create_app
     from gpuwm.api.auth import AuthError
     from gpuwm.api.server import ApiServer
-    from gpuwm.api.tls import TlsError, tls_files
+    from gpuwm.api.tls import API_CERTIFICATE_OPTIONS, TlsError, tls_files
     from gpuwm.store import StoreError, open_store
 
     try:
         host, port = parse_listen(settings.api_listen, "--api-listen", 8080)
-        tls = tls_files(settings.api_tls, settings.api_tls_cert_file, settings.api_tls_key_file, host)
+        tls = tls_files(
+            settings.api_tls, settings.api_tls_cert_file, settings.api_tls_key_file, host, API_CERTIFICATE_OPTIONS
+        )
         store = open_store(
             settings.store, rollups=settings.store_rollups, retention_seconds=settings.retention
         )

@@ -15,7 +15,15 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import StringConstraints
 
 from gpuwm.api.auth import AuthError, current_client
-from gpuwm.api.params import BadParameter, parse_bool, parse_metrics, parse_step, parse_time
+from gpuwm.api.params import (
+    STEP_PATTERN,
+    TIME_PATTERN,
+    BadParameter,
+    parse_bool,
+    parse_metrics,
+    parse_step,
+    parse_time,
+)
 from gpuwm.api.schemas import ErrorBody, WorkloadIdentity
 from gpuwm.model import WorkloadFigures
 from gpuwm.store import DEFAULT_METRICS, METRIC_NAMES, QueryError, RangeQuery, Series, StoreError
@@ -28,8 +36,8 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     403: {"model": ErrorBody, "description": "Not allowed to get gpuworkloadmetrics there."},
     429: {
         "model": ErrorBody,
-        "description": "Too many heavy queries at once, or too many new tokens from one client; "
-        "retry after the Retry-After header's seconds.",
+        "description": "The query got no turn within apiQueryQueueSeconds (or its user has too many waiting), "
+        "or too many new tokens: retry after the Retry-After header's seconds.",
     },
     503: {"model": ErrorBody, "description": "The Kubernetes API could not be asked."},
 }
@@ -39,26 +47,18 @@ RANGE_PARAMETERS = {"metric", "start", "end", "step", "by"}
 WORKLOAD_RANGE_PARAMETERS = {*RANGE_PARAMETERS, "pod", "leader"}
 
 # -- the declared forms: each pattern is what its parser reads, so a value that matches is one the parser
-# takes (a rule the pattern cannot state, such as a date's day in its month, is still the parser's 400)
+# takes (times and steps: gpuwm.api.params, beside their parsers); what no pattern can state, a rule across
+# parameters (end before start, the answer's size) or what the server gave (a `continue` token), is a 400
+# naming the parameter
 
 _METRIC_NAME = f"(gpuwm_)?({'|'.join(METRIC_NAMES)})"
 #: one or more metric names, comma-separated (spaces around the commas allowed), `gpuwm_` prefix optional
 METRIC_PATTERN = rf"^ *{_METRIC_NAME} *(, *{_METRIC_NAME} *)*$"
-#: what parse_time reads: epoch seconds or milliseconds, or RFC 3339 with a zone, 1970 to 9999, each field in
-#: its range (a day past its month's end, or a zone that moves the time before 1970, still gets a 400)
-TIME_PATTERN = (
-    r"^\s*([0-9]+(\.[0-9]+)?|(19[7-9][0-9]|[2-9][0-9]{3})-(0[1-9]|1[0-2])-(0[1-9]|[12][0-9]|3[01])[Tt]"
-    r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9]))\s*$"
-)
-#: what parse_step reads, and not zero: 5s, 1m30s, 250ms or a bare number of seconds, at least one part of it
-#: not zero (a step under 1 ms is still the parser's 400)
-_NUMBER = r"[0-9]+(\.[0-9]+)?"
-_NONZERO = r"([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)"
-_UNIT = r"(ms|s|m|h|d|w)"
-STEP_PATTERN = rf"^\s*((0+(\.0+)?{_UNIT})*{_NONZERO}{_UNIT}({_NUMBER}{_UNIT})*|{_NONZERO})\s*$"
 BOOL_PATTERN = r"^\s*(?i:true|false|1|0|yes|no)\s*$"
 BY_PATTERN = r"^(gpu|pod|node)$"
 WORKLOAD_BY_PATTERN = r"^(gpu|pod|node|rank)$"
+#: the alphabet of the `continue` tokens the API gives (URL-safe base64 without padding)
+CONTINUE_PATTERN = r"^[A-Za-z0-9_-]{1,4096}$"
 #: how a refusal by each pattern describes what it wanted
 PATTERN_FORMS = {
     METRIC_PATTERN: f"a metric name (comma-separated names allowed); known: {', '.join(METRIC_NAMES)}",
@@ -67,6 +67,7 @@ PATTERN_FORMS = {
     BOOL_PATTERN: "true or false",
     BY_PATTERN: "one of gpu, pod, node",
     WORKLOAD_BY_PATTERN: "one of gpu, pod, node, rank",
+    CONTINUE_PATTERN: "a `continue` token this API gave (pass the previous page's)",
 }
 
 MetricParam = Annotated[
@@ -106,7 +107,10 @@ PodParam = Annotated[
 NamespaceParam = Annotated[str | None, Query(description="Only this namespace.")]
 ProjectParam = Annotated[str | None, Query(description="Only this project.")]
 #: a list's next page (`continue` is a Python keyword, hence the alias)
-ContinueParam = Annotated[str | None, Query(alias="continue", description="The previous page's `continue`: the next page.")]
+ContinueParam = Annotated[
+    str | None,
+    Query(alias="continue", description="The previous page's `continue`: the next page.", pattern=CONTINUE_PATTERN),
+]
 LeaderParam = Annotated[
     str | None,
     Query(description="true: only the leader's series (rank 0: master, chief, launcher or head, else the lowest "

@@ -6,6 +6,7 @@ import base64
 import binascii
 import json
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar, cast, get_args
@@ -17,10 +18,29 @@ from gpuwm.store import MAX_POINTS_PER_SERIES, METRIC_INDEX, METRIC_NAMES, Break
 _MILLIS_FROM = 1e11
 _LATEST_SECONDS = 253402300799.0  # 9999-12-31T23:59:59Z
 #: a step the grid and the store's integer times can hold: from a millisecond up to the whole span of
-#: representable times (a larger one overflowed the store's 64-bit integers: a 500, not a 400)
+#: representable times (a larger one overflowed the store's 64-bit integers)
 _SHORTEST_STEP_SECONDS = 0.001
 _LONGEST_STEP_SECONDS = _LATEST_SECONDS
 DEFAULT_STEP_SECONDS = 15.0
+
+# -- the forms the parsers read, as the OpenAPI document declares them: a value matches exactly when its
+# parser takes it, so the document admits no request the API then refuses for its form
+
+_YEAR = r"(19[7-9][0-9]|[2-9][0-9]{3})"
+#: 1972 .. 9996, every fourth year but the centuries not divisible by 400
+_LEAP_YEAR = r"(19(7[26]|8[048]|9[26])|[2-9][0-9](0[48]|[2468][048]|[13579][26])|([2468][048]|[3579][26])00)"
+_MONTH_DAY = r"((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)|02-(0[1-9]|1[0-9]|2[0-8]))"
+_CLOCK = r"[Tt]([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]+)?([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+#: epoch seconds or milliseconds, or RFC 3339 with a zone, 1970 to 9999, each field in its range and each day
+#: in its month (29 February in leap years)
+TIME_PATTERN = rf"^\s*([0-9]+(\.[0-9]+)?|({_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29){_CLOCK})\s*$"
+_NUMBER = r"[0-9]+(\.[0-9]+)?"
+_NONZERO = r"([0-9]*[1-9][0-9]*(\.[0-9]+)?|[0-9]+\.[0-9]*[1-9][0-9]*)"
+_UNIT = r"(ms|s|m|h|d|w)"
+#: 5s, 1m30s, 250ms or a bare number of seconds, at least one part of it not zero
+STEP_PATTERN = rf"^\s*((0+(\.0+)?{_UNIT})*{_NONZERO}{_UNIT}({_NUMBER}{_UNIT})*|{_NONZERO})\s*$"
+_TIME_FORM = re.compile(TIME_PATTERN)
+_STEP_FORM = re.compile(STEP_PATTERN)
 BREAKDOWNS: tuple[str, ...] = get_args(Breakdown)
 _Key = TypeVar("_Key")
 
@@ -35,50 +55,33 @@ class BadParameter(ValueError):
 
 
 def parse_time(parameter: str, text: str) -> float:
-    """Epoch seconds from RFC 3339 (`2026-11-22T10:00:00Z`), epoch seconds or epoch milliseconds."""
+    """Epoch seconds from RFC 3339 (`2026-11-22T10:00:00Z`), epoch seconds or epoch milliseconds (TIME_PATTERN).
+
+    The times the API holds run from 1970 to 9999: an epoch value past the year 9999, or a zone that moves the
+    first minutes of 1970 before the epoch (or the last of 9999 past its end), is read at that end."""
     value = text.strip()
     if not value:
         raise BadParameter(parameter, "is empty; give RFC 3339, epoch seconds or epoch milliseconds")
-    try:
-        number = float(value)
-    except ValueError:
-        number = None
-    if number is not None:
-        if not math.isfinite(number) or number < 0:
-            raise BadParameter(
-                parameter, f"{text!r} is not a time: epoch seconds/millis must be finite and >= 0"
-            )
-        seconds = number / 1000.0 if number >= _MILLIS_FROM else number
-        if seconds > _LATEST_SECONDS:
-            raise BadParameter(parameter, f"{text!r} is after the year 9999")
-        return seconds
-    try:
-        parsed = datetime.fromisoformat(value.replace("z", "Z"))
-    except ValueError:
+    if not _TIME_FORM.fullmatch(text):
         raise BadParameter(
-            parameter, f"{text!r} is not RFC 3339 (2026-11-22T10:00:00Z), epoch seconds or epoch milliseconds"
-        ) from None
-    if parsed.tzinfo is None or "T" not in value.upper():
-        raise BadParameter(parameter, f"{text!r} needs a date, a time and a zone (e.g. 2026-11-22T10:00:00Z)")
-    seconds = parsed.timestamp()
-    if not 0 <= seconds <= _LATEST_SECONDS:
-        raise BadParameter(parameter, f"{text!r} is outside 1970-01-01T00:00:00Z .. 9999-12-31T23:59:59Z")
-    return seconds
+            parameter, f"{text[:80]!r} is not RFC 3339 (2026-11-22T10:00:00Z, a real day of 1970 .. 9999), epoch "
+            "seconds or epoch milliseconds",
+        )
+    if value[0].isdigit() and value.replace(".", "", 1).isdigit():
+        number = float(value)
+        seconds = number / 1000.0 if number >= _MILLIS_FROM else number
+    else:
+        seconds = datetime.fromisoformat(value.replace("z", "Z").replace("t", "T")).timestamp()
+    return min(max(seconds, 0.0), _LATEST_SECONDS)
 
 
 def parse_step(text: str) -> float:
-    """Seconds from `5s`, `1m`, `1h30m` or a bare number of seconds."""
-    try:
-        step = parse_duration_seconds(text.strip())
-    except ValueError:
-        raise BadParameter("step", f"{text!r} is not a duration such as 5s, 1m or 30") from None
-    if not math.isfinite(step) or step <= 0:
-        raise BadParameter("step", f"{text!r} must be positive")
-    if not _SHORTEST_STEP_SECONDS <= step <= _LONGEST_STEP_SECONDS:
-        raise BadParameter(
-            "step", f"{text!r} is outside {_SHORTEST_STEP_SECONDS:g}s .. {_LONGEST_STEP_SECONDS:.0f}s"
-        )
-    return step
+    """Seconds from `5s`, `1m`, `1h30m` or a bare number of seconds (STEP_PATTERN): a step under a millisecond
+    is answered at a millisecond, one longer than every time the API holds at that length."""
+    if not _STEP_FORM.fullmatch(text):
+        raise BadParameter("step", f"{text[:80]!r} is not a duration such as 5s, 1m or 30 (seconds), not zero")
+    step = parse_duration_seconds(text.strip())
+    return min(max(step, _SHORTEST_STEP_SECONDS), _LONGEST_STEP_SECONDS)
 
 
 def parse_metrics(values: Iterable[str], default: Sequence[str]) -> tuple[str, ...]:

@@ -11,7 +11,9 @@ down to the store's finest step, `stepSeconds`); a period ending at or after the
 Where an edge falls in a stretch only a coarse tier still holds, the bucket it cuts is apportioned by time,
 and the row says so: `exact` false and `apportionedGpuHours`. Peaks are the most units held at one status
 interval (`Store.peak_allocated`), the same whatever the period's length. Wasted GPU-hours are the idle ones
-(held, monitored, unused), as in the CRs' "Wasted GPU-h" column.
+(held, monitored, unused), as in the CRs' "Wasted GPU-h" column. With `pricing` set, each row also says what
+it cost: its runs' GPU-seconds of the period at their prices, plus energy (api/report_cost.py), and the cost
+of GPUs held and not used (`idleCost`) apart.
 """
 
 from __future__ import annotations
@@ -24,15 +26,17 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
+from gpuwm.api.report_cost import PeriodPricing, cost_columns
 from gpuwm.store import PeriodSums, Store, WorkloadGroup, WorkloadPeriod
 
 ReportBy = Literal["project", "namespace", "workload"]
-ReportFormat = Literal["json", "csv"]
+ReportFormat = Literal["json", "csv", "focus"]
 DEFAULT_PERIOD_SECONDS = 86400.0
 CSV_COLUMNS = (
     "project", "namespace", "workload", "workloadUid", "kind", "workloads", "allocatedGpuHours", "activeGpuHours",
     "idleGpuHours", "unmonitoredGpuHours", "wastedGpuHours", "energyJoules", "meanUtilizationPercent",
-    "peakAllocatedGpus", "exact", "apportionedGpuHours",
+    "peakAllocatedGpus", "exact", "apportionedGpuHours", "cost", "idleCost", "energyCost", "currency",
+    "unpricedGpuHours", "apportionedCost", "pricePerGpuHour",
 )
 #: the key of the total row's group in `Store.peak_allocated`
 _TOTAL = "total"
@@ -62,6 +66,18 @@ class ReportRow(BaseModel):
     apportioned_gpu_hours: float = Field(
         default=0.0, description="Allocated GPU-hours apportioned by time: a period edge in a stretch only a coarse "
         "tier still holds, or what a workload accrued before the store first saw it.")
+    cost: float | None = Field(default=None, description="GPU-hours of its priced runs at their price per GPU-hour, "
+                               "plus energy at the kWh price; None without pricing.")
+    idle_cost: float | None = Field(default=None, description="Idle GPU-hours at their runs' prices: GPUs held and "
+                                    "not used, reported apart (a part of cost).")
+    energy_cost: float | None = Field(default=None, description="Energy at the kWh price (a part of cost).")
+    currency: str | None = None
+    unpriced_gpu_hours: float | None = Field(default=None, description="Allocated GPU-hours of runs with no price "
+                                             "(no pricing rule matched their GPUs): in no cost.")
+    apportioned_cost: float | None = Field(default=None, description="The part of cost on apportioned GPU-hours "
+                                           "(exact false).")
+    price_per_gpu_hour: float | None = Field(default=None, description="A workload row's price of a whole "
+                                             "GPU-hour (a slice or replica pays its units' share).")
 
 
 class Report(BaseModel):
@@ -74,6 +90,7 @@ class Report(BaseModel):
     by: str
     idle_threshold_percent: float
     exact: bool = Field(description="Every row is exact (see ReportRow.exact).")
+    currency: str | None = Field(default=None, description="The cost columns' currency; None without pricing.")
     rows: list[ReportRow]
     total: ReportRow
 
@@ -119,9 +136,10 @@ def _peak_group(key: _RowKey, namespaces: frozenset[str] | None) -> WorkloadGrou
 def build_report(
     store: Store, workloads: Sequence[WorkloadPeriod], start: float, end: float, by: ReportBy,
     step_seconds: float, threshold: float, namespaces: frozenset[str] | None = None,
+    pricing: PeriodPricing | None = None,
 ) -> Report:
     """Sum `workloads` (the store's period figures a caller may read: those of `namespaces`, None where it may
-    read all of them) per row (blocking: run off the loop)."""
+    read all of them) per row (blocking: run off the loop); priced with `pricing` where given."""
     groups: dict[_RowKey, list[WorkloadPeriod]] = {}
     for workload in workloads:
         groups.setdefault(_row_key(workload, by), []).append(workload)
@@ -134,11 +152,16 @@ def build_report(
     rows = []
     for index, (key, group) in enumerate(ordered):
         peak = group[0].peak_allocated_gpus if by == "workload" else peaks.get(str(index), 0.0)
-        rows.append(_row(group, peak, project=key[0], namespace=key[1], workload=key[2], workload_uid=key[3],
-                         kind=key[4]))
-    total = _row(workloads, peaks.get(_TOTAL, 0.0))
+        row = _row(group, peak, project=key[0], namespace=key[1], workload=key[2], workload_uid=key[3], kind=key[4])
+        rows.append(_priced(row, group, pricing, by == "workload"))
+    total = _priced(_row(workloads, peaks.get(_TOTAL, 0.0)), workloads, pricing, False)
     return Report(start=start, end=end, step_seconds=step_seconds, by=by, idle_threshold_percent=threshold,
-                  exact=total.exact, rows=rows, total=total)
+                  exact=total.exact, rows=rows, total=total, currency=pricing.currency if pricing else None)
+
+
+def _priced(row: ReportRow, members: Sequence[WorkloadPeriod], pricing: PeriodPricing | None, one_run: bool
+            ) -> ReportRow:
+    return row if pricing is None else row.model_copy(update=cost_columns(members, pricing, one_run))
 
 
 def report_csv(report: Report) -> str:
@@ -157,7 +180,20 @@ def report_csv(report: Report) -> str:
                 line.append("true" if value else "false")
             elif isinstance(value, float):
                 line.append(f"{value:.3f}" if column == "energyJoules" else f"{value:.6f}")
+            elif isinstance(value, str):
+                line.append(csv_text_cell(value))
             else:
                 line.append(str(value))
         writer.writerow(line)
     return out.getvalue()
+
+
+#: what a spreadsheet reads as the start of a formula (or strips before one): =, +, -, @, tab and CR
+_FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def csv_text_cell(text: str) -> str:
+    """A text cell a spreadsheet shows as text: one that would start a formula gets a leading `'`
+    (OWASP's advice against CSV injection; the csv writer quotes it where needed). Numbers are
+    written as numbers: a negative one is no formula."""
+    return "'" + text if text.startswith(_FORMULA_STARTS) else text

@@ -1,4 +1,5 @@
-"""`gpuwm report --server URL`: a period report from a running gpuwm API, in the terminal or as CSV/JSON.
+"""`gpuwm report --server URL`: a period report from a running gpuwm API, in the terminal or as CSV, JSON or
+FinOps FOCUS.
 
 A client of `GET /api/v1/report` (gpuwm.api.report): no store or cluster access of its own, so it runs
 wherever the API can be reached (a port-forward, an Ingress).
@@ -17,9 +18,9 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from gpuwm.config import ConfigError
+from gpuwm.config import ConfigError, parse_duration_seconds
 
-FORMATS = ("table", "csv", "json")
+FORMATS = ("table", "csv", "json", "focus")
 _TABLE_COLUMNS = (
     ("allocatedGpuHours", "alloc GPU-h"),
     ("activeGpuHours", "active GPU-h"),
@@ -30,32 +31,46 @@ _TABLE_COLUMNS = (
     ("meanUtilizationPercent", "mean util %"),
     ("peakAllocatedGpus", "peak GPUs"),
 )
+#: with pricing: what each row cost, and the part of it that paid for GPUs held and not used
+_COST_COLUMNS = (("cost", "cost"), ("idleCost", "idle cost"))
+
+
+def _duration(text: str) -> float:
+    """argparse's type for --timeout: a duration (30s, 2m) or seconds."""
+    try:
+        return parse_duration_seconds(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def register(subparsers: Any) -> None:
     parser: argparse.ArgumentParser = subparsers.add_parser(
         "report",
-        help="print a period report (GPU-hours, idle, energy per project, namespace or workload) from a gpuwm API",
+        help="print a period report (GPU-hours, idle, energy, cost per project, namespace or workload) from a gpuwm API",
         description="Ask a running gpuwm API (the controller's, `gpuwm api` or `gpuwm demo`) for GET /api/v1/report: "
         "allocated, active, idle, unmonitored and wasted GPU-hours, energy, mean utilisation and peak allocation "
-        "per row over START..END, from the stored series. Prints a table, or the API's CSV or JSON for "
-        "chargeback spreadsheets. Reach an in-cluster API with `kubectl port-forward` (docs/install.md).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        "per row over START..END, from the stored series, and with `pricing` set what each row cost. Prints a "
+        "table, or the API's CSV or JSON for chargeback spreadsheets, or a FinOps FOCUS file (a charge per run, "
+        "whatever --by) for finance tools. Reach an in-cluster API with `kubectl port-forward` (docs/install.md).",
     )
     parser.add_argument("--server", default=os.environ.get("GPUWM_SERVER"),
-                        help="the API's base URL, e.g. https://127.0.0.1:8080 (env GPUWM_SERVER); required")
+                        help="the API's base URL, e.g. https://127.0.0.1:8080 (default $GPUWM_SERVER; required)")
     parser.add_argument("--token", default=os.environ.get("GPUWM_TOKEN"),
-                        help="bearer token, e.g. $(kubectl create token NAME) (env GPUWM_TOKEN; none with --auth=none)")
+                        help="bearer token, e.g. $(kubectl create token NAME --audience gpuwm) (default "
+                             "$GPUWM_TOKEN; none with --auth=none)")
     parser.add_argument("--start", default=None,
-                        help="period start: RFC 3339, epoch seconds or milliseconds (default: END minus 24 h)")
-    parser.add_argument("--end", default=None, help="period end, same forms (default: the store's latest time)")
+                        help="period start: RFC 3339, epoch seconds or milliseconds (default END minus 24h)")
+    parser.add_argument("--end", default=None, help="period end, same forms (default the store's latest time)")
     parser.add_argument("--by", choices=("project", "namespace", "workload"), default="project",
-                        help="one row per")
-    parser.add_argument("--format", choices=FORMATS, default="table", help="output")
-    parser.add_argument("--ca-file", default=None, help="PEM CA bundle that signed the API's certificate")
+                        help="one row per project, namespace or workload (default project)")
+    parser.add_argument("--format", choices=FORMATS, default="table",
+                        help="output (default table); focus: FinOps FOCUS CSV, a charge per run (needs pricing)")
+    parser.add_argument("--ca-file", default=None,
+                        help="PEM CA bundle that signed the API's certificate (default the system's CAs)")
     parser.add_argument("--insecure-skip-tls-verify", action="store_true", default=False,
                         help="do not check the API's certificate (the chart's self-signed one, over a port-forward)")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the answer")
+    parser.add_argument("--timeout", type=_duration, default=120.0,
+                        help="how long to wait for the answer, e.g. 30s or 2m (default 2m)")
     parser.set_defaults(handler=run)
 
 
@@ -93,13 +108,14 @@ def render_table(report: dict[str, Any]) -> str:
     """Rows and the total as aligned text: energy in kWh, hours with two decimals."""
     key_names = {"project": ("project",), "namespace": ("namespace",), "workload": ("namespace", "workload", "kind")}
     keys = key_names.get(str(report.get("by")), ("project",))
-    header = [*keys, *(title for _field, title in _TABLE_COLUMNS)]
+    columns = _TABLE_COLUMNS + (_COST_COLUMNS if report.get("currency") else ())
+    header = [*keys, *(title for _field, title in columns)]
     lines = []
     for row in [*report.get("rows", []), {**report.get("total", {}), keys[0]: "total"}]:
         cells = [str(row.get(key) or "") for key in keys]
         if row.get("exact") is False:  # a figure apportioned by time: marked, and the total said below
             cells[0] = f"~{cells[0]}"
-        for field, _title in _TABLE_COLUMNS:
+        for field, _title in columns:
             value = row.get(field)
             if value is None:
                 cells.append("–")
@@ -113,10 +129,20 @@ def render_table(report: dict[str, Any]) -> str:
     widths = [max(len(line[i]) for line in [header, *lines]) for i in range(len(header))]
     text = ["  ".join(cell.ljust(widths[i]) if i < len(keys) else cell.rjust(widths[i])
                       for i, cell in enumerate(line)) for line in [header, *lines]]
-    note = "" if report.get("exact", True) else (
-        f"; ~: {report.get('total', {}).get('apportionedGpuHours', 0.0):.2f} GPU-h apportioned by time")
-    return "\n".join(text) + (f"\n(status intervals of {report.get('stepSeconds')} s; wasted = idle GPU-hours"
-                              f"{note})\n")
+    return "\n".join(text) + f"\n({_notes(report)})\n"
+
+
+def _notes(report: dict[str, Any]) -> str:
+    """What the table's figures mean: the resolution, wasted, what was apportioned, the cost's currency."""
+    total = report.get("total", {})
+    notes = [f"status intervals of {report.get('stepSeconds')} s", "wasted = idle GPU-hours"]
+    if not report.get("exact", True):
+        notes.append(f"~: {total.get('apportionedGpuHours', 0.0):.2f} GPU-h apportioned by time")
+    if report.get("currency"):
+        notes.append(f"cost in {report['currency']}, idle cost a part of it")
+        if total.get("unpricedGpuHours"):
+            notes.append(f"{total['unpricedGpuHours']:.2f} GPU-h unpriced (no price for their GPUs)")
+    return "; ".join(notes)
 
 
 def run(arguments: argparse.Namespace) -> int:
@@ -128,7 +154,7 @@ def run(arguments: argparse.Namespace) -> int:
         if arguments.insecure_skip_tls_verify:
             context.check_hostname = False
             context.verify_mode = ssl.CERT_NONE
-    wire = "csv" if arguments.format == "csv" else "json"
+    wire = arguments.format if arguments.format in ("csv", "focus") else "json"
     url = report_url(arguments.server, arguments.start, arguments.end, arguments.by, wire)
     body = fetch(url, arguments.token, context, arguments.timeout)
     if arguments.format == "table":

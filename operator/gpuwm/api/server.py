@@ -45,6 +45,9 @@ class ApiServer:
             ssl_certfile=tls.cert_file if tls is not None else None,
             ssl_keyfile=tls.key_file if tls is not None else None,
             limit_concurrency=MAX_CONNECTIONS,
+            # X-Forwarded-For is the app's to read, from the proxies its settings name (create_app): uvicorn's
+            # own default trusts it from loopback, where a port-forward or a sidecar lets anyone forge it
+            proxy_headers=False,
         )
         self.scheme = "https" if tls is not None else "http"
         self._server = _Server(config)

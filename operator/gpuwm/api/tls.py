@@ -52,8 +52,18 @@ class TlsError(ValueError):
     """A TLS option that cannot work; the message names it."""
 
 
-def tls_files(enabled: bool, cert_file: str, key_file: str, host: str) -> TlsFiles | None:
-    """The certificate and key to serve with, or None for plain HTTP (`enabled` false)."""
+#: how the controller is given a certificate its clients can verify (named where it makes a self-signed one)
+CONTROLLER_CERTIFICATE_OPTIONS = "--api-tls-cert-file and --api-tls-key-file, or --api-tls-secret"
+#: the same for `gpuwm api`, which keeps no Secret
+API_CERTIFICATE_OPTIONS = "--api-tls-cert-file and --api-tls-key-file (a mounted kubernetes.io/tls Secret)"
+
+
+def tls_files(
+    enabled: bool, cert_file: str, key_file: str, host: str,
+    certificate_options: str = CONTROLLER_CERTIFICATE_OPTIONS,
+) -> TlsFiles | None:
+    """The certificate and key to serve with, or None for plain HTTP (`enabled` false); a self-signed one
+    names `certificate_options`, the verb's way to a certificate clients can verify."""
     if not enabled:
         return None
     if bool(cert_file) != bool(key_file):
@@ -66,11 +76,12 @@ def tls_files(enabled: bool, cert_file: str, key_file: str, host: str) -> TlsFil
             if not Path(path).is_file():
                 raise TlsError(f"{flag} {path!r}: no such file (mount the TLS Secret there, or --api-tls=false)")
         return TlsFiles(cert_file, key_file)
-    return self_signed(host)
+    return self_signed(host, certificate_options)
 
 
-def self_signed(host: str) -> TlsFiles:
-    """A fresh key and a certificate for `host`, this machine's name and localhost, valid a year."""
+def self_signed(host: str, certificate_options: str = CONTROLLER_CERTIFICATE_OPTIONS) -> TlsFiles:
+    """A fresh key and a certificate for `host`, this machine's name and localhost, valid a year; the
+    warning names `certificate_options`, how the serving verb is given a certificate instead."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -90,9 +101,9 @@ def self_signed(host: str) -> TlsFiles:
         (x509.SubjectAlternativeName(names), False), (x509.BasicConstraints(ca=False, path_length=None), True)])
     files = _write_private(certificate.public_bytes(serialization.Encoding.PEM), _key_pem(key), self_signed=True)
     log.warning(
-        "metrics API: no --api-tls-cert-file and no --api-tls-secret; serving HTTPS with a self-signed certificate "
-        "made now (SHA-256 %s); clients cannot verify it: give the API a certificate from a Secret",
-        certificate.fingerprint(hashes.SHA256()).hex(":"),
+        "metrics API: serving HTTPS with a self-signed certificate made now (SHA-256 %s), which clients cannot "
+        "verify; give it a certificate with %s",
+        certificate.fingerprint(hashes.SHA256()).hex(":"), certificate_options,
     )
     return files
 

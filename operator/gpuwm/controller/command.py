@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -12,13 +13,16 @@ from gpuwm.config import ConfigError, Settings, add_settings_arguments, settings
 from gpuwm.logs import wants_json
 
 FIELDS = (
-    "log_format", "log_level", "namespace", "standalone", "peering_name", "liveness",
+    "log_format", "log_level", "namespace", "standalone", "peering_name", "peering_priority", "liveness",
     "resource_names", "workload_kinds", "project_label", "idle_threshold_percent", "interval", "late_event_window",
-    "status_interval", "snapshot_merge", "retention", "agents", "store", "state_save_interval", "idle_condition_after", "underutilized_percent",
+    "status_interval", "snapshot_merge", "retention", "agents", "store", "state_save_interval", "state_secret", "idle_condition_after", "underutilized_percent",
     "status_writes_per_second", "status_counters_refresh", "time_sliced_replicas", "device_plugin_config", "api_listen", "auth",
     "runai_compatible_metrics", "cluster_id", "runai_user_label", "store_rollups", "store_latest_rows_per_interval",
     "api_tls", "api_tls_cert_file", "api_tls_key_file", "api_tls_secret", "api_tls_dns_names", "api_token_audience", "api_max_points_per_response",
     "api_max_concurrent_queries", "api_auth_cache_entries", "api_auth_reviews_per_client_per_second",
+    "idle_policies", "pricing",
+    "api_token_reviews_per_second", "api_trusted_proxies", "api_max_concurrent_queries_per_user",
+    "api_query_queue_seconds",
 )
 
 
@@ -86,28 +90,53 @@ def run(arguments: argparse.Namespace) -> int:
     from kopf._cogs.structs import references  # kopf.run takes an Insights; kopf has no public name for it
 
     from gpuwm.controller import handlers
-    from gpuwm.controller.state import limit_malloc_arenas
 
     _configure_logging(settings)
-    limit_malloc_arenas()  # before any thread allocates (kopf's, the store's)
+    operator_settings = kopf.OperatorSettings()
+    missing = missing_credentials(operator_settings)
+    if missing:
+        print(f"gpuwm controller: {missing}", file=sys.stderr)
+        return 1
     raise_open_files_limit()
     memo = handlers.configure(settings)
     memo.insights = insights = references.Insights()  # kopf's record of what it watches, for handlers.look_for_absent_kinds
-    operator_settings = kopf.OperatorSettings()
-    handlers.tune_kopf(operator_settings, settings)
+    handlers.tune_kopf(operator_settings, settings, memo.replica)
     with asyncio.Runner(loop_factory=event_loop_factory()) as runner:
+        memo.stop_flag = asyncio.Event()  # set by a replica that another one outranks (handlers: it steps down)
         kopf.run(
             loop=runner.get_loop(),
             registry=handlers.REGISTRY,
             memo=memo,
             insights=insights,
             settings=operator_settings,
+            identity=memo.replica.identity,
             clusterwide=settings.namespace is None,
             namespaces=[settings.namespace] if settings.namespace else (),
             standalone=settings.standalone,
             liveness_endpoint=settings.liveness,
+            stop_flag=memo.stop_flag,
         )
     return 0
+
+
+def missing_credentials(operator_settings: Any) -> str | None:
+    """One line naming what to set when there is neither a pod's service account nor a kubeconfig, else None.
+
+    kopf would retry its startup every few seconds forever, logging the same traceback each time.
+    """
+    import kopf
+
+    from gpuwm.controller.kube import kube_login
+
+    what_to_set = "set KUBECONFIG to a kubeconfig (or write ~/.kube/config), or run in a pod with a service account"
+    quiet = logging.getLogger("gpuwm.controller.login")
+    try:
+        found = kube_login(operator_settings, quiet)
+    except kopf.LoginError:  # kopf's: neither in a cluster nor a kubeconfig
+        found = None
+    except Exception as error:  # a kubeconfig that cannot be read (YAML, a missing file it names)
+        return f"cannot use the Kubernetes credentials ({' '.join(str(error).split())}): {what_to_set}"
+    return f"no Kubernetes credentials: {what_to_set}" if found is None else None
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -31,10 +31,20 @@ from typing import Any
 import kopf
 
 from gpuwm.config import Settings
-from gpuwm.controller.kube import KubeClient, kube_login
+from gpuwm.controller.kube import (
+    KubeClient,
+    Peering,
+    Replica,
+    hold_leadership,
+    kube_login,
+    label_own_pod,
+    this_replica,
+    wait_to_lead,
+)
+from gpuwm.controller.policy import POLICY_PLURALS, PolicyCollector, PolicyRoom
 from gpuwm.controller.pull import PodAgents, agent_url_of_pod, parse_agents_spec
 from gpuwm.controller.runtime import ControllerRuntime
-from gpuwm.controller.state import tune_garbage_collector
+from gpuwm.controller.state import KeptState, tune_garbage_collector
 from gpuwm.controller.status import COMPONENT
 from gpuwm.controller.watch import WorkloadKind, WorkloadObjects, parse_workload_kinds, requests_gpu
 
@@ -49,7 +59,31 @@ REGISTRY = kopf.OperatorRegistry()
 def configure(settings: Settings) -> kopf.Memo:
     """The memo kopf runs with (`kopf.run(memo=...)`), holding `settings`; registers the workload kinds' handlers."""
     register_workload_kinds(parse_workload_kinds(settings.workload_kinds))
-    return kopf.Memo(settings=settings, runtime=None, workloads=None, tasks=[])
+    if settings.idle_policies.enabled:
+        register_idle_policies()
+    replica = this_replica(settings.peering_priority, settings.status_interval)
+    return kopf.Memo(settings=settings, runtime=None, workloads=None, tasks=[], replica=replica, peering=None)
+
+
+def register_idle_policies() -> None:
+    """One `@kopf.on.event` per idle-policy kind (idlePolicies.enabled): read only, no finalizers, no annotations."""
+    for kind, plural in POLICY_PLURALS.items():
+        handler_id = f"idle-policy:{plural}"
+        if handler_id in _REGISTERED_POLICY_HANDLERS:
+            continue
+        _REGISTERED_POLICY_HANDLERS.add(handler_id)
+        kopf.on.event("gpuwm.io", "v1alpha1", plural, id=handler_id, registry=REGISTRY)(
+            functools.partial(idle_policy_event, kind=kind))
+
+
+_REGISTERED_POLICY_HANDLERS: set[str] = set()
+
+
+async def idle_policy_event(event: Mapping[str, Any], body: kopf.Body, memo: kopf.Memo, kind: str, **_: Any) -> None:
+    """A GPUIdlePolicy or ClusterGPUIdlePolicy changed: the room reads it again."""
+    runtime = _runtime(memo)
+    if runtime is not None and runtime.policies is not None:
+        runtime.policies.on_policy(kind, body, deleted=event.get("type") == "DELETED")
 
 
 #: the kinds whose handler is registered (configure may run more than once in one process: tests)
@@ -184,8 +218,9 @@ def login(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) -> kop
     return kube_login(settings, logger)
 
 
-def tune_kopf(settings: kopf.OperatorSettings, gpuwm_settings: Settings) -> None:
-    """kopf settings that let the controller ride out 429/5xx and dropped watches."""
+def tune_kopf(settings: kopf.OperatorSettings, gpuwm_settings: Settings, replica: Replica | None = None) -> None:
+    """kopf settings that let the controller ride out 429/5xx and dropped watches; `replica`: its peering
+    priority and record lifetime (see `gpuwm.controller.kube.peering`)."""
     settings.posting.level = logging.WARNING  # no Event per handler log line on users' pods
     # kopf's Events carry eventTime, so the API server requires a qualified-name component and an
     # instance of at most 128 characters (its defaults are `kopf` and `dev`)
@@ -204,12 +239,54 @@ def tune_kopf(settings: kopf.OperatorSettings, gpuwm_settings: Settings) -> None
     settings.peering.mandatory = False  # no peering CRD installed: run alone, with a warning
     settings.peering.standalone = gpuwm_settings.standalone
     settings.peering.clusterwide = gpuwm_settings.namespace is None
+    if replica is not None:
+        settings.peering.priority = replica.priority
+        settings.peering.lifetime = replica.lifetime_seconds
+        settings.peering.stealth = True  # a keep-alive every few seconds is not worth a log line
 
 
 @kopf.on.startup(errors=kopf.ErrorsMode.TEMPORARY, backoff=2.0, registry=REGISTRY)
 async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, memo: kopf.Memo, **kwargs: Any) -> None:
-    """Log in, restore the state, then start the status loop and the writer (before any pod event)."""
+    """Log in and serve the API, wait to lead, restore the state, then start the status loop and the writer.
+
+    A standby replica waits here (`wait_to_lead`): kopf starts no watch before its startup handlers are
+    done, so a standby holds no pods and writes nothing; its API answers the probes. Once it leads, the
+    state is restored before kopf's watches deliver the first pod.
+    """
     gpuwm_settings = _settings(memo)
+    runtime: ControllerRuntime | None = memo.get("starting")
+    if runtime is None:  # kopf retries a failed startup: the API started by an earlier try goes on serving
+        memo.starting = runtime = _serving_runtime(settings, logger, memo, kwargs.get("agent_pods"))
+    memo.peering = await _wait_to_lead(runtime, memo)
+    source = await runtime.restore()
+    tune_garbage_collector()
+    workloads = WorkloadObjects(lambda: runtime.engine, runtime.clock, gpuwm_settings.resource_names,
+                                gpuwm_settings.time_sliced_replicas)
+    await end_vanished_workloads(runtime, parse_workload_kinds(gpuwm_settings.workload_kinds))
+    room = _policy_room(runtime)
+    memo.runtime = runtime
+    memo.workloads = workloads
+    tasks: list[asyncio.Task[None]] = memo.tasks
+    tasks.append(asyncio.create_task(_delayed_cycles(runtime), name="gpuwm status cycles"))
+    tasks.append(asyncio.create_task(runtime.writer.run(), name="gpuwm status writer"))
+    tasks.append(asyncio.create_task(runtime.idle_events.run(), name="gpuwm events"))
+    if room is not None:
+        tasks.append(asyncio.create_task(room.run(gpuwm_settings.status_interval), name="gpuwm idle policies"))
+    insights = memo.get("insights")
+    if insights is not None:
+        kinds = parse_workload_kinds(gpuwm_settings.workload_kinds)
+        looking = look_for_absent_kinds(kinds, insights, settings, runtime.client)
+        tasks.append(asyncio.create_task(looking, name="gpuwm workload kinds"))
+    if memo.peering is not None:
+        tasks.append(asyncio.create_task(_step_down_when_outranked(memo.peering, runtime, memo),
+                                         name="gpuwm leadership"))
+    await _label_leader(runtime, leading=True)
+    logger.info("gpuwm controller started (state from %s, agents %s)", source, gpuwm_settings.agents)
+
+
+def _serving_runtime(settings: kopf.OperatorSettings, logger: kopf.Logger, memo: kopf.Memo,
+                     index: Any) -> ControllerRuntime:
+    """The runtime, logged in, its store open and its API serving (the probes answer from here on)."""
     info = kube_login(settings, logger)
     if info is None:
         raise kopf.PermanentError("no Kubernetes credentials: need in-cluster service account or a kubeconfig")
@@ -218,32 +295,51 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, memo: ko
         fresh = kube_login(settings, logger)
         return KubeClient.auth_headers(fresh) if fresh is not None else {}
 
-    client = KubeClient.from_connection_info(info, relogin=relogin)
-    runtime = ControllerRuntime(gpuwm_settings, client)
-    index = kwargs.get("agent_pods")
+    runtime = ControllerRuntime(_settings(memo), KubeClient.from_connection_info(info, relogin=relogin))
+    namespace = own_namespace()
+    if runtime.settings.state_secret and namespace:
+        runtime.kept = KeptState(runtime.client, namespace, runtime.settings.state_secret)
     if index is not None:
         runtime.agent_pod_urls = lambda: {str(node): str(next(iter(urls))) for node, urls in index.items() if urls}
-    source = await runtime.restore()
-    runtime.store = _open_store(gpuwm_settings)
-    tune_garbage_collector()
-    workloads = WorkloadObjects(lambda: runtime.engine, runtime.clock, gpuwm_settings.resource_names,
-                                gpuwm_settings.time_sliced_replicas)
-    await end_vanished_workloads(runtime, parse_workload_kinds(gpuwm_settings.workload_kinds))
-    memo.runtime = runtime
-    memo.workloads = workloads
-    tasks: list[asyncio.Task[None]] = memo.tasks
-    tasks.append(asyncio.create_task(_delayed_cycles(runtime), name="gpuwm status cycles"))
-    tasks.append(asyncio.create_task(runtime.writer.run(), name="gpuwm status writer"))
-    tasks.append(asyncio.create_task(runtime.idle_events.run(), name="gpuwm events"))
-    insights = memo.get("insights")
-    if insights is not None:
-        kinds = parse_workload_kinds(gpuwm_settings.workload_kinds)
-        looking = look_for_absent_kinds(kinds, insights, settings, client)
-        tasks.append(asyncio.create_task(looking, name="gpuwm workload kinds"))
+    runtime.store = _open_store(runtime.settings)
     api = _start_api(runtime)
     if api is not None:
-        tasks.append(api)
-    logger.info("gpuwm controller started (state from %s, agents %s)", source, gpuwm_settings.agents)
+        memo.tasks.append(api)
+    return runtime
+
+
+async def _wait_to_lead(runtime: ControllerRuntime, memo: kopf.Memo) -> Peering | None:
+    """Return once this replica leads (at once when standalone); the peering it holds, None when standalone."""
+    settings = runtime.settings
+    await _label_leader(runtime, leading=False)  # a restarted container may have led before
+    replica: Replica | None = memo.get("replica")
+    if settings.standalone or replica is None:
+        return None
+    peering = Peering(runtime.client, name=settings.peering_name, namespace=settings.namespace, replica=replica)
+    await wait_to_lead(peering, poll_seconds=min(2.0, settings.status_interval))
+    logger.info("this replica (%s, priority %d) leads", replica.identity, replica.priority)
+    return peering
+
+
+async def _step_down_when_outranked(peering: Peering, runtime: ControllerRuntime, memo: kopf.Memo) -> None:
+    """Stop the operator once another replica outranks this one (kopf pauses its watches already)."""
+    outranking = await hold_leadership(peering, check_seconds=min(runtime.settings.status_interval,
+                                                                  peering.lifetime_seconds / 2))
+    logger.warning("replica %s outranks this one (priority %d): stepping down; the container restarts as a standby",
+                   ", ".join(f"{record.identity} (priority {record.priority})" for record in outranking),
+                   peering.priority)
+    runtime.leading = False
+    await _label_leader(runtime, leading=False)
+    stop: asyncio.Event | None = memo.get("stop_flag")
+    if stop is not None:
+        stop.set()
+
+
+async def _label_leader(runtime: ControllerRuntime, leading: bool) -> None:
+    """The leader label on this replica's pod (POD_NAME; none outside a pod): the API's Service routes by it."""
+    pod, namespace = os.environ.get("POD_NAME", "").strip(), own_namespace()
+    if pod and namespace:
+        await label_own_pod(runtime.client, namespace, pod, leading)
 
 
 #: how often the API's discovery is read again for a configured workload kind kopf does not watch yet
@@ -314,6 +410,18 @@ async def end_vanished_workloads(runtime: ControllerRuntime, kinds: list[Workloa
                 requested_gpus=figures.requested_gpus or 0.0))
 
 
+def _policy_room(runtime: ControllerRuntime) -> PolicyRoom | None:
+    """The idle-policy and cost room, where idle policies or pricing are enabled; its memory from the state."""
+    settings = runtime.settings
+    if not settings.idle_policies.enabled and not settings.pricing.enabled:
+        return None
+    room = PolicyRoom(settings, runtime.client, runtime.writer.bucket, runtime.state.cr_names.get, own_namespace(),
+                      runtime.clock)
+    room.restore(runtime.state.policies)
+    runtime.policies = room
+    return room
+
+
 async def _delayed_cycles(runtime: ControllerRuntime) -> None:
     # the pods watch starts right after startup: give its initial listing a moment first
     await asyncio.sleep(min(2.0, runtime.settings.status_interval))
@@ -362,6 +470,7 @@ def _start_api(runtime: ControllerRuntime) -> asyncio.Task[None] | None:
         tls = None if kept else tls_files(settings.api_tls, settings.api_tls_cert_file, settings.api_tls_key_file, host)
         app = create_app(runtime.store, settings, extra_collectors=(
             IntakeCollector(lambda: runtime.puller), EngineCollector(lambda: runtime.engine),
+            PolicyCollector(lambda: runtime.policies),
         ))
     except Exception as error:  # e.g. --auth=kubernetes without credentials: CR status goes on
         logger.warning("metrics API not started: %s", error)
@@ -444,6 +553,12 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     if runtime is not None:
         await runtime.finish_saving()  # a save the cancelled cycle left renaming, before the last one
         runtime.save(time.time())
+        if runtime.kept is not None and runtime.leading:  # for the standby taking over
+            await runtime.kept.keep_now(runtime.state_path)
+        if runtime.leading:
+            await _label_leader(runtime, leading=False)
+    runtime = runtime or memo.get("starting")  # a standby's: its client, API and store
+    if runtime is not None:
         await runtime.puller.close()
         await runtime.client.close()
         if runtime.store is not None:

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from gpuwm.config import DEFAULT_WORKLOAD_KINDS
+from gpuwm.controller.policy import BASE_RULES, WEBHOOK_SECRET_RULE, rules_for
 from gpuwm.controller.watch import parse_workload_kinds
 
 #: owner kinds the controller walks through (`get` only), by API group
@@ -64,6 +65,16 @@ REQUIRED_RULES: list[dict[str, Any]] = [
 #: with --device-plugin-config NAMESPACE/NAME: `get` on that one ConfigMap, granted by a Role in its
 #: namespace (the chart's devicePluginConfig), never cluster-wide: ConfigMaps may hold anything
 DEVICE_PLUGIN_CONFIG_RULE: dict[str, Any] = {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get"]}
+
+
+def idle_policy_rules(actions: Iterable[str]) -> list[dict[str, Any]]:
+    """The ClusterRole rules for idle policies with these action types enabled (the chart renders the same,
+    only with idlePolicies.enabled): reading the policies, writing their status, and each action's kinds and verbs."""
+    return [rule.as_rbac() for rule in (*BASE_RULES, *rules_for(actions))]
+
+
+#: with idlePolicies.webhooks: `get` on Secrets in the controller's own namespace (a Role), for the webhook URLs
+IDLE_POLICY_WEBHOOK_RULE: dict[str, Any] = WEBHOOK_SECRET_RULE.as_rbac()
 
 
 def cluster_role(name: str = "gpuwm-controller") -> dict[str, Any]:

@@ -21,6 +21,7 @@ from typing import Any
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.config import Settings
 from gpuwm.controller.kube import KubeApiError, KubeClient, TokenBucket
+from gpuwm.controller.policy import PolicyRoom
 from gpuwm.controller.pull import (
     AgentPuller,
     SampleIntake,
@@ -31,6 +32,7 @@ from gpuwm.controller.pull import (
 from gpuwm.controller.state import (
     ADDITIVE_FIELDS,
     ControllerState,
+    KeptState,
     collect_cycle_garbage,
     commit_state,
     encode_state_chunks,
@@ -131,6 +133,10 @@ class ControllerRuntime:
         #: workload uid -> the settled figures last offered (the engine's own cached object, no extra memory)
         self._offered_settled: dict[str, WorkloadFigures] = {}
         self.cycles = 0
+        #: False once another replica took over (`handlers`): what this one does on its way out must not get in its way
+        self.leading = True
+        #: the Secret holding a copy of the state for a replica in another pod (`--state-secret`); None: none
+        self.kept: KeptState | None = None
         self.store: Any = None
         self.sharing = SharingSource(client, default_shared_replicas=settings.time_sliced_replicas,
                                      device_plugin_config=settings.device_plugin_config, clock=clock)
@@ -141,6 +147,8 @@ class ControllerRuntime:
         self.store_cpu_seconds = 0.0  # CPU of the latest store write, in its worker thread
         self.idle_events = IdleEvents(client, self.writer.bucket, settings.idle_condition_after, clock)
         self.idle_events.announced = self._state.idle_announced
+        #: idle policies and cost (`gpuwm.controller.policy`), where enabled: set by the startup handler
+        self.policies: PolicyRoom | None = None
 
     @property
     def state(self) -> ControllerState:
@@ -160,7 +168,12 @@ class ControllerRuntime:
     # ------------------------------------------------------------------ start
 
     async def restore(self) -> str:
-        """Put the state back where the last controller stopped (see `recovery`); returns which source was used."""
+        """Put the state back where the last controller stopped (see `recovery`); returns which source was used.
+
+        The copy kept in the API server replaces this pod's state file first where it is newer (`KeptState`).
+        """
+        if self.kept is not None:
+            await self.kept.download_newer(self.state_path)
         restored = await recover_state(
             self.state, state_path=self.state_path, config=self.engine_config, client=self.client,
             writer=self.writer, puller=self.puller, namespace=self.settings.namespace,
@@ -181,6 +194,8 @@ class ControllerRuntime:
 
     def snapshot(self, now: float, lazy: bool = False, raw: bool = False) -> dict[str, Any]:
         """The state file's content: the state, the agents' positions and which cluster (see `ControllerState.save`)."""
+        if self.policies is not None:
+            self._state.policies = self.policies.save()
         return self.state.save(now, agents=self.puller.positions(), cluster=self.client.cluster_identity,
                                lazy=lazy, raw=raw)
 
@@ -321,6 +336,8 @@ class ControllerRuntime:
         # signatures and the Events read the same ones
         seen = {figures.uid: seen_now(figures, now, slack) for figures in workloads}
         self._observe_idleness(workloads, now, seen)
+        if self.policies is not None:  # before the offers: their signatures carry what the room adds
+            self.policies.observe(workloads, projects, seen, now)
         idle = {figures.uid: idle_condition(figures, state.observed_idle.get(figures.uid), idle_after, now, slack,
                                             seen[figures.uid])
                 for figures in workloads}
@@ -423,6 +440,7 @@ class ControllerRuntime:
         # the fields once, not once per CR
         engine, offered_settled, observed_idle = self._state.engine, self._offered_settled, self._state.observed_idle
         slack, sample_time, offer = self.reporting_slack_seconds, self._state.latest_sample_time, self.writer.offer
+        policies = self.policies
         for figures in workloads:
             settled = engine.settled_figures(figures.uid) is figures
             if settled and offered_settled.get(figures.uid) is figures:
@@ -441,6 +459,12 @@ class ControllerRuntime:
                     "workloadRef": {"apiVersion": figures.api_version, "kind": figures.kind, "name": figures.name,
                                     "uid": figures.uid}, "project": figures.project,
                 }, workload_labels(figures))
+            signature = workload_signature(figures, now, idle_condition_after_seconds=idle_after,
+                                           underutilized_percent=low,
+                                           observed_idle_seconds=observed_idle.get(figures.uid),
+                                           reporting_slack_seconds=slack,
+                                           idle=None if idle is None else idle.get(figures.uid),
+                                           seen=None if seen is None else seen.get(figures.uid))
             offer(Desired(
                 plural=WORKLOAD_PLURAL, namespace=figures.namespace, name=name,
                 spec=static[1], labels=static[2],
@@ -450,12 +474,7 @@ class ControllerRuntime:
                                          slack, figures if settled else None),
                 # hashes: only their equality counts, and the queued offers and written CRs kept the whole tuples
                 # (bench/README.md); a collision (~2^-61 a comparison) delays one write
-                signature=hash(workload_signature(figures, now, idle_condition_after_seconds=idle_after,
-                                                  underutilized_percent=low,
-                                                  observed_idle_seconds=observed_idle.get(figures.uid),
-                                                  reporting_slack_seconds=slack,
-                                                  idle=None if idle is None else idle.get(figures.uid),
-                                                  seen=None if seen is None else seen.get(figures.uid))),
+                signature=hash(signature if policies is None else (*signature, policies.signature(figures.uid))),
                 counters=hash(workload_counters(figures)),
                 # a settled workload's figures are final, no sample is behind them: not a sample -> status lag
                 sample_time=None if settled else sample_time,
@@ -485,7 +504,10 @@ class ControllerRuntime:
             observed_idle_seconds=observed_idle_seconds, reporting_slack_seconds=reporting_slack_seconds,
         )
         self._state.conditions[figures.uid] = remembered(status.conditions)
-        return status.model_dump(mode="json", by_alias=True)
+        body = status.model_dump(mode="json", by_alias=True)
+        if self.policies is not None:
+            self.policies.decorate_workload(figures, body)
+        return body
 
     def _offer_projects(self, projects: list[ProjectFigures], now: float) -> None:
         sample_time = self._state.latest_sample_time
@@ -493,7 +515,7 @@ class ControllerRuntime:
             self.writer.offer(Desired(
                 plural=PROJECT_PLURAL, namespace=None, name=dns_name(figures.name),
                 spec={"project": figures.name}, labels={"gpuwm.io/project": label_value(figures.name)},
-                render=functools.partial(_project_body, figures, now),
+                render=functools.partial(_project_body, figures, now, self.policies),
                 signature=hash(project_signature(figures)), counters=hash(project_counters(figures)),
                 sample_time=sample_time,
             ))
@@ -548,6 +570,8 @@ class ControllerRuntime:
             self._committing = asyncio.ensure_future(asyncio.to_thread(commit_state, staged, self.state_path))
             await asyncio.shield(self._committing)
             self._last_save = now
+            if self.kept is not None and self.leading:  # for a replica in another pod
+                self.kept.keep_in_background(self.state_path)
         except OSError as error:
             logger.warning("cannot save engine state to %s: %s", self.state_path, error)
         self._committing = None  # done (a cancelled cycle does not get here)
@@ -573,6 +597,7 @@ class ControllerRuntime:
         # handed over in a list the thread empties: the executor's worker holds `record` a moment after the
         # loop resumes, and the interval's figures must be free before `_compact` runs (see `cycle`)
         handed = [samples, workloads, projects, cluster, pod_stats]
+        prices = self.policies.prices() if self.policies is not None else {}
 
         def record() -> None:
             interval = list(handed)
@@ -581,6 +606,8 @@ class ControllerRuntime:
                 store.record(now, *interval, compact=False)
             else:
                 store.record(now, *interval)
+            if prices:  # after the figures: a run's price names a run the store holds
+                store.record_prices(now, prices)
 
         self.store_cpu_seconds = 0.0
         try:
@@ -626,6 +653,9 @@ def _slices(store: Any) -> bool:
     return callable(getattr(store, "compact_slice", None))
 
 
-def _project_body(figures: ProjectFigures, now: float) -> dict[str, Any]:
-    """The GPUProjectMetrics status a write sends."""
-    return build_project_status(figures, now).model_dump(mode="json", by_alias=True)
+def _project_body(figures: ProjectFigures, now: float, policies: PolicyRoom | None = None) -> dict[str, Any]:
+    """The GPUProjectMetrics status a write sends (with its cost, where priced)."""
+    body = build_project_status(figures, now).model_dump(mode="json", by_alias=True)
+    if policies is not None:
+        policies.decorate_project(figures.name, body)
+    return body

@@ -2,7 +2,7 @@
 
 `parse_snapshot` checks the envelope, reads the device holders from `devices` (or takes the
 ones the puller keeps, while the agent says they are unchanged under their `devices_tag`) and
-the samples, in columns (`format=columns`), into numpy arrays (`gpuwm.feed.arrays`), not one
+the samples, in columns (`format=columns`), into numpy arrays (`gpuwm.feed.arrays`, into `gpuwm.feed.columns`), not one
 object per sample. `ColumnBatch` reads the columns of many agents' answers together.
 
 The controller reads one form, the columns it asks for. Rows (`format=rows`, the agent's
@@ -30,16 +30,10 @@ from urllib.parse import quote
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from gpuwm.feed.arrays import (
-    DeviceEntry,
-    SampleColumns,
-    device_entries,
-    join,
-    parse_columns,
-    parse_columns_many,
-)
+from gpuwm.feed.arrays import device_entries, parse_columns, parse_columns_many
+from gpuwm.feed.columns import DeviceEntry, SampleColumns, join
 from gpuwm.feed.schema import DEVICES_TAG_PARAM
-from gpuwm.model import PodStatsSample, intern_strings, share_fields_set
+from gpuwm.model import PodStatsSample, intern_strings
 
 __all__ = [
     "COLUMNS_FORMAT", "ColumnBatch", "DeviceEntry", "DeviceHolder", "FormatError", "HolderCache", "KnownDevices",
@@ -94,8 +88,8 @@ def _holders(entry: Mapping[str, Any], node: str) -> list[DeviceHolder]:
     else:
         device = {k: v for k, v in flat.items() if k not in {"holders", "pods", "allocations"}}
         entries = [{**device, **{_ALIASES.get(key, key): value for key, value in inner.items()}} for inner in nested]
-    # kept until the node's devices change: one fields-set for all alike, strings shared
-    holders = [intern_strings(share_fields_set(DeviceHolder.model_validate(held))) for held in entries]
+    # kept until the node's devices change: strings shared
+    holders = [DeviceHolder.model_validate(intern_strings(held)) for held in entries]
     return [holder for holder in holders if holder.pod_key]
 
 
@@ -144,7 +138,7 @@ class Snapshot:
 
 #: agent's node -> (node it reported, a digest of its last `devices` list's JSON, the holders built from them):
 #: most pulls repeat it. A digest, not the parsed list: kept for every node, the parsed dicts (and orjson's
-#: output buffers, larger than the JSON) would be a visible part of the controller's memory (bench/README.md)
+#: output buffers, larger than the JSON) would be a visible part of the controller's memory
 HolderCache = dict[str, tuple[str, bytes, list[DeviceHolder]]]
 
 
@@ -353,7 +347,7 @@ class ColumnBatch:
     """Agents' `format=columns` pages read together (`parse_columns_many`), not one agent at a time.
 
     A fast twin of reading each answer whole as it arrives (`parse_snapshot`), kept for what it saves of
-    the controller's pull at 1,000 agents (bench/README.md, "Issue 36, thirteenth session"); the seeded
+    the controller's pull at 1,000 agents (`bench/pull.py`); the seeded
     tests in test_columns_feed.py hold the two to the same columns.
 
     A pull hands its snapshot over once all its pages are in (`add`), with what to do once they

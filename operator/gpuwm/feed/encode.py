@@ -113,7 +113,7 @@ def devices_members(gpus_json: bytes, devices_json: bytes, known_tag: str | None
     `"devices_unchanged":true` when they are what the puller holds under `known_tag` (it sent `?devices_tag=`).
 
     A node's devices and their holders rarely change, yet would be most of each answer, for the
-    puller to read and check per agent and pull (bench/README.md). The tag is a digest of exactly the two
+    puller to read and check per agent and pull. The tag is a digest of exactly the two
     members' JSON, so an answer left without them always means the very ones the puller keeps,
     whatever happened between (an agent restart that finds the same devices gives the same tag).
     """

@@ -17,7 +17,7 @@ unmonitored GPU-seconds, lastActiveTime, idleSeconds, idleGpus and a GPU's energ
   judges a run by its first gap, `t - merged_seconds - previous t <= 3 x interval`, and a
   longer one there would make the whole run unmonitored); the run no longer than S;
 - every holder active in every poll, or idle in every poll, whatever its share and however many
-  hold the device (DESIGN §3, rule of 2026-11-27: one holder gets the device's SM % over its
+  hold the device (DESIGN §3's attribution rule: one holder gets the device's SM % over its
   share; several split by their processes, or get the device's SM % where the processes cannot
   explain a busy device): the device's SM % is >= P in every poll or 0 in every poll, and each
   pod's summed SM % (where there is per-process data) is >= P in every poll or 0 in every poll

@@ -4,15 +4,19 @@ The other packages import these names from here, not from the modules below (an 
 pyproject.toml holds them to it).
 """
 
-from gpuwm.model.compact import compact_pod_event, intern_strings, share_fields_set
+from gpuwm.model.compact import intern_strings, share_fields_set
 from gpuwm.model.crd import (
     GROUP,
     MAX_LISTED,
+    MAX_WORKLOAD_ACTIONS,
     VERSION,
+    ActionResult,
+    ActionType,
     Condition,
     ConditionType,
     GpuStatus,
     PodStatus,
+    PolicyActionRecord,
     ProjectMetricsSpec,
     ProjectMetricsStatus,
     UtilizationWindows,
@@ -28,9 +32,8 @@ from gpuwm.model.figures import (
     ProjectFigures,
     Windows,
     WorkloadFigures,
-    shared_keys_fields,
+    complete,
     trusted,
-    trusted_complete,
 )
 from gpuwm.model.jsonfast import model_json
 from gpuwm.model.metrics import (
@@ -45,6 +48,22 @@ from gpuwm.model.metrics import (
     Source,
 )
 from gpuwm.model.podstats import PodResources, PodStatsSample
+from gpuwm.model.policy import (
+    DURATION_PATTERN,
+    EXEMPT_ANNOTATION,
+    EXEMPT_UNTIL_ANNOTATION,
+    EXEMPT_VALUE,
+    MAX_POLICY_LISTED,
+    ExemptWorkload,
+    IdlePolicySpec,
+    IdlePolicyStatus,
+    PlannedAction,
+    PolicyAction,
+    PolicyCondition,
+    SecretKeyRef,
+    UtilizationWindow,
+    WorkloadSelector,
+)
 from gpuwm.model.sample import GpuSample, ProcessSample
 from gpuwm.model.trace import (
     ENDED_POD_PHASES,
@@ -62,12 +81,16 @@ from gpuwm.model.trace import (
 )
 
 __all__ = [
-    "BY_NAME", "CATALOGUE", "ENDED_POD_PHASES", "EXPORTED", "GROUP", "MAX_LISTED", "RUNAI_NAMES", "STORED",
-    "VERSION", "Aggregation", "ClusterFigures", "Condition", "ConditionType", "DeviceAllocation", "GpuFigures",
-    "GpuSample", "GpuStatus", "Metric", "NamespaceEvent", "PodEvent", "PodFigures", "PodPhase", "PodResources",
-    "PodStatsSample", "PodStatus", "ProcessSample", "ProjectFigures", "ProjectMetricsSpec", "ProjectMetricsStatus",
-    "Rollup", "SampleEvent", "Source", "TraceEvent", "TraceLineError", "TraceWorkload", "UtilizationWindows",
-    "Windows", "WorkloadEvent", "WorkloadFigures", "WorkloadMetricsSpec", "WorkloadMetricsStatus", "WorkloadPhase",
-    "WorkloadRef", "compact_pod_event", "gpu_quota", "intern_strings", "model_json", "parse_trace_line",
-    "share_fields_set", "shared_keys_fields", "trusted", "trusted_complete",
+    "BY_NAME", "CATALOGUE", "DURATION_PATTERN", "ENDED_POD_PHASES", "EXEMPT_ANNOTATION",
+    "EXEMPT_UNTIL_ANNOTATION", "EXEMPT_VALUE", "EXPORTED", "GROUP", "MAX_LISTED", "MAX_POLICY_LISTED",
+    "MAX_WORKLOAD_ACTIONS", "RUNAI_NAMES", "STORED", "VERSION", "ActionResult", "ActionType", "Aggregation",
+    "ClusterFigures", "Condition", "ConditionType", "DeviceAllocation", "ExemptWorkload", "GpuFigures",
+    "GpuSample", "GpuStatus", "IdlePolicySpec", "IdlePolicyStatus", "Metric", "NamespaceEvent",
+    "PlannedAction", "PodEvent", "PodFigures", "PodPhase", "PodResources", "PodStatsSample", "PodStatus",
+    "PolicyAction", "PolicyActionRecord", "PolicyCondition", "ProcessSample", "ProjectFigures",
+    "ProjectMetricsSpec", "ProjectMetricsStatus", "Rollup", "SampleEvent", "SecretKeyRef", "Source",
+    "TraceEvent", "TraceLineError", "TraceWorkload", "UtilizationWindow", "UtilizationWindows", "Windows",
+    "WorkloadEvent", "WorkloadFigures", "WorkloadMetricsSpec", "WorkloadMetricsStatus", "WorkloadPhase",
+    "WorkloadRef", "WorkloadSelector", "complete", "gpu_quota", "intern_strings", "model_json", "parse_trace_line",
+    "share_fields_set", "trusted",
 ]

@@ -1,20 +1,17 @@
-"""Less memory for the pydantic objects the engine keeps for a long time (finished pods' last events).
+"""Less memory for long-lived pydantic objects: one copy of each repeated string, one fields-set per shape.
 
-A finished workload's pods stay in the engine for the retention (7 days by default), so a
-large cluster holds tens of thousands of them. Each validated model carries its own
-`__pydantic_fields_set__`, a set of the field names given: the biggest part
-of a small model. Frozen models never add to it (pydantic does so on assignment only), so
-instances that were given the same fields can share one set.
+What an agent sends repeats in every pull and across devices (node, model and resource names,
+namespaces, the device's UUID the engine also keeps): parsed JSON gives each a new string, and a
+long-lived model keeps it alive. Validation keeps the string objects it is given, so interning them
+before validation leaves the model holding the interpreter's one copy.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
-
-from gpuwm.model.trace import PodEvent
 
 _Model = TypeVar("_Model", bound=BaseModel)
 
@@ -22,37 +19,19 @@ _Model = TypeVar("_Model", bound=BaseModel)
 _SHARED_FIELDS_SETS: dict[frozenset[str], set[str]] = {}
 
 
+def intern_strings(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` (a model's input) with each string value replaced by the interpreter's one copy of it."""
+    return {name: sys.intern(value) if type(value) is str else value for name, value in values.items()}
+
+
 def share_fields_set(instance: _Model) -> _Model:
-    """The same instance, its fields-set replaced by the one shared by its equals. Frozen models only."""
-    if not instance.model_config.get("frozen"):
-        raise TypeError(f"{type(instance).__name__} is not frozen: its fields-set can change, it cannot be shared")
-    own = instance.__pydantic_fields_set__
-    shared = _SHARED_FIELDS_SETS.setdefault(frozenset(own), own)
-    if shared is not own:
-        object.__setattr__(instance, "__pydantic_fields_set__", shared)
-    return instance
+    """An equal instance whose fields-set is the one shared by every instance given the same fields. Frozen models only.
 
-
-def intern_strings(instance: _Model) -> _Model:
-    """The same instance, its string values replaced by the interpreter's one copy of each. Frozen models only.
-
-    What an agent sends repeats in every pull and across devices (node, model and resource
-    names, namespaces, the device's UUID the engine also keeps): parsed JSON gives each a new
-    string, and a long-lived model keeps it alive.
+    A validated model carries its own set of the field names it was given; frozen models never add to it
+    (pydantic does so on assignment only), so instances given the same fields can share one.
     """
     if not instance.model_config.get("frozen"):
-        raise TypeError(f"{type(instance).__name__} is not frozen: its values can change, they are not shared")
-    values = instance.__dict__
-    for name, value in values.items():
-        if type(value) is str:
-            values[name] = sys.intern(value)
-    return instance
-
-
-def compact_pod_event(event: PodEvent) -> PodEvent:
-    """A pod event and its workload and devices with shared fields-sets."""
-    share_fields_set(event)
-    share_fields_set(event.workload)
-    for device in event.devices:
-        share_fields_set(device)
-    return event
+        raise TypeError(f"{type(instance).__name__} is not frozen: its fields-set can change, it cannot be shared")
+    given = instance.model_fields_set
+    shared = _SHARED_FIELDS_SETS.setdefault(frozenset(given), set(given))
+    return type(instance).model_construct(shared, **dict(instance))

@@ -70,17 +70,35 @@ class PodStatus(_CamelModel):
     allocated_gpus: float = Field(description="GPU units the pod holds now.")
 
 
-ConditionType = Literal["Sampling", "Idle", "Underutilized"]
+ConditionType = Literal["Sampling", "Idle", "Underutilized", "IdlePolicy"]
 
 
 class Condition(_CamelModel):
     """A Kubernetes-style condition."""
 
-    type: ConditionType = Field(description="Sampling, Idle or Underutilized.")
+    type: ConditionType = Field(description="Sampling, Idle, Underutilized or IdlePolicy.")
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(description="CamelCase reason for the status.")
     message: str = Field(default="", description="Human-readable detail.")
     last_transition_time: str | None = Field(default=None, json_schema_extra=DATE_TIME, description="RFC 3339 time the status last changed.")
+
+
+ActionType = Literal["warn", "scaleToZero", "suspend", "delete"]
+ActionResult = Literal["Succeeded", "Failed", "Skipped", "DryRun"]
+#: idle-policy actions kept on a GPUWorkloadMetrics (the newest)
+MAX_WORKLOAD_ACTIONS = 20
+
+
+class PolicyActionRecord(_CamelModel):
+    """One action taken (or tried) on a workload."""
+
+    time: str = Field(json_schema_extra=DATE_TIME, description="When.")
+    policy: str = Field(description="The policy: NAMESPACE/NAME, or NAME for a ClusterGPUIdlePolicy.")
+    action: ActionType = Field(description="The step.")
+    result: ActionResult = Field(description="Succeeded, Failed, Skipped or DryRun.")
+    message: str = Field(default="", description="What was done, or why it failed.")
+    namespace: str | None = Field(default=None, description="Workload namespace (on a policy's status).")
+    name: str | None = Field(default=None, description="Workload name (on a policy's status).")
 
 
 class WorkloadMetricsSpec(_CamelModel):
@@ -157,7 +175,20 @@ class WorkloadMetricsStatus(_CamelModel):
     run_seconds: float = Field(default=0, description="Time with at least one running GPU container.")
     start_time: str | None = Field(default=None, json_schema_extra=DATE_TIME, description="RFC 3339 time its first GPU container started.")
     end_time: str | None = Field(default=None, json_schema_extra=DATE_TIME, description="RFC 3339 time its last GPU pod ended.")
-    conditions: list[Condition] = Field(default_factory=list, description="Sampling, Idle, Underutilized.")
+    conditions: list[Condition] = Field(default_factory=list, description="Sampling, Idle, Underutilized, IdlePolicy.")
+    cost_per_hour: float | None = Field(
+        default=None, description="Price of the GPU units it holds now, per hour (pricing); absent where unpriced."
+    )
+    cost: float | None = Field(
+        default=None, description="allocatedGpuSeconds priced, plus energyCost; absent where unpriced."
+    )
+    idle_cost: float | None = Field(default=None, description="idleGpuSeconds priced: GPUs held and not used.")
+    energy_cost: float | None = Field(default=None, description="energyJoules priced by the kWh.")
+    currency: str | None = Field(default=None, description="Currency of the cost figures.")
+    policy_actions: list[PolicyActionRecord] = Field(
+        default_factory=list, max_length=MAX_WORKLOAD_ACTIONS,
+        description=f"Idle-policy actions taken on the workload, newest first (at most {MAX_WORKLOAD_ACTIONS}).",
+    )
     observed_generation: int | None = Field(default=None, description="metadata.generation this status was written for.")
     last_update_time: str | None = Field(default=None, json_schema_extra=DATE_TIME, description="RFC 3339 time the controller wrote this status.")
 
@@ -192,6 +223,16 @@ class ProjectMetricsStatus(_CamelModel):
     unmonitored_gpu_seconds: float = Field(default=0, description="Sum of workloads' unmonitoredGpuSeconds.")
     wasted_gpu_hours: float = Field(default=0, description="idleGpuSeconds / 3600, for the printer column.")
     energy_joules: float = Field(default=0, description="Sum of workloads' energyJoules.")
+    cost_per_hour: float | None = Field(default=None, description="Sum of workloads' costPerHour; absent where unpriced.")
+    cost: float | None = Field(default=None, description="Sum of workloads' cost.")
+    idle_cost: float | None = Field(
+        default=None, description="Sum of workloads' idleCost: the cost of GPUs it held and did not use."
+    )
+    idle_cost_per_hour: float | None = Field(
+        default=None, description="Price per hour of the units it holds now whose latest sample was inactive."
+    )
+    energy_cost: float | None = Field(default=None, description="Sum of workloads' energyCost.")
+    currency: str | None = Field(default=None, description="Currency of the cost figures.")
     conditions: list[Condition] = Field(default_factory=list, description="Idle, Underutilized.")
     observed_generation: int | None = Field(default=None, description="metadata.generation this status was written for.")
     last_update_time: str | None = Field(default=None, json_schema_extra=DATE_TIME, description="RFC 3339 time the controller wrote this status.")

@@ -7,7 +7,6 @@ CR status names (camelCase), which is also what `gpuwm replay` prints.
 
 from __future__ import annotations
 
-import sys
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -16,17 +15,6 @@ from pydantic.alias_generators import to_camel
 from gpuwm.model.podstats import PodResources
 
 _Model = TypeVar("_Model", bound=BaseModel)
-_new_object = object.__new__
-#: BaseModel's slots, set through their descriptors: what `object.__setattr__` does for them, without looking
-#: the name up along the class's MRO each time
-_set_dict = BaseModel.__dict__["__dict__"].__set__
-_set_fields_set = BaseModel.__dict__["__pydantic_fields_set__"].__set__
-_set_extra = BaseModel.__dict__["__pydantic_extra__"].__set__
-_set_private = BaseModel.__dict__["__pydantic_private__"].__set__
-#: per model class: every field name -> its plain default, in field order (see `trusted`)
-_TEMPLATES: dict[type[BaseModel], dict[str, Any]] = {}
-#: per model class: the set of all its field names (see `trusted_complete`)
-_ALL_FIELDS: dict[type[BaseModel], set[str]] = {}
 
 
 class _Figures(BaseModel):
@@ -105,7 +93,7 @@ class WorkloadFigures(_Figures):
     unattributed_gpu_seconds: float = Field(
         default=0.0,
         description="Monitored GPU-seconds whose utilisation came from the device because the processes seen could"
-        " not explain a busy GPU (DESIGN §3, rule of 2026-11-27).",
+        " not explain a busy GPU (DESIGN §3, attribution).",
     )
     last_active_time: float | None = None
     idle_seconds: float = 0.0
@@ -176,63 +164,27 @@ class ClusterFigures(_Figures):
     memory_utilization: Windows = Field(default_factory=Windows)
 
 
-def _template(cls: type[BaseModel]) -> dict[str, Any]:
-    # required fields and those with a default factory must be given: a missing one stays PydanticUndefined
-    template = _TEMPLATES[cls] = {name: field.default for name, field in cls.model_fields.items()}
-    return template
-
-
-def _all_fields(cls: type[BaseModel]) -> set[str]:
-    fields = _ALL_FIELDS[cls] = set(cls.model_fields)
-    return fields
-
-
-def shared_keys_fields(cls: type[BaseModel]) -> dict[str, Any]:
-    """A dict of every field of `cls` (None each, in field order) whose `copy()`s share one table of keys.
-
-    CPython keeps an instance `__dict__` of a plain class as values over a key table shared by
-    the class ("split" dicts, up to 30 keys), and `dict.copy()` of one keeps it so. Filled by
-    assigning each field in turn (no key is added, the order stays the field order), a copy is
-    smaller than a plain dict and faster to build; a cycle builds one per device and workload.
-    With more keys (WorkloadFigures has 34) or elsewhere (another interpreter) the holder's dict is an
-    ordinary one, grown key by key to about twice the size of one made at once: the smaller is returned.
-    """
-    holder = type(f"_{cls.__name__}Fields", (), {})()
-    for name in cls.model_fields:
-        setattr(holder, name, None)
-    shared: dict[str, Any] = holder.__dict__
-    plain = dict.fromkeys(cls.model_fields)
-    return shared if sys.getsizeof(shared) <= sys.getsizeof(plain) else plain
-
-
 def trusted(cls: type[_Model], values: dict[str, Any]) -> _Model:
-    """`cls(**values)` without validation, for figures the engine computed itself (several times cheaper).
+    """A `cls` of `values` its caller computed itself, without validation (pydantic's `model_construct`)."""
+    return cls.model_construct(**values)
 
-    A report builds one per workload, pod and device each status interval; validating numbers
-    the engine made costs more than computing them. `values` must already hold each field's type
-    (float, not int, for a float field: `float()` where a sum may be empty) and every field
-    that is required or has a default factory (lists, windows; a shared default would be
-    mutated). The `__dict__` is in field order, as validation leaves it, so dumps are the same
-    to the byte; tests check this against validated construction.
+
+#: per model class, the set of all its field names, which `complete` instances share
+_EVERY_FIELD: dict[type[BaseModel], set[str]] = {}
+
+
+def complete(cls: type[_Model], **values: Any) -> _Model:
+    """A `cls` of every one of its fields, values its caller computed or checked itself: not validated again.
+
+    For what the controller keeps of every device between cycles (its latest sample). A validated model
+    carries a set of the names of the fields it was given, about a third of its memory; given every field,
+    instances of a class can share one (`model_construct`'s `_fields_set`), which pydantic never changes:
+    assignment adds a name it holds already, `model_copy` copies it first. `model_construct` costs more CPU
+    than validation: it pays only for what stays alive.
     """
-    template = _TEMPLATES.get(cls) or _template(cls)
-    return trusted_complete(cls, {**template, **values}, set(values))
-
-
-def trusted_complete(cls: type[_Model], values: dict[str, Any], fields_set: set[str] | None = None) -> _Model:
-    """As `trusted` for `values` that hold every field of `cls` in field order (no defaults to merge).
-
-    `fields_set`: the fields given (as validation would record them); by default every field,
-    as one set per class shared by its instances: pydantic only ever adds field names to it
-    (on assignment), which it holds already, so it never changes. A report keeps one of
-    these models per device and workload; one set less each is fewer objects for the garbage
-    collector to scan.
-    """
-    instance = _new_object(cls)
-    _set_dict(instance, values)
-    if fields_set is None:
-        fields_set = _ALL_FIELDS.get(cls) or _all_fields(cls)
-    _set_fields_set(instance, fields_set)
-    _set_extra(instance, None)
-    _set_private(instance, None)
-    return instance
+    every = _EVERY_FIELD.get(cls)
+    if every is None:
+        every = _EVERY_FIELD[cls] = set(cls.model_fields)
+    if values.keys() != every:
+        raise TypeError(f"{cls.__name__} takes every field and no other: {sorted(every ^ values.keys())}")
+    return cls.model_construct(every, **values)

@@ -164,7 +164,7 @@ CATALOGUE: tuple[Metric, ...] = (
          "Pod network transmit rate."),
     _pod("ephemeral_storage_used_bytes", "bytes", "Ephemeral storage of the scope's GPU pods, summed.",
          "Pod ephemeral storage used."),
-    # schema 5 (issue 39 §3): requests and limits from the pod specs, and what the pods use of them
+    # schema 5: requests and limits from the pod specs, and what the pods use of them
     _spec("cpu_request_cores", "cores", "CPU requests of the scope's GPU pods (from their specs), summed.",
           runai="runai_active_job_cpu_requested_cores"),
     _spec("cpu_limit_cores", "cores", "CPU limits of the scope's GPU pods (from their specs), summed.",

@@ -51,6 +51,11 @@ def register(subparsers: Any) -> None:
                         help="with --write-trace: also write the simulator's ground truth per workload (JSON; default: not written)")
     parser.add_argument("--duration", default="1h", help="with --write-trace: simulated time to write (default 1h)")
     parser.add_argument("--start", type=float, default=0.0, help="with --write-trace: first sample time (default 0)")
+    parser.add_argument("--policy", action="append", metavar="FILE",
+                        help="idle policies to run as a dry run, as for gpuwm replay (default: warn after 10 idle "
+                        "minutes, scale to zero or suspend 20 minutes later)")
+    parser.add_argument("--pricing", metavar="FILE",
+                        help="GPU prices, as for gpuwm replay (default: the demo's list prices of its GPU models)")
     add_settings_arguments(parser, FIELDS)
     parser.set_defaults(handler=run, log_level="warning")
 
@@ -83,11 +88,13 @@ def run(arguments: argparse.Namespace) -> int:
     from gpuwm.sim.demo import DemoOptions, run_demo
     from gpuwm.store import StoreError
 
+    policies = _demo_policies(arguments)
     options = DemoOptions(
         nodes=arguments.nodes, gpus_per_node=arguments.gpus_per_node, speed=arguments.speed,
         listen=arguments.listen, seed=arguments.seed, warmup_seconds=_seconds("--warmup", arguments.warmup),
         store_path=arguments.store, faults=arguments.faults,
         table=sys.stdout.isatty() if arguments.table is None else arguments.table, settings=settings,
+        policies=policies,
     )
     try:
         return asyncio.run(run_demo(options))
@@ -98,6 +105,19 @@ def run(arguments: argparse.Namespace) -> int:
     except OSError as error:  # the port is taken
         raise ConfigError(f"--listen {arguments.listen}: cannot listen there ({error.strerror or error}); "
                           "pick another port, e.g. --listen 127.0.0.1:8081") from None
+
+
+def _demo_policies(arguments: argparse.Namespace) -> Any:
+    """The dry-run policies and prices the demo shows (`--policy`, `--pricing`, else its own)."""
+    from gpuwm.accounting import ReplayInputError, read_policies, read_pricing
+    from gpuwm.sim.policies import DemoPolicies
+
+    try:
+        policies = [p for name in arguments.policy or [] for p in read_policies(Path(name))] or None
+        pricing = read_pricing(Path(arguments.pricing)) if arguments.pricing else None
+    except ReplayInputError as error:
+        raise ConfigError(str(error)) from None
+    return DemoPolicies.with_defaults(policies, pricing)
 
 
 def _write_trace(arguments: argparse.Namespace, interval: float, threshold: float) -> int:

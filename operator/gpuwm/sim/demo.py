@@ -28,6 +28,7 @@ from rich.live import Live
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.config import Settings
 from gpuwm.model import ClusterFigures, GpuSample, PodStatsSample, WorkloadFigures
+from gpuwm.sim.policies import DemoPolicies
 from gpuwm.sim.simulator import Simulator, faulted_simulator
 from gpuwm.sim.table import clock_text, cluster_line, render, truth_line
 from gpuwm.sim.trace import truth_report
@@ -49,6 +50,7 @@ class DemoOptions:
     faults: bool
     table: bool
     settings: Settings
+    policies: DemoPolicies | None = None
 
 
 class SimulatedController:
@@ -56,7 +58,7 @@ class SimulatedController:
 
     def __init__(
         self, simulator: Simulator, engine: Engine, store: Store, status_interval_seconds: float,
-        retention_seconds: float = 7 * 86400.0,
+        retention_seconds: float = 7 * 86400.0, policies: DemoPolicies | None = None,
     ) -> None:
         self.simulator = simulator
         self.engine = engine
@@ -76,6 +78,8 @@ class SimulatedController:
         self.recording = False
         #: how the latest recorded figures compare with that truth (`truth_line`), for the terminal
         self.truth_summary = truth_line(None, [])
+        #: the dry-run idle policy and the cost of the fleet's GPUs, each status interval
+        self.policies = policies if policies is not None else DemoPolicies.with_defaults()
 
     def advance(self, until: float, max_steps: int) -> int:
         """Step the simulation up to `until` (at most `max_steps` steps); record each status interval."""
@@ -108,6 +112,8 @@ class SimulatedController:
         self.workloads, self.cluster = workloads, cluster
         self.truth, self.truth_summary = truth, truth_line(truth, workloads)
         self.recording = False
+        self.policies.observe(workloads, now)
+        self.store.record_prices(now, self.policies.prices)
         self.records += 1
         for figures in workloads:  # as the controller does: a finished workload is kept for `retention`
             if figures.end_time is not None and figures.allocated_gpus <= 0 and now - figures.end_time >= self.retention_seconds:
@@ -158,17 +164,21 @@ async def run_demo(options: DemoOptions) -> int:
         store_path = str(temp_dir / "gpuwm.db")
     else:
         store_path = options.store_path
-    store = open_store(store_path, rollups=settings.store_rollups, retention_seconds=settings.retention,
-                       latest_rows_per_interval=settings.store_latest_rows_per_interval)
+    store: Any = None
     console = Console()
-    try:
+    try:  # from here on the temporary folder goes, whatever fails (a bad --store-rollups, a port in use)
+        store = open_store(store_path, rollups=settings.store_rollups, retention_seconds=settings.retention,
+                           latest_rows_per_interval=settings.store_latest_rows_per_interval)
         started_wall = time.time()
         start = float(int(started_wall - options.warmup_seconds))  # whole seconds: tidy sample times
         simulator = faulted_simulator(options.seed, options.nodes, options.gpus_per_node, settings.interval, start,
                                       settings.idle_threshold_percent, options.warmup_seconds if options.faults else None)
         engine = Engine(EngineConfig.from_settings(settings))
-        controller = SimulatedController(simulator, engine, store, settings.status_interval, settings.retention)
-        app = create_app(store, settings.model_copy(update={"auth": "none", "api_listen": options.listen}))
+        controller = SimulatedController(simulator, engine, store, settings.status_interval, settings.retention,
+                                         options.policies)
+        # the API prices its period reports as the simulated controller priced the workloads
+        app = create_app(store, settings.model_copy(update={
+            "auth": "none", "api_listen": options.listen, "pricing": controller.policies.meter.book.pricing}))
         add_truth_route(app, controller)
         server = ApiServer(app, host, port, log_level=settings.log_level)
         _check_can_listen(host, port)  # uvicorn would sys.exit() from inside the loop instead
@@ -185,10 +195,12 @@ async def run_demo(options: DemoOptions) -> int:
         finally:
             await server.stop()
         print(f"gpuwm demo: stopped at simulated {clock_text(simulator.clock)}; "
-              f"{controller.samples_total} samples, {controller.records} status intervals recorded", flush=True)
+              f"{controller.samples_total} samples, {controller.records} status intervals recorded\n"
+              f"gpuwm demo: {controller.policies.summary()}", flush=True)
         return 0
     finally:
-        store.close()
+        if store is not None:
+            store.close()
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
 
@@ -227,10 +239,11 @@ async def _drive(
                               f"{options.speed:g}x real time, now {clock_text(simulator.clock)}   dashboard {url}")
                 if live is not None:
                     rows = max(5, console.size.height - 6)
-                    live.update(render(header, controller.workloads, controller.cluster, simulator.clock, rows - 1,
-                                       controller.truth_summary))
+                    live.update(render(header, controller.workloads, controller.cluster, simulator.clock, rows - 2,
+                                       f"{controller.truth_summary}\n{controller.policies.summary()}"))
                 else:
-                    print(f"{header}\n  {cluster_line(controller.cluster)}\n  {controller.truth_summary}", flush=True)
+                    print(f"{header}\n  {cluster_line(controller.cluster)}\n  {controller.truth_summary}\n"
+                          f"  {controller.policies.summary()}", flush=True)
             if steps < max_steps:  # caught up: wait for the clock (or Ctrl-C)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=0.2)

@@ -82,7 +82,7 @@ class Node:
     kind: NodeKind
     gpus: list[Gpu] = field(default_factory=list)
     #: its agent sees no process (a DaemonSet without hostPID, processes in another PID namespace): every
-    #: sample's process list is empty, however busy the GPU (DESIGN §3's rule of 2026-11-27 must hold)
+    #: sample's process list is empty, however busy the GPU (DESIGN §3's attribution rule must hold)
     hides_processes: bool = False
 
 

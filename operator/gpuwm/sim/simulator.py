@@ -263,28 +263,48 @@ class Simulator:
         return events
 
     def _lifecycle(self, t: float, step: Step) -> None:
-        first = self._steps == 0
-        if first:
-            step.events.extend(self._namespace_events(t))
-            held, misses = 0.0, 0
-            while held < self.config.occupancy * self.capacity_units and misses < 20:
-                workload = self._new_workload(t - self.rng.uniform(5.0, 300.0))
-                workload.duration_seconds *= self.rng.uniform(0.1, 1.0)  # already part-way through
-                if not workload.admissible:  # queued since before the run: it stays so
-                    self._created(workload)
-                    self.pending.append(workload)
-                    step.events.extend(self._workload_event(workload, t))
-                    continue
-                workload.suspended = False  # admitted before the run began
-                if not self._place(workload, t):
-                    del self.workloads[workload.uid]
-                    misses += 1
-                    continue
+        if self._steps == 0:
+            self._fill(t, step)
+        self._finish_runs(t, step)
+        for workload in list(self.running.values()):
+            if workload.local_queue is not None and workload.started is not None and workload.started < t and self.rng.random() < self.config.interval_seconds / PREEMPT_EVERY_SECONDS:
+                self._preempt(workload, t, step)
+        for workload in self.pending:
+            if not workload.admissible and t >= workload.created + GIVE_UP_SECONDS:  # its user deletes it
+                workload.ended = t
+                self.truth_ledger.ended(workload.uid, t)
+                step.events.extend(self._workload_event(workload, t, deleted=True))
+        self.pending = [workload for workload in self.pending if workload.ended is None]
+        self._arrivals(t, step)
+        if t >= self._placement_due and self.pending:
+            self.pending = [workload for workload in self.pending if not self._admit(workload, t, step)]
+            self._placement_due = t + PLACEMENT_EVERY_SECONDS
+
+    def _fill(self, t: float, step: Step) -> None:
+        """The first step: the namespaces, and workloads running (or queued) since before the run, up to the occupancy."""
+        step.events.extend(self._namespace_events(t))
+        held, misses = 0.0, 0
+        while held < self.config.occupancy * self.capacity_units and misses < 20:
+            workload = self._new_workload(t - self.rng.uniform(5.0, 300.0))
+            workload.duration_seconds *= self.rng.uniform(0.1, 1.0)  # already part-way through
+            if not workload.admissible:  # queued since before the run: it stays so
                 self._created(workload)
-                self.truth_ledger.run_started(workload.uid, t)
-                held += self._units_of(workload)
+                self.pending.append(workload)
                 step.events.extend(self._workload_event(workload, t))
-                step.events.extend(self._pod_events(workload, t, "Running"))
+                continue
+            workload.suspended = False  # admitted before the run began
+            if not self._place(workload, t):
+                del self.workloads[workload.uid]
+                misses += 1
+                continue
+            self._created(workload)
+            self.truth_ledger.run_started(workload.uid, t)
+            held += self._units_of(workload)
+            step.events.extend(self._workload_event(workload, t))
+            step.events.extend(self._pod_events(workload, t, "Running"))
+
+    def _finish_runs(self, t: float, step: Step) -> None:
+        """Running workloads whose run is over end: training and batch pods succeed or fail, the others' go."""
         for workload in list(self.running.values()):
             if workload.started is not None and t >= workload.started + workload.duration_seconds - workload.ran_seconds:
                 workload.ended = t
@@ -299,15 +319,9 @@ class Simulator:
                 else:
                     step.events.extend(self._workload_event(workload, t, finished=phase))
                 self._placement_due = min(self._placement_due, t)
-        for workload in list(self.running.values()):
-            if workload.local_queue is not None and workload.started is not None and workload.started < t and self.rng.random() < self.config.interval_seconds / PREEMPT_EVERY_SECONDS:
-                self._preempt(workload, t, step)
-        for workload in self.pending:
-            if not workload.admissible and t >= workload.created + GIVE_UP_SECONDS:  # its user deletes it
-                workload.ended = t
-                self.truth_ledger.ended(workload.uid, t)
-                step.events.extend(self._workload_event(workload, t, deleted=True))
-        self.pending = [workload for workload in self.pending if workload.ended is None]
+
+    def _arrivals(self, t: float, step: Step) -> None:
+        """New workloads up to `t`, at the arrival rate, while the queue is not too long."""
         while self._next_arrival <= t:
             if len(self.pending) >= max(20, 2 * len(self.nodes)):  # a queue this long: users submit elsewhere
                 self._next_arrival += self.rng.expovariate(self._arrivals_per_second)
@@ -320,9 +334,6 @@ class Simulator:
                 step.events.extend(self._pod_events(workload, t, "Pending"))
             self._next_arrival += self.rng.expovariate(self._arrivals_per_second)
             self._placement_due = min(self._placement_due, t)
-        if t >= self._placement_due and self.pending:
-            self.pending = [workload for workload in self.pending if not self._admit(workload, t, step)]
-            self._placement_due = t + PLACEMENT_EVERY_SECONDS
 
     # --------------------------------------------------------------- samples
 
@@ -343,7 +354,7 @@ class Simulator:
 
     def _sample_gpu(self, gpu: Gpu, t: float, readable: bool, step: Step) -> None:
         """Sample one physical GPU (and its MIG instances) for (t - dt, t]; advance its energy counter."""
-        rng, dt, product = self.rng, self.config.interval_seconds, gpu.product
+        rng, product = self.rng, gpu.product
         holders: list[tuple[Device, SimWorkload, float]] = []  # device, workload, its utilisation of the device
         for device in gpu.devices:
             if device.holder is not None:
@@ -356,15 +367,7 @@ class Simulator:
         memory_used = sum(device.memory_total_bytes * self._memory_fraction[device.holder or ""] for device, _, _ in holders)
         if gpu.kind == "shared":
             memory_used = min(memory_used / len(gpu.devices), product.memory_total_bytes)
-        held = 1.0 if holders else 0.0
-        power = 0.0
-        if not gpu.lost:
-            power = product.idle_power_watts + (product.power_limit_watts - product.idle_power_watts) * (
-                0.08 * held + 0.85 * busy / 100.0)
-            power = round(min(product.power_limit_watts, max(0.0, power + rng.gauss(0.0, 0.01 * product.power_limit_watts))), 1)
-            gpu.energy_joules += power * dt
-            for device, workload, _ in holders:
-                self.truth_ledger.add_energy(workload.uid, power * dt * device.units)
+        power = self._draw_power(gpu, holders, busy)
         if not readable:
             return
         identity: dict[str, Any] = {"t": t, "node": gpu.node.name, "index": gpu.index, "model": product.model}
@@ -380,29 +383,12 @@ class Simulator:
             "energy_joules": gpu.energy_joules,
             "temperature_celsius": round(28.0 + 52.0 * power / product.power_limit_watts, 1),
         }
-        seen_by_pod: dict[str, float] | None = None  # the processes' SM % per pod, as the agent sends them
         processes: list[dict[str, Any]] | None = None
         if gpu.kind == "mig":
-            for device in gpu.devices:
-                percent = next((p for d, _, p in holders if d is device), 0.0)
-                used = device.memory_total_bytes * self._memory_fraction[device.holder] if device.holder else 0.0
-                step.samples.append(_sample({
-                    **identity, **chip, "uuid": device.uuid, "parent_uuid": gpu.uuid, "mig_profile": device.mig_profile,
-                    "device_units": device.units, "healthy": True, "sm_percent": percent,
-                    "memory_used_bytes": float(int(used)), "memory_total_bytes": device.memory_total_bytes,
-                    "memory_activity_percent": round(0.6 * percent, 1),
-                    **({"processes": []} if gpu.node.hides_processes else {})}))
-                self.truth_ledger.sample(device.uuid, t, percent, device.units, {} if gpu.node.hides_processes else None)
+            self._sample_instances(gpu, holders, {**identity, **chip}, step)
         elif gpu.kind == "shared":
-            processes = []
-            for device, _, percent in holders:
-                pod = device.holder or ""
-                processes.append({
-                    "pid": self._pod_pid[pod], "pod_uid": pod, "container": "main",
-                    "sm_percent": percent * device.units,  # percent of the device; exact for 1/4 shares
-                    "memory_used_bytes": float(int(device.memory_total_bytes * self._memory_fraction[pod] * device.units)),
-                })
-            seen_by_pod = {process["pod_uid"]: process["sm_percent"] for process in processes}
+            processes = self._shared_processes(holders)
+        seen_by_pod = None if processes is None else {process["pod_uid"]: process["sm_percent"] for process in processes}
         if gpu.node.hides_processes:
             processes, seen_by_pod = [], {}
         step.samples.append(_sample({
@@ -416,6 +402,48 @@ class Simulator:
             "processes": processes}))
         if gpu.kind != "mig":
             self.truth_ledger.sample(gpu.uuid, t, round(busy, 2), 1.0, seen_by_pod)
+
+    def _draw_power(self, gpu: Gpu, holders: list[tuple[Device, SimWorkload, float]], busy: float) -> float:
+        """The GPU's power over the step (0 once lost), added to its energy counter and to its holders' truth."""
+        if gpu.lost:
+            return 0.0
+        product, dt = gpu.product, self.config.interval_seconds
+        held = 1.0 if holders else 0.0
+        power = product.idle_power_watts + (product.power_limit_watts - product.idle_power_watts) * (
+            0.08 * held + 0.85 * busy / 100.0)
+        power = round(min(product.power_limit_watts, max(0.0, power + self.rng.gauss(0.0, 0.01 * product.power_limit_watts))), 1)
+        gpu.energy_joules += power * dt
+        for device, workload, _ in holders:
+            self.truth_ledger.add_energy(workload.uid, power * dt * device.units)
+        return power
+
+    def _sample_instances(
+        self, gpu: Gpu, holders: list[tuple[Device, SimWorkload, float]], chip: dict[str, Any], step: Step,
+    ) -> None:
+        """A MIG GPU's instances, each with its holder's utilisation and the chip's figures."""
+        for device in gpu.devices:
+            percent = next((p for d, _, p in holders if d is device), 0.0)
+            used = device.memory_total_bytes * self._memory_fraction[device.holder] if device.holder else 0.0
+            step.samples.append(_sample({
+                **chip, "uuid": device.uuid, "parent_uuid": gpu.uuid, "mig_profile": device.mig_profile,
+                "device_units": device.units, "healthy": True, "sm_percent": percent,
+                "memory_used_bytes": float(int(used)), "memory_total_bytes": device.memory_total_bytes,
+                "memory_activity_percent": round(0.6 * percent, 1),
+                **({"processes": []} if gpu.node.hides_processes else {})}))
+            self.truth_ledger.sample(device.uuid, chip["t"], percent, device.units,
+                                     {} if gpu.node.hides_processes else None)
+
+    def _shared_processes(self, holders: list[tuple[Device, SimWorkload, float]]) -> list[dict[str, Any]]:
+        """A time-sliced GPU's processes, one per holder, with the holder's SM % of the device."""
+        processes = []
+        for device, _, percent in holders:
+            pod = device.holder or ""
+            processes.append({
+                "pid": self._pod_pid[pod], "pod_uid": pod, "container": "main",
+                "sm_percent": percent * device.units,  # percent of the device; exact for 1/4 shares
+                "memory_used_bytes": float(int(device.memory_total_bytes * self._memory_fraction[pod] * device.units)),
+            })
+        return processes
 
     @staticmethod
     def _sampled_devices(gpu: Gpu) -> list[tuple[str, str | None, str | None, float]]:

@@ -7,7 +7,7 @@ the samples' encoding at once. The interval rules are DESIGN §3's: a sample cov
 (previous sample, t]; an interval longer than 3 x the poll interval, before a device's
 first sample, after its latest sample, or with no utilisation (a lost GPU) is unmonitored.
 
-It also keeps what the simulator did with each workload object (issue 35): when it was created,
+It also keeps what the simulator did with each workload object: when it was created,
 the GPU units it asked for, when Kueue held it back and admitted it, and when it ran. Queued and
 wait seconds follow from those times alone, never from the events the engine reads.
 """
@@ -197,9 +197,9 @@ class GroundTruth:
         self, holding: _Holding, covering: list[_Holding], device_percent: float, device_units: float,
         process_percent_by_pod: dict[str, float] | None,
     ) -> float:
-        """The holder's utilisation by DESIGN §3's rule of 2026-11-27 (activity is never lost to attribution).
+        """The holder's utilisation by DESIGN §3's attribution rule (activity is never lost to attribution).
 
-        Written apart from the engine's (`EngineCore.attribution`) so that the two check each other:
+        Written apart from the engine's (`IntervalAccounting.attribution`) so that the two check each other:
         a sole holding workload takes the device's SM % over its share; on a shared device the
         processes split it, unless there are none to read or they cannot explain a busy device.
         """

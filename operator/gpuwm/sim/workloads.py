@@ -51,7 +51,7 @@ _OWNER: dict[WorkloadKind, tuple[str, str]] = {
     "inference": ("apps/v1", "Deployment"),
 }
 _WEIGHTS: dict[WorkloadKind, float] = {"training": 0.3, "batch": 0.35, "notebook": 0.2, "inference": 0.15}
-#: the kinds Kueue admits (created suspended); the kinds whose objects gpuwm watches (issue 35)
+#: the kinds Kueue admits (created suspended); the kinds whose objects gpuwm watches
 KUEUE_KINDS: frozenset[WorkloadKind] = frozenset({"training", "batch"})
 WATCHED_KINDS: frozenset[WorkloadKind] = frozenset({"training", "batch", "inference"})
 #: every this many workloads (by serial), a Kueue one goes to the ClusterQueue without quota: never admitted

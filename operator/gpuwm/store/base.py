@@ -142,6 +142,16 @@ class WorkloadPeriod:
 
 
 @dataclass(frozen=True)
+class GpuHourPrice:
+    """A run's price of one GPU-hour as the controller priced it (`gpuwm.accounting.CostMeter.rate`: the
+    units-weighted mean over the devices it held, by node label, GPU model or the default), in `currency`.
+    A slice or a replica pays its units' share of it: its GPU-seconds are units x seconds."""
+
+    price_per_gpu_hour: float
+    currency: str
+
+
+@dataclass(frozen=True)
 class WorkloadGroup:
     """Workloads chosen by their labels, for a peak: of `project` (None: any), in `namespaces` (None: any).
 
@@ -285,6 +295,15 @@ class Store(abc.ABC):
     def peak_allocated(self, start: float, end: float, groups: Mapping[str, WorkloadGroup]) -> dict[str, float]:
         """Per group: the most GPU units its workloads held together at one status interval of [start, end)."""
         raise StoreError(f"{type(self).__name__} keeps no period figures")
+
+    def record_prices(self, at: float, prices: Mapping[str, GpuHourPrice]) -> None:  # noqa: B027 - see below
+        """Keep each run's price per GPU-hour as of `at` (uid -> price), where it changed. A backend that reads
+        the controller's exported series (Prometheus: `gpuwm_workload_gpu_hourly_cost`) keeps nothing here."""
+
+    def gpu_hour_prices(self, uids: Sequence[str], start: float, end: float) -> dict[str, GpuHourPrice]:
+        """The prices of the runs `uids` for the period [start, end): each one's price as recorded last by
+        `end`, else the first recorded after it; a run never priced is left out."""
+        return {}
 
     def series_count(self, query: RangeQuery) -> int | None:
         """How many label sets `query` can answer with (an upper bound, known before any point is read),

@@ -33,6 +33,7 @@ from pydantic import BaseModel
 from gpuwm.model import ClusterFigures, GpuSample, PodStatsSample, ProjectFigures, WorkloadFigures, model_json
 from gpuwm.store.base import (
     METRIC_NAMES,
+    GpuHourPrice,
     RangeQuery,
     Series,
     Store,
@@ -56,6 +57,7 @@ from gpuwm.store.codec import (
 from gpuwm.store.figures import figure_values, stored_values
 from gpuwm.store.holdings import HoldingsWriter
 from gpuwm.store.periods import StoreClock, read_group_peaks, read_period
+from gpuwm.store.prices import PriceWriter, read_prices
 from gpuwm.store.rows import RowBuilder, Rows, SeriesKey
 from gpuwm.store.schema import APPLICATION_ID as APPLICATION_ID  # re-exported: the file's identity
 from gpuwm.store.schema import SCHEMA_VERSION as SCHEMA_VERSION
@@ -157,6 +159,7 @@ class EmbeddedStore(Store):
             ) from None
         self._chunks = ChunkWriter(self._writer, self.spans)
         self._holdings = HoldingsWriter(self._writer)
+        self._prices = PriceWriter(self._writer)
         self._target = int(self._get_meta("compacted_until") or 0)
         # each reading thread's connection, with its thread: the API's worker threads come and go
         # (anyio retires one idle for 10 s), and a dead thread's connection is closed on the next opening
@@ -257,6 +260,13 @@ class EmbeddedStore(Store):
                               [(ids[("workload", workload.uid)], workload) for workload in workloads], stored,
                               opening_before)
 
+    def record_prices(self, at: float, prices: Mapping[str, GpuHourPrice]) -> None:
+        """Each run's price per GPU-hour as of `at`, where it changed (store/prices.py)."""
+        changed = self._prices.changes(prices)
+        if changed:  # most intervals: no transaction at all
+            with self._transaction():
+                self._prices.write(at, changed)
+
     def compact_slice(self, at: float) -> None:
         """The compaction slice of the interval recorded at `at` with `record(..., compact=False)`, in a
         transaction of its own (what `record` does last by default)."""
@@ -285,6 +295,7 @@ class EmbeddedStore(Store):
         self._latest_objects.clear()
         self._latest_refreshed.clear()
         self._holdings.reload()
+        self._prices.reload()
         self._read_series()
         self._drop_row_layouts()
         # a rolled-back slice took its blocks off the round's list, their rows still in the head: the round
@@ -620,6 +631,7 @@ class EmbeddedStore(Store):
             batch = [series_id for series_id, _, _ in empty[offset : offset + 500]]
             connection.execute(f"DELETE FROM series WHERE id IN ({','.join('?' * len(batch))})", batch)
         self._holdings.forget([series_id for series_id, _, _ in empty])
+        self._prices.forget([key for _, kind, key in empty if kind == "workload"])
         for _, kind, key in empty:
             self._series_ids.pop((kind, key), None)
         self._drop_row_layouts()
@@ -778,6 +790,9 @@ class EmbeddedStore(Store):
         with self._snapshot() as (connection, latest, watermarks):
             clock = StoreClock(self.spans, latest, self._get_meta("earliest_time", connection), watermarks)
             return read_period(connection, clock, start, end)
+
+    def gpu_hour_prices(self, uids: Sequence[str], start: float, end: float) -> dict[str, GpuHourPrice]:
+        return read_prices(self._reader(), uids, end)
 
     def peak_allocated(self, start: float, end: float, groups: Mapping[str, WorkloadGroup]) -> dict[str, float]:
         with self._snapshot() as (connection, latest, watermarks):

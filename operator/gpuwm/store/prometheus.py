@@ -42,6 +42,7 @@ from gpuwm.model import (
 )
 from gpuwm.store.base import (
     MAX_SERIES_PER_QUERY,
+    GpuHourPrice,
     QueryError,
     RangeQuery,
     ReadOnlyStoreError,
@@ -52,7 +53,7 @@ from gpuwm.store.base import (
     WorkloadPeriod,
     check_range,
 )
-from gpuwm.store.prometheus_periods import PromPeriodReader, read_group_peaks, read_period
+from gpuwm.store.prometheus_periods import PromPeriodReader, read_group_peaks, read_period, read_prices
 from gpuwm.store.promql import _POD_SERIES, KEY_LABEL, promql, quote, scope_labels
 
 #: the PodResources fields the controller exports as gpuwm_pod_<field>
@@ -361,6 +362,9 @@ class PrometheusStore(Store):
 
     def peak_allocated(self, start: float, end: float, groups: Mapping[str, WorkloadGroup]) -> dict[str, float]:
         return read_group_peaks(self._period_reader(), start, end, groups)
+
+    def gpu_hour_prices(self, uids: Sequence[str], start: float, end: float) -> dict[str, GpuHourPrice]:
+        return read_prices(self._period_reader(), uids, start, end) if uids else {}
 
     # -- time series --------------------------------------------------------------------------
 

@@ -13,6 +13,9 @@ limit at a large fleet; the period is read on a grid of `GRID_SECONDS` instead, 
 sample (or, for units held, the largest) in the grid step before it: no query loads more than one step of
 samples. Peaks are the most units held at one scrape: a workload's from its `gpuwm_workload_allocated_gpus`,
 a group's from the sum of its members' at each scrape (a subquery at the scrape interval).
+
+A run's price per GPU-hour is the controller's `gpuwm_workload_gpu_hourly_cost` (exported every scrape while
+pricing is on, by run and currency), read on the same grid: its last sample in the period.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwm.store.base import PeriodSums, WorkloadGroup, WorkloadPeriod
+from gpuwm.store.base import GpuHourPrice, PeriodSums, WorkloadGroup, WorkloadPeriod
 from gpuwm.store.figures import FIGURE_NAMES
 from gpuwm.store.promql import quote
 
@@ -35,6 +38,8 @@ HISTORY_SECONDS = 400 * 86400.0
 #: that starts there
 _BEFORE = "offset 1ms"
 _LABELS = "namespace, workload, workload_uid, kind, project"
+#: the controller's price of a run's GPU-hour (controller/policy/metrics.py)
+PRICE_SERIES = "gpuwm_workload_gpu_hourly_cost"
 
 Instant = Callable[[str, float], list[dict[str, Any]]]
 Ranged = Callable[[str, float, float, float], list[dict[str, Any]]]
@@ -186,3 +191,23 @@ def read_group_peaks(
 
             peaks[key] = round(max(_largest(reader, query, points, "").values(), default=0.0), 9)
     return peaks
+
+
+def read_prices(reader: PromPeriodReader, uids: Sequence[str], start: float, end: float) -> dict[str, GpuHourPrice]:
+    """Each of `uids`' price per GPU-hour as its series' last sample in [start, end) says (with its currency);
+    a run with no sample there (pricing was off) is left out."""
+    edges = _edges(reader, start, end)
+    if edges is None:
+        return {}
+    wanted = set(uids)
+    latest: dict[str, tuple[float, GpuHourPrice]] = {}
+    for metric, values in _answers(
+        reader, lambda window: f"max by (workload_uid, currency) (last_over_time({PRICE_SERIES}[{window}] {_BEFORE}))",
+        _grid(*edges),
+    ):
+        uid = metric.get("workload_uid", "")
+        for t, text in values:
+            value = float(text)
+            if uid in wanted and math.isfinite(value) and (uid not in latest or t >= latest[uid][0]):
+                latest[uid] = (t, GpuHourPrice(value, metric.get("currency", "")))
+    return {uid: price for uid, (_, price) in latest.items()}

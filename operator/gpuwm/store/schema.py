@@ -268,6 +268,13 @@ HOLDINGS_TABLES = [
 ]
 
 
+#: each run's price per GPU-hour (store/prices.py): a row when the controller's price of it changes
+PRICE_TABLES = [
+    "CREATE TABLE IF NOT EXISTS workload_prices (uid TEXT NOT NULL, t REAL NOT NULL, "
+    "price_per_gpu_hour REAL NOT NULL, currency TEXT NOT NULL, PRIMARY KEY (uid, t)) WITHOUT ROWID",
+]
+
+
 #: a rowid table: its ~2-3 KB rows (a workload's figures JSON), rewritten every interval, are cheaper to
 #: update in place there than in the index b-tree of a WITHOUT ROWID table, which holds ~5 of them a page
 #: and was rebalanced at each rewrite (`bench/store_latest.py`). Its index leaves out `at`, which every
@@ -344,7 +351,7 @@ def create_schema(connection: sqlite3.Connection, path: Path) -> None:
             _migrate_columns(connection, path)
             connection.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
         _rebuild_latest_workloads(connection, path)
-        for statement in statements + _CHUNK_TABLES + HOLDINGS_TABLES:
+        for statement in statements + _CHUNK_TABLES + HOLDINGS_TABLES + PRICE_TABLES:
             connection.execute(statement)
         connection.execute(
             "INSERT OR IGNORE INTO meta VALUES ('metrics', ?)", (json.dumps(METRIC_NAMES),)

@@ -23,7 +23,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwm.accounting import Engine, EngineConfig
-from gpuwm.agent.nvml import unopened_uuid
+from gpuwm.agent.readings import unopened_uuid
 from gpuwm.feed.decode import parse_snapshot
 from gpuwm.model import GpuSample
 from tests.fakenvml import write_scenario

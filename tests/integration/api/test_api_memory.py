@@ -3,7 +3,8 @@
 The store holds 60 GPUs with a few samples each; a cluster query of all 19 metrics by GPU over 11,000
 steps would answer 60 x 19 x 11,000 = 12.5 million points (GBs of Python objects and JSON) per
 request without the per-answer limit. With the defaults, that is refused before the store is read,
-and queries just under the limit run at most apiMaxConcurrentQueries at a time (the rest 429).
+and queries just under the limit are heavy: at most half of apiMaxConcurrentQueries at a time (the rest
+wait their turn, 429 past the queue).
 A watchdog kills the process past the limit below, so the test fails rather than the machine.
 """
 
@@ -108,7 +109,8 @@ def test_twenty_worst_case_queries_stay_within_the_memory_limit(tmp_path: Path) 
         process.terminate()
         process.wait(timeout=30)
     assert alive, f"gpuwm api was killed at {peak[0] / 2**20:.0f} MiB (over {LIMIT_BYTES / 2**20:.0f} MiB)"
-    assert worst_statuses == [400] * 20
+    # each refused for its size once admitted; those past the user's queue are refused for that at once
+    assert worst_statuses.count(400) >= 16 and set(worst_statuses) <= {400, 429}, worst_statuses
     assert under_statuses.count(200) >= 2 and set(under_statuses) <= {200, 429}, under_statuses
     assert peak[0] < LIMIT_BYTES
     print(f"peak RSS {peak[0] / 2**20:.0f} MiB; under-limit answers {sorted(under_statuses)}")

@@ -112,8 +112,22 @@ def queue_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from _serve(workdir, workdir / "gpuwm.db")
 
 
-def _serve(workdir: Path, database: Path) -> Iterator[str]:
-    """`gpuwm api` on `database` at a free 127.0.0.1 port until the generator is closed."""
+@pytest.fixture(scope="module")
+def priced_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """`gpuwm api --pricing` over a priced history (a whole H100, a MIG slice, two time-sliced L4 quarters)."""
+    import json
+
+    from tests.unit.api.priced_history import PRICES, record_priced_trace
+
+    workdir = tmp_path_factory.mktemp("priced")
+    store = EmbeddedStore(workdir / "gpuwm.db")
+    record_priced_trace(store, PRICES)
+    store.close()
+    yield from _serve(workdir, workdir / "gpuwm.db", "--pricing", json.dumps(PRICES))
+
+
+def _serve(workdir: Path, database: Path, *options: str) -> Iterator[str]:
+    """`gpuwm api` on `database` (with `options`) at a free 127.0.0.1 port until the generator is closed."""
     port = _free_port()
     log_path = workdir / "api.log"
     with log_path.open("w") as log:
@@ -130,6 +144,7 @@ def _serve(workdir: Path, database: Path) -> Iterator[str]:
                 "--auth",
                 "none",
                 "--api-tls=false",
+                *options,
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -185,8 +200,17 @@ def browser(tmp_path_factory: pytest.TempPathFactory, downloads: Path) -> Iterat
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(60)
     driver.execute_cdp_cmd("Page.setDownloadBehavior", {"behavior": "allow", "downloadPath": str(downloads)})
+    # every Content-Security-Policy violation of every page, for test_the_page_keeps_its_policy_and_token
+    driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": CSP_RECORDER})
     yield driver
     driver.quit()
+
+
+CSP_RECORDER = (
+    "window.cspViolations = [];"
+    "document.addEventListener('securitypolicyviolation',"
+    " (e) => window.cspViolations.push(e.violatedDirective + ' ' + e.blockedURI));"
+)
 
 
 def _wait_ready(driver: Any) -> None:
@@ -288,10 +312,17 @@ def _screenshots(driver: Any, name: str) -> None:
 
 
 def _rows(driver: Any, selector: str) -> list[list[str]]:
+    """The table's cells; read again where the page re-rendered the table while it was being read."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
 
-    return [[td.text for td in row.find_elements(By.TAG_NAME, "td")]
-            for row in driver.find_elements(By.CSS_SELECTOR, selector)]
+    for _attempt in range(5):
+        try:
+            return [[td.text for td in row.find_elements(By.TAG_NAME, "td")]
+                    for row in driver.find_elements(By.CSS_SELECTOR, selector)]
+        except StaleElementReferenceException:
+            continue
+    raise AssertionError(f"{selector}: the table was re-rendered on every one of 5 reads")
 
 
 def test_all_workloads_sort_filter_and_page(api_url: str, browser: Any) -> None:
@@ -458,3 +489,70 @@ def test_queue_lists_waiting_workloads_by_wait(queue_url: str, browser: Any) -> 
     _wait_ready(driver)
     facts = driver.find_element(By.ID, "workload-facts").text
     assert "requested GPUs\n1.00" in facts and "queued\n7 min" in facts and "team-b-q → gpus" in facts
+
+
+def test_the_page_keeps_its_policy_and_token(api_url: str, browser: Any, downloads: Path) -> None:
+    """Under the API's Content-Security-Policy the pages run as they are (nothing refused: no inline
+    script or style), and a token typed in lives in the tab's sessionStorage, not in localStorage."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    driver = browser
+    driver.get(api_url + "/#/")
+    _wait_ready(driver)
+    token = driver.find_element(By.ID, "token")
+    token.send_keys("example-token")
+    driver.execute_script("arguments[0].dispatchEvent(new Event('change'))", token)
+    _wait_ready(driver)
+    assert driver.execute_script("return sessionStorage.getItem('gpuwm-token')") == "example-token"
+    assert driver.execute_script("return localStorage.getItem('gpuwm-token')") is None
+    Select(driver.find_element(By.ID, "report-by")).select_by_value("project")
+    driver.find_element(By.ID, "report-download").click()
+    target = downloads / "gpuwm-report-project.csv"
+    WebDriverWait(driver, 30).until(lambda _d: target.exists() and target.stat().st_size > 0)
+    driver.get(api_url + "/#/workload/team-a/train")
+    _wait_ready(driver)
+    Select(driver.find_element(By.ID, "breakdown")).select_by_value("gpu")  # a chart with a legend
+    _wait_ready(driver)
+    assert len(driver.find_elements(By.CSS_SELECTOR, ".chart-legend i")) >= 2
+    driver.get(api_url + "/#/fleet")
+    _wait_ready(driver)
+    assert driver.execute_script("return window.cspViolations") == []
+    assert driver.execute_script("return sessionStorage.getItem('gpuwm-token')") == "example-token"
+
+
+def test_the_period_cost_shows_where_priced_and_downloads_as_focus(
+    api_url: str, priced_url: str, browser: Any, downloads: Path
+) -> None:
+    import json
+    import urllib.request
+
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    driver = browser
+    driver.get(api_url + "/#/")
+    _wait_ready(driver)
+    assert not driver.find_element(By.ID, "report-cost").is_displayed()  # no pricing: no cost, no FOCUS
+    assert driver.find_element(By.ID, "report-format-focus").get_attribute("hidden") is not None
+    driver.get(priced_url + "/#/")
+    _wait_ready(driver)
+    assert driver.find_element(By.ID, "report-cost").is_displayed()
+    with urllib.request.urlopen(priced_url + "/api/v1/report") as answer:
+        total = json.load(answer)["total"]
+    rows = _rows(driver, "#report-cost tbody tr")
+    assert [row[0] for row in rows] == ["vision", "total"]
+    assert rows[-1][3] == f"{total['cost']:.2f}" and rows[-1][4] == f"{total['idleCost']:.2f}"
+    assert "in EUR" in driver.find_element(By.ID, "report-cost-caption").text
+    Select(driver.find_element(By.ID, "report-by")).select_by_value("workload")
+    WebDriverWait(driver, 30).until(lambda d: len(_rows(d, "#report-cost tbody tr")) == 5)
+    assert _rows(driver, "#report-cost tbody tr")[0][0] == "ml/whole"  # the costliest first
+    Select(driver.find_element(By.ID, "report-format")).select_by_value("focus")
+    driver.find_element(By.ID, "report-download").click()
+    target = downloads / "gpuwm-focus.csv"
+    WebDriverWait(driver, 30).until(lambda _d: target.exists() and target.stat().st_size > 0)
+    lines = target.read_text().splitlines()
+    assert lines[0].startswith("BilledCost,") and len(lines) == 1 + 5  # 4 GPU Time charges, 1 GPU Energy
+    assert driver.find_element(By.ID, "report-status").text == "5 charges downloaded"
+    assert driver.execute_script("return window.cspViolations") == []
+    _screenshots(driver, "cost")

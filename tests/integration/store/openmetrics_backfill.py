@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TextIO
 
+from prometheus_client.registry import Collector
+
 from gpuwm.api.prom_metrics import WorkloadMetricsCollector
 from gpuwm.model import GpuSample, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
@@ -129,7 +131,11 @@ class OpenMetricsBackfill:
                 value = getattr(stats, str(metric.field))
                 if value is not None:
                     self._add(f"gpuwm_{metric.name}", metric.kind, labels, at, float(value))
-        for family in WorkloadMetricsCollector(_Snapshot(workloads, projects)).collect():
+        self.add_collected(at, WorkloadMetricsCollector(_Snapshot(workloads, projects)))
+
+    def add_collected(self, at: float, collector: Collector) -> None:
+        """What `collector` exports now, as scraped at `at` (the controller's other collectors: cost, policies)."""
+        for family in collector.collect():
             for metric_sample in family.samples:
                 name = (
                     metric_sample.name.removesuffix("_total")

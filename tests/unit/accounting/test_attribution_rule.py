@@ -1,4 +1,4 @@
-"""DESIGN §3, rule of 2026-11-27: activity is never lost to attribution. One worked example per branch.
+"""DESIGN §3's attribution rule: activity is never lost to attribution. One worked example per branch.
 
 Each test feeds samples of GPU-a at 0, 1, ..., 10 (1 s polls, threshold 1 %): ten monitored
 seconds. Whatever the process list says, a GPU with one holding workload gives that workload

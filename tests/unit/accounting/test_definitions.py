@@ -91,7 +91,7 @@ def test_a_sole_holder_without_per_process_data_takes_the_device_sm_over_its_sha
     e.observe(pod(0, "half", devices=[("GPU-a", 0.5)]))
     for s in samples(0, 10, sm=40):
         e.observe(s)
-    # it holds GPU-a alone: all of the device's 40 % is its own, over its 0.5 share = 80 % (rule of 2026-11-27)
+    # it holds GPU-a alone: all of the device's 40 % is its own, over its 0.5 share = 80 % (the attribution rule)
     assert figures(e, "half", 10).utilization.lifetime == pytest.approx(80)
 
 

@@ -236,7 +236,7 @@ def test_late_and_out_of_order_input_within_the_window_gives_the_same_results(
 @PROPERTY_SETTINGS
 @given(traces())
 def test_a_sole_holding_workload_figures_do_not_depend_on_the_process_list(events: list[Event]) -> None:
-    # DESIGN §3, rule of 2026-11-27: with one workload holding each GPU, what NVML lists as processes (nothing,
+    # DESIGN §3's attribution rule: with one workload holding each GPU, what NVML lists as processes (nothing,
     # processes of no pod, processes without SM) changes nothing but the count of unattributed GPU-seconds
     one_workload = [
         event.model_copy(update={"workload": event.workload.model_copy(update={"uid": "wl-w0", "name": "w0"})})

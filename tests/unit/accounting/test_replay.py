@@ -189,7 +189,7 @@ def _pod_line(name: str, uuid: str, units: float) -> dict[str, Any]:
 def test_replay_reads_a_busy_gpu_with_an_empty_process_list_as_busy(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # DESIGN §3, rule of 2026-11-27: a whole GPU held by one Job's pod computes at 80 % while NVML lists no
+    # DESIGN §3's attribution rule: a whole GPU held by one Job's pod computes at 80 % while NVML lists no
     # process (another PID namespace); a time-sliced GPU shared by two pods is busy with processes of no pod
     lines: list[Mapping[str, Any]] = [_pod_line("solo", "GPU-a", 1.0), _pod_line("x", "GPU-b::0", 0.5),
                                       _pod_line("y", "GPU-b::1", 0.5)]

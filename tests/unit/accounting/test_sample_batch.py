@@ -1,9 +1,10 @@
 """`Engine.observe_samples` (a snapshot as columns) equals `observe_sample` per sample, to the bit.
 
-Random traces with whole GPUs, MIG instances (the parent's energy shared among them),
-time-sliced GPUs with per-process data, gaps, late and duplicate samples, samples older
-than the late window and lost GPUs; pod events between the batches. Both ways must give
-identical reports (every figure, compared with ==) and identical engine state.
+The per-sample path is the reference of the vectorised one (`gpuwm.accounting.batch`): one property
+test over random traces with whole GPUs, MIG instances (the parent's energy shared among them),
+time-sliced GPUs with per-process data, gaps, late and duplicate samples, samples older than the late
+window and lost GPUs; pod events between the batches. Both ways must give identical reports (every
+figure, compared with ==) and identical engine state.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ from typing import Any
 
 import numpy
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.accounting.batch import observe_appending_chunk
 from gpuwm.model import GpuSample, PodEvent
 from tests.unit.accounting.helpers import batch_of_samples, pod
+from tests.unit.accounting.test_properties import PROPERTY_SETTINGS
 
 WHOLE = ["GPU-a", "GPU-b"]
 SHARED = "GPU-s"  # time-sliced: replicas held by several pods, per-process SM
@@ -135,8 +139,8 @@ def _state(engine: Engine) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("late", [True, False])
-@pytest.mark.parametrize("seed", range(60))
+@PROPERTY_SETTINGS
+@given(st.integers(0, 2**32 - 1), st.booleans())
 def test_columns_equal_samples_one_by_one(seed: int, late: bool) -> None:
     batches = _trace(seed, late)
     one_by_one, columns = _run(batches, columns=False), _run(batches, columns=True, arrays=seed % 2 == 1)

@@ -1,4 +1,4 @@
-"""Workloads seen through their own objects (issue 35): queued and pending before any pod, requested GPUs,
+"""Workloads seen through their own objects: queued and pending before any pod, requested GPUs,
 queued and wait seconds, preemption. Worked examples, each with its arithmetic."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Attribution decisions: replica and MIG units, containers of processes, the cgroup fallback, states, and
-DESIGN §3's rule of 2026-11-27 (activity is never lost to attribution) worked through each branch."""
+DESIGN §3's attribution rule (activity is never lost to attribution) worked through each branch."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 
 from gpuwm.agent.attribution import HolderShare, attribute, classify, utilization_by_holder
 from gpuwm.agent.cgroup import PodRef
-from gpuwm.agent.nvml import RawProcess, Reading
 from gpuwm.agent.podresources import Assignment
+from gpuwm.agent.readings import RawProcess, Reading
 from gpuwm.model import GpuSample, ProcessSample
 
 UID_A = "aaaaaaaa-0000-0000-0000-000000000001"
@@ -109,7 +109,7 @@ def test_classify(
     assert classify(sample, allocated, idle_threshold_percent=1.0) == expected
 
 
-# --- the rule of 2026-11-27, branch by branch: (device SM %, holders, processes) -> each holder's SM % ----------
+# --- the attribution rule, branch by branch: (device SM %, holders, processes) -> each holder's SM % ----------
 
 A = HolderShare(1.0, UID_A)
 HALF_A, HALF_B = HolderShare(0.5, UID_A), HolderShare(0.5, UID_B)

@@ -17,7 +17,9 @@ import pynvml
 import pytest
 
 from gpuwm.agent import nvml
-from gpuwm.agent.nvml import Device, NvmlSampler, Reading, carry_energy, interval_means, spread_energy
+from gpuwm.agent.nvml import NvmlSampler
+from gpuwm.agent.polls import carry_energy, interval_means, spread_energy
+from gpuwm.agent.readings import Device, Reading
 
 SAMPLE_PERIOD_US = 166_667
 POWER_MW = 300_000
@@ -49,7 +51,6 @@ class Driver:
         self.energy_offset_mj = 0.0
         self.calls: dict[str, int] = {"samples": 0, "energy": 0, "process_utilization": 0, "rates": 0}
         monkeypatch.setattr(nvml, "time", clock)
-        monkeypatch.setattr(nvml, "_samples", self.samples)
         monkeypatch.setattr(nvml, "_running_processes", lambda handle: list(self.running))
         instant = {
             "nvmlDeviceGetMemoryInfo": lambda handle: SimpleNamespace(used=1.0, total=2.0),
@@ -62,6 +63,7 @@ class Driver:
             "nvmlDeviceGetTotalEnergyConsumption": self.energy,
             "nvmlDeviceGetUtilizationRates": self.rates,
             "nvmlDeviceGetProcessUtilization": self.process_utilization,
+            "nvmlDeviceGetSamples": self.samples,
         }
         for name, function in instant.items():
             monkeypatch.setattr(pynvml, name, function)

@@ -8,7 +8,8 @@ from typing import Any
 import pynvml
 import pytest
 
-from gpuwm.agent.nvml import GAUGES_EVERY_SECONDS, Device, NvmlSampler
+from gpuwm.agent.nvml import GAUGES_EVERY_SECONDS, NvmlSampler
+from gpuwm.agent.readings import Device
 
 
 class FakeDriver:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import urllib.error
 import urllib.request
 
+import pytest
+
 from gpuwm.agent.core import Agent
 from gpuwm.agent.metrics import MetricsRenderer
 from gpuwm.agent.server import AgentHTTPServer, serve_in_thread
@@ -29,6 +31,13 @@ def test_serves_until_shutdown() -> None:
         assert status == 200 and b'gpuwm_agent_nvml_up{node="node-1"} 0.0\n' in body
         assert _get(base + "/readyz")[0] == 503  # no NVML in this process
         assert _get(base + "/nope")[0] == 404
+        head = urllib.request.Request(base + "/metrics", method="HEAD")
+        with urllib.request.urlopen(head, timeout=10) as response:
+            assert response.status == 200 and int(response.headers["Content-Length"]) > 0 and response.read() == b""
+        post = urllib.request.Request(base + "/metrics", data=b"x", method="POST")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(post, timeout=10)
+        assert refused.value.code == 405 and refused.value.headers["Allow"] == "GET, HEAD"
     finally:
         server.shutdown()  # blocks in select with no timeout: shutdown must wake it
         thread.join(timeout=10)

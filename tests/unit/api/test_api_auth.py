@@ -97,9 +97,32 @@ async def test_cluster_scope_needs_cluster_wide_access(client: httpx.AsyncClient
 
 async def test_projects_need_every_namespace(client: httpx.AsyncClient) -> None:
     assert (await client.get("/api/v1/projects/alpha/metrics", headers=ALICE)).status_code == 200
-    assert (await client.get("/api/v1/projects/beta/metrics", headers=ALICE)).status_code == 403
+    # a project in a namespace alice may not read is answered as one that does not exist
+    forbidden = await client.get("/api/v1/projects/beta/metrics", headers=ALICE)
+    unknown = await client.get("/api/v1/projects/gamma/metrics", headers=ALICE)
+    assert forbidden.status_code == unknown.status_code == 404
+    assert forbidden.json()["message"] == unknown.json()["message"].replace("gamma", "beta")
+    assert "team-b" not in forbidden.text
+    assert (await client.get("/api/v1/projects/beta/metrics", headers=ADMIN)).status_code == 200
     listed = (await client.get("/api/v1/projects", headers=ALICE)).json()
     assert [p["name"] for p in listed["projects"]] == ["alpha"]
+
+
+@pytest.mark.parametrize("path", ["/api/v1/workloads/{uid}", "/api/v1/workloads/{uid}/metrics"])
+async def test_runs_by_uid_elsewhere_look_unknown(client: httpx.AsyncClient, path: str) -> None:
+    """A UID in a namespace the caller may not read and one that does not exist get the same answer: no
+    UID, and no namespace, can be learnt by probing."""
+    notebook = next(w for w in (await client.get("/api/v1/workloads", headers=ADMIN)).json()["workloads"]
+                    if w["name"] == "notebook")
+    uid = notebook["uid"]
+    assert (await client.get(path.format(uid=uid), headers=ADMIN)).status_code == 200
+    forbidden = await client.get(path.format(uid=uid), headers=ALICE)
+    unknown = await client.get(path.format(uid="no-such-uid"), headers=ALICE)
+    assert forbidden.status_code == unknown.status_code == 404
+    assert forbidden.json()["message"] == unknown.json()["message"].replace("no-such-uid", uid)
+    assert "team-b" not in forbidden.text
+    # without a token, nothing either way
+    assert (await client.get(path.format(uid=uid))).status_code == 401
 
 
 async def test_lists_are_filtered_to_what_the_user_may_read(client: httpx.AsyncClient) -> None:

@@ -352,7 +352,8 @@ async def test_concurrent_queries_share_a_few_store_connections(store: EmbeddedS
                 running -= 1
 
     store.query_range = slow_query  # type: ignore[method-assign]  # counts the reads running at once
-    app = create_app(store, Settings(auth="none"))
+    # the admission gate lets all 40 in: what bounds the reads here is the store's own limiter
+    app = create_app(store, Settings(auth="none", api_max_concurrent_queries=40, api_max_concurrent_queries_per_user=40))
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gpuwm") as http:
         responses = await asyncio.gather(*(
             http.get("/api/v1/cluster/metrics", params={"metric": "gpu_allocated"})

@@ -1,14 +1,14 @@
 """Property tests from the OpenAPI document with every schemathesis check (issue 34 §7): no 5xx, every
 response as documented, valid requests accepted and invalid ones refused; bounded to a few minutes.
 
-positive_data_acceptance runs too. A request the document calls valid may still get a 400 for a rule no
-OpenAPI schema can state, and only for those (CANNOT_STATE): a rule across parameters (end before start),
-the answer's size (points per response), or what the server holds (a `continue` token it never gave).
-schemathesis is told 400 is an accepted answer to valid data, and `refused_only_for_rules_the_document_cannot_state`
-holds every such 400 to that list, so a 400 for a value the document admits but the API does not (a
-pattern too loose, a missing enum) still fails here. The parameters whose form the document does not declare
-yet are UNDECLARED, each with the one refusal it excuses; `test_the_undeclared_forms_are_still_undeclared` fails once one is declared, so the
-list cannot outlive the gap."""
+positive_data_acceptance runs too. The document states every form the API reads (times with real days,
+steps, `continue` tokens' alphabet), so a request it calls valid gets a 400 only for a rule no OpenAPI
+schema can state (CANNOT_STATE): a rule across parameters (end before start), the answer's size (points per
+response), what the server holds (a `continue` token it never gave), or how it is
+configured (FOCUS charges without `pricing`). schemathesis is told 400 is an
+accepted answer to valid data, and `refused_only_for_rules_the_document_cannot_state` holds every such 400
+to that list, so a 400 for a value the document admits but the API does not (a pattern too loose, a missing
+enum) still fails here; `test_the_document_admits_exactly_what_the_api_takes` holds the edges of each form."""
 
 from __future__ import annotations
 
@@ -37,22 +37,11 @@ schema.config.checks.positive_data_acceptance.expected_statuses = [
 
 #: (parameter, message) of the 400s a valid request may get: rules an OpenAPI schema cannot state
 CANNOT_STATE = [
-    ("end", re.compile(r"is before start|must be after start")),  # across parameters
+    ("end", re.compile(r"is before start")),  # across parameters
     ("continue", re.compile(r"is not a token this API gave")),  # what the server issued
     (None, re.compile(r"points")),  # the answer's size: series x points, apiMaxPointsPerResponse
+    ("format", re.compile(r"set `pricing`")),  # how the server is configured: FOCUS charges need prices
 ]
-#: parameters whose form the document does not declare in full (a gap of the document, not of this test): the
-#: message of the 400 it causes, why, and a value the document admits that the API refuses. limit, state, the
-#: report's by and format, and metric are declared (bounds, enums, a pattern of the known names) and refused by
-#: the document's own check; a step of zero and impossible months, days, hours and zones are outside the patterns
-UNDECLARED: dict[str, tuple[re.Pattern[str], str, str]] = {
-    "step": (re.compile(r"is outside"), "the pattern admits any step but zero; the API takes 1 ms .. the year 9999",
-             "0.0001"),
-    "start": (re.compile(r"is not RFC 3339|is outside|is after the year 9999"), "the pattern admits a day past its "
-              "month's end, a zone that moves 1970-01-01 before the epoch and epoch millis past the year 9999",
-              "2026-02-30T00:00:00Z"),
-    "end": (re.compile(r"is not RFC 3339|is outside|is after the year 9999"), "as start", "2026-02-30T00:00:00Z"),
-}
 
 
 @schemathesis.check
@@ -62,8 +51,6 @@ def refused_only_for_rules_the_document_cannot_state(ctx: Any, response: Any, ca
         return None
     body = response.json()
     parameter, message = body.get("parameter"), str(body.get("message", ""))
-    if parameter in UNDECLARED and UNDECLARED[parameter][0].search(message):
-        return None
     if any((name is None or name == parameter) and pattern.search(message) for name, pattern in CANNOT_STATE):
         return None
     raise AssertionError(f"{case.operation.label}: a request valid by the document got 400 for {parameter!r} "
@@ -93,18 +80,39 @@ def _accepts(schema_: dict[str, Any], value: str) -> bool:
     return bool(validator.is_valid(value) or validator.is_valid([value]))
 
 
-@pytest.mark.parametrize("name", sorted(UNDECLARED))
-def test_the_undeclared_forms_are_still_undeclared(name: str) -> None:
-    """Each UNDECLARED parameter still admits, somewhere in the document, a value the API refuses."""
+#: (parameter, value, whether the API takes it) at the edges of each declared form: the document must agree
+EDGES = [
+    ("start", "2024-02-29T00:00:00Z", True), ("start", "2023-02-29T00:00:00Z", False),
+    ("start", "2100-02-29T00:00:00Z", False), ("start", "2000-02-29T00:00:00Z", True),
+    ("start", "2026-04-31T00:00:00Z", False), ("start", "2026-12-31T23:59:59.5+14:00", True),
+    ("start", "1970-01-01T00:30:00+01:00", True), ("start", "9999-12-31T23:30:00-01:00", True),
+    ("start", "1969-12-31T23:59:59Z", False), ("start", "99999999999999999999", True), ("start", "1e9", False),
+    ("step", "0.0001", True), ("step", "9999999999999999999s", True), ("step", "1m30s", True),
+    ("step", "0s", False), ("step", "1e3", False), ("step", "-5s", False),
+    ("continue", "WyJhIl0", True), ("continue", "é", False), ("continue", "", False),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "taken"), EDGES)
+def test_the_document_admits_exactly_what_the_api_takes(name: str, value: str, taken: bool) -> None:
+    """Every operation that takes the parameter declares a form that admits the value exactly when the API
+    reads it (for `continue`, reads its form: a token of that form it never gave is a rule of the server's)."""
     document = TestClient(APP).get("/openapi.json").json()
-    refused = UNDECLARED[name][2]
-    admitting = [path for path, declared in _parameters(document, name) if _accepts(declared, refused)]
-    assert admitting, f"{name}: the document now refuses {refused!r} everywhere; remove it from UNDECLARED"
+    declared = _parameters(document, name)
+    assert declared, name
+    assert all(_accepts(form, value) == taken for _path, form in declared), (name, value, declared[0][1])
+    client = TestClient(APP)
+    path = declared[0][0].format(namespace="team-a", name="train", uid="uid-train", project="alpha", node="node-a",
+                                 uuid="GPU-0")
+    answer = client.get(path, params={name: value})
+    message = answer.json().get("message", "") if answer.status_code == 400 else ""
+    refused_for_its_form = answer.status_code == 400 and not any(rule.search(message) for _, rule in CANNOT_STATE)
+    assert refused_for_its_form != taken, (path, name, value, answer.text[:200])
 
 
-#: a value each declared form refuses, which the API refused before the document said so (issue 34's leftovers)
+#: a value each declared form refuses, which the API refuses too
 DECLARED = {"limit": "many", "state": "sleepy", "by": "colour", "format": "xml", "metric": "no_such_metric",
-            "step": "0ms", "start": "2026-52-52T00:00:00Z", "end": "2026-13-01T25:00:00Z"}
+            "step": "0ms", "start": "2026-52-52T00:00:00Z", "end": "2026-13-01T25:00:00Z", "continue": "no token"}
 
 
 @pytest.mark.parametrize("name", sorted(DECLARED))

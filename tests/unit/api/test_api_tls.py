@@ -68,10 +68,14 @@ def test_gpuwm_api_serves_https_by_default(tmp_path: Path) -> None:
     try:
         assert process.stdout is not None
         deadline = time.monotonic() + 60
-        line = ""
+        line, seen = "", []
         while "listening on" not in line and time.monotonic() < deadline:
             line = process.stdout.readline()
+            seen.append(line)
         assert "listening on https://127.0.0.1:" in line, line
+        # the self-signed certificate's warning names the options this verb takes
+        warning = next(each for each in seen if "self-signed certificate" in each)
+        assert "--api-tls-cert-file" in warning and "--api-tls-secret" not in warning, warning
         port = int(line.rsplit(":", 1)[1].split()[0])
         response = httpx.get(f"https://127.0.0.1:{port}/healthz", verify=False)
         assert response.status_code == 200

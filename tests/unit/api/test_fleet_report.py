@@ -235,7 +235,7 @@ def test_report_help_says_defaults_and_choices(capsys: pytest.CaptureFixture[str
     with pytest.raises(SystemExit):
         main(["report", "--help"])
     text = " ".join(capsys.readouterr().out.split())
-    assert "{project,namespace,workload}" in text and "(default: project)" in text and "(default: table)" in text
+    assert "{project,namespace,workload}" in text and "(default project)" in text and "(default table)" in text
 
 
 def test_a_gpu_nobody_holds_is_free_whatever_the_intervals_offset(tmp_path: Path) -> None:

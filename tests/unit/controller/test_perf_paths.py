@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import gc
-import os
 import platform
-import subprocess
-import sys
 import weakref
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,7 +71,6 @@ def test_garbage_collector_tuning_raises_thresholds_and_freezes_startup_objects(
 
 def test_free_memory_is_released_on_glibc_and_skipped_elsewhere() -> None:
     import ctypes
-    import platform
 
     from gpuwm.controller.state.gctuning import release_free_memory
 
@@ -82,46 +78,6 @@ def test_free_memory_is_released_on_glibc_and_skipped_elsewhere() -> None:
     assert release_free_memory() is glibc
     if glibc:
         assert hasattr(ctypes.CDLL(None), "malloc_trim")
-
-
-_ARENAS_PROBE = r"""
-import ctypes, os, sys, threading
-from gpuwm.controller.state.gctuning import limit_malloc_arenas
-print(limit_malloc_arenas() if sys.argv[1] == "limit" else "default", flush=True)
-barrier = threading.Barrier(4)
-kept = []
-def allocate():
-    kept.append(bytearray(100_000))  # from the C heap (below the mmap threshold): the thread's arena
-    barrier.wait()
-threads = [threading.Thread(target=allocate) for _ in range(3)]
-for thread in threads:
-    thread.start()
-allocate()
-for thread in threads:
-    thread.join()
-ctypes.CDLL(None).malloc_stats()  # one "Arena N:" block per arena, on stderr
-"""
-
-
-@pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ver()[0] != "glibc", reason="glibc only")
-@pytest.mark.parametrize("mode", ["limit", "default"])
-def test_malloc_arenas_are_limited_to_one_heap_for_every_thread(mode: str) -> None:
-    environment = {key: value for key, value in os.environ.items() if key != "MALLOC_ARENA_MAX"}
-    done = subprocess.run([sys.executable, "-c", _ARENAS_PROBE, mode], capture_output=True, text=True, check=True,
-                          env=environment, timeout=60)
-    arenas = done.stderr.count("Arena ")
-    if mode == "limit":
-        assert done.stdout.strip() == "True"
-        assert arenas == 1, done.stderr
-    else:  # without the limit each allocating thread has an arena of its own: the probe tells the two apart
-        assert arenas >= 2, done.stderr
-
-
-def test_malloc_arena_limit_leaves_an_explicit_environment_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpuwm.controller.state.gctuning import limit_malloc_arenas
-
-    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
-    assert limit_malloc_arenas() is False
 
 
 @pytest.mark.usefixtures("restore_gc")

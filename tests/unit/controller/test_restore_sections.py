@@ -69,9 +69,9 @@ def test_a_saved_controller_comes_back_from_its_sections(tmp_path: Path) -> None
     _same(restored, saved)
     node = restored.state.holders_by_node["node-3"]
     assert node[0].node is node[1].node  # one string for the node, not one per holder
-    assert node[0].__pydantic_fields_set__ is node[1].__pydantic_fields_set__  # and one fields-set
+    assert node[0].model_fields_set is node[1].model_fields_set  # and one fields-set
     first, second = restored.state.pods["pod-0"].workload, restored.state.pods["pod-1"].workload
-    assert first.__pydantic_fields_set__ is second.__pydantic_fields_set__
+    assert first.model_fields_set is second.model_fields_set
 
 
 @pytest.mark.parametrize("damaged", ["holders", "pods"])

@@ -19,6 +19,7 @@ from gpuwm.model.crd import (
     WorkloadMetricsSpec,
     WorkloadMetricsStatus,
 )
+from gpuwm.model.policy import IdlePolicySpec, IdlePolicyStatus
 
 ROOT = Path(__file__).resolve().parents[3]
 CRDS = ROOT / "crds"
@@ -92,6 +93,8 @@ def _compare(model: type[BaseModel], schema: dict[str, Any], path: str) -> None:
     [
         ("gpuwm.io_gpuworkloadmetrics.yaml", WorkloadMetricsSpec, WorkloadMetricsStatus),
         ("gpuwm.io_gpuprojectmetrics.yaml", ProjectMetricsSpec, ProjectMetricsStatus),
+        ("gpuwm.io_gpuidlepolicies.yaml", IdlePolicySpec, IdlePolicyStatus),
+        ("gpuwm.io_clustergpuidlepolicies.yaml", IdlePolicySpec, IdlePolicyStatus),
     ],
 )
 def test_models_and_crd_schemas_agree_field_by_field(name: str, spec: type[BaseModel], status: type[BaseModel]) -> None:
@@ -113,7 +116,7 @@ def test_design_section_4_names_and_columns() -> None:
         (version,) = crd["spec"]["versions"]
         assert version["name"] == "v1alpha1" and version["subresources"] == {"status": {}}
     columns = [c["name"] for c in workload["spec"]["versions"][0]["additionalPrinterColumns"]]
-    # DESIGN §4's columns, with the phase and the GPUs requested beside those held (issue 35)
+    # DESIGN §4's columns, with the phase and the GPUs requested beside those held
     assert columns == ["Project", "Phase", "Requested", "GPUs", "Util", "Mem", "Idle", "Wasted GPU-h", "Age"]
     project_columns = [c["name"] for c in project["spec"]["versions"][0]["additionalPrinterColumns"]]
     assert {"Requested", "Queued"} <= set(project_columns)
@@ -166,3 +169,20 @@ def test_a_status_built_from_the_model_validates_against_the_crd() -> None:
     document["status"]["allocatedGpus"] = "lots"
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(document, schema)
+
+
+@pytest.mark.parametrize(("name", "scope", "short"), [("gpuwm.io_gpuidlepolicies.yaml", "Namespaced", "gip"),
+                                                      ("gpuwm.io_clustergpuidlepolicies.yaml", "Cluster", "cgip")])
+def test_idle_policy_crds_default_to_a_dry_run_and_check_durations(name: str, scope: str, short: str) -> None:
+    crd = _load(name)
+    assert crd["spec"]["scope"] == scope and crd["spec"]["names"]["shortNames"] == [short]
+    (version,) = crd["spec"]["versions"]
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["properties"]["dryRun"]["default"] is True  # the API server stores it: a policy acts only when told
+    assert spec["required"] == ["idleFor", "actions"] and spec["properties"]["actions"]["minItems"] == 1
+    pattern = spec["properties"]["idleFor"]["pattern"]
+    checker = jsonschema.Draft7Validator({"type": "string", "pattern": pattern})
+    assert checker.is_valid("30m") and checker.is_valid("1h30m") and checker.is_valid("45s")
+    assert not checker.is_valid("30 minutes") and not checker.is_valid("")
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns[:2] == ["Dry Run", "Idle For"] and columns[-1] == "Age"

@@ -1,6 +1,6 @@
 """Every consumer of the metric catalogue covers every entry: a metric added to `gpuwm.model.metrics` that
 the store's rows, the PromQL translation, the agent's `/metrics`, the OpenMetrics backfill or the Run:ai names leave out
-fails here (issue 36 §5)."""
+fails here."""
 
 from __future__ import annotations
 

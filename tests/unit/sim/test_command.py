@@ -46,3 +46,16 @@ def test_bad_options_exit_2_naming_the_option(
 ) -> None:
     assert main(["demo", *arguments]) == 2
     assert named in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arguments", [["--store-rollups", "15x:2d"], ["--listen", "127.0.0.1:99999"]])
+def test_a_failed_demo_leaves_no_temporary_folder(arguments: list[str], tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The demo's store lives in a temporary folder when --store is not given: a start that fails removes it."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    assert main(["demo", "--no-table", *arguments]) == 2
+    assert arguments[0] in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -125,3 +125,26 @@ def test_the_ground_truth_line(pipeline: tuple[Simulator, SimulatedController, E
     console = Console(width=200, record=True, color_system=None)
     console.print(render("header", controller.workloads, controller.cluster, simulator.clock, 10, line))
     assert console.export_text().splitlines()[-1] == line
+
+
+def test_the_demo_runs_a_dry_run_policy_and_prices_idle_gpus(
+        pipeline: tuple[Simulator, SimulatedController, EmbeddedStore]) -> None:
+    """Half an hour of the simulated fleet: the default policy (warn after 10 idle minutes) would have warned
+    someone, and the idle GPUs' cost is the idle GPU-seconds of each workload at its GPU model's price."""
+    from gpuwm.sim.policies import DEMO_PRICING
+
+    _simulator, controller, _store = pipeline
+    policies = controller.policies
+    assert policies.would["warn"] > 0
+    prices = {rule.model.rstrip("*"): rule.price_per_gpu_hour for rule in DEMO_PRICING.gpu_models}
+    expected_idle = 0.0
+    for figures in controller.workloads:
+        rate = policies.meter.rates.get(figures.uid)
+        if rate is None:
+            continue
+        assert rate in prices.values()
+        expected_idle += figures.idle_gpu_seconds / 3600.0 * rate
+    assert policies.idle_cost == pytest.approx(expected_idle, rel=1e-9) and policies.idle_cost > 0
+    assert 0 < policies.idle_cost < policies.cost
+    line = policies.summary()
+    assert "demo-idle-gpus (dry run)" in line and "USD" in line and "warn" in line

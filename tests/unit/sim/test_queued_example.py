@@ -1,5 +1,5 @@
 """README's worked example of `workload` trace events (examples/queued.jsonl) through `gpuwm replay`:
-a job queued, admitted, preempted and admitted again, and one never admitted (issue 35)."""
+a job queued, admitted, preempted and admitted again, and one never admitted."""
 
 from __future__ import annotations
 

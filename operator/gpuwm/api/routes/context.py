@@ -1,24 +1,30 @@
-"""What every route shares, handed to it through FastAPI's `Depends`: the store and the limiter of its
-reads, the settings, the answer limits, the Prometheus registry, and the caller (token and authoriser).
+"""What every route shares, handed to it through FastAPI's `Depends`: the store and the limiters of its
+reads, the settings, the answer limits and the admission gate, the Prometheus registry, and the caller
+(token and authoriser).
 
 One `ApiContext` per app, built by `create_app` and kept in `app.state`; the routes never close over it,
 so each route module is a plain `APIRouter` that any app can include. The dependencies are `async def`
-although none awaits: FastAPI runs a plain `def` dependency on a worker thread, a thread hop per request
+although few await: FastAPI runs a plain `def` dependency on a worker thread, a thread hop per request
 outside the store's limiter.
+
+A query's caller takes a slot of the admission gate once its token is reviewed (gpuwm.api.admission) and
+gives it back when the route returns, before the answer is sent: a client slow to read holds no slot.
+The probes and `/metrics` read the store aside, on threads the queries never hold.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal, TypeVar
 
 import anyio
 import anyio.to_thread
 from fastapi import Depends, Request
 from prometheus_client import CollectorRegistry
 
+from gpuwm.api.admission import AdmissionGate, SlotPool, current_identity
 from gpuwm.api.auth import RESOURCE, RESOURCE_GROUP, AuthError, Authorizer, User
 from gpuwm.api.http import bearer_token
 from gpuwm.api.limits import QueryLimits
@@ -41,11 +47,20 @@ class ApiContext:
     #: at most `store.concurrent_reads` worker threads ever hold a store connection, however many queries
     #: arrive together (the rest wait their turn); None: the store takes any number
     limiter: anyio.CapacityLimiter | None
+    #: every query's way in: bounded at once, per user, fair (gpuwm.api.admission)
+    gate: AdmissionGate
+    #: one thread each for /readyz and for /metrics, which the queries never hold
+    readiness_limiter: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(1))
+    scrape_limiter: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(1))
 
     async def blocking(self, function: Callable[..., T], *arguments: Any) -> T:
         """`function(*arguments)` on a worker thread: store reads and encoding stay off the event loop
         (in the controller it is kopf's)."""
         return await anyio.to_thread.run_sync(function, *arguments, limiter=self.limiter)
+
+    async def aside(self, limiter: anyio.CapacityLimiter, function: Callable[..., T], *arguments: Any) -> T:
+        """`function(*arguments)` on a thread of `limiter`'s own, not behind the queries' store reads."""
+        return await anyio.to_thread.run_sync(function, *arguments, limiter=limiter)
 
     async def store_bounds(self) -> tuple[float, float]:
         """(the store's earliest time, its latest time); now where it has no data yet."""
@@ -69,29 +84,58 @@ async def api_context(request: Request) -> ApiContext:
 @dataclass
 class Caller:
     """Who asks: the request's bearer token before the authoriser. Nothing is reviewed until a route asks,
-    so a bad parameter is refused (400) before the token is looked at, as in every route."""
+    so a bad parameter is refused (400) before the token is looked at, as in every route. Once reviewed,
+    the caller waits for a slot of `queries` (None: a caller that reads no query, /metrics')."""
 
     authorizer: Authorizer
     token: str | None
+    queries: SlotPool | None = None
+    #: the identity holding a slot of `queries` for this request
+    admitted: str | None = field(default=None, init=False)
 
     async def authenticate(self) -> User:
-        return await self.authorizer.authenticate(self.token)
+        user = await self.authorizer.authenticate(self.token)
+        if self.queries is not None and self.admitted is None:
+            await self.queries.acquire(user.username)
+            self.admitted = user.username
+            current_identity.set(user.username)
+        return user
+
+    def leave(self) -> None:
+        """Give the request's slot back (the route has returned)."""
+        if self.queries is not None and self.admitted is not None:
+            self.queries.release(self.admitted)
+            self.admitted = None
 
     async def require(self, namespaces: Sequence[str] | None) -> User:
-        """401/403 unless the caller may read every one of `namespaces` (None: cluster-wide)."""
+        """401/403 unless the caller may read every one of `namespaces` (None: cluster-wide), which the
+        caller named (a 403 tells nothing the request did not)."""
         user = await self.authenticate()
-        targets: list[str | None] = [None] if namespaces is None else list(dict.fromkeys(namespaces))
-        if await self.authorizer.allowed(user, None):
-            return user
-        for namespace in targets:
-            if namespace is None or not await self.authorizer.allowed(user, namespace):
-                where = "cluster-wide" if namespace is None else f"in namespace {namespace!r}"
-                raise AuthError(
-                    403,
-                    f"user {user.username!r} may not get {RESOURCE}.{RESOURCE_GROUP} {where}; "
-                    "grant it with a Role/ClusterRole and binding",
-                )
+        denied = await self._first_denied(user, namespaces)
+        if denied is not False:
+            where = "cluster-wide" if denied is None else f"in namespace {denied!r}"
+            raise AuthError(
+                403,
+                f"user {user.username!r} may not get {RESOURCE}.{RESOURCE_GROUP} {where}; "
+                "grant it with a Role/ClusterRole and binding",
+            )
         return user
+
+    async def may_read(self, user: User, namespaces: Sequence[str]) -> bool:
+        """Whether `user` may read every one of `namespaces` (found by the API, not named by the caller:
+        where not, the route answers as if there were nothing, so what exists where cannot be probed)."""
+        return await self._first_denied(user, namespaces) is False
+
+    async def _first_denied(self, user: User, namespaces: Sequence[str] | None) -> str | Literal[False] | None:
+        """The first of `namespaces` `user` may not read (None: cluster-wide), or False where it may read all."""
+        if await self.authorizer.allowed(user, None):
+            return False
+        if namespaces is None:
+            return None
+        for namespace in dict.fromkeys(namespaces):
+            if not await self.authorizer.allowed(user, namespace):
+                return namespace
+        return False
 
     async def require_path(self, path: str) -> User:
         """401/403 unless the caller may `get` the non-resource URL `path`."""
@@ -116,9 +160,21 @@ class Caller:
         return {namespace for namespace in namespaces if await self.authorizer.allowed(user, namespace)}
 
 
-async def caller(request: Request, context: Annotated[ApiContext, Depends(api_context)]) -> Caller:
+async def caller(request: Request, context: Annotated[ApiContext, Depends(api_context)]) -> AsyncIterator[Caller]:
+    """A query's caller: its slot is given back when the route returns (scope "function"), before the answer
+    is sent."""
+    made = Caller(context.authorizer, bearer_token(request), context.gate.queries)
+    try:
+        yield made
+    finally:
+        made.leave()
+
+
+async def scraper(request: Request, context: Annotated[ApiContext, Depends(api_context)]) -> Caller:
+    """Prometheus' caller: authorised like any other, admitted by no gate (its reads are aside)."""
     return Caller(context.authorizer, bearer_token(request))
 
 
 Context = Annotated[ApiContext, Depends(api_context)]
-CallerOf = Annotated[Caller, Depends(caller)]
+CallerOf = Annotated[Caller, Depends(caller, scope="function")]
+ScraperOf = Annotated[Caller, Depends(scraper)]

@@ -31,10 +31,10 @@ async def list_projects(request: Request, context: Context, caller: CallerOf) ->
     tags=["metrics"],
 )
 async def project_metrics(context: Context, caller: CallerOf, project: str, params: ScopeRange) -> Response:
-    """Time series of one project (sums over its workloads); default range: the last hour."""
+    """Time series of one project (sums over its workloads); it needs access to each of the project's
+    namespaces, and one without it is answered as an unknown project; default range: the last hour."""
+    user = await caller.authenticate()
     found = await context.blocking(context.store.project, project)
-    if found is None:
-        await caller.authenticate()
-        raise NotFound(f"no project {project!r}")
-    await caller.require(found.namespaces)
+    if found is None or not await caller.may_read(user, found.namespaces):
+        raise NotFound(f"no project {project!r} whose namespaces you may all read")
     return await answer_scope(context, params, "project", project)

@@ -3,8 +3,8 @@
 Each range route takes its parameters through one of the dependencies here (which also refuse unknown
 and repeated parameters), checks the caller's access and finds what it is about, then hands a
 `RangeTarget` to `answer_range` (a project, a node or the cluster through `answer_scope`): the values are
-parsed, the answer's size is checked before the store is read (400 past the limit, 429 past the heavy
-queries at once), and the read and the encoding run off the event loop.
+parsed, the answer's size is checked before the store is read (400 past the limit; a heavy one waits for
+one of the few heavy slots), and the read and the encoding run off the event loop.
 
 The answer says which step its values really have: a step finer than the store keeps is answered at the
 stored step, and a stretch only a coarser tier still covers says the tier's step (its cells carry that
@@ -146,7 +146,7 @@ async def answer_range(context: ApiContext, params: RangeParams, target: RangeTa
     )
     query = await context.blocking(fit_resolution, store, query)
     series_count = None if target.keep is not None else await context.blocking(store.series_count, query)
-    with limits.admit(query, series_count):
+    async with limits.admit(query, series_count):
         series = await context.blocking(store.query_range, query)
         if target.keep is not None:
             series = [each for each in series if target.keep(each)]

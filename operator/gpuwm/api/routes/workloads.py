@@ -108,12 +108,14 @@ async def find_workload(context: ApiContext, namespace: str, name: str) -> Workl
 
 
 async def find_run(context: ApiContext, caller: CallerOf, uid: str) -> WorkloadFigures:
-    """The run with `uid`, once the caller may read its namespace (an unauthenticated caller learns nothing)."""
+    """The run with `uid` where the caller may read its namespace: an unknown UID and one in a namespace the
+    caller may not read get the same 404, so neither UIDs nor their namespaces can be probed."""
+    user = await caller.authenticate()
     found = await context.blocking(context.store.workload_by_uid, uid)
-    if found is None:
-        await caller.authenticate()
-        raise NotFound(f"no workload run with UID {uid!r} (or it ended before the retention period)")
-    await caller.require([found.namespace])
+    if found is None or not await caller.may_read(user, [found.namespace]):
+        raise NotFound(
+            f"no workload run with UID {uid!r} in a namespace you may read (or it ended before the retention period)"
+        )
     return found
 
 

@@ -37,8 +37,9 @@
     if (series.length > 1) {
       series.forEach((one, index) => {
         const item = document.createElement("span");
-        item.innerHTML = `<i style="background:${COLORS[index % COLORS.length]}"></i>`;
-        item.append(document.createTextNode(one.label));
+        const swatch = document.createElement("i");
+        swatch.style.background = COLORS[index % COLORS.length]; // a style property: the page's CSP allows no style attribute
+        item.append(swatch, document.createTextNode(one.label));
         legend.appendChild(item);
       });
       figure.appendChild(legend);

@@ -5,8 +5,9 @@
 
 const $ = (selector) => document.querySelector(selector);
 const tokenInput = $("#token");
-tokenInput.value = localStorage.getItem("gpuwm-token") || "";
-tokenInput.addEventListener("change", () => { localStorage.setItem("gpuwm-token", tokenInput.value); route(); });
+// the token lives as long as the tab: sessionStorage, never localStorage (kept on disk, shared by every tab)
+tokenInput.value = sessionStorage.getItem("gpuwm-token") || "";
+tokenInput.addEventListener("change", () => { sessionStorage.setItem("gpuwm-token", tokenInput.value); route(); });
 const PAGE_ROWS = 25;
 const STATES = { active: "#15803d", "idle-held": "#c2410c", "allocated-empty": "#d97706", free: "#2f6fde",
   unhealthy: "#b91c1c", unmonitored: "#6b7385" };
@@ -207,32 +208,65 @@ async function showOverview() {
   const allocated = projects.projects.reduce((sum, p) => sum + p.allocatedGpus, 0);
   const idleGpus = projects.projects.reduce((sum, p) => sum + p.idleGpus, 0);
   $("#summary").textContent = `${workloads.workloads.length} workloads · ${fmt(allocated, 2)} GPUs allocated · ${fmt(idleGpus, 2)} idle`;
+  await showReportCost();
   await showTruth();
 }
 
-// ---- the period report: the range bar's period (default: the last 24 h of data), as a CSV file
+// ---- the period report: the range bar's period (default: the last 24 h of data), as a CSV or FOCUS file
+const reportQuery = () => rangeQuery().replace(/&step=\d+/, "");
 $("#report-download").addEventListener("click", async () => {
   const status = $("#report-status");
-  const query = rangeQuery().replace(/&step=\d+/, "");
+  const by = $("#report-by").value, format = $("#report-format").value;
   status.textContent = "preparing…";
   try {
-    const response = await fetch(`/api/v1/report?format=csv&by=${$("#report-by").value}${query}`, { headers: headers() });
+    const response = await fetch(`/api/v1/report?format=${format}&by=${by}${reportQuery()}`, { headers: headers() });
     const text = await response.text();
     if (!response.ok) throw new Error((JSON.parse(text || "{}").message) || response.statusText);
     const a = document.createElement("a");
     a.href = URL.createObjectURL(new Blob([text], { type: "text/csv" }));
-    a.download = `gpuwm-report-${$("#report-by").value}.csv`;
+    a.download = format === "focus" ? "gpuwm-focus.csv" : `gpuwm-report-${by}.csv`;
     document.body.appendChild(a);
     a.click();
     a.remove();
-    const rows = text.trim().split("\n").length - 2;  // less the header and the total
-    status.textContent = `${rows} rows downloaded`;
+    // less the header, and the report's total line (a FOCUS file has none: its charges add up to it)
+    const rows = text.trim().split("\n").length - (format === "focus" ? 1 : 2);
+    status.textContent = format === "focus" ? `${rows} charges downloaded` : `${rows} rows downloaded`;
     status.dataset.rows = String(rows);
   } catch (error) {
     status.textContent = "";
     showError(error);
   }
 });
+
+// ---- what the period cost (with pricing): the report's costliest rows and its total; hidden where unpriced
+const COST_ROWS = 10;
+const reportKey = { project: (r) => r.project, namespace: (r) => r.namespace,
+  workload: (r) => r.namespace + "/" + r.workload };
+async function showReportCost() {
+  const by = $("#report-by").value;
+  const report = await api(`/api/v1/report?by=${by}${reportQuery()}`);
+  const priced = Boolean(report.currency);
+  $("#report-cost").hidden = !priced;
+  $("#report-format-focus").hidden = !priced;  // FOCUS lists charges: only with prices
+  if (!priced) { $("#report-format").value = "csv"; return; }
+  $("#report-cost-key").textContent = by;
+  const ranked = report.rows.slice().sort((a, b) => (b.cost ?? 0) - (a.cost ?? 0));
+  const rows = $("#report-cost tbody");
+  rows.replaceChildren();
+  for (const r of [...ranked.slice(0, COST_ROWS), report.total]) {
+    const tr = document.createElement("tr");
+    const name = r === report.total ? "total" : reportKey[by](r);
+    tr.dataset.row = name;
+    tr.append(cell((r.exact ? "" : "~") + name), cell(fmt(r.allocatedGpuHours, 2), "num"),
+      cell(fmt(r.idleGpuHours, 2), "num"), cell(fmt(r.cost, 2), "num"), cell(fmt(r.idleCost, 2), "num"),
+      cell(fmt(r.unpricedGpuHours, 2), "num"));
+    rows.appendChild(tr);
+  }
+  const shown = ranked.length > COST_ROWS ? `the ${COST_ROWS} costliest of ${ranked.length} rows` : "every row";
+  $("#report-cost-caption").textContent = `Cost of the period in ${report.currency} (${shown}; idle cost: GPUs ` +
+    `held and not used, a part of the cost${report.exact ? "" : "; ~: partly apportioned by time"})`;
+}
+$("#report-by").addEventListener("change", () => showReportCost().catch(showError));
 
 // `gpuwm demo` only: the simulator's exact figures (/demo/truth) against what the API says. The workloads
 // are read between two answers of the same status interval, the second not `recording` (the next one being

@@ -1,11 +1,10 @@
-"""Garbage-collector settings for the controller process (issue 4: CPU per status cycle)."""
+"""Garbage-collector settings for the controller process, and handing the C heap's free pages back."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
 import gc
-import os
 from collections.abc import Callable
 
 #: cyclic-GC thresholds for the controller process (CPython's default is (700, 10, 10)); young objects are
@@ -19,7 +18,7 @@ def tune_garbage_collector() -> None:
     Each cycle creates many objects that live for the cycle (samples, figures, store rows) on top
     of the engine's long-lived state. With CPython's default thresholds young collections run every
     700 allocations, promote the cycle's objects and keep triggering full collections that rescan
-    the whole state (bench/README.md). Objects alive now (modules, restored state) are moved out of
+    the whole state. Objects alive now (modules, restored state) are moved out of
     the collector's view (`gc.freeze`), and collections run after `GC_THRESHOLDS[0]` allocations
     (the controller collects the young generation at each cycle's end: `collect_cycle_garbage`).
     Almost all garbage here is freed by reference counting anyway; cycles are still collected, later.
@@ -39,31 +38,9 @@ def collect_cycle_garbage() -> int:
     return gc.collect(0)
 
 
-#: glibc's `mallopt` parameter number for the most malloc arenas (malloc.h: M_ARENA_MAX)
-_M_ARENA_MAX = -8
-#: malloc arenas for the controller process; glibc's default is up to 8 per core
-MALLOC_ARENAS = 1
-
-
-def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> bool:
-    """Let every thread allocate from one C heap; False where that cannot be set (not glibc, or
-    MALLOC_ARENA_MAX set in the environment, which then wins).
-
-    glibc gives each new thread that allocates an arena of its own. The store writes each interval
-    in a worker thread, so its rows and SQLite's buffers grew a second heap while the free pages
-    the report left in the main one sat unused: one arena keeps less resident between cycles and at
-    their peak, at the same CPU (bench/controller.py; bench/README.md). It must
-    run before other threads allocate: glibc fixes the limit when the first one does.
-    """
-    if "MALLOC_ARENA_MAX" in os.environ:
-        return False
-    mallopt = _libc_function("mallopt")
-    return mallopt is not None and bool(mallopt(_M_ARENA_MAX, arenas))
-
-
 @functools.cache
 def _libc_function(name: str) -> Callable[..., int] | None:
-    """A glibc function of this process (`malloc_trim`, `mallopt`), or None where the C library has none (musl, macOS)."""
+    """A glibc function of this process (`malloc_trim`), or None where the C library has none (musl, macOS)."""
     try:
         function: Callable[..., int] = getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
@@ -76,7 +53,7 @@ def release_free_memory() -> bool:
 
     A cycle builds many short-lived objects (every workload's figures, the store's rows, the
     saved state); once freed, glibc keeps most of those pages, so RSS stays at the cycle's peak
-    between cycles. `malloc_trim(0)` returns them for little CPU (bench/README.md). The peak
+    between cycles. `malloc_trim(0)` returns them for little CPU. The peak
     within a cycle is unchanged.
     """
     trim = _libc_function("malloc_trim")

@@ -52,6 +52,8 @@ class ControllerState:
     baseline_cutoff: float | None = None
     #: workload uid -> seconds of its current idle stretch observed, as of the latest cycle (see IdleWatch)
     observed_idle: dict[str, float] = field(default_factory=dict)
+    #: the idle-policy room's memory (`PolicyRoom.save`: its evaluator, rates, workloads' trails), as JSON
+    policies: dict[str, Any] = field(default_factory=dict)
 
     def save(self, now: float, *, agents: dict[str, Any], cluster: str | None, lazy: bool = False,
              raw: bool = False) -> dict[str, Any]:
@@ -78,6 +80,7 @@ class ControllerState:
             "idle_announced": sorted(self.idle_announced),
             "latest_sample_time": self.latest_sample_time,
             "baselines": self.baselines,
+            "policies": self.policies,
             "cluster": cluster,
         }
 
@@ -110,6 +113,7 @@ class ControllerState:
             idle_announced=set(saved.get("idle_announced") or []),
             latest_sample_time=saved.get("latest_sample_time"),
             baselines={uid: dict(values) for uid, values in (saved.get("baselines") or {}).items()},
+            policies=dict(saved.get("policies") or {}),
         )
 
     def forget_pod(self, uid: str) -> None:

@@ -18,12 +18,13 @@ from gpuwm.controller.status.build import (
     project_counters,
     project_signature,
     remembered,
+    rfc3339,
     workload_counters,
     workload_cr_name,
     workload_labels,
     workload_signature,
 )
-from gpuwm.controller.status.events import COMPONENT, IdleEvents
+from gpuwm.controller.status.events import COMPONENT, IdleEvents, micro_time
 from gpuwm.controller.status.idleness import ConditionStatus, IdleWatch, Seen, idle_condition, seen_now
 from gpuwm.controller.status.writer import API_VERSION, PROJECT_PLURAL, WORKLOAD_PLURAL, Desired, StatusWriter
 
@@ -48,9 +49,11 @@ __all__ = [
     "label_value",
     "memo_from_json",
     "memo_to_json",
+    "micro_time",
     "project_counters",
     "project_signature",
     "remembered",
+    "rfc3339",
     "seen_now",
     "workload_counters",
     "workload_cr_name",
