@@ -115,7 +115,7 @@ def _row(members: Sequence[WorkloadPeriod], peak: float, **keys: str | None) -> 
         apportioned += member.apportioned_gpu_seconds
     monitored = sums.active_gpu_seconds + sums.idle_gpu_seconds
     return ReportRow(
-        **keys, workloads=len(members),
+        **keys, workloads=sum(1 for member in members if member.sums.allocated_gpu_seconds > 0),
         allocated_gpu_hours=sums.allocated_gpu_seconds / 3600.0, active_gpu_hours=sums.active_gpu_seconds / 3600.0,
         idle_gpu_hours=sums.idle_gpu_seconds / 3600.0, unmonitored_gpu_hours=sums.unmonitored_gpu_seconds / 3600.0,
         wasted_gpu_hours=sums.idle_gpu_seconds / 3600.0, energy_joules=sums.energy_joules,
