@@ -83,6 +83,17 @@ class Scene:
         assert answer["ok"], f"helm {action} failed: {answer.get('error')}\n{self.diagnostics()}"
         return answer
 
+    def clear_leftovers(self) -> list[str]:
+        """Delete what an interrupted earlier run on this cluster left: its release (kept in its namespace's
+        Secrets), its workload and its peering object, so the install starts from a cluster without gpuwm.
+        CRDs stay, as `helm uninstall` leaves them. Returns the namespaces that were there."""
+        found = [namespace for namespace in (WORKLOAD_NAMESPACE, NAMESPACE) if self.cluster.kubectl(
+            "get", "namespace", namespace, check=False).returncode == 0]
+        if found:
+            self.cluster.kubectl("delete", "namespace", *found, "--wait=true", "--timeout=240s", timeout=300)
+        self.cluster.kubectl("delete", "clusterkopfpeering", RELEASE, "--ignore-not-found", check=False)
+        return found
+
     # ------------------------------------------------------------------ the fake GPU
 
     def set_gpu(self, sm_percent: float) -> None:

@@ -51,6 +51,9 @@ def scene(cluster: E2eCluster, e2e_helm_python: str) -> Iterator[Scene]:
 
 def test_the_image_builds_and_the_chart_installs(scene: Scene) -> None:
     cluster = scene.cluster
+    left = scene.clear_leftovers()
+    if left:
+        print(f"\nnamespaces {left} were left by an earlier run on this cluster: deleted")
     started = time.monotonic()
     cluster.build_images()
     scene.timings["build"] = time.monotonic() - started
