@@ -32,11 +32,12 @@ from gpuwm.controller.status import (
     MANAGED_BY_LABEL,
     PROJECT_PLURAL,
     WORKLOAD_PLURAL,
+    CrOwner,
     StatusWriter,
     remembered,
 )
 from gpuwm.controller.watch import TrackedPod, parse_kubernetes_time
-from gpuwm.model import Condition
+from gpuwm.model import Condition, ProjectFigures, WorkloadFigures
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +170,7 @@ async def _adopt_existing_crs(state: ControllerState, client: KubeClient, writer
         if isinstance(metadata.get("generation"), int):
             writer.generations[(WORKLOAD_PLURAL, str(cr_namespace), str(name))] = metadata["generation"]
         state.cr_names[str(uid)] = str(name)
-        state.cr_owner[(str(cr_namespace), str(name))] = (str(uid), str(ref.get("kind")), None)
+        state.cr_owner[(str(cr_namespace), str(name))] = CrOwner(str(uid), str(ref.get("kind")), None)
     return items
 
 
@@ -211,6 +212,36 @@ def _baselines_from_crs(state: ControllerState, items: list[dict[str, Any]], clo
             state.baselines[str(uid)] = values
     if state.baselines:
         state.baseline_cutoff = clock()
+
+
+def with_baseline(figures: WorkloadFigures, baselines: dict[str, dict[str, float]]) -> WorkloadFigures:
+    """`figures` plus what its CR said before a restart that lost the engine state (`baselines`)."""
+    baseline = baselines.get(figures.uid)
+    if not baseline:
+        return figures
+    update: dict[str, Any] = {name: getattr(figures, name) + value for name, value in baseline.items()
+                              if name in ADDITIVE_FIELDS}
+    if "start_time" in baseline:  # the allocation began before the restart, not at it
+        update["start_time"] = min(baseline["start_time"], figures.start_time or baseline["start_time"])
+    if "wait_seconds" in baseline:
+        update["wait_seconds"] = baseline["wait_seconds"]
+    return figures.model_copy(update=update)
+
+
+def projects_with_baselines(projects: list[ProjectFigures], workloads: list[WorkloadFigures],
+                            baselines: dict[str, dict[str, float]]) -> list[ProjectFigures]:
+    """Each project's figures plus its workloads' `baselines` (see `with_baseline`); a project has no run time."""
+    if not baselines:
+        return projects
+    extra: dict[str, dict[str, float]] = {}
+    for figures in workloads:
+        for name, value in baselines.get(figures.uid, {}).items():
+            if name in ADDITIVE_FIELDS and name != "run_seconds":
+                sums = extra.setdefault(figures.project, {})
+                sums[name] = sums.get(name, 0.0) + value
+    return [project.model_copy(update={name: getattr(project, name) + value
+                                       for name, value in extra.get(project.name, {}).items()})
+            for project in projects]
 
 
 async def _expire_orphans(state: ControllerState, items: list[dict[str, Any]], writer: StatusWriter,

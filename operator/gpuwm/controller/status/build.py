@@ -359,7 +359,7 @@ def write_reason(
     """Why to write, given what was last written (signature, counters, time): news, a due refresh, or not at all.
 
     Signatures and counters are only compared for equality: the tuples `workload_signature` and the
-    others build, or their hashes (what the controller keeps; see `ControllerRuntime._offer_workloads`).
+    others build, or their hashes (what the controller keeps; see `StatusOffers.offer_workloads`).
     """
     if previous is None or previous[0] != signature:
         return "material"
@@ -391,6 +391,40 @@ def label_value(text: str) -> str:
 def workload_cr_name(name: str, kind: str, clash: bool) -> str:
     """Same name as the workload; `<name>-<kind>` when another kind already took the name."""
     return dns_name(f"{name}-{kind.lower()}") if clash else dns_name(name)
+
+
+class CrOwner(NamedTuple):
+    """The workload a GPUWorkloadMetrics name belongs to."""
+
+    uid: str
+    kind: str
+    created_time: float | None
+
+
+def claim_cr_name(figures: WorkloadFigures, cr_names: dict[str, str],
+                  cr_owner: dict[tuple[str, str], CrOwner]) -> str | None:
+    """The GPUWorkloadMetrics name of a workload; None when a newer workload of the same kind took it.
+
+    Same namespace and name as the workload; `<name>-<kind>` when a workload of another kind
+    has the name. A workload recreated with the same kind and name takes the name over.
+    `cr_names` (workload uid -> name, "" for none) and `cr_owner` ((namespace, name) -> its
+    workload) remember each claim.
+    """
+    if figures.uid in cr_names:
+        return cr_names[figures.uid] or None
+    name = workload_cr_name(figures.name, figures.kind, False)
+    holder = cr_owner.get((figures.namespace, name))
+    if holder is not None and holder.uid != figures.uid:
+        if holder.kind != figures.kind:
+            name = workload_cr_name(figures.name, figures.kind, True)
+        elif (holder.created_time or 0.0) > (figures.created_time or 0.0):
+            cr_names[figures.uid] = ""  # an older incarnation: its CR is the newer one's now
+            return None
+        else:
+            cr_names[holder.uid] = ""
+    cr_names[figures.uid] = name
+    cr_owner[(figures.namespace, name)] = CrOwner(figures.uid, figures.kind, figures.created_time)
+    return name
 
 
 def workload_labels(figures: WorkloadFigures) -> dict[str, str]:

@@ -55,7 +55,7 @@ class Desired:
     The status is built only when it is written (`render`), so a cycle that offers thousands of
     CRs pays for the few the token bucket lets through, not for all of them. `signature` (what a
     reader acts on) and `counters` (what moves with time) are only compared for equality: the
-    controller passes their hashes (see `ControllerRuntime._offer_workloads`).
+    controller passes their hashes (see `StatusOffers.offer_workloads`).
     """
 
     plural: str
