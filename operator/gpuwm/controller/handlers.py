@@ -91,7 +91,7 @@ _REGISTERED_KINDS: set[WorkloadKind] = set()
 
 
 def register_workload_kinds(kinds: list[WorkloadKind]) -> None:
-    """One `@kopf.on.event` per configured workload kind (issue 35), and one log line per kind not installed.
+    """One `@kopf.on.event` per configured workload kind, and one log line per kind not installed.
 
     kopf watches a kind once its CRD exists, and picks up CRDs created later; for every kind it cannot
     resolve it logs one warning listing them all, again on each CRD change: `AbsentKinds` turns that into

@@ -1,4 +1,4 @@
-"""Issue 39 §3-§5 from the Pod object: requests and limits, the failure reason and the rank labels the
+"""What the controller reads of the Pod object: requests and limits, the failure reason and the rank labels the
 controller keeps, carried by the pod's engine event into the workload's pod figures."""
 
 from __future__ import annotations

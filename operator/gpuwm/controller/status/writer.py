@@ -44,7 +44,7 @@ LAG_HISTORY = 10_000
 #: how long a namespace that refused a create as terminating gets no writes (it is usually gone by then)
 NAMESPACE_RETRY_SECONDS = 60.0
 #: with a backlog, writes go in bursts of this many seconds' tokens (10 at 20/s): one wake-up of the
-#: loop per burst instead of per write, less CPU per write (bench/README.md); the rate stays the bucket's
+#: loop per burst instead of per write, less CPU per write; the rate stays the bucket's
 WRITE_BURST_SECONDS = 0.5
 
 

@@ -21,7 +21,7 @@ from gpuwm.model import ENDED_POD_PHASES, DeviceAllocation, PodEvent, PodPhase, 
 
 _PHASES: frozenset[str] = frozenset({"Pending", "Running", "Succeeded", "Failed", "Unknown"})
 #: labels the operators of distributed jobs put on their pods to say which replica each one is: kept
-#: beside `labels_kept` whatever it says, since the API ranks a workload's pods by them (issue 39 §4)
+#: beside `labels_kept` whatever it says, since the API ranks a workload's pods by them
 RANK_LABELS: frozenset[str] = frozenset({
     "training.kubeflow.org/replica-type",
     "training.kubeflow.org/replica-index",
@@ -263,7 +263,7 @@ UNNAMED_DEVICE_PREFIX = "unnamed/"
 def unnamed_devices(pod: TrackedPod, exclude: Container[str | None] = ()) -> list[DeviceAllocation]:
     """Stand-ins for the devices of a running pod's containers that no agent has named yet.
 
-    DESIGN §3 (2026-11-27): a running container's GPU units count from its requests from the
+    DESIGN §3: a running container's GPU units count from its requests from the
     moment it runs, whether or not an agent reports its node (the DaemonSet not scheduled there,
     its image not pulled); that time is unmonitored until samples cover it. A container's request
     becomes devices of at most one unit each (`unnamed/<pod uid>/<container>/<n>`), which no

@@ -1,4 +1,4 @@
-"""Workload objects -> the engine's `WorkloadEvent`s (issue 35), independent of kopf.
+"""Workload objects -> the engine's `WorkloadEvent`s independent of kopf.
 
 The handlers hand every event of a watched kind here. A top-level object whose pod templates
 request GPUs becomes a workload from its creation: the engine is told its state (held back or
