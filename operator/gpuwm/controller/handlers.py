@@ -177,7 +177,10 @@ def agent_pods(body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[str, str] | N
     """node -> URL of the agent pod on it (`--agents pods:NAMESPACE/SELECTOR`)."""
     agents = parse_agents_spec(_settings(memo).agents)
     found = agent_url_of_pod(body, agents.port if isinstance(agents, PodAgents) else 9400)
-    return {found[0]: found[1]} if found else None
+    if found is None:
+        return None
+    node, url = found
+    return {node: url}
 
 
 @kopf.on.event("pods", when=_is_gpu_pod, registry=REGISTRY)

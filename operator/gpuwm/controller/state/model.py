@@ -142,7 +142,8 @@ def _pod_from_json(data: dict[str, Any]) -> TrackedPod:
 
 
 def _node_holders_to_json(item: tuple[str, list[DeviceHolder]]) -> dict[str, Any]:
-    return {"node": item[0], "holders": [h.model_dump(exclude_none=True) for h in item[1]]}
+    node, holders = item
+    return {"node": node, "holders": [holder.model_dump(exclude_none=True) for holder in holders]}
 
 
 def _saved_holders(saved: Any) -> Iterator[tuple[str, list[Any]]]:

@@ -521,7 +521,7 @@ def _resolve_raw(document: Any, raw: memoryview) -> None:
 def _raw_range(reference: Any, size: int) -> tuple[int, int]:
     """(offset, length) of a raw column reference, checked to lie within `size` raw bytes; ValueError if not."""
     if (not isinstance(reference, list) or len(reference) != 2
-            or not all(isinstance(number, int) and number >= 0 for number in reference)
-            or reference[0] + reference[1] > size):
+            or not all(isinstance(number, int) and number >= 0 for number in reference) or sum(reference) > size):
         raise ValueError(f"a raw column reference {reference!r} is not within the {size} raw bytes")
-    return reference[0], reference[1]
+    offset, length = reference
+    return offset, length

@@ -252,12 +252,17 @@ def device_allocations(
         units_by_device[key] = units_by_device.get(key, 0.0) + units
     return [
         DeviceAllocation(uuid=uuid, units=min(1.0, max(units, 1e-9)), container=container)
-        for (uuid, container), units in sorted(units_by_device.items(), key=lambda item: (item[0][0], item[0][1] or ""))
+        for (uuid, container), units in sorted(units_by_device.items(), key=_by_device_and_container)
     ] + unnamed
 
 
 #: the UUID prefix of a device Kubernetes gave a container that no agent has named yet
 UNNAMED_DEVICE_PREFIX = "unnamed/"
+
+
+def _by_device_and_container(item: tuple[tuple[str, str | None], float]) -> tuple[str, str]:
+    (uuid, container), _ = item
+    return uuid, container or ""
 
 
 def unnamed_devices(pod: TrackedPod, exclude: Container[str | None] = ()) -> list[DeviceAllocation]:
