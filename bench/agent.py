@@ -3,7 +3,7 @@
 Runs a real `gpuwm agent` on the fake NVML library (tests/fakenvml) with 8 GPUs and 32 compute
 processes at 1 Hz, a real pod-resources gRPC server and a fake /proc, scraping /metrics and pulling
 /v1/snapshot every 10 s as Prometheus and the controller would. The fake spends in each call the CPU
-the real driver does (`--no-driver-costs`: answers in microseconds, as before issue 37). The bare loop
+the real driver does (`--no-driver-costs`: answers in microseconds). The bare loop
 makes the agent's calls at the agent's schedule: the instant ones every poll, the buffered ones
 (utilisation samples, energy) every `--nvml-buffer-read-seconds`; one pod per GPU, so no per-process
 utilisation. Prints figures; asserts nothing.
@@ -11,7 +11,7 @@ utilisation. Prints figures; asserts nothing.
     .venv/bin/python bench/agent.py [--seconds 60] [--gpus 8] [--processes 32] [--nvml-buffer-read-seconds 5]
         [--profile agent.prof]
 
-Targets: <= 1 % of one core without the driver's costs (issue 3), <= 1.2 % with them (issue 37),
+Targets: <= 1 % of one core without the driver's costs, <= 1.2 % with them,
 <= 60 MiB RSS, agent CPU per poll <= 3x the bare loop.
 """
 
@@ -44,10 +44,9 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PULL_SECONDS = 10.0
 
 #: the NVML calls the agent makes per device at its schedule, for the bare loop: the instant calls every poll, the
-#: buffered ones every read (a buffer read of 0: every poll, with per-process utilisation, as the agent did before
-#: issue 37). argv: polls, interval, buffer read seconds, the gauges' period (PCIe, and temperature, clocks and power
+#: buffered ones every read (a buffer read of 0: every poll, with per-process utilisation, as the agent did once). argv: polls, interval, buffer read seconds, the gauges' period (PCIe, and temperature, clocks and power
 #: limit where the next is 1), 1 where temperature, clocks and power limit go with PCIe (else every poll), memory
-#: activity from its own sample buffer (1, the agent before 2026-11-27) or from the instant utilisation rates (0),
+#: activity from its own sample buffer (1, as the agent did once) or from the instant utilisation rates (0),
 #: the energy counter's period (0: every read), and 1 where the device count is checked every poll (else every read)
 BARE_LOOP = textwrap.dedent(
     """
@@ -247,7 +246,7 @@ def main() -> int:
     agent_cpu_per_poll = cpu / max(1, polls)
     costs = "without the driver's costs" if options.no_driver_costs else "with the real driver's CPU per call"
     print(f"gpus={options.gpus} processes={options.processes} interval=1s window={wall:.1f}s polls={polls} "
-          f"buffer read={bare_schedule}s (0: every poll, the agent before issue 37); fake NVML {costs}; "
+          f"buffer read={bare_schedule}s (0: every poll); fake NVML {costs}; "
           f"agent from {options.agent_root}")
     print(f"agent CPU: {100 * cpu / wall:.3f} % of one core ({cpu:.2f} s CPU in {wall:.1f} s)   "
           f"target <= {1 if options.no_driver_costs else 1.2} %")

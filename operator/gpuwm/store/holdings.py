@@ -257,6 +257,15 @@ def read_openings(connection: sqlite3.Connection, series_ids: Sequence[int]) -> 
     return found
 
 
+def first_rows(connection: sqlite3.Connection, series_ids: Sequence[int]) -> dict[int, int]:
+    """Each workload's first row kept: when the store first saw it (its figures have no point before it)."""
+    found: dict[int, int] = {}
+    for batch in _batches(series_ids):
+        found.update(connection.execute(
+            f"SELECT series_id, min(t) FROM holdings WHERE series_id IN ({_marks(batch)}) GROUP BY series_id", batch))
+    return found
+
+
 def openings_within(connection: sqlite3.Connection, start: float, end: float, finest_step: int) -> list[int]:
     """The workloads whose opening is spread over part of [start, end)."""
     rows = connection.execute("SELECT series_id FROM openings WHERE since < ? AND t + ? > ?", (end, finest_step, start))

@@ -4,8 +4,10 @@ C(x), a workload's cumulative figures before x, is its last point before x: the 
 as of the status interval stored there, exact in every tier (`Rollup.LAST`). A period [a, c) holds
 C(c) - C(a), so periods add up (report[a,c) = report[a,b) + report[b,c)), a finished run's figures in
 any period that holds its life are its last point's (its CR's), and an edge before the first data is
-the same as one at it. Edges snap to the finest step: the status interval stored at bucket t counts in
-the period whose snapped edges hold t; an edge at or after the store's latest time holds everything.
+the same as one at it. The store keeps an interval at its time rounded down to the finest step, and an
+edge is rounded down the same way: so an edge on a coarse tier's bucket boundary (midnight, the hour) is
+one of its buckets' too. A period that reaches the latest data holds every interval recorded so far
+(an open period: once more data comes, an interval at its end counts after it, as at any edge).
 
 Where the finest tier no longer holds an edge, the coarse bucket it cuts is apportioned by time: C(x) =
 C(bucket start) + fraction x (C(bucket end) - C(bucket start)), the fraction being the share of the units
@@ -32,13 +34,14 @@ import numpy.typing as npt
 
 from gpuwm.store.base import PeriodSums, WorkloadGroup, WorkloadPeriod
 from gpuwm.store.chunks import TierSpan, read_chunks
-from gpuwm.store.codec import BLOCK, MISSING, decode_head, decode_parts
+from gpuwm.store.codec import BLOCK, MISSING, decode_chunk, decode_chunks, decode_head
 from gpuwm.store.figures import FIGURE_COLUMNS, FIGURE_NAMES, FIGURE_RESOLUTION
 from gpuwm.store.holdings import (
     FIRST,
     LAST,
     Opening,
     Steps,
+    first_rows,
     group_peak,
     openings_within,
     read_openings,
@@ -93,13 +96,17 @@ class StoreClock:
         return self.spans[0].step
 
     def snapped(self, x: float) -> int:
-        """`x` in buckets of the finest step: FIRST before the first data, LAST at or after the latest."""
+        """The points before `x`, as a bound of buckets (those below it): x snapped down to the finest step;
+        FIRST at or before the first data, LAST at or after the latest (everything recorded so far)."""
         if self.latest is None or x >= self.latest:
             return LAST
         if self.earliest is None or x <= self.earliest:
             return FIRST
-        step = self.finest_step
-        return int(math.floor(x / step) * step)
+        return self.finest_time(x)
+
+    def finest_time(self, x: float) -> int:
+        """x snapped down to the finest step."""
+        return int(math.floor(x / self.finest_step) * self.finest_step)
 
     def place(self, x: float) -> tuple[Edge, TierSpan | None]:
         """The edge at `x` and the tier that answers it: the finest that still keeps what precedes it (the
@@ -109,7 +116,7 @@ class StoreClock:
         if snapped == LAST:
             return EVERYTHING, self.spans[0]
         if snapped == FIRST:  # nothing stored before it; an opening may still be spread there
-            return Edge(self.finest_time(x), FIRST, FIRST, 0.0), None
+            return Edge(float(self.finest_time(x)) if math.isfinite(x) else x, FIRST, FIRST, 0.0), None
         assert self.latest is not None
         last = len(self.spans) - 1
         for index, span in enumerate(self.spans):
@@ -126,10 +133,6 @@ class StoreClock:
             if kept or index == last:
                 return Edge(float(snapped), start, cut_end, fraction), span
         raise AssertionError("unreachable: the coarsest tier answers")
-
-    def finest_time(self, x: float) -> float:
-        """`x` snapped down to the finest step (-inf stays -inf)."""
-        return x if math.isinf(x) else math.floor(x / self.finest_step) * self.finest_step
 
     @property
     def snapped_earliest(self) -> int:
@@ -178,19 +181,28 @@ Points = dict[int, list[tuple[IntArray, IntArray]]]  # series -> [(times, figure
 def _chunk_points(connection: sqlite3.Connection, span: TierSpan, ids: Sequence[int], low: int, high: int,
                   points: Points) -> None:
     """The figures of `span`'s chunks that may hold points in [low, high), into `points`."""
-    decoded: dict[tuple[int, bytes], IntArray] = {}
+    read: list[tuple[int, int, int, bytes]] = []
     for batch in _batches(ids):
-        for series_id, start, count, parts in read_chunks(
-            connection, span.step, batch, low - span.span_seconds, high, (_FIGURES_PART,)
-        ):
-            if not parts:
-                continue
-            key = (count, parts[0][1])
-            values = decoded.get(key)
-            if values is None:
-                values = decoded[key] = decode_parts(parts, count, FIGURE_COLUMNS).T
-            times = start + span.step * np.arange(count, dtype=np.int64)
-            points.setdefault(series_id, []).append((times, values))
+        read += [(series_id, start, count, parts[0][1]) for series_id, start, count, parts in read_chunks(
+            connection, span.step, batch, low - span.span_seconds, high, (_FIGURES_PART,)) if parts]
+    decoded = _decode_all([(count, data) for _, _, count, data in read])
+    for series_id, start, count, data in read:
+        times = start + span.step * np.arange(count, dtype=np.int64)
+        points.setdefault(series_id, []).append((times, decoded[(count, data)]))
+
+
+def _decode_all(chunks: Sequence[tuple[int, bytes]]) -> dict[tuple[int, bytes], IntArray]:
+    """Each distinct (points, figures payload) decoded to [points, FIGURE_NAMES], those of one length at once."""
+    by_length: dict[int, list[bytes]] = {}
+    for count, data in dict.fromkeys(chunks):
+        by_length.setdefault(count, []).append(data)
+    decoded: dict[tuple[int, bytes], IntArray] = {}
+    for count, payloads in by_length.items():
+        for offset in range(0, len(payloads), _BATCH):
+            batch = payloads[offset : offset + _BATCH]
+            for data, values in zip(batch, decode_chunks(batch, count, _FIGURES_PART), strict=True):
+                decoded[(count, data)] = values.T
+    return decoded
 
 
 def _head_points(connection: sqlite3.Connection, ids: Sequence[int], low: int, high: int, points: Points) -> None:
@@ -211,50 +223,109 @@ def _head_points(connection: sqlite3.Connection, ids: Sequence[int], low: int, h
 
 
 def _last_before(found: list[tuple[IntArray, IntArray]], bound: int, step: int) -> tuple[int, IntArray] | None:
-    """(covered until, figures) of the last present point whose bucket ends by `bound`."""
+    """(covered until, figures) of the last present point whose bucket ends by `bound` (the times of each part
+    of `found` ascending: the last one before the bound, then back over missing points)."""
     best: tuple[int, IntArray] | None = None
     for times, values in found:
-        usable = (times + step <= bound) & (values[:, _ALLOCATED] != MISSING)
-        if usable.any():
-            last = int(np.flatnonzero(usable)[-1])
-            end = int(times[last]) + step
+        index = int(np.searchsorted(times, bound - step, side="right")) - 1
+        while index >= 0 and values[index, _ALLOCATED] == MISSING:
+            index -= 1
+        if index >= 0:
+            end = int(times[index]) + step
             if best is None or end > best[0]:
-                best = (end, values[last])
+                best = (end, values[index])
     return best
 
 
-def _last_anywhere(connection: sqlite3.Connection, spans: Sequence[TierSpan], series_id: int, bound: int) -> IntArray:
-    """A series' last figures before `bound` wherever they are (head, then each tier's latest chunks before
-    it): for a series with no point just before an edge (a workload no longer recorded then)."""
-    found: list[tuple[int, IntArray]] = []
-    fine = spans[0]
-    for t, data in connection.execute(
-        "SELECT t, data FROM head WHERE block = ? AND t < ? ORDER BY t DESC", (series_id // BLOCK, bound)
-    ):
-        row = decode_head(data)[series_id % BLOCK, FIGURE_COLUMNS]
-        if row[_ALLOCATED] != MISSING:
-            found.append((int(t) + fine.step, row))
-            break
-    for span in spans:
-        rows = connection.execute(
-            "SELECT c.start, c.points, p.data FROM chunks c JOIN payloads p ON p.id = c.figures_payload "
-            "WHERE c.tier = ? AND c.series_id = ? AND c.start < ? ORDER BY c.start DESC LIMIT 2",
-            (span.step, series_id, bound),
-        ).fetchall()
-        chunks = [(start + span.step * np.arange(count, dtype=np.int64),
-                   decode_parts([(_FIGURES_PART, data)], count, FIGURE_COLUMNS).T) for start, count, data in rows]
-        last = _last_before(chunks, bound, span.step)
-        if last is not None:
-            found.append(last)
-    return max(found, key=lambda each: each[0])[1] if found else _ZERO
+def _head_before(connection: sqlite3.Connection, ids: Sequence[int], bound: int, step: int) -> dict[int, tuple[int, IntArray]]:
+    """Each series' newest head point before `bound`: (covered until, figures), walking each block's rows back."""
+    found: dict[int, tuple[int, IntArray]] = {}
+    by_block: dict[int, set[int]] = {}
+    for series_id in ids:
+        by_block.setdefault(series_id // BLOCK, set()).add(series_id)
+    for block, wanted in by_block.items():
+        for t, data in connection.execute("SELECT t, data FROM head WHERE block = ? AND t < ? ORDER BY t DESC",
+                                          (block, bound)):
+            rows = decode_head(data)[:, FIGURE_COLUMNS]
+            for series_id in [each for each in wanted if rows[each % BLOCK][_ALLOCATED] != MISSING]:
+                found[series_id] = (int(t) + step, rows[series_id % BLOCK])
+                wanted.discard(series_id)
+            if not wanted:
+                break
+    return found
+
+
+def _decode_figures(data: bytes, count: int) -> IntArray:
+    """A chunk's figures part back to [points, FIGURE_NAMES] (MISSING where absent)."""
+    return decode_chunk(data, count, part=_FIGURES_PART).T
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    """A chunk of a series' figures: its tier, start and points, and where it ends."""
+
+    span: TierSpan
+    start: int
+    points: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.points * self.span.step
+
+
+def _newest_chunks(
+    connection: sqlite3.Connection, spans: Sequence[TierSpan], ids: Sequence[int], bound: int,
+) -> dict[int, list[_Chunk]]:
+    """Per series, each tier's newest chunk of figures starting before `bound`, the newest first (a finer
+    tier's first where two end together)."""
+    newest: dict[int, list[_Chunk]] = {}
+    for span in spans:  # finest first: the stable sort below keeps it first among equals
+        for batch in _batches(ids):
+            for series_id, start, count in connection.execute(
+                f"SELECT series_id, max(start), points FROM chunks WHERE tier = ? AND series_id IN ({','.join('?' * len(batch))}) "
+                "AND start < ? AND figures_payload IS NOT NULL GROUP BY series_id", (span.step, *batch, bound),
+            ):
+                newest.setdefault(series_id, []).append(_Chunk(span, start, count))
+    return {series_id: sorted(chunks, key=lambda chunk: -chunk.end) for series_id, chunks in newest.items()}
+
+
+def _chunks_before(
+    connection: sqlite3.Connection, spans: Sequence[TierSpan], ids: Sequence[int], bound: int,
+) -> dict[int, tuple[int, IntArray]]:
+    """Each series' newest point whose bucket ends by `bound`, from the newest of its tiers' chunks before it (one
+    decoded where it has a point before the bound, as it has but for a series that began at the bound)."""
+    found: dict[int, tuple[int, IntArray]] = {}
+    for series_id, chunks in _newest_chunks(connection, spans, ids, bound).items():
+        for chunk in chunks:
+            (data,) = connection.execute(
+                "SELECT p.data FROM chunks c JOIN payloads p ON p.id = c.figures_payload "
+                "WHERE c.tier = ? AND c.series_id = ? AND c.start = ?", (chunk.span.step, series_id, chunk.start)).fetchone()
+            times = chunk.start + chunk.span.step * np.arange(chunk.points, dtype=np.int64)
+            last = _last_before([(times, _decode_figures(data, chunk.points))], bound, chunk.span.step)
+            if last is not None:
+                found[series_id] = last
+                break
+    return found
+
+
+def _last_anywhere(
+    connection: sqlite3.Connection, spans: Sequence[TierSpan], ids: Sequence[int], bound: int,
+) -> dict[int, IntArray]:
+    """Series' last figures before `bound` wherever they are (the head, the tiers' newest chunks before it; the
+    newest of those): for series with no point just before an edge (a workload no longer recorded then)."""
+    best = _head_before(connection, ids, bound, spans[0].step)
+    for series_id, last in _chunks_before(connection, spans, ids, bound).items():
+        if series_id not in best or last[0] > best[series_id][0]:
+            best[series_id] = last
+    return {series_id: best[series_id][1] if series_id in best else _ZERO for series_id in ids}
 
 
 def _values_before(
     connection: sqlite3.Connection, spans: Sequence[TierSpan], span: TierSpan, ids: Sequence[int],
-    bounds: Sequence[int],
+    bounds: Sequence[int], first_seen: Mapping[int, int],
 ) -> list[dict[int, IntArray]]:
     """Per bound: each series' last figures before it in `span`'s tier (one read of the points before the
-    highest bound), else wherever they are."""
+    highest bound), else wherever they are; none (zeros) where the store first saw it at the bound or after."""
     highest = max(bounds)
     low = min(bounds) - WINDOW_POINTS * span.step
     points: Points = {}
@@ -264,29 +335,34 @@ def _values_before(
     answers: list[dict[int, IntArray]] = []
     for bound in bounds:
         values: dict[int, IntArray] = {}
+        missing: list[int] = []
         for series_id in ids:
             last = _last_before(points.get(series_id, []), bound, span.step)
-            values[series_id] = last[1] if last is not None else _last_anywhere(connection, spans, series_id, bound)
+            if last is not None:
+                values[series_id] = last[1]
+            elif first_seen.get(series_id, FIRST) < bound:
+                missing.append(series_id)
+        values.update(_last_anywhere(connection, spans, missing, bound) if missing else {})
         answers.append(values)
     return answers
 
 
 def read_edge(
-    connection: sqlite3.Connection, clock: StoreClock, x: float, ids: Sequence[int],
+    connection: sqlite3.Connection, clock: StoreClock, x: float, ids: Sequence[int], first_seen: Mapping[int, int],
 ) -> EdgeFigures:
-    """The cumulative figures of `ids` at the period edge `x`."""
+    """The cumulative figures of `ids` at the period edge `x` (`first_seen`: when the store first saw each)."""
     edge, span = clock.place(x)
     if span is None or not ids:
         return EdgeFigures(edge, {}, {}, {})
     if edge is EVERYTHING:
         assert clock.latest is not None
         bound = int(math.floor(clock.latest / span.step) * span.step) + span.step
-        (everything,) = _values_before(connection, clock.spans, span, ids, [bound])
+        (everything,) = _values_before(connection, clock.spans, span, ids, [bound], first_seen)
         return EdgeFigures(edge, everything, {}, {})
     if not edge.fraction:
-        (low,) = _values_before(connection, clock.spans, span, ids, [edge.whole_before])
+        (low,) = _values_before(connection, clock.spans, span, ids, [edge.whole_before], first_seen)
         return EdgeFigures(edge, low, {}, {})
-    low, high = _values_before(connection, clock.spans, span, ids, [edge.whole_before, edge.cut_end])
+    low, high = _values_before(connection, clock.spans, span, ids, [edge.whole_before, edge.cut_end], first_seen)
     fractions: dict[int, float] = {}
     for series_id, weights in unit_weights(connection, ids, edge.whole_before, edge.cut_end).items():
         total = sum(weight for _, weight in weights)
@@ -388,8 +464,9 @@ def read_period(connection: sqlite3.Connection, clock: StoreClock, start: float,
     """Every workload whose figures changed in [start, end), with its figures there."""
     candidates = _candidates(connection, clock, start, end)
     ids = sorted(candidates.labels)
-    first = read_edge(connection, clock, start, ids)
-    last = read_edge(connection, clock, end, ids)
+    first_seen = first_rows(connection, ids)
+    first = read_edge(connection, clock, start, ids, first_seen)
+    last = read_edge(connection, clock, end, ids, first_seen)
     kinds = _kinds(connection, [candidates.labels[series_id].get("workload_uid", "") for series_id in ids])
     result: list[WorkloadPeriod] = []
     for series_id in ids:

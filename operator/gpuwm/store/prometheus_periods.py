@@ -5,7 +5,8 @@ The controller exports each workload's cumulative figures as `gpuwm_workload_<fi
 (api/prom_metrics.py). C(x), a workload's counter before x, is its last sample before x; a period [a, c)
 holds C(c) - C(a): so periods add up, and a finished run's figures in any period that holds its life are
 its last sample's (its CR's). A series exported no more at c (a run forgotten after its retention) keeps
-its last sample's value; one with no sample before a starts from 0.
+its last sample's value; one with no sample before a starts from 0. A period reaching the server's now
+holds every sample so far.
 
 Reading that from a long range whole would load every sample of it at once, past the server's sample
 limit at a large fleet; the period is read on a grid of `GRID_SECONDS` instead, each point the last

@@ -43,6 +43,8 @@ class Plan:
     utilization: float  # its lifetime utilisation, percent
     totals: list[list[float]] = field(default_factory=list)  # per interval from `first`: cumulative FIGURES
     first_time: float = 0.0  # its first interval's time, once recorded
+    #: intervals it is still reported, ended, before the controller forgets it (None: to the end)
+    forgotten_after: int | None = None
 
     def began(self, t: float) -> float:
         """When it began: within its first interval (so it brings no opening)."""
@@ -91,7 +93,8 @@ def plans(draw: st.DrawFn, intervals: int, name: str) -> Plan:
         taken_back.append(draw(st.sampled_from([0.0, 0.0, 2.5])))
     return Plan(name=name, namespace=draw(st.sampled_from(NAMESPACES)), project=draw(st.sampled_from(PROJECTS)),
                 first=first, units=units, accrued=accrued, taken_back=taken_back,
-                utilization=draw(st.sampled_from([0.0, 12.5, 50.0, 100.0])))
+                utilization=draw(st.sampled_from([0.0, 12.5, 50.0, 100.0])),
+                forgotten_after=draw(st.sampled_from([None, None, 0, 2])))
 
 
 @st.composite
@@ -136,7 +139,8 @@ def intervals(history: History) -> Iterator[tuple[float, list[WorkloadFigures], 
         reported: list[WorkloadFigures] = []
         for plan in history.plans:
             position = index - plan.first
-            if position < 0:
+            ended_for = position - len(plan.units)
+            if position < 0 or (plan.forgotten_after is not None and ended_for > plan.forgotten_after):
                 continue
             running = position < len(plan.units)
             if running:
@@ -157,12 +161,13 @@ def record(store: EmbeddedStore, history: History) -> None:
 def record_frozen(store: EmbeddedStore, history: History, times: Sequence[float]) -> None:
     """More intervals after the history: every workload reported ended, its figures as they were."""
     for t in times:
-        store.record(t, [], [_figures(plan, t, 0.0, False) for plan in history.plans], [], ClusterFigures())
+        store.record(t, [], [_figures(plan, t, 0.0, False) for plan in history.plans if plan.forgotten_after is None],
+                     [], ClusterFigures())
 
 
 def snap(x: float, earliest: float, latest: float) -> float:
-    """A period edge as the store takes it: everything at or after the latest, nothing at or before the
-    earliest, else the finest step's bucket."""
+    """A period edge as the store takes it, a bound of buckets (those below it count before the edge):
+    everything at or after the latest, nothing at or before the earliest, else x's bucket."""
     if x >= latest:
         return math.inf
     if x <= earliest:

@@ -130,14 +130,15 @@ AGING_TIERS = ("15s:2m", "1m:6m", "5m:40m")
 @given(data=st.data(), history=histories(max_intervals=30, max_workloads=3))
 def test_tiers_aged_out_one_by_one_change_no_total(data: st.DataObject, history: History) -> None:
     """The same periods read while the finest tier holds them, once only the 1 min tier does, and once only the
-    5 min tier does: a period whose edges are on the 5 min boundaries never changes, and a partition of all time
-    into periods cut anywhere still sums to each workload's whole figures (apportioned where a cut falls
-    inside a coarse bucket, and saying so)."""
+    5 min tier does: a period whose edges are on the 5 min boundaries (and that ended when first read) never
+    changes, nor does all time, and a partition of all time into periods cut anywhere still sums to each
+    workload's whole figures (apportioned where a cut falls inside a coarse bucket, and saying so)."""
     with recorded(history, AGING_TIERS) as store:
         last = history.start + STEP * (history.intervals - 1)
-        coarse = [0.0, *(t for t in range(int(history.start) // 300 * 300, int(last) + 600, 300)), 1e12]
+        boundaries = [t for t in range(int(history.start) // 300 * 300, int(last), 300)]
+        closed = [*itertools.pairwise([0.0, *boundaries]), (0.0, 1e12)]  # an open period changes as data comes
         cuts = sorted({0.0, 1e12, *data.draw(st.lists(edges(history), min_size=1, max_size=4))})
-        first = [by_uid(store.period(low, high)) for low, high in itertools.pairwise(coarse)]
+        first = [by_uid(store.period(low, high)) for low, high in closed]
         totals = by_uid(store.period(0.0, 1e12))
         recorded_until = last
         for minutes in (4, 12):  # the 15 s tier is gone, then the 1 min tier
@@ -145,11 +146,12 @@ def test_tiers_aged_out_one_by_one_change_no_total(data: st.DataObject, history:
             record_frozen(store, history, times)
             recorded_until = times[-1]
             store.compact()
-            again = [by_uid(store.period(low, high)) for low, high in itertools.pairwise(coarse)]
-            for low, before, after in zip(coarse[:-1], first, again, strict=True):
-                assert set(before) == set(after), (low, minutes, history, before, after)
+            again = [by_uid(store.period(low, high)) for low, high in closed]
+            for (low, high), before, after in zip(closed, first, again, strict=True):
+                assert set(before) == set(after), (low, high, minutes, history)
                 for uid, row in before.items():
-                    assert_sums(after[uid].sums, row.sums, note=f"{low} {minutes} {history}")
+                    assert_sums(after[uid].sums, row.sums, note=f"{low} {high} {minutes} {history}")
+                    assert after[uid].apportioned_gpu_seconds == 0.0  # on the coarse boundaries: exact
             parts = [by_uid(store.period(low, high)) for low, high in itertools.pairwise(cuts)]
             for uid, row in totals.items():
                 summed = PeriodSums()
