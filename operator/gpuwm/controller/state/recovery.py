@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuwm.accounting import EngineConfig
+from gpuwm.accounting import EngineConfig, parse_time
 from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
 from gpuwm.controller.pull import AgentPuller
 from gpuwm.controller.state.gctuning import release_free_memory
@@ -36,7 +36,7 @@ from gpuwm.controller.status import (
     StatusWriter,
     remembered,
 )
-from gpuwm.controller.watch import TrackedPod, parse_kubernetes_time
+from gpuwm.controller.watch import TrackedPod
 from gpuwm.model import Condition, ProjectFigures, WorkloadFigures
 
 logger = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ async def _adopt_project_crs(client: KubeClient, writer: StatusWriter, clock: Ca
         writer.existing.add(key)
         if isinstance(metadata.get("generation"), int):
             writer.generations[key] = metadata["generation"]
-        updated = parse_kubernetes_time(status.get("lastUpdateTime")) or parse_kubernetes_time(
+        updated = parse_time(status.get("lastUpdateTime")) or parse_time(
             metadata.get("creationTimestamp"))
         writer.adopted_project_updates[name] = updated if updated is not None else clock()
 
@@ -201,12 +201,12 @@ def _baselines_from_crs(state: ControllerState, items: list[dict[str, Any]], clo
         values = {field: float(status[key]) for key, field in BASELINE_FIELDS.items()
                   if isinstance(status.get(key), int | float)}
         if uid and any(values.values()):
-            started = parse_kubernetes_time(status.get("startTime"))
+            started = parse_time(status.get("startTime"))
             if started is not None:
                 values["start_time"] = started
             if isinstance(status.get("waitSeconds"), int | float):
                 values["wait_seconds"] = float(status["waitSeconds"])
-            counted_until = parse_kubernetes_time(status.get("lastUpdateTime"))
+            counted_until = parse_time(status.get("lastUpdateTime"))
             if counted_until is not None:  # the CR's figures cover the time up to here
                 values["counted_until"] = counted_until
             state.baselines[str(uid)] = values
@@ -252,7 +252,7 @@ async def _expire_orphans(state: ControllerState, items: list[dict[str, Any]], w
     for item in items:
         metadata, status = item.get("metadata") or {}, item.get("status") or {}
         uid = ((item.get("spec") or {}).get("workloadRef") or {}).get("uid")
-        ended = parse_kubernetes_time(status.get("endTime"))
+        ended = parse_time(status.get("endTime"))
         if uid in known or ended is None or now - ended < retention_seconds:
             continue
         await writer.delete(WORKLOAD_PLURAL, metadata.get("namespace"), str(metadata.get("name")))

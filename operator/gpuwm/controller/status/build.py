@@ -262,12 +262,7 @@ def build_workload_status(
         idle_seconds=round(figures.idle_seconds, 3),
         idle_since=None if idle_since is None else _rfc3339_second(idle_since),
         last_active_time=rfc3339(figures.last_active_time),
-        allocated_gpu_seconds=round(figures.allocated_gpu_seconds, 3),
-        active_gpu_seconds=round(figures.active_gpu_seconds, 3),
-        idle_gpu_seconds=round(figures.idle_gpu_seconds, 3),
-        unmonitored_gpu_seconds=round(figures.unmonitored_gpu_seconds, 3),
-        wasted_gpu_hours=round(figures.idle_gpu_seconds / 3600.0, 4),
-        energy_joules=round(figures.energy_joules, 3),
+        **_gpu_time(figures),
         queued_seconds=round(figures.queued_seconds, 3),
         wait_seconds=round(figures.wait_seconds, 3),
         run_seconds=round(figures.run_seconds, 3),
@@ -275,6 +270,27 @@ def build_workload_status(
         end_time=rfc3339(figures.end_time),
         conditions=build_conditions(figures, now, previous=previous_conditions, seen=seen, **inputs),
         last_update_time=rfc3339(now),
+    )
+
+
+class _GpuTime(TypedDict):
+    allocated_gpu_seconds: float
+    active_gpu_seconds: float
+    idle_gpu_seconds: float
+    unmonitored_gpu_seconds: float
+    wasted_gpu_hours: float
+    energy_joules: float
+
+
+def _gpu_time(figures: WorkloadFigures | ProjectFigures) -> _GpuTime:
+    """The GPU-seconds and energy both kinds of CR carry, to the millisecond, and the idle ones as wasted hours."""
+    return _GpuTime(
+        allocated_gpu_seconds=round(figures.allocated_gpu_seconds, 3),
+        active_gpu_seconds=round(figures.active_gpu_seconds, 3),
+        idle_gpu_seconds=round(figures.idle_gpu_seconds, 3),
+        unmonitored_gpu_seconds=round(figures.unmonitored_gpu_seconds, 3),
+        wasted_gpu_hours=round(figures.idle_gpu_seconds / 3600.0, 4),
+        energy_joules=round(figures.energy_joules, 3),
     )
 
 
@@ -292,12 +308,7 @@ def build_project_status(figures: ProjectFigures, now: float) -> ProjectMetricsS
         idle_gpus=round(figures.idle_gpus, 4),
         utilization=_windows(figures.utilization),
         memory_utilization=_windows(figures.memory_utilization),
-        allocated_gpu_seconds=round(figures.allocated_gpu_seconds, 3),
-        active_gpu_seconds=round(figures.active_gpu_seconds, 3),
-        idle_gpu_seconds=round(figures.idle_gpu_seconds, 3),
-        unmonitored_gpu_seconds=round(figures.unmonitored_gpu_seconds, 3),
-        wasted_gpu_hours=round(figures.idle_gpu_seconds / 3600.0, 4),
-        energy_joules=round(figures.energy_joules, 3),
+        **_gpu_time(figures),
         last_update_time=rfc3339(now),
     )
 

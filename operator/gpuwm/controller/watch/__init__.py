@@ -5,7 +5,7 @@ the owner walk to the workload, each workload kind's reading, the device plugin'
 reads through `kube` and names device holders from `pull`; it builds no status.
 """
 
-from gpuwm.controller.watch.owners import OwnerResolver, parse_kubernetes_time
+from gpuwm.controller.watch.owners import OwnerResolver
 from gpuwm.controller.watch.pods import (
     MalformedPodError,
     TrackedPod,
@@ -30,7 +30,6 @@ __all__ = [
     "WorkloadObjects",
     "device_allocations",
     "ended_by_deletion",
-    "parse_kubernetes_time",
     "parse_workload_kinds",
     "pod_event",
     "requests_gpu",

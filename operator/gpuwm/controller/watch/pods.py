@@ -14,8 +14,8 @@ from collections.abc import Collection, Container, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpuwm.accounting import parse_time
 from gpuwm.controller.pull import DeviceHolder
-from gpuwm.controller.watch.owners import parse_kubernetes_time
 from gpuwm.controller.watch.units import NodeSharing, requested_units
 from gpuwm.model import ENDED_POD_PHASES, DeviceAllocation, PodEvent, PodPhase, PodResources, TraceWorkload
 
@@ -78,19 +78,19 @@ def phase_start_time(pod: Mapping[str, Any], phase: str) -> float | None:
     status = pod.get("status") or {}
     container_states = [cs.get("state") or {} for cs in status.get("containerStatuses") or []]
     if phase == "Running":
-        started = _first_time(parse_kubernetes_time((s.get("running") or {}).get("startedAt")) for s in container_states)
+        started = _first_time(parse_time((s.get("running") or {}).get("startedAt")) for s in container_states)
         if started is not None:
             return started
         condition = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
-        return parse_kubernetes_time(status.get("startTime")) or (
-            parse_kubernetes_time(condition.get("lastTransitionTime")) if condition else None
+        return parse_time(status.get("startTime")) or (
+            parse_time(condition.get("lastTransitionTime")) if condition else None
         )
     if phase in {"Succeeded", "Failed"}:
         return _first_time(
-            (parse_kubernetes_time((s.get("terminated") or {}).get("finishedAt")) for s in container_states), latest=True
+            (parse_time((s.get("terminated") or {}).get("finishedAt")) for s in container_states), latest=True
         )
     if phase == "Pending":
-        return parse_kubernetes_time((pod.get("metadata") or {}).get("creationTimestamp"))
+        return parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
     return None
 
 
@@ -191,8 +191,8 @@ def track_pod(
         units_by_container=units,
         workload=workload,
         phase_since=phase_start_time(pod, raw_phase),
-        created=parse_kubernetes_time(metadata.get("creationTimestamp")),
-        deletion_time=parse_kubernetes_time(metadata.get("deletionTimestamp")),
+        created=parse_time(metadata.get("creationTimestamp")),
+        deletion_time=parse_time(metadata.get("deletionTimestamp")),
         resources=resources,
         failure_reason=failure_reason(pod),
     )

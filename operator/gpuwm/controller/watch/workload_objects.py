@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any, NamedTuple, Protocol
 
-from gpuwm.controller.watch.owners import parse_kubernetes_time
+from gpuwm.accounting import parse_time
 from gpuwm.controller.watch.workload_kinds import (
     KUEUE_GROUP,
     KUEUE_QUEUE_LABEL,
@@ -134,7 +134,7 @@ class WorkloadObjects:
         return WorkloadEvent(
             t=self._clock(), event="workload", namespace=str(metadata["namespace"]), name=str(metadata["name"]),
             uid=uid, kind=kind, api_version=str(body.get("apiVersion") or ""),
-            created=parse_kubernetes_time(metadata.get("creationTimestamp")),
+            created=parse_time(metadata.get("creationTimestamp")),
             suspended=suspended, requested_gpus=requested, finished=reader.finished(body), deleted=deleted,
             message=failure_message(body),
             labels=labels, local_queue=local_queue,
