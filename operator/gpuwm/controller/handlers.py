@@ -103,6 +103,7 @@ def register_workload_kinds(kinds: list[WorkloadKind]) -> None:
         _REGISTERED_KINDS.add(kind)
         kopf.on.event(group=kind.group, version=kind.version, kind=kind.kind, id=f"workload:{kind.text}",
                       registry=REGISTRY)(workload_object_event)
+    # the logger kopf's resource observation warns through; kopf names it after its private module, and no other
     observation = logging.getLogger("kopf._core.reactor.observation")
     if not any(isinstance(existing, AbsentKinds) for existing in observation.filters):
         observation.addFilter(AbsentKinds())

@@ -314,7 +314,6 @@ def load_state(path: Path) -> dict[str, Any] | None:
         # json, not orjson: orjson.loads peaks far higher in memory on a large state, and the
         # files json.dumps wrote before orjson may hold NaN/Infinity, which orjson rejects
         state = json.loads(document)
-        del document, data
         if raw is not None:
             _resolve_raw(state, raw)
     except ValueError as error:
