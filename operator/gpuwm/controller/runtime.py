@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -60,12 +59,13 @@ from gpuwm.controller.watch import (
     OwnerResolver,
     SharingSource,
     TrackedPod,
+    as_of,
     device_allocations,
-    ended_by_deletion,
     pod_event,
     state_key,
     track_pod,
     whole_device_nodes,
+    workload_uid_of,
 )
 from gpuwm.feed import MergeRequest
 from gpuwm.model import ClusterFigures, GpuSample, NamespaceEvent, ProjectFigures, WorkloadFigures, gpu_quota
@@ -229,27 +229,17 @@ class ControllerRuntime:
         ))
 
     def _send(self, pod: TrackedPod) -> None:
+        """The pod's event to the engine, where it says something the engine was not told yet."""
         now = self.clock()
-        ended = ended_by_deletion(pod, now)  # past its deletionTimestamp: its containers are gone
-        if ended is not None:
-            pod = ended
+        pod, at = as_of(pod, now)
         state = self._state
         holders = state.holders_by_pod.get(pod.uid, []) + state.holders_by_pod.get(f"{pod.namespace}/{pod.name}", [])
         devices = device_allocations(pod, holders, state.pods)
-        key = json.dumps(state_key(pod, devices))
+        key = state_key(pod, devices)
         previous = state.sent.get(pod.uid)
         if previous == key:
             return
-        if ended is not None:
-            at = ended.deletion_time or now
-        else:
-            at = now if pod.phase in {"Deleted", "Unknown"} else (pod.phase_since or now)
-            if pod.created is not None and at < pod.created:
-                # a phase cannot start before the pod exists: the kubelet stamps container starts with the
-                # node's clock, the API server the creation with its own; a node a second behind would put
-                # Running before Pending in the engine's timeline, and the pod would end up Pending
-                at = pod.created
-        if previous is not None and json.loads(previous)[3] != pod.workload.uid:
+        if previous is not None and workload_uid_of(previous) != pod.workload.uid:
             # its owner changed (`kubectl delete job --cascade=orphan`: the garbage collector stripped its
             # ownerReferences): the move is news of now, not of the pod's start, or the old workload's time would
             # move with it; and no later event takes the new workload back before the move

@@ -9,6 +9,7 @@ time the pod started, and the engine places it there (within its late-event wind
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Collection, Container, Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -211,6 +212,23 @@ def ended_by_deletion(pod: TrackedPod, now: float) -> TrackedPod | None:
     return replace(pod, phase="Deleted", phase_since=pod.deletion_time)
 
 
+def as_of(pod: TrackedPod, now: float) -> tuple[TrackedPod, float]:
+    """The pod as the engine should see it at `now`, and when its latest change happened.
+
+    Past its deletionTimestamp it has ended there (`ended_by_deletion`). A phase cannot start before
+    the pod exists: the kubelet stamps container starts with the node's clock, the API server the
+    creation with its own; a node a second behind would put Running before Pending in the engine's
+    timeline, and the pod would end up Pending.
+    """
+    ended = ended_by_deletion(pod, now)
+    if ended is not None:
+        return ended, ended.deletion_time or now
+    at = now if pod.phase in {"Deleted", "Unknown"} else (pod.phase_since or now)
+    if pod.created is not None and at < pod.created:
+        at = pod.created
+    return pod, at
+
+
 def device_allocations(
     pod: TrackedPod, holders: Iterable[DeviceHolder], known_uids: Container[str] = ()
 ) -> list[DeviceAllocation]:
@@ -302,9 +320,15 @@ def pod_event(pod: TrackedPod, devices: list[DeviceAllocation], at: float) -> Po
     )
 
 
-def state_key(pod: TrackedPod, devices: list[DeviceAllocation]) -> tuple[Any, ...]:
-    """What the engine has been told about the pod; a change means a new event."""
-    return (
+def state_key(pod: TrackedPod, devices: list[DeviceAllocation]) -> str:
+    """What the engine has been told about the pod, as JSON (the state file keeps it); a change means a new event."""
+    return json.dumps((
         pod.phase, pod.node, tuple(sorted(pod.labels.items())), pod.workload.uid, pod.resources, pod.failure_reason,
         tuple((d.uuid, round(d.units, 6), d.container) for d in devices) if pod.phase == "Running" else (),
-    )
+    ))
+
+
+def workload_uid_of(key: str) -> str:
+    """The workload a pod belonged to when the engine was told `key` (`state_key`)."""
+    _phase, _node, _labels, workload_uid, *_ = json.loads(key)
+    return str(workload_uid)
