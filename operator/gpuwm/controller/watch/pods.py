@@ -322,8 +322,9 @@ def pod_event(pod: TrackedPod, devices: list[DeviceAllocation], at: float) -> Po
 
 def state_key(pod: TrackedPod, devices: list[DeviceAllocation]) -> str:
     """What the engine has been told about the pod, as JSON (the state file keeps it); a change means a new event."""
+    resources = None if pod.resources is None else pod.resources.model_dump()
     return json.dumps((
-        pod.phase, pod.node, tuple(sorted(pod.labels.items())), pod.workload.uid, pod.resources, pod.failure_reason,
+        pod.phase, pod.node, tuple(sorted(pod.labels.items())), pod.workload.uid, resources, pod.failure_reason,
         tuple((d.uuid, round(d.units, 6), d.container) for d in devices) if pod.phase == "Running" else (),
     ))
 
