@@ -54,6 +54,7 @@ from gpuwm.store.codec import (
     encode_head,
     quantize,
 )
+from gpuwm.store.figures import figure_values, stored_values
 from gpuwm.store.holdings import HoldingsWriter
 from gpuwm.store.periods import StoreClock, read_group_peaks, read_period
 from gpuwm.store.prices import PriceWriter, read_prices
@@ -229,10 +230,12 @@ class EmbeddedStore(Store):
         `compact=False` leaves the slice to `compact_slice`, which the caller runs once it has let go of
         the interval's figures (the controller: a slice's arrays then do not add to the figures' memory).
         """
-        rows = self._rows.build(samples, workloads, projects, cluster, pod_stats, known=self._series_ids)
+        figures = figure_values(workloads)
+        rows = self._rows.build(samples, workloads, projects, cluster, pod_stats, known=self._series_ids,
+                                workload_figures=figures)
         with self._transaction():
             self.write_points(at, rows)
-            self._write_holdings(at, workloads)
+            self._write_holdings(at, workloads, stored_values(figures))
             self._write_latest(
                 "latest_workloads", [(w.uid, (w.uid, w.namespace, w.name, w.project, at), w) for w in workloads],
                 at=at, refresh_rows=self.latest_rows_per_interval,
@@ -245,16 +248,17 @@ class EmbeddedStore(Store):
             if compact:
                 self._compact_slice(at)
 
-    def _write_holdings(self, at: float, workloads: Sequence[WorkloadFigures]) -> None:
-        """The interval's `holdings` rows (every workload has its series by now). A workload new to the store
-        brings an opening where it began more than an interval before the previous one (the store's first:
-        more than two finest steps before this one)."""
+    def _write_holdings(self, at: float, workloads: Sequence[WorkloadFigures], stored: IntArray) -> None:
+        """The interval's `holdings` rows (every workload has its series by now; `stored`: their cumulative
+        figures as kept). A workload new to the store brings an opening where it began more than an interval
+        before the previous one (the store's first: more than two finest steps before this one)."""
         step = self.tiers[0].step_seconds
         previous = self._get_meta("latest_time")
         opening_before = at - 2 * step if previous is None else previous - max(at - previous, step)
         ids = self._series_ids
         self._holdings.record(int(math.floor(at / step) * step),
-                              [(ids[("workload", workload.uid)], workload) for workload in workloads], opening_before)
+                              [(ids[("workload", workload.uid)], workload) for workload in workloads], stored,
+                              opening_before)
 
     def record_prices(self, at: float, prices: Mapping[str, GpuHourPrice]) -> None:
         """Each run's price per GPU-hour as of `at`, where it changed (store/prices.py)."""

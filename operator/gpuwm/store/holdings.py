@@ -25,8 +25,10 @@ import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+import numpy.typing as npt
+
 from gpuwm.model import WorkloadFigures
-from gpuwm.store.figures import figure_row
 
 #: rows per statement where a query names series ids (well below SQLite's variable limit)
 _BATCH = 500
@@ -117,18 +119,20 @@ class HoldingsWriter:
         return found
 
     def record(
-        self, bucket: int, workloads: Sequence[tuple[int, WorkloadFigures]], opening_before: float | None,
+        self, bucket: int, workloads: Sequence[tuple[int, WorkloadFigures]], stored: npt.NDArray[np.int64],
+        opening_before: float | None,
     ) -> None:
-        """The rows of the interval at `bucket`: `workloads` (series id, figures) are those reported now; one
-        held before and not reported now holds nothing from now. A workload new to the store that began
-        before `opening_before` (None: none did) brings an opening."""
+        """The rows of the interval at `bucket`: `workloads` (series id, figures) are those reported now, `stored`
+        their cumulative figures as the store keeps them (a row each); one held before and not reported now
+        holds nothing from now. A workload new to the store that began before `opening_before` (None: none
+        did) brings an opening."""
         rows: list[tuple[int, int, float]] = []
         openings: list[tuple[object, ...]] = []
         state = self._state
         looked_up = self._last_rows([series_id for series_id, _ in workloads if series_id not in state])
         now: dict[int, Held] = {}
-        for series_id, figures in workloads:
-            held = Held(figures.allocated_gpus, figure_row(figures))
+        for (series_id, figures), row in zip(workloads, stored.tolist(), strict=True):
+            held = Held(figures.allocated_gpus, tuple(row))
             before = state.get(series_id) or looked_up.get(series_id)
             if before is None:
                 rows.append((series_id, bucket, held.units))

@@ -296,8 +296,10 @@ class RowBuilder:
         cluster: ClusterFigures,
         pod_stats: Sequence[PodStatsSample] = (),
         known: Container[SeriesKey] = frozenset(),
+        workload_figures: FloatArray | None = None,
     ) -> Rows:
-        """One row per series for this interval (see `build_rows`)."""
+        """One row per series for this interval (see `build_rows`); `workload_figures`: the workloads'
+        `figure_values` where the caller has them already."""
         if len(self._keys) > 2 * self._in_use + self.SLACK:
             self.clear()  # slots of series gone long ago: start a fresh table
         latest: dict[str, GpuSample] = {}
@@ -397,7 +399,9 @@ class RowBuilder:
             latest, sample_list, figures, gpu_values, idle_of, energy_of, [each.energy_joules for each in projects],
             free_rows, stats_by_pod, labels, resources_by_pod,
         )
-        layout.fill_figures(rows.values, figure_values(workloads), figure_values(projects), figure_values([cluster]))
+        if workload_figures is None:
+            workload_figures = figure_values(workloads)
+        layout.fill_figures(rows.values, workload_figures, figure_values(projects), figure_values([cluster]))
         return rows
 
     def _assemble(self, entries: list[_Entry], extra: tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], int]) -> _Layout:
