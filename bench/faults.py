@@ -116,8 +116,9 @@ class StatusWrites:
         for namespace in {figures.namespace for figures in workloads} - self.namespaces:
             self.http.create("/api/v1/namespaces", {"metadata": {"name": namespace}})
             self.namespaces.add(namespace)
-        self.runtime._offer_workloads(workloads, now)
-        self.runtime._offer_projects(projects, now)
+        runtime = self.runtime
+        runtime.offers.offer_workloads(runtime.state, workloads, now, slack_seconds=runtime.reporting_slack_seconds)
+        runtime.offers.offer_projects(runtime.state, projects, now)
 
     async def drain(self, controller: SimulatedController, timeout_seconds: float = 120.0) -> None:
         """Until every offer is written (or given up after the client's retries) and no write is in flight;

@@ -1,4 +1,4 @@
-"""Issue 34 in the chart: NetworkPolicies on by default, the agent without nodes/proxy, HTTPS for the API
+"""The chart's security: NetworkPolicies on by default, the agent without nodes/proxy, HTTPS for the API
 (by default a CA and certificate the controller keeps in a Secret, a cert-manager Certificate or your own
 Secret), and a ServiceMonitor that scrapes
 the authorised /metrics over HTTPS with an audience-bound token."""

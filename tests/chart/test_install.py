@@ -79,7 +79,7 @@ def test_install_default_values(install: Callable[..., Installed]) -> None:
     assert installed.one("PodDisruptionBudget")["spec"]["minAvailable"] == 1
     kinds = {obj["kind"] for obj in installed.chart_objects()}
     assert not kinds & {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ConfigMap"}, kinds
-    assert "NetworkPolicy" in kinds  # on by default (issue 34)
+    assert "NetworkPolicy" in kinds  # on by default
 
 
 def test_install_every_optional_feature(install: Callable[..., Installed]) -> None:

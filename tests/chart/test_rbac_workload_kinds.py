@@ -1,4 +1,4 @@
-"""The controller's ClusterRole reads exactly the workload kinds `workloadKinds` names (issue 35): get, list and
+"""The controller's ClusterRole reads exactly the workload kinds `workloadKinds` names: get, list and
 watch on each, rendered from the value; the same rules as gpuwm.controller.rbac.workload_kind_rules."""
 
 from __future__ import annotations

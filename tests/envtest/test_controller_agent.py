@@ -3,7 +3,7 @@
 A Job's pod, made by the real Job controller and bound to a fake Node, holds the node's one GPU. The
 GPUWorkloadMetrics and GPUProjectMetrics must appear with the figures the agent measured, busy then
 idle; a SIGKILL of the controller and its restart lose nothing and count nothing twice; and a busy GPU
-whose process list is empty reads busy (DESIGN §3, rule of 2026-11-27).
+whose process list is empty reads busy (DESIGN §3's sole-holder rule).
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def test_a_busy_gpu_without_visible_processes_reads_busy(scene: Scene, tmp_path:
 
 def test_a_gpu_lost_at_start_keeps_its_pod_allocated_and_unmonitored(scene: Scene, tmp_path: Path) -> None:
     """NVML cannot open the pod's GPU from the agent's start (GPU_IS_LOST): the Job still holds 1 GPU, its time
-    is unmonitored, never idle (DESIGN §3: allocation counts from the pod; issue 33 §2)."""
+    is unmonitored, never idle (DESIGN §3: allocation counts from the pod)."""
     scene.setup(busy_without_processes(80.0).replace("mem_util=30", "mem_util=30 open_error=15"))
     controller = _controller(scene, tmp_path)
     controller.start()

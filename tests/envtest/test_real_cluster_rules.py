@@ -1,4 +1,4 @@
-"""What a real cluster does that the emulator does not (issue 33 §4), on a real kube-apiserver with its
+"""What a real cluster does that the emulator does not, on a real kube-apiserver with its
 garbage collector, the real controller and (where named) the real agent on the fake NVML.
 
 - A GPU pod's allocation counts from Kubernetes: a Running Job's pod on a node where no agent reports

@@ -1,5 +1,5 @@
 """The API's certificate kept in a Secret, on a real kube-apiserver, as the chart's ServiceAccount under the
-chart's RBAC (issue 34 §2): the first start creates `gpuwm-controller-tls` (a CA and a certificate for the
+chart's RBAC: the first start creates `gpuwm-controller-tls` (a CA and a certificate for the
 Service's names), a restart serves the same certificate, which verifies with the Secret's ca.crt for the
 Service's name; the ServiceAccount may not list Secrets nor read another one.
 

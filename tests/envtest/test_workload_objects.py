@@ -1,4 +1,4 @@
-"""Workload objects watched themselves (issue 35), on a real kube-apiserver with the real Job controller.
+"""Workload objects watched themselves, on a real kube-apiserver with the real Job controller.
 
 A suspended Job and a suspended PyTorchJob (its CRD, minimal with the real group, version, kind and the
 fields gpuwm reads, installed after the controller started) appear as Queued with their requested GPUs

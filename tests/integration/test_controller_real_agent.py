@@ -101,7 +101,7 @@ def test_controller_with_the_real_agent(
         assert train["spec"]["workloadRef"]["kind"] == "Job" and train["status"]["allocatedGpus"] == 1
         assert [(g["uuid"], g["pod"]) for g in train["status"]["gpus"]] == [("GPU-1111", "train-0")]
         assert train["status"]["gpuModel"] == "NVIDIA H100 80GB HBM3"
-        # its sole holder takes the device's SM % (DESIGN §3, rule of 2026-11-27), not its process's 45 %: the
+        # its sole holder takes the device's SM % (DESIGN §3's sole-holder rule), not its process's 45 %: the
         # fake's 0/100 pattern (a sample every 1/6 s) reads 33 or 67 % over a 0.5 s poll, 50 % over a run
         assert 30.0 <= train["status"]["utilization"]["current"] <= 70.0
 

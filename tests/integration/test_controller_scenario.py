@@ -1,6 +1,6 @@
 """The real `gpuwm controller` through a workload scenario as a real API server would run it.
 
-Close to the acceptance scenario for issue 4: a namespace is created; pods are created
+Close to an acceptance scenario: a namespace is created; pods are created
 Pending, without a node, owned by a Job and by a PyTorchJob (whose CRD is installed in one
 run and missing in the other); the scheduler's binding sets their node and their status is
 patched to Running; agents report busy then idle samples; every CR status field a user looks

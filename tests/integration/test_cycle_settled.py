@@ -64,7 +64,7 @@ async def test_settled_workload_is_written_once_and_again_after_a_pod_event(emu:
         assert await _drain(runtime) == 3  # both workloads and the project
         assert engine.settled_figures("uid-done") is not None and engine.settled_figures("uid-busy") is None
         await runtime.cycle()
-        assert "uid-done" in runtime._offered_settled
+        assert "uid-done" in runtime.offers.offered_settled
         queued = {desired.name for desired in (runtime.writer._material | runtime.writer._due).values()}
         assert "done" not in queued  # unchanged: not offered again
         await _drain(runtime)

@@ -118,7 +118,7 @@ def test_controller_bench_restart_restores_and_resends_nothing() -> None:
 
 
 def test_client_twin_bench_runs_the_removed_client() -> None:
-    """`bench/client_twin.py` (issue 36 §4's rule, measured): the twin's run really goes through the client read
+    """`bench/client_twin.py`: the twin's run really goes through the client read
     from git, and its status writes land as aiohttp's do."""
     twin = runpy.run_path(str(BENCH / "client_twin.py"))  # the script's names (it runs only as __main__)
     revision, client_path = twin["REVISION"], twin["CLIENT_PATH"]

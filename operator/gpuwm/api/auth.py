@@ -67,7 +67,7 @@ class TtlLru(Generic[K, V]):
     def __init__(self, entries: int, ttl_seconds: float) -> None:
         self.entries = max(1, entries)
         self.ttl_seconds = ttl_seconds
-        self._items: OrderedDict[K, tuple[float, V]] = OrderedDict()
+        self._items: OrderedDict[K, tuple[float, V]] = OrderedDict()  # key -> (when it expires, its value)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -77,11 +77,12 @@ class TtlLru(Generic[K, V]):
         item = self._items.get(key)
         if item is None:
             return False, None
-        if item[0] <= now:
+        expires_at, value = item
+        if expires_at <= now:
             del self._items[key]
             return False, None
         self._items.move_to_end(key)
-        return True, item[1]
+        return True, value
 
     def put(self, key: K, value: V, now: float) -> None:
         self._items[key] = (now + self.ttl_seconds, value)

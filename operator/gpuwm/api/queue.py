@@ -1,4 +1,4 @@
-"""`GET /api/v1/queue`: the workloads waiting for GPUs (issue 35), longest wait first.
+"""`GET /api/v1/queue`: the workloads waiting for GPUs, longest wait first.
 
 The question a platform team asks right after "who is wasting GPUs" is "who is waiting for them,
 for how long, and for how many": the Queued workloads (held back: suspended, or not admitted by

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 #: replica types whose pod leads the job (Kubeflow master/chief, MPI launcher, Ray head)
 LEADER_ROLES = ("master", "chief", "launcher", "head")
@@ -35,7 +36,14 @@ JOBSET_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 JOBSET_INDEX = "jobset.sigs.k8s.io/job-index"
 RAY_NODE_TYPE = "ray.io/node-type"
 
-_Key = tuple[int, str, tuple[int, ...], str]
+
+class _Key(NamedTuple):
+    """Where a pod sorts: leaders, then workers, then other roles; by replicated job, indices, then name."""
+
+    group: int
+    job: str
+    indices: tuple[int, ...]
+    pod: str
 
 
 @dataclass(frozen=True)
@@ -78,12 +86,12 @@ def _role_and_key(name: str, workload: str, labels: Mapping[str, str] | None) ->
     found = _from_labels(labels)
     if found is not None:
         role, indices, job = found
-        return role, (_group(role), job, indices, name)
+        return role, _Key(_group(role), job, indices, name)
     rest = _rest(name, workload)
     matched = _ROLE.search(rest)
     role = matched.group(1) if matched else ""
     text = _SUFFIX.sub("", rest) if not rest.rsplit("-", 1)[-1].isdigit() else rest
-    return role, (_group(role), "", tuple(int(index) for index in _INDICES.findall(text)), name)
+    return role, _Key(_group(role), "", tuple(int(index) for index in _INDICES.findall(text)), name)
 
 
 def rank_pods(
@@ -94,5 +102,5 @@ def rank_pods(
     `labels`: each pod's labels by name (its figures' `labels`); a pod's rank labels outrank its name."""
     given = labels or {}
     keyed = sorted((_role_and_key(name, workload, given.get(name)) for name in dict.fromkeys(pods)),
-                   key=lambda each: each[1])
-    return [Rank(pod=key[3], rank=rank, role=role) for rank, (role, key) in enumerate(keyed)]
+                   key=lambda role_and_key: role_and_key[1])
+    return [Rank(pod=key.pod, rank=rank, role=role) for rank, (role, key) in enumerate(keyed)]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import csv
 import io
 from collections.abc import Sequence
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
@@ -95,16 +95,23 @@ class Report(BaseModel):
     total: ReportRow
 
 
-_RowKey = tuple[str | None, str | None, str | None, str | None, str | None]
+class _RowKey(NamedTuple):
+    """What a report row is of: a project, a namespace or one workload's run (None: not this row's)."""
+
+    project: str | None
+    namespace: str | None
+    workload: str | None = None
+    workload_uid: str | None = None
+    kind: str | None = None
 
 
 def _row_key(workload: WorkloadPeriod, by: ReportBy) -> _RowKey:
-    """(project, namespace, workload, its UID, kind) of the row `workload` is summed into."""
+    """The row `workload` is summed into."""
     if by == "workload":
-        return workload.project, workload.namespace, workload.name, workload.uid, workload.kind
+        return _RowKey(workload.project, workload.namespace, workload.name, workload.uid, workload.kind)
     if by == "namespace":
-        return None, workload.namespace, None, None, None
-    return workload.project, None, None, None, None
+        return _RowKey(None, workload.namespace)
+    return _RowKey(workload.project, None)
 
 
 def _row(members: Sequence[WorkloadPeriod], peak: float, **keys: str | None) -> ReportRow:
@@ -127,10 +134,9 @@ def _row(members: Sequence[WorkloadPeriod], peak: float, **keys: str | None) -> 
 def _peak_group(key: _RowKey, namespaces: frozenset[str] | None) -> WorkloadGroup:
     """The workloads of a project or namespace row, as labels: those of its project (in the namespaces the
     reader may see, None: all) or of its namespace."""
-    project, namespace = key[0], key[1]
-    if namespace is not None:
-        return WorkloadGroup(namespaces=frozenset({namespace}))
-    return WorkloadGroup(project=project, namespaces=namespaces)
+    if key.namespace is not None:
+        return WorkloadGroup(namespaces=frozenset({key.namespace}))
+    return WorkloadGroup(project=key.project, namespaces=namespaces)
 
 
 def build_report(
@@ -152,7 +158,7 @@ def build_report(
     rows = []
     for index, (key, group) in enumerate(ordered):
         peak = group[0].peak_allocated_gpus if by == "workload" else peaks.get(str(index), 0.0)
-        row = _row(group, peak, project=key[0], namespace=key[1], workload=key[2], workload_uid=key[3], kind=key[4])
+        row = _row(group, peak, **key._asdict())
         rows.append(_priced(row, group, pricing, by == "workload"))
     total = _priced(_row(workloads, peaks.get(_TOTAL, 0.0)), workloads, pricing, False)
     return Report(start=start, end=end, step_seconds=step_seconds, by=by, idle_threshold_percent=threshold,

@@ -253,58 +253,69 @@ def _runai_device_metrics(
         for gpu in workload.gpus:
             devices.setdefault((gpu.node, gpu.uuid), gpu)
             per_pod.append((workload, gpu))
-    holding = set(devices)
     for view in free:
         devices.setdefault((view.node, view.uuid), GpuFigures(
             node=view.node, uuid=view.uuid, index=view.index, sm_percent=view.utilization_percent,
             memory_used_bytes=view.memory_used_bytes, memory_total_bytes=view.memory_total_bytes,
         ))
+    yield from _runai_gpu_and_node_metrics(cluster_id, devices, held={(gpu.node, gpu.uuid) for _, gpu in per_pod})
+    yield from _runai_pod_gpu_metrics(cluster_id, per_pod)
 
-    def gpu_label(gpu: GpuFigures) -> str:
-        return str(gpu.index) if gpu.index is not None else gpu.uuid
 
+def _gpu_label(gpu: GpuFigures) -> str:
+    return str(gpu.index) if gpu.index is not None else gpu.uuid
+
+
+#: Run:ai's per-node name -> (the per-GPU name it sums, its help, whether it is their mean instead)
+_PER_NODE = {
+    "runai_gpu_utilization_per_node": ("runai_gpu_utilization_per_gpu", "GPU utilization per node, percent (mean).", True),
+    "runai_gpu_memory_used_mebibytes_per_node": ("runai_gpu_memory_used_mebibytes_per_gpu", "Used GPU memory per node, MiB.", False),
+    "runai_gpu_memory_total_mebibytes_per_node": ("runai_gpu_memory_total_mebibytes_per_gpu", "Total GPU memory per node, MiB.", False),
+    "runai_allocated_gpu_count_per_node": ("runai_allocated_gpu_count_per_gpu", "GPUs held per node.", False),
+}
+
+
+def _runai_gpu_and_node_metrics(cluster_id: str, devices: dict[tuple[str, str], GpuFigures],
+                                held: set[tuple[str, str]]) -> Iterator[Metric]:
+    """The per-GPU series of `devices` ((node, uuid) -> figures; `held`: those a pod holds), and their per-node sums."""
     per_gpu: tuple[Series[GpuFigures], ...] = (
         ("runai_gpu_utilization_per_gpu", "GPU utilization per GPU, percent (the device's SM %).",
          lambda g: g.sm_percent if g.sm_percent is not None else g.utilization_percent),
         ("runai_gpu_memory_used_mebibytes_per_gpu", "Used GPU memory per GPU, MiB.", lambda g: _mib(g.memory_used_bytes)),
         ("runai_gpu_memory_total_mebibytes_per_gpu", "Total GPU memory per GPU, MiB.", lambda g: _mib(g.memory_total_bytes)),
         ("runai_allocated_gpu_count_per_gpu", "Whether a pod holds the GPU (0/1).",
-         lambda g: 1.0 if (g.node, g.uuid) in holding else 0.0),
+         lambda g: 1.0 if (g.node, g.uuid) in held else 0.0),
     )
     node_sums: dict[str, dict[str, list[float]]] = {}
-    gpu_rows = [([cluster_id, gpu_label(gpu), node, uuid], gpu) for (node, uuid), gpu in sorted(devices.items())]
+    gpu_rows = [([cluster_id, _gpu_label(gpu), node, uuid], gpu) for (node, uuid), gpu in sorted(devices.items())]
     for gauge in families(per_gpu, gpu_rows, ["clusterId", "gpu", "node", "uuid"]):
         for point in gauge.samples:
             node_sums.setdefault(gauge.name, {}).setdefault(point.labels["node"], []).append(point.value)
         yield gauge
-    per_node = {
-        "runai_gpu_utilization_per_node": ("runai_gpu_utilization_per_gpu", "GPU utilization per node, percent (mean).", True),
-        "runai_gpu_memory_used_mebibytes_per_node": ("runai_gpu_memory_used_mebibytes_per_gpu", "Used GPU memory per node, MiB.", False),
-        "runai_gpu_memory_total_mebibytes_per_node": ("runai_gpu_memory_total_mebibytes_per_gpu", "Total GPU memory per node, MiB.", False),
-        "runai_allocated_gpu_count_per_node": ("runai_allocated_gpu_count_per_gpu", "GPUs held per node.", False),
-    }
-    for name, (source, help_text, mean) in per_node.items():
+    for name, (source, help_text, mean) in _PER_NODE.items():
         gauge = GaugeMetricFamily(name, help_text, labels=["clusterId", "node"])
         for node, values in sorted(node_sums.get(source, {}).items()):
             gauge.add_metric([cluster_id, node], sum(values) / len(values) if mean else sum(values))
         yield gauge
+
+
+def _runai_pod_gpu_metrics(cluster_id: str, per_pod: list[tuple[WorkloadFigures, GpuFigures]]) -> Iterator[Metric]:
+    """The per-pod-per-GPU series of the devices each workload's pods hold, and each pod's GPU units."""
     pod_labels = ["clusterId", "pod_name", "pod_uuid", "pod_namespace", "node", "gpu"]
     yield from families(
         (("runai_gpu_utilization_per_pod_per_gpu", "GPU utilization per pod per GPU, percent (the pod's share).",
           attrgetter("utilization_percent")),
          ("runai_gpu_memory_used_mebibytes_per_pod_per_gpu", "Used GPU memory per pod per GPU, MiB.",
           lambda g: _mib(g.memory_used_bytes))),
-        [([cluster_id, gpu.pod or "", gpu.pod_uid or "", workload.namespace, gpu.node, gpu_label(gpu)], gpu)
+        [([cluster_id, gpu.pod or "", gpu.pod_uid or "", workload.namespace, gpu.node, _gpu_label(gpu)], gpu)
          for workload, gpu in per_pod],
         pod_labels,
     )
-    held: dict[tuple[str, str, str, str], float] = {}
+    units_by_pod: dict[tuple[str, str, str, str], float] = {}
     for workload, gpu in per_pod:
         key = (gpu.pod or "", gpu.pod_uid or "", workload.namespace, gpu.node)
-        held[key] = held.get(key, 0.0) + gpu.units
-    count = GaugeMetricFamily(
-        "runai_allocated_gpu_count_per_pod", "GPU units held per pod.", labels=pod_labels[:-1]
-    )
-    for (pod, pod_uid, namespace, node), units in sorted(held.items()):
+        units_by_pod[key] = units_by_pod.get(key, 0.0) + gpu.units
+    count = GaugeMetricFamily("runai_allocated_gpu_count_per_pod", "GPU units held per pod.", labels=pod_labels[:-1])
+    for (pod, pod_uid, namespace, node), units in sorted(units_by_pod.items()):
         count.add_metric([cluster_id, pod, pod_uid, namespace, node], units)
     yield count

@@ -1,4 +1,4 @@
-"""Runs of a workload (issue 39): which run an answer is about, its pods in rank order, and pages of runs.
+"""Runs of a workload: which run an answer is about, its pods in rank order, and pages of runs.
 
 A workload's name can be reused: a Job deleted and created again under the same name is a new run
 with a new UID. The name path (`/namespaces/{ns}/workloads/{name}`) and the CR always mean the

@@ -143,7 +143,7 @@ def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop's loop where it is installed (as `kopf run` picks it), else asyncio's (None).
 
     Its pull phase's CPU per cycle is steadier than on asyncio's loop, the other phases the same
-    (bench/controller.py `--loop`; the figures are in bench/README.md).
+    (`bench/controller.py --loop` compares the two).
     """
     try:
         import uvloop

@@ -91,7 +91,7 @@ _REGISTERED_KINDS: set[WorkloadKind] = set()
 
 
 def register_workload_kinds(kinds: list[WorkloadKind]) -> None:
-    """One `@kopf.on.event` per configured workload kind (issue 35), and one log line per kind not installed.
+    """One `@kopf.on.event` per configured workload kind, and one log line per kind not installed.
 
     kopf watches a kind once its CRD exists, and picks up CRDs created later; for every kind it cannot
     resolve it logs one warning listing them all, again on each CRD change: `AbsentKinds` turns that into
@@ -103,6 +103,7 @@ def register_workload_kinds(kinds: list[WorkloadKind]) -> None:
         _REGISTERED_KINDS.add(kind)
         kopf.on.event(group=kind.group, version=kind.version, kind=kind.kind, id=f"workload:{kind.text}",
                       registry=REGISTRY)(workload_object_event)
+    # the logger kopf's resource observation warns through; kopf names it after its private module, and no other
     observation = logging.getLogger("kopf._core.reactor.observation")
     if not any(isinstance(existing, AbsentKinds) for existing in observation.filters):
         observation.addFilter(AbsentKinds())
@@ -177,7 +178,10 @@ def agent_pods(body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[str, str] | N
     """node -> URL of the agent pod on it (`--agents pods:NAMESPACE/SELECTOR`)."""
     agents = parse_agents_spec(_settings(memo).agents)
     found = agent_url_of_pod(body, agents.port if isinstance(agents, PodAgents) else 9400)
-    return {found[0]: found[1]} if found else None
+    if found is None:
+        return None
+    node, url = found
+    return {node: url}
 
 
 @kopf.on.event("pods", when=_is_gpu_pod, registry=REGISTRY)

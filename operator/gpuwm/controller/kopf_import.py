@@ -2,7 +2,7 @@
 
 kopf imports the official Kubernetes client, kubernetes_asyncio and pykube at its own import only to
 recognise their model objects in `kopf.adopt()`, which gpuwm never passes; loading the official
-client costs a part of the controller's memory budget that gpuwm has no use for (bench/README.md).
+client costs a large part of the controller's memory budget, for nothing gpuwm uses.
 """
 
 from __future__ import annotations

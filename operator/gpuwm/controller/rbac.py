@@ -57,7 +57,7 @@ REQUIRED_RULES: list[dict[str, Any]] = [
      "verbs": ["get", "list", "watch", "patch"]},
     # the owner walk
     *({"apiGroups": [group], "resources": resources, "verbs": ["get"]} for group, resources in OWNER_KINDS.items()),
-    # the workload objects themselves (issue 35): queued and pending workloads, requested GPUs
+    # the workload objects themselves: queued and pending workloads, requested GPUs
     *workload_kind_rules(),
 ]
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -21,65 +20,55 @@ from typing import Any
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.config import Settings
 from gpuwm.controller.kube import KubeApiError, KubeClient, TokenBucket
+from gpuwm.controller.offers import StatusOffers
 from gpuwm.controller.policy import PolicyRoom
 from gpuwm.controller.pull import (
     AgentPuller,
+    PullResult,
     SampleIntake,
     StaticAgents,
     index_holders,
     parse_agents_spec,
 )
 from gpuwm.controller.state import (
-    ADDITIVE_FIELDS,
     ControllerState,
     KeptState,
     collect_cycle_garbage,
     commit_state,
     encode_state_chunks,
+    projects_with_baselines,
     release_free_memory,
     restore_saved,
     save_state,
     stage_state,
     state_path_for_store,
+    with_baseline,
 )
 from gpuwm.controller.state import restore as recover_state
 from gpuwm.controller.status import (
-    PROJECT_PLURAL,
     WORKLOAD_PLURAL,
-    ConditionStatus,
-    Desired,
     IdleEvents,
     IdleWatch,
     Seen,
     StatusWriter,
-    build_project_status,
-    build_workload_status,
-    dns_name,
     idle_condition,
-    label_value,
-    project_counters,
-    project_signature,
-    remembered,
     seen_now,
-    workload_counters,
-    workload_cr_name,
-    workload_labels,
-    workload_signature,
 )
 from gpuwm.controller.watch import (
     MalformedPodError,
     OwnerResolver,
     SharingSource,
     TrackedPod,
+    as_of,
     device_allocations,
-    ended_by_deletion,
     pod_event,
     state_key,
     track_pod,
     whole_device_nodes,
+    workload_uid_of,
 )
 from gpuwm.feed import MergeRequest
-from gpuwm.model import NamespaceEvent, ProjectFigures, WorkloadFigures, gpu_quota
+from gpuwm.model import ClusterFigures, GpuSample, NamespaceEvent, ProjectFigures, WorkloadFigures, gpu_quota
 
 logger = logging.getLogger(__name__)
 
@@ -127,11 +116,7 @@ class ControllerRuntime:
         #: its pull began (a slow cycle must not read every agent as silent)
         self.reporting_slack_seconds = self.engine_config.gap_seconds + settings.status_interval
         self.idle_watch = IdleWatch(self.reporting_slack_seconds)  # since when each workload's idleness was observed
-        #: workload uid -> ((project, Kueue queues), CR spec, CR labels): built once, not for each of thousands of
-        #: CRs each cycle
-        self._cr_static: dict[str, tuple[tuple[str, str | None, str | None], dict[str, Any], dict[str, str]]] = {}
-        #: workload uid -> the settled figures last offered (the engine's own cached object, no extra memory)
-        self._offered_settled: dict[str, WorkloadFigures] = {}
+        self.offers = StatusOffers(settings, self.writer)
         self.cycles = 0
         #: False once another replica took over (`handlers`): what this one does on its way out must not get in its way
         self.leading = True
@@ -244,27 +229,17 @@ class ControllerRuntime:
         ))
 
     def _send(self, pod: TrackedPod) -> None:
+        """The pod's event to the engine, where it says something the engine was not told yet."""
         now = self.clock()
-        ended = ended_by_deletion(pod, now)  # past its deletionTimestamp: its containers are gone
-        if ended is not None:
-            pod = ended
+        pod, at = as_of(pod, now)
         state = self._state
         holders = state.holders_by_pod.get(pod.uid, []) + state.holders_by_pod.get(f"{pod.namespace}/{pod.name}", [])
         devices = device_allocations(pod, holders, state.pods)
-        key = json.dumps(state_key(pod, devices))
+        key = state_key(pod, devices)
         previous = state.sent.get(pod.uid)
         if previous == key:
             return
-        if ended is not None:
-            at = ended.deletion_time or now
-        else:
-            at = now if pod.phase in {"Deleted", "Unknown"} else (pod.phase_since or now)
-            if pod.created is not None and at < pod.created:
-                # a phase cannot start before the pod exists: the kubelet stamps container starts with the
-                # node's clock, the API server the creation with its own; a node a second behind would put
-                # Running before Pending in the engine's timeline, and the pod would end up Pending
-                at = pod.created
-        if previous is not None and json.loads(previous)[3] != pod.workload.uid:
+        if previous is not None and workload_uid_of(previous) != pod.workload.uid:
             # its owner changed (`kubectl delete job --cascade=orphan`: the garbage collector stripped its
             # ownerReferences): the move is news of now, not of the pod's start, or the old workload's time would
             # move with it; and no later event takes the new workload back before the move
@@ -293,12 +268,36 @@ class ControllerRuntime:
         """Pull, account, offer statuses, retention, save; CPU seconds per phase go to `cycle_cpu_seconds`."""
         timer = _PhaseTimer()
         pull_started = self.clock()
+        intake, pulled = await self._pull(timer)
+        now = self.clock()
+        # a slow cycle must not read every agent as silent: its report came this late after its pull began
+        self.reporting_slack_seconds = (self.engine_config.gap_seconds + self.settings.status_interval
+                                        + max(0.0, now - pull_started))
+        self.idle_watch.slack_seconds = self.reporting_slack_seconds
+        if self._last_save is None or now - self._last_save >= self.settings.state_save_interval or self.cycles < 3:
+            # before the report: the state's encoding and the report's figures are never in memory together
+            await self.save_in_background(now)
+        timer.mark("save")
+        workload_count = await self._account(now, intake, pulled, timer)
+        # the report's figures went with `_account`: what reference counting left of them is collected, and the
+        # store's compaction slice reuses their memory instead of adding to the cycle's peak
+        collect_cycle_garbage()
+        await self._compact(now)
+        release_free_memory()
+        timer.mark("trim")
+        self.cycles += 1
+        self.cycle_cpu_seconds = {**timer.phases, "store_thread": self.store_cpu_seconds}
+        logger.debug("status cycle %d: %d samples, %d workloads, CPU seconds %s", self.cycles, intake.samples,
+                     workload_count, {k: round(v, 3) for k, v in timer.phases.items()})
+
+    async def _pull(self, timer: _PhaseTimer) -> tuple[SampleIntake, PullResult]:
+        """Every agent's samples into the engine, then the pods whose devices or lives changed meanwhile."""
         state = self._state  # restored before the first cycle, never replaced while one runs
         intake = SampleIntake(state.engine, state.holders_by_node)
         agents = self.agent_urls()
         # nodes whose devices are all held whole: their agents merge more polls (MergeRequest.exact_replicas)
         whole = whole_device_nodes(agents, self.sharing, state.pods.values(), state.holders_by_node)
-        result = await self.puller.pull_all(agents, on_snapshot=intake.take, whole_devices=whole)
+        pulled = await self.puller.pull_all(agents, on_snapshot=intake.take, whole_devices=whole)
         intake.flush()  # columnar snapshots go to the engine as one batch
         timer.mark("pull")
         timer.phases["pull"] -= intake.cpu_seconds  # the engine's share of the pull, reported on its own
@@ -315,104 +314,45 @@ class ControllerRuntime:
         timer.phases["engine_samples"] = intake.cpu_seconds
         if intake.latest_time is not None:
             state.latest_sample_time = max(state.latest_sample_time or 0.0, intake.latest_time)
-        samples = sorted(intake.latest.values(), key=attrgetter("t"))  # the store reads each device's latest
-        now = self.clock()
-        self.reporting_slack_seconds = (self.engine_config.gap_seconds + self.settings.status_interval
-                                        + max(0.0, now - pull_started))
-        self.idle_watch.slack_seconds = self.reporting_slack_seconds
-        if self._last_save is None or now - self._last_save >= self.settings.state_save_interval or self.cycles < 3:
-            # before the report: the state's encoding and the report's figures are never in memory together
-            await self.save_in_background(now)
-        timer.mark("save")
+        return intake, pulled
+
+    async def _account(self, now: float, intake: SampleIntake, pulled: PullResult, timer: _PhaseTimer) -> int:
+        """The engine's report as of `now` to the writer, retention and the store; how many workloads it held.
+
+        The report's figures live as long as this call: the cycle's compaction comes after it.
+        """
+        state = self._state
         engine_workloads, projects, cluster = state.engine.report(now)
         # after a restart that lost the engine state, the CRs' figures before it (see recovery); most cycles none
-        workloads = [self._with_baseline(figures) for figures in engine_workloads] if state.baselines else engine_workloads
-        projects = self._projects_with_baselines(projects, engine_workloads)
+        workloads = ([with_baseline(figures, state.baselines) for figures in engine_workloads] if state.baselines
+                     else engine_workloads)
+        projects = projects_with_baselines(projects, engine_workloads, state.baselines)
         timer.mark("engine_report")
         await asyncio.sleep(0)
-        idle_after = self.settings.idle_condition_after
-        slack = self.reporting_slack_seconds
-        # what each workload's samples show, and its Idle condition, once a cycle: the idle watch, the writer's
-        # signatures and the Events read the same ones
-        seen = {figures.uid: seen_now(figures, now, slack) for figures in workloads}
-        self._observe_idleness(workloads, now, seen)
-        if self.policies is not None:  # before the offers: their signatures carry what the room adds
-            self.policies.observe(workloads, projects, seen, now)
-        idle = {figures.uid: idle_condition(figures, state.observed_idle.get(figures.uid), idle_after, now, slack,
-                                            seen[figures.uid])
-                for figures in workloads}
-        self._offer_workloads(workloads, now, idle, seen)
-        self._offer_projects(projects, now)
-        self.idle_events.announce(workloads, {uid: condition[0] for uid, condition in idle.items()})
-        del idle, seen
+        self._offer(workloads, projects, now)
         await self._apply_retention(workloads, now)
         await self.writer.retire_projects(now, self.settings.retention)  # projects with no workload left
         timer.mark("offer")
-        await self._record(now, samples, workloads, projects, cluster, result)
+        samples = sorted(intake.latest.values(), key=attrgetter("t"))  # the store reads each device's latest
+        await self._record(now, samples, workloads, projects, cluster, pulled)
         timer.mark("store")
-        workload_count = len(workloads)
-        del samples, workloads, projects, cluster, engine_workloads, result
-        collect_cycle_garbage()  # what reference counting left of the cycle (see gctuning)
-        # the store's compaction slice once the figures are freed: its arrays reuse that memory instead of
-        # adding to the cycle's peak (it ran inside the store's record, with the figures alive)
-        await self._compact(now)
-        release_free_memory()  # the cycle's figures and rows are garbage now: give their pages back
-        timer.mark("trim")
-        self.cycles += 1
-        self.cycle_cpu_seconds = {**timer.phases, "store_thread": self.store_cpu_seconds}
-        logger.debug("status cycle %d: %d samples, %d workloads, CPU seconds %s", self.cycles, intake.samples,
-                     workload_count, {k: round(v, 3) for k, v in timer.phases.items()})
+        return len(workloads)
 
-    def _with_baseline(self, figures: WorkloadFigures) -> WorkloadFigures:
-        """Figures plus what the CR said before a restart that lost the engine state (see recovery)."""
-        baseline = self._state.baselines.get(figures.uid)
-        if not baseline:
-            return figures
-        update: dict[str, Any] = {name: getattr(figures, name) + value for name, value in baseline.items()
-                                  if name in ADDITIVE_FIELDS}
-        if "start_time" in baseline:  # the allocation began before the restart, not at it
-            update["start_time"] = min(baseline["start_time"], figures.start_time or baseline["start_time"])
-        if "wait_seconds" in baseline:
-            update["wait_seconds"] = baseline["wait_seconds"]
-        return figures.model_copy(update=update)
-
-    def _projects_with_baselines(self, projects: list[ProjectFigures],
-                                 workloads: list[WorkloadFigures]) -> list[ProjectFigures]:
-        baselines = self._state.baselines
-        if not baselines:
-            return projects
-        extra: dict[str, dict[str, float]] = {}
-        for figures in workloads:
-            for name, value in baselines.get(figures.uid, {}).items():
-                if name in ADDITIVE_FIELDS and name != "run_seconds":
-                    sums = extra.setdefault(figures.project, {})
-                    sums[name] = sums.get(name, 0.0) + value
-        return [project.model_copy(update={name: getattr(project, name) + value
-                                           for name, value in extra.get(project.name, {}).items()})
-                for project in projects]
-
-    def cr_name_for(self, figures: WorkloadFigures) -> str | None:
-        """The GPUWorkloadMetrics name of a workload; None when a newer workload of the same kind took it.
-
-        Same namespace and name as the workload; `<name>-<kind>` when a workload of another kind
-        has the name. A workload recreated with the same kind and name takes the name over.
-        """
-        cr_names, cr_owner = self._state.cr_names, self._state.cr_owner
-        if figures.uid in cr_names:
-            return cr_names[figures.uid] or None
-        name = workload_cr_name(figures.name, figures.kind, False)
-        holder = cr_owner.get((figures.namespace, name))
-        if holder is not None and holder[0] != figures.uid:
-            if holder[1] != figures.kind:
-                name = workload_cr_name(figures.name, figures.kind, True)
-            elif (holder[2] or 0.0) > (figures.created_time or 0.0):
-                cr_names[figures.uid] = ""  # an older incarnation: its CR is the newer one's now
-                return None
-            else:
-                cr_names[holder[0]] = ""
-        cr_names[figures.uid] = name
-        cr_owner[(figures.namespace, name)] = (figures.uid, figures.kind, figures.created_time)
-        return name
+    def _offer(self, workloads: list[WorkloadFigures], projects: list[ProjectFigures], now: float) -> None:
+        """Every CR to the writer, and the Idle Events; each workload's Idle condition computed once for both."""
+        state, slack, policies = self._state, self.reporting_slack_seconds, self.policies
+        # what each workload's samples show: the idle watch, the policies, the signatures and the Events read it
+        seen = {figures.uid: seen_now(figures, now, slack) for figures in workloads}
+        self._observe_idleness(workloads, now, seen)
+        if policies is not None:  # before the offers: their signatures carry what the room adds
+            policies.observe(workloads, projects, seen, now)
+        idle = {figures.uid: idle_condition(figures, state.observed_idle.get(figures.uid),
+                                            self.settings.idle_condition_after, now, slack, seen[figures.uid])
+                for figures in workloads}
+        self.offers.offer_workloads(state, workloads, now, slack_seconds=slack, policies=policies, idle=idle,
+                                    seen=seen)
+        self.offers.offer_projects(state, projects, now, policies)
+        self.idle_events.announce(workloads, {uid: status for uid, (status, _reason) in idle.items()})
 
     def _observe_idleness(self, workloads: list[WorkloadFigures], now: float,
                           seen: Mapping[str, Seen] | None = None) -> None:
@@ -430,95 +370,6 @@ class ControllerRuntime:
             if seconds is not None:
                 observed[figures.uid] = seconds
         self._state.observed_idle = observed
-
-    def _offer_workloads(self, workloads: list[WorkloadFigures], now: float,
-                         idle: Mapping[str, tuple[ConditionStatus, str]] | None = None,
-                         seen: Mapping[str, Seen] | None = None) -> None:
-        """Each workload's CR to the writer; `idle`, `seen`: each one's Idle condition and `seen_now`, as this
-        cycle computed them."""
-        idle_after, low = self.settings.idle_condition_after, self.settings.underutilized_percent
-        # the fields once, not once per CR
-        engine, offered_settled, observed_idle = self._state.engine, self._offered_settled, self._state.observed_idle
-        slack, sample_time, offer = self.reporting_slack_seconds, self._state.latest_sample_time, self.writer.offer
-        policies = self.policies
-        for figures in workloads:
-            settled = engine.settled_figures(figures.uid) is figures
-            if settled and offered_settled.get(figures.uid) is figures:
-                continue  # a finished workload's unchanged figures: the writer has them already
-            name = self.cr_name_for(figures)
-            if name is None:
-                continue
-            if settled:
-                offered_settled[figures.uid] = figures
-            else:
-                offered_settled.pop(figures.uid, None)
-            static = self._cr_static.get(figures.uid)
-            held = (figures.project, figures.local_queue, figures.cluster_queue)
-            if static is None or static[0] != held:  # spec and labels change with the project and queues only
-                static = self._cr_static[figures.uid] = (held, {
-                    "workloadRef": {"apiVersion": figures.api_version, "kind": figures.kind, "name": figures.name,
-                                    "uid": figures.uid}, "project": figures.project,
-                }, workload_labels(figures))
-            signature = workload_signature(figures, now, idle_condition_after_seconds=idle_after,
-                                           underutilized_percent=low,
-                                           observed_idle_seconds=observed_idle.get(figures.uid),
-                                           reporting_slack_seconds=slack,
-                                           idle=None if idle is None else idle.get(figures.uid),
-                                           seen=None if seen is None else seen.get(figures.uid))
-            offer(Desired(
-                plural=WORKLOAD_PLURAL, namespace=figures.namespace, name=name,
-                spec=static[1], labels=static[2],
-                # a settled workload's figures are the engine's own cached object: the render takes them as they
-                # are (held at no cost); a running one's are computed again at its write (see _render_workload)
-                render=functools.partial(self._render_workload, figures.uid, now, observed_idle.get(figures.uid),
-                                         slack, figures if settled else None),
-                # hashes: only their equality counts, and the queued offers and written CRs kept the whole tuples
-                # (bench/README.md); a collision (~2^-61 a comparison) delays one write
-                signature=hash(signature if policies is None else (*signature, policies.signature(figures.uid))),
-                counters=hash(workload_counters(figures)),
-                # a settled workload's figures are final, no sample is behind them: not a sample -> status lag
-                sample_time=None if settled else sample_time,
-            ))
-
-    def _render_workload(self, uid: str, now: float, observed_idle_seconds: float | None = None,
-                         reporting_slack_seconds: float = 0.0, settled: WorkloadFigures | None = None) -> dict[str, Any]:
-        """Built when the writer sends it; conditions keep their transition times across writes.
-
-        `settled`: a finished workload's final figures, which the engine keeps anyway. A running
-        workload's figures are computed again here (from the report's window sums, which the engine
-        keeps: `Engine.workload`), for the few CRs the token bucket lets through: holding every
-        offered workload's figures until its turn would keep a whole report's pydantic objects
-        alive between cycles (bench/README.md).
-        """
-        figures = settled
-        if figures is None:
-            engine_figures = self._state.engine.workload(uid, now)
-            if engine_figures is None:  # retention forgets the CR with the workload, so this is not expected
-                raise LookupError(f"workload {uid} is no longer in the engine; its GPUWorkloadMetrics is not rendered")
-            figures = self._with_baseline(engine_figures)
-        status = build_workload_status(
-            figures, now,
-            idle_condition_after_seconds=self.settings.idle_condition_after,
-            underutilized_percent=self.settings.underutilized_percent,
-            previous_conditions=self._state.conditions.get(figures.uid, ()),
-            observed_idle_seconds=observed_idle_seconds, reporting_slack_seconds=reporting_slack_seconds,
-        )
-        self._state.conditions[figures.uid] = remembered(status.conditions)
-        body = status.model_dump(mode="json", by_alias=True)
-        if self.policies is not None:
-            self.policies.decorate_workload(figures, body)
-        return body
-
-    def _offer_projects(self, projects: list[ProjectFigures], now: float) -> None:
-        sample_time = self._state.latest_sample_time
-        for figures in projects:
-            self.writer.offer(Desired(
-                plural=PROJECT_PLURAL, namespace=None, name=dns_name(figures.name),
-                spec={"project": figures.name}, labels={"gpuwm.io/project": label_value(figures.name)},
-                render=functools.partial(_project_body, figures, now, self.policies),
-                signature=hash(project_signature(figures)), counters=hash(project_counters(figures)),
-                sample_time=sample_time,
-            ))
 
     async def _apply_retention(self, workloads: list[WorkloadFigures], now: float) -> None:
         """Finished workloads keep their CR for `retention`, then it and the engine's record go."""
@@ -541,8 +392,7 @@ class ControllerRuntime:
             state.engine.forget_workload(figures.uid)
             state.conditions.pop(figures.uid, None)
             self.idle_watch.forget(figures.uid)
-            self._cr_static.pop(figures.uid, None)
-            self._offered_settled.pop(figures.uid, None)
+            self.offers.forget(figures.uid)
             state.baselines.pop(figures.uid, None)
 
     def save(self, now: float) -> None:
@@ -589,23 +439,20 @@ class ControllerRuntime:
             except OSError as error:
                 logger.warning("cannot save engine state to %s: %s", self.state_path, error)
 
-    async def _record(self, now: float, samples: Any, workloads: Any, projects: Any, cluster: Any, result: Any) -> None:
+    async def _record(self, now: float, samples: list[GpuSample], workloads: list[WorkloadFigures],
+                      projects: list[ProjectFigures], cluster: ClusterFigures, pulled: PullResult) -> None:
+        """The interval's figures (and the runs' prices) into the store, in a thread of its own."""
         if self.store is None:
             return
-        pod_stats = [stat for snapshot in result.snapshots for stat in snapshot.pod_stats]
         store = self.store
-        # handed over in a list the thread empties: the executor's worker holds `record` a moment after the
-        # loop resumes, and the interval's figures must be free before `_compact` runs (see `cycle`)
-        handed = [samples, workloads, projects, cluster, pod_stats]
+        pod_stats = [stat for snapshot in pulled.snapshots for stat in snapshot.pod_stats]
         prices = self.policies.prices() if self.policies is not None else {}
 
         def record() -> None:
-            interval = list(handed)
-            handed.clear()
             if _slices(store):  # the embedded store: its compaction slice comes in `_compact`
-                store.record(now, *interval, compact=False)
+                store.record(now, samples, workloads, projects, cluster, pod_stats, compact=False)
             else:
-                store.record(now, *interval)
+                store.record(now, samples, workloads, projects, cluster, pod_stats)
             if prices:  # after the figures: a run's price names a run the store holds
                 store.record_prices(now, prices)
 
@@ -652,10 +499,3 @@ def _slices(store: Any) -> bool:
     """Whether `store` takes its compaction slice apart from `record` (the embedded store)."""
     return callable(getattr(store, "compact_slice", None))
 
-
-def _project_body(figures: ProjectFigures, now: float, policies: PolicyRoom | None = None) -> dict[str, Any]:
-    """The GPUProjectMetrics status a write sends (with its cost, where priced)."""
-    body = build_project_status(figures, now).model_dump(mode="json", by_alias=True)
-    if policies is not None:
-        policies.decorate_project(figures.name, body)
-    return body

@@ -1,4 +1,4 @@
-"""20 concurrent worst-case queries against a real `gpuwm api` process: its memory stays bounded (issue 34).
+"""20 concurrent worst-case queries against a real `gpuwm api` process: its memory stays bounded.
 
 The store holds 60 GPUs with a few samples each; a cluster query of all 19 metrics by GPU over 11,000
 steps would answer 60 x 19 x 11,000 = 12.5 million points (GBs of Python objects and JSON) per

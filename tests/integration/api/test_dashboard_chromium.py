@@ -104,7 +104,7 @@ def api_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def queue_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`gpuwm api` over a store whose workloads queue (issue 35): the engine's figures of workload events."""
+    """`gpuwm api` over a store whose workloads queue: the engine's figures of workload events."""
     from tests.unit.api.test_api_queue import figures_store
 
     workdir = tmp_path_factory.mktemp("queue")

@@ -1,4 +1,4 @@
-"""Every example request of docs/coming-from-*.md (issue 39 §7) is served: each `GET /…` in backticks is run
+"""Every example request of docs/coming-from-*.md is served: each `GET /…` in backticks is run
 through the HTTP API against the store of test_api_runs (workload `train`, runs uid-train-first and
 uid-train-second, pods worker-0 and worker-1)."""
 

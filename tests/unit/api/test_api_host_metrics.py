@@ -1,4 +1,4 @@
-"""Issue 39 §3 through the HTTP API: a workload's CPU as percent of its request and limit, memory
+"""Host figures through the HTTP API: a workload's CPU as percent of its request and limit, memory
 request and limit, disk rates and ephemeral-storage limit on the range API (embedded store), by pod too."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Workloads seen through their own objects on the API's surfaces (issue 35): the queue view, the workload
+"""Workloads seen through their own objects on the API's surfaces: the queue view, the workload
 list's new fields and the Prometheus series, from an engine fed WorkloadEvents into a real embedded store."""
 
 from __future__ import annotations

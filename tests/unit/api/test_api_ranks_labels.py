@@ -1,4 +1,4 @@
-"""Issue 39 §4 and §5 leftovers through the HTTP API on a real embedded store: a pod's rank comes from the
+"""Ranks and labels through the HTTP API on a real embedded store: a pod's rank comes from the
 operators' labels in its figures (the names here would rank the pods the other way round), and the
 range answer's `workload` says why a failed run failed."""
 

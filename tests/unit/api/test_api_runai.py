@@ -1,4 +1,4 @@
-"""Issue 39 §6's last Run:ai names through the controller's `/metrics` on a real embedded store: `user` from
+"""Run:ai names through the controller's `/metrics` on a real embedded store: `user` from
 the `runaiUserLabel` pod label, runai_job_cpu_usage and runai_job_memory_used_bytes from the pods' kubelet
 figures, free GPUs in the per-GPU and per-node series; and the setting's bad values refused by name."""
 

@@ -1,4 +1,4 @@
-"""Issue 39 through the HTTP API on a real embedded store with small tiers: a run older than the finest
+"""Runs through the HTTP API on a real embedded store with small tiers: a run older than the finest
 tier comes back whole (no nulls where a stored point covers the cell), a step finer than stored is
 answered at the stored step, runs of a reused name are reached by UID and listed page by page, and a
 range query selects one pod (task)."""

@@ -1,4 +1,4 @@
-"""Issue 34 against the API: /metrics authorised, audience-bound tokens, bounded auth caches and review
+"""The API's security: /metrics authorised, audience-bound tokens, bounded auth caches and review
 rates, bounded answers (size before the read, heavy queries at once), steps and times it cannot represent."""
 
 from __future__ import annotations
@@ -212,7 +212,7 @@ async def test_an_oversized_answer_is_refused_before_the_store_is_read(watched: 
     app = create_app(watched, Settings(auth="none", api_max_points_per_response=10_000))
     async with _client(app) as http:
         # 4 metrics x 2,001 points = 8,004: within the limit
-        # (at the stored 15 s: a finer step would be answered at 15 s, issue 39)
+        # (at the stored 15 s: a finer step would be answered at 15 s)
         fits = await http.get("/api/v1/cluster/metrics", params={"start": "0", "end": "30000", "step": "15"})
         assert fits.status_code == 200 and _Watched.reads == 1
         # every metric x 2,001 points by GPU over 3 GPUs
@@ -249,7 +249,7 @@ async def test_heavy_queries_past_the_limit_get_429(watched: _Watched) -> None:
         assert (await http.get("/api/v1/cluster/metrics", params=heavy)).status_code == 200
 
 
-# -- issue 33 §3: steps and times the store cannot represent -----------------------------------
+# -- steps and times the store cannot represent -----------------------------------
 
 
 async def test_steps_past_what_the_store_holds_are_answered_at_its_bounds(store: EmbeddedStore) -> None:

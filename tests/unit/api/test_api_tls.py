@@ -1,4 +1,4 @@
-"""HTTPS by default (issue 34): `gpuwm api` and the controller serve TLS unless --api-tls=false; a certificate
+"""HTTPS by default: `gpuwm api` and the controller serve TLS unless --api-tls=false; a certificate
 from files, else a self-signed one made at start; bad TLS options exit 2 naming them."""
 
 from __future__ import annotations

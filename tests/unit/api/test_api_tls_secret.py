@@ -1,4 +1,4 @@
-"""The API's certificate kept in a Secret (issue 34 §2): made once (a CA and a leaf for the Service's names),
+"""The API's certificate kept in a Secret: made once (a CA and a leaf for the Service's names),
 reused at every start, renewed with the same CA when due or when the names change, a new CA only when the old
 one cannot sign; two replicas racing serve one certificate; a Secret that cannot be used is named."""
 

@@ -1,4 +1,4 @@
-"""Fleet views and period reports (issue 38) on a simulated fleet: the report against the engine's own figures
+"""Fleet views and period reports on a simulated fleet: the report against the engine's own figures
 for the same period, the GPUs' states against the engine's, and `gpuwm report` against a served API."""
 
 from __future__ import annotations

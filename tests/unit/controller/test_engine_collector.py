@@ -1,4 +1,4 @@
-"""The controller's own counters on the API's /metrics: unattributed samples (DESIGN §3, 2026-11-27), late samples,
+"""The controller's own counters on the API's /metrics: unattributed samples (DESIGN §3), late samples,
 and the intake's refusals, served by the same app as the workload series."""
 
 from __future__ import annotations

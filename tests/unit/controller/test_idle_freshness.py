@@ -1,4 +1,4 @@
-"""Idle only when seen idle, idleSince, and state changes reaching their CR first (issue 33 §4)."""
+"""Idle only when seen idle, idleSince, and state changes reaching their CR first."""
 
 from __future__ import annotations
 

@@ -10,9 +10,9 @@ from gpuwm.config import Settings
 from gpuwm.controller.kube.client import KubeClient
 from gpuwm.controller.runtime import ControllerRuntime
 from gpuwm.controller.status.build import workload_counters, workload_signature
-from gpuwm.controller.status.idleness import idle_condition
+from gpuwm.controller.status.idleness import ConditionStatus, idle_condition
 from gpuwm.controller.status.writer import WORKLOAD_PLURAL, Written
-from gpuwm.model.figures import PodFigures
+from gpuwm.model.figures import PodFigures, WorkloadFigures
 
 from .test_status import NOW, figures
 
@@ -24,6 +24,13 @@ def _runtime(tmp_path: Path, clock: list[float]) -> ControllerRuntime:
     runtime = ControllerRuntime(settings, KubeClient("http://127.0.0.1:9"), clock=lambda: clock[0])
     runtime.writer._clock = lambda: clock[0]
     return runtime
+
+
+def _offer(runtime: ControllerRuntime, workloads: list[WorkloadFigures], now: float,
+           idle: dict[str, tuple[ConditionStatus, str]] | None = None) -> None:
+    """What the cycle offers of `workloads` after its report."""
+    runtime.offers.offer_workloads(runtime.state, workloads, now, slack_seconds=runtime.reporting_slack_seconds,
+                                   policies=runtime.policies, idle=idle)
 
 
 def _queued(runtime: ControllerRuntime) -> str:
@@ -43,7 +50,7 @@ def test_offers_hold_hashes_and_the_writer_tells_news_refreshes_and_repeats_apar
     runtime = _runtime(tmp_path, clock)
     settings = runtime.settings
     first = figures()
-    runtime._offer_workloads([first], NOW)
+    _offer(runtime, [first], NOW)
     desired = runtime.writer._material[KEY]
     assert desired.signature == hash(workload_signature(
         first, NOW, idle_condition_after_seconds=settings.idle_condition_after,
@@ -53,18 +60,18 @@ def test_offers_hold_hashes_and_the_writer_tells_news_refreshes_and_repeats_apar
     assert isinstance(desired.signature, int) and isinstance(desired.counters, int)  # 8 bytes, not ~1 KB of tuples
     _written(runtime, NOW)
 
-    runtime._offer_workloads([figures(idle_seconds=31.0)], NOW + 1)  # other objects, the same state: nothing to write
+    _offer(runtime, [figures(idle_seconds=31.0)], NOW + 1)  # other objects, the same state: nothing to write
     assert _queued(runtime) == "none"
     moved = figures(allocated_gpu_seconds=130.0, idle_seconds=35.0)  # the same idle stretch, 5 s on
-    runtime._offer_workloads([moved], NOW + 5)  # counters moved, within the interval: not yet
+    _offer(runtime, [moved], NOW + 5)  # counters moved, within the interval: not yet
     assert _queued(runtime) == "none"
     clock[0] = NOW + 16
     moved = figures(allocated_gpu_seconds=130.0, idle_seconds=46.0)
-    runtime._offer_workloads([moved], NOW + 16)  # ... and once the interval passed: a refresh
+    _offer(runtime, [moved], NOW + 16)  # ... and once the interval passed: a refresh
     assert _queued(runtime) == "due"
     _written(runtime, NOW + 16)
     pods = [PodFigures(name="train-0", uid="p1", node="n1", phase="Running", allocated_gpus=1.0)]
-    runtime._offer_workloads([figures(pods=pods, allocated_gpus=1.0)], NOW + 17)  # a pod went: news at once
+    _offer(runtime, [figures(pods=pods, allocated_gpus=1.0)], NOW + 17)  # a pod went: news at once
     assert _queued(runtime) == "material"
 
 
@@ -81,7 +88,7 @@ def test_the_cycles_idle_condition_is_the_one_the_signature_reads(tmp_path: Path
     assert workload_signature(idle, NOW, idle_condition_after_seconds=600, observed_idle_seconds=900.0,
                               idle=("False", "IdleBelowTimeout")) != own
     # no idleness observed by the runtime: only the condition handed over can say True
-    runtime._offer_workloads([idle], NOW, {"w1": ("True", "IdleTooLong")})
+    _offer(runtime, [idle], NOW, {"w1": ("True", "IdleTooLong")})
     assert runtime.writer._material[KEY].signature == hash(workload_signature(
         idle, NOW, idle_condition_after_seconds=runtime.settings.idle_condition_after,
         underutilized_percent=runtime.settings.underutilized_percent, idle=("True", "IdleTooLong")))
@@ -99,6 +106,6 @@ def test_a_settled_workloads_status_is_rendered_from_the_offered_figures(
         raise AssertionError("a settled workload's figures were computed again")
 
     monkeypatch.setattr(runtime.engine, "workload", computed_again)
-    runtime._offer_workloads([final], NOW)
+    _offer(runtime, [final], NOW)
     status = runtime.writer._material[KEY].render()
     assert status["phase"] == "Succeeded" and status["allocatedGpuSeconds"] == final.allocated_gpu_seconds

@@ -1,8 +1,10 @@
-"""Issue 39 §3-§5 from the Pod object: requests and limits, the failure reason and the rank labels the
+"""What the controller reads of the Pod object: requests and limits, the failure reason and the rank labels the
 controller keeps, carried by the pod's engine event into the workload's pod figures."""
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -76,3 +78,36 @@ def test_failure_reason_and_the_engine_carries_it_with_resources_and_labels() ->
     assert pod_figures.failure_reason == "container c: OOMKilled, exit code 137, out of memory"
     assert pod_figures.resources == PodResources(cpu_request_cores=1.0)
     assert pod_figures.labels is not None and pod_figures.labels["training.kubeflow.org/replica-index"] == "1"
+
+
+def test_a_gpu_pod_with_cpu_and_memory_requests_reaches_the_engine_through_the_runtime(tmp_path: Path) -> None:
+    """The runtime's record of what the engine was told carries the pod's requests as JSON: a GPU pod that asks
+    for CPU and memory (most do) is sent once, and sent again only when something it says changes."""
+    from gpuwm.config import Settings
+    from gpuwm.controller.kube.client import KubeClient
+    from gpuwm.controller.runtime import ControllerRuntime
+    from gpuwm.controller.watch.units import NodeSharing
+
+    now = 1767225700.0
+    runtime = ControllerRuntime(Settings(store=str(tmp_path / "gpuwm.db"), agents="static:n1=http://127.0.0.1:9"),
+                                KubeClient("http://127.0.0.1:9"), clock=lambda: now)
+
+    async def no_sharing(node: str) -> NodeSharing:
+        return NodeSharing(default_shared_replicas=1)
+
+    runtime.sharing.of_node = no_sharing  # type: ignore[method-assign]
+    body = _pod([_container(requests={"cpu": "4", "memory": "16Gi"}, limits={"nvidia.com/gpu": "1", "memory": "16Gi"})],
+                {"phase": "Running", "startTime": "2026-01-01T00:00:40Z"})
+    asyncio.run(runtime.on_pod(body, "ADDED"))
+    [workload] = runtime.engine.workloads(now)
+    assert workload.allocated_gpus == 1.0
+    assert workload.pods[0].resources == PodResources(cpu_request_cores=4.0, memory_request_bytes=16 * 2**30,
+                                                     memory_limit_bytes=16 * 2**30)
+    sent = runtime.state.sent["p1"]
+    asyncio.run(runtime.on_pod(body, "MODIFIED"))  # a resync: nothing new
+    assert runtime.state.sent["p1"] is sent
+    more = _pod([_container(requests={"cpu": "8", "memory": "16Gi"}, limits={"nvidia.com/gpu": "1", "memory": "16Gi"})],
+                {"phase": "Running", "startTime": "2026-01-01T00:00:40Z"})
+    asyncio.run(runtime.on_pod(more, "MODIFIED"))
+    assert runtime.state.sent["p1"] != sent
+    assert runtime.engine.workloads(now)[0].pods[0].resources.cpu_request_cores == 8.0  # type: ignore[union-attr]

@@ -1,4 +1,4 @@
-"""The Run:ai names' `user` (issue 39 §6) rests on the controller keeping the `runaiUserLabel` pod label: through
+"""The Run:ai names' `user` rests on the controller keeping the `runaiUserLabel` pod label: through
 its pod handler a GPU pod's label reaches the workload's pod figures beside the project label (other labels
 are dropped), and `runai_user` reads it there; unset, nothing beyond the project label is kept."""
 

@@ -1,4 +1,4 @@
-"""The state file's folder is fsynced after the rename (issue 34): until its entries reach the disk, a power
+"""The state file's folder is fsynced after the rename: until its entries reach the disk, a power
 cut can bring back the old name, or no file at all, however well the file itself was synced."""
 
 from __future__ import annotations

@@ -180,7 +180,7 @@ def test_counters_carry_every_utilization_window_in_field_order() -> None:
 
 
 def test_sampling_says_when_figures_came_from_the_device_not_its_processes() -> None:
-    # DESIGN §3, rule of 2026-11-27: a busy GPU whose processes the agent could not see counts as busy, and says so
+    # DESIGN §3's attribution rule: a busy GPU whose processes the agent could not see counts as busy, and says so
     conditions = {c.type: c for c in build_conditions(figures(unattributed_gpu_seconds=12.0), NOW)}
     sampling = conditions["Sampling"]
     assert (sampling.status, sampling.reason) == ("True", "DeviceFiguresUsed")

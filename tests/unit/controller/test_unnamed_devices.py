@@ -1,4 +1,4 @@
-"""A running GPU pod counts its requested units before any agent names its devices (DESIGN §3, 2026-11-27)."""
+"""A running GPU pod counts its requested units before any agent names its devices (DESIGN §3)."""
 
 from __future__ import annotations
 

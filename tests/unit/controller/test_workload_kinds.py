@@ -1,4 +1,4 @@
-"""Each watched kind's reading (issue 35): requested GPU units, held back, finished; one object per kind of the
+"""Each watched kind's reading: requested GPU units, held back, finished; one object per kind of the
 default list, with the arithmetic in the test's name or comment."""
 
 from __future__ import annotations

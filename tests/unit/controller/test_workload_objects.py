@@ -1,4 +1,4 @@
-"""Workload objects -> the engine (issue 35): what is sent, when, and what the figures and CRs then say."""
+"""Workload objects -> the engine: what is sent, when, and what the figures and CRs then say."""
 
 from __future__ import annotations
 
@@ -183,7 +183,7 @@ def test_absent_kinds_are_one_line_each_once(caplog: pytest.LogCaptureFixture) -
 
 
 def test_a_failed_job_says_why(setup: Any) -> None:
-    """The Failed condition's reason and message reach the workload's figures (issue 39 §5)."""
+    """The Failed condition's reason and message reach the workload's figures."""
     engine, objects, clock = setup
     objects.on_object(job())
     assert figures_of(engine, T0 + 1).failure_reason is None

@@ -121,7 +121,7 @@ def test_labels_wait_for_the_store() -> None:
 
 
 def test_fields_are_read_by_attribute_where_the_dict_lacks_them() -> None:
-    """Models keep fields in `__dict__`; anything else (a property, slots) is read by attribute."""
+    """Fields are read as attributes: a model's, a slot's and a property's alike."""
 
     class Slotted:
         __slots__ = ("name", "uid")

@@ -20,18 +20,20 @@ from gpuwm.api.fleet import (
 )
 from gpuwm.api.http import ERRORS, NOT_FOUND, ContinueParam, NotFound, check_parameters, metrics_json
 from gpuwm.api.routes.context import CallerOf, Context
-from gpuwm.api.routes.ranges import DeviceRange, RangeTarget, ScopeRange, answer_range, answer_scope
+from gpuwm.api.routes.ranges import (
+    SERIES_ROUTE,
+    DeviceRange,
+    RangeTarget,
+    ScopeRange,
+    answer_range,
+    answer_scope,
+)
 from gpuwm.api.schemas import MetricsBody
 
 router = APIRouter()
 
 
-@router.get(
-    "/api/v1/nodes/{node}/metrics",
-    response_model=MetricsBody,
-    responses={**ERRORS, **NOT_FOUND},
-    tags=["metrics"],
-)
+@router.get("/api/v1/nodes/{node}/metrics", **SERIES_ROUTE)
 async def node_metrics(context: Context, caller: CallerOf, node: str, params: ScopeRange) -> Response:
     """Time series of every device on one node; needs cluster-wide access; default range: the last hour."""
     await caller.require(None)

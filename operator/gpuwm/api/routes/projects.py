@@ -5,10 +5,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from gpuwm.api.http import ERRORS, NOT_FOUND, NotFound, check_parameters
+from gpuwm.api.http import ERRORS, NotFound, check_parameters
 from gpuwm.api.routes.context import CallerOf, Context
-from gpuwm.api.routes.ranges import ScopeRange, answer_scope
-from gpuwm.api.schemas import MetricsBody, ProjectList
+from gpuwm.api.routes.ranges import SERIES_ROUTE, ScopeRange, answer_scope
+from gpuwm.api.schemas import ProjectList
 
 router = APIRouter()
 
@@ -24,12 +24,7 @@ async def list_projects(request: Request, context: Context, caller: CallerOf) ->
     return ProjectList(projects=projects)
 
 
-@router.get(
-    "/api/v1/projects/{project}/metrics",
-    response_model=MetricsBody,
-    responses={**ERRORS, **NOT_FOUND},
-    tags=["metrics"],
-)
+@router.get("/api/v1/projects/{project}/metrics", **SERIES_ROUTE)
 async def project_metrics(context: Context, caller: CallerOf, project: str, params: ScopeRange) -> Response:
     """Time series of one project (sums over its workloads); it needs access to each of the project's
     namespaces, and one without it is answered as an unknown project; default range: the last hour."""

@@ -16,12 +16,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.responses import Response
 
 from gpuwm.api.http import (
+    ERRORS,
+    NOT_FOUND,
     RANGE_PARAMETERS,
     WORKLOAD_RANGE_PARAMETERS,
     ByParam,
@@ -36,7 +38,11 @@ from gpuwm.api.http import (
 )
 from gpuwm.api.params import choose_range, parse_breakdown, parse_metrics, parse_step, parse_time
 from gpuwm.api.routes.context import ApiContext
+from gpuwm.api.schemas import MetricsBody
 from gpuwm.store import DEFAULT_METRICS, Breakdown, RangeQuery, Scope, Series, Store
+
+#: how a route of one named thing's time series is declared: its body, its errors (404: no such thing), its tag
+SERIES_ROUTE: dict[str, Any] = {"response_model": MetricsBody, "responses": {**ERRORS, **NOT_FOUND}, "tags": ["metrics"]}
 
 
 @dataclass(frozen=True)

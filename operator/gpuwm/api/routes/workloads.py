@@ -3,7 +3,7 @@ and the queue of those waiting for GPUs."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
@@ -23,7 +23,7 @@ from gpuwm.api.http import (
 from gpuwm.api.params import parse_bool
 from gpuwm.api.queue import WAITING_PHASES, QueueView, queue_view
 from gpuwm.api.routes.context import ApiContext, Caller, CallerOf, Context
-from gpuwm.api.routes.ranges import RangeParams, RangeTarget, WorkloadRange, answer_range
+from gpuwm.api.routes.ranges import SERIES_ROUTE, RangeParams, RangeTarget, WorkloadRange, answer_range
 from gpuwm.api.runs import (
     DEFAULT_PAGE_RUNS,
     MAX_PAGE_RUNS,
@@ -34,10 +34,13 @@ from gpuwm.api.runs import (
     workload_range_json,
     workload_selection,
 )
-from gpuwm.api.schemas import MetricsBody, WorkloadList
+from gpuwm.api.schemas import WorkloadList
 from gpuwm.model import WorkloadFigures
 
 router = APIRouter()
+#: how a route of one workload's current state is declared
+_ONE_WORKLOAD: dict[str, Any] = {"response_model": WorkloadFigures, "responses": {**ERRORS, **NOT_FOUND},
+                                 "tags": ["workloads"]}
 
 
 @router.get("/api/v1/workloads", response_model=WorkloadList, responses=ERRORS, tags=["workloads"])
@@ -131,12 +134,7 @@ async def answer_workload_range(context: ApiContext, params: RangeParams, worklo
     return await answer_range(context, params, target)
 
 
-@router.get(
-    "/api/v1/namespaces/{namespace}/workloads/{name}",
-    response_model=WorkloadFigures,
-    responses={**ERRORS, **NOT_FOUND},
-    tags=["workloads"],
-)
+@router.get("/api/v1/namespaces/{namespace}/workloads/{name}", **_ONE_WORKLOAD)
 async def get_workload(
     request: Request, context: Context, caller: CallerOf, namespace: str, name: str
 ) -> WorkloadFigures:
@@ -147,12 +145,7 @@ async def get_workload(
     return with_failure_reason(await find_workload(context, namespace, name))
 
 
-@router.get(
-    "/api/v1/namespaces/{namespace}/workloads/{name}/metrics",
-    response_model=MetricsBody,
-    responses={**ERRORS, **NOT_FOUND},
-    tags=["metrics"],
-)
+@router.get("/api/v1/namespaces/{namespace}/workloads/{name}/metrics", **SERIES_ROUTE)
 async def workload_metrics(
     context: Context, caller: CallerOf, namespace: str, name: str, params: WorkloadRange
 ) -> Response:
@@ -162,12 +155,7 @@ async def workload_metrics(
     return await answer_workload_range(context, params, await find_workload(context, namespace, name))
 
 
-@router.get(
-    "/api/v1/workloads/{uid}",
-    response_model=WorkloadFigures,
-    responses={**ERRORS, **NOT_FOUND},
-    tags=["workloads"],
-)
+@router.get("/api/v1/workloads/{uid}", **_ONE_WORKLOAD)
 async def get_run(request: Request, context: Context, caller: CallerOf, uid: str) -> WorkloadFigures:
     """Current state of one run of a workload, by its UID: earlier runs of a reused name too, for as
     long as the store keeps them (`/namespaces/{ns}/workloads/{name}` is always the newest run)."""
@@ -175,12 +163,7 @@ async def get_run(request: Request, context: Context, caller: CallerOf, uid: str
     return with_failure_reason(await find_run(context, caller, uid))
 
 
-@router.get(
-    "/api/v1/workloads/{uid}/metrics",
-    response_model=MetricsBody,
-    responses={**ERRORS, **NOT_FOUND},
-    tags=["metrics"],
-)
+@router.get("/api/v1/workloads/{uid}/metrics", **SERIES_ROUTE)
 async def run_metrics(context: Context, caller: CallerOf, uid: str, params: WorkloadRange) -> Response:
     """Time series of one run, by its UID; the default range is the run's whole life."""
     return await answer_workload_range(context, params, await find_run(context, caller, uid))

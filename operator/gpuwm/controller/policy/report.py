@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuwm.accounting import Planned, Policy, PolicyOutlook, ProjectCost, WorkloadCost
 from gpuwm.controller.status import COMPONENT, micro_time, rfc3339
@@ -37,6 +37,13 @@ def newest_first(records: Sequence[dict[str, Any]], record: dict[str, Any], keep
     return [record, *records][:keep]
 
 
+class Transition(NamedTuple):
+    """A condition's status, and since when it holds."""
+
+    status: str
+    since: float
+
+
 @dataclass
 class PolicyState:
     """One policy object as the room knows it: where it is, what it said, and what it did."""
@@ -51,7 +58,7 @@ class PolicyState:
     taken: int = 0
     failed: int = 0
     missing: list[str] = field(default_factory=list)
-    transitions: dict[str, tuple[str, float]] = field(default_factory=dict)  # type -> (status, since)
+    transitions: dict[str, Transition] = field(default_factory=dict)  # condition type -> its status since when
 
     @property
     def key(self) -> str:
@@ -65,8 +72,8 @@ def _planned_json(planned: Planned) -> dict[str, Any]:
 
 def _condition(state: PolicyState, kind: str, status: str, reason: str, message: str, now: float) -> dict[str, Any]:
     previous = state.transitions.get(kind)
-    since = previous[1] if previous is not None and previous[0] == status else now
-    state.transitions[kind] = (status, since)
+    since = previous.since if previous is not None and previous.status == status else now
+    state.transitions[kind] = Transition(status, since)
     return {"type": kind, "status": status, "reason": reason, "message": message[:MAX_MESSAGE],
             "lastTransitionTime": rfc3339(since)}
 

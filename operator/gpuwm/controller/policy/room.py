@@ -20,7 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import aiohttp
 
@@ -70,6 +70,28 @@ WEBHOOK_TIMEOUT_SECONDS = 10.0
 PolicyId = tuple[str, str | None, str]  # (kind, namespace, name)
 
 
+class ObjectMetadata(NamedTuple):
+    """A workload object's labels and annotations, and when they were read."""
+
+    labels: dict[str, str]
+    annotations: dict[str, str]
+    read_at: float
+
+
+class NodeLabels(NamedTuple):
+    """A node's labels, and when they were read."""
+
+    labels: dict[str, str]
+    read_at: float
+
+
+class WrittenStatus(NamedTuple):
+    """A policy's status as last written: a hash of its content, and when."""
+
+    content: int
+    at: float
+
+
 class PolicyRoom:
     """Idle policies and cost for one controller (see the module's docstring)."""
 
@@ -96,14 +118,14 @@ class PolicyRoom:
         self.costs: dict[str, WorkloadCost] = {}
         self.project_cost: dict[str, ProjectCost] = {}
         self.identity: dict[str, tuple[str, str, str, str]] = {}  # uid -> (namespace, name, kind, project)
-        self.metadata: dict[str, tuple[dict[str, str], dict[str, str], float]] = {}
-        self.nodes: dict[str, tuple[dict[str, str], float]] = {}
+        self.metadata: dict[str, ObjectMetadata] = {}
+        self.nodes: dict[str, NodeLabels] = {}
         self.counters: collections.Counter[tuple[str, str, str]] = collections.Counter()
         self._queue: collections.deque[tuple[Step, WorkloadFigures]] = collections.deque()
         self._queued: set[tuple[str, str, int]] = set()
         self._wanted_metadata: dict[str, tuple[str, str, str, str]] = {}
         self._wanted_nodes: set[str] = set()
-        self._written: dict[PolicyId, tuple[int, float]] = {}
+        self._written: dict[PolicyId, WrittenStatus] = {}
         self._wake = asyncio.Event()
 
     # ------------------------------------------------------------------ policies
@@ -173,15 +195,17 @@ class PolicyRoom:
             self._wake.set()
 
     def _subject(self, figures: WorkloadFigures, seen: Seen | None) -> Subject:
-        labels, annotations, _ = self.metadata.get(figures.uid, ({}, {}, 0.0))
+        known = self.metadata.get(figures.uid)
         return Subject(figures=figures, reporting=seen.reporting if seen is not None else figures.sampling,
-                       labels=labels, annotations=annotations)
+                       labels=known.labels if known is not None else {},
+                       annotations=known.annotations if known is not None else {})
 
     def _end_episodes(self, now: float) -> None:
         for pair in [pair for pair in self.acted if pair not in self.evaluator.progress]:
             del self.acted[pair]
             self.warned.discard(pair)
-            self.released[pair[1]] = now
+            _, uid = pair
+            self.released[uid] = now
 
     def _want_metadata(self, workloads: Iterable[WorkloadFigures], now: float) -> None:
         """Labels and annotations of the idle workloads a policy might act on (exemptions, label selectors)."""
@@ -191,7 +215,7 @@ class PolicyRoom:
             if figures.phase != "Running" or figures.idle_seconds <= 0:
                 continue
             known = self.metadata.get(figures.uid)
-            if known is None or now - known[2] >= METADATA_SECONDS:
+            if known is None or now - known.read_at >= METADATA_SECONDS:
                 self._wanted_metadata[figures.uid] = (figures.api_version, figures.kind, figures.namespace,
                                                       figures.name)
 
@@ -199,17 +223,20 @@ class PolicyRoom:
         if not self.settings.pricing.node_labels:
             return None
         known = self.nodes.get(node)
-        if known is None or self.clock() - known[1] >= METADATA_SECONDS:
+        if known is None or self.clock() - known.read_at >= METADATA_SECONDS:
             self._wanted_nodes.add(node)
-        return known[0] if known is not None else None
+        return known.labels if known is not None else None
 
     # ------------------------------------------------------------------ what the CR writes carry
 
     def signature(self, uid: str) -> Hashable:
         """Changes whenever what `decorate_workload` adds (other than cost, which moves with the counters) does."""
         records = self.records.get(uid)
-        return (len(records) if records else 0, records[0]["time"] if records else None,
-                any(pair[1] == uid for pair in self.acted))
+        return (len(records) if records else 0, records[0]["time"] if records else None, self._in_episode(uid))
+
+    def _in_episode(self, uid: str) -> bool:
+        """Whether a policy took a step on the workload in its current idle episode."""
+        return any(acted_uid == uid for _, acted_uid in self.acted)
 
     def decorate_workload(self, figures: WorkloadFigures, status: dict[str, Any]) -> None:
         """Cost figures, the policy trail and the IdlePolicy condition, into a GPUWorkloadMetrics status body."""
@@ -218,8 +245,7 @@ class PolicyRoom:
             status.update(cost_fields(cost, self.meter.currency))
         records = self.records.get(figures.uid, [])
         status["policyActions"] = records
-        in_episode = any(pair[1] == figures.uid for pair in self.acted)
-        condition = idle_policy_condition(records, in_episode, self.released.get(figures.uid))
+        condition = idle_policy_condition(records, self._in_episode(figures.uid), self.released.get(figures.uid))
         if condition is not None:
             status.setdefault("conditions", []).append(condition)
 
@@ -300,7 +326,7 @@ class PolicyRoom:
         metadata = obj.get("metadata") or {}
         labels = {str(k): str(v) for k, v in (metadata.get("labels") or {}).items()}
         annotations = {str(k): str(v) for k, v in (metadata.get("annotations") or {}).items()}
-        self.metadata[step.uid] = (labels, annotations, now)
+        self.metadata[step.uid] = ObjectMetadata(labels, annotations, now)
         policy = next((p for p in self.active_policies() if p.key == step.policy), None)
         subject = Subject(figures=figures, reporting=True, labels=labels, annotations=annotations)
         return policy is not None and selects(policy, subject) and not exempt(policy, subject, now)
@@ -408,9 +434,9 @@ class PolicyRoom:
                 logger.debug("cannot read %s %s/%s: %s", kind, namespace, name, error)
                 continue
             metadata = (found or {}).get("metadata") or {}
-            self.metadata[uid] = ({str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
-                                  {str(k): str(v) for k, v in (metadata.get("annotations") or {}).items()},
-                                  self.clock())
+            self.metadata[uid] = ObjectMetadata({str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
+                                                {str(k): str(v) for k, v in (metadata.get("annotations") or {}).items()},
+                                                self.clock())
         while self._wanted_nodes:
             node = self._wanted_nodes.pop()
             await self.bucket.acquire()
@@ -419,7 +445,7 @@ class PolicyRoom:
             except KubeApiError:
                 continue
             labels = ((found or {}).get("metadata") or {}).get("labels") or {}
-            self.nodes[node] = ({str(k): str(v) for k, v in labels.items()}, self.clock())
+            self.nodes[node] = NodeLabels({str(k): str(v) for k, v in labels.items()}, self.clock())
 
     async def _write_statuses(self) -> None:
         now = self.clock()
@@ -427,7 +453,7 @@ class PolicyRoom:
             body = policy_status(state, self.outlooks.get(state.key), now)
             content = hash(repr({k: v for k, v in body.items() if k not in ("lastUpdateTime", "conditions")}))
             written = self._written.get(ident)
-            if written is not None and written[0] == content and now - written[1] < STATUS_REFRESH_SECONDS:
+            if written is not None and written.content == content and now - written.at < STATUS_REFRESH_SECONDS:
                 continue
             await self.bucket.acquire()
             path = resource_path(API_VERSION, POLICY_PLURALS[state.kind], state.namespace, state.name) + "/status"
@@ -437,7 +463,7 @@ class PolicyRoom:
                 if error.status != 404:  # gone: its delete event is on the way
                     logger.warning("cannot write the status of %s %s: %s", state.kind, state.key, error)
                 continue
-            self._written[ident] = (content, now)
+            self._written[ident] = WrittenStatus(content, now)
 
     # ------------------------------------------------------------------ restart
 

@@ -9,6 +9,7 @@ other room.
 from gpuwm.controller.pull.agents import (
     AgentPuller,
     PodAgents,
+    PullResult,
     StaticAgents,
     agent_url_of_pod,
     index_holders,
@@ -24,6 +25,7 @@ __all__ = [
     "EngineCollector",
     "IntakeCollector",
     "PodAgents",
+    "PullResult",
     "SampleIntake",
     "StaticAgents",
     "agent_url_of_pod",

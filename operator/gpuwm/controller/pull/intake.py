@@ -34,7 +34,7 @@ class SampleIntake:
     """
 
     #: a batch this long amortises numpy's fixed cost; a longer one raises the controller's peak memory by the
-    #: engine's per-row intermediates at no saving of CPU (bench/README.md, bench/controller.py --phase-peaks)
+    #: engine's per-row intermediates at no saving of CPU
     FLUSH_ROWS = 5_000
 
     def __init__(self, engine: Engine, holders_by_node: dict[str, list[DeviceHolder]] | None = None) -> None:

@@ -54,7 +54,7 @@ def _counter(name: str, documentation: str, counts: Mapping[str, int], reasons: 
 
 class EngineCollector(Collector):
     """The engine's counters of its input: samples whose busy GPU the processes seen could not explain
-    (DESIGN §3, rule of 2026-11-27: their holders took the device's figure) and samples dropped as too late.
+    (DESIGN §3's attribution rule: their holders took the device's figure) and samples dropped as too late.
 
     A rising `gpuwm_controller_unattributed_samples_total` says that agents do not see the processes
     on busy GPUs (an agent without hostPID, MIG instances hiding them): figures still count the

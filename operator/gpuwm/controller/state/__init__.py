@@ -20,16 +20,22 @@ from gpuwm.controller.state.persistence import (
     stage_state,
     state_path_for_store,
 )
-from gpuwm.controller.state.recovery import ADDITIVE_FIELDS, Restored, restore, restore_saved
+from gpuwm.controller.state.recovery import (
+    Restored,
+    projects_with_baselines,
+    restore,
+    restore_saved,
+    with_baseline,
+)
 
 __all__ = [
-    "ADDITIVE_FIELDS",
     "ControllerState",
     "KeptState",
     "Restored",
     "collect_cycle_garbage",
     "commit_state",
     "encode_state_chunks",
+    "projects_with_baselines",
     "release_free_memory",
     "restore",
     "restore_saved",
@@ -37,4 +43,5 @@ __all__ = [
     "stage_state",
     "state_path_for_store",
     "tune_garbage_collector",
+    "with_baseline",
 ]

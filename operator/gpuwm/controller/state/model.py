@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuwm.accounting import Engine, EngineConfig, LazyEntries, saved_entries
 from gpuwm.controller.pull import DeviceHolder, index_holders
-from gpuwm.controller.status import ConditionMemo, memo_from_json, memo_to_json
+from gpuwm.controller.status import ConditionMemo, CrOwner, memo_from_json, memo_to_json
 from gpuwm.controller.watch import TrackedPod
 from gpuwm.model import TraceWorkload, share_fields_set
 
@@ -40,8 +40,8 @@ class ControllerState:
     holders_by_pod: dict[str, list[DeviceHolder]] = field(default_factory=dict)
     #: workload uid -> GPUWorkloadMetrics name ("" for none)
     cr_names: dict[str, str] = field(default_factory=dict)
-    #: (namespace, CR name) -> (workload uid, kind, created)
-    cr_owner: dict[tuple[str, str], tuple[str, str, float | None]] = field(default_factory=dict)
+    #: (namespace, CR name) -> the workload it belongs to
+    cr_owner: dict[tuple[str, str], CrOwner] = field(default_factory=dict)
     #: workload uid -> its conditions as last written
     conditions: dict[str, tuple[ConditionMemo, ...]] = field(default_factory=dict)
     #: workloads whose current idle spell had its GpuIdle Event
@@ -142,7 +142,8 @@ def _pod_from_json(data: dict[str, Any]) -> TrackedPod:
 
 
 def _node_holders_to_json(item: tuple[str, list[DeviceHolder]]) -> dict[str, Any]:
-    return {"node": item[0], "holders": [h.model_dump(exclude_none=True) for h in item[1]]}
+    node, holders = item
+    return {"node": node, "holders": [holder.model_dump(exclude_none=True) for holder in holders]}
 
 
 def _saved_holders(saved: Any) -> Iterator[tuple[str, list[Any]]]:

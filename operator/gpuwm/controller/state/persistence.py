@@ -1,4 +1,4 @@
-"""Where the engine's state survives a restart (DESIGN §2, issue 4 "restarts lose nothing").
+"""Where the engine's state survives a restart (DESIGN §2: restarts lose nothing).
 
 The state file sits next to the embedded store (`<store>.engine.json`), or under
 `$GPUWM_STATE_DIR`/the working directory when the store is a Prometheus URL. It is
@@ -54,7 +54,7 @@ def state_path_for_store(store: str) -> Path:
 
 
 #: containers with more children than this are encoded in batches of STREAM_BATCH children: larger batches
-#: raised the controller's RSS during a save at the same CPU (bench/controller.py --phase-peaks, bench/README.md)
+#: raise the controller's RSS during a save at the same CPU
 STREAM_SPLIT = 16
 STREAM_BATCH = 64
 #: how deep the streaming encoder looks for big containers; below that a value is one orjson call
@@ -82,7 +82,7 @@ LINES_KEY = "$lines"
 def encode_state(state: dict[str, Any]) -> bytes:
     """The state as JSON bytes, in one piece (small states and tests; saving streams instead).
 
-    orjson, not `json.dumps`, for its speed (bench/README.md); non-string keys become strings as `json.dumps`
+    orjson, not `json.dumps`, for its speed; non-string keys become strings as `json.dumps`
     makes them, so `load_state` reads back what it always did. Raw columns (`RawDoubles`) go in as base64 text.
     """
     return orjson.dumps({"version": STATE_VERSION, **state}, default=_entries, option=_OPTIONS)
@@ -161,7 +161,7 @@ def encode_state_chunks(state: dict[str, Any]) -> Iterator[bytes | memoryview]:
     - each lazy list is a section of JSON lines, one entry a line, which the JSON names by
       `{"$lines": index}`. `load_state` reads such a section an entry at a time (`SavedLines`):
       restoring the state then never holds more than an entry's parsed objects besides what it
-      builds (bench/README, "The state file in sections");
+      builds;
     - raw columns (`RawDoubles`, from `Engine.save(raw=True)`) are bytes named by offset and length
       (`{"$raw": [offset, length]}`) from the columns' start, written from the engine's own arrays,
       not copied;
@@ -221,7 +221,7 @@ def stage_state(path: Path, payload: bytes | Iterable[bytes | memoryview]) -> Pa
 
     Overwritten in place, not a new temp file: its pages are in the page cache already, where a
     new file takes a state's worth of fresh pages each save and the replaced one gives them back,
-    which costs kernel CPU on every save (bench/controller.py; bench/README.md). The file being
+    which costs kernel CPU on every save. The file being
     written is never the one `load_state` reads, so a save cut short leaves the state as it was.
     Writing to the page cache is quick; the fsync, the slow part, is `commit_state`'s, which can
     run in a thread once the (engine-referencing) chunks are all written.
@@ -311,10 +311,9 @@ def load_state(path: Path) -> dict[str, Any] | None:
         return None
     try:
         document, raw = _split_raw(data)
-        # json, not orjson: orjson.loads peaks far higher in memory on a large state (bench/README.md), and the
+        # json, not orjson: orjson.loads peaks far higher in memory on a large state, and the
         # files json.dumps wrote before orjson may hold NaN/Infinity, which orjson rejects
         state = json.loads(document)
-        del document, data
         if raw is not None:
             _resolve_raw(state, raw)
     except ValueError as error:
@@ -360,7 +359,7 @@ class SavedLines(Sequence[Any]):
     """A section of a state file: its entries, each parsed when read (see `encode_state_chunks`).
 
     A whole parsed document holds all its small objects until the end; the engine's objects are
-    then spread among them, and the memory they leave cannot go back (bench/README.md). Read an
+    then spread among them, and the memory they leave cannot go back. Read an
     entry at a time, an entry's objects reuse the last one's memory. `consume()` reads each entry once and lets the section's bytes go after the last.
     Strings are the interpreter's one copy (`sys.intern`): the same node, namespace or UUID,
     repeated in many entries, is kept once, as the live controller keeps it.
@@ -521,7 +520,7 @@ def _resolve_raw(document: Any, raw: memoryview) -> None:
 def _raw_range(reference: Any, size: int) -> tuple[int, int]:
     """(offset, length) of a raw column reference, checked to lie within `size` raw bytes; ValueError if not."""
     if (not isinstance(reference, list) or len(reference) != 2
-            or not all(isinstance(number, int) and number >= 0 for number in reference)
-            or reference[0] + reference[1] > size):
+            or not all(isinstance(number, int) and number >= 0 for number in reference) or sum(reference) > size):
         raise ValueError(f"a raw column reference {reference!r} is not within the {size} raw bytes")
-    return reference[0], reference[1]
+    offset, length = reference
+    return offset, length

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuwm.accounting import EngineConfig
+from gpuwm.accounting import EngineConfig, parse_time
 from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
 from gpuwm.controller.pull import AgentPuller
 from gpuwm.controller.state.gctuning import release_free_memory
@@ -32,11 +32,12 @@ from gpuwm.controller.status import (
     MANAGED_BY_LABEL,
     PROJECT_PLURAL,
     WORKLOAD_PLURAL,
+    CrOwner,
     StatusWriter,
     remembered,
 )
-from gpuwm.controller.watch import TrackedPod, parse_kubernetes_time
-from gpuwm.model import Condition
+from gpuwm.controller.watch import TrackedPod
+from gpuwm.model import Condition, ProjectFigures, WorkloadFigures
 
 logger = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ async def _adopt_project_crs(client: KubeClient, writer: StatusWriter, clock: Ca
         writer.existing.add(key)
         if isinstance(metadata.get("generation"), int):
             writer.generations[key] = metadata["generation"]
-        updated = parse_kubernetes_time(status.get("lastUpdateTime")) or parse_kubernetes_time(
+        updated = parse_time(status.get("lastUpdateTime")) or parse_time(
             metadata.get("creationTimestamp"))
         writer.adopted_project_updates[name] = updated if updated is not None else clock()
 
@@ -169,7 +170,7 @@ async def _adopt_existing_crs(state: ControllerState, client: KubeClient, writer
         if isinstance(metadata.get("generation"), int):
             writer.generations[(WORKLOAD_PLURAL, str(cr_namespace), str(name))] = metadata["generation"]
         state.cr_names[str(uid)] = str(name)
-        state.cr_owner[(str(cr_namespace), str(name))] = (str(uid), str(ref.get("kind")), None)
+        state.cr_owner[(str(cr_namespace), str(name))] = CrOwner(str(uid), str(ref.get("kind")), None)
     return items
 
 
@@ -200,17 +201,47 @@ def _baselines_from_crs(state: ControllerState, items: list[dict[str, Any]], clo
         values = {field: float(status[key]) for key, field in BASELINE_FIELDS.items()
                   if isinstance(status.get(key), int | float)}
         if uid and any(values.values()):
-            started = parse_kubernetes_time(status.get("startTime"))
+            started = parse_time(status.get("startTime"))
             if started is not None:
                 values["start_time"] = started
             if isinstance(status.get("waitSeconds"), int | float):
                 values["wait_seconds"] = float(status["waitSeconds"])
-            counted_until = parse_kubernetes_time(status.get("lastUpdateTime"))
+            counted_until = parse_time(status.get("lastUpdateTime"))
             if counted_until is not None:  # the CR's figures cover the time up to here
                 values["counted_until"] = counted_until
             state.baselines[str(uid)] = values
     if state.baselines:
         state.baseline_cutoff = clock()
+
+
+def with_baseline(figures: WorkloadFigures, baselines: dict[str, dict[str, float]]) -> WorkloadFigures:
+    """`figures` plus what its CR said before a restart that lost the engine state (`baselines`)."""
+    baseline = baselines.get(figures.uid)
+    if not baseline:
+        return figures
+    update: dict[str, Any] = {name: getattr(figures, name) + value for name, value in baseline.items()
+                              if name in ADDITIVE_FIELDS}
+    if "start_time" in baseline:  # the allocation began before the restart, not at it
+        update["start_time"] = min(baseline["start_time"], figures.start_time or baseline["start_time"])
+    if "wait_seconds" in baseline:
+        update["wait_seconds"] = baseline["wait_seconds"]
+    return figures.model_copy(update=update)
+
+
+def projects_with_baselines(projects: list[ProjectFigures], workloads: list[WorkloadFigures],
+                            baselines: dict[str, dict[str, float]]) -> list[ProjectFigures]:
+    """Each project's figures plus its workloads' `baselines` (see `with_baseline`); a project has no run time."""
+    if not baselines:
+        return projects
+    extra: dict[str, dict[str, float]] = {}
+    for figures in workloads:
+        for name, value in baselines.get(figures.uid, {}).items():
+            if name in ADDITIVE_FIELDS and name != "run_seconds":
+                sums = extra.setdefault(figures.project, {})
+                sums[name] = sums.get(name, 0.0) + value
+    return [project.model_copy(update={name: getattr(project, name) + value
+                                       for name, value in extra.get(project.name, {}).items()})
+            for project in projects]
 
 
 async def _expire_orphans(state: ControllerState, items: list[dict[str, Any]], writer: StatusWriter,
@@ -221,7 +252,7 @@ async def _expire_orphans(state: ControllerState, items: list[dict[str, Any]], w
     for item in items:
         metadata, status = item.get("metadata") or {}, item.get("status") or {}
         uid = ((item.get("spec") or {}).get("workloadRef") or {}).get("uid")
-        ended = parse_kubernetes_time(status.get("endTime"))
+        ended = parse_time(status.get("endTime"))
         if uid in known or ended is None or now - ended < retention_seconds:
             continue
         await writer.delete(WORKLOAD_PLURAL, metadata.get("namespace"), str(metadata.get("name")))

@@ -11,7 +11,7 @@ import hashlib
 import re
 from collections.abc import Hashable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, TypedDict, Unpack, get_args
 
 from gpuwm.controller.status.idleness import (
     ConditionStatus,
@@ -85,7 +85,7 @@ class ConditionMemo(NamedTuple):
     """What the next write needs of a condition written before: its status and since when it holds.
 
     The controller keeps one per condition of every workload between writes (and in its saved
-    state): whole Conditions, their messages included, cost several times the memory (bench/README.md).
+    state): whole Conditions, their messages included, would cost several times the memory.
     """
 
     type: str
@@ -146,73 +146,95 @@ def build_conditions(
     """
     before: dict[str, Condition | ConditionMemo] = {condition.type: condition for condition in previous}
     seen = seen or seen_now(figures, now, reporting_slack_seconds)  # what the samples show, for all three conditions
-    running = seen.holds_gpus
-    if not running:
-        sampling = _condition("Sampling", "Unknown", "NoGpusHeld", "the workload holds no GPUs now", now, before)
-    elif seen.reporting and figures.unattributed_gpu_seconds > 0:
-        # DESIGN §3, rule of 2026-11-27: the figures hold, but a busy GPU's activity was taken from the device
-        # because the agent saw none of the processes that explain it (no number here: it would change the
-        # condition, and so force a write, every cycle)
-        sampling = _condition(
+    idle_status, idle_reason = idle_condition(figures, observed_idle_seconds, idle_condition_after_seconds,
+                                              now, reporting_slack_seconds, seen)
+    idle_message = _idle_message(figures, idle_status, idle_reason, observed_idle_seconds,
+                                 idle_condition_after_seconds, now, reporting_slack_seconds)
+    return [
+        _sampling_condition(figures, seen, now, reporting_slack_seconds, before),
+        _condition("Idle", idle_status, idle_reason, idle_message, now, before),
+        _underutilized_condition(figures, seen.holds_gpus, underutilized_percent, now, before),
+    ]
+
+
+def _unsampled(figures: WorkloadFigures, now: float, reporting_slack_seconds: float) -> list[str]:
+    """The devices of `figures` without a recent sample."""
+    return [gpu.uuid for gpu in figures.gpus if not sample_recent(gpu, now, reporting_slack_seconds)]
+
+
+def _sampling_condition(figures: WorkloadFigures, seen: Seen, now: float, reporting_slack_seconds: float,
+                        before: Mapping[str, Condition | ConditionMemo]) -> Condition:
+    if not seen.holds_gpus:
+        return _condition("Sampling", "Unknown", "NoGpusHeld", "the workload holds no GPUs now", now, before)
+    if seen.reporting and figures.unattributed_gpu_seconds > 0:
+        # the attribution rule's fallback (DESIGN §3): the figures hold, but a busy GPU's activity was taken from
+        # the device because the agent saw none of the processes that explain it (no number here: it would change
+        # the condition, and so force a write, every cycle)
+        return _condition(
             "Sampling", "True", "DeviceFiguresUsed",
             "every device it holds has a recent sample; part of its utilisation came from the device, not its "
             "processes: the agent saw no process explaining a busy GPU (an agent without hostPID, MIG instances)",
             now, before,
         )
-    elif seen.reporting:
-        sampling = _condition("Sampling", "True", "DevicesSampled", "every device it holds has a recent sample", now, before)
-    else:
-        unmonitored = [gpu.uuid for gpu in figures.gpus if not sample_recent(gpu, now, reporting_slack_seconds)]
-        detail = f"no recent sample from {', '.join(unmonitored[:5])}" if unmonitored else "its devices are not known yet"
-        sampling = _condition("Sampling", "False", "SamplesMissing", detail, now, before)
-    idle_status, idle_reason = idle_condition(figures, observed_idle_seconds, idle_condition_after_seconds,
-                                              now, reporting_slack_seconds, seen)
+    if seen.reporting:
+        return _condition("Sampling", "True", "DevicesSampled", "every device it holds has a recent sample", now, before)
+    unmonitored = _unsampled(figures, now, reporting_slack_seconds)
+    detail = f"no recent sample from {', '.join(unmonitored[:5])}" if unmonitored else "its devices are not known yet"
+    return _condition("Sampling", "False", "SamplesMissing", detail, now, before)
+
+
+def _idle_message(figures: WorkloadFigures, status: ConditionStatus, reason: str, observed_idle_seconds: float | None,
+                  timeout_seconds: float, now: float, reporting_slack_seconds: float) -> str:
+    """What the Idle condition of `status` and `reason` says of the idleness observed."""
     observed = f"{observed_idle_seconds or 0.0:.0f}s"
-    if idle_status == "True":
-        message = f"observed idle for {observed} (timeout {idle_condition_after_seconds:.0f}s)"
-    elif idle_reason == "IdleBelowTimeout":
-        message = (f"observed idle for {observed} of the {idle_condition_after_seconds:.0f}s timeout "
-                   f"(idle for {figures.idle_seconds:.0f}s, part of it before samples covered it)"
-                   if observed_idle_seconds is not None and figures.idle_seconds - observed_idle_seconds >= 1
-                   else f"observed idle for {observed} of the {idle_condition_after_seconds:.0f}s timeout")
-    elif idle_status == "Unknown":
-        unmonitored = [gpu.uuid for gpu in figures.gpus if not sample_recent(gpu, now, reporting_slack_seconds)]
+    if status == "True":
+        return f"observed idle for {observed} (timeout {timeout_seconds:.0f}s)"
+    if reason == "IdleBelowTimeout":
+        if observed_idle_seconds is not None and figures.idle_seconds - observed_idle_seconds >= 1:
+            return (f"observed idle for {observed} of the {timeout_seconds:.0f}s timeout "
+                    f"(idle for {figures.idle_seconds:.0f}s, part of it before samples covered it)")
+        return f"observed idle for {observed} of the {timeout_seconds:.0f}s timeout"
+    if status == "Unknown":
+        unmonitored = _unsampled(figures, now, reporting_slack_seconds)
         which = f" from {', '.join(unmonitored[:5])}" if unmonitored else ""
-        message = (f"no sample{which} yet: idleness is not observed" if idle_reason == "NotYetSampled"
-                   else f"no recent sample{which} (agent not reporting): idleness is not observed, "
-                        f"observed idle for {observed} before")
-    elif idle_reason == "Active":
-        message = "active in its latest sample"
-    else:
-        message = f"phase {figures.phase}"
-    idle = _condition("Idle", idle_status, idle_reason, message, now, before)
+        if reason == "NotYetSampled":
+            return f"no sample{which} yet: idleness is not observed"
+        return f"no recent sample{which} (agent not reporting): idleness is not observed, observed idle for {observed} before"
+    if reason == "Active":
+        return "active in its latest sample"
+    return f"phase {figures.phase}"
+
+
+def _underutilized_condition(figures: WorkloadFigures, holds_gpus: bool, underutilized_percent: float, now: float,
+                             before: Mapping[str, Condition | ConditionMemo]) -> Condition:
     average = figures.utilization.avg1h
-    if not running or average is None:
-        underutilized = _condition("Underutilized", "Unknown", "NoData", "no monitored GPU time in the last hour", now, before)
-    elif average < underutilized_percent:
-        underutilized = _condition(
-            "Underutilized", "True", "LowUtilization",
-            f"1h mean utilisation {average:.1f}% is below {underutilized_percent:.0f}%", now, before,
-        )
-    else:
-        underutilized = _condition(
-            "Underutilized", "False", "UtilizationOk", f"1h mean utilisation {average:.1f}%", now, before
-        )
-    return [sampling, idle, underutilized]
+    if not holds_gpus or average is None:
+        return _condition("Underutilized", "Unknown", "NoData", "no monitored GPU time in the last hour", now, before)
+    if average < underutilized_percent:
+        return _condition("Underutilized", "True", "LowUtilization",
+                          f"1h mean utilisation {average:.1f}% is below {underutilized_percent:.0f}%", now, before)
+    return _condition("Underutilized", "False", "UtilizationOk", f"1h mean utilisation {average:.1f}%", now, before)
+
+
+class ConditionInputs(TypedDict, total=False):
+    """`build_conditions`' keywords besides the conditions written before (see there for each one's default)."""
+
+    idle_condition_after_seconds: float
+    underutilized_percent: float
+    observed_idle_seconds: float | None
+    reporting_slack_seconds: float
 
 
 def build_workload_status(
     figures: WorkloadFigures,
     now: float,
     *,
-    idle_condition_after_seconds: float = 600.0,
-    underutilized_percent: float = 20.0,
     previous_conditions: Sequence[Condition | ConditionMemo] = (),
-    observed_idle_seconds: float | None = None,
-    reporting_slack_seconds: float = 0.0,
+    **inputs: Unpack[ConditionInputs],
 ) -> WorkloadMetricsStatus:
-    """The GPUWorkloadMetrics status for `figures` as of `now` (epoch seconds)."""
-    seen = seen_now(figures, now, reporting_slack_seconds)  # for idleSince and the conditions alike
+    """The GPUWorkloadMetrics status for `figures` as of `now` (epoch seconds); `inputs`: its conditions'."""
+    # what the samples show, for idleSince and the conditions alike
+    seen = seen_now(figures, now, inputs.get("reporting_slack_seconds", 0.0))
     idle_since = seen.idle_since_second
     return WorkloadMetricsStatus(
         phase=figures.phase if figures.phase in _PHASES else None,
@@ -240,23 +262,35 @@ def build_workload_status(
         idle_seconds=round(figures.idle_seconds, 3),
         idle_since=None if idle_since is None else _rfc3339_second(idle_since),
         last_active_time=rfc3339(figures.last_active_time),
+        **_gpu_time(figures),
+        queued_seconds=round(figures.queued_seconds, 3),
+        wait_seconds=round(figures.wait_seconds, 3),
+        run_seconds=round(figures.run_seconds, 3),
+        start_time=rfc3339(figures.start_time),
+        end_time=rfc3339(figures.end_time),
+        conditions=build_conditions(figures, now, previous=previous_conditions, seen=seen, **inputs),
+        last_update_time=rfc3339(now),
+    )
+
+
+class _GpuTime(TypedDict):
+    allocated_gpu_seconds: float
+    active_gpu_seconds: float
+    idle_gpu_seconds: float
+    unmonitored_gpu_seconds: float
+    wasted_gpu_hours: float
+    energy_joules: float
+
+
+def _gpu_time(figures: WorkloadFigures | ProjectFigures) -> _GpuTime:
+    """The GPU-seconds and energy both kinds of CR carry, to the millisecond, and the idle ones as wasted hours."""
+    return _GpuTime(
         allocated_gpu_seconds=round(figures.allocated_gpu_seconds, 3),
         active_gpu_seconds=round(figures.active_gpu_seconds, 3),
         idle_gpu_seconds=round(figures.idle_gpu_seconds, 3),
         unmonitored_gpu_seconds=round(figures.unmonitored_gpu_seconds, 3),
         wasted_gpu_hours=round(figures.idle_gpu_seconds / 3600.0, 4),
         energy_joules=round(figures.energy_joules, 3),
-        queued_seconds=round(figures.queued_seconds, 3),
-        wait_seconds=round(figures.wait_seconds, 3),
-        run_seconds=round(figures.run_seconds, 3),
-        start_time=rfc3339(figures.start_time),
-        end_time=rfc3339(figures.end_time),
-        conditions=build_conditions(
-            figures, now, idle_condition_after_seconds=idle_condition_after_seconds,
-            underutilized_percent=underutilized_percent, previous=previous_conditions,
-            observed_idle_seconds=observed_idle_seconds, reporting_slack_seconds=reporting_slack_seconds, seen=seen,
-        ),
-        last_update_time=rfc3339(now),
     )
 
 
@@ -274,12 +308,7 @@ def build_project_status(figures: ProjectFigures, now: float) -> ProjectMetricsS
         idle_gpus=round(figures.idle_gpus, 4),
         utilization=_windows(figures.utilization),
         memory_utilization=_windows(figures.memory_utilization),
-        allocated_gpu_seconds=round(figures.allocated_gpu_seconds, 3),
-        active_gpu_seconds=round(figures.active_gpu_seconds, 3),
-        idle_gpu_seconds=round(figures.idle_gpu_seconds, 3),
-        unmonitored_gpu_seconds=round(figures.unmonitored_gpu_seconds, 3),
-        wasted_gpu_hours=round(figures.idle_gpu_seconds / 3600.0, 4),
-        energy_joules=round(figures.energy_joules, 3),
+        **_gpu_time(figures),
         last_update_time=rfc3339(now),
     )
 
@@ -339,13 +368,9 @@ def project_counters(figures: ProjectFigures) -> tuple[float, ...]:
 
 
 def _rounded_windows(windows: Windows) -> tuple[float, ...]:
-    """Each window (in field order) to 0.01 %, -1 for none: read off the model's values, no model dump per CR."""
-    values = windows.__dict__  # a model's field values: plain reads, no genexpr frame per CR
-    current, minute, five, hour, lifetime = (values["current"], values["avg1m"], values["avg5m"], values["avg1h"],
-                                             values["lifetime"])
-    return (-1.0 if current is None else round(current, 2), -1.0 if minute is None else round(minute, 2),
-            -1.0 if five is None else round(five, 2), -1.0 if hour is None else round(hour, 2),
-            -1.0 if lifetime is None else round(lifetime, 2))
+    """Each window (in field order) to 0.01 %, -1 for none."""
+    return tuple(-1.0 if value is None else round(value, 2)
+                 for value in (windows.current, windows.avg1m, windows.avg5m, windows.avg1h, windows.lifetime))
 
 
 def write_reason(
@@ -359,15 +384,16 @@ def write_reason(
     """Why to write, given what was last written (signature, counters, time): news, a due refresh, or not at all.
 
     Signatures and counters are only compared for equality: the tuples `workload_signature` and the
-    others build, or their hashes (what the controller keeps; see `ControllerRuntime._offer_workloads`).
+    others build, or their hashes (what the controller keeps; see `StatusOffers.offer_workloads`).
     """
-    if previous is None or previous[0] != signature:
+    if previous is None:
         return "material"
-    if previous[1] == counters:
+    signature_written, counters_written, written_at = previous
+    if signature_written != signature:
+        return "material"
+    if counters_written == counters or now - written_at < interval_seconds:
         return "none"
-    if now - previous[2] >= interval_seconds:
-        return "due"
-    return "none"
+    return "due"
 
 
 def dns_name(text: str, max_length: int = 253) -> str:
@@ -391,6 +417,40 @@ def label_value(text: str) -> str:
 def workload_cr_name(name: str, kind: str, clash: bool) -> str:
     """Same name as the workload; `<name>-<kind>` when another kind already took the name."""
     return dns_name(f"{name}-{kind.lower()}") if clash else dns_name(name)
+
+
+class CrOwner(NamedTuple):
+    """The workload a GPUWorkloadMetrics name belongs to."""
+
+    uid: str
+    kind: str
+    created_time: float | None
+
+
+def claim_cr_name(figures: WorkloadFigures, cr_names: dict[str, str],
+                  cr_owner: dict[tuple[str, str], CrOwner]) -> str | None:
+    """The GPUWorkloadMetrics name of a workload; None when a newer workload of the same kind took it.
+
+    Same namespace and name as the workload; `<name>-<kind>` when a workload of another kind
+    has the name. A workload recreated with the same kind and name takes the name over.
+    `cr_names` (workload uid -> name, "" for none) and `cr_owner` ((namespace, name) -> its
+    workload) remember each claim.
+    """
+    if figures.uid in cr_names:
+        return cr_names[figures.uid] or None
+    name = workload_cr_name(figures.name, figures.kind, False)
+    holder = cr_owner.get((figures.namespace, name))
+    if holder is not None and holder.uid != figures.uid:
+        if holder.kind != figures.kind:
+            name = workload_cr_name(figures.name, figures.kind, True)
+        elif (holder.created_time or 0.0) > (figures.created_time or 0.0):
+            cr_names[figures.uid] = ""  # an older incarnation: its CR is the newer one's now
+            return None
+        else:
+            cr_names[holder.uid] = ""
+    cr_names[figures.uid] = name
+    cr_owner[(figures.namespace, name)] = CrOwner(figures.uid, figures.kind, figures.created_time)
+    return name
 
 
 def workload_labels(figures: WorkloadFigures) -> dict[str, str]:

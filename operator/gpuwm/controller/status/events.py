@@ -1,4 +1,4 @@
-"""Kubernetes Events on a workload when it turns Idle (DESIGN §4, issue 4 item 5).
+"""Kubernetes Events on a workload when it turns Idle (DESIGN §4).
 
 Posted from a queue through the status writes' token bucket, so thousands of workloads going
 idle at once (a cluster-wide outage of jobs' input data, say) cannot flood the API server.

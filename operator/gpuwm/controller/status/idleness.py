@@ -105,6 +105,13 @@ def idle_condition(
     return "False", "IdleBelowTimeout"
 
 
+class IdleStretch(NamedTuple):
+    """An idle stretch: the second it started, and since when it is observed through samples."""
+
+    start_second: int
+    observed_since: float
+
+
 class IdleWatch:
     """Since when each running workload's current idle stretch has been observed: what the Idle timeout counts.
 
@@ -123,7 +130,7 @@ class IdleWatch:
 
     def __init__(self, slack_seconds: float = 0.0) -> None:
         self.slack_seconds = slack_seconds  # see `reporting`
-        self._stretch: dict[str, tuple[int, float]] = {}  # uid -> (stretch's start second, observed since)
+        self._stretch: dict[str, IdleStretch] = {}  # uid -> its current idle stretch
         self._sampled_at: dict[str, float] = {}  # uid -> the latest cycle that saw it running and sampled
 
     def observe(self, figures: WorkloadFigures, now: float, written_idle: bool = False,
@@ -145,8 +152,8 @@ class IdleWatch:
             self._stretch.pop(uid, None)
             return None
         known = self._stretch.get(uid)
-        if known is not None and known[0] == stretch:
-            return now - known[1]
+        if known is not None and known.start_second == stretch:
+            return now - known.observed_since
         if not sampled:  # a new stretch not seen through samples yet: nothing observed
             self._stretch.pop(uid, None)
             return None
@@ -157,7 +164,7 @@ class IdleWatch:
             since = start
         else:
             since = now
-        self._stretch[uid] = (stretch, since)
+        self._stretch[uid] = IdleStretch(stretch, since)
         return now - since
 
     def forget(self, uid: str) -> None:

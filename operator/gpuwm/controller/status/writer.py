@@ -44,7 +44,7 @@ LAG_HISTORY = 10_000
 #: how long a namespace that refused a create as terminating gets no writes (it is usually gone by then)
 NAMESPACE_RETRY_SECONDS = 60.0
 #: with a backlog, writes go in bursts of this many seconds' tokens (10 at 20/s): one wake-up of the
-#: loop per burst instead of per write, less CPU per write (bench/README.md); the rate stays the bucket's
+#: loop per burst instead of per write, less CPU per write; the rate stays the bucket's
 WRITE_BURST_SECONDS = 0.5
 
 
@@ -55,7 +55,7 @@ class Desired:
     The status is built only when it is written (`render`), so a cycle that offers thousands of
     CRs pays for the few the token bucket lets through, not for all of them. `signature` (what a
     reader acts on) and `counters` (what moves with time) are only compared for equality: the
-    controller passes their hashes (see `ControllerRuntime._offer_workloads`).
+    controller passes their hashes (see `StatusOffers.offer_workloads`).
     """
 
     plural: str
@@ -89,6 +89,7 @@ class WriterStats:
     taken: dict[str, int] = field(default_factory=lambda: {"news": 0, "stale": 0, "refresh": 0})
 
 
+#: a CR: (plural, namespace or None, name)
 Key = tuple[str, str | None, str]
 
 
@@ -362,9 +363,9 @@ class StatusWriter:
                         namespace, error.message, NAMESPACE_RETRY_SECONDS, extra={"namespace": namespace})
         self.closed_namespaces[namespace] = self._clock()
         for queue in (self._material, self._stale, self._due):
-            for key in [key for key in queue if key[1] == namespace]:
+            for key in [key for key in queue if _namespace_of(key) == namespace]:
                 del queue[key]
-        for key in [key for key in self.written if key[1] == namespace]:
+        for key in [key for key in self.written if _namespace_of(key) == namespace]:
             uid = self.written[key].uid
             self.forget(*key)
             if uid is not None:
@@ -381,26 +382,33 @@ class StatusWriter:
         """
         offered, self._offered_projects = self._offered_projects, set()
         retired = []
-        for key in sorted(k for k in self.existing if k[0] == PROJECT_PLURAL and k[2] not in offered):
-            adopted_update = self.adopted_project_updates.get(key[2])
-            if key not in self.written and adopted_update is not None and now - adopted_update < retention_seconds:
+        projects = sorted(name for plural, _, name in self.existing if plural == PROJECT_PLURAL and name not in offered)
+        for name in projects:
+            adopted_update = self.adopted_project_updates.get(name)
+            if ((PROJECT_PLURAL, None, name) not in self.written and adopted_update is not None
+                    and now - adopted_update < retention_seconds):
                 continue
             try:
-                await self.delete(PROJECT_PLURAL, None, key[2])
+                await self.delete(PROJECT_PLURAL, None, name)
             except KubeApiError as error:
-                logger.warning("cannot delete GPUProjectMetrics %s of a project without workloads: %s", key[2], error,
-                               extra={"resource": PROJECT_PLURAL, "object": key[2]})
+                logger.warning("cannot delete GPUProjectMetrics %s of a project without workloads: %s", name, error,
+                               extra={"resource": PROJECT_PLURAL, "object": name})
                 continue
-            self.adopted_project_updates.pop(key[2], None)
-            retired.append(key[2])
-            logger.info("retention: deleted GPUProjectMetrics %s (no workloads left)", key[2],
-                        extra={"resource": PROJECT_PLURAL, "object": key[2]})
+            self.adopted_project_updates.pop(name, None)
+            retired.append(name)
+            logger.info("retention: deleted GPUProjectMetrics %s (no workloads left)", name,
+                        extra={"resource": PROJECT_PLURAL, "object": name})
         return retired
 
     async def delete(self, plural: str, namespace: str | None, name: str) -> None:
         """Delete a CR (retention ran out); gone already is fine."""
         await self._client.delete(resource_path(API_VERSION, plural, namespace, name))
         self.forget(plural, namespace, name)
+
+
+def _namespace_of(key: Key) -> str | None:
+    _, namespace, _ = key
+    return namespace
 
 
 def _workload_uid(desired: Desired) -> str | None:

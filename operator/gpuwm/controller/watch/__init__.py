@@ -5,15 +5,16 @@ the owner walk to the workload, each workload kind's reading, the device plugin'
 reads through `kube` and names device holders from `pull`; it builds no status.
 """
 
-from gpuwm.controller.watch.owners import OwnerResolver, parse_kubernetes_time
+from gpuwm.controller.watch.owners import OwnerResolver
 from gpuwm.controller.watch.pods import (
     MalformedPodError,
     TrackedPod,
+    as_of,
     device_allocations,
-    ended_by_deletion,
     pod_event,
     state_key,
     track_pod,
+    workload_uid_of,
 )
 from gpuwm.controller.watch.sharing import SharingSource, whole_device_nodes
 from gpuwm.controller.watch.units import NodeSharing, requests_gpu
@@ -28,13 +29,13 @@ __all__ = [
     "TrackedPod",
     "WorkloadKind",
     "WorkloadObjects",
+    "as_of",
     "device_allocations",
-    "ended_by_deletion",
-    "parse_kubernetes_time",
     "parse_workload_kinds",
     "pod_event",
     "requests_gpu",
     "state_key",
     "track_pod",
     "whole_device_nodes",
+    "workload_uid_of",
 ]

@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
 from typing import Any
 
+from gpuwm.accounting import parse_time
 from gpuwm.model import TraceWorkload
 
 logger = logging.getLogger(__name__)
@@ -25,16 +25,6 @@ logger = logging.getLogger(__name__)
 OwnerFetcher = Callable[[str, str, str, str], Awaitable[Mapping[str, Any] | None]]
 
 MAX_OWNER_DEPTH = 8
-
-
-def parse_kubernetes_time(text: str | None) -> float | None:
-    """Epoch seconds from an RFC 3339 timestamp (`2026-01-02T03:04:05Z`); None when absent or invalid."""
-    if not text:
-        return None
-    try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 def controller_reference(metadata: Mapping[str, Any]) -> Mapping[str, Any] | None:
@@ -58,7 +48,7 @@ def workload_of_object(obj: Mapping[str, Any], api_version: str, kind: str) -> T
         kind=str(obj.get("kind") or kind),
         name=str(metadata["name"]),
         uid=str(metadata["uid"]),
-        created=parse_kubernetes_time(metadata.get("creationTimestamp")),
+        created=parse_time(metadata.get("creationTimestamp")),
     )
 
 

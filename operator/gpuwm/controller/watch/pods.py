@@ -9,19 +9,20 @@ time the pod started, and the engine places it there (within its late-event wind
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Collection, Container, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gpuwm.accounting import parse_time
 from gpuwm.controller.pull import DeviceHolder
-from gpuwm.controller.watch.owners import parse_kubernetes_time
 from gpuwm.controller.watch.units import NodeSharing, requested_units
 from gpuwm.model import ENDED_POD_PHASES, DeviceAllocation, PodEvent, PodPhase, PodResources, TraceWorkload
 
 _PHASES: frozenset[str] = frozenset({"Pending", "Running", "Succeeded", "Failed", "Unknown"})
 #: labels the operators of distributed jobs put on their pods to say which replica each one is: kept
-#: beside `labels_kept` whatever it says, since the API ranks a workload's pods by them (issue 39 §4)
+#: beside `labels_kept` whatever it says, since the API ranks a workload's pods by them
 RANK_LABELS: frozenset[str] = frozenset({
     "training.kubeflow.org/replica-type",
     "training.kubeflow.org/replica-index",
@@ -78,19 +79,19 @@ def phase_start_time(pod: Mapping[str, Any], phase: str) -> float | None:
     status = pod.get("status") or {}
     container_states = [cs.get("state") or {} for cs in status.get("containerStatuses") or []]
     if phase == "Running":
-        started = _first_time(parse_kubernetes_time((s.get("running") or {}).get("startedAt")) for s in container_states)
+        started = _first_time(parse_time((s.get("running") or {}).get("startedAt")) for s in container_states)
         if started is not None:
             return started
         condition = next((c for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
-        return parse_kubernetes_time(status.get("startTime")) or (
-            parse_kubernetes_time(condition.get("lastTransitionTime")) if condition else None
+        return parse_time(status.get("startTime")) or (
+            parse_time(condition.get("lastTransitionTime")) if condition else None
         )
     if phase in {"Succeeded", "Failed"}:
         return _first_time(
-            (parse_kubernetes_time((s.get("terminated") or {}).get("finishedAt")) for s in container_states), latest=True
+            (parse_time((s.get("terminated") or {}).get("finishedAt")) for s in container_states), latest=True
         )
     if phase == "Pending":
-        return parse_kubernetes_time((pod.get("metadata") or {}).get("creationTimestamp"))
+        return parse_time((pod.get("metadata") or {}).get("creationTimestamp"))
     return None
 
 
@@ -191,8 +192,8 @@ def track_pod(
         units_by_container=units,
         workload=workload,
         phase_since=phase_start_time(pod, raw_phase),
-        created=parse_kubernetes_time(metadata.get("creationTimestamp")),
-        deletion_time=parse_kubernetes_time(metadata.get("deletionTimestamp")),
+        created=parse_time(metadata.get("creationTimestamp")),
+        deletion_time=parse_time(metadata.get("deletionTimestamp")),
         resources=resources,
         failure_reason=failure_reason(pod),
     )
@@ -209,6 +210,23 @@ def ended_by_deletion(pod: TrackedPod, now: float) -> TrackedPod | None:
     if pod.deletion_time is None or now < pod.deletion_time or pod.phase in ENDED_POD_PHASES:
         return None
     return replace(pod, phase="Deleted", phase_since=pod.deletion_time)
+
+
+def as_of(pod: TrackedPod, now: float) -> tuple[TrackedPod, float]:
+    """The pod as the engine should see it at `now`, and when its latest change happened.
+
+    Past its deletionTimestamp it has ended there (`ended_by_deletion`). A phase cannot start before
+    the pod exists: the kubelet stamps container starts with the node's clock, the API server the
+    creation with its own; a node a second behind would put Running before Pending in the engine's
+    timeline, and the pod would end up Pending.
+    """
+    ended = ended_by_deletion(pod, now)
+    if ended is not None:
+        return ended, ended.deletion_time or now
+    at = now if pod.phase in {"Deleted", "Unknown"} else (pod.phase_since or now)
+    if pod.created is not None and at < pod.created:
+        at = pod.created
+    return pod, at
 
 
 def device_allocations(
@@ -252,7 +270,7 @@ def device_allocations(
         units_by_device[key] = units_by_device.get(key, 0.0) + units
     return [
         DeviceAllocation(uuid=uuid, units=min(1.0, max(units, 1e-9)), container=container)
-        for (uuid, container), units in sorted(units_by_device.items(), key=lambda item: (item[0][0], item[0][1] or ""))
+        for (uuid, container), units in sorted(units_by_device.items(), key=_by_device_and_container)
     ] + unnamed
 
 
@@ -260,10 +278,15 @@ def device_allocations(
 UNNAMED_DEVICE_PREFIX = "unnamed/"
 
 
+def _by_device_and_container(item: tuple[tuple[str, str | None], float]) -> tuple[str, str]:
+    (uuid, container), _ = item
+    return uuid, container or ""
+
+
 def unnamed_devices(pod: TrackedPod, exclude: Container[str | None] = ()) -> list[DeviceAllocation]:
     """Stand-ins for the devices of a running pod's containers that no agent has named yet.
 
-    DESIGN §3 (2026-11-27): a running container's GPU units count from its requests from the
+    DESIGN §3: a running container's GPU units count from its requests from the
     moment it runs, whether or not an agent reports its node (the DaemonSet not scheduled there,
     its image not pulled); that time is unmonitored until samples cover it. A container's request
     becomes devices of at most one unit each (`unnamed/<pod uid>/<container>/<n>`), which no
@@ -297,9 +320,16 @@ def pod_event(pod: TrackedPod, devices: list[DeviceAllocation], at: float) -> Po
     )
 
 
-def state_key(pod: TrackedPod, devices: list[DeviceAllocation]) -> tuple[Any, ...]:
-    """What the engine has been told about the pod; a change means a new event."""
-    return (
-        pod.phase, pod.node, tuple(sorted(pod.labels.items())), pod.workload.uid, pod.resources, pod.failure_reason,
+def state_key(pod: TrackedPod, devices: list[DeviceAllocation]) -> str:
+    """What the engine has been told about the pod, as JSON (the state file keeps it); a change means a new event."""
+    resources = None if pod.resources is None else pod.resources.model_dump()
+    return json.dumps((
+        pod.phase, pod.node, tuple(sorted(pod.labels.items())), pod.workload.uid, resources, pod.failure_reason,
         tuple((d.uuid, round(d.units, 6), d.container) for d in devices) if pod.phase == "Running" else (),
-    )
+    ))
+
+
+def workload_uid_of(key: str) -> str:
+    """The workload a pod belonged to when the engine was told `key` (`state_key`)."""
+    _phase, _node, _labels, workload_uid, *_ = json.loads(key)
+    return str(workload_uid)

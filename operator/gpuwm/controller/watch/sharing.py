@@ -19,7 +19,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from gpuwm.controller.kube import KubeApiError, KubeClient, resource_path
 from gpuwm.controller.pull import DeviceHolder
@@ -44,13 +44,28 @@ _CONFIG_SPEC = re.compile(r"(?P<namespace>[a-z0-9]([-a-z0-9]*[a-z0-9])?)/(?P<nam
                           r"(/(?P<key>[-._a-zA-Z0-9]+))?")
 
 
-def parse_device_plugin_config(spec: str) -> tuple[str, str, str | None]:
-    """`NAMESPACE/NAME[/KEY]` -> (namespace, name, default key); ValueError naming the spec otherwise."""
+class ConfigRef(NamedTuple):
+    """The device plugin's ConfigMap, and the key of its data a node without a config label uses."""
+
+    namespace: str
+    name: str
+    default_key: str | None
+
+
+def parse_device_plugin_config(spec: str) -> ConfigRef:
+    """`NAMESPACE/NAME[/KEY]` -> its `ConfigRef`; ValueError naming the spec otherwise."""
     match = _CONFIG_SPEC.fullmatch(spec.strip())
     if match is None:
         raise ValueError(f"device plugin config {spec!r} is not NAMESPACE/NAME or NAMESPACE/NAME/KEY "
                          "(e.g. gpu-operator/time-slicing-config/any)")
-    return match.group("namespace"), match.group("name"), match.group("key")
+    return ConfigRef(match.group("namespace"), match.group("name"), match.group("key"))
+
+
+class NodeLabels(NamedTuple):
+    """A node's sharing labels, and when they were read."""
+
+    read_at: float
+    labels: dict[str, str]
 
 
 class SharingSource:
@@ -68,8 +83,8 @@ class SharingSource:
         self._default = default_shared_replicas
         self._config_ref = parse_device_plugin_config(device_plugin_config) if device_plugin_config else None
         self._clock = clock
-        #: node -> (when read, the sharing labels); watch events are stored with time +inf (always fresh)
-        self._labels: dict[str, tuple[float, dict[str, str]]] = {}
+        #: node -> its sharing labels; watch events are stored as read at +inf (always fresh)
+        self._labels: dict[str, NodeLabels] = {}
         self._config: dict[str, dict[str, int]] = {}  # ConfigMap key -> replicas per resource name
         self._config_read_at: float | None = None
         self._warned: set[str] = set()
@@ -85,20 +100,21 @@ class SharingSource:
         if deleted:
             self._labels.pop(str(name), None)
             return
-        self._labels[str(name)] = (float("inf"), _sharing_labels(metadata.get("labels")))
+        self._labels[str(name)] = NodeLabels(float("inf"), _sharing_labels(metadata.get("labels")))
 
     def changes(self, body: Mapping[str, Any]) -> bool:
         """Whether a node event would change what is known of its sharing labels (kopf's `when=`: the
         many node status updates then cost no handler call and no log line)."""
         metadata = body.get("metadata") or {}
         known = self._labels.get(str(metadata.get("name")))
-        return known is None or known[0] != float("inf") or known[1] != _sharing_labels(metadata.get("labels"))
+        return (known is None or known.read_at != float("inf")
+                or known.labels != _sharing_labels(metadata.get("labels")))
 
     async def _node_labels(self, node: str) -> dict[str, str]:
         cached = self._labels.get(node)
         now = self._clock()
-        if cached is not None and now - cached[0] < NODE_CACHE_SECONDS:
-            return cached[1]
+        if cached is not None and now - cached.read_at < NODE_CACHE_SECONDS:
+            return cached.labels
         try:
             obj = await self._client.get(resource_path("v1", "nodes", None, node))
             labels = _sharing_labels(((obj or {}).get("metadata") or {}).get("labels"))
@@ -106,8 +122,8 @@ class SharingSource:
             self._warn_once(f"node:{error.status}", f"cannot read node {node} for its time-slicing labels ({error}); "
                             "the chart grants get/list/watch on nodes")
             labels = {}
-        if node not in self._labels or self._labels[node][0] != float("inf"):  # a watch event meanwhile wins
-            self._labels[node] = (now, labels)
+        if node not in self._labels or self._labels[node].read_at != float("inf"):  # a watch event meanwhile wins
+            self._labels[node] = NodeLabels(now, labels)
         return labels
 
     async def _device_plugin_config(self) -> dict[str, dict[str, int]]:
@@ -152,10 +168,11 @@ class SharingSource:
                                source=f"node label {SHARING_NODE_LABELS[0]}")
         config = await self._device_plugin_config()
         if self._config_ref is not None and config:
-            key = device_plugin_config_key(labels, config, self._config_ref[2])
+            ref = self._config_ref
+            key = device_plugin_config_key(labels, config, ref.default_key)
             if key is not None:
                 return NodeSharing(resource_replicas=config[key], default_shared_replicas=self._default,
-                                   source=f"ConfigMap {self._config_ref[0]}/{self._config_ref[1]} key {key}")
+                                   source=f"ConfigMap {ref.namespace}/{ref.name} key {key}")
         return NodeSharing(default_shared_replicas=self._default)
 
     def may_share(self, node: str) -> bool:
@@ -167,7 +184,7 @@ class SharingSource:
         cached = self._labels.get(node)
         if cached is None:
             return True
-        replicas = node_replicas_label(cached[1])
+        replicas = node_replicas_label(cached.labels)
         if replicas is not None:
             return replicas > 1
         if self._config_ref is None:

@@ -1,4 +1,4 @@
-"""What gpuwm reads from each kind of workload object (issue 35): pure functions, one table.
+"""What gpuwm reads from each kind of workload object: pure functions, one table.
 
 A workload object (a Job, PyTorchJob, JobSet, RayJob ...) says, before any of its pods exists,
 how many GPU units it will ask for (replicas x its pod templates' GPU requests), whether it is

@@ -1,4 +1,4 @@
-"""Workload objects -> the engine's `WorkloadEvent`s (issue 35), independent of kopf.
+"""Workload objects -> the engine's `WorkloadEvent`s independent of kopf.
 
 The handlers hand every event of a watched kind here. A top-level object whose pod templates
 request GPUs becomes a workload from its creation: the engine is told its state (held back or
@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-from gpuwm.controller.watch.owners import parse_kubernetes_time
+from gpuwm.accounting import parse_time
 from gpuwm.controller.watch.workload_kinds import (
     KUEUE_GROUP,
     KUEUE_QUEUE_LABEL,
@@ -36,6 +36,13 @@ class WorkloadSink(Protocol):
     def observe_workload(self, event: WorkloadEvent) -> None: ...
 
 
+class QueuedBy(NamedTuple):
+    """A Kueue Workload (its uid) and its state, for the workload object it queues."""
+
+    uid: str
+    state: KueueState
+
+
 class WorkloadObjects:
     """The watched workload objects' last state sent to the engine, and the Kueue Workloads' queue states."""
 
@@ -49,8 +56,8 @@ class WorkloadObjects:
         self._objects: dict[str, Mapping[str, Any]] = {}
         #: uid -> what the engine was last told (the event without its time)
         self._sent: dict[str, tuple[Any, ...]] = {}
-        #: owner uid -> (Kueue Workload uid, its state)
-        self._kueue: dict[str, tuple[str, KueueState]] = {}
+        #: owner uid -> the Kueue Workload that queues it
+        self._kueue: dict[str, QueuedBy] = {}
         self._warned: set[str] = set()
 
     @property
@@ -89,15 +96,15 @@ class WorkloadObjects:
             return None
         if deleted:
             held = self._kueue.get(state.owner_uid)
-            if held is None or held[0] != uid:
+            if held is None or held.uid != uid:
                 return None  # an older Kueue Workload of the owner; its newer one speaks for it
             if state.owner_uid not in self._objects:
                 del self._kueue[state.owner_uid]
                 return None
             # finished or taken off the queue: it holds nothing back now, and its queues stay the workload's
-            self._kueue[state.owner_uid] = (uid, replace(held[1], admitted=True))
+            self._kueue[state.owner_uid] = QueuedBy(uid, replace(held.state, admitted=True))
         else:
-            self._kueue[state.owner_uid] = (uid, state)
+            self._kueue[state.owner_uid] = QueuedBy(uid, state)
         owner = self._objects.get(state.owner_uid)
         return None if owner is None else self._send(self._event(owner, False))
 
@@ -121,13 +128,13 @@ class WorkloadObjects:
             requested = 0.0
         labels = {str(k): str(v) for k, v in (metadata.get("labels") or {}).items()}
         held = self._kueue.get(uid)
-        kueue = held[1] if held is not None else None
+        kueue = held.state if held is not None else None
         suspended = reader.suspended(body) or (kueue is not None and not kueue.admitted)
         local_queue = (kueue.local_queue if kueue is not None else None) or labels.get(KUEUE_QUEUE_LABEL)
         return WorkloadEvent(
             t=self._clock(), event="workload", namespace=str(metadata["namespace"]), name=str(metadata["name"]),
             uid=uid, kind=kind, api_version=str(body.get("apiVersion") or ""),
-            created=parse_kubernetes_time(metadata.get("creationTimestamp")),
+            created=parse_time(metadata.get("creationTimestamp")),
             suspended=suspended, requested_gpus=requested, finished=reader.finished(body), deleted=deleted,
             message=failure_message(body),
             labels=labels, local_queue=local_queue,
