@@ -24,6 +24,7 @@ from __future__ import annotations
 import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import numpy.typing as npt
@@ -40,10 +41,9 @@ LAST = 2**62
 _ACCRUED_WITHOUT_UNITS = 1e-6
 
 
-@dataclass(frozen=True)
-class Held:
+class Held(NamedTuple):
     """A workload's state at the last interval: units held, and its cumulative figures (None: not known,
-    after the store was opened)."""
+    after the store was opened). A named tuple: one is made for every workload at every interval."""
 
     units: float
     figures: tuple[int, ...] | None = None
