@@ -23,14 +23,12 @@ import math
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from operator import itemgetter
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import cast
 
 import numpy as np
-from pydantic import BaseModel
 
-from gpuwm.model import ClusterFigures, GpuSample, PodStatsSample, ProjectFigures, WorkloadFigures, model_json
+from gpuwm.model import ClusterFigures, GpuSample, PodStatsSample, ProjectFigures, WorkloadFigures
 from gpuwm.store.base import (
     METRIC_NAMES,
     GpuHourPrice,
@@ -56,6 +54,7 @@ from gpuwm.store.codec import (
 )
 from gpuwm.store.figures import figure_values, stored_values
 from gpuwm.store.holdings import HoldingsWriter
+from gpuwm.store.latest import LatestWriter, read_one, read_projects, read_runs, read_workloads
 from gpuwm.store.periods import StoreClock, read_group_peaks, read_period
 from gpuwm.store.prices import PriceWriter, read_prices
 from gpuwm.store.rows import RowBuilder, Rows, SeriesKey
@@ -78,17 +77,9 @@ _BLOCKS_AT_ONCE = 32
 _COMPACTION_SHARE = 0.875
 #: intervals of head rows deleted a slice once a round's blocks are all compacted (`_drop_head_slice`)
 _HEAD_DROP_INTERVALS = 30
-#: latest-figures rows written per statement: the JSON held at once is bounded, for fleets larger than the
-#: benchmarks' (bench/README.md)
-_LATEST_ROWS_PER_WRITE = 256
-#: workload phases whose figures change every interval (new objects: not worth keeping to compare)
-_LIVE_PHASES = frozenset({"Running", "Pending", "Queued"})  # a Queued one's queuedSeconds grows
 #: series rows deleted per compaction round at most: a store with many series left without a point
 #: is cleaned over several hourly rounds, not in one long transaction
 FORGET_SERIES_PER_ROUND = 50_000
-
-_Figures = TypeVar("_Figures", bound=BaseModel)
-
 
 class EmbeddedStore(Store):
     """SQLite store: per-series points in head rows and compressed chunks, roll-ups, retention, latest figures."""
@@ -103,8 +94,6 @@ class EmbeddedStore(Store):
         latest_rows_per_interval: int | None = None,
     ) -> None:
         self.path = Path(path)
-        #: running workloads' latest rows rewritten per interval at most (see `_write_latest`; None: all)
-        self.latest_rows_per_interval = latest_rows_per_interval
         self.tiers: list[Tier] = parse_tiers(list(tiers))
         self.spans = chunk_spans(self.tiers)
         self.finest_step_seconds = float(self.tiers[0].step_seconds)
@@ -120,14 +109,6 @@ class EmbeddedStore(Store):
         # whether the map's keys were read from the file: the row builder's equal tuples replace them once it
         # holds its own (see `_adopt_keys`)
         self._keys_from_file = False
-        # hash() of the JSON each latest_* row holds now, so unchanged figures are not rewritten (a hash, not
-        # the JSON: kept for every finished workload too, the JSON would grow with every workload run)
-        self._latest_json: dict[str, int] = {}
-        # the figures objects those rows were dumped from (ended workloads, projects, cluster): the engine
-        # hands the same object again for a settled workload (never changed in place): no JSON needed
-        self._latest_objects: dict[str, object] = {}
-        # live workloads' rows: the phase the file row says and when it was written (refreshes take turns)
-        self._latest_refreshed: dict[str, tuple[object, float]] = {}
         self._rows = RowBuilder()  # each workload's series and pairs, kept between intervals
         # the ids of the series of the last rows (the same list while no workload changed), and their blocks
         self._ids_of: tuple[object, IntArray] = (None, np.zeros(0, dtype=np.int64))
@@ -148,6 +129,7 @@ class EmbeddedStore(Store):
             self._writer = self._connect()
             self._writer.execute("PRAGMA mmap_size = 0")
             self._init_schema()
+            self._latest = LatestWriter(self._writer, latest_rows_per_interval)
             # the writer's pages are the controller's RSS (issue 4: <= 256 MiB): a small cache. Set after
             # the schema: a new file's `page_size` pragma leaves a cache size set before it unenforced
             # (SQLite 3.40: the cache then kept every page written)
@@ -200,9 +182,6 @@ class EmbeddedStore(Store):
                 f"store {self.path} has an incompatible metric layout; point --store at a new path"
             )
         self._read_series()
-        for table, column in (("latest_workloads", "uid"), ("latest_projects", "name")):
-            for key, figures in connection.execute(f"SELECT {column}, figures FROM {table}"):
-                self._latest_json[f"{table}:{key}"] = hash(figures.encode())
 
     def close(self) -> None:
         with self._readers_lock:
@@ -236,12 +215,7 @@ class EmbeddedStore(Store):
         with self._transaction():
             self.write_points(at, rows)
             self._write_holdings(at, workloads, stored_values(figures))
-            self._write_latest(
-                "latest_workloads", [(w.uid, (w.uid, w.namespace, w.name, w.project, at), w) for w in workloads],
-                at=at, refresh_rows=self.latest_rows_per_interval,
-            )
-            self._write_latest("latest_projects", [(p.name, (p.name, at), p) for p in projects])
-            self._write_latest("latest_cluster", [("1", (1, at), cluster)])
+            self._latest.record(at, workloads, projects, cluster)
             self._set_meta("latest_time", at)
             if self._get_meta("earliest_time") is None:
                 self._set_meta("earliest_time", at)
@@ -291,9 +265,7 @@ class EmbeddedStore(Store):
 
     def _forget_uncommitted(self) -> None:
         """After a rollback: what this process remembers of the file is read again from it."""
-        self._latest_json.clear()  # the rolled-back rows may be gone: rewrite them next time
-        self._latest_objects.clear()
-        self._latest_refreshed.clear()
+        self._latest.forget_uncommitted()
         self._holdings.reload()
         self._prices.reload()
         self._read_series()
@@ -327,86 +299,6 @@ class EmbeddedStore(Store):
         """Every series id of `blocks` (those with head rows: a superset of the series with points there)."""
         starts = np.array(sorted(blocks), dtype=np.int64) * BLOCK
         return (starts[:, None] + np.arange(BLOCK, dtype=np.int64)).ravel()
-
-    def _write_latest(
-        self, table: str, entries: list[tuple[str, tuple[object, ...], BaseModel]], *, at: float = 0.0,
-        refresh_rows: int | None = None,
-    ) -> None:
-        """Rewrite the latest-figures rows whose JSON changed (most workloads' figures do each interval).
-
-        The very object written last time is not dumped again (a settled workload's figures). Only
-        this call's objects are kept (`entries` is all the table's figures of this interval), and of
-        workloads only ended ones' (the engine keeps settled ones anyway: no memory of their own).
-        The JSON remembered for a key that is no longer reported (a workload the controller forgot
-        after its retention) is dropped too: its row stays until the store's own retention, and the
-        cache no longer grows with every workload the cluster ever ran.
-
-        `refresh_rows` (workloads): a live row whose file row is in the same phase already only has
-        its counters and windows to update, which move every interval. Of those, the rows written
-        longest ago are rewritten, as many as fit in `refresh_rows` rows this interval, counting the
-        other rows written (new workloads, phase changes, ended ones: always written at once). Every
-        row rewritten each interval was most of the store's writes (bench/README.md).
-        """
-        known = self._latest_json
-        objects = self._latest_objects
-        refreshed = self._latest_refreshed
-        kept: dict[str, object] = {}
-        changed: list[tuple[object, ...]] = []
-        written = 0
-        statement = ""
-        reported: set[str] = set()
-        waiting: list[tuple[float, str, tuple[object, ...], BaseModel]] = []  # (written at, key, columns, figures)
-
-        def write(cache_key: str, columns: tuple[object, ...], figures: BaseModel, phase: object) -> None:
-            nonlocal statement, written
-            dumped = model_json(figures)  # model_dump_json's bytes, in half its CPU
-            digest = hash(dumped)  # 64 bits: a changed row read as unchanged is a 2^-64 chance
-            if refresh_rows is not None:  # the file row says this (now, or once the row below is written)
-                if phase in _LIVE_PHASES:
-                    refreshed[cache_key] = (phase, at)
-                else:
-                    refreshed.pop(cache_key, None)
-            if known.get(cache_key) == digest:
-                return
-            known[cache_key] = digest
-            written += 1
-            changed.append((*columns, dumped.decode()))
-            if len(changed) >= _LATEST_ROWS_PER_WRITE:  # a bounded batch of JSON in memory at a time
-                statement = statement or _insert_statement(table, len(changed[0]))
-                self._writer.executemany(statement, changed)
-                changed.clear()
-
-        for key, columns, figures in entries:
-            cache_key = f"{table}:{key}"
-            reported.add(cache_key)
-            phase = getattr(figures, "phase", None)
-            live = phase in _LIVE_PHASES
-            if not live:  # a live workload's figures are new each time
-                kept[cache_key] = figures
-            if objects.get(cache_key) is figures:
-                continue
-            if live and refresh_rows is not None:
-                last = refreshed.get(cache_key)
-                if last is not None and last[0] == phase:  # its row says this phase already: counters only
-                    waiting.append((last[1], cache_key, columns, figures))
-                    continue
-            write(cache_key, columns, figures, phase)
-        if waiting and refresh_rows is not None:
-            slots = max(0, refresh_rows - written)
-            if slots < len(waiting):
-                waiting.sort(key=itemgetter(0, 1))  # the longest unwritten first (then by key: the same order each run)
-                del waiting[slots:]
-            for _, cache_key, columns, figures in waiting:
-                write(cache_key, columns, figures, getattr(figures, "phase", None))
-        prefix = f"{table}:"
-        for cache_key in [cache_key for cache_key in objects if cache_key.startswith(prefix)]:
-            del objects[cache_key]
-        objects.update(kept)
-        for cache_key in [cache_key for cache_key in known if cache_key.startswith(prefix) and cache_key not in reported]:
-            del known[cache_key]
-            refreshed.pop(cache_key, None)
-        if changed:
-            self._writer.executemany(statement or _insert_statement(table, len(changed[0])), changed)
 
     def write_points(self, at: float, rows: Rows) -> None:
         """Append one interval of rows to the head (inside the caller's transaction)."""
@@ -549,8 +441,7 @@ class EmbeddedStore(Store):
         self._chunks.apply_retention(at)
         self._holdings.apply_retention(int(at - self.tiers[-1].keep_seconds))
         self._forget_empty_series()
-        self._writer.execute("DELETE FROM latest_workloads WHERE at < ?", (at - self.retention_seconds,))
-        self._writer.execute("DELETE FROM latest_projects WHERE at < ?", (at - self.retention_seconds,))
+        self._latest.apply_retention(at - self.retention_seconds)
 
     def _advance_compacted(self, until: int) -> bool:
         """Move the compaction watermark and each roll-up's up to `until`; False where they were there already."""
@@ -697,48 +588,34 @@ class EmbeddedStore(Store):
     def forget_workload(self, uid: str) -> None:
         """Drop a workload's latest figures (its points age out with the tiers)."""
         with self._write_lock:
-            self._writer.execute("DELETE FROM latest_workloads WHERE uid = ?", (uid,))
-            self._latest_json.pop(f"latest_workloads:{uid}", None)
-            self._latest_refreshed.pop(f"latest_workloads:{uid}", None)
+            self._latest.forget_workload(uid)
 
     # -- reading: latest state ---------------------------------------------------------------
 
     def workloads(self) -> list[WorkloadFigures]:
-        rows = self._reader().execute("SELECT figures FROM latest_workloads ORDER BY namespace, name, at")
-        by_name: dict[tuple[str, str], WorkloadFigures] = {}
-        for (figures,) in rows:
-            workload = WorkloadFigures.model_validate_json(figures)
-            by_name[(workload.namespace, workload.name)] = workload  # the newest of a reused name wins
-        return list(by_name.values())
-
-    def _latest_row(self, model: type[_Figures], query: str, *arguments: object) -> _Figures | None:
-        """The figures of the one latest_* row `query` selects, or None."""
-        row = self._reader().execute(query, arguments).fetchone()
-        return model.model_validate_json(row[0]) if row else None
+        return read_workloads(self._reader())
 
     def workload(self, namespace: str, name: str) -> WorkloadFigures | None:
-        return self._latest_row(
-            WorkloadFigures,
+        return read_one(
+            self._reader(), WorkloadFigures,
             "SELECT figures FROM latest_workloads WHERE namespace = ? AND name = ? ORDER BY at DESC LIMIT 1",
             namespace, name,
         )
 
     def workload_by_uid(self, uid: str) -> WorkloadFigures | None:
-        return self._latest_row(WorkloadFigures, "SELECT figures FROM latest_workloads WHERE uid = ?", uid)
+        return read_one(self._reader(), WorkloadFigures, "SELECT figures FROM latest_workloads WHERE uid = ?", uid)
 
     def runs(self) -> list[WorkloadFigures]:
-        rows = self._reader().execute("SELECT figures FROM latest_workloads ORDER BY namespace, name, at, uid")
-        return [WorkloadFigures.model_validate_json(figures) for (figures,) in rows]
+        return read_runs(self._reader())
 
     def projects(self) -> list[ProjectFigures]:
-        rows = self._reader().execute("SELECT figures FROM latest_projects ORDER BY name")
-        return [ProjectFigures.model_validate_json(figures) for (figures,) in rows]
+        return read_projects(self._reader())
 
     def project(self, name: str) -> ProjectFigures | None:
-        return self._latest_row(ProjectFigures, "SELECT figures FROM latest_projects WHERE name = ?", name)
+        return read_one(self._reader(), ProjectFigures, "SELECT figures FROM latest_projects WHERE name = ?", name)
 
     def cluster(self) -> ClusterFigures | None:
-        return self._latest_row(ClusterFigures, "SELECT figures FROM latest_cluster WHERE id = 1")
+        return read_one(self._reader(), ClusterFigures, "SELECT figures FROM latest_cluster WHERE id = 1")
 
     def nodes(self) -> list[str]:
         rows = self._reader().execute("SELECT DISTINCT node FROM series WHERE kind = 'node' ORDER BY node")
@@ -854,11 +731,3 @@ def _blocks_in_head(connection: sqlite3.Connection) -> set[int]:
     """The blocks with head rows, as the file says (after a rollback, what this process thought may be off)."""
     return {block for (block,) in connection.execute("SELECT DISTINCT block FROM head")}
 
-
-def _insert_statement(table: str, columns: int) -> str:
-    if table == "latest_workloads":
-        # updated in place: a REPLACE deletes the row and inserts it again, index entries and all. A uid's
-        # namespace and name never change (the index on them stays as it is)
-        return (f"INSERT INTO {table} VALUES ({', '.join('?' * columns)}) ON CONFLICT (uid) DO UPDATE SET "
-                "project = excluded.project, at = excluded.at, figures = excluded.figures")
-    return f"INSERT OR REPLACE INTO {table} VALUES ({', '.join('?' * columns)})"
