@@ -5,8 +5,8 @@ of 64 series (all metrics of those series, compressed; codec.py), so the write i
 hundred small rows however many series there are, and the interval is durable when `record`
 returns. Once a chunk span (1 h at 15 s) is over, compaction moves the head rows into
 *chunks*: one row per (tier, series, span) with every metric's points delta-coded and
-compressed, a few blocks per `record` call so no interval pays for all of it; coarser tiers
-are rolled up from the fine chunks then (chunks.py). A chunk's metrics are kept in parts
+compressed, a few blocks per `record` call so no interval pays for all of it (compaction.py);
+coarser tiers are rolled up from the fine chunks then (chunks.py). A chunk's metrics are kept in parts
 (codec.PARTS), and identical bytes of a part keep one copy (schema.py `payloads`). A 24 h query of one series reads about
 24 chunks plus the head of the current hour. Workload, project, node and cluster series are
 aggregated when written, so a project query over 1,000 workloads reads one series. Values are
@@ -30,7 +30,6 @@ import numpy as np
 
 from gpuwm.model import ClusterFigures, GpuSample, PodStatsSample, ProjectFigures, WorkloadFigures
 from gpuwm.store.base import (
-    METRIC_NAMES,
     GpuHourPrice,
     RangeQuery,
     Series,
@@ -52,6 +51,15 @@ from gpuwm.store.codec import (
     encode_head,
     quantize,
 )
+from gpuwm.store.compaction import (
+    Compaction,
+    IdMarks,
+    blocks_in_head,
+    delete_series,
+    drop_head_before,
+    series_without_points,
+)
+from gpuwm.store.connections import Readers, open_writer
 from gpuwm.store.figures import figure_values, stored_values
 from gpuwm.store.holdings import HoldingsWriter
 from gpuwm.store.latest import LatestWriter, read_one, read_projects, read_runs, read_workloads
@@ -60,26 +68,17 @@ from gpuwm.store.prices import PriceWriter, read_prices
 from gpuwm.store.rows import RowBuilder, Rows, SeriesKey
 from gpuwm.store.schema import APPLICATION_ID as APPLICATION_ID  # re-exported: the file's identity
 from gpuwm.store.schema import SCHEMA_VERSION as SCHEMA_VERSION
-from gpuwm.store.schema import check_file, create_schema
+from gpuwm.store.schema import check_file
 from gpuwm.store.sqlite_read import plan_stretches, read_range, select_series
 from gpuwm.store.tiers import Tier, parse_tiers
 
-#: page cache of the writing connection (readers keep the bigger cache and mmap of `_connect`): record() takes
-#: the same CPU with a bigger one (bench/README.md, "The store's choices"); 4 MiB keeps an interval's head pages
-#: (every block's leaves and the tree above them) at 1,000 nodes with room to spare
-WRITER_CACHE_KIB = 4 * 1024
 #: head blocks filled, quantized and encoded at a time when an interval goes into the head (`write_head`):
 #: 2,048 series slots, so that an interval's block grid and its quantized copy are never alive whole
 _BLOCKS_AT_ONCE = 32
-#: compaction of a closed span is spread over this share of the next span's intervals: the same CPU an hour
-#: as over half of it, half of it in any one interval; the rest of the span is the margin for a round that
-#: falls behind (missed intervals, a restart)
-_COMPACTION_SHARE = 0.875
-#: intervals of head rows deleted a slice once a round's blocks are all compacted (`_drop_head_slice`)
-_HEAD_DROP_INTERVALS = 30
 #: series rows deleted per compaction round at most: a store with many series left without a point
 #: is cleaned over several hourly rounds, not in one long transaction
 FORGET_SERIES_PER_ROUND = 50_000
+
 
 class EmbeddedStore(Store):
     """SQLite store: per-series points in head rows and compressed chunks, roll-ups, retention, latest figures."""
@@ -98,13 +97,7 @@ class EmbeddedStore(Store):
         self.spans = chunk_spans(self.tiers)
         self.finest_step_seconds = float(self.tiers[0].step_seconds)
         self.retention_seconds = retention_seconds
-        check_file(self.path)
-        if not self.path.parent.exists():
-            raise StoreError(
-                f"store {self.path}: directory {self.path.parent} does not exist; create it or fix --store"
-            )
         self._write_lock = threading.Lock()
-        self._local = threading.local()
         self._series_ids: dict[tuple[str, str], int] = {}
         # whether the map's keys were read from the file: the row builder's equal tuples replace them once it
         # holds its own (see `_adopt_keys`)
@@ -118,22 +111,14 @@ class EmbeddedStore(Store):
         self._head_blocks: set[int] = set()  # blocks with head rows
         # series that may hold points in the head, not yet in chunks: those written since the last
         # compaction round (and, when opened, every series of a block with head rows)
-        self._written = _IdMarks()
+        self._written = IdMarks()
         self.forgotten_series = 0  # series rows deleted since opened (their points all past retention)
-        self._pending: list[int] = []  # blocks still to compact below `_target`
-        self._dropped_until = 0  # the round below this is over: its head rows deleted, `_finish_round` done
-        self._budget = 1  # blocks compacted per record call in this round
         self._latest_bucket: int | None = None
-        self.compacted_blocks = 0  # head blocks compacted since opened (benchmarks, logs)
+        check_file(self.path)
         try:
-            self._writer = self._connect()
-            self._writer.execute("PRAGMA mmap_size = 0")
-            self._init_schema()
+            self._writer = open_writer(self.path)
+            self._read_series()
             self._latest = LatestWriter(self._writer, latest_rows_per_interval)
-            # the writer's pages are the controller's RSS (issue 4: <= 256 MiB): a small cache. Set after
-            # the schema: a new file's `page_size` pragma leaves a cache size set before it unenforced
-            # (SQLite 3.40: the cache then kept every page written)
-            self._writer.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
         except sqlite3.DatabaseError as error:
             raise StoreError(
                 f"store {self.path} is corrupt or unreadable ({error}); refusing to overwrite it. "
@@ -142,53 +127,17 @@ class EmbeddedStore(Store):
         self._chunks = ChunkWriter(self._writer, self.spans)
         self._holdings = HoldingsWriter(self._writer)
         self._prices = PriceWriter(self._writer)
-        self._target = int(self._get_meta("compacted_until") or 0)
-        # each reading thread's connection, with its thread: the API's worker threads come and go
-        # (anyio retires one idle for 10 s), and a dead thread's connection is closed on the next opening
-        self._readers: list[tuple[threading.Thread, sqlite3.Connection]] = []
-        self._readers_lock = threading.Lock()
+        self._compaction = Compaction(self._writer, self.spans, self._chunks,
+                                      int(self._get_meta("compacted_until") or 0))
+        self._readers = Readers(self.path)
 
     # -- connections -------------------------------------------------------------------------
 
-    def _connect(self) -> sqlite3.Connection:
-        connection = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30.0)
-        connection.execute("PRAGMA busy_timeout = 30000")
-        connection.execute("PRAGMA cache_size = -65536")
-        connection.execute("PRAGMA mmap_size = 1073741824")
-        return connection
-
     def _reader(self) -> sqlite3.Connection:
-        connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
-        if connection is None:
-            connection = self._connect()
-            connection.execute("PRAGMA query_only = 1")
-            self._local.connection = connection
-            with self._readers_lock:
-                live: list[tuple[threading.Thread, sqlite3.Connection]] = []
-                ended: list[tuple[threading.Thread, sqlite3.Connection]] = []
-                for each in self._readers:
-                    (live if each[0].is_alive() else ended).append(each)
-                self._readers = [*live, (threading.current_thread(), connection)]
-            for _, gone in ended:  # its thread has ended: nothing runs on it any more
-                gone.close()
-        return connection
-
-    def _init_schema(self) -> None:
-        connection = self._writer
-        create_schema(connection, self.path)
-        stored = json.loads(connection.execute("SELECT value FROM meta WHERE key = 'metrics'").fetchone()[0])
-        if list(stored) != list(METRIC_NAMES):
-            raise StoreError(
-                f"store {self.path} has an incompatible metric layout; point --store at a new path"
-            )
-        self._read_series()
+        return self._readers.connection()
 
     def close(self) -> None:
-        with self._readers_lock:
-            readers, self._readers = self._readers, []
-        for _, connection in readers:
-            connection.close()
-        self._local = threading.local()
+        self._readers.close()
         self._writer.close()
 
     # -- writing -----------------------------------------------------------------------------
@@ -270,11 +219,7 @@ class EmbeddedStore(Store):
         self._prices.reload()
         self._read_series()
         self._drop_row_layouts()
-        # a rolled-back slice took its blocks off the round's list, their rows still in the head: the round
-        # starts again from the file (the next slice lists what is left below the target again)
-        self._target = int(self._get_meta("compacted_until") or 0)
-        self._pending = []
-        self._dropped_until = 0
+        self._compaction.restart(int(self._get_meta("compacted_until") or 0))
 
     def _read_series(self) -> None:
         """The series ids and the blocks with head rows, as the file says (when opened, and after a rollback:
@@ -285,7 +230,7 @@ class EmbeddedStore(Store):
             self._series_ids[(kind, key)] = series_id
         self._keys_from_file = bool(self._series_ids)
         self._next_series_id = self._first_free_id()
-        self._head_blocks = _blocks_in_head(self._writer)
+        self._head_blocks = blocks_in_head(self._writer)
         self._written.mark(self._ids_in_head(self._head_blocks))
 
     def _first_free_id(self) -> int:
@@ -409,32 +354,20 @@ class EmbeddedStore(Store):
     # -- compaction ----------------------------------------------------------------------------
 
     def _compact_slice(self, at: float) -> None:
-        """Compact a few blocks of the closed spans (all of them within `_COMPACTION_SHARE` of the next span)."""
-        fine = self.spans[0]
-        bucket = int(math.floor(at / fine.step) * fine.step)
-        target = bucket // fine.span_seconds * fine.span_seconds
-        if target > self._target:
-            self._target = target
-            self._pending = [
-                block
-                for (block,) in self._writer.execute(
-                    "SELECT DISTINCT block FROM head WHERE t < ? ORDER BY block DESC", (target,)
-                )
-            ]
-            rounds = max(1, int(fine.points * _COMPACTION_SHARE))
-            self._budget = max(1, math.ceil(len(self._pending) / rounds))
-        for _ in range(min(self._budget, len(self._pending))):
-            self._compact_block(self._pending.pop(), self._target)
-        if not self._pending and self._dropped_until < self._target and self._drop_head_slice(self._target):
-            self._finish_round(self._target, at)
-            self._dropped_until = self._target
+        """A slice of the compaction round (store/compaction.py); the round finished once its head rows are gone."""
+        until = self._compaction.slice(at, self._head_blocks)
+        if until is not None:
+            self._finish_round(until, at)
+            self._compaction.finished(until)
 
-    def _compact_block(self, block: int, until: int) -> None:
-        self._chunks.compact_block(block, until)
-        self.compacted_blocks += 1
+    @property
+    def compacted_blocks(self) -> int:
+        """Head blocks compacted since opened (benchmarks, logs)."""
+        return self._compaction.compacted_blocks
 
     def _finish_round(self, until: int, at: float) -> None:
-        self._drop_head_before(until)
+        drop_head_before(self._writer, self._head_blocks, until)
+        self._head_blocks = blocks_in_head(self._writer)
         if not self._advance_compacted(until):
             return
         self._chunks.merge_ended_pieces(until)
@@ -453,47 +386,6 @@ class EmbeddedStore(Store):
             self._set_meta(f"rollup_until:{span.step}", float(until // span.step * span.step))
         return True
 
-    def _drop_head_slice(self, until: int) -> bool:
-        """A slice of deleting the head rows before `until`, once every block of the round is compacted: the
-        oldest `_HEAD_DROP_INTERVALS` intervals' rows; True once none is left before `until`.
-
-        A span of head rows deleted in one go would make one long interval: a slice at a time, after the
-        round's blocks, the round still ends within the span."""
-        oldest = self._least_in_head("SELECT min(t) FROM head WHERE block = ?")
-        if oldest is None or oldest >= until:
-            return True
-        cut = min(until, oldest + _HEAD_DROP_INTERVALS * int(self.spans[0].step))
-        self._drop_head_before(cut, blocks=False)
-        return cut >= until
-
-    def _drop_head_before(self, until: int, *, blocks: bool = True) -> None:
-        """Delete the head rows before `until`, every block's compacted by now, as one range of rowids.
-
-        Deleting each block's rows as it is compacted would dirty a page for every interval of the
-        block's hour (a page holds several blocks' rows of one interval), every page once per block with the
-        WAL's checkpoint. Rows are appended in time order, so those before `until` are the rowids below the
-        first row at or after it: deleted together, each page is written once.
-        """
-        connection = self._writer
-        first_after = self._least_in_head("SELECT min(rowid) FROM head WHERE block = ? AND t >= ?", until)
-        if first_after is None:  # nothing at or after `until`: every row before it goes
-            connection.execute("DELETE FROM head WHERE t < ?", (until,))
-        else:
-            connection.execute("DELETE FROM head WHERE rowid < ? AND t < ?", (first_after, until))
-            # a row of an older interval written again after newer ones (a second write into it, a clock set
-            # back) sits above `first_after`: found through the (block, t) index, so the round still ends
-            late = [(rowid,) for block in self._head_blocks for (rowid,) in connection.execute(
-                "SELECT rowid FROM head WHERE block = ? AND t < ?", (block, until))]
-            if late:
-                connection.executemany("DELETE FROM head WHERE rowid = ?", late)
-        if blocks:  # which blocks still have rows (a slice's caller leaves it to the round's end)
-            self._head_blocks = _blocks_in_head(connection)
-
-    def _least_in_head(self, query: str, *arguments: int) -> int | None:
-        """The least answer of `query` (a min() over one block's head rows) over every block with head rows."""
-        answers = (self._writer.execute(query, (block, *arguments)).fetchone()[0] for block in self._head_blocks)
-        return min((int(answer) for answer in answers if answer is not None), default=None)
-
     def _forget_empty_series(self) -> None:
         """Delete the series rows left without a point: no chunk in any tier, nothing in the head.
 
@@ -503,24 +395,12 @@ class EmbeddedStore(Store):
         the head holds only what was written since the round before (`_written`). The
         highest id given out is kept in `meta` (`_first_free_id`): a deleted id is never given again.
         """
-        connection = self._writer
-        written, self._written = self._written, _IdMarks(self._ids_of[1])
-        without_chunks = " AND ".join(
-            "NOT EXISTS (SELECT 1 FROM chunks c WHERE c.tier = ? AND c.series_id = s.id)" for _ in self.spans
-        )
-        empty = [
-            (series_id, kind, key)
-            for series_id, kind, key in connection.execute(
-                f"SELECT id, kind, key FROM series s WHERE {without_chunks}", [span.step for span in self.spans]
-            )
-            if not written.marked(series_id)
-        ][:FORGET_SERIES_PER_ROUND]
+        written, self._written = self._written, IdMarks(self._ids_of[1])
+        empty = series_without_points(self._writer, self.spans, written, FORGET_SERIES_PER_ROUND)
         if not empty:
             return
         self._set_meta("series_id_high", float(self._next_series_id - 1))
-        for offset in range(0, len(empty), 500):
-            batch = [series_id for series_id, _, _ in empty[offset : offset + 500]]
-            connection.execute(f"DELETE FROM series WHERE id IN ({','.join('?' * len(batch))})", batch)
+        delete_series(self._writer, [series_id for series_id, _, _ in empty])
         self._holdings.forget([series_id for series_id, _, _ in empty])
         self._prices.forget([key for _, kind, key in empty if kind == "workload"])
         for _, kind, key in empty:
@@ -549,10 +429,7 @@ class EmbeddedStore(Store):
             fine = self.spans[0]
             bucket = int(math.floor(latest / fine.step) * fine.step)
             until = bucket + fine.step if everything else bucket // fine.span_seconds * fine.span_seconds
-            for block in sorted(self._head_blocks):
-                self._compact_block(block, until)
-            self._pending = []
-            self._target = max(self._target, bucket // fine.span_seconds * fine.span_seconds)
+            self._compaction.compact_now(self._head_blocks, until, bucket // fine.span_seconds * fine.span_seconds)
             self._finish_round(until, latest)
 
     def register_series(self, kind: str, key: str, labels: dict[str, str]) -> int:
@@ -698,36 +575,3 @@ class EmbeddedStore(Store):
             if value is not None:
                 latest.setdefault(series.labels["workload_uid"], {})[series.metric] = value
         return latest
-
-
-class _IdMarks:
-    """Which series ids were marked: a flag per id up to the highest marked (ids are given out in order).
-
-    A byte per id, where a set of the ids would hold a boxed integer and a hash slot per id.
-    """
-
-    __slots__ = ("_flags",)
-
-    def __init__(self, ids: IntArray | None = None) -> None:
-        self._flags = np.zeros(0, dtype=np.bool_)
-        if ids is not None:
-            self.mark(ids)
-
-    def mark(self, ids: IntArray) -> None:
-        if not len(ids):
-            return
-        highest = int(ids.max())
-        if highest >= len(self._flags):
-            grown = np.zeros(max(highest + 1, 2 * len(self._flags)), dtype=np.bool_)
-            grown[: len(self._flags)] = self._flags
-            self._flags = grown
-        self._flags[ids] = True
-
-    def marked(self, series_id: int) -> bool:
-        return 0 <= series_id < len(self._flags) and bool(self._flags[series_id])
-
-
-def _blocks_in_head(connection: sqlite3.Connection) -> set[int]:
-    """The blocks with head rows, as the file says (after a rollback, what this process thought may be off)."""
-    return {block for (block,) in connection.execute("SELECT DISTINCT block FROM head")}
-

@@ -241,7 +241,7 @@ def test_writer_page_cache_stays_within_its_size(tmp_path: Path, reopened: bool)
     A new file's `page_size` pragma used to come after the cache size was set, which left the cap
     unenforced: the cache kept every page written.
     """
-    from gpuwm.store.embedded import WRITER_CACHE_KIB
+    from gpuwm.store.connections import WRITER_CACHE_KIB
 
     path = tmp_path / "gpuwm.db"
     if reopened:
