@@ -4,14 +4,14 @@
 `latest_cluster` answer the API's current-state reads. Most running workloads' figures move every
 interval, and rewriting every row each interval was most of the store's writes: a row is written
 when its JSON changed, and a running workload whose row already says its phase has only counters
-to update, which it gets in turns (`refresh_rows` a interval, the longest unwritten first).
+to update, which it gets in turns (`refresh_rows` an interval, the longest unwritten first).
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections.abc import Sequence
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import NamedTuple, TypeVar
 
 from pydantic import BaseModel
@@ -22,7 +22,6 @@ from gpuwm.model import ClusterFigures, ProjectFigures, WorkloadFigures, model_j
 _ROWS_PER_WRITE = 256
 #: workload phases whose figures change every interval (new objects: not worth keeping to compare)
 _LIVE_PHASES = frozenset({"Running", "Pending", "Queued"})  # a Queued one's queuedSeconds grows
-_TABLES = ("latest_workloads", "latest_projects", "latest_cluster")
 
 _Figures = TypeVar("_Figures", bound=BaseModel)
 
@@ -122,8 +121,11 @@ class LatestWriter:
                 continue
             self._write(batch, cache_key, entry, at, refresh_rows)
         if refresh_rows is not None:
-            waiting.sort(key=lambda each: each[:2])  # the longest unwritten first (then by key: the same each run)
-            for _, cache_key, entry in waiting[: max(0, refresh_rows - batch.written)]:
+            slots = max(0, refresh_rows - batch.written)
+            if slots < len(waiting):
+                waiting.sort(key=itemgetter(0, 1))  # the longest unwritten first (then by key: the same each run)
+                del waiting[slots:]
+            for _, cache_key, entry in waiting:
                 self._write(batch, cache_key, entry, at, refresh_rows)
         self._keep(f"{table}:", kept, {f"{table}:{entry.key}" for entry in entries})
         batch.flush()
