@@ -28,6 +28,7 @@ from gpuwm.model.crd import (
 from gpuwm.model.figures import (
     ClusterFigures,
     GpuFigures,
+    GpuIdentity,
     PodFigures,
     ProjectFigures,
     Windows,
@@ -84,7 +85,7 @@ __all__ = [
     "BY_NAME", "CATALOGUE", "DURATION_PATTERN", "ENDED_POD_PHASES", "EXEMPT_ANNOTATION",
     "EXEMPT_UNTIL_ANNOTATION", "EXEMPT_VALUE", "EXPORTED", "GROUP", "MAX_LISTED", "MAX_POLICY_LISTED",
     "MAX_WORKLOAD_ACTIONS", "RUNAI_NAMES", "STORED", "VERSION", "ActionResult", "ActionType", "Aggregation",
-    "ClusterFigures", "Condition", "ConditionType", "DeviceAllocation", "ExemptWorkload", "GpuFigures",
+    "ClusterFigures", "Condition", "ConditionType", "DeviceAllocation", "ExemptWorkload", "GpuFigures", "GpuIdentity",
     "GpuSample", "GpuStatus", "IdlePolicySpec", "IdlePolicyStatus", "Metric", "NamespaceEvent",
     "PlannedAction", "PodEvent", "PodFigures", "PodPhase", "PodResources", "PodStatsSample", "PodStatus",
     "PolicyAction", "PolicyActionRecord", "PolicyCondition", "ProcessSample", "ProjectFigures",

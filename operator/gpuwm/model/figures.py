@@ -45,8 +45,9 @@ class PodFigures(_Figures):
     failure_reason: str | None = None
 
 
-class GpuFigures(_Figures):
-    """One device as of its latest sample, with the workload holding it (if any)."""
+class GpuIdentity(_Figures):
+    """Which device this is: its node, UUID and index, its model, and for a MIG instance its profile and
+    parent GPU; `device_units` is its size in GPU units (a MIG slice's share of its GPU)."""
 
     node: str
     uuid: str
@@ -55,6 +56,11 @@ class GpuFigures(_Figures):
     mig_profile: str | None = None
     parent_uuid: str | None = None
     device_units: float = 1.0
+
+
+class GpuFigures(GpuIdentity):
+    """One device as of its latest sample, with the workload holding it (if any)."""
+
     namespace: str | None = None
     workload: str | None = None
     workload_uid: str | None = None
