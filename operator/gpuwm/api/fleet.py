@@ -23,7 +23,7 @@ from pydantic.alias_generators import to_camel
 
 from gpuwm.api.params import decode_continue, encode_continue
 from gpuwm.api.schemas import CONTINUE
-from gpuwm.model import GpuFigures, GpuIdentity, WorkloadFigures
+from gpuwm.model import GpuFigures, GpuHolding, GpuIdentity, WorkloadFigures
 from gpuwm.store import QueryError, RangeQuery, Series, Store
 
 #: a device's latest figures are looked for in this many status intervals before the store's latest time
@@ -53,14 +53,8 @@ class _Camel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, serialize_by_alias=True)
 
 
-class GpuHolder(_Camel):
-    namespace: str | None = None
-    workload: str | None = None
-    workload_uid: str | None = None
-    pod: str | None = None
-    container: str | None = None
-    units: float = 0.0
-    active: bool | None = None
+class GpuHolder(GpuHolding):
+    model_config = _Camel.model_config
 
 
 class GpuView(GpuIdentity):
@@ -166,9 +160,7 @@ def build_fleet(
         views[uuid] = GpuView(
             **{name: getattr(first, name) for name in GpuIdentity.model_fields},
             allocated_units=sum(gpu.units for gpu in holders), state=states[0],
-            holders=[GpuHolder(namespace=gpu.namespace, workload=gpu.workload, workload_uid=gpu.workload_uid,
-                               pod=gpu.pod, container=gpu.container, units=gpu.units, active=gpu.active)
-                     for gpu in holders],
+            holders=[GpuHolder.model_validate(gpu, from_attributes=True) for gpu in holders],
             utilization_percent=first.sm_percent, memory_used_bytes=first.memory_used_bytes,
             memory_total_bytes=first.memory_total_bytes, power_watts=first.power_watts,
             healthy=all(gpu.healthy for gpu in holders), error=next((g.error for g in holders if g.error), None),

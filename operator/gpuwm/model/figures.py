@@ -58,16 +58,24 @@ class GpuIdentity(_Figures):
     device_units: float = 1.0
 
 
-class GpuFigures(GpuIdentity):
-    """One device as of its latest sample, with the workload holding it (if any)."""
+class GpuHolding(_Figures):
+    """Who holds a device, or its share of it: the workload, its pod and container, the GPU units held, and
+    whether the holder was active in the device's latest sample; all None where nobody holds it."""
 
     namespace: str | None = None
     workload: str | None = None
     workload_uid: str | None = None
     pod: str | None = None
-    pod_uid: str | None = None
     container: str | None = None
     units: float = 0.0
+    active: bool | None = Field(default=None, description="Whether the holder was active in the latest sample.")
+
+
+# pydantic lists the fields of the last base first: the identity's, then the holding's, then its own
+class GpuFigures(GpuHolding, GpuIdentity):
+    """One device as of its latest sample, with the workload holding it (if any)."""
+
+    pod_uid: str | None = None
     utilization_percent: float | None = Field(default=None, description="The holder's utilisation (device SM % if none).")
     sm_percent: float | None = None
     memory_used_bytes: float | None = None
@@ -77,7 +85,6 @@ class GpuFigures(GpuIdentity):
     error: str | None = None
     last_sample_time: float | None = None
     monitored: bool = Field(default=False, description="Whether its latest sample is recent enough (<= 3 poll intervals).")
-    active: bool | None = Field(default=None, description="Whether the holder was active in the latest sample.")
 
 
 class WorkloadFigures(_Figures):
