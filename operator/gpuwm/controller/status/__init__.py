@@ -22,7 +22,6 @@ from gpuwm.controller.status.build import (
     remembered,
     rfc3339,
     workload_counters,
-    workload_cr_name,
     workload_labels,
     workload_signature,
 )
@@ -60,7 +59,6 @@ __all__ = [
     "rfc3339",
     "seen_now",
     "workload_counters",
-    "workload_cr_name",
     "workload_labels",
     "workload_signature",
 ]
