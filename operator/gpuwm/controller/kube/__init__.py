@@ -18,16 +18,6 @@ from gpuwm.controller.kube.peering import (
 from gpuwm.controller.kube.ratelimit import TokenBucket
 
 __all__ = [
-    "KubeApiError",
-    "KubeClient",
-    "Peering",
-    "Replica",
-    "TokenBucket",
-    "hold_leadership",
-    "kube_login",
-    "label_own_pod",
-    "replica_priority",
-    "resource_path",
-    "this_replica",
-    "wait_to_lead",
+    "KubeApiError", "KubeClient", "Peering", "Replica", "TokenBucket", "hold_leadership", "kube_login",
+    "label_own_pod", "replica_priority", "resource_path", "this_replica", "wait_to_lead",
 ]
