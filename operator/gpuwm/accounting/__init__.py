@@ -37,8 +37,9 @@ from gpuwm.accounting.replay_steps import ReplayInputError, read_policies, read_
 from gpuwm.accounting.state import EngineConfig, SampleBatch
 
 __all__ = [
-    "CostMeter", "Engine", "EngineConfig", "LazyEntries", "Planned", "Policy", "PolicyError", "PolicyEvaluator",
-    "PolicyOutlook", "PriceBook", "ProjectCost", "RawDoubles", "RawJson", "ReplayInputError", "Result",
-    "SampleBatch", "StateError", "Step", "Subject", "WorkloadCost", "energy_cost", "exempt", "gpu_seconds_cost",
-    "parse_time", "price_figures", "project_costs", "read_policies", "read_pricing", "saved_entries", "selects",
+    "CostMeter", "Engine", "EngineConfig", "LazyEntries", "Planned", "Policy", "PolicyError",
+    "PolicyEvaluator", "PolicyOutlook", "PriceBook", "ProjectCost", "RawDoubles", "RawJson",
+    "ReplayInputError", "Result", "SampleBatch", "StateError", "Step", "Subject", "WorkloadCost",
+    "energy_cost", "exempt", "gpu_seconds_cost", "parse_time", "price_figures", "project_costs",
+    "read_policies", "read_pricing", "saved_entries", "selects",
 ]

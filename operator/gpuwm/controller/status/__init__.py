@@ -31,8 +31,9 @@ from gpuwm.controller.status.writer import API_VERSION, PROJECT_PLURAL, WORKLOAD
 
 __all__ = [
     "API_VERSION", "COMPONENT", "MANAGED_BY", "MANAGED_BY_LABEL", "PROJECT_PLURAL", "WORKLOAD_PLURAL",
-    "ConditionMemo", "ConditionStatus", "CrOwner", "Desired", "IdleEvents", "IdleWatch", "Seen", "StatusWriter",
-    "build_project_status", "build_workload_status", "claim_cr_name", "dns_name", "idle_condition", "label_value",
-    "memo_from_json", "memo_to_json", "micro_time", "project_counters", "project_signature", "remembered",
-    "rfc3339", "seen_now", "workload_counters", "workload_labels", "workload_signature",
+    "ConditionMemo", "ConditionStatus", "CrOwner", "Desired", "IdleEvents", "IdleWatch", "Seen",
+    "StatusWriter", "build_project_status", "build_workload_status", "claim_cr_name", "dns_name",
+    "idle_condition", "label_value", "memo_from_json", "memo_to_json", "micro_time", "project_counters",
+    "project_signature", "remembered", "rfc3339", "seen_now", "workload_counters", "workload_labels",
+    "workload_signature",
 ]

@@ -22,7 +22,7 @@ from gpuwm.controller.watch.workload_kinds import WorkloadKind, parse_workload_k
 from gpuwm.controller.watch.workload_objects import WorkloadObjects
 
 __all__ = [
-    "MalformedPodError", "OwnerResolver", "SharingSource", "TrackedPod", "WorkloadKind", "WorkloadObjects", "as_of",
-    "device_allocations", "parse_workload_kinds", "pod_event", "requests_gpu", "state_key", "track_pod",
-    "whole_device_nodes", "workload_uid_of",
+    "MalformedPodError", "OwnerResolver", "SharingSource", "TrackedPod", "WorkloadKind", "WorkloadObjects",
+    "as_of", "device_allocations", "parse_workload_kinds", "pod_event", "requests_gpu", "state_key",
+    "track_pod", "whole_device_nodes", "workload_uid_of",
 ]
