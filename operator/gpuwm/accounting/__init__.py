@@ -29,6 +29,7 @@ from gpuwm.accounting.policy import (
     Step,
     Subject,
     exempt,
+    holds_gpus,
     parse_time,
     selects,
 )
@@ -40,6 +41,6 @@ __all__ = [
     "CostMeter", "Engine", "EngineConfig", "LazyEntries", "Planned", "Policy", "PolicyError",
     "PolicyEvaluator", "PolicyOutlook", "PriceBook", "ProjectCost", "RawDoubles", "RawJson",
     "ReplayInputError", "Result", "SampleBatch", "StateError", "Step", "Subject", "WorkloadCost",
-    "energy_cost", "exempt", "gpu_seconds_cost", "parse_time", "price_figures", "project_costs",
+    "energy_cost", "exempt", "gpu_seconds_cost", "holds_gpus", "parse_time", "price_figures", "project_costs",
     "read_policies", "read_pricing", "saved_entries", "selects",
 ]
