@@ -348,7 +348,7 @@ async function showWorkload(namespace, name) {
     ["utilization (1h)", pct(w.utilization.avg1h)], ...(ended ? [["ended", when(w.endTime)]] : [["idle for", duration(w.idleSeconds)]]),
     ["wasted GPU-h", fmt(w.idleGpuSeconds / 3600, 2)], ["energy", fmt(w.energyJoules / 3.6e6, 3) + " kWh"],
     ["nodes", w.nodes.join(", ") || "–"],
-    // from the workload object itself, where gpuwm watches it (issue 35)
+    // from the workload object itself, where gpuwm watches its kind
     ...(w.requestedGpus !== null && w.requestedGpus !== undefined ? [["requested GPUs", fmt(w.requestedGpus, 2)]] : []),
     ["waited", duration(w.waitSeconds)], ...(w.queuedSeconds ? [["queued", duration(w.queuedSeconds)]] : []),
     ...(w.localQueue || w.clusterQueue ? [["Kueue queues", `${w.localQueue || "–"} → ${w.clusterQueue || "–"}`]] : [])];
