@@ -17,7 +17,7 @@ from typing import Any
 from gpuwm.accounting.engine import Engine
 from gpuwm.accounting.replay_steps import ReplayInputError, read_policies, read_pricing, replay_in_steps
 from gpuwm.accounting.state import EngineConfig
-from gpuwm.config import ConfigError, Settings, parse_duration_seconds
+from gpuwm.config import ConfigError, Settings, add_command, parse_duration_seconds
 from gpuwm.model import (
     NamespaceEvent,
     PodEvent,
@@ -80,26 +80,21 @@ def _float_option(name: str, value: str) -> float:
     return number
 
 
-def _step_option(value: str | None, default: float) -> float:
+def _duration_option(name: str, value: str | None, default: float) -> float:
     if value is None:
         return default
     try:
-        step = parse_duration_seconds(value)
+        seconds = parse_duration_seconds(value)
     except ValueError as error:
-        raise ConfigError(f"--step: {error}") from None
-    if step <= 0:
-        raise ConfigError(f"--step: must be more than 0 seconds, got {value!r}")
-    return step
+        raise ConfigError(f"{name}: {error}") from None
+    if seconds <= 0:
+        raise ConfigError(f"{name}: must be more than 0 seconds, got {value!r}")
+    return seconds
 
 
 def run(arguments: argparse.Namespace) -> int:
     defaults = Settings()
-    try:
-        interval = parse_duration_seconds(arguments.interval) if arguments.interval is not None else defaults.interval
-    except ValueError as error:
-        raise ConfigError(f"--interval: {error}") from None
-    if interval <= 0:
-        raise ConfigError(f"--interval: must be more than 0 seconds, got {arguments.interval!r}")
+    interval = _duration_option("--interval", arguments.interval, defaults.interval)
     threshold = (
         _float_option("--idle-threshold-percent", arguments.idle_threshold)
         if arguments.idle_threshold is not None
@@ -112,7 +107,7 @@ def run(arguments: argparse.Namespace) -> int:
         "interval": interval, "idle_threshold_percent": threshold,
         "project_label": arguments.project_label or defaults.project_label,
     }))
-    step = _step_option(arguments.step, defaults.status_interval)
+    step = _duration_option("--step", arguments.step, defaults.status_interval)
     try:
         policies = [policy for name in arguments.policy or [] for policy in read_policies(Path(name))]
         pricing = read_pricing(Path(arguments.pricing)) if arguments.pricing else None
@@ -144,10 +139,10 @@ def run(arguments: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "replay",
-        help="run a trace (JSON lines) through the accounting engine and print the figures",
+def register(subparsers: Any) -> None:
+    parser = add_command(
+        subparsers, "replay", handler=run,
+        summary="run a trace (JSON lines) through the accounting engine and print the figures",
         description="Read TRACE (one JSON event per line: namespace, pod, workload, sample) and print per-workload and "
         "per-project figures at --at (default: the last event's time).",
     )
@@ -178,4 +173,3 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="with --policy or --pricing: how often the figures are evaluated, as the controller's status interval "
         "(default 15s)",
     )
-    parser.set_defaults(handler=run)

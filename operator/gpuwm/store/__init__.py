@@ -55,24 +55,7 @@ def open_store(
 
 
 __all__ = [
-    "DEFAULT_METRICS",
-    "MAX_POINTS_PER_SERIES",
-    "METRICS",
-    "METRIC_INDEX",
-    "METRIC_NAMES",
-    "Breakdown",
-    "GpuHourPrice",
-    "PeriodSums",
-    "QueryError",
-    "RangeQuery",
-    "ReadOnlyStoreError",
-    "Scope",
-    "Series",
-    "Store",
-    "StoreError",
-    "Stretch",
-    "WorkloadGroup",
-    "WorkloadPeriod",
-    "open_store",
-    "utilized_gpu_seconds",
+    "DEFAULT_METRICS", "MAX_POINTS_PER_SERIES", "METRICS", "METRIC_INDEX", "METRIC_NAMES", "Breakdown",
+    "GpuHourPrice", "PeriodSums", "QueryError", "RangeQuery", "ReadOnlyStoreError", "Scope", "Series",
+    "Store", "StoreError", "Stretch", "WorkloadGroup", "WorkloadPeriod", "open_store", "utilized_gpu_seconds",
 ]
