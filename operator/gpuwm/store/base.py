@@ -46,6 +46,11 @@ class QueryError(ValueError):
 
 Scope = Literal["workload", "project", "node", "cluster"]
 Breakdown = Literal["gpu", "pod", "node"]
+#: what a range answer's cell holds of the values in [t, t + step): their mean, or the least or largest of
+#: them (a roll-up bucket's own min and max where a coarse tier answers). A counter's, a peak's or an engine
+#: figure's cells hold its largest (latest) value with `mean` and `max` alike; `min` applies to gauges only
+TimeAggregation = Literal["mean", "min", "max"]
+TIME_AGGREGATIONS: tuple[str, ...] = ("mean", "min", "max")
 
 
 #: DESIGN §5 metric names, in the embedded store's column order: the catalogue's stored metrics
@@ -98,6 +103,8 @@ class RangeQuery:
     requested_step_seconds: float | None = None
     #: the step each stretch of the grid really has (`Store.resolution`), once the API has asked
     resolution: tuple[Stretch, ...] = ()
+    #: what each cell holds of the values in it (`TimeAggregation`)
+    aggregation: TimeAggregation = "mean"
 
     def grid(self) -> list[float]:
         """The point times: start, start+step, ... up to end."""
@@ -181,6 +188,25 @@ def check_range(query: RangeQuery) -> None:
     for name in query.metrics:
         if name not in METRIC_INDEX:
             raise QueryError("metric", f"unknown metric {name!r}; known: {', '.join(METRIC_NAMES)}")
+    check_aggregation(query.aggregation, query.metrics)
+
+
+def check_aggregation(aggregation: str, metrics: Sequence[str]) -> None:
+    """Raise QueryError naming `aggregation` when it is not one of TIME_AGGREGATIONS, or is `min` of a metric
+    that is not a gauge (a counter's or peak's points are its latest value: their least says nothing)."""
+    if aggregation not in TIME_AGGREGATIONS:
+        raise QueryError("aggregation", f"{aggregation!r} is not one of {', '.join(TIME_AGGREGATIONS)}")
+    if aggregation != "min":
+        return
+    for name in metrics:
+        metric = METRICS[METRIC_INDEX[name]]
+        if metric.rollup is not Rollup.MEAN:
+            what = "cumulative figure" if metric.rollup is Rollup.LAST else "counter or growing duration"
+            raise QueryError(
+                "aggregation",
+                f"min applies to gauges only; {name} is a {what}, whose cells hold its largest (latest) value "
+                "(ask aggregation=max or mean for it, or query it apart)",
+            )
 
 
 def utilized_gpu_seconds(figures: WorkloadFigures | ProjectFigures | ClusterFigures) -> float:
