@@ -165,6 +165,30 @@ EXTREME_PARTS: dict[int, int] = {7: 1, 8: 3, 9: 4, 10: 5}
 PARTS.update({part: _extremes_of(means) for part, means in EXTREME_PARTS.items()})
 #: columns kept as second differences (a gauge's extremes never are)
 _SECOND_ORDER: BoolArray = _SECOND_ORDER_METRIC[COLUMN_METRIC]
+#: the declared resolution of a gauge's bucket min and max, as `_ROLLUP_RESOLUTION_BY_UNIT` declares the
+#: mean's, ten times coarser: a bucket's extreme is one noisy sample where its mean averages the noise out, so
+#: at the mean's resolution the extremes cost twice the roll-ups' bytes (bench/README.md, "The store's
+#: choices"); they say how far a spike or dip went, to 1 %, 1 W, 64 MiB, 2 significant digits of a rate
+_EXTREME_RESOLUTION_BY_UNIT: dict[str, tuple[int, int]] = {
+    "percent": (1_000_000, 0),
+    "bytes": (2**26, 0),
+    "watts": (1_000, 0),
+    "joules": (100_000, 0),  # no gauge: energy is a counter
+    "celsius": (1_000, 0),
+    "MHz": (10_000, 0),
+    "bytes/s": (1, 2),
+    "GPU units": (15_625, 0),
+    "seconds": (1_000, 0),  # no gauge: idle seconds are a peak
+    "cores": (100, 0),
+    "GPU-seconds": (1, 0),  # no gauge: the engine's counters
+}
+#: the absolute quantum and significant digits of each roll-up column: the metrics', then the extremes'
+COLUMN_QUANTUM: IntArray = np.concatenate(
+    [ROLLUP_QUANTUM, np.array([_EXTREME_RESOLUTION_BY_UNIT[METRICS[metric].unit][0] for metric in GAUGES] * 2,
+                              dtype=np.int64)])
+COLUMN_DIGITS: IntArray = np.concatenate(
+    [ROLLUP_DIGITS, np.array([_EXTREME_RESOLUTION_BY_UNIT[METRICS[metric].unit][1] for metric in GAUGES] * 2,
+                             dtype=np.int64)])
 #: the parts a roll-up's chunk is written in: SPLIT_PARTS, then the extremes
 ROLLUP_PARTS: tuple[int, ...] = SPLIT_PARTS + tuple(EXTREME_PARTS)
 #: the smallest value that reaches byte plane k (plane 0: any value above 0)
@@ -407,9 +431,9 @@ def rollup_quantum(values: FloatArray) -> FloatArray:
     roll-up, or its first ones): the metric's absolute quantum, or for a metric kept to significant digits,
     the larger of that and the power of ten that keeps ROLLUP_DIGITS digits of the value."""
     shape = (1,) * (values.ndim - 2) + (-1, 1)
-    metrics = COLUMN_METRIC[: values.shape[-2]]
-    absolute = np.broadcast_to(ROLLUP_QUANTUM[metrics].astype(np.float64).reshape(shape), values.shape)
-    digits = ROLLUP_DIGITS[metrics].reshape(shape)
+    columns = values.shape[-2]
+    absolute = np.broadcast_to(COLUMN_QUANTUM[:columns].astype(np.float64).reshape(shape), values.shape)
+    digits = COLUMN_DIGITS[:columns].reshape(shape)
     relative: BoolArray = np.broadcast_to(digits > 0, values.shape)
     if not relative.any():
         return np.array(absolute)
