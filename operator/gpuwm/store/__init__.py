@@ -29,6 +29,7 @@ from gpuwm.store.base import (
     TimeAggregation,
     WorkloadGroup,
     WorkloadPeriod,
+    check_aggregation,
     utilized_gpu_seconds,
 )
 
@@ -77,6 +78,7 @@ __all__ = [
     "TimeAggregation",
     "WorkloadGroup",
     "WorkloadPeriod",
+    "check_aggregation",
     "open_store",
     "utilized_gpu_seconds",
 ]
