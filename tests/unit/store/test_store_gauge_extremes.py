@@ -1,7 +1,8 @@
 """A roll-up keeps each gauge's min and max besides its mean: over generated histories, a coarse cell's min and
 max equal the least and largest of the finest tier's points its bucket covers (to the roll-up's quantum), the
 finest tier answers min = max = its points, `min` of a counter is refused by name, and a file of schema 6
-(no extremes) is migrated and answers its old buckets' mean as their min and max."""
+(no extremes) is migrated and answers its old buckets' mean as their min and max; the Prometheus backend
+refuses min and max by name."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from gpuwm.store import QueryError, RangeQuery
 from gpuwm.store.base import METRIC_INDEX, METRICS
 from gpuwm.store.codec import COLUMN_QUANTUM, RESOLUTION, minimum_column
 from gpuwm.store.embedded import EmbeddedStore
+from gpuwm.store.prometheus import PrometheusStore
 from gpuwm.store.schema import SCHEMA_VERSION
 
 from .old_schema import rewrite_as_schema
@@ -150,3 +152,13 @@ def test_a_schema_6_file_is_migrated_and_its_buckets_mean_is_their_min_and_max(t
     finally:
         store.close()
 
+
+
+@pytest.mark.parametrize("aggregation", ["min", "max"])
+def test_the_prometheus_backend_refuses_min_and_max_by_name(aggregation: str) -> None:
+    store = PrometheusStore("http://127.0.0.1:9")  # refused before any request is made
+    query = RangeQuery("workload", UID, ("gpu_utilization_percent",), 0, 60, 15,
+                       aggregation=aggregation)  # type: ignore[arg-type]
+    with pytest.raises(QueryError) as refused:
+        store.query_range(query)
+    assert refused.value.parameter == "aggregation" and "Prometheus" in str(refused.value)
