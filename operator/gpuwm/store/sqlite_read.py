@@ -313,8 +313,8 @@ class _Cells:
         """Add `values` [metrics, n]: each of `pieces` (which points, their cell, their weight)."""
         if series_id not in self.weights:
             self.weights[series_id] = np.zeros((len(self.combine), self.cells))
-            start = {"mean": 0.0, "min": np.inf, "max": -np.inf}
-            self.figures[series_id] = np.array([[start[kind]] * self.cells for kind in self.combine])
+            start = np.array([{"mean": 0.0, "min": np.inf, "max": -np.inf}[kind] for kind in self.combine])
+            self.figures[series_id] = np.repeat(start[:, None], self.cells, axis=1)
         weights, figures = self.weights[series_id], self.figures[series_id]
         for chosen, cell, weight in pieces:
             part = values[:, chosen]
