@@ -69,7 +69,7 @@ def filled_agent(mig: bool) -> Agent:
 
 
 def render_function(module: Any, agent: Agent, process: bool) -> Callable[[], bytes]:
-    """The module's render at NOW: renderers before 2026-11-27 took `render(now)`, later ones a clock."""
+    """The module's render at NOW: an older tree's renderer takes `render(now)`, a newer one a clock."""
     if "clock" in inspect.signature(module.MetricsRenderer).parameters:
         return module.MetricsRenderer(agent, process_metrics=process, clock=lambda: NOW).render  # type: ignore[no-any-return]
     renderer = module.MetricsRenderer(agent, process_metrics=process)

@@ -33,7 +33,7 @@ project queries on Prometheus, after one warm-up); prints p50/p99, the ratios, P
 and whether both answer the same numbers (20 workloads and the project). Asserts nothing.
 With `--workdir` and `--reuse`, a rerun reuses both databases.
 
-Targets (issues 5 and 7): workload p99 <= 50 ms; project p99 <= 250 ms; no slower than
+Targets (bench/README.md's table): workload p99 <= 50 ms; project p99 <= 250 ms; no slower than
 Prometheus; store <= 1 GiB per 1,000 GPUs per 30 days at the default roll-ups.
 """
 

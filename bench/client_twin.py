@@ -1,9 +1,9 @@
-"""What the removed hand-written HTTP client would save the controller: issue 36 §4's rule for a fast twin, measured.
+"""What the removed hand-written HTTP client would save the controller: the rule for a fast twin, measured.
 
-Issue 36 §4 put the agent pulls and the status writes through aiohttp and allows a fast twin
-of library code back only where `bench/` shows it saves at least 5 % of one core at 1,000
+The agent pulls and the status writes go through aiohttp, and a fast twin of library code comes
+back only where `bench/` shows it saves at least 5 % of one core at 1,000
 nodes. This runs `bench/controller.py` (pass its options after `--`) in turn as the tree is
-and with the client that issue removed in place: `controller/agenthttp.py`, read from git at
+and with the removed client in place: `controller/agenthttp.py`, read from git at
 REVISION (as it was when removed), answering `AgentPuller.get` and the status writes' merge patches
 (`KubeClient._send` for PATCH); every other call stays on aiohttp. The runs alternate
 (aiohttp, twin, twin, aiohttp, ... : a drift of the machine falls on both), and the summary
@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-#: a tree holding controller/agenthttp.py as issue 36 §4 removed it (83e928e): the file did not change from this
-#: tree, the one filed against, to its removal
+#: a tree holding controller/agenthttp.py as it was when removed: the file did not change from this tree to its
+#: removal
 REVISION = "2c6dbcb"
 CLIENT_PATH = "operator/gpuwm/controller/agenthttp.py"
-#: issue 36 §4: a fast twin stays only where it saves at least this share of one core
+#: a fast twin stays only where it saves at least this share of one core (the project's rule for speed tricks)
 RULE_SHARE_OF_ONE_CORE = 0.05
 
 _STEADY = re.compile(r"^summary: CPU per (?P<interval>[\d.]+)s cycle mean (?P<cpu>[\d.]+) s", re.M)
@@ -149,7 +149,7 @@ def main() -> None:
     share = saving / interval
     print(f"mean: aiohttp {means['aiohttp']:.2f}, twin {means['twin']:.2f} CPU-s a cycle; the twin saves "
           f"{saving:.2f} CPU-s a cycle, {100 * share:.1f} % of one core "
-          f"({'at or over' if share >= RULE_SHARE_OF_ONE_CORE else 'under'} issue 36 §4's "
+          f"({'at or over' if share >= RULE_SHARE_OF_ONE_CORE else 'under'} the rule's "
           f"{100 * RULE_SHARE_OF_ONE_CORE:.0f} %)")
 
 

@@ -6,7 +6,7 @@ Records `--intervals` status intervals of `--workloads` running one-pod, one-GPU
 pods' kubelet figures) and times GET /metrics through the HTTP app (ASGI, no socket), and the Run:ai
 host-use families alone (runai_job_cpu_usage and runai_job_memory_used_bytes: the latest host figures of
 every running workload), wall and CPU, median of `--scrapes`; each twice, on the same store: with the plain
-`Store.latest_by_workload` (a range query per workload, as before 2026-11-27) and with the store's one read.
+`Store.latest_by_workload` (a range query per workload, the base class's way) and with the store's one read.
 Asserts nothing.
 """
 

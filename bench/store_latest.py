@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "operator"))
 
-from gpuwm.store.embedded import _insert_statement  # noqa: E402
+from gpuwm.store.latest import _insert_statement  # noqa: E402
 from gpuwm.store.schema import LATEST_WORKLOADS_TABLE, PAGE_SIZE  # noqa: E402
 
 _EARLIER = (

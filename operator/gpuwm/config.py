@@ -11,7 +11,7 @@ import argparse
 import ipaddress
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 import yaml
@@ -437,6 +437,24 @@ class Settings(BaseSettings):
 
 class ConfigError(ValueError):
     """An option with a bad value; `gpuwm` prints it and exits with status 2."""
+
+
+def add_command(
+    subparsers: Any,
+    verb: str,
+    *,
+    summary: str,
+    description: str,
+    handler: Callable[[argparse.Namespace], int],
+    settings: Iterable[str] = (),
+) -> argparse.ArgumentParser:
+    """The parser of `gpuwm VERB`: `summary` is its line in `gpuwm --help`, `description` its paragraph, and
+    `handler` runs it with the parsed arguments; it takes a `--flag` per field named in `settings`, and the
+    verb adds its own arguments to the parser returned."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(verb, help=summary, description=description)
+    add_settings_arguments(parser, settings)
+    parser.set_defaults(handler=handler)
+    return parser
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, field_names: Iterable[str]) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 from gpuwm.accounting.engine import Engine
 from gpuwm.accounting.replay_steps import ReplayInputError, read_policies, read_pricing, replay_in_steps
 from gpuwm.accounting.state import EngineConfig
-from gpuwm.config import ConfigError, Settings, parse_duration_seconds
+from gpuwm.config import ConfigError, Settings, add_command, parse_duration_seconds
 from gpuwm.model import (
     NamespaceEvent,
     PodEvent,
@@ -144,10 +144,10 @@ def run(arguments: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "replay",
-        help="run a trace (JSON lines) through the accounting engine and print the figures",
+def register(subparsers: Any) -> None:
+    parser = add_command(
+        subparsers, "replay", handler=run,
+        summary="run a trace (JSON lines) through the accounting engine and print the figures",
         description="Read TRACE (one JSON event per line: namespace, pod, workload, sample) and print per-workload and "
         "per-project figures at --at (default: the last event's time).",
     )
@@ -178,4 +178,3 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="with --policy or --pricing: how often the figures are evaluated, as the controller's status interval "
         "(default 15s)",
     )
-    parser.set_defaults(handler=run)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from array import array
 from collections.abc import Callable, Iterable, Iterator, MutableSequence, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from gpuwm.accounting.rawcolumns import RawDoubles, doubles_from_saved
@@ -120,31 +120,23 @@ class SampleBatch:
         return len(self.t)
 
 
+@dataclass(slots=True, eq=False)
 class Stretch:
-    """Pod `pod_uid` holding `units` of device `uuid` over (start, end]; end is inf while it runs."""
+    """Pod `pod_uid` holding `units` of device `uuid` over (start, end]; end is inf while it runs.
 
-    __slots__ = ("container", "end", "last_active", "node", "pod_uid", "start", "units", "uuid", "workload")
+    Compared by identity (`eq=False`): two stretches with the same figures are still two holdings.
+    """
 
-    def __init__(
-        self,
-        workload: Workload,
-        pod_uid: str,
-        uuid: str,
-        node: str | None,
-        units: float,
-        container: str | None,
-        start: float,
-        end: float = INFINITY,
-    ) -> None:
-        self.workload = workload
-        self.pod_uid = pod_uid
-        self.uuid = uuid
-        self.node = node
-        self.units = units
-        self.container = container
-        self.start = start
-        self.end = end
-        self.last_active = -INFINITY  # end of the latest active piece applied to this stretch
+    workload: Workload
+    pod_uid: str
+    uuid: str
+    node: str | None
+    units: float
+    container: str | None
+    start: float
+    end: float = INFINITY
+    #: end of the latest active piece applied to this stretch
+    last_active: float = field(default=-INFINITY, init=False)
 
 
 T = TypeVar("T")

@@ -14,7 +14,7 @@ import time
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from gpuwm.config import ConfigError, Settings, add_settings_arguments, settings_from_arguments
+from gpuwm.config import ConfigError, Settings, add_command, settings_from_arguments
 from gpuwm.logs import configure_logging
 
 if TYPE_CHECKING:
@@ -31,16 +31,15 @@ MIN_INTERVAL_SECONDS = 0.1
 
 
 def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
-        "agent", help="sample this node's GPUs (NVML) and serve /metrics and /v1/snapshot",
+    parser = add_command(
+        subparsers, "agent", summary="sample this node's GPUs (NVML) and serve /metrics and /v1/snapshot",
+        settings=AGENT_SETTINGS, handler=run,
         description="Run on each GPU node (the chart's DaemonSet): sample every GPU and MIG instance through "
         "NVML, map devices to pods through the kubelet's pod-resources socket (processes and cgroups as the "
         "fallback), read pod CPU, memory and network from the kubelet's stats, and serve Prometheus text on "
         "/metrics and the controller's feed on /v1/snapshot. --once prints one snapshot and exits.",
     )
-    add_settings_arguments(parser, AGENT_SETTINGS)
     parser.add_argument("--once", action="store_true", help="print one snapshot as JSON and exit")
-    parser.set_defaults(handler=run)
 
 
 def load_settings(arguments: argparse.Namespace) -> Settings:

@@ -9,7 +9,7 @@ import logging
 import signal
 from typing import Any
 
-from gpuwm.config import ConfigError, add_settings_arguments, parse_listen, settings_from_arguments
+from gpuwm.config import ConfigError, add_command, parse_listen, settings_from_arguments
 from gpuwm.logs import configure_logging
 
 FIELDS = (
@@ -40,16 +40,15 @@ FIELDS = (
 
 
 def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "api", help="serve the metrics API, dashboard and /metrics over a store",
+    add_command(
+        subparsers, "api", summary="serve the metrics API, dashboard and /metrics over a store", settings=FIELDS,
+        handler=run,
         description="Serve the metrics API (/api/v1/..., OpenAPI at /openapi.json, reference at /docs), the "
         "dashboard (/) and Prometheus' /metrics over an existing store, without the controller: more API "
         "replicas over a Prometheus store, or a look at an embedded store file copied off a cluster. HTTPS "
         "by default (a self-signed certificate unless --api-tls-cert-file); --auth=kubernetes checks bearer "
         "tokens with TokenReview and SubjectAccessReview, so it needs cluster credentials.",
     )
-    add_settings_arguments(parser, FIELDS)
-    parser.set_defaults(handler=run)
 
 
 def run(arguments: argparse.Namespace) -> int:

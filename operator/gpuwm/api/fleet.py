@@ -23,7 +23,7 @@ from pydantic.alias_generators import to_camel
 
 from gpuwm.api.params import decode_continue, encode_continue
 from gpuwm.api.schemas import CONTINUE
-from gpuwm.model import GpuFigures, WorkloadFigures
+from gpuwm.model import GpuFigures, GpuHolding, GpuIdentity, WorkloadFigures
 from gpuwm.store import QueryError, RangeQuery, Series, Store
 
 #: a device's latest figures are looked for in this many status intervals before the store's latest time
@@ -53,27 +53,15 @@ class _Camel(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, serialize_by_alias=True)
 
 
-class GpuHolder(_Camel):
-    namespace: str | None = None
-    workload: str | None = None
-    workload_uid: str | None = None
-    pod: str | None = None
-    container: str | None = None
-    units: float = 0.0
-    active: bool | None = None
+class GpuHolder(GpuHolding):
+    model_config = _Camel.model_config
 
 
-class GpuView(_Camel):
+class GpuView(GpuIdentity):
     """One device now: a whole GPU, a MIG instance, or a MIG-partitioned GPU (`migParent`)."""
 
-    node: str
-    uuid: str
-    index: int | None = None
-    model: str | None = None
-    mig_profile: str | None = None
-    parent_uuid: str | None = None
+    model_config = _Camel.model_config
     mig_parent: bool = Field(default=False, description="A GPU split into MIG instances: its instances are the capacity.")
-    device_units: float = 1.0
     allocated_units: float = 0.0
     state: GpuState
     holders: list[GpuHolder] = Field(default_factory=list)
@@ -170,12 +158,9 @@ def build_fleet(
         first = holders[0]
         states = sorted((holder_state(gpu) for gpu in holders), key=_STATE_RANK.__getitem__)
         views[uuid] = GpuView(
-            node=first.node, uuid=uuid, index=first.index, model=first.model, mig_profile=first.mig_profile,
-            parent_uuid=first.parent_uuid, device_units=first.device_units,
+            **{name: getattr(first, name) for name in GpuIdentity.model_fields},
             allocated_units=sum(gpu.units for gpu in holders), state=states[0],
-            holders=[GpuHolder(namespace=gpu.namespace, workload=gpu.workload, workload_uid=gpu.workload_uid,
-                               pod=gpu.pod, container=gpu.container, units=gpu.units, active=gpu.active)
-                     for gpu in holders],
+            holders=[GpuHolder.model_validate(gpu, from_attributes=True) for gpu in holders],
             utilization_percent=first.sm_percent, memory_used_bytes=first.memory_used_bytes,
             memory_total_bytes=first.memory_total_bytes, power_watts=first.power_watts,
             healthy=all(gpu.healthy for gpu in holders), error=next((g.error for g in holders if g.error), None),

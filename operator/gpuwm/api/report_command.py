@@ -18,7 +18,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from gpuwm.config import ConfigError, parse_duration_seconds
+from gpuwm.config import ConfigError, add_command, parse_duration_seconds
 
 FORMATS = ("table", "csv", "json", "focus")
 _TABLE_COLUMNS = (
@@ -44,9 +44,9 @@ def _duration(text: str) -> float:
 
 
 def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "report",
-        help="print a period report (GPU-hours, idle, energy, cost per project, namespace or workload) from a gpuwm API",
+    parser = add_command(
+        subparsers, "report", handler=run,
+        summary="print a period report (GPU-hours, idle, energy, cost per project, namespace or workload) from a gpuwm API",
         description="Ask a running gpuwm API (the controller's, `gpuwm api` or `gpuwm demo`) for GET /api/v1/report: "
         "allocated, active, idle, unmonitored and wasted GPU-hours, energy, mean utilisation and peak allocation "
         "per row over START..END, from the stored series, and with `pricing` set what each row cost. Prints a "
@@ -71,7 +71,6 @@ def register(subparsers: Any) -> None:
                         help="do not check the API's certificate (the chart's self-signed one, over a port-forward)")
     parser.add_argument("--timeout", type=_duration, default=120.0,
                         help="how long to wait for the answer, e.g. 30s or 2m (default 2m)")
-    parser.set_defaults(handler=run)
 
 
 def report_url(server: str, start: str | None, end: str | None, by: str, wire_format: str) -> str:

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from gpuwm.config import ConfigError, Settings, add_settings_arguments, settings_from_arguments
+from gpuwm.config import ConfigError, Settings, add_command, settings_from_arguments
 from gpuwm.logs import wants_json
 
 FIELDS = (
@@ -27,14 +27,13 @@ FIELDS = (
 
 
 def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "controller", help="run the operator: watch GPU pods, pull agents, write CR status",
+    add_command(
+        subparsers, "controller", summary="run the operator: watch GPU pods, pull agents, write CR status",
+        settings=FIELDS, handler=run,
         description="Watch GPU pods, pull every agent's /v1/snapshot, account GPU time and write "
                     "GPUWorkloadMetrics / GPUProjectMetrics status. Logs in like kopf run: in-cluster "
                     "service account, else the kubeconfig ($KUBECONFIG).",
     )
-    add_settings_arguments(parser, FIELDS)
-    parser.set_defaults(handler=run)
 
 
 def _configure_logging(settings: Settings) -> None:

@@ -45,8 +45,9 @@ class PodFigures(_Figures):
     failure_reason: str | None = None
 
 
-class GpuFigures(_Figures):
-    """One device as of its latest sample, with the workload holding it (if any)."""
+class GpuIdentity(_Figures):
+    """Which device this is: its node, UUID and index, its model, and for a MIG instance its profile and
+    parent GPU; `device_units` is its size in GPU units (a MIG slice's share of its GPU)."""
 
     node: str
     uuid: str
@@ -55,13 +56,26 @@ class GpuFigures(_Figures):
     mig_profile: str | None = None
     parent_uuid: str | None = None
     device_units: float = 1.0
+
+
+class GpuHolding(_Figures):
+    """Who holds a device, or its share of it: the workload, its pod and container, the GPU units held, and
+    whether the holder was active in the device's latest sample; all None where nobody holds it."""
+
     namespace: str | None = None
     workload: str | None = None
     workload_uid: str | None = None
     pod: str | None = None
-    pod_uid: str | None = None
     container: str | None = None
     units: float = 0.0
+    active: bool | None = Field(default=None, description="Whether the holder was active in the latest sample.")
+
+
+# pydantic lists the fields of the last base first: the identity's, then the holding's, then its own
+class GpuFigures(GpuHolding, GpuIdentity):
+    """One device as of its latest sample, with the workload holding it (if any)."""
+
+    pod_uid: str | None = None
     utilization_percent: float | None = Field(default=None, description="The holder's utilisation (device SM % if none).")
     sm_percent: float | None = None
     memory_used_bytes: float | None = None
@@ -71,7 +85,6 @@ class GpuFigures(_Figures):
     error: str | None = None
     last_sample_time: float | None = None
     monitored: bool = Field(default=False, description="Whether its latest sample is recent enough (<= 3 poll intervals).")
-    active: bool | None = Field(default=None, description="Whether the holder was active in the latest sample.")
 
 
 class WorkloadFigures(_Figures):

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpuwm.config import ConfigError, add_settings_arguments, parse_duration_seconds, settings_from_arguments
+from gpuwm.config import ConfigError, add_command, parse_duration_seconds, settings_from_arguments
 from gpuwm.logs import configure_logging
 
 FIELDS = (
@@ -27,9 +27,10 @@ FIELDS = (
 
 
 def register(subparsers: Any) -> None:
-    parser: argparse.ArgumentParser = subparsers.add_parser(
-        "demo",
-        help="run gpuwm (engine, store, API, dashboard) on a simulated GPU fleet; no cluster needed",
+    parser = add_command(
+        subparsers, "demo",
+        summary="run gpuwm (engine, store, API, dashboard) on a simulated GPU fleet; no cluster needed",
+        settings=FIELDS, handler=run,
         description="Simulate a GPU cluster (whole, MIG and time-sliced GPUs; training, batch, notebook and "
         "inference workloads) and serve gpuwm's API and dashboard on it. With --write-trace, write the "
         "simulated run as a replay trace for `gpuwm replay` and exit.",
@@ -56,8 +57,7 @@ def register(subparsers: Any) -> None:
                         "minutes, scale to zero or suspend 20 minutes later)")
     parser.add_argument("--pricing", metavar="FILE",
                         help="GPU prices, as for gpuwm replay (default: the demo's list prices of its GPU models)")
-    add_settings_arguments(parser, FIELDS)
-    parser.set_defaults(handler=run, log_level="warning")
+    parser.set_defaults(log_level="warning")
 
 
 def _seconds(flag: str, value: str) -> float:

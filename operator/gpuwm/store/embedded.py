@@ -5,8 +5,8 @@ of 64 series (all metrics of those series, compressed; codec.py), so the write i
 hundred small rows however many series there are, and the interval is durable when `record`
 returns. Once a chunk span (1 h at 15 s) is over, compaction moves the head rows into
 *chunks*: one row per (tier, series, span) with every metric's points delta-coded and
-compressed, a few blocks per `record` call so no interval pays for all of it; coarser tiers
-are rolled up from the fine chunks then (chunks.py). A chunk's metrics are kept in parts
+compressed, a few blocks per `record` call so no interval pays for all of it (compaction.py);
+coarser tiers are rolled up from the fine chunks then (chunks.py). A chunk's metrics are kept in parts
 (codec.PARTS), and identical bytes of a part keep one copy (schema.py `payloads`). A 24 h query of one series reads about
 24 chunks plus the head of the current hour. Workload, project, node and cluster series are
 aggregated when written, so a project query over 1,000 workloads reads one series. Values are
@@ -23,16 +23,13 @@ import math
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from operator import itemgetter
 from pathlib import Path
-from typing import TypeVar, cast
+from typing import cast
 
 import numpy as np
-from pydantic import BaseModel
 
-from gpuwm.model import ClusterFigures, GpuSample, PodStatsSample, ProjectFigures, WorkloadFigures, model_json
+from gpuwm.model import ClusterFigures, GpuSample, PodStatsSample, ProjectFigures, WorkloadFigures
 from gpuwm.store.base import (
-    METRIC_NAMES,
     GpuHourPrice,
     RangeQuery,
     Series,
@@ -54,40 +51,33 @@ from gpuwm.store.codec import (
     encode_head,
     quantize,
 )
+from gpuwm.store.compaction import (
+    Compaction,
+    IdMarks,
+    blocks_in_head,
+    delete_series,
+    drop_head_before,
+    series_without_points,
+)
+from gpuwm.store.connections import Readers, open_writer
 from gpuwm.store.figures import figure_values, stored_values
 from gpuwm.store.holdings import HoldingsWriter
+from gpuwm.store.latest import LatestWriter, read_one, read_projects, read_runs, read_workloads
 from gpuwm.store.periods import StoreClock, read_group_peaks, read_period
 from gpuwm.store.prices import PriceWriter, read_prices
 from gpuwm.store.rows import RowBuilder, Rows, SeriesKey
 from gpuwm.store.schema import APPLICATION_ID as APPLICATION_ID  # re-exported: the file's identity
 from gpuwm.store.schema import SCHEMA_VERSION as SCHEMA_VERSION
-from gpuwm.store.schema import check_file, create_schema
+from gpuwm.store.schema import check_file
 from gpuwm.store.sqlite_read import plan_stretches, read_range, select_series
 from gpuwm.store.tiers import Tier, parse_tiers
 
-#: page cache of the writing connection (readers keep the bigger cache and mmap of `_connect`): record() takes
-#: the same CPU with a bigger one (bench/README.md, "The store's choices"); 4 MiB keeps an interval's head pages
-#: (every block's leaves and the tree above them) at 1,000 nodes with room to spare
-WRITER_CACHE_KIB = 4 * 1024
 #: head blocks filled, quantized and encoded at a time when an interval goes into the head (`write_head`):
 #: 2,048 series slots, so that an interval's block grid and its quantized copy are never alive whole
 _BLOCKS_AT_ONCE = 32
-#: compaction of a closed span is spread over this share of the next span's intervals: the same CPU an hour
-#: as over half of it, half of it in any one interval; the rest of the span is the margin for a round that
-#: falls behind (missed intervals, a restart)
-_COMPACTION_SHARE = 0.875
-#: intervals of head rows deleted a slice once a round's blocks are all compacted (`_drop_head_slice`)
-_HEAD_DROP_INTERVALS = 30
-#: latest-figures rows written per statement: the JSON held at once is bounded, for fleets larger than the
-#: benchmarks' (bench/README.md)
-_LATEST_ROWS_PER_WRITE = 256
-#: workload phases whose figures change every interval (new objects: not worth keeping to compare)
-_LIVE_PHASES = frozenset({"Running", "Pending", "Queued"})  # a Queued one's queuedSeconds grows
 #: series rows deleted per compaction round at most: a store with many series left without a point
 #: is cleaned over several hourly rounds, not in one long transaction
 FORGET_SERIES_PER_ROUND = 50_000
-
-_Figures = TypeVar("_Figures", bound=BaseModel)
 
 
 class EmbeddedStore(Store):
@@ -103,31 +93,15 @@ class EmbeddedStore(Store):
         latest_rows_per_interval: int | None = None,
     ) -> None:
         self.path = Path(path)
-        #: running workloads' latest rows rewritten per interval at most (see `_write_latest`; None: all)
-        self.latest_rows_per_interval = latest_rows_per_interval
         self.tiers: list[Tier] = parse_tiers(list(tiers))
         self.spans = chunk_spans(self.tiers)
         self.finest_step_seconds = float(self.tiers[0].step_seconds)
         self.retention_seconds = retention_seconds
-        check_file(self.path)
-        if not self.path.parent.exists():
-            raise StoreError(
-                f"store {self.path}: directory {self.path.parent} does not exist; create it or fix --store"
-            )
         self._write_lock = threading.Lock()
-        self._local = threading.local()
         self._series_ids: dict[tuple[str, str], int] = {}
         # whether the map's keys were read from the file: the row builder's equal tuples replace them once it
         # holds its own (see `_adopt_keys`)
         self._keys_from_file = False
-        # hash() of the JSON each latest_* row holds now, so unchanged figures are not rewritten (a hash, not
-        # the JSON: kept for every finished workload too, the JSON would grow with every workload run)
-        self._latest_json: dict[str, int] = {}
-        # the figures objects those rows were dumped from (ended workloads, projects, cluster): the engine
-        # hands the same object again for a settled workload (never changed in place): no JSON needed
-        self._latest_objects: dict[str, object] = {}
-        # live workloads' rows: the phase the file row says and when it was written (refreshes take turns)
-        self._latest_refreshed: dict[str, tuple[object, float]] = {}
         self._rows = RowBuilder()  # each workload's series and pairs, kept between intervals
         # the ids of the series of the last rows (the same list while no workload changed), and their blocks
         self._ids_of: tuple[object, IntArray] = (None, np.zeros(0, dtype=np.int64))
@@ -137,21 +111,14 @@ class EmbeddedStore(Store):
         self._head_blocks: set[int] = set()  # blocks with head rows
         # series that may hold points in the head, not yet in chunks: those written since the last
         # compaction round (and, when opened, every series of a block with head rows)
-        self._written = _IdMarks()
+        self._written = IdMarks()
         self.forgotten_series = 0  # series rows deleted since opened (their points all past retention)
-        self._pending: list[int] = []  # blocks still to compact below `_target`
-        self._dropped_until = 0  # the round below this is over: its head rows deleted, `_finish_round` done
-        self._budget = 1  # blocks compacted per record call in this round
         self._latest_bucket: int | None = None
-        self.compacted_blocks = 0  # head blocks compacted since opened (benchmarks, logs)
+        check_file(self.path)
         try:
-            self._writer = self._connect()
-            self._writer.execute("PRAGMA mmap_size = 0")
-            self._init_schema()
-            # the writer's pages are the controller's RSS (issue 4: <= 256 MiB): a small cache. Set after
-            # the schema: a new file's `page_size` pragma leaves a cache size set before it unenforced
-            # (SQLite 3.40: the cache then kept every page written)
-            self._writer.execute(f"PRAGMA cache_size = -{WRITER_CACHE_KIB}")
+            self._writer = open_writer(self.path)
+            self._read_series()
+            self._latest = LatestWriter(self._writer, latest_rows_per_interval)
         except sqlite3.DatabaseError as error:
             raise StoreError(
                 f"store {self.path} is corrupt or unreadable ({error}); refusing to overwrite it. "
@@ -160,56 +127,17 @@ class EmbeddedStore(Store):
         self._chunks = ChunkWriter(self._writer, self.spans)
         self._holdings = HoldingsWriter(self._writer)
         self._prices = PriceWriter(self._writer)
-        self._target = int(self._get_meta("compacted_until") or 0)
-        # each reading thread's connection, with its thread: the API's worker threads come and go
-        # (anyio retires one idle for 10 s), and a dead thread's connection is closed on the next opening
-        self._readers: list[tuple[threading.Thread, sqlite3.Connection]] = []
-        self._readers_lock = threading.Lock()
+        self._compaction = Compaction(self._writer, self.spans, self._chunks,
+                                      int(self._get_meta("compacted_until") or 0))
+        self._readers = Readers(self.path)
 
     # -- connections -------------------------------------------------------------------------
 
-    def _connect(self) -> sqlite3.Connection:
-        connection = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30.0)
-        connection.execute("PRAGMA busy_timeout = 30000")
-        connection.execute("PRAGMA cache_size = -65536")
-        connection.execute("PRAGMA mmap_size = 1073741824")
-        return connection
-
     def _reader(self) -> sqlite3.Connection:
-        connection: sqlite3.Connection | None = getattr(self._local, "connection", None)
-        if connection is None:
-            connection = self._connect()
-            connection.execute("PRAGMA query_only = 1")
-            self._local.connection = connection
-            with self._readers_lock:
-                live: list[tuple[threading.Thread, sqlite3.Connection]] = []
-                ended: list[tuple[threading.Thread, sqlite3.Connection]] = []
-                for each in self._readers:
-                    (live if each[0].is_alive() else ended).append(each)
-                self._readers = [*live, (threading.current_thread(), connection)]
-            for _, gone in ended:  # its thread has ended: nothing runs on it any more
-                gone.close()
-        return connection
-
-    def _init_schema(self) -> None:
-        connection = self._writer
-        create_schema(connection, self.path)
-        stored = json.loads(connection.execute("SELECT value FROM meta WHERE key = 'metrics'").fetchone()[0])
-        if list(stored) != list(METRIC_NAMES):
-            raise StoreError(
-                f"store {self.path} has an incompatible metric layout; point --store at a new path"
-            )
-        self._read_series()
-        for table, column in (("latest_workloads", "uid"), ("latest_projects", "name")):
-            for key, figures in connection.execute(f"SELECT {column}, figures FROM {table}"):
-                self._latest_json[f"{table}:{key}"] = hash(figures.encode())
+        return self._readers.connection()
 
     def close(self) -> None:
-        with self._readers_lock:
-            readers, self._readers = self._readers, []
-        for _, connection in readers:
-            connection.close()
-        self._local = threading.local()
+        self._readers.close()
         self._writer.close()
 
     # -- writing -----------------------------------------------------------------------------
@@ -236,12 +164,7 @@ class EmbeddedStore(Store):
         with self._transaction():
             self.write_points(at, rows)
             self._write_holdings(at, workloads, stored_values(figures))
-            self._write_latest(
-                "latest_workloads", [(w.uid, (w.uid, w.namespace, w.name, w.project, at), w) for w in workloads],
-                at=at, refresh_rows=self.latest_rows_per_interval,
-            )
-            self._write_latest("latest_projects", [(p.name, (p.name, at), p) for p in projects])
-            self._write_latest("latest_cluster", [("1", (1, at), cluster)])
+            self._latest.record(at, workloads, projects, cluster)
             self._set_meta("latest_time", at)
             if self._get_meta("earliest_time") is None:
                 self._set_meta("earliest_time", at)
@@ -291,18 +214,12 @@ class EmbeddedStore(Store):
 
     def _forget_uncommitted(self) -> None:
         """After a rollback: what this process remembers of the file is read again from it."""
-        self._latest_json.clear()  # the rolled-back rows may be gone: rewrite them next time
-        self._latest_objects.clear()
-        self._latest_refreshed.clear()
+        self._latest.forget_uncommitted()
         self._holdings.reload()
         self._prices.reload()
         self._read_series()
         self._drop_row_layouts()
-        # a rolled-back slice took its blocks off the round's list, their rows still in the head: the round
-        # starts again from the file (the next slice lists what is left below the target again)
-        self._target = int(self._get_meta("compacted_until") or 0)
-        self._pending = []
-        self._dropped_until = 0
+        self._compaction.restart(int(self._get_meta("compacted_until") or 0))
 
     def _read_series(self) -> None:
         """The series ids and the blocks with head rows, as the file says (when opened, and after a rollback:
@@ -313,7 +230,7 @@ class EmbeddedStore(Store):
             self._series_ids[(kind, key)] = series_id
         self._keys_from_file = bool(self._series_ids)
         self._next_series_id = self._first_free_id()
-        self._head_blocks = _blocks_in_head(self._writer)
+        self._head_blocks = blocks_in_head(self._writer)
         self._written.mark(self._ids_in_head(self._head_blocks))
 
     def _first_free_id(self) -> int:
@@ -327,86 +244,6 @@ class EmbeddedStore(Store):
         """Every series id of `blocks` (those with head rows: a superset of the series with points there)."""
         starts = np.array(sorted(blocks), dtype=np.int64) * BLOCK
         return (starts[:, None] + np.arange(BLOCK, dtype=np.int64)).ravel()
-
-    def _write_latest(
-        self, table: str, entries: list[tuple[str, tuple[object, ...], BaseModel]], *, at: float = 0.0,
-        refresh_rows: int | None = None,
-    ) -> None:
-        """Rewrite the latest-figures rows whose JSON changed (most workloads' figures do each interval).
-
-        The very object written last time is not dumped again (a settled workload's figures). Only
-        this call's objects are kept (`entries` is all the table's figures of this interval), and of
-        workloads only ended ones' (the engine keeps settled ones anyway: no memory of their own).
-        The JSON remembered for a key that is no longer reported (a workload the controller forgot
-        after its retention) is dropped too: its row stays until the store's own retention, and the
-        cache no longer grows with every workload the cluster ever ran.
-
-        `refresh_rows` (workloads): a live row whose file row is in the same phase already only has
-        its counters and windows to update, which move every interval. Of those, the rows written
-        longest ago are rewritten, as many as fit in `refresh_rows` rows this interval, counting the
-        other rows written (new workloads, phase changes, ended ones: always written at once). Every
-        row rewritten each interval was most of the store's writes (bench/README.md).
-        """
-        known = self._latest_json
-        objects = self._latest_objects
-        refreshed = self._latest_refreshed
-        kept: dict[str, object] = {}
-        changed: list[tuple[object, ...]] = []
-        written = 0
-        statement = ""
-        reported: set[str] = set()
-        waiting: list[tuple[float, str, tuple[object, ...], BaseModel]] = []  # (written at, key, columns, figures)
-
-        def write(cache_key: str, columns: tuple[object, ...], figures: BaseModel, phase: object) -> None:
-            nonlocal statement, written
-            dumped = model_json(figures)  # model_dump_json's bytes, in half its CPU
-            digest = hash(dumped)  # 64 bits: a changed row read as unchanged is a 2^-64 chance
-            if refresh_rows is not None:  # the file row says this (now, or once the row below is written)
-                if phase in _LIVE_PHASES:
-                    refreshed[cache_key] = (phase, at)
-                else:
-                    refreshed.pop(cache_key, None)
-            if known.get(cache_key) == digest:
-                return
-            known[cache_key] = digest
-            written += 1
-            changed.append((*columns, dumped.decode()))
-            if len(changed) >= _LATEST_ROWS_PER_WRITE:  # a bounded batch of JSON in memory at a time
-                statement = statement or _insert_statement(table, len(changed[0]))
-                self._writer.executemany(statement, changed)
-                changed.clear()
-
-        for key, columns, figures in entries:
-            cache_key = f"{table}:{key}"
-            reported.add(cache_key)
-            phase = getattr(figures, "phase", None)
-            live = phase in _LIVE_PHASES
-            if not live:  # a live workload's figures are new each time
-                kept[cache_key] = figures
-            if objects.get(cache_key) is figures:
-                continue
-            if live and refresh_rows is not None:
-                last = refreshed.get(cache_key)
-                if last is not None and last[0] == phase:  # its row says this phase already: counters only
-                    waiting.append((last[1], cache_key, columns, figures))
-                    continue
-            write(cache_key, columns, figures, phase)
-        if waiting and refresh_rows is not None:
-            slots = max(0, refresh_rows - written)
-            if slots < len(waiting):
-                waiting.sort(key=itemgetter(0, 1))  # the longest unwritten first (then by key: the same order each run)
-                del waiting[slots:]
-            for _, cache_key, columns, figures in waiting:
-                write(cache_key, columns, figures, getattr(figures, "phase", None))
-        prefix = f"{table}:"
-        for cache_key in [cache_key for cache_key in objects if cache_key.startswith(prefix)]:
-            del objects[cache_key]
-        objects.update(kept)
-        for cache_key in [cache_key for cache_key in known if cache_key.startswith(prefix) and cache_key not in reported]:
-            del known[cache_key]
-            refreshed.pop(cache_key, None)
-        if changed:
-            self._writer.executemany(statement or _insert_statement(table, len(changed[0])), changed)
 
     def write_points(self, at: float, rows: Rows) -> None:
         """Append one interval of rows to the head (inside the caller's transaction)."""
@@ -517,40 +354,27 @@ class EmbeddedStore(Store):
     # -- compaction ----------------------------------------------------------------------------
 
     def _compact_slice(self, at: float) -> None:
-        """Compact a few blocks of the closed spans (all of them within `_COMPACTION_SHARE` of the next span)."""
-        fine = self.spans[0]
-        bucket = int(math.floor(at / fine.step) * fine.step)
-        target = bucket // fine.span_seconds * fine.span_seconds
-        if target > self._target:
-            self._target = target
-            self._pending = [
-                block
-                for (block,) in self._writer.execute(
-                    "SELECT DISTINCT block FROM head WHERE t < ? ORDER BY block DESC", (target,)
-                )
-            ]
-            rounds = max(1, int(fine.points * _COMPACTION_SHARE))
-            self._budget = max(1, math.ceil(len(self._pending) / rounds))
-        for _ in range(min(self._budget, len(self._pending))):
-            self._compact_block(self._pending.pop(), self._target)
-        if not self._pending and self._dropped_until < self._target and self._drop_head_slice(self._target):
-            self._finish_round(self._target, at)
-            self._dropped_until = self._target
+        """A slice of the compaction round (store/compaction.py); the round finished once its head rows are gone."""
+        until = self._compaction.slice(at, self._head_blocks)
+        if until is not None:
+            self._finish_round(until, at)
+            self._compaction.finished(until)
 
-    def _compact_block(self, block: int, until: int) -> None:
-        self._chunks.compact_block(block, until)
-        self.compacted_blocks += 1
+    @property
+    def compacted_blocks(self) -> int:
+        """Head blocks compacted since opened (benchmarks, logs)."""
+        return self._compaction.compacted_blocks
 
     def _finish_round(self, until: int, at: float) -> None:
-        self._drop_head_before(until)
+        drop_head_before(self._writer, self._head_blocks, until)
+        self._head_blocks = blocks_in_head(self._writer)
         if not self._advance_compacted(until):
             return
         self._chunks.merge_ended_pieces(until)
         self._chunks.apply_retention(at)
         self._holdings.apply_retention(int(at - self.tiers[-1].keep_seconds))
         self._forget_empty_series()
-        self._writer.execute("DELETE FROM latest_workloads WHERE at < ?", (at - self.retention_seconds,))
-        self._writer.execute("DELETE FROM latest_projects WHERE at < ?", (at - self.retention_seconds,))
+        self._latest.apply_retention(at - self.retention_seconds)
 
     def _advance_compacted(self, until: int) -> bool:
         """Move the compaction watermark and each roll-up's up to `until`; False where they were there already."""
@@ -562,47 +386,6 @@ class EmbeddedStore(Store):
             self._set_meta(f"rollup_until:{span.step}", float(until // span.step * span.step))
         return True
 
-    def _drop_head_slice(self, until: int) -> bool:
-        """A slice of deleting the head rows before `until`, once every block of the round is compacted: the
-        oldest `_HEAD_DROP_INTERVALS` intervals' rows; True once none is left before `until`.
-
-        A span of head rows deleted in one go would make one long interval: a slice at a time, after the
-        round's blocks, the round still ends within the span."""
-        oldest = self._least_in_head("SELECT min(t) FROM head WHERE block = ?")
-        if oldest is None or oldest >= until:
-            return True
-        cut = min(until, oldest + _HEAD_DROP_INTERVALS * int(self.spans[0].step))
-        self._drop_head_before(cut, blocks=False)
-        return cut >= until
-
-    def _drop_head_before(self, until: int, *, blocks: bool = True) -> None:
-        """Delete the head rows before `until`, every block's compacted by now, as one range of rowids.
-
-        Deleting each block's rows as it is compacted would dirty a page for every interval of the
-        block's hour (a page holds several blocks' rows of one interval), every page once per block with the
-        WAL's checkpoint. Rows are appended in time order, so those before `until` are the rowids below the
-        first row at or after it: deleted together, each page is written once.
-        """
-        connection = self._writer
-        first_after = self._least_in_head("SELECT min(rowid) FROM head WHERE block = ? AND t >= ?", until)
-        if first_after is None:  # nothing at or after `until`: every row before it goes
-            connection.execute("DELETE FROM head WHERE t < ?", (until,))
-        else:
-            connection.execute("DELETE FROM head WHERE rowid < ? AND t < ?", (first_after, until))
-            # a row of an older interval written again after newer ones (a second write into it, a clock set
-            # back) sits above `first_after`: found through the (block, t) index, so the round still ends
-            late = [(rowid,) for block in self._head_blocks for (rowid,) in connection.execute(
-                "SELECT rowid FROM head WHERE block = ? AND t < ?", (block, until))]
-            if late:
-                connection.executemany("DELETE FROM head WHERE rowid = ?", late)
-        if blocks:  # which blocks still have rows (a slice's caller leaves it to the round's end)
-            self._head_blocks = _blocks_in_head(connection)
-
-    def _least_in_head(self, query: str, *arguments: int) -> int | None:
-        """The least answer of `query` (a min() over one block's head rows) over every block with head rows."""
-        answers = (self._writer.execute(query, (block, *arguments)).fetchone()[0] for block in self._head_blocks)
-        return min((int(answer) for answer in answers if answer is not None), default=None)
-
     def _forget_empty_series(self) -> None:
         """Delete the series rows left without a point: no chunk in any tier, nothing in the head.
 
@@ -612,24 +395,12 @@ class EmbeddedStore(Store):
         the head holds only what was written since the round before (`_written`). The
         highest id given out is kept in `meta` (`_first_free_id`): a deleted id is never given again.
         """
-        connection = self._writer
-        written, self._written = self._written, _IdMarks(self._ids_of[1])
-        without_chunks = " AND ".join(
-            "NOT EXISTS (SELECT 1 FROM chunks c WHERE c.tier = ? AND c.series_id = s.id)" for _ in self.spans
-        )
-        empty = [
-            (series_id, kind, key)
-            for series_id, kind, key in connection.execute(
-                f"SELECT id, kind, key FROM series s WHERE {without_chunks}", [span.step for span in self.spans]
-            )
-            if not written.marked(series_id)
-        ][:FORGET_SERIES_PER_ROUND]
+        written, self._written = self._written, IdMarks(self._ids_of[1])
+        empty = series_without_points(self._writer, self.spans, written, FORGET_SERIES_PER_ROUND)
         if not empty:
             return
         self._set_meta("series_id_high", float(self._next_series_id - 1))
-        for offset in range(0, len(empty), 500):
-            batch = [series_id for series_id, _, _ in empty[offset : offset + 500]]
-            connection.execute(f"DELETE FROM series WHERE id IN ({','.join('?' * len(batch))})", batch)
+        delete_series(self._writer, [series_id for series_id, _, _ in empty])
         self._holdings.forget([series_id for series_id, _, _ in empty])
         self._prices.forget([key for _, kind, key in empty if kind == "workload"])
         for _, kind, key in empty:
@@ -658,10 +429,7 @@ class EmbeddedStore(Store):
             fine = self.spans[0]
             bucket = int(math.floor(latest / fine.step) * fine.step)
             until = bucket + fine.step if everything else bucket // fine.span_seconds * fine.span_seconds
-            for block in sorted(self._head_blocks):
-                self._compact_block(block, until)
-            self._pending = []
-            self._target = max(self._target, bucket // fine.span_seconds * fine.span_seconds)
+            self._compaction.compact_now(self._head_blocks, until, bucket // fine.span_seconds * fine.span_seconds)
             self._finish_round(until, latest)
 
     def register_series(self, kind: str, key: str, labels: dict[str, str]) -> int:
@@ -697,48 +465,34 @@ class EmbeddedStore(Store):
     def forget_workload(self, uid: str) -> None:
         """Drop a workload's latest figures (its points age out with the tiers)."""
         with self._write_lock:
-            self._writer.execute("DELETE FROM latest_workloads WHERE uid = ?", (uid,))
-            self._latest_json.pop(f"latest_workloads:{uid}", None)
-            self._latest_refreshed.pop(f"latest_workloads:{uid}", None)
+            self._latest.forget_workload(uid)
 
     # -- reading: latest state ---------------------------------------------------------------
 
     def workloads(self) -> list[WorkloadFigures]:
-        rows = self._reader().execute("SELECT figures FROM latest_workloads ORDER BY namespace, name, at")
-        by_name: dict[tuple[str, str], WorkloadFigures] = {}
-        for (figures,) in rows:
-            workload = WorkloadFigures.model_validate_json(figures)
-            by_name[(workload.namespace, workload.name)] = workload  # the newest of a reused name wins
-        return list(by_name.values())
-
-    def _latest_row(self, model: type[_Figures], query: str, *arguments: object) -> _Figures | None:
-        """The figures of the one latest_* row `query` selects, or None."""
-        row = self._reader().execute(query, arguments).fetchone()
-        return model.model_validate_json(row[0]) if row else None
+        return read_workloads(self._reader())
 
     def workload(self, namespace: str, name: str) -> WorkloadFigures | None:
-        return self._latest_row(
-            WorkloadFigures,
+        return read_one(
+            self._reader(), WorkloadFigures,
             "SELECT figures FROM latest_workloads WHERE namespace = ? AND name = ? ORDER BY at DESC LIMIT 1",
             namespace, name,
         )
 
     def workload_by_uid(self, uid: str) -> WorkloadFigures | None:
-        return self._latest_row(WorkloadFigures, "SELECT figures FROM latest_workloads WHERE uid = ?", uid)
+        return read_one(self._reader(), WorkloadFigures, "SELECT figures FROM latest_workloads WHERE uid = ?", uid)
 
     def runs(self) -> list[WorkloadFigures]:
-        rows = self._reader().execute("SELECT figures FROM latest_workloads ORDER BY namespace, name, at, uid")
-        return [WorkloadFigures.model_validate_json(figures) for (figures,) in rows]
+        return read_runs(self._reader())
 
     def projects(self) -> list[ProjectFigures]:
-        rows = self._reader().execute("SELECT figures FROM latest_projects ORDER BY name")
-        return [ProjectFigures.model_validate_json(figures) for (figures,) in rows]
+        return read_projects(self._reader())
 
     def project(self, name: str) -> ProjectFigures | None:
-        return self._latest_row(ProjectFigures, "SELECT figures FROM latest_projects WHERE name = ?", name)
+        return read_one(self._reader(), ProjectFigures, "SELECT figures FROM latest_projects WHERE name = ?", name)
 
     def cluster(self) -> ClusterFigures | None:
-        return self._latest_row(ClusterFigures, "SELECT figures FROM latest_cluster WHERE id = 1")
+        return read_one(self._reader(), ClusterFigures, "SELECT figures FROM latest_cluster WHERE id = 1")
 
     def nodes(self) -> list[str]:
         rows = self._reader().execute("SELECT DISTINCT node FROM series WHERE kind = 'node' ORDER BY node")
@@ -821,44 +575,3 @@ class EmbeddedStore(Store):
             if value is not None:
                 latest.setdefault(series.labels["workload_uid"], {})[series.metric] = value
         return latest
-
-
-class _IdMarks:
-    """Which series ids were marked: a flag per id up to the highest marked (ids are given out in order).
-
-    A byte per id, where a set of the ids would hold a boxed integer and a hash slot per id.
-    """
-
-    __slots__ = ("_flags",)
-
-    def __init__(self, ids: IntArray | None = None) -> None:
-        self._flags = np.zeros(0, dtype=np.bool_)
-        if ids is not None:
-            self.mark(ids)
-
-    def mark(self, ids: IntArray) -> None:
-        if not len(ids):
-            return
-        highest = int(ids.max())
-        if highest >= len(self._flags):
-            grown = np.zeros(max(highest + 1, 2 * len(self._flags)), dtype=np.bool_)
-            grown[: len(self._flags)] = self._flags
-            self._flags = grown
-        self._flags[ids] = True
-
-    def marked(self, series_id: int) -> bool:
-        return 0 <= series_id < len(self._flags) and bool(self._flags[series_id])
-
-
-def _blocks_in_head(connection: sqlite3.Connection) -> set[int]:
-    """The blocks with head rows, as the file says (after a rollback, what this process thought may be off)."""
-    return {block for (block,) in connection.execute("SELECT DISTINCT block FROM head")}
-
-
-def _insert_statement(table: str, columns: int) -> str:
-    if table == "latest_workloads":
-        # updated in place: a REPLACE deletes the row and inserts it again, index entries and all. A uid's
-        # namespace and name never change (the index on them stays as it is)
-        return (f"INSERT INTO {table} VALUES ({', '.join('?' * columns)}) ON CONFLICT (uid) DO UPDATE SET "
-                "project = excluded.project, at = excluded.at, figures = excluded.figures")
-    return f"INSERT OR REPLACE INTO {table} VALUES ({', '.join('?' * columns)})"

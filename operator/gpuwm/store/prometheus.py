@@ -56,6 +56,28 @@ from gpuwm.store.base import (
 from gpuwm.store.prometheus_periods import PromPeriodReader, read_group_peaks, read_period, read_prices
 from gpuwm.store.promql import _POD_SERIES, KEY_LABEL, promql, quote, scope_labels
 
+#: the controller's gpuwm_workload_<gauge> series a workload's figures are read from
+_WORKLOAD_GAUGES = (
+    "allocated_gpus",
+    "idle_gpus",
+    "utilization_percent",
+    "utilization_avg1h_percent",
+    "memory_utilization_percent",
+    "idle_seconds",
+    "last_active_timestamp_seconds",
+    "wait_seconds",
+    "run_seconds",
+    "allocated_gpu_seconds_total",
+    "active_gpu_seconds_total",
+    "idle_gpu_seconds_total",
+    "unmonitored_gpu_seconds_total",
+    "energy_joules_total",
+    "created_timestamp_seconds",
+    "start_timestamp_seconds",
+    "end_timestamp_seconds",
+    "queued_seconds",
+    "requested_gpus",
+)
 #: the PodResources fields the controller exports as gpuwm_pod_<field>
 _SPEC_FIELDS = tuple(str(metric.field) for metric in STORED if metric.source is Source.POD_SPEC)
 
@@ -92,6 +114,42 @@ def _cumulative_figures(value: Callable[..., float | None]) -> dict[str, Any]:
         ),
         "memory_utilization": Windows(current=value("memory_utilization_percent", None)),
     }
+
+
+def _workload_figures(
+    labels: Mapping[str, str], gauges: Mapping[str, Mapping[str, float]], pods: Mapping[str, list[PodFigures]],
+    reasons: Mapping[str, str | None],
+) -> WorkloadFigures:
+    """One workload's figures: its gpuwm_workload_info `labels`, and its gauges, pods and failure reason by UID."""
+    uid = labels.get("workload_uid", "")
+
+    def value(name: str, default: float | None = 0.0) -> float | None:
+        return gauges[name].get(uid, default)
+
+    return WorkloadFigures(
+        uid=uid,
+        namespace=labels.get("namespace", ""),
+        name=labels.get("workload", ""),
+        kind=labels.get("kind", ""),
+        api_version="",
+        project=labels.get("project", ""),
+        phase=labels.get("phase", ""),
+        allocated_gpus=value("allocated_gpus") or 0.0,
+        idle_gpus=value("idle_gpus") or 0.0,
+        idle_seconds=value("idle_seconds") or 0.0,
+        last_active_time=value("last_active_timestamp_seconds", None),
+        wait_seconds=value("wait_seconds") or 0.0,
+        run_seconds=value("run_seconds") or 0.0,
+        queued_seconds=value("queued_seconds") or 0.0,
+        requested_gpus=value("requested_gpus", None),  # absent: its object is not watched
+        **_cumulative_figures(value),
+        created_time=value("created_timestamp_seconds", None),
+        start_time=value("start_timestamp_seconds", None),
+        end_time=value("end_timestamp_seconds", None),
+        pods=pods.get(uid, []),
+        nodes=sorted({pod.node for pod in pods.get(uid, []) if pod.node}),
+        failure_reason=reasons.get(uid),
+    )
 
 
 class PrometheusStore(Store):
@@ -162,40 +220,27 @@ class PrometheusStore(Store):
         return self._workloads("")
 
     def _workloads(self, selector: str) -> list[WorkloadFigures]:
+        """The workloads `selector` picks of gpuwm_workload_info, each with its gauges, pods and failure reason."""
         infos = self._instant(
             f"max by (namespace, workload, workload_uid, kind, project, phase) (gpuwm_workload_info{selector})"
         )
         if not infos:
             return []
-        gauges: dict[str, dict[str, float]] = {}
-        for name in (
-            "allocated_gpus",
-            "idle_gpus",
-            "utilization_percent",
-            "utilization_avg1h_percent",
-            "memory_utilization_percent",
-            "idle_seconds",
-            "last_active_timestamp_seconds",
-            "wait_seconds",
-            "run_seconds",
-            "allocated_gpu_seconds_total",
-            "active_gpu_seconds_total",
-            "idle_gpu_seconds_total",
-            "unmonitored_gpu_seconds_total",
-            "energy_joules_total",
-            "created_timestamp_seconds",
-            "start_timestamp_seconds",
-            "end_timestamp_seconds",
-            "queued_seconds",
-            "requested_gpus",
-        ):
-            gauges[name] = self._values(
-                f"max by (workload_uid) (gpuwm_workload_{name}{selector})", "workload_uid"
-            )
+        gauges = {
+            name: self._values(f"max by (workload_uid) (gpuwm_workload_{name}{selector})", "workload_uid")
+            for name in _WORKLOAD_GAUGES
+        }
         reasons = {
             item["metric"].get("workload_uid", ""): item["metric"].get("reason") or None
             for item in self._instant(f"max by (workload_uid, reason) (gpuwm_workload_failure_info{selector})")
         }
+        pods = self._workload_pods(selector)
+        result = [_workload_figures(item["metric"], gauges, pods, reasons) for item in infos]
+        result.sort(key=lambda w: (w.namespace, w.name))
+        return result
+
+    def _workload_pods(self, selector: str) -> dict[str, list[PodFigures]]:
+        """Each workload's running pods by its UID, from gpuwm_workload_pod_info, with their spec resources."""
         specs = self._pod_specs()
         pods: dict[str, list[PodFigures]] = {}
         for item in self._instant(
@@ -208,42 +253,7 @@ class PrometheusStore(Store):
                     resources=specs.get((labels.get("namespace", ""), labels.get("pod", ""))),
                 )
             )
-        result = []
-        for item in infos:
-            labels = item["metric"]
-            uid = labels.get("workload_uid", "")
-
-            def value(name: str, default: float | None = 0.0, uid: str = uid) -> float | None:
-                return gauges[name].get(uid, default)
-
-            result.append(
-                WorkloadFigures(
-                    uid=uid,
-                    namespace=labels.get("namespace", ""),
-                    name=labels.get("workload", ""),
-                    kind=labels.get("kind", ""),
-                    api_version="",
-                    project=labels.get("project", ""),
-                    phase=labels.get("phase", ""),
-                    allocated_gpus=value("allocated_gpus") or 0.0,
-                    idle_gpus=value("idle_gpus") or 0.0,
-                    idle_seconds=value("idle_seconds") or 0.0,
-                    last_active_time=value("last_active_timestamp_seconds", None),
-                    wait_seconds=value("wait_seconds") or 0.0,
-                    run_seconds=value("run_seconds") or 0.0,
-                    queued_seconds=value("queued_seconds") or 0.0,
-                    requested_gpus=value("requested_gpus", None),  # absent: its object is not watched
-                    **_cumulative_figures(value),
-                    created_time=value("created_timestamp_seconds", None),
-                    start_time=value("start_timestamp_seconds", None),
-                    end_time=value("end_timestamp_seconds", None),
-                    pods=pods.get(uid, []),
-                    nodes=sorted({pod.node for pod in pods.get(uid, []) if pod.node}),
-                    failure_reason=reasons.get(uid),
-                )
-            )
-        result.sort(key=lambda w: (w.namespace, w.name))
-        return result
+        return pods
 
     def _pod_specs(self) -> dict[tuple[str, str], PodResources]:
         """The running GPU pods' spec requests and limits by (namespace, pod), from the controller's gpuwm_pod_*

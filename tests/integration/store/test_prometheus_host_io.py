@@ -1,4 +1,4 @@
-"""Issue 39 §3's last host figures over the real Debian `prometheus`: the pods' disk read and write rates (the
+"""The last host figures over the real Debian `prometheus`: the pods' disk read and write rates (the
 agent's gpuwm_disk_*_bytes_per_second), ephemeral storage used and its limit (the controller's
 gpuwm_pod_ephemeral_storage_limit_bytes), through the range API as the embedded store holding the same data
 answers them; and the Run:ai names' host use, every running workload's latest figures in one query

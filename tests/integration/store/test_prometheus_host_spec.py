@@ -1,4 +1,4 @@
-"""Issue 39 §3 over the real Debian `prometheus`: the range API's CPU and memory requests and limits, and CPU
+"""Pods' host figures over the real Debian `prometheus`: the range API's CPU and memory requests and limits, and CPU
 use as percent of request and of limit, answered from the controller's gpuwm_pod_* series joined with the
 agent's pod stats, the same as the embedded store holding the same data (by workload, by pod, by project)."""
 

@@ -1,4 +1,4 @@
-"""Issue 39 over the real Debian `prometheus`: runs of a reused name by UID and `pod=` through the HTTP API,
+"""A reused name's runs over the real Debian `prometheus`: by UID and `pod=` through the HTTP API,
 with the same answers as the embedded store holding the same data."""
 
 from __future__ import annotations

@@ -171,7 +171,7 @@ def test_latest_state(stores: tuple[EmbeddedStore, PrometheusStore]) -> None:
     expected = embedded.workload("team-a", "train")
     assert expected is not None and expected.energy_joules == train.energy_joules
     assert train.created_time == T0 - 60 and [p.name for p in train.pods] == ["train-0"]
-    assert (train.requested_gpus, train.queued_seconds) == (2.0, 30.0)  # the workload object's figures (issue 35)
+    assert (train.requested_gpus, train.queued_seconds) == (2.0, 30.0)  # from the workload object, not its pods
     notebook = prometheus.workload("team-b", "notebook")
     assert notebook is not None and notebook.requested_gpus is None  # only its pods are known
     beta = prometheus.project("beta")

@@ -310,7 +310,7 @@ def test_head_block_round_trip() -> None:
 def test_a_series_that_starts_inside_the_chunk_is_divided_by_its_gcd() -> None:
     """A roll-up that starts late (its first points missing, filled with 0) is stored in its own steps.
 
-    Until 2026-11-24 a row whose first 16 differences were 0 kept divisor 1: 0.1 % steps were
+    Judged on its first 16 differences alone, such a row (all 0 there) would keep divisor 1: 0.1 % steps
     written in units of 1e-6 %, three bytes a point where one does.
     """
     rng = np.random.default_rng(5)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpuwm.model import PodStatsSample
-from gpuwm.store import RangeQuery, embedded
+from gpuwm.store import RangeQuery, compaction
 from gpuwm.store.embedded import EmbeddedStore
 from gpuwm.store.schema import PART_COLUMNS
 
@@ -77,7 +77,7 @@ def test_a_failed_slice_leaves_its_blocks_to_the_next_one(tmp_path: Path, monkey
 
         with monkeypatch.context() as patched:
             patched.setattr(store._chunks, "compact_block", fail_second)
-            patched.setattr(embedded, "_COMPACTION_SHARE", 0.0)  # every block in one slice: it fails inside
+            patched.setattr(compaction, "_COMPACTION_SHARE", 0.0)  # every block in one slice: it fails inside
             with pytest.raises(OSError):
                 store.compact_slice(START + 15 * 21)
         assert calls == 2
@@ -98,13 +98,13 @@ def test_a_failed_slice_leaves_its_blocks_to_the_next_one(tmp_path: Path, monkey
         store.close()
 
 
-@pytest.mark.parametrize("share", [embedded._COMPACTION_SHARE, 0.1])
+@pytest.mark.parametrize("share", [compaction._COMPACTION_SHARE, 0.1])
 def test_a_round_is_spread_over_its_share_of_the_next_span(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, share: float
 ) -> None:
     """A closed span's blocks go a few per slice, evenly over `share` of the next span's intervals: at most
     ceil(blocks / rounds) a slice (half the CPU a slice of what half a span took), done within the share."""
-    monkeypatch.setattr(embedded, "_COMPACTION_SHARE", share)
+    monkeypatch.setattr(compaction, "_COMPACTION_SHARE", share)
     store = EmbeddedStore(tmp_path / "spread.db", tiers=("15s:20m", "1m:1d"))  # 10-minute spans of 40 points
     try:
         span = store.spans[0].span_seconds

@@ -164,7 +164,7 @@ def test_rollups_within_resolution_and_retention_exact(tmp_path: Path) -> None:
         # the roll-ups keep 0.1 % (codec.ROLLUP_QUANTUM); the newest minute is the exact 15 s point
         assert [v for _, v in util.points] == pytest.approx([v for _, v in expected], abs=0.05 + 1e-9)
         # at a 15 s step, the old part only has one point per minute (the roll-up): it answers each of the
-        # minute's four cells (issue 39: never null where a stored point covers the cell), and the
+        # minute's four cells (a cell a stored point covers is never null), and the
         # resolution says those cells have a 60 s step; the new part has every 15 s point
         query = RangeQuery("workload", "uid-train", ("gpu_utilization_percent",), 0, 600, 15)
         (fine,) = store.query_range(query)

@@ -1,4 +1,4 @@
-"""Issue 39 §3: the pods' requests, limits, use of them and disk rates in the embedded store, and a
+"""Pods' host figures: their requests, limits, use of them and disk rates in the embedded store, and a
 schema-4 file (without them) migrated in place."""
 
 from __future__ import annotations

@@ -33,7 +33,15 @@ from .store_data import cluster, project, sample, workload
 
 
 class _OldPathStore(EmbeddedStore):
-    """The write path before RowBuilder and the identity check (series in first-seen order, every JSON dumped)."""
+    """The write path before RowBuilder and the identity check (series in first-seen order, every JSON dumped).
+
+    It keeps its own hashes of the latest rows' JSON (never forgotten, every row dumped each interval),
+    apart from the store's `LatestWriter`, so that the comparison does not lean on the code it checks.
+    """
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self._old_json: dict[str, int] = {}
 
     def record(
         self,
@@ -61,8 +69,8 @@ class _OldPathStore(EmbeddedStore):
             changed = []
             for key, columns, figures in entries:
                 dumped = figures.model_dump_json()
-                if self._latest_json.get(f"{table}:{key}") != hash(dumped.encode()):
-                    self._latest_json[f"{table}:{key}"] = hash(dumped.encode())
+                if self._old_json.get(f"{table}:{key}") != hash(dumped.encode()):
+                    self._old_json[f"{table}:{key}"] = hash(dumped.encode())
                     changed.append((*columns, dumped))
             if changed:
                 placeholders = ", ".join("?" * len(changed[0]))
@@ -123,7 +131,7 @@ def test_simulated_run_writes_what_the_old_path_wrote(tmp_path: Path) -> None:
             for store in (new, old):
                 store.record(step.t, step.samples, workloads, projects, figures, step.pod_stats)
         # ended workloads' figures are kept to be recognised when they come again
-        assert any(key.startswith("latest_workloads:") for key in new._latest_objects)
+        assert any(key.startswith("latest_workloads:") for key in new._latest.objects)
         # each series' (kind, key) is one tuple, the row builder's, kept as the key of its id too
         builders = {key: key for key in new._rows._keys}
         assert new._series_ids and all(builders[key] is key for key in new._series_ids)
@@ -205,16 +213,16 @@ def test_latest_json_cache_forgets_workloads_no_longer_reported(tmp_path: Path) 
     ended = workload("b", [("gpu-1", 1.0, 0.0)], phase="Succeeded", end_time=990.0)
     try:
         store.record(1000.0, [sample(1000.0, "gpu-0")], [first, ended], [project("alpha", [first, ended])], cluster(2))
-        assert {"latest_workloads:uid-a", "latest_workloads:uid-b"} <= set(store._latest_json)
+        assert {"latest_workloads:uid-a", "latest_workloads:uid-b"} <= set(store._latest.digests)
         store.record(1015.0, [sample(1015.0, "gpu-0")], [first], [project("alpha", [first])], cluster(2))
-        assert "latest_workloads:uid-a" in store._latest_json
-        assert "latest_workloads:uid-b" not in store._latest_json
+        assert "latest_workloads:uid-a" in store._latest.digests
+        assert "latest_workloads:uid-b" not in store._latest.digests
         assert store.workload("team-a", "b") is not None  # its row is still there
         again = workload("b", [("gpu-1", 1.0, 0.0)], phase="Succeeded", end_time=990.0, energy_joules=5.0)
         store.record(1030.0, [sample(1030.0, "gpu-0")], [first, again], [project("alpha", [first, again])], cluster(2))
         found = store.workload("team-a", "b")
         assert found is not None and found.energy_joules == 5.0
-        assert "latest_workloads:uid-b" in store._latest_json
+        assert "latest_workloads:uid-b" in store._latest.digests
     finally:
         store.close()
 
@@ -233,7 +241,7 @@ def test_writer_page_cache_stays_within_its_size(tmp_path: Path, reopened: bool)
     A new file's `page_size` pragma used to come after the cache size was set, which left the cap
     unenforced: the cache kept every page written.
     """
-    from gpuwm.store.embedded import WRITER_CACHE_KIB
+    from gpuwm.store.connections import WRITER_CACHE_KIB
 
     path = tmp_path / "gpuwm.db"
     if reopened:
@@ -256,10 +264,10 @@ def test_writer_page_cache_stays_within_its_size(tmp_path: Path, reopened: bool)
 
 
 def test_latest_figures_of_more_workloads_than_one_write_holds_are_all_kept(tmp_path: Path) -> None:
-    """The latest-figures rows go in bounded batches (`_LATEST_ROWS_PER_WRITE`): every one still lands, once."""
-    from gpuwm.store.embedded import _LATEST_ROWS_PER_WRITE
+    """The latest-figures rows go in bounded batches (`_ROWS_PER_WRITE`): every one still lands, once."""
+    from gpuwm.store.latest import _ROWS_PER_WRITE
 
-    count = 2 * _LATEST_ROWS_PER_WRITE + 7
+    count = 2 * _ROWS_PER_WRITE + 7
     store = EmbeddedStore(tmp_path / "gpuwm.db")
     try:
         for interval, utilization in enumerate((40.0, 70.0)):

@@ -69,47 +69,42 @@ class RangeParams:
     aggregation: str | None = None
 
 
-async def scope_range(
-    request: Request,
+async def range_window(
     metric: MetricParam = [],  # noqa: B006
     start: TimeParam = None,
     end: TimeParam = None,
     step: StepParam = None,
-    by: ByParam = None,
     aggregation: AggregationParam = None,
 ) -> RangeParams:
+    """What every range route takes: the metrics, the range, the step and what each point holds of it."""
+    return RangeParams(metric, start, end, step, aggregation=aggregation)
+
+
+RangeWindow = Annotated[RangeParams, Depends(range_window)]
+
+
+async def scope_range(request: Request, window: RangeWindow, by: ByParam = None) -> RangeParams:
     """A project's, node's or the cluster's series."""
     check_parameters(request, RANGE_PARAMETERS)
-    return RangeParams(metric, start, end, step, by, aggregation=aggregation)
+    return dataclasses.replace(window, by=by)
 
 
-async def device_range(
-    request: Request,
-    metric: MetricParam = [],  # noqa: B006
-    start: TimeParam = None,
-    end: TimeParam = None,
-    step: StepParam = None,
-    aggregation: AggregationParam = None,
-) -> RangeParams:
+async def device_range(request: Request, window: RangeWindow) -> RangeParams:
     """One GPU's series (one per holder: no breakdown to choose)."""
     check_parameters(request, RANGE_PARAMETERS - {"by"})
-    return RangeParams(metric, start, end, step, aggregation=aggregation)
+    return window
 
 
 async def workload_range(
     request: Request,
-    metric: MetricParam = [],  # noqa: B006
-    start: TimeParam = None,
-    end: TimeParam = None,
-    step: StepParam = None,
+    window: RangeWindow,
     by: WorkloadByParam = None,
     pod: PodParam = [],  # noqa: B006
     leader: LeaderParam = None,
-    aggregation: AggregationParam = None,
 ) -> RangeParams:
     """One run's series: by rank too, and of some of its pods."""
     check_parameters(request, WORKLOAD_RANGE_PARAMETERS, multi=("metric", "pod"))
-    return RangeParams(metric, start, end, step, by, pod, leader, aggregation)
+    return dataclasses.replace(window, by=by, pod=pod, leader=leader)
 
 
 ScopeRange = Annotated[RangeParams, Depends(scope_range)]

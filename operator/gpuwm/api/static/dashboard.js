@@ -42,6 +42,14 @@ function cell(text, className) {
   if (className) td.className = className;
   return td;
 }
+// a table's one row saying why it has no rows, across its `columns`
+function emptyRow(text, columns) {
+  const tr = document.createElement("tr");
+  const td = cell(text, "empty");
+  td.colSpan = columns;
+  tr.appendChild(td);
+  return tr;
+}
 function bar(value, max, className) {
   const td = document.createElement("td");
   const span = document.createElement("span");
@@ -157,10 +165,7 @@ function drawWorkloads() {
     rows.appendChild(tr);
   }
   if (!sorted.length) {
-    const tr = document.createElement("tr");
-    tr.append(cell(allWorkloads.length ? "no workload matches these filters" : "no workloads yet", "empty"));
-    tr.firstChild.colSpan = 7;
-    rows.appendChild(tr);
+    rows.appendChild(emptyRow(allWorkloads.length ? "no workload matches these filters" : "no workloads yet", 7));
   }
   $("#page-text").textContent = `${sorted.length} workloads · page ${state.page + 1} of ${pages}`;
   $("#page-prev").disabled = state.page === 0;
@@ -383,10 +388,7 @@ function drawNodes() {
     rows.appendChild(tr);
   }
   if (!allNodes.length) {
-    const tr = document.createElement("tr");
-    tr.append(cell("no GPU node has reported yet", "empty"));
-    tr.firstChild.colSpan = 8;
-    rows.appendChild(tr);
+    rows.appendChild(emptyRow("no GPU node has reported yet", 8));
   }
 }
 sortable("nodes", drawNodes);
@@ -459,10 +461,7 @@ function drawQueue() {
     rows.appendChild(tr);
   }
   if (!chosen.length) {
-    const tr = document.createElement("tr");
-    tr.append(cell(queueView.workloads.length ? "no waiting workload matches these filters" : "no workload is waiting for GPUs", "empty"));
-    tr.firstChild.colSpan = 10;
-    rows.appendChild(tr);
+    rows.appendChild(emptyRow(queueView.workloads.length ? "no waiting workload matches these filters" : "no workload is waiting for GPUs", 10));
   }
 }
 for (const id of ["#queue-project", "#queue-namespace"]) $(id).addEventListener("change", drawQueue);
@@ -488,10 +487,7 @@ async function showQueue() {
     rows.appendChild(tr);
   }
   if (!demand.length) {
-    const tr = document.createElement("tr");
-    tr.append(cell("no project waits for GPUs", "empty"));
-    tr.firstChild.colSpan = 6;
-    rows.appendChild(tr);
+    rows.appendChild(emptyRow("no project waits for GPUs", 6));
   }
   $("#summary").textContent = `${view.workloads.length} waiting · ${view.queued} queued · ${view.pending} pending · `
     + `${fmt(view.requestedGpus, 2)} GPUs requested · longest wait ${duration(view.longestWaitSeconds)}`;
