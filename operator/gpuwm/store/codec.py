@@ -167,8 +167,8 @@ PARTS.update({part: _extremes_of(means) for part, means in EXTREME_PARTS.items()
 _SECOND_ORDER: BoolArray = _SECOND_ORDER_METRIC[COLUMN_METRIC]
 #: the declared resolution of a gauge's bucket min and max, as `_ROLLUP_RESOLUTION_BY_UNIT` declares the
 #: mean's, ten times coarser: a bucket's extreme is one noisy sample where its mean averages the noise out, so
-#: at the mean's resolution the extremes cost twice the roll-ups' bytes (bench/README.md, "The store's
-#: choices"); they say how far a spike or dip went, to 1 %, 1 W, 64 MiB, 2 significant digits of a rate
+#: at the mean's resolution the extremes cost more bytes than the means themselves (bench/README.md, "The
+#: store's choices"); they say how far a spike or dip went, to 1 %, 1 W, 64 MiB, 2 significant digits of a rate
 _EXTREME_RESOLUTION_BY_UNIT: dict[str, tuple[int, int]] = {
     "percent": (1_000_000, 0),
     "bytes": (2**26, 0),
