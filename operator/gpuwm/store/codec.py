@@ -6,9 +6,10 @@ units, 1 ms. That is NVML's own resolution (mW, mJ, MiB, whole percent and degre
 and far below what any figure shows; a value with at most that many decimals (2.1 cores,
 12.345 W, 37.5 %) reads back as exactly the same float, since decoding divides by a power of
 ten. A missing value (None) is kept as missing, never as 0. Roll-ups (the coarser tiers) keep
-their means, and each gauge's min and max (`GAUGES`), at a declared, coarser resolution
-(`ROLLUP_QUANTUM`, `ROLLUP_DIGITS`: 0.1 %, 1 MiB, 0.1 W, 100 J, 3 significant digits of a rate, ...):
-lossy only below it, each roll-up value within half its quantum of the exact mean (or max, or min).
+their means at a declared, coarser resolution (`ROLLUP_QUANTUM`, `ROLLUP_DIGITS`: 0.1 %, 1 MiB, 0.1 W,
+100 J, 3 significant digits of a rate, ...), and each gauge's min and max (`GAUGES`) at one ten times
+coarser (`COLUMN_QUANTUM`, `COLUMN_DIGITS`): lossy only below it, each roll-up value within half its
+quantum of the exact mean (or max, or min).
 Chunks written before at a finer roll-up resolution read back as they are (the same encoding).
 
 Two encodings:
@@ -446,7 +447,7 @@ def rollup_quantum(values: FloatArray) -> FloatArray:
 
 def round_to_rollup(values: FloatArray) -> FloatArray:
     """Values ([..., columns, points], stored units, NaN = missing) rounded to the roll-ups' declared
-    resolution (`ROLLUP_QUANTUM`, `ROLLUP_DIGITS`); the error is at most half a quantum."""
+    resolution (`COLUMN_QUANTUM`, `COLUMN_DIGITS`); the error is at most half a quantum."""
     quantum = rollup_quantum(values)
     return np.rint(values / quantum) * quantum
 
