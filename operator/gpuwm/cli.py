@@ -33,13 +33,7 @@ def build_parser(verb: str | None = None) -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="verb", metavar="VERB")
     wanted = [_VERB_MODULES[verb]] if verb in _VERB_MODULES else list(_VERB_MODULES.values())
     for module_name in wanted:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as error:
-            if error.name == module_name:  # the component is not built yet
-                continue
-            raise
-        module.register(subparsers)
+        importlib.import_module(module_name).register(subparsers)
     version_parser = subparsers.add_parser("version", help="print the gpuwm version")
     version_parser.set_defaults(handler=lambda _arguments: print(f"gpuwm {__version__}") or 0)
     return parser

@@ -28,20 +28,19 @@ from gpuwm.accounting.policy import (
     Result,
     Step,
     Subject,
-    applies,
     exempt,
+    holds_gpus,
     parse_time,
-    queued_by_kueue,
     selects,
 )
-from gpuwm.accounting.rawcolumns import RawDoubles, RawJson, doubles_from_saved
+from gpuwm.accounting.rawcolumns import RawDoubles, RawJson
 from gpuwm.accounting.replay_steps import ReplayInputError, read_policies, read_pricing
 from gpuwm.accounting.state import EngineConfig, SampleBatch
 
 __all__ = [
-    "CostMeter", "Engine", "EngineConfig", "LazyEntries", "Planned", "Policy", "PolicyError", "PolicyEvaluator",
-    "PolicyOutlook", "PriceBook", "ProjectCost", "RawDoubles", "RawJson", "ReplayInputError", "Result", "SampleBatch",
-    "StateError", "Step", "Subject", "WorkloadCost", "applies", "doubles_from_saved", "energy_cost", "exempt",
-    "gpu_seconds_cost", "parse_time", "price_figures", "project_costs", "queued_by_kueue", "read_policies",
-    "read_pricing", "saved_entries", "selects",
+    "CostMeter", "Engine", "EngineConfig", "LazyEntries", "Planned", "Policy", "PolicyError",
+    "PolicyEvaluator", "PolicyOutlook", "PriceBook", "ProjectCost", "RawDoubles", "RawJson",
+    "ReplayInputError", "Result", "SampleBatch", "StateError", "Step", "Subject", "WorkloadCost",
+    "energy_cost", "exempt", "gpu_seconds_cost", "holds_gpus", "parse_time", "price_figures", "project_costs",
+    "read_policies", "read_pricing", "saved_entries", "selects",
 ]

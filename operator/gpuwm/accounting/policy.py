@@ -97,6 +97,7 @@ class Subject:
 
 
 def holds_gpus(figures: WorkloadFigures) -> bool:
+    """Running and holding GPU units now: the only workloads that can be idle."""
     return figures.phase == "Running" and figures.allocated_gpus > 0
 
 

@@ -80,26 +80,21 @@ def _float_option(name: str, value: str) -> float:
     return number
 
 
-def _step_option(value: str | None, default: float) -> float:
+def _duration_option(name: str, value: str | None, default: float) -> float:
     if value is None:
         return default
     try:
-        step = parse_duration_seconds(value)
+        seconds = parse_duration_seconds(value)
     except ValueError as error:
-        raise ConfigError(f"--step: {error}") from None
-    if step <= 0:
-        raise ConfigError(f"--step: must be more than 0 seconds, got {value!r}")
-    return step
+        raise ConfigError(f"{name}: {error}") from None
+    if seconds <= 0:
+        raise ConfigError(f"{name}: must be more than 0 seconds, got {value!r}")
+    return seconds
 
 
 def run(arguments: argparse.Namespace) -> int:
     defaults = Settings()
-    try:
-        interval = parse_duration_seconds(arguments.interval) if arguments.interval is not None else defaults.interval
-    except ValueError as error:
-        raise ConfigError(f"--interval: {error}") from None
-    if interval <= 0:
-        raise ConfigError(f"--interval: must be more than 0 seconds, got {arguments.interval!r}")
+    interval = _duration_option("--interval", arguments.interval, defaults.interval)
     threshold = (
         _float_option("--idle-threshold-percent", arguments.idle_threshold)
         if arguments.idle_threshold is not None
@@ -112,7 +107,7 @@ def run(arguments: argparse.Namespace) -> int:
         "interval": interval, "idle_threshold_percent": threshold,
         "project_label": arguments.project_label or defaults.project_label,
     }))
-    step = _step_option(arguments.step, defaults.status_interval)
+    step = _duration_option("--step", arguments.step, defaults.status_interval)
     try:
         policies = [policy for name in arguments.policy or [] for policy in read_policies(Path(name))]
         pricing = read_pricing(Path(arguments.pricing)) if arguments.pricing else None

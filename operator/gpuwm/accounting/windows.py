@@ -190,10 +190,6 @@ class WindowSums:
     def _windows_numpy(self, now: float) -> tuple[list[float], list[float], list[float]]:
         return windows_of([self], now)[0]
 
-    def maintain(self, now: float) -> None:
-        """Drop what is older than the longest window; fold old segments when there are many (see `maintain_all`)."""
-        maintain_all([self], now)
-
     def _trim(self, now: float) -> None:
         """Drop the segments past the hour, once a few at the front have passed it (one 60 s bucket does
         each minute): a segment past the hour adds nothing to any window, and dropping them one
@@ -301,7 +297,8 @@ def _windows_pass(many: Sequence[WindowSums], now: float) -> list[tuple[list[flo
 
 
 def maintain_all(many: Sequence[WindowSums], now: float) -> None:
-    """`maintain` of many workloads' sums: those that hold too many segments are folded in a few numpy passes.
+    """Drop what is older than the longest window from each of many workloads' sums; those that hold too
+    many segments are folded in a few numpy passes.
 
     A maintenance of a busy engine folds many workloads at once: a pass over the segments of
     `_WORKLOADS_PER_FOLD` of them, not a small numpy call each.

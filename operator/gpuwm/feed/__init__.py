@@ -19,25 +19,13 @@ from gpuwm.feed.schema import (
     DEVICE_FIELDS,
     DEVICES_TAG_MAX_LENGTH,
     DEVICES_TAG_PARAM,
-    NUMBER_COLUMNS,
     SNAPSHOT_FORMATS,
     AgentDevice,
     DeviceState,
 )
 
 __all__ = [
-    "DEVICES_TAG_MAX_LENGTH",
-    "DEVICES_TAG_PARAM",
-    "DEVICE_FIELDS",
-    "NUMBER_COLUMNS",
-    "SNAPSHOT_FORMATS",
-    "AgentDevice",
-    "DeviceState",
-    "MergeRequest",
-    "answer_json",
-    "columns_answer_json",
-    "devices_members",
-    "merge_polls",
-    "merge_request",
-    "sample_columns",
+    "DEVICES_TAG_MAX_LENGTH", "DEVICES_TAG_PARAM", "DEVICE_FIELDS", "SNAPSHOT_FORMATS", "AgentDevice",
+    "DeviceState", "MergeRequest", "answer_json", "columns_answer_json", "devices_members", "merge_polls",
+    "merge_request", "sample_columns",
 ]

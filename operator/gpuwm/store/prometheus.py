@@ -31,10 +31,8 @@ from prometheus_api_client.exceptions import PrometheusApiClientException
 from gpuwm.model import (
     STORED,
     ClusterFigures,
-    GpuSample,
     PodFigures,
     PodResources,
-    PodStatsSample,
     ProjectFigures,
     Source,
     Windows,
@@ -172,15 +170,8 @@ class PrometheusStore(Store):
         self._client = PrometheusConnect(url=self.url, headers=headers, timeout=math.ceil(timeout_seconds),
                                          method="POST")
 
-    def record(
-        self,
-        at: float,
-        samples: Sequence[GpuSample],
-        workloads: Sequence[WorkloadFigures],
-        projects: Sequence[ProjectFigures],
-        cluster: ClusterFigures,
-        pod_stats: Sequence[PodStatsSample] = (),
-    ) -> None:
+    def record(self, *_arguments: object, **_keywords: object) -> None:
+        """Refused whatever the figures: Prometheus is written by scraping."""
         raise ReadOnlyStoreError(
             f"store {self.url} is Prometheus, which is read-only for gpuwm (it scrapes /metrics); "
             "use a file path for --store on the controller to keep history itself"

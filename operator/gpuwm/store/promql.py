@@ -6,8 +6,12 @@ from gpuwm.model import STORED, Aggregation, Source
 
 #: PromQL's operator for each of the catalogue's aggregations across devices
 _OPERATOR = {Aggregation.SUM: "sum", Aggregation.MEAN: "avg", Aggregation.MAX: "max"}
-#: at workload and project scope the engine's figure (the controller's series), not the devices': below
-_FROM_FIGURES = frozenset({"gpu_energy_joules", "gpu_idle_seconds"})
+#: at workload and project scope the engine's figure (the controller's series), at node and cluster scope
+#: the devices' series: (how the devices' series aggregate, their series, the figure's series)
+_FROM_FIGURES = {
+    "gpu_energy_joules": ("sum", "gpuwm_gpu_energy_joules_total", "gpuwm_{scope}_energy_joules_total"),
+    "gpu_idle_seconds": ("max", "gpuwm_gpu_idle_seconds", "gpuwm_workload_idle_seconds"),
+}
 #: the stored metrics read straight off the agent's per-device series, aggregated across devices
 _AGENT_GPU = {
     metric.name: _OPERATOR[metric.aggregation]
@@ -22,10 +26,10 @@ _POD_SERIES = {
     for metric in STORED
     if metric.field is not None and metric.source in (Source.POD, Source.POD_SPEC)
 }
-#: the stored ratios: (numerator, denominator) of the device ratios and of the pod ratios
 #: the engine's cumulative figures, which the controller exports as `gpuwm_workload_<name>_total` and
 #: `gpuwm_project_<name>_total` (`api/prom_metrics.py`)
 _FIGURES = frozenset(metric.name for metric in STORED if metric.source is Source.FIGURES)
+#: the stored ratios: (numerator, denominator) of the device ratios and of the pod ratios
 _DEVICE_RATIOS = {metric.name: metric.ratio_of for metric in STORED if metric.ratio_of and metric.source is Source.GPU}
 _POD_RATIOS = {metric.name: metric.ratio_of for metric in STORED if metric.ratio_of and metric.source is Source.POD}
 _BY_LABELS = {
@@ -81,18 +85,13 @@ def promql(metric: str, scope: str, key: str, by: str | None, narrow: str = "") 
         return f"100 * sum{grouping} ({used}) / (sum{grouping} ({given}) > 0)"
     if metric in _FIGURES:
         return _figure(metric, scope, key, by)
-    if metric == "gpu_energy_joules":
+    if metric in _FROM_FIGURES:
+        operator, device_series, figure_series = _FROM_FIGURES[metric]
         if scope in ("node", "cluster"):
-            return f"sum{grouping} ({_scoped('gpuwm_gpu_energy_joules_total', scope, key, narrow)})"
+            return f"{operator}{grouping} ({_scoped(device_series, scope, key, narrow)})"
         if by is not None:
             return None
-        return f"max (gpuwm_{scope}_energy_joules_total{{{KEY_LABEL[scope]}={quote(key)}}})"
-    if metric == "gpu_idle_seconds":
-        if scope in ("node", "cluster"):
-            return f"max{grouping} ({_scoped('gpuwm_gpu_idle_seconds', scope, key, narrow)})"
-        if by is not None:
-            return None
-        return f"max (gpuwm_workload_idle_seconds{{{KEY_LABEL[scope]}={quote(key)}}})"
+        return f"max ({figure_series.format(scope=scope)}{{{KEY_LABEL[scope]}={quote(key)}}})"
     return None
 
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from gpuwm.accounting.windows import WindowSums
+from gpuwm.accounting.windows import WindowSums, maintain_all
 
 
 def _random_sums(seed: int) -> WindowSums:
@@ -36,7 +36,7 @@ def test_folding_keeps_the_hour_total_and_bounds_segments() -> None:
     before = sums.window(now - 3600.0, now)
     recent_before = sums.window(now - 60.0, now)
     count = len(sums)
-    sums.maintain(now)
+    maintain_all([sums], now)
     assert len(sums) < count
     after = sums.window(now - 3600.0, now)
     assert after == pytest.approx(before, rel=1e-9)
@@ -124,14 +124,14 @@ def test_maintain_drops_segments_past_the_hour_once_eight_lead() -> None:
     expired = [value for k in range(7) for value in (k * 1.0, k + 1.0, 1, 1, 1, 1)]
     alive = [5.0, 20.0, 3, 3, 3, 3, 4000.0, 4001.0, 4, 4, 4, 4]
     sums = WindowSums.from_list(expired[:12] + alive + expired[12:])
-    sums.maintain(3615.0)  # the 8th segment (5 expired after the 2 alive) has passed: all expired ones go
+    maintain_all([sums], 3615.0)  # the 8th segment (5 expired after the 2 alive) has passed: all expired ones go
     assert sums.to_list() == alive
     few = WindowSums.from_list(expired[:6] + alive + [5000.0, 5001.0, 2, 2, 2, 2] * 6)
-    few.maintain(3615.0)  # one segment past the hour: kept until more have passed (it adds nothing to a window)
+    maintain_all([few], 3615.0)  # one segment past the hour: kept until more have passed (it adds nothing to a window)
     assert len(few) == 9
     assert few.windows(3615.0) == WindowSums.from_list(alive + [5000.0, 5001.0, 2, 2, 2, 2] * 6).windows(3615.0)
     gone = WindowSums.from_list(expired[:18])
-    gone.maintain(3615.0)
+    maintain_all([gone], 3615.0)
     assert len(gone) == 0
 
 
@@ -140,7 +140,7 @@ def test_maintain_all_folds_each_due_one_as_alone_and_leaves_the_rest() -> None:
     piece-by-piece fold in its own place; one under its capacity is left as it was; an empty one stays empty."""
     import struct
 
-    from gpuwm.accounting.windows import _WORKLOADS_PER_FOLD, maintain_all
+    from gpuwm.accounting.windows import _WORKLOADS_PER_FOLD
 
     rng = random.Random(3)
     now = 1_763_903_000.0

@@ -7,7 +7,6 @@ workloads or status, so this room imports no other room of the controller.
 from gpuwm.controller.kube.client import KubeApiError, KubeClient, resource_path
 from gpuwm.controller.kube.login import kube_login
 from gpuwm.controller.kube.peering import (
-    LEADER_LABEL,
     Peering,
     Replica,
     hold_leadership,
@@ -19,17 +18,6 @@ from gpuwm.controller.kube.peering import (
 from gpuwm.controller.kube.ratelimit import TokenBucket
 
 __all__ = [
-    "LEADER_LABEL",
-    "KubeApiError",
-    "KubeClient",
-    "Peering",
-    "Replica",
-    "TokenBucket",
-    "hold_leadership",
-    "kube_login",
-    "label_own_pod",
-    "replica_priority",
-    "resource_path",
-    "this_replica",
-    "wait_to_lead",
+    "KubeApiError", "KubeClient", "Peering", "Replica", "TokenBucket", "hold_leadership", "kube_login",
+    "label_own_pod", "replica_priority", "resource_path", "this_replica", "wait_to_lead",
 ]

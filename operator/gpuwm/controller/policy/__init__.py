@@ -6,20 +6,10 @@ the Prometheus series. The decisions themselves are pure, below the controller
 (`gpuwm.accounting.PolicyEvaluator`, `gpuwm.accounting.CostMeter`).
 """
 
-from gpuwm.controller.policy.access import (
-    ACTION_RULES,
-    BASE_RULES,
-    WEBHOOK_SECRET_RULE,
-    Access,
-    AccessCheck,
-    Rule,
-    accesses,
-    rules_for,
-)
+from gpuwm.controller.policy.access import BASE_RULES, WEBHOOK_SECRET_RULE, rules_for
 from gpuwm.controller.policy.metrics import PolicyCollector
 from gpuwm.controller.policy.room import POLICY_PLURALS, PolicyRoom
 
 __all__ = [
-    "ACTION_RULES", "BASE_RULES", "POLICY_PLURALS", "WEBHOOK_SECRET_RULE", "Access", "AccessCheck", "PolicyCollector",
-    "PolicyRoom", "Rule", "accesses", "rules_for",
+    "BASE_RULES", "POLICY_PLURALS", "WEBHOOK_SECRET_RULE", "PolicyCollector", "PolicyRoom", "rules_for",
 ]

@@ -20,15 +20,6 @@ from gpuwm.controller.pull.intake_metrics import EngineCollector, IntakeCollecto
 from gpuwm.feed.decode import DeviceHolder
 
 __all__ = [
-    "AgentPuller",
-    "DeviceHolder",
-    "EngineCollector",
-    "IntakeCollector",
-    "PodAgents",
-    "PullResult",
-    "SampleIntake",
-    "StaticAgents",
-    "agent_url_of_pod",
-    "index_holders",
-    "parse_agents_spec",
+    "AgentPuller", "DeviceHolder", "EngineCollector", "IntakeCollector", "PodAgents", "PullResult",
+    "SampleIntake", "StaticAgents", "agent_url_of_pod", "index_holders", "parse_agents_spec",
 ]

@@ -29,19 +29,7 @@ from gpuwm.controller.state.recovery import (
 )
 
 __all__ = [
-    "ControllerState",
-    "KeptState",
-    "Restored",
-    "collect_cycle_garbage",
-    "commit_state",
-    "encode_state_chunks",
-    "projects_with_baselines",
-    "release_free_memory",
-    "restore",
-    "restore_saved",
-    "save_state",
-    "stage_state",
-    "state_path_for_store",
-    "tune_garbage_collector",
-    "with_baseline",
+    "ControllerState", "KeptState", "Restored", "collect_cycle_garbage", "commit_state",
+    "encode_state_chunks", "projects_with_baselines", "release_free_memory", "restore", "restore_saved",
+    "save_state", "stage_state", "state_path_for_store", "tune_garbage_collector", "with_baseline",
 ]

@@ -84,8 +84,6 @@ class KeptState:
         self._too_large_said = False
         self._uploading: asyncio.Task[bool] | None = None
         self.uploads = 0
-        #: the latest copy's compressed size (bytes)
-        self.kept_bytes = 0
 
     def keep_in_background(self, state_file: Path) -> None:
         """`upload` in a task of its own, one at a time: while a copy is on its way, a newer save waits for the next."""
@@ -123,7 +121,6 @@ class KeptState:
                            self.namespace, self.name, error)
             return False
         self.uploads += 1
-        self.kept_bytes = len(data)
         return True
 
     async def _write(self, annotations: dict[str, str], data: dict[str, str]) -> None:

@@ -63,7 +63,6 @@ class IdleEvents:
         self._queue: collections.deque[tuple[WorkloadFigures, str]] = collections.deque()
         self._waiting = asyncio.Event()
         self.announced: set[str] = set()
-        self.posted = 0
 
     def announce(self, workloads: list[WorkloadFigures], idle: Mapping[str, str]) -> None:
         """Queue an Event for each workload whose Idle condition turned True (`idle`: uid -> its status).
@@ -97,7 +96,6 @@ class IdleEvents:
             try:
                 await self._client.create(resource_path("v1", "events", figures.namespace),
                                           idle_event_body(figures, message, self._clock()))
-                self.posted += 1
             except KubeApiError as error:
                 logger.warning("cannot post the GpuIdle event on %s %s/%s: %s", figures.kind, figures.namespace,
                                figures.name, error)

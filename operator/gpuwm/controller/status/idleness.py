@@ -11,14 +11,10 @@ from __future__ import annotations
 import math
 from typing import Literal, NamedTuple
 
+from gpuwm.accounting import holds_gpus
 from gpuwm.model import GpuFigures, WorkloadFigures
 
 ConditionStatus = Literal["True", "False", "Unknown"]
-
-
-def holds_gpus(figures: WorkloadFigures) -> bool:
-    """Running and holding GPU units now: the only workloads that can be idle."""
-    return figures.phase == "Running" and figures.allocated_gpus > 0
 
 
 def sample_recent(gpu: GpuFigures, now: float, slack_seconds: float) -> bool:

@@ -17,25 +17,12 @@ from gpuwm.controller.watch.pods import (
     workload_uid_of,
 )
 from gpuwm.controller.watch.sharing import SharingSource, whole_device_nodes
-from gpuwm.controller.watch.units import NodeSharing, requests_gpu
+from gpuwm.controller.watch.units import requests_gpu
 from gpuwm.controller.watch.workload_kinds import WorkloadKind, parse_workload_kinds
 from gpuwm.controller.watch.workload_objects import WorkloadObjects
 
 __all__ = [
-    "MalformedPodError",
-    "NodeSharing",
-    "OwnerResolver",
-    "SharingSource",
-    "TrackedPod",
-    "WorkloadKind",
-    "WorkloadObjects",
-    "as_of",
-    "device_allocations",
-    "parse_workload_kinds",
-    "pod_event",
-    "requests_gpu",
-    "state_key",
-    "track_pod",
-    "whole_device_nodes",
-    "workload_uid_of",
+    "MalformedPodError", "OwnerResolver", "SharingSource", "TrackedPod", "WorkloadKind", "WorkloadObjects",
+    "as_of", "device_allocations", "parse_workload_kinds", "pod_event", "requests_gpu", "state_key",
+    "track_pod", "whole_device_nodes", "workload_uid_of",
 ]
