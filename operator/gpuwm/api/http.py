@@ -28,6 +28,7 @@ from gpuwm.api.schemas import ErrorBody, WorkloadIdentity
 from gpuwm.model import WorkloadFigures
 from gpuwm.store import (
     DEFAULT_METRICS,
+    EXTREMES_METRIC_NAMES,
     METRIC_NAMES,
     TIME_AGGREGATIONS,
     QueryError,
@@ -102,10 +103,11 @@ ByParam = Annotated[str | None, Query(description="Breakdown: gpu, pod or node."
 AggregationParam = Annotated[
     str | None,
     Query(
-        description="What each point holds of the values in [t, t + step): mean (the default), min or max. Where "
-        "a coarser roll-up tier answers, its buckets' own min and max (kept for every gauge). A counter's, a peak's "
-        "or an engine figure's points are its largest (latest) value with mean and max alike; min of one is "
-        "refused (400).",
+        description="What each point holds of the values in [t, t + step): mean (the default), min or max. Min "
+        f"and max are kept for {', '.join(EXTREMES_METRIC_NAMES)} only (where a coarser roll-up tier answers, its "
+        "buckets' own min and max); of another gauge, whose roll-ups keep the mean only, they are refused (400). "
+        "A counter's, a peak's or an engine figure's points are its largest (latest) value with mean and max "
+        "alike; min of one is refused (400).",
         pattern=AGGREGATION_PATTERN,
     ),
 ]

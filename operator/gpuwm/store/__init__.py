@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from gpuwm.store.base import (
     DEFAULT_METRICS,
+    EXTREMES_METRIC_NAMES,
     MAX_POINTS_PER_SERIES,
     METRIC_INDEX,
     METRIC_NAMES,
@@ -58,7 +59,7 @@ def open_store(
 
 
 __all__ = [
-    "DEFAULT_METRICS", "MAX_POINTS_PER_SERIES", "METRICS", "METRIC_INDEX", "METRIC_NAMES", "TIME_AGGREGATIONS",
+    "DEFAULT_METRICS", "EXTREMES_METRIC_NAMES", "MAX_POINTS_PER_SERIES", "METRICS", "METRIC_INDEX", "METRIC_NAMES", "TIME_AGGREGATIONS",
     "Breakdown", "GpuHourPrice", "PeriodSums", "QueryError", "RangeQuery", "ReadOnlyStoreError", "Scope", "Series",
     "Store", "StoreError", "Stretch", "TimeAggregation", "WorkloadGroup", "WorkloadPeriod", "check_aggregation",
     "open_store", "utilized_gpu_seconds",

@@ -191,16 +191,28 @@ def check_range(query: RangeQuery) -> None:
     check_aggregation(query.aggregation, query.metrics)
 
 
+#: the gauges whose roll-ups keep each bucket's min and max (`Metric.rollup_extremes`): the only gauges a
+#: range query may ask `aggregation=min` or `max` of
+EXTREMES_METRIC_NAMES: tuple[str, ...] = tuple(metric.name for metric in METRICS if metric.rollup_extremes)
+
+
 def check_aggregation(aggregation: str, metrics: Sequence[str]) -> None:
-    """Raise QueryError naming `aggregation` when it is not one of TIME_AGGREGATIONS, or is `min` of a metric
-    that is not a gauge (a counter's or peak's points are its latest value: their least says nothing)."""
+    """Raise QueryError naming `aggregation` when it is not one of TIME_AGGREGATIONS, or is `min` or `max` of a
+    gauge whose roll-ups keep no extremes (their buckets hold the mean only), or `min` of a counter or peak (its
+    points are its latest value: their least says nothing)."""
     if aggregation not in TIME_AGGREGATIONS:
         raise QueryError("aggregation", f"{aggregation!r} is not one of {', '.join(TIME_AGGREGATIONS)}")
-    if aggregation != "min":
+    if aggregation == "mean":
         return
     for name in metrics:
         metric = METRICS[METRIC_INDEX[name]]
-        if metric.rollup is not Rollup.MEAN:
+        if metric.rollup is Rollup.MEAN and not metric.rollup_extremes:
+            raise QueryError(
+                "aggregation",
+                f"{aggregation} is kept for {', '.join(EXTREMES_METRIC_NAMES)} only; the store keeps {name}'s "
+                "mean per interval, not its min and max (ask aggregation=mean for it, or query it apart)",
+            )
+        if aggregation == "min" and metric.rollup is not Rollup.MEAN:
             what = "cumulative figure" if metric.rollup is Rollup.LAST else "counter or growing duration"
             raise QueryError(
                 "aggregation",

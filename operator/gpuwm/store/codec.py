@@ -7,9 +7,9 @@ and far below what any figure shows; a value with at most that many decimals (2.
 12.345 W, 37.5 %) reads back as exactly the same float, since decoding divides by a power of
 ten. A missing value (None) is kept as missing, never as 0. Roll-ups (the coarser tiers) keep
 their means at a declared, coarser resolution (`ROLLUP_QUANTUM`, `ROLLUP_DIGITS`: 0.1 %, 1 MiB, 0.1 W,
-100 J, 3 significant digits of a rate, ...), and each gauge's min and max (`GAUGES`) at one ten times
-coarser (`COLUMN_QUANTUM`, `COLUMN_DIGITS`): lossy only below it, each roll-up value within half its
-quantum of the exact mean (or max, or min).
+100 J, 3 significant digits of a rate, ...), and the min and max of the gauges that keep them (`EXTREMES`,
+`Metric.rollup_extremes`) at one ten times coarser (`COLUMN_QUANTUM`, `COLUMN_DIGITS`): lossy only below
+it, each roll-up value within half its quantum of the exact mean (or max, or min).
 Chunks written before at a finer roll-up resolution read back as they are (the same encoding).
 
 Two encodings:
@@ -128,45 +128,48 @@ PARTS: dict[int, npt.NDArray[np.intp]] = {
 }
 #: the parts schema 6 writes, each metric in exactly one of them
 SPLIT_PARTS: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
-#: the gauges (`Rollup.MEAN`): a roll-up keeps each bucket's mean in the metric's own column and, from
-#: schema 7, its min and max in columns of their own after the metrics (`ROLLUP_COLUMN_COUNT`). The finest
-#: tier keeps neither: there a point's min and max are the point
-GAUGES: npt.NDArray[np.intp] = np.array([index for index, metric in enumerate(METRICS) if metric.rollup is Rollup.MEAN],
-                                        dtype=np.intp)
-#: the columns of a roll-up: the metrics, then each gauge's minimum (in GAUGES' order), then each one's maximum
-ROLLUP_COLUMN_COUNT = METRIC_COUNT + 2 * len(GAUGES)
+#: the gauges whose roll-ups keep each bucket's min and max (`Metric.rollup_extremes`): a roll-up keeps every
+#: bucket's mean in the metric's own column and, from schema 7, these gauges' min and max in columns of their own
+#: after the metrics (`ROLLUP_COLUMN_COUNT`). The other gauges keep their mean only, and the finest tier
+#: neither: there a point's min and max are the point
+EXTREMES: npt.NDArray[np.intp] = np.array([index for index, metric in enumerate(METRICS) if metric.rollup_extremes],
+                                          dtype=np.intp)
+#: the columns of a roll-up: the metrics, then each EXTREMES metric's minimum (in its order), then its maximum
+ROLLUP_COLUMN_COUNT = METRIC_COUNT + 2 * len(EXTREMES)
 #: the metric each column of a roll-up holds a figure of (its unit, resolution and quantum are the metric's)
-COLUMN_METRIC: npt.NDArray[np.intp] = np.concatenate([np.arange(METRIC_COUNT, dtype=np.intp), GAUGES, GAUGES])
+COLUMN_METRIC: npt.NDArray[np.intp] = np.concatenate([np.arange(METRIC_COUNT, dtype=np.intp), EXTREMES, EXTREMES])
 
 
-#: each gauge's position in GAUGES
-_GAUGE_POSITION: dict[int, int] = {int(metric): position for position, metric in enumerate(GAUGES)}
+#: each EXTREMES metric's position in it
+_EXTREMES_POSITION: dict[int, int] = {int(metric): position for position, metric in enumerate(EXTREMES)}
 
 
 def minimum_column(metric: int) -> int:
-    """The roll-up column of a gauge's bucket minimum."""
-    return METRIC_COUNT + _GAUGE_POSITION[int(metric)]
+    """The roll-up column of a bucket's minimum of a metric that keeps extremes (`EXTREMES`)."""
+    return METRIC_COUNT + _EXTREMES_POSITION[int(metric)]
 
 
 def maximum_column(metric: int) -> int:
-    """The roll-up column of a gauge's bucket maximum."""
-    return METRIC_COUNT + len(GAUGES) + _GAUGE_POSITION[int(metric)]
+    """The roll-up column of a bucket's maximum of a metric that keeps extremes (`EXTREMES`)."""
+    return METRIC_COUNT + len(EXTREMES) + _EXTREMES_POSITION[int(metric)]
 
 
 def _extremes_of(part: int) -> npt.NDArray[np.intp]:
-    """The columns of the minima, then the maxima, of the gauges of `part`."""
-    gauges = [int(metric) for metric in PARTS[part] if metric in GAUGES]
-    return np.array([minimum_column(metric) for metric in gauges] + [maximum_column(metric) for metric in gauges],
+    """The columns of the minima, then the maxima, of the metrics of `part` that keep extremes."""
+    kept = [int(metric) for metric in PARTS[part] if metric in EXTREMES]
+    return np.array([minimum_column(metric) for metric in kept] + [maximum_column(metric) for metric in kept],
                     dtype=np.intp)
 
 
-#: schema 7: the roll-ups' gauge extremes as parts of their own, one beside each part that holds gauges, so
-#: that series sharing a part's means (a one-GPU pod's device figures) share its extremes' bytes too
-EXTREME_PARTS: dict[int, int] = {7: 1, 8: 3, 9: 4, 10: 5}
+#: schema 7: the roll-ups' extremes as parts of their own, one beside each part that holds metrics keeping them
+#: (of 1: device figures, 3: units, 4: pod stats, 5: requests and limits), so that series sharing a part's
+#: means (a one-GPU pod's device figures) share its extremes' bytes too; a part with no such metric has none
+EXTREME_PARTS: dict[int, int] = {extremes: means for extremes, means in {7: 1, 8: 3, 9: 4, 10: 5}.items()
+                                 if np.isin(PARTS[means], EXTREMES).any()}
 PARTS.update({part: _extremes_of(means) for part, means in EXTREME_PARTS.items()})
 #: columns kept as second differences (a gauge's extremes never are)
 _SECOND_ORDER: BoolArray = _SECOND_ORDER_METRIC[COLUMN_METRIC]
-#: the declared resolution of a gauge's bucket min and max, as `_ROLLUP_RESOLUTION_BY_UNIT` declares the
+#: the declared resolution of a bucket's min and max, as `_ROLLUP_RESOLUTION_BY_UNIT` declares the
 #: mean's, ten times coarser: a bucket's extreme is one noisy sample where its mean averages the noise out, so
 #: at the mean's resolution the extremes cost more bytes than the means themselves (bench/README.md, "The
 #: store's choices"); they say how far a spike or dip went, to 1 %, 1 W, 64 MiB, 2 significant digits of a rate
@@ -185,10 +188,10 @@ _EXTREME_RESOLUTION_BY_UNIT: dict[str, tuple[int, int]] = {
 }
 #: the absolute quantum and significant digits of each roll-up column: the metrics', then the extremes'
 COLUMN_QUANTUM: IntArray = np.concatenate(
-    [ROLLUP_QUANTUM, np.array([_EXTREME_RESOLUTION_BY_UNIT[METRICS[metric].unit][0] for metric in GAUGES] * 2,
+    [ROLLUP_QUANTUM, np.array([_EXTREME_RESOLUTION_BY_UNIT[METRICS[metric].unit][0] for metric in EXTREMES] * 2,
                               dtype=np.int64)])
 COLUMN_DIGITS: IntArray = np.concatenate(
-    [ROLLUP_DIGITS, np.array([_EXTREME_RESOLUTION_BY_UNIT[METRICS[metric].unit][1] for metric in GAUGES] * 2,
+    [ROLLUP_DIGITS, np.array([_EXTREME_RESOLUTION_BY_UNIT[METRICS[metric].unit][1] for metric in EXTREMES] * 2,
                              dtype=np.int64)])
 #: the parts a roll-up's chunk is written in: SPLIT_PARTS, then the extremes
 ROLLUP_PARTS: tuple[int, ...] = SPLIT_PARTS + tuple(EXTREME_PARTS)
@@ -455,8 +458,8 @@ def round_to_rollup(values: FloatArray) -> FloatArray:
 def roll_up(values: IntArray, factor: int) -> IntArray:
     """Coarser points from [..., metrics, points] to [..., ROLLUP_COLUMN_COUNT, points / factor]: of each run
     of `factor` points, over the present ones, the mean (the max for counters, `Rollup.MAX`) in the metric's
-    column and, for each gauge, the min and max in its extremes' columns, each rounded once to the roll-ups'
-    declared resolution (`round_to_rollup`); the engine's figures (`Rollup.LAST`) keep the last present
+    column and, for each metric that keeps extremes (`EXTREMES`), the min and max in its extremes' columns,
+    each rounded once to the roll-ups' declared resolution (`round_to_rollup`); the engine's figures (`Rollup.LAST`) keep the last present
     point, exactly; MISSING where none is. Series by series in passes (`ENCODE_SERIES_PER_PASS`):
     each series' points are its own, and a whole block's temporaries at once would make a needless peak."""
     if values.ndim == 3 and values.shape[0] > ENCODE_SERIES_PER_PASS:
@@ -472,10 +475,10 @@ def roll_up(values: IntArray, factor: int) -> IntArray:
     maximum = np.where(present, grouped, MISSING).max(axis=-1)
     second_order = _SECOND_ORDER_METRIC
     mean[..., second_order, :] = maximum[..., second_order, :]
-    gauges = grouped[..., GAUGES, :, :]
-    minimum = np.where(present[..., GAUGES, :, :], gauges, np.iinfo(np.int64).max).min(axis=-1)
-    value = np.concatenate([mean, minimum.astype(np.float64), maximum[..., GAUGES, :].astype(np.float64)], axis=-2)
-    counted = np.concatenate([count, count[..., GAUGES, :], count[..., GAUGES, :]], axis=-2)
+    kept = grouped[..., EXTREMES, :, :]
+    minimum = np.where(present[..., EXTREMES, :, :], kept, np.iinfo(np.int64).max).min(axis=-1)
+    value = np.concatenate([mean, minimum.astype(np.float64), maximum[..., EXTREMES, :].astype(np.float64)], axis=-2)
+    counted = np.concatenate([count, count[..., EXTREMES, :], count[..., EXTREMES, :]], axis=-2)
     value[counted == 0] = 0.0
     result = round_to_rollup(value).astype(np.int64)
     result[..., :METRIC_COUNT, :][..., LAST, :] = _last_present(grouped[..., LAST, :, :], present[..., LAST, :, :])

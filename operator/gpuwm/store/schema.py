@@ -17,9 +17,9 @@ workloads; `openings`: what a workload had accrued before the store first saw it
 schema 5, or a new file beside a running controller), which reports apportion over its life before then.
 A schema 5 file gains the column and the tables the same way as schema 4 gained `host_payload`.
 
-Schema 7 keeps each roll-up bucket's min and max of every gauge (`Rollup.MEAN`) besides its mean, as four
-more parts of the roll-ups' chunks (codec.EXTREME_PARTS: `*_extremes_payload`, one beside each part that
-holds gauges); the finest tier's chunks have none (a point is its own min and max). A schema 6 (or older)
+Schema 7 keeps each roll-up bucket's min and max besides its mean for the gauges that keep extremes
+(`Metric.rollup_extremes`, codec.EXTREMES), as more parts of the roll-ups' chunks (codec.EXTREME_PARTS:
+`*_extremes_payload`, one beside each part that holds such gauges: today the device figures'); the finest tier's chunks have none (a point is its own min and max). A schema 6 (or older)
 file gains the columns, NULL in its chunks: a roll-up bucket written before has its mean only, which a
 reader takes as its min and max too (`sqlite_read`).
 
@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpuwm.store.base import METRIC_NAMES, StoreError
-from gpuwm.store.codec import WHOLE
+from gpuwm.store.codec import EXTREME_PARTS, WHOLE
 from gpuwm.store.figures import FIGURE_NAMES
 
 log = logging.getLogger(__name__)
@@ -87,14 +87,14 @@ def check_file(path: Path) -> None:
 
 
 #: the column of `chunks` that names each part's payload (codec.PARTS); `payload` is the whole chunk
-#: of schema 3, never written since
+#: of schema 3, never written since; an extremes part's column only where codec.EXTREME_PARTS has the part
+_EXTREMES_COLUMNS: dict[int, str] = {part: column for part, column in {
+    7: "device_extremes_payload", 8: "units_extremes_payload", 9: "pod_extremes_payload",
+    10: "host_extremes_payload"}.items() if part in EXTREME_PARTS}
 PART_COLUMNS: dict[int, str] = {WHOLE: "payload", 1: "device_payload", 2: "energy_payload", 3: "units_payload",
-                                4: "pod_payload", 5: "host_payload", 6: "figures_payload",
-                                7: "device_extremes_payload", 8: "units_extremes_payload",
-                                9: "pod_extremes_payload", 10: "host_extremes_payload"}
+                                4: "pod_payload", 5: "host_payload", 6: "figures_payload", **_EXTREMES_COLUMNS}
 #: the payload columns added after schema 4, in the order they came: a file of an earlier schema gains those it lacks
-_ADDED_COLUMNS = ("host_payload", "figures_payload", "device_extremes_payload", "units_extremes_payload",
-                  "pod_extremes_payload", "host_extremes_payload")
+_ADDED_COLUMNS = ("host_payload", "figures_payload", *_EXTREMES_COLUMNS.values())
 #: one row per chunk and part it names, (tier, series_id, start, points, part, payload): for tools and
 #: tests that count bytes or references by payload (the store itself reads chunks through `read_chunks`)
 PART_ROWS = " UNION ALL ".join(

@@ -200,12 +200,12 @@ def _only_pods(query: RangeQuery, rows: list[tuple[int, str]]) -> list[tuple[int
 
 
 def extreme_columns(metrics: npt.NDArray[np.intp], aggregation: TimeAggregation) -> npt.NDArray[np.intp] | None:
-    """For `min` or `max`: per metric asked for, the roll-up column of its buckets' extreme (-1 where it is not a
-    gauge: its own column, a bucket's largest or last value, answers); None for `mean`."""
+    """For `min` or `max`: per metric asked for, the roll-up column of its buckets' extreme (-1 where it keeps
+    none, a counter's or peak's: its own column, a bucket's largest or last value, answers); None for `mean`."""
     if aggregation == "mean":
         return None
     column = minimum_column if aggregation == "min" else maximum_column
-    return np.array([column(metric) if METRICS[metric].rollup is Rollup.MEAN else -1 for metric in metrics],
+    return np.array([column(metric) if METRICS[metric].rollup_extremes else -1 for metric in metrics],
                     dtype=np.intp)
 
 

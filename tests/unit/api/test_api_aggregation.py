@@ -1,6 +1,7 @@
 """`aggregation=mean|min|max` of a range query through the HTTP API, against a real embedded store whose roll-up
 tier answers: each point's min and max are the least and largest of the 15 s samples of its minute, the mean is
-today's answer, the answer names its aggregation, and a bad value or `min` of a counter is a 400 naming it."""
+today's answer, the answer names its aggregation, and a bad value, `min` of a counter or `min`/`max` of a gauge
+that keeps no extremes is a 400 naming it."""
 
 from __future__ import annotations
 
@@ -64,6 +65,9 @@ async def test_min_and_max_are_each_minutes_least_and_largest_sample(client: htt
         ("&aggregation=median", "one of mean, min, max"),
         ("&aggregation=min&aggregation=max", "more than once"),
         ("&metric=gpu_energy_joules&aggregation=min", "gpu_energy_joules"),
+        # a gauge whose roll-ups keep its mean only: the answer lists those that keep min and max
+        ("&metric=gpu_sm_clock_mhz&aggregation=max", "max is kept for gpu_utilization_percent"),
+        ("&metric=gpu_sm_clock_mhz&aggregation=min", "gpu_sm_clock_mhz"),
     ],
 )
 async def test_a_bad_aggregation_is_a_400_naming_it(client: httpx.AsyncClient, query: str, words: str) -> None:

@@ -25,8 +25,9 @@ from gpuwm.store.codec import (
 )
 from gpuwm.store.schema import PART_COLUMNS
 
+#: the roll-ups' extremes columns schema 7 added
+_EXTREMES = tuple(column for column in PART_COLUMNS.values() if column.endswith("_extremes_payload"))
 #: per earlier schema: (its metric count, the payload columns it did not have)
-_EXTREMES = ("device_extremes_payload", "units_extremes_payload", "pod_extremes_payload", "host_extremes_payload")
 LAYOUTS = {
     4: (SCHEMA4_METRIC_COUNT, ("host_payload", "figures_payload", *_EXTREMES)),
     5: (SCHEMA5_METRIC_COUNT, ("figures_payload", *_EXTREMES)),

@@ -1,6 +1,7 @@
-"""A roll-up keeps each gauge's min and max besides its mean: over generated histories, a coarse cell's min and
-max equal the least and largest of the finest tier's points its bucket covers (to the roll-up's quantum), the
-finest tier answers min = max = its points, `min` of a counter is refused by name, and a file of schema 6
+"""A roll-up keeps the min and max of the gauges that keep extremes (`Metric.rollup_extremes`) besides their mean:
+over generated histories, a coarse cell's min and max equal the least and largest of the finest tier's points its
+bucket covers (to the roll-up's quantum), the finest tier answers min = max = its points, `min` of a counter and
+`min` or `max` of a gauge that keeps no extremes are refused by name, and a file of schema 6
 (no extremes) is migrated and answers its old buckets' mean as their min and max; the Prometheus backend
 refuses min and max by name."""
 
@@ -17,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpuwm.store import QueryError, RangeQuery
-from gpuwm.store.base import METRIC_INDEX, METRICS
+from gpuwm.store.base import EXTREMES_METRIC_NAMES, METRIC_INDEX, METRICS, Rollup
 from gpuwm.store.codec import COLUMN_QUANTUM, RESOLUTION, minimum_column
 from gpuwm.store.embedded import EmbeddedStore
 from gpuwm.store.prometheus import PrometheusStore
@@ -29,15 +30,18 @@ from .test_store_chunks import SMALL_TIERS, record
 #: 15 s points, 1 min roll-ups; the fine tier keeps an hour so that both tiers answer the whole history
 TIERS = ["15s:1h", "1m:1d"]
 FINE, COARSE = 15, 60
-#: gauges of three units, each on the store's exact resolution (values with 3 decimals)
-GAUGES = ("gpu_utilization_percent", "gpu_power_watts", "gpu_memory_used_bytes")
-SCALE = {"gpu_utilization_percent": 100.0, "gpu_power_watts": 700.0, "gpu_memory_used_bytes": 8e10}
+#: the gauges that keep extremes, each on the store's exact resolution (values with 3 decimals)
+GAUGES = EXTREMES_METRIC_NAMES
+#: a top value of each unit those gauges may have
+SCALE = {"percent": 100.0, "watts": 700.0, "bytes": 8e10}
+#: the gauges whose roll-ups keep their mean only
+MEAN_ONLY = tuple(metric.name for metric in METRICS if metric.rollup is Rollup.MEAN and not metric.rollup_extremes)
 UID = "uid-w"
 
 
 def _value(name: str) -> st.SearchStrategy[float | None]:
     resolution = RESOLUTION[METRIC_INDEX[name]]
-    top = int(SCALE[name] * resolution)
+    top = int(SCALE[METRICS[METRIC_INDEX[name]].unit] * resolution)
     return st.one_of(st.none(), st.integers(0, top).map(lambda units: units / resolution))
 
 
@@ -115,6 +119,32 @@ def test_min_of_a_counter_is_refused_by_name_and_max_is_its_latest_value(tmp_pat
         (mean,) = store.query_range(RangeQuery("workload", "uid-train", energy, 0, 420, 60))
         (largest,) = store.query_range(RangeQuery("workload", "uid-train", energy, 0, 420, 60, aggregation="max"))
         assert largest.points == mean.points and any(value is not None for _, value in mean.points)
+    finally:
+        store.close()
+
+
+def test_the_catalogue_keeps_extremes_for_utilisation_and_not_for_every_gauge() -> None:
+    assert "gpu_utilization_percent" in GAUGES and MEAN_ONLY  # the test below has gauges to ask of
+
+
+@pytest.mark.parametrize("aggregation", ["min", "max"])
+def test_min_or_max_of_a_gauge_without_extremes_is_refused_naming_those_with_them(
+    tmp_path: Path, aggregation: str
+) -> None:
+    store = EmbeddedStore(tmp_path / "s.db", tiers=SMALL_TIERS)
+    try:
+        record(store, [float(t) for t in range(0, 480, 15)])
+        store.compact(everything=True)
+        for name in MEAN_ONLY:
+            asked = ("gpu_utilization_percent", name)  # one metric without extremes refuses the whole query
+            with pytest.raises(QueryError) as refused:
+                store.query_range(RangeQuery("workload", "uid-train", asked, 0, 420, 60,
+                                             aggregation=aggregation))  # type: ignore[arg-type]
+            message = str(refused.value)
+            assert refused.value.parameter == "aggregation" and name in message
+            assert all(kept in message for kept in GAUGES)
+            (mean,) = store.query_range(RangeQuery("workload", "uid-train", (name,), 0, 420, 60))
+            assert mean.metric == name  # its mean still answers
     finally:
         store.close()
 

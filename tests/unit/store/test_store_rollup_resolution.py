@@ -15,7 +15,7 @@ from gpuwm.store.base import METRICS, Rollup
 from gpuwm.store.codec import (
     COLUMN_DIGITS,
     COLUMN_QUANTUM,
-    GAUGES,
+    EXTREMES,
     METRIC_COUNT,
     MISSING,
     ROLLUP_COLUMN_COUNT,
@@ -150,29 +150,29 @@ def test_the_engines_figures_keep_the_last_value_even_where_it_fell() -> None:
 def test_a_gauges_extremes_are_its_buckets_least_and_largest_points(seed: int, factor: int) -> None:
     values = _random_fine(seed)
     rolled = roll_up(values, factor)
-    assert rolled.shape[1] == ROLLUP_COLUMN_COUNT == METRIC_COUNT + 2 * len(GAUGES)
-    grouped = values[:, GAUGES].reshape(values.shape[0], len(GAUGES), -1, factor)
+    assert rolled.shape[1] == ROLLUP_COLUMN_COUNT == METRIC_COUNT + 2 * len(EXTREMES)
+    grouped = values[:, EXTREMES].reshape(values.shape[0], len(EXTREMES), -1, factor)
     present = grouped != MISSING
     exact_min = np.where(present, grouped, np.iinfo(np.int64).max).min(axis=-1).astype(np.float64)
     exact_max = np.where(present, grouped, MISSING).max(axis=-1).astype(np.float64)
-    minimum, maximum = rolled[:, METRIC_COUNT : METRIC_COUNT + len(GAUGES)], rolled[:, METRIC_COUNT + len(GAUGES) :]
+    minimum, maximum = rolled[:, METRIC_COUNT : METRIC_COUNT + len(EXTREMES)], rolled[:, METRIC_COUNT + len(EXTREMES) :]
     some = present.any(axis=-1)
     assert ((minimum == MISSING) == ~some).all() and ((maximum == MISSING) == ~some).all()
     # each within half its quantum of the brute-force extreme, and on the metric's grid like the mean
     for offset, rolled_extreme, exact in ((METRIC_COUNT, minimum, exact_min),
-                                          (METRIC_COUNT + len(GAUGES), maximum, exact_max)):
-        extremes = slice(offset, offset + len(GAUGES))
+                                          (METRIC_COUNT + len(EXTREMES), maximum, exact_max)):
+        extremes = slice(offset, offset + len(EXTREMES))
         quantum = COLUMN_QUANTUM[extremes][None, :, None].astype(np.float64)
         absolute = np.broadcast_to(COLUMN_DIGITS[extremes][None, :, None] == 0, some.shape) & some
         assert (np.abs(rolled_extreme - exact) <= np.broadcast_to(quantum, exact.shape) / 2)[absolute].all()
         # rounded once, as the mean is: the brute-force extreme rounded in its own column
         columns = np.zeros((exact.shape[0], ROLLUP_COLUMN_COUNT, exact.shape[2]))
-        columns[:, offset : offset + len(GAUGES)] = np.where(some, exact, 0.0)
-        rounded = round_to_rollup(columns)[:, offset : offset + len(GAUGES)]
+        columns[:, offset : offset + len(EXTREMES)] = np.where(some, exact, 0.0)
+        rounded = round_to_rollup(columns)[:, offset : offset + len(EXTREMES)]
         assert (rolled_extreme == rounded)[some].all()
     # the mean between them, each rounded to its own quantum (the absolute ones: a rate's depends on the value)
-    mean = rolled[:, GAUGES]
-    slack = (COLUMN_QUANTUM[METRIC_COUNT : METRIC_COUNT + len(GAUGES)] + ROLLUP_QUANTUM[GAUGES])[None, :, None] / 2
+    mean = rolled[:, EXTREMES]
+    slack = (COLUMN_QUANTUM[METRIC_COUNT : METRIC_COUNT + len(EXTREMES)] + ROLLUP_QUANTUM[EXTREMES])[None, :, None] / 2
     assert ((minimum - slack <= mean) & (mean <= maximum + slack))[absolute].all()
 
 
