@@ -26,7 +26,16 @@ from gpuwm.api.params import (
 )
 from gpuwm.api.schemas import ErrorBody, WorkloadIdentity
 from gpuwm.model import WorkloadFigures
-from gpuwm.store import DEFAULT_METRICS, METRIC_NAMES, QueryError, RangeQuery, Series, StoreError
+from gpuwm.store import (
+    DEFAULT_METRICS,
+    EXTREMES_METRIC_NAMES,
+    METRIC_NAMES,
+    TIME_AGGREGATIONS,
+    QueryError,
+    RangeQuery,
+    Series,
+    StoreError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +51,7 @@ ERRORS: dict[int | str, dict[str, Any]] = {
     503: {"model": ErrorBody, "description": "The Kubernetes API could not be asked."},
 }
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"model": ErrorBody, "description": "No such object."}}
-RANGE_PARAMETERS = {"metric", "start", "end", "step", "by"}
+RANGE_PARAMETERS = {"metric", "start", "end", "step", "by", "aggregation"}
 #: the parameters of a workload's range query: the common ones, `pod` and `leader`
 WORKLOAD_RANGE_PARAMETERS = {*RANGE_PARAMETERS, "pod", "leader"}
 
@@ -56,6 +65,7 @@ _METRIC_NAME = f"(gpuwm_)?({'|'.join(METRIC_NAMES)})"
 METRIC_PATTERN = rf"^ *{_METRIC_NAME} *(, *{_METRIC_NAME} *)*$"
 BOOL_PATTERN = r"^\s*(?i:true|false|1|0|yes|no)\s*$"
 BY_PATTERN = r"^(gpu|pod|node)$"
+AGGREGATION_PATTERN = rf"^({'|'.join(TIME_AGGREGATIONS)})$"
 WORKLOAD_BY_PATTERN = r"^(gpu|pod|node|rank)$"
 #: the alphabet of the `continue` tokens the API gives (URL-safe base64 without padding)
 CONTINUE_PATTERN = r"^[A-Za-z0-9_-]{1,4096}$"
@@ -66,6 +76,7 @@ PATTERN_FORMS = {
     STEP_PATTERN: "a duration such as 5s, 1m or 30 (seconds), not zero",
     BOOL_PATTERN: "true or false",
     BY_PATTERN: "one of gpu, pod, node",
+    AGGREGATION_PATTERN: f"one of {', '.join(TIME_AGGREGATIONS)}",
     WORKLOAD_BY_PATTERN: "one of gpu, pod, node, rank",
     CONTINUE_PATTERN: "a `continue` token this API gave (pass the previous page's)",
 }
@@ -89,6 +100,17 @@ StepParam = Annotated[
     ),
 ]
 ByParam = Annotated[str | None, Query(description="Breakdown: gpu, pod or node.", pattern=BY_PATTERN)]
+AggregationParam = Annotated[
+    str | None,
+    Query(
+        description="What each point holds of the values in [t, t + step): mean (the default), min or max. Min "
+        f"and max are kept for {', '.join(EXTREMES_METRIC_NAMES)} only (where a coarser roll-up tier answers, its "
+        "buckets' own min and max); of another gauge, whose roll-ups keep the mean only, they are refused (400). "
+        "A counter's, a peak's or an engine figure's points are its largest (latest) value with mean and max "
+        "alike; min of one is refused (400).",
+        pattern=AGGREGATION_PATTERN,
+    ),
+]
 WorkloadByParam = Annotated[
     str | None,
     Query(
@@ -173,6 +195,7 @@ def metrics_json(
         "step": query.step_seconds,
         "stepSeconds": max((stretch.step_seconds for stretch in query.resolution), default=query.step_seconds),
         "requestedStep": query.requested_step_seconds,
+        "aggregation": query.aggregation,
         "resolution": [
             {"start": stretch.start, "end": stretch.end, "step": stretch.step_seconds, "tier": stretch.tier}
             for stretch in query.resolution

@@ -117,6 +117,10 @@ class MetricsBody(BaseModel):
         alias="requestedStep",
         description="The step asked for, where it was finer than the store keeps: the answer is at `step`.",
     )
+    aggregation: str = Field(
+        default="mean",
+        description="What each point holds of the values in its step: mean, min or max (the `aggregation` asked for).",
+    )
     resolution: list[ResolutionStretch] = Field(
         default_factory=list,
         description="Which step each stretch's values really have: `step` where the store keeps points that "

@@ -74,15 +74,20 @@ class Metric:
     #: the name of Run:ai's series with the same meaning, where `runaiCompatibleMetrics` exports one: the
     #: per-GPU series of a device figure (in Run:ai's unit: MiB for memory), the per-workload one of a pod figure
     runai: str | None = None
+    #: a gauge (`Rollup.MEAN`) whose roll-ups keep each bucket's min and max besides its mean: the gauges where
+    #: the mean hides what a reader judges (a busy spike in an idle hour). Each costs bytes in every coarse
+    #: tier (bench/README.md, "The store's choices"), and the set is the roll-ups' layout: changing it is a
+    #: schema step of the store
+    rollup_extremes: bool = False
 
 
 def _gpu(
     name: str, unit: str, field: str, aggregation: Aggregation | None, help_text: str, series_help: str, *,
     rollup: Rollup = Rollup.MEAN, stored: bool = True, kind: Literal["gauge", "counter"] = "gauge",
-    ratio_of: tuple[str, str] | None = None, runai: str | None = None,
+    ratio_of: tuple[str, str] | None = None, runai: str | None = None, rollup_extremes: bool = False,
 ) -> Metric:
     return Metric(name, unit, help_text, Source.GPU, field, aggregation, rollup, stored, series_help, kind, ratio_of,
-                  runai)
+                  runai, rollup_extremes)
 
 
 def _pod(name: str, unit: str, help_text: str, series_help: str, runai: str | None = None) -> Metric:
@@ -109,7 +114,7 @@ _SUM, _MEAN, _MAX, _RATIO = Aggregation.SUM, Aggregation.MEAN, Aggregation.MAX, 
 CATALOGUE: tuple[Metric, ...] = (
     _gpu("gpu_utilization_percent", "percent", "sm_percent", _MEAN,
          "SM utilisation, unit-weighted mean over the scope's devices.",
-         "SM utilisation over the last poll interval.", runai="runai_gpu_utilization_per_gpu"),
+         "SM utilisation over the last poll interval.", runai="runai_gpu_utilization_per_gpu", rollup_extremes=True),
     _gpu("gpu_memory_used_bytes", "bytes", "memory_used_bytes", _SUM,
          "Device memory used, summed (a shared device counts by share).",
          "Device memory used.", runai="runai_gpu_memory_used_mebibytes_per_gpu"),
@@ -217,6 +222,8 @@ def _check(catalogue: tuple[Metric, ...]) -> None:
             raise ValueError(f"metric catalogue: {metric.name}: ratio_of {metric.ratio_of} names an unknown metric")
         if metric.source in (Source.POD, Source.POD_SPEC) and metric.field is None and metric.ratio_of is None:
             raise ValueError(f"metric catalogue: {metric.name}: a pod metric reads a field or is a ratio")
+        if metric.rollup_extremes and (metric.rollup is not Rollup.MEAN or not metric.stored):
+            raise ValueError(f"metric catalogue: {metric.name}: only a stored gauge (Rollup.MEAN) keeps roll-up extremes")
 
 
 _check(CATALOGUE)

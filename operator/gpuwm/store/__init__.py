@@ -10,10 +10,12 @@ from collections.abc import Sequence
 
 from gpuwm.store.base import (
     DEFAULT_METRICS,
+    EXTREMES_METRIC_NAMES,
     MAX_POINTS_PER_SERIES,
     METRIC_INDEX,
     METRIC_NAMES,
     METRICS,
+    TIME_AGGREGATIONS,
     Breakdown,
     GpuHourPrice,
     PeriodSums,
@@ -25,8 +27,10 @@ from gpuwm.store.base import (
     Store,
     StoreError,
     Stretch,
+    TimeAggregation,
     WorkloadGroup,
     WorkloadPeriod,
+    check_aggregation,
     utilized_gpu_seconds,
 )
 
@@ -55,7 +59,8 @@ def open_store(
 
 
 __all__ = [
-    "DEFAULT_METRICS", "MAX_POINTS_PER_SERIES", "METRICS", "METRIC_INDEX", "METRIC_NAMES", "Breakdown",
-    "GpuHourPrice", "PeriodSums", "QueryError", "RangeQuery", "ReadOnlyStoreError", "Scope", "Series",
-    "Store", "StoreError", "Stretch", "WorkloadGroup", "WorkloadPeriod", "open_store", "utilized_gpu_seconds",
+    "DEFAULT_METRICS", "EXTREMES_METRIC_NAMES", "MAX_POINTS_PER_SERIES", "METRICS", "METRIC_INDEX", "METRIC_NAMES", "TIME_AGGREGATIONS",
+    "Breakdown", "GpuHourPrice", "PeriodSums", "QueryError", "RangeQuery", "ReadOnlyStoreError", "Scope", "Series",
+    "Store", "StoreError", "Stretch", "TimeAggregation", "WorkloadGroup", "WorkloadPeriod", "check_aggregation",
+    "open_store", "utilized_gpu_seconds",
 ]

@@ -46,6 +46,11 @@ class QueryError(ValueError):
 
 Scope = Literal["workload", "project", "node", "cluster"]
 Breakdown = Literal["gpu", "pod", "node"]
+#: what a range answer's cell holds of the values in [t, t + step): their mean, or the least or largest of
+#: them (a roll-up bucket's own min and max where a coarse tier answers). A counter's, a peak's or an engine
+#: figure's cells hold its largest (latest) value with `mean` and `max` alike; `min` applies to gauges only
+TimeAggregation = Literal["mean", "min", "max"]
+TIME_AGGREGATIONS: tuple[str, ...] = ("mean", "min", "max")
 
 
 #: DESIGN §5 metric names, in the embedded store's column order: the catalogue's stored metrics
@@ -98,6 +103,8 @@ class RangeQuery:
     requested_step_seconds: float | None = None
     #: the step each stretch of the grid really has (`Store.resolution`), once the API has asked
     resolution: tuple[Stretch, ...] = ()
+    #: what each cell holds of the values in it (`TimeAggregation`)
+    aggregation: TimeAggregation = "mean"
 
     def grid(self) -> list[float]:
         """The point times: start, start+step, ... up to end."""
@@ -181,6 +188,37 @@ def check_range(query: RangeQuery) -> None:
     for name in query.metrics:
         if name not in METRIC_INDEX:
             raise QueryError("metric", f"unknown metric {name!r}; known: {', '.join(METRIC_NAMES)}")
+    check_aggregation(query.aggregation, query.metrics)
+
+
+#: the gauges whose roll-ups keep each bucket's min and max (`Metric.rollup_extremes`): the only gauges a
+#: range query may ask `aggregation=min` or `max` of
+EXTREMES_METRIC_NAMES: tuple[str, ...] = tuple(metric.name for metric in METRICS if metric.rollup_extremes)
+
+
+def check_aggregation(aggregation: str, metrics: Sequence[str]) -> None:
+    """Raise QueryError naming `aggregation` when it is not one of TIME_AGGREGATIONS, or is `min` or `max` of a
+    gauge whose roll-ups keep no extremes (their buckets hold the mean only), or `min` of a counter or peak (its
+    points are its latest value: their least says nothing)."""
+    if aggregation not in TIME_AGGREGATIONS:
+        raise QueryError("aggregation", f"{aggregation!r} is not one of {', '.join(TIME_AGGREGATIONS)}")
+    if aggregation == "mean":
+        return
+    for name in metrics:
+        metric = METRICS[METRIC_INDEX[name]]
+        if metric.rollup is Rollup.MEAN and not metric.rollup_extremes:
+            raise QueryError(
+                "aggregation",
+                f"{aggregation} is kept for {', '.join(EXTREMES_METRIC_NAMES)} only; the store keeps {name}'s "
+                "mean per interval, not its min and max (ask aggregation=mean for it, or query it apart)",
+            )
+        if aggregation == "min" and metric.rollup is not Rollup.MEAN:
+            what = "cumulative figure" if metric.rollup is Rollup.LAST else "counter or growing duration"
+            raise QueryError(
+                "aggregation",
+                f"min applies to gauges only; {name} is a {what}, whose cells hold its largest (latest) value "
+                "(ask aggregation=max or mean for it, or query it apart)",
+            )
 
 
 def utilized_gpu_seconds(figures: WorkloadFigures | ProjectFigures | ClusterFigures) -> float:

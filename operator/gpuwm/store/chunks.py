@@ -23,14 +23,16 @@ from gpuwm.store.codec import (
     FINE_ZLIB_LEVEL,
     METRIC_COUNT,
     MISSING,
+    ROLLUP_COLUMN_COUNT,
     ROLLUP_ZLIB_LEVEL,
     IntArray,
     decode_head,
     decode_parts,
     encode_parts,
+    parts_of,
     roll_up,
 )
-from gpuwm.store.schema import PART_COLUMNS, PIECE_CONDITION, SPLIT_COLUMNS, store_payloads, sweep_payloads
+from gpuwm.store.schema import PART_COLUMNS, PIECE_CONDITION, store_payloads, sweep_payloads
 from gpuwm.store.tiers import Tier
 
 #: points per chunk aimed at (15 s x 240 = 1 h; 5 min x 240 = 20 h)
@@ -122,13 +124,20 @@ class ChunkWriter:
         if not rows:
             return None, False
         position = {series_id: index for index, series_id in enumerate(series_ids)}
-        result = np.full((len(series_ids), METRIC_COUNT, points), MISSING, dtype=np.int64)
+        result = self._empty(span, len(series_ids), points)
+        columns = np.arange(result.shape[1], dtype=np.intp)
         whole = False
         for series_id, row_start, row_points, parts in rows:
             whole = whole or row_points == span.points
             at = position[series_id]
-            _overlay(result[at : at + 1], start, decode_parts(parts, row_points)[None], row_start, span.step)
+            _overlay(result[at : at + 1], start, decode_parts(parts, row_points, columns)[None], row_start, span.step)
         return result, whole
+
+    def _empty(self, span: TierSpan, series: int, points: int) -> IntArray:
+        """[series, columns, points] of MISSING: the finest tier's columns are the metrics, a roll-up's
+        the metrics and its gauges' extremes (`codec.ROLLUP_COLUMN_COUNT`)."""
+        columns = METRIC_COUNT if span.step == self.spans[0].step else ROLLUP_COLUMN_COUNT
+        return np.full((series, columns, points), MISSING, dtype=np.int64)
 
     def _store(self, span: TierSpan, start: int, series_ids: Sequence[int], values: IntArray) -> None:
         present = (values != MISSING).any(axis=(1, 2))
@@ -145,11 +154,12 @@ class ChunkWriter:
         ids = iter(store_payloads(
             self.connection, [data for parts in encoded for data in parts if data is not None], transient=piece))
         # every part is written (NULL where the chunk has none of its metrics), and the whole chunk of schema 3 goes
+        columns = [PART_COLUMNS[part] for part in parts_of(values.shape[1])]
         self.connection.executemany(
-            f"INSERT INTO chunks (tier, series_id, start, points, payload, {', '.join(SPLIT_COLUMNS)}) "
-            f"VALUES (?, ?, ?, ?, NULL{', ?' * len(SPLIT_COLUMNS)}) "
+            f"INSERT INTO chunks (tier, series_id, start, points, payload, {', '.join(columns)}) "
+            f"VALUES (?, ?, ?, ?, NULL{', ?' * len(columns)}) "
             "ON CONFLICT (tier, series_id, start) DO UPDATE SET points = excluded.points, payload = NULL, "
-            + ", ".join(f"{column} = excluded.{column}" for column in SPLIT_COLUMNS),
+            + ", ".join(f"{column} = excluded.{column}" for column in columns),
             [
                 (span.step, series_ids[index], start, points, *(None if data is None else next(ids) for data in parts))
                 for index, parts in zip(chosen, encoded, strict=True)
@@ -205,7 +215,7 @@ class ChunkWriter:
                 if whole or coarse_end <= end:
                     # the coarse span is over (or was merged before): one whole chunk, pieces dropped
                     if target is None:
-                        target = np.full((len(series_ids), METRIC_COUNT, span.points), MISSING, dtype=np.int64)
+                        target = self._empty(span, len(series_ids), span.points)
                     _overlay(target, coarse_start, coarse, start, span.step)
                     self._store_whole(span, coarse_start, series_ids, target)
                     continue
@@ -213,7 +223,7 @@ class ChunkWriter:
                 for piece_start in range(max(start, coarse_start), min(end, coarse_end), fine.span_seconds):
                     found, _ = self._gather(span, series_ids, piece_start, piece_points)
                     if found is None:
-                        found = np.full((len(series_ids), METRIC_COUNT, piece_points), MISSING, dtype=np.int64)
+                        found = self._empty(span, len(series_ids), piece_points)
                     _overlay(found, piece_start, coarse, start, span.step)
                     self._store(span, piece_start, series_ids, found)
         sweep_payloads(self.connection)  # the bytes of replaced chunks and merged pieces no chunk names now

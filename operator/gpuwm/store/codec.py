@@ -6,10 +6,11 @@ units, 1 ms. That is NVML's own resolution (mW, mJ, MiB, whole percent and degre
 and far below what any figure shows; a value with at most that many decimals (2.1 cores,
 12.345 W, 37.5 %) reads back as exactly the same float, since decoding divides by a power of
 ten. A missing value (None) is kept as missing, never as 0. Roll-ups (the coarser tiers) keep
-their means at a declared, coarser resolution (`ROLLUP_QUANTUM`, `ROLLUP_DIGITS`: 0.1 %, 1 MiB,
-0.1 W, 100 J, 3 significant digits of a rate, ...): lossy only below it, each roll-up value within
-half its quantum of the exact mean (or max). Chunks written before at a finer roll-up resolution
-read back as they are (the same encoding).
+their means at a declared, coarser resolution (`ROLLUP_QUANTUM`, `ROLLUP_DIGITS`: 0.1 %, 1 MiB, 0.1 W,
+100 J, 3 significant digits of a rate, ...), and the min and max of the gauges that keep them (`EXTREMES`,
+`Metric.rollup_extremes`) at one ten times coarser (`COLUMN_QUANTUM`, `COLUMN_DIGITS`): lossy only below
+it, each roll-up value within half its quantum of the exact mean (or max, or min).
+Chunks written before at a finer roll-up resolution read back as they are (the same encoding).
 
 Two encodings:
 - a head block: one interval, `BLOCK` series slots x all metrics, int64 with `MISSING` for
@@ -93,7 +94,8 @@ ROLLUP_ZLIB_LEVEL = 9
 #: CPU matters): less CPU than level 6 for slightly bigger chunks (bench/README.md, "The store's choices")
 FINE_ZLIB_LEVEL = 3
 #: metrics kept as second differences: counters and durations that grow by about the same each step
-_SECOND_ORDER: BoolArray = np.array([metric.rollup in (Rollup.MAX, Rollup.LAST) for metric in METRICS], dtype=np.bool_)
+_SECOND_ORDER_METRIC: BoolArray = np.array([metric.rollup in (Rollup.MAX, Rollup.LAST) for metric in METRICS],
+                                           dtype=np.bool_)
 #: the engine's cumulative figures: a roll-up keeps each bucket's last value as it is, never rounded, so the
 #: difference of two buckets' values is the exact sum of the intervals between them
 LAST: BoolArray = np.array([metric.rollup is Rollup.LAST for metric in METRICS], dtype=np.bool_)
@@ -126,6 +128,73 @@ PARTS: dict[int, npt.NDArray[np.intp]] = {
 }
 #: the parts schema 6 writes, each metric in exactly one of them
 SPLIT_PARTS: tuple[int, ...] = (1, 2, 3, 4, 5, 6)
+#: the gauges whose roll-ups keep each bucket's min and max (`Metric.rollup_extremes`): a roll-up keeps every
+#: bucket's mean in the metric's own column and, from schema 7, these gauges' min and max in columns of their own
+#: after the metrics (`ROLLUP_COLUMN_COUNT`). The other gauges keep their mean only, and the finest tier
+#: neither: there a point's min and max are the point
+EXTREMES: npt.NDArray[np.intp] = np.array([index for index, metric in enumerate(METRICS) if metric.rollup_extremes],
+                                          dtype=np.intp)
+#: the columns of a roll-up: the metrics, then each EXTREMES metric's minimum (in its order), then its maximum
+ROLLUP_COLUMN_COUNT = METRIC_COUNT + 2 * len(EXTREMES)
+#: the metric each column of a roll-up holds a figure of (its unit, resolution and quantum are the metric's)
+COLUMN_METRIC: npt.NDArray[np.intp] = np.concatenate([np.arange(METRIC_COUNT, dtype=np.intp), EXTREMES, EXTREMES])
+
+
+#: each EXTREMES metric's position in it
+_EXTREMES_POSITION: dict[int, int] = {int(metric): position for position, metric in enumerate(EXTREMES)}
+
+
+def minimum_column(metric: int) -> int:
+    """The roll-up column of a bucket's minimum of a metric that keeps extremes (`EXTREMES`)."""
+    return METRIC_COUNT + _EXTREMES_POSITION[int(metric)]
+
+
+def maximum_column(metric: int) -> int:
+    """The roll-up column of a bucket's maximum of a metric that keeps extremes (`EXTREMES`)."""
+    return METRIC_COUNT + len(EXTREMES) + _EXTREMES_POSITION[int(metric)]
+
+
+def _extremes_of(part: int) -> npt.NDArray[np.intp]:
+    """The columns of the minima, then the maxima, of the metrics of `part` that keep extremes."""
+    kept = [int(metric) for metric in PARTS[part] if metric in EXTREMES]
+    return np.array([minimum_column(metric) for metric in kept] + [maximum_column(metric) for metric in kept],
+                    dtype=np.intp)
+
+
+#: schema 7: the roll-ups' extremes as parts of their own, one beside each part that holds metrics keeping them
+#: (of 1: device figures, 3: units, 4: pod stats, 5: requests and limits), so that series sharing a part's
+#: means (a one-GPU pod's device figures) share its extremes' bytes too; a part with no such metric has none
+EXTREME_PARTS: dict[int, int] = {extremes: means for extremes, means in {7: 1, 8: 3, 9: 4, 10: 5}.items()
+                                 if np.isin(PARTS[means], EXTREMES).any()}
+PARTS.update({part: _extremes_of(means) for part, means in EXTREME_PARTS.items()})
+#: columns kept as second differences (a gauge's extremes never are)
+_SECOND_ORDER: BoolArray = _SECOND_ORDER_METRIC[COLUMN_METRIC]
+#: the declared resolution of a bucket's min and max, as `_ROLLUP_RESOLUTION_BY_UNIT` declares the
+#: mean's, ten times coarser: a bucket's extreme is one noisy sample where its mean averages the noise out, so
+#: at the mean's resolution the extremes cost more bytes than the means themselves (bench/README.md, "The
+#: store's choices"); they say how far a spike or dip went, to 1 %, 1 W, 64 MiB, 2 significant digits of a rate
+_EXTREME_RESOLUTION_BY_UNIT: dict[str, tuple[int, int]] = {
+    "percent": (1_000_000, 0),
+    "bytes": (2**26, 0),
+    "watts": (1_000, 0),
+    "joules": (100_000, 0),  # no gauge: energy is a counter
+    "celsius": (1_000, 0),
+    "MHz": (10_000, 0),
+    "bytes/s": (1, 2),
+    "GPU units": (15_625, 0),
+    "seconds": (1_000, 0),  # no gauge: idle seconds are a peak
+    "cores": (100, 0),
+    "GPU-seconds": (1, 0),  # no gauge: the engine's counters
+}
+#: the absolute quantum and significant digits of each roll-up column: the metrics', then the extremes'
+COLUMN_QUANTUM: IntArray = np.concatenate(
+    [ROLLUP_QUANTUM, np.array([_EXTREME_RESOLUTION_BY_UNIT[METRICS[metric].unit][0] for metric in EXTREMES] * 2,
+                              dtype=np.int64)])
+COLUMN_DIGITS: IntArray = np.concatenate(
+    [ROLLUP_DIGITS, np.array([_EXTREME_RESOLUTION_BY_UNIT[METRICS[metric].unit][1] for metric in EXTREMES] * 2,
+                             dtype=np.int64)])
+#: the parts a roll-up's chunk is written in: SPLIT_PARTS, then the extremes
+ROLLUP_PARTS: tuple[int, ...] = SPLIT_PARTS + tuple(EXTREME_PARTS)
 #: the smallest value that reaches byte plane k (plane 0: any value above 0)
 _PLANE_FLOOR = np.array([1] + [256**k for k in range(1, 8)], dtype=np.uint64)
 #: the largest magnitude a quantized value may have (leaves room for differences without overflow)
@@ -316,16 +385,24 @@ def decode_chunks(payloads: Sequence[bytes], points: int, part: int) -> IntArray
 ENCODE_SERIES_PER_PASS = 16
 
 
+def parts_of(columns: int) -> tuple[int, ...]:
+    """The parts a chunk of `columns` columns is written in: the finest tier's metrics (`SPLIT_PARTS`), or
+    a roll-up's columns (`ROLLUP_PARTS`)."""
+    if columns not in (METRIC_COUNT, ROLLUP_COLUMN_COUNT):
+        raise ValueError(f"chunks hold {METRIC_COUNT} or {ROLLUP_COLUMN_COUNT} columns, not {columns}")
+    return SPLIT_PARTS if columns == METRIC_COUNT else ROLLUP_PARTS
+
+
 def encode_parts(values: IntArray, level: int = FINE_ZLIB_LEVEL) -> list[list[bytes | None]]:
-    """Series x metrics x points -> for each series, one chunk per part of `SPLIT_PARTS` (None where
-    the series has no point of that part's metrics)."""
+    """Series x columns x points -> for each series, one chunk per part of `parts_of` its columns (None
+    where the series has no point of that part's columns)."""
     if values.shape[0] > ENCODE_SERIES_PER_PASS:
         passes: list[list[bytes | None]] = []
         for low in range(0, values.shape[0], ENCODE_SERIES_PER_PASS):
             passes += encode_parts(values[low : low + ENCODE_SERIES_PER_PASS], level)
         return passes
     result: list[list[bytes | None]] = [[] for _ in range(values.shape[0])]
-    for part in SPLIT_PARTS:
+    for part in parts_of(values.shape[1]):
         columns = np.ascontiguousarray(values[:, PARTS[part], :])
         present = (columns != MISSING).any(axis=(1, 2))
         chosen = np.flatnonzero(present)
@@ -339,7 +416,8 @@ def decode_parts(
     parts: Sequence[tuple[int, bytes]], points: int, metrics: npt.NDArray[np.intp] | None = None
 ) -> IntArray:
     """A chunk's parts ((part, bytes) of those it has) back to [metrics, points] (every metric
-    without `metrics`); a metric in none of them is MISSING throughout."""
+    without `metrics`; a roll-up's extremes by their columns, `ROLLUP_COLUMN_COUNT`); a metric in none of
+    them is MISSING throughout."""
     wanted = np.arange(METRIC_COUNT, dtype=np.intp) if metrics is None else metrics
     result = np.full((len(wanted), points), MISSING, dtype=np.int64)
     for part, data in parts:
@@ -353,12 +431,13 @@ def decode_parts(
 
 
 def rollup_quantum(values: FloatArray) -> FloatArray:
-    """The quantum each roll-up value is rounded to ([..., metrics, points], stored units): the metric's
-    absolute quantum, or for a metric kept to significant digits, the larger of that and the power of
-    ten that keeps ROLLUP_DIGITS digits of the value."""
+    """The quantum each roll-up value is rounded to ([..., columns, points], stored units; the columns of a
+    roll-up, or its first ones): the metric's absolute quantum, or for a metric kept to significant digits,
+    the larger of that and the power of ten that keeps ROLLUP_DIGITS digits of the value."""
     shape = (1,) * (values.ndim - 2) + (-1, 1)
-    absolute = np.broadcast_to(ROLLUP_QUANTUM.astype(np.float64).reshape(shape), values.shape)
-    digits = ROLLUP_DIGITS.reshape(shape)
+    columns = values.shape[-2]
+    absolute = np.broadcast_to(COLUMN_QUANTUM[:columns].astype(np.float64).reshape(shape), values.shape)
+    digits = COLUMN_DIGITS[:columns].reshape(shape)
     relative: BoolArray = np.broadcast_to(digits > 0, values.shape)
     if not relative.any():
         return np.array(absolute)
@@ -370,17 +449,18 @@ def rollup_quantum(values: FloatArray) -> FloatArray:
 
 
 def round_to_rollup(values: FloatArray) -> FloatArray:
-    """Values ([..., metrics, points], stored units, NaN = missing) rounded to the roll-ups' declared
-    resolution (`ROLLUP_QUANTUM`, `ROLLUP_DIGITS`); the error is at most half a quantum."""
+    """Values ([..., columns, points], stored units, NaN = missing) rounded to the roll-ups' declared
+    resolution (`COLUMN_QUANTUM`, `COLUMN_DIGITS`); the error is at most half a quantum."""
     quantum = rollup_quantum(values)
     return np.rint(values / quantum) * quantum
 
 
 def roll_up(values: IntArray, factor: int) -> IntArray:
-    """Coarser points from [..., metrics, points]: the mean (the max for counters, `Rollup.MAX`) of each
-    run of `factor` points, over the present ones, rounded once to the roll-ups' declared resolution
-    (`round_to_rollup`); the engine's figures (`Rollup.LAST`) keep the last present point, exactly;
-    MISSING where none is. Series by series in passes (`ENCODE_SERIES_PER_PASS`):
+    """Coarser points from [..., metrics, points] to [..., ROLLUP_COLUMN_COUNT, points / factor]: of each run
+    of `factor` points, over the present ones, the mean (the max for counters, `Rollup.MAX`) in the metric's
+    column and, for each metric that keeps extremes (`EXTREMES`), the min and max in its extremes' columns,
+    each rounded once to the roll-ups' declared resolution (`round_to_rollup`); the engine's figures (`Rollup.LAST`) keep the last present
+    point, exactly; MISSING where none is. Series by series in passes (`ENCODE_SERIES_PER_PASS`):
     each series' points are its own, and a whole block's temporaries at once would make a needless peak."""
     if values.ndim == 3 and values.shape[0] > ENCODE_SERIES_PER_PASS:
         return np.concatenate([roll_up(values[low : low + ENCODE_SERIES_PER_PASS], factor)
@@ -391,13 +471,18 @@ def roll_up(values: IntArray, factor: int) -> IntArray:
     count = present.sum(axis=-1)
     total = np.where(present, grouped, 0).astype(np.float64).sum(axis=-1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        value = total / count
+        mean = total / count
     maximum = np.where(present, grouped, MISSING).max(axis=-1)
-    value[..., _SECOND_ORDER, :] = maximum[..., _SECOND_ORDER, :]
-    value[count == 0] = 0.0
+    second_order = _SECOND_ORDER_METRIC
+    mean[..., second_order, :] = maximum[..., second_order, :]
+    kept = grouped[..., EXTREMES, :, :]
+    minimum = np.where(present[..., EXTREMES, :, :], kept, np.iinfo(np.int64).max).min(axis=-1)
+    value = np.concatenate([mean, minimum.astype(np.float64), maximum[..., EXTREMES, :].astype(np.float64)], axis=-2)
+    counted = np.concatenate([count, count[..., EXTREMES, :], count[..., EXTREMES, :]], axis=-2)
+    value[counted == 0] = 0.0
     result = round_to_rollup(value).astype(np.int64)
-    result[..., LAST, :] = _last_present(grouped[..., LAST, :, :], present[..., LAST, :, :])
-    result[count == 0] = MISSING
+    result[..., :METRIC_COUNT, :][..., LAST, :] = _last_present(grouped[..., LAST, :, :], present[..., LAST, :, :])
+    result[counted == 0] = MISSING
     return np.asarray(result, dtype=np.int64)
 
 

@@ -417,6 +417,14 @@ class PrometheusStore(Store):
 
     def query_range(self, query: RangeQuery) -> list[Series]:
         check_range(query)
+        if query.aggregation != "mean":
+            # a point here is PromQL's value at t, not a mean over the step: a min or max over the step would
+            # need a subquery at the scrape interval, which this backend does not know
+            raise QueryError(
+                "aggregation",
+                f"{query.aggregation} is answered by the embedded store only; the Prometheus backend answers each "
+                "point with the value at its time (leave aggregation out or use mean)",
+            )
         if query.pods:  # the pods' own series (by=gpu: their GPUs'), as the embedded store answers
             if query.by not in (None, "pod", "gpu"):
                 raise QueryError("by", f"{query.by!r} does not combine with pod=; use by=pod, by=gpu or leave by out")

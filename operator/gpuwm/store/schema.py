@@ -17,6 +17,12 @@ workloads; `openings`: what a workload had accrued before the store first saw it
 schema 5, or a new file beside a running controller), which reports apportion over its life before then.
 A schema 5 file gains the column and the tables the same way as schema 4 gained `host_payload`.
 
+Schema 7 keeps each roll-up bucket's min and max besides its mean for the gauges that keep extremes
+(`Metric.rollup_extremes`, codec.EXTREMES), as more parts of the roll-ups' chunks (codec.EXTREME_PARTS:
+`*_extremes_payload`, one beside each part that holds such gauges: today the device figures'); the finest tier's chunks have none (a point is its own min and max). A schema 6 (or older)
+file gains the columns, NULL in its chunks: a roll-up bucket written before has its mean only, which a
+reader takes as its min and max too (`sqlite_read`).
+
 Older files are migrated in place, in one transaction, when opened: schema 3 named one payload
 of every metric per chunk (kept as it is, in the `payload` column: it reads back the same, and
 the next write of that chunk splits it); schema 2 kept the bytes inline in `chunks`.
@@ -32,13 +38,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gpuwm.store.base import METRIC_NAMES, StoreError
-from gpuwm.store.codec import SPLIT_PARTS, WHOLE
+from gpuwm.store.codec import EXTREME_PARTS, WHOLE
 from gpuwm.store.figures import FIGURE_NAMES
 
 log = logging.getLogger(__name__)
 
 APPLICATION_ID = 0x6770776D  # "gpwm"
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: the oldest schema this gpuwm converts when it opens the file
 MIGRATABLE_VERSION = 2
 PAGE_SIZE = 16384
@@ -81,11 +87,14 @@ def check_file(path: Path) -> None:
 
 
 #: the column of `chunks` that names each part's payload (codec.PARTS); `payload` is the whole chunk
-#: of schema 3, never written since
+#: of schema 3, never written since; an extremes part's column only where codec.EXTREME_PARTS has the part
+_EXTREMES_COLUMNS: dict[int, str] = {part: column for part, column in {
+    7: "device_extremes_payload", 8: "units_extremes_payload", 9: "pod_extremes_payload",
+    10: "host_extremes_payload"}.items() if part in EXTREME_PARTS}
 PART_COLUMNS: dict[int, str] = {WHOLE: "payload", 1: "device_payload", 2: "energy_payload", 3: "units_payload",
-                                4: "pod_payload", 5: "host_payload", 6: "figures_payload"}
-#: the payload columns schema 6 writes, in `SPLIT_PARTS` order
-SPLIT_COLUMNS: tuple[str, ...] = tuple(PART_COLUMNS[part] for part in SPLIT_PARTS)
+                                4: "pod_payload", 5: "host_payload", 6: "figures_payload", **_EXTREMES_COLUMNS}
+#: the payload columns added after schema 4, in the order they came: a file of an earlier schema gains those it lacks
+_ADDED_COLUMNS = ("host_payload", "figures_payload", *_EXTREMES_COLUMNS.values())
 #: one row per chunk and part it names, (tier, series_id, start, points, part, payload): for tools and
 #: tests that count bytes or references by payload (the store itself reads chunks through `read_chunks`)
 PART_ROWS = " UNION ALL ".join(
@@ -232,13 +241,13 @@ def _migrate_from_3(connection: sqlite3.Connection, path: Path) -> None:
 
 
 def _migrate_columns(connection: sqlite3.Connection, path: Path) -> None:
-    """Schema 4 or 5 (or a file just migrated from 2 or 3) -> 6 inside the caller's transaction: `chunks`
-    gains each payload column it lacks (`host_payload`, `figures_payload`; the triggers and the pieces'
+    """Schema 4, 5 or 6 (or a file just migrated from 2 or 3) -> 7 inside the caller's transaction: `chunks`
+    gains each payload column it lacks (`_ADDED_COLUMNS`; the triggers and the pieces'
     index name every payload column, so they are made again by `_CHUNK_TABLES`), and the metric layout in
     `meta` gains the new metrics after the old ones. Chunks and head rows are not rewritten: their new
     metrics are missing, which is what they are. The new tables come with `create_schema`'s statements."""
     columns = {row[1] for row in connection.execute("PRAGMA table_info(chunks)")}
-    added = [column for column in ("host_payload", "figures_payload") if column not in columns]
+    added = [column for column in _ADDED_COLUMNS if column not in columns]
     if added:
         connection.execute("DROP INDEX IF EXISTS chunks_pieces")
         for trigger in ("chunks_ref", "chunks_unref", "chunks_reref"):

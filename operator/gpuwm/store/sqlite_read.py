@@ -1,6 +1,7 @@
 """Reading the embedded store: which tier answers which part of a range, its chunks and head rows, the grid.
 
-A point at t is the mean (or, for counters, the max) of the stored points in [t, t + step). Where the
+A point at t is the mean (or, for counters, the max) of the stored points in [t, t + step), or with
+`aggregation` min or max their least or largest (a roll-up's gauges: the buckets' own min and max). Where the
 only tier that still covers a stretch is coarser than the step (a run older than the finest tier's
 keep), each stored point stands for its whole interval [p, p + tier step) and answers every cell it
 overlaps, so the cells there are never null where a point covers them (`resolution` names the
@@ -13,7 +14,7 @@ import itertools
 import json
 import math
 import sqlite3
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -27,10 +28,21 @@ from gpuwm.store.base import (
     Rollup,
     Series,
     Stretch,
+    TimeAggregation,
     check_range,
 )
 from gpuwm.store.chunks import TierSpan, read_chunks
-from gpuwm.store.codec import BLOCK, PARTS, WHOLE, decode_head, decode_parts, dequantize
+from gpuwm.store.codec import (
+    BLOCK,
+    COLUMN_METRIC,
+    PARTS,
+    WHOLE,
+    decode_head,
+    decode_parts,
+    dequantize,
+    maximum_column,
+    minimum_column,
+)
 from gpuwm.store.tiers import Tier
 
 #: (scope, by) -> (series kind, label column that selects it; None = all of that kind)
@@ -187,22 +199,52 @@ def _only_pods(query: RangeQuery, rows: list[tuple[int, str]]) -> list[tuple[int
     return [row for pod in query.pods for row in named[pod]]
 
 
+def extreme_columns(metrics: npt.NDArray[np.intp], aggregation: TimeAggregation) -> npt.NDArray[np.intp] | None:
+    """For `min` or `max`: per metric asked for, the roll-up column of its buckets' extreme (-1 where it keeps
+    none, a counter's or peak's: its own column, a bucket's largest or last value, answers); None for `mean`."""
+    if aggregation == "mean":
+        return None
+    column = minimum_column if aggregation == "min" else maximum_column
+    return np.array([column(metric) if METRICS[metric].rollup_extremes else -1 for metric in metrics],
+                    dtype=np.intp)
+
+
+def _decoded(
+    parts: list[tuple[int, bytes]], points: int, metrics: npt.NDArray[np.intp], extremes: npt.NDArray[np.intp] | None
+) -> npt.NDArray[np.float64]:
+    """A chunk's values of `metrics` [metrics, points]; with `extremes` (a roll-up's, `extreme_columns`), each
+    gauge's bucket extreme in place of its mean, the mean where the chunk has none (written before schema 7:
+    its min and max are taken to be its mean)."""
+    gauges = np.flatnonzero(extremes >= 0) if extremes is not None else np.zeros(0, dtype=np.intp)
+    columns = metrics if extremes is None else np.concatenate([metrics, extremes[gauges]])
+    values = dequantize(decode_parts(parts, points, columns).T, COLUMN_METRIC[columns]).T
+    if not len(gauges):
+        return values
+    means, found = values[: len(metrics)], values[len(metrics) :]
+    means[gauges] = np.where(np.isnan(found), means[gauges], found)
+    return means
+
+
 def _contributions(
     connection: sqlite3.Connection,
     span: TierSpan,
     ids: list[int],
     metrics: npt.NDArray[np.intp],
-    low: int,
-    high: int,
+    window: tuple[int, int],
     with_head: bool,
+    extremes: npt.NDArray[np.intp] | None = None,
 ) -> Iterator[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float64]]]:
-    """(series id, times, values [metrics, n]) of one tier in [low, high): its chunks, then (finest tier) its head.
+    """(series id, times, values [metrics, n]) of one tier in [low, high) (`window`): its chunks, then (finest
+    tier) its head; with `extremes` (`extreme_columns`), a roll-up's gauges answer with their buckets' extremes.
 
     A closed span's head rows stay until its compaction round is over, beside the chunks of the blocks
     compacted so far: where a series' chunk covers a time, its head rows there are left out (counted
     twice, a cell across the span's end would weigh them double)."""
-    # only the parts that hold a metric asked for are read (and the whole chunks of schema 3)
-    wanted = {part for part, members in PARTS.items() if part == WHOLE or np.isin(metrics, members).any()}
+    low, high = window
+    extremes = None if with_head else extremes  # the finest tier's points are their own min and max
+    columns = metrics if extremes is None else np.concatenate([metrics, extremes[extremes >= 0]])
+    # only the parts that hold a column asked for are read (and the whole chunks of schema 3)
+    wanted = {part for part, members in PARTS.items() if part == WHOLE or np.isin(columns, members).any()}
     rows = read_chunks(connection, span.step, ids, low - span.span_seconds, high, wanted)
     decoded: dict[tuple[int, tuple[bytes, ...]], npt.NDArray[np.float64]] = {}  # bytes shared by series decoded once
     covered: dict[int, list[tuple[int, int]]] = {}  # series id -> [start, end) of its chunks (finest tier)
@@ -213,17 +255,27 @@ def _contributions(
         key = (points, tuple(data for _, data in parts))
         values = decoded.get(key)
         if values is None:
-            values = decoded[key] = dequantize(decode_parts(parts, points, metrics).T, metrics).T
+            values = decoded[key] = _decoded(parts, points, metrics, extremes)
         yield series_id, times, values
-    if not with_head:
-        return
+    if with_head:
+        yield from _head_contributions(connection, ids, metrics, window, covered)
+
+
+def _head_contributions(
+    connection: sqlite3.Connection,
+    ids: list[int],
+    metrics: npt.NDArray[np.intp],
+    window: tuple[int, int],
+    covered: dict[int, list[tuple[int, int]]],
+) -> Iterator[tuple[int, npt.NDArray[np.int64], npt.NDArray[np.float64]]]:
+    """(series id, times, values [metrics, n]) of the head rows in `window`, but where a chunk `covered` them."""
     by_block: dict[int, list[int]] = {}
     for series_id in ids:
         by_block.setdefault(series_id // BLOCK, []).append(series_id)
     block_list = ",".join("?" * len(by_block))
     head_rows = connection.execute(
         f"SELECT block, t, data FROM head WHERE block IN ({block_list}) AND t >= ? AND t < ? ORDER BY block, t",
-        (*by_block, low, high),
+        (*by_block, *window),
     ).fetchall()
     for block, members in itertools.groupby(head_rows, key=lambda row: int(row[0])):
         listed = list(members)
@@ -242,6 +294,81 @@ def _contributions(
                 yield series_id, times[fresh], values[fresh].T
 
 
+class _Cells:
+    """Each series' cells as its points fill them, per metric: the weight of the points in each cell, and
+    their weighted sum (`mean`) or their least (`min`) or largest (`max`) value."""
+
+    def __init__(self, combine: Sequence[str], cells: int) -> None:
+        self.combine = list(combine)
+        self.cells = cells
+        self.weights: dict[int, npt.NDArray[np.float64]] = {}
+        self.figures: dict[int, npt.NDArray[np.float64]] = {}
+
+    def add(
+        self,
+        series_id: int,
+        values: npt.NDArray[np.float64],
+        pieces: Iterable[tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64], npt.NDArray[np.float64]]],
+    ) -> None:
+        """Add `values` [metrics, n]: each of `pieces` (which points, their cell, their weight)."""
+        if series_id not in self.weights:
+            self.weights[series_id] = np.zeros((len(self.combine), self.cells))
+            start = np.array([{"mean": 0.0, "min": np.inf, "max": -np.inf}[kind] for kind in self.combine])
+            self.figures[series_id] = np.repeat(start[:, None], self.cells, axis=1)
+        weights, figures = self.weights[series_id], self.figures[series_id]
+        for chosen, cell, weight in pieces:
+            part = values[:, chosen]
+            present = ~np.isnan(part)
+            for position, kind in enumerate(self.combine):
+                mask = present[position]
+                if not mask.any():
+                    continue
+                where, row = cell[mask], part[position][mask]
+                weights[position] += np.bincount(where, weights=weight[mask], minlength=self.cells)
+                if kind == "max":
+                    np.maximum.at(figures[position], where, row)
+                elif kind == "min":
+                    np.minimum.at(figures[position], where, row)
+                else:
+                    figures[position] += np.bincount(where, weights=row * weight[mask], minlength=self.cells)
+
+    def any(self, series_id: int) -> bool:
+        weights = self.weights.get(series_id)
+        return weights is not None and bool(weights.any())
+
+    def points(self, series_id: int, position: int) -> list[float | None]:
+        """The cells of one metric of one series: null where no point fell."""
+        weights = self.weights.get(series_id)
+        if weights is None or not weights[position].any():
+            return [None] * self.cells
+        column = self.figures[series_id][position]
+        if self.combine[position] == "mean":
+            with np.errstate(invalid="ignore", divide="ignore"):
+                column = column / weights[position]
+        column = np.where(weights[position] > 0, column, np.nan)
+        return [None if value != value else value for value in column.tolist()]
+
+
+def _combine(metrics: npt.NDArray[np.intp], aggregation: TimeAggregation) -> list[str]:
+    """How each metric's cells combine their points: `aggregation`, but a counter's or peak's (`Rollup.MAX`)
+    largest value where a mean is asked for."""
+    if aggregation != "mean":
+        return [aggregation] * len(metrics)
+    return ["max" if METRICS[metric].rollup is Rollup.MAX else "mean" for metric in metrics]
+
+
+def _pieces(
+    times: npt.NDArray[np.int64], tier_step: int, window: tuple[int, int], query: RangeQuery, cells: int, coarser: bool
+) -> list[tuple[npt.NDArray[np.bool_], npt.NDArray[np.int64], npt.NDArray[np.float64]]]:
+    """(which points, their cell, their weight) of points of a tier of `tier_step` on `query`'s grid: a coarser
+    tier's points answer every cell their interval overlaps (`_spread`), the others their own cell."""
+    if coarser:
+        return list(_spread(times, tier_step, *window, query.start, query.step_seconds, cells))
+    cell = np.floor((times - query.start) / query.step_seconds).astype(np.int64)
+    chosen = (cell >= 0) & (cell < cells)
+    return [(chosen, cell[chosen], np.ones(int(chosen.sum())))] if chosen.any() else []
+
+
 def read_range(
     connection: sqlite3.Connection,
     spans: Sequence[TierSpan],
@@ -253,82 +380,58 @@ def read_range(
     """Series for `query` from head and chunks: one per metric and breakdown label set, points on its grid.
 
     A cell is the mean (counters: the max) of the stored points in [t, t + step), each stored
-    point weighing one, whichever tier it comes from. `series` (id, labels): read these instead of the
-    ones `query`'s scope and breakdown select (a caller that selects many at once, past the API's limit).
+    point weighing one, whichever tier it comes from; with `query.aggregation` min or max, the least or
+    largest of them (a roll-up's points: their buckets' min and max). `series` (id, labels): read these
+    instead of the ones `query`'s scope and breakdown select (a caller that selects many at once, past the
+    API's limit).
     """
     check_range(query)
     grid = query.grid()
     selected = select_series(connection, query) if series is None else list(series)
     metrics = np.array([METRIC_INDEX[name] for name in query.metrics], dtype=np.intp)
-    is_max = np.array([METRICS[column].rollup is Rollup.MAX for column in metrics], dtype=np.bool_)
-    step = query.step_seconds
-    cells = len(grid)
-    sums: dict[int, npt.NDArray[np.float64]] = {}
-    counts: dict[int, npt.NDArray[np.float64]] = {}
-    maxima: dict[int, npt.NDArray[np.float64]] = {}
+    cells = _Cells(_combine(metrics, query.aggregation), len(grid))
     if selected:
-        ids = [series_id for series_id, _ in selected]
-        tiers = [span.tier for span in spans]
-        segments = plan_segments(tiers, latest, watermarks, query.start, query.start + cells * step, step)
-        for tier, low, high in segments:
-            span = next(span for span in spans if span.tier == tier)
-            with_head = tier == tiers[0]
-            # a roll-up's points stand for whole buckets: spread over the cells they overlap where the grid is finer
-            # than them or not on their boundaries (a point per cell would leave a cell with none)
-            coarser = tier.step_seconds > step or (tier != tiers[0] and query.start % tier.step_seconds != 0)
-            for series_id, times, values in _contributions(connection, span, ids, metrics, low, high, with_head):
-                # a coarse point stands for [t, t + its step): one that begins before the segment still covers it
-                begins = times + tier.step_seconds > low if coarser else times >= low
-                inside = begins & (times < high)
-                if not inside.any():
-                    continue
-                times = times[inside]
-                values = values[:, inside]
-                if coarser:  # each point answers every cell its interval overlaps
-                    pieces = list(_spread(times, tier.step_seconds, low, high, query.start, step, cells))
-                else:
-                    cell = np.floor((times - query.start) / step).astype(np.int64)
-                    chosen = (cell >= 0) & (cell < cells)
-                    pieces = [(chosen, cell[chosen], np.ones(int(chosen.sum())))] if chosen.any() else []
-                if series_id not in sums:
-                    sums[series_id] = np.zeros((len(metrics), cells))
-                    counts[series_id] = np.zeros((len(metrics), cells))
-                    maxima[series_id] = np.full((len(metrics), cells), -np.inf)
-                for chosen, cell, weight in pieces:
-                    part = values[:, chosen]
-                    present = ~np.isnan(part)
-                    for position in range(len(metrics)):
-                        mask = present[position]
-                        if not mask.any():
-                            continue
-                        where = cell[mask]
-                        row = part[position][mask]
-                        counts[series_id][position] += np.bincount(where, weights=weight[mask], minlength=cells)
-                        if is_max[position]:
-                            np.maximum.at(maxima[series_id][position], where, row)
-                        else:
-                            sums[series_id][position] += np.bincount(
-                                where, weights=row * weight[mask], minlength=cells
-                            )
+        _fill(connection, spans, latest, watermarks, query, [series_id for series_id, _ in selected], cells)
     result: list[Series] = []
     # a breakdown leaves out series without a point in the range; pods asked for by name stay, null
     breakdown = query.by is not None and not (query.scope == "node" and query.by == "node") and not query.pods
-    empty: list[float | None] = [None] * cells
     for series_id, labels in selected:
-        count = counts.get(series_id)
-        if breakdown and (count is None or not count.any()):
+        if breakdown and not cells.any(series_id):
             continue
         for position, name in enumerate(query.metrics):
-            if count is None or not count[position].any():
-                points = empty
-            else:
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    column = (
-                        maxima[series_id][position] if is_max[position] else sums[series_id][position] / count[position]
-                    )
-                column = np.where(count[position] > 0, column, np.nan)
-                points = [None if value != value else value for value in column.tolist()]
+            points = cells.points(series_id, position)
             result.append(Series(metric=name, labels=dict(labels), points=list(zip(grid, points, strict=True))))
     if not selected and not breakdown and not query.pods:
         result = [Series(metric=name, labels={}, points=[(t, None) for t in grid]) for name in query.metrics]
     return result
+
+
+def _fill(
+    connection: sqlite3.Connection,
+    spans: Sequence[TierSpan],
+    latest: float | None,
+    watermarks: dict[int, float | None],
+    query: RangeQuery,
+    ids: list[int],
+    cells: _Cells,
+) -> None:
+    """Add the stored points of `ids` in `query`'s range to `cells`, each stretch from the tier that answers it."""
+    metrics = np.array([METRIC_INDEX[name] for name in query.metrics], dtype=np.intp)
+    extremes = extreme_columns(metrics, query.aggregation)
+    step = query.step_seconds
+    tiers = [span.tier for span in spans]
+    segments = plan_segments(tiers, latest, watermarks, query.start, query.start + cells.cells * step, step)
+    for tier, low, high in segments:
+        span = next(span for span in spans if span.tier == tier)
+        with_head = tier == tiers[0]
+        # a roll-up's points stand for whole buckets: spread over the cells they overlap where the grid is finer
+        # than them or not on their boundaries (a point per cell would leave a cell with none)
+        coarser = tier.step_seconds > step or (tier != tiers[0] and query.start % tier.step_seconds != 0)
+        contributions = _contributions(connection, span, ids, metrics, (low, high), with_head, extremes)
+        for series_id, times, values in contributions:
+            # a coarse point stands for [t, t + its step): one that begins before the segment still covers it
+            begins = times + tier.step_seconds > low if coarser else times >= low
+            inside = begins & (times < high)
+            if inside.any():
+                pieces = _pieces(times[inside], tier.step_seconds, (low, high), query, cells.cells, coarser)
+                cells.add(series_id, values[:, inside], pieces)

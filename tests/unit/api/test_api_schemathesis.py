@@ -38,6 +38,9 @@ schema.config.checks.positive_data_acceptance.expected_statuses = [
 #: (parameter, message) of the 400s a valid request may get: rules an OpenAPI schema cannot state
 CANNOT_STATE = [
     ("end", re.compile(r"is before start")),  # across parameters
+    ("aggregation", re.compile(r"min applies to gauges only")),  # across parameters: min of the metrics asked for
+    # across parameters: min or max of a gauge whose roll-ups keep its mean only
+    ("aggregation", re.compile(r"is kept for [a-z_, ]+ only")),
     ("continue", re.compile(r"is not a token this API gave")),  # what the server issued
     (None, re.compile(r"points")),  # the answer's size: series x points, apiMaxPointsPerResponse
     ("format", re.compile(r"set `pricing`")),  # how the server is configured: FOCUS charges need prices

@@ -132,3 +132,19 @@ def test_the_runai_names_are_served(tmp_path: Path) -> None:
     finally:
         store.close()
     assert set(RUNAI_NAMES.values()) <= families
+
+
+def test_only_stored_gauges_keep_rollup_extremes_and_the_store_lays_out_exactly_theirs() -> None:
+    from dataclasses import replace
+
+    from gpuwm.model.metrics import _check
+    from gpuwm.store.codec import EXTREMES
+
+    keeping = [metric.name for metric in CATALOGUE if metric.rollup_extremes]
+    assert [METRIC_NAMES[index] for index in EXTREMES] == keeping
+    energy = next(metric for metric in CATALOGUE if metric.rollup is Rollup.MAX)
+    with pytest.raises(ValueError, match="only a stored gauge"):
+        _check((replace(energy, rollup_extremes=True),))
+    unstored = next(metric for metric in CATALOGUE if metric.rollup is Rollup.MEAN and not metric.stored)
+    with pytest.raises(ValueError, match="only a stored gauge"):
+        _check((replace(unstored, rollup_extremes=True),))

@@ -2,7 +2,8 @@
 
 Schema 4 had no `host_payload` (the pods' requests, limits and disk rates), schema 5 no `figures_payload`
 (the engine's cumulative figures), `holdings` or `openings`; each wrote head rows and a metric layout
-only as wide as its metrics.
+only as wide as its metrics. Schema 6 and those before had no `*_extremes_payload` (the roll-ups' gauge
+minima and maxima).
 """
 
 from __future__ import annotations
@@ -14,11 +15,24 @@ from pathlib import Path
 import numpy as np
 
 from gpuwm.store.base import METRIC_NAMES
-from gpuwm.store.codec import MISSING, SCHEMA4_METRIC_COUNT, SCHEMA5_METRIC_COUNT, decode_head, encode_head
+from gpuwm.store.codec import (
+    METRIC_COUNT,
+    MISSING,
+    SCHEMA4_METRIC_COUNT,
+    SCHEMA5_METRIC_COUNT,
+    decode_head,
+    encode_head,
+)
 from gpuwm.store.schema import PART_COLUMNS
 
+#: the roll-ups' extremes columns schema 7 added
+_EXTREMES = tuple(column for column in PART_COLUMNS.values() if column.endswith("_extremes_payload"))
 #: per earlier schema: (its metric count, the payload columns it did not have)
-LAYOUTS = {4: (SCHEMA4_METRIC_COUNT, ("host_payload", "figures_payload")), 5: (SCHEMA5_METRIC_COUNT, ("figures_payload",))}
+LAYOUTS = {
+    4: (SCHEMA4_METRIC_COUNT, ("host_payload", "figures_payload", *_EXTREMES)),
+    5: (SCHEMA5_METRIC_COUNT, ("figures_payload", *_EXTREMES)),
+    6: (METRIC_COUNT, _EXTREMES),
+}
 
 
 def metric_count(version: int) -> int:
@@ -34,7 +48,7 @@ def narrowed(values: dict[tuple[int, int, int], list[list[int]]], version: int) 
 
 
 def rewrite_as_schema(path: Path, version: int) -> None:
-    """The file at `path` (closed) as schema `version` (4 or 5) left it."""
+    """The file at `path` (closed) as schema `version` (4, 5 or 6) left it."""
     count, dropped = LAYOUTS[version]
     connection = sqlite3.connect(path, isolation_level=None)
     connection.execute("BEGIN")

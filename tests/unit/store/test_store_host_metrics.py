@@ -89,7 +89,7 @@ def test_a_schema_4_file_is_migrated_in_place_and_takes_the_new_metrics(tmp_path
     migrated = EmbeddedStore(path, tiers=SMALL_TIERS)
     try:
         connection = migrated._reader()
-        assert connection.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (6,)
+        assert connection.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,) == (7,)
         stored = json.loads(connection.execute("SELECT value FROM meta WHERE key = 'metrics'").fetchone()[0])
         assert stored == list(METRIC_NAMES)
         assert chunk_values(migrated) == narrowed(before_values, 4)

@@ -1,6 +1,6 @@
 """The roll-ups' declared resolution: each coarse value within half its quantum of the exact mean (or
-max), values already on the grid kept, and a file whose roll-ups were written at the finer
-resolution of before reads back unchanged and goes on."""
+max, and a gauge's min and max), values already on the grid kept, and a file whose roll-ups were written at
+the finer resolution of before (and without the gauges' extremes) reads back unchanged and goes on."""
 
 from __future__ import annotations
 
@@ -13,12 +13,18 @@ import gpuwm.store.chunks as chunks_module
 from gpuwm.store import RangeQuery
 from gpuwm.store.base import METRICS, Rollup
 from gpuwm.store.codec import (
+    COLUMN_DIGITS,
+    COLUMN_QUANTUM,
+    EXTREMES,
+    METRIC_COUNT,
     MISSING,
+    ROLLUP_COLUMN_COUNT,
     ROLLUP_DIGITS,
+    ROLLUP_PARTS,
     ROLLUP_QUANTUM,
     IntArray,
-    decode_chunk,
-    encode_chunks,
+    decode_parts,
+    encode_parts,
     quantize,
     roll_up,
     round_to_rollup,
@@ -67,7 +73,10 @@ def _old_roll_up(values: IntArray, factor: int, rollups: np.ndarray = _MAX) -> I
     quantum = _OLD_QUANTUM.reshape((1,) * (result.ndim - 2) + (-1, 1))
     result = (np.rint(result / quantum) * quantum).astype(np.int64)
     result[count == 0] = MISSING
-    return np.asarray(result, dtype=np.int64)
+    # no gauge extremes: the columns schema 7 added, missing
+    wider = np.full((*shape[:-2], ROLLUP_COLUMN_COUNT, result.shape[-1]), MISSING, dtype=np.int64)
+    wider[..., :METRIC_COUNT, :] = result
+    return wider
 
 
 def _random_fine(seed: int, series: int = 6, points: int = 240) -> IntArray:
@@ -100,7 +109,7 @@ def _random_fine(seed: int, series: int = 6, points: int = 240) -> IntArray:
 @pytest.mark.parametrize("factor", [4, 20, 240])
 def test_roll_up_is_within_half_a_quantum_of_the_exact_mean(seed: int, factor: int) -> None:
     values = _random_fine(seed)
-    rolled = roll_up(values, factor)
+    rolled = roll_up(values, factor)[:, :METRIC_COUNT]
     grouped = values.reshape(*values.shape[:2], -1, factor)
     present = grouped != MISSING
     count = present.sum(axis=-1)
@@ -137,14 +146,49 @@ def test_the_engines_figures_keep_the_last_value_even_where_it_fell() -> None:
 
 
 @pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("factor", [4, 20])
+def test_a_gauges_extremes_are_its_buckets_least_and_largest_points(seed: int, factor: int) -> None:
+    values = _random_fine(seed)
+    rolled = roll_up(values, factor)
+    assert rolled.shape[1] == ROLLUP_COLUMN_COUNT == METRIC_COUNT + 2 * len(EXTREMES)
+    grouped = values[:, EXTREMES].reshape(values.shape[0], len(EXTREMES), -1, factor)
+    present = grouped != MISSING
+    exact_min = np.where(present, grouped, np.iinfo(np.int64).max).min(axis=-1).astype(np.float64)
+    exact_max = np.where(present, grouped, MISSING).max(axis=-1).astype(np.float64)
+    minimum, maximum = rolled[:, METRIC_COUNT : METRIC_COUNT + len(EXTREMES)], rolled[:, METRIC_COUNT + len(EXTREMES) :]
+    some = present.any(axis=-1)
+    assert ((minimum == MISSING) == ~some).all() and ((maximum == MISSING) == ~some).all()
+    # each within half its quantum of the brute-force extreme, and on the metric's grid like the mean
+    for offset, rolled_extreme, exact in ((METRIC_COUNT, minimum, exact_min),
+                                          (METRIC_COUNT + len(EXTREMES), maximum, exact_max)):
+        extremes = slice(offset, offset + len(EXTREMES))
+        quantum = COLUMN_QUANTUM[extremes][None, :, None].astype(np.float64)
+        absolute = np.broadcast_to(COLUMN_DIGITS[extremes][None, :, None] == 0, some.shape) & some
+        assert (np.abs(rolled_extreme - exact) <= np.broadcast_to(quantum, exact.shape) / 2)[absolute].all()
+        # rounded once, as the mean is: the brute-force extreme rounded in its own column
+        columns = np.zeros((exact.shape[0], ROLLUP_COLUMN_COUNT, exact.shape[2]))
+        columns[:, offset : offset + len(EXTREMES)] = np.where(some, exact, 0.0)
+        rounded = round_to_rollup(columns)[:, offset : offset + len(EXTREMES)]
+        assert (rolled_extreme == rounded)[some].all()
+    # the mean between them, each rounded to its own quantum (the absolute ones: a rate's depends on the value)
+    mean = rolled[:, EXTREMES]
+    slack = (COLUMN_QUANTUM[METRIC_COUNT : METRIC_COUNT + len(EXTREMES)] + ROLLUP_QUANTUM[EXTREMES])[None, :, None] / 2
+    assert ((minimum - slack <= mean) & (mean <= maximum + slack))[absolute].all()
+
+
+@pytest.mark.parametrize("seed", range(4))
 def test_values_on_the_grid_stay_and_round_trip_through_a_chunk(seed: int) -> None:
     rolled = roll_up(_random_fine(seed), 20)
     present = rolled != MISSING
     again = round_to_rollup(np.where(present, rolled, 0).astype(np.float64)).astype(np.int64)
-    on_grid = present & ~_LAST[None, :, None]  # the engine's figures are kept as they are, off any grid
+    last = np.zeros(ROLLUP_COLUMN_COUNT, dtype=np.bool_)
+    last[:METRIC_COUNT] = _LAST
+    on_grid = present & ~last[None, :, None]  # the engine's figures are kept as they are, off any grid
     assert (again[on_grid] == rolled[on_grid]).all()
-    for row, data in zip(rolled, encode_chunks(rolled, level=9), strict=True):
-        assert (decode_chunk(data, rolled.shape[2]) == row).all()
+    every = np.arange(ROLLUP_COLUMN_COUNT)
+    for row, parts in zip(rolled, encode_parts(rolled, level=9), strict=True):
+        named = [(part, data) for part, data in zip(ROLLUP_PARTS, parts, strict=True) if data is not None]
+        assert (decode_parts(named, rolled.shape[2], every) == row).all()
 
 
 def test_a_file_with_finer_rollups_reads_back_unchanged_and_goes_on(
@@ -170,6 +214,11 @@ def test_a_file_with_finer_rollups_reads_back_unchanged_and_goes_on(
     try:
         (reread,) = store.query_range(RangeQuery("workload", "uid-train", ("gpu_utilization_percent",), 0, 420, 60))
         assert reread.points == before.points
+        # buckets written without extremes: their mean is their min and max
+        for aggregation in ("min", "max"):
+            (extreme,) = store.query_range(RangeQuery("workload", "uid-train", ("gpu_utilization_percent",), 0, 420,
+                                                      60, aggregation=aggregation))
+            assert extreme.points == before.points
         record(store, [float(t) for t in range(480, 735, 15)])
         store.compact()
         (after,) = store.query_range(RangeQuery("workload", "uid-train", ("gpu_utilization_percent",), 0, 660, 60))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from fastapi import Depends, Request
 from fastapi.responses import Response
@@ -26,6 +26,7 @@ from gpuwm.api.http import (
     NOT_FOUND,
     RANGE_PARAMETERS,
     WORKLOAD_RANGE_PARAMETERS,
+    AggregationParam,
     ByParam,
     LeaderParam,
     MetricParam,
@@ -39,7 +40,16 @@ from gpuwm.api.http import (
 from gpuwm.api.params import choose_range, parse_breakdown, parse_metrics, parse_step, parse_time
 from gpuwm.api.routes.context import ApiContext
 from gpuwm.api.schemas import MetricsBody
-from gpuwm.store import DEFAULT_METRICS, Breakdown, RangeQuery, Scope, Series, Store
+from gpuwm.store import (
+    DEFAULT_METRICS,
+    Breakdown,
+    RangeQuery,
+    Scope,
+    Series,
+    Store,
+    TimeAggregation,
+    check_aggregation,
+)
 
 #: how a route of one named thing's time series is declared: its body, its errors (404: no such thing), its tag
 SERIES_ROUTE: dict[str, Any] = {"response_model": MetricsBody, "responses": {**ERRORS, **NOT_FOUND}, "tags": ["metrics"]}
@@ -56,6 +66,7 @@ class RangeParams:
     by: str | None = None
     pod: list[str] = field(default_factory=list)
     leader: str | None = None
+    aggregation: str | None = None
 
 
 async def range_window(
@@ -63,9 +74,10 @@ async def range_window(
     start: TimeParam = None,
     end: TimeParam = None,
     step: StepParam = None,
+    aggregation: AggregationParam = None,
 ) -> RangeParams:
-    """What every range route takes: the metrics, the range and the step."""
-    return RangeParams(metric, start, end, step)
+    """What every range route takes: the metrics, the range, the step and what each point holds of it."""
+    return RangeParams(metric, start, end, step, aggregation=aggregation)
 
 
 RangeWindow = Annotated[RangeParams, Depends(range_window)]
@@ -140,12 +152,15 @@ async def answer_range(context: ApiContext, params: RangeParams, target: RangeTa
     """Parse `params`, bound the answer, read it and encode it."""
     store, limits = context.store, context.limits
     names = parse_metrics(params.metric, DEFAULT_METRICS)
+    aggregation = cast(TimeAggregation, params.aggregation or "mean")
+    check_aggregation(aggregation, names)
     start_s = parse_time("start", params.start) if params.start is not None else None
     end_s = parse_time("end", params.end) if params.end is not None else None
     step_s, requested_step = at_stored_resolution(store, parse_step(params.step) if params.step is not None else None)
     first, last, step_seconds = choose_range(start_s, end_s, step_s, *target.default_range)
     query = RangeQuery(
-        target.scope, target.key, names, first, last, step_seconds, target.breakdown, target.pods, requested_step
+        target.scope, target.key, names, first, last, step_seconds, target.breakdown, target.pods, requested_step,
+        aggregation=aggregation,
     )
     query = await context.blocking(fit_resolution, store, query)
     series_count = None if target.keep is not None else await context.blocking(store.series_count, query)
