@@ -21,8 +21,7 @@ from gpuwm.api.server import ApiServer
 from gpuwm.config import Settings
 from gpuwm.store.embedded import EmbeddedStore
 from tests.integration.api.history_store import build_history_store
-from tests.integration.kubeemu import EmulatorThread, KubeHttp, KubernetesEmulator
-from tests.integration.kubeemu.reviews import UserInfo, rbac_objects, service_account_user
+from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator, grant_admin_reads
 
 pytestmark = pytest.mark.integration
 
@@ -118,17 +117,7 @@ def test_readiness_answers_under_twelve_all_time_reports(api_process: str, histo
 @pytest.fixture
 def emu() -> Iterator[EmulatorThread]:
     with EmulatorThread(KubernetesEmulator()) as thread:
-        thread.emulator.reviews.tokens.update({
-            "sa-token": service_account_user("gpuwm", "gpuwm-controller"),
-            "token-admin": UserInfo("admin", audiences=["gpuwm"]),
-        })
-        http = KubeHttp(thread.url)
-        rules = [{"apiGroups": ["gpuwm.io"], "resources": ["gpuworkloadmetrics"], "verbs": ["get"]}]
-        for path, _, body in rbac_objects(
-            {}, [{"kind": "User", "name": "admin", "apiGroup": "rbac.authorization.k8s.io"}], rules,
-            reviewer={"kind": "ServiceAccount", "name": "gpuwm-controller", "namespace": "gpuwm"},
-        ):
-            http.create(path, body)
+        grant_admin_reads(thread)
         yield thread
 
 

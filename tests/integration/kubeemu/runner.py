@@ -139,3 +139,23 @@ class KubeHttp:
 
     def merge(self, path: str, body: Any) -> Any:
         return self.ok("PATCH", path, body, "application/merge-patch+json")
+
+
+def grant_admin_reads(thread: EmulatorThread) -> KubeHttp:
+    """Set up the API's reviewers as the chart does: gpuwm's service account (`sa-token`) may review tokens
+    and access, and the user `admin` (`token-admin`, audience gpuwm) may read GPUWorkloadMetrics everywhere.
+    Returns a client for adding more."""
+    from .reviews import UserInfo, rbac_objects, service_account_user
+
+    thread.emulator.reviews.tokens.update({
+        "sa-token": service_account_user("gpuwm", "gpuwm-controller"),
+        "token-admin": UserInfo("admin", audiences=["gpuwm"]),
+    })
+    http = KubeHttp(thread.url)
+    rules = [{"apiGroups": ["gpuwm.io"], "resources": ["gpuworkloadmetrics"], "verbs": ["get"]}]
+    for path, _, body in rbac_objects(
+        {}, [{"kind": "User", "name": "admin", "apiGroup": "rbac.authorization.k8s.io"}], rules,
+        reviewer={"kind": "ServiceAccount", "name": "gpuwm-controller", "namespace": "gpuwm"},
+    ):
+        http.create(path, body)
+    return http

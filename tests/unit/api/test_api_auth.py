@@ -15,17 +15,8 @@ from gpuwm.store.embedded import EmbeddedStore
 from tests.integration.kubeemu import EmulatorThread, KubeHttp, KubernetesEmulator
 from tests.integration.kubeemu.reviews import UserInfo, rbac_objects, service_account_user
 
-from .api_data import populate
-
 ALICE = {"Authorization": "Bearer token-alice"}  # may read team-a only
 ADMIN = {"Authorization": "Bearer token-admin"}  # cluster-wide
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[EmbeddedStore]:
-    opened = populate(tmp_path / "gpuwm.db")
-    yield opened
-    opened.close()
 
 
 @pytest.fixture

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
+from collections.abc import AsyncIterator
 
 import httpx
 import pytest
@@ -14,14 +13,7 @@ from gpuwm.config import Settings
 from gpuwm.store import RangeQuery, Series
 from gpuwm.store.embedded import EmbeddedStore
 
-from .api_data import GIB, populate
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[EmbeddedStore]:
-    opened = populate(tmp_path / "gpuwm.db")
-    yield opened
-    opened.close()
+from .api_data import GIB
 
 
 @pytest.fixture

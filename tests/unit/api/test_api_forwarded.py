@@ -4,7 +4,6 @@ X-Forwarded-For; the review rates count per that client, and TokenReviews across
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -14,33 +13,13 @@ from gpuwm.api.app import create_app
 from gpuwm.api.auth import KubernetesAuthorizer
 from gpuwm.config import Settings
 from gpuwm.store.embedded import EmbeddedStore
-from tests.integration.kubeemu import EmulatorThread, KubeHttp, KubernetesEmulator
-from tests.integration.kubeemu.reviews import UserInfo, rbac_objects, service_account_user
-
-from .api_data import populate
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[EmbeddedStore]:
-    opened = populate(tmp_path / "gpuwm.db")
-    yield opened
-    opened.close()
+from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator, grant_admin_reads
 
 
 @pytest.fixture
 def emu() -> Iterator[EmulatorThread]:
     with EmulatorThread(KubernetesEmulator()) as thread:
-        thread.emulator.reviews.tokens.update({
-            "sa-token": service_account_user("gpuwm", "gpuwm-controller"),
-            "token-admin": UserInfo("admin", audiences=["gpuwm"]),
-        })
-        http = KubeHttp(thread.url)
-        rules = [{"apiGroups": ["gpuwm.io"], "resources": ["gpuworkloadmetrics"], "verbs": ["get"]}]
-        for path, _, body in rbac_objects(
-            {}, [{"kind": "User", "name": "admin", "apiGroup": "rbac.authorization.k8s.io"}], rules,
-            reviewer={"kind": "ServiceAccount", "name": "gpuwm-controller", "namespace": "gpuwm"},
-        ):
-            http.create(path, body)
+        grant_admin_reads(thread)
         yield thread
 
 

@@ -18,8 +18,8 @@ from gpuwm.config import Settings
 from gpuwm.store import RangeQuery, Series
 from gpuwm.store.base import METRIC_NAMES
 from gpuwm.store.embedded import EmbeddedStore
-from tests.integration.kubeemu import EmulatorThread, KubeHttp, KubernetesEmulator
-from tests.integration.kubeemu.reviews import UserInfo, rbac_objects, service_account_user
+from tests.integration.kubeemu import EmulatorThread, KubernetesEmulator, grant_admin_reads
+from tests.integration.kubeemu.reviews import UserInfo, service_account_user
 
 from .api_data import populate
 
@@ -29,30 +29,15 @@ WRONG_AUDIENCE = {"Authorization": "Bearer token-admin-default-audience"}  # adm
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[EmbeddedStore]:
-    opened = populate(tmp_path / "gpuwm.db")
-    yield opened
-    opened.close()
-
-
-@pytest.fixture
 def emu() -> Iterator[EmulatorThread]:
     with EmulatorThread(KubernetesEmulator()) as thread:
+        http = grant_admin_reads(thread)
         prometheus = service_account_user("monitoring", "prometheus")
         prometheus.audiences = ["gpuwm"]
         thread.emulator.reviews.tokens.update({
-            "sa-token": service_account_user("gpuwm", "gpuwm-controller"),
-            "token-admin": UserInfo("admin", audiences=["gpuwm"]),
             "token-admin-default-audience": UserInfo("admin"),
             "token-prometheus": prometheus,
         })
-        http = KubeHttp(thread.url)
-        rules = [{"apiGroups": ["gpuwm.io"], "resources": ["gpuworkloadmetrics"], "verbs": ["get"]}]
-        for path, _, body in rbac_objects(
-            {}, [{"kind": "User", "name": "admin", "apiGroup": "rbac.authorization.k8s.io"}], rules,
-            reviewer={"kind": "ServiceAccount", "name": "gpuwm-controller", "namespace": "gpuwm"},
-        ):
-            http.create(path, body)
         # what the chart's <release>-metrics-reader ClusterRole grants Prometheus
         http.create("/apis/rbac.authorization.k8s.io/v1/clusterroles", {
             "metadata": {"name": "gpuwm-metrics-reader"},
