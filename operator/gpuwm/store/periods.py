@@ -373,7 +373,7 @@ def read_edge(
 
 def _spread(opening: Opening, edge: Edge, finest_step: int) -> float:
     """The share of an opening before `edge` once spread over [since, the end of its first bucket)."""
-    return min(1.0, max(0.0, (edge.at - opening.since) / (opening.t + finest_step - opening.since)))
+    return min(1.0, max(0.0, (edge.at - opening.since) / (opening.spread_end(finest_step) - opening.since)))
 
 
 def _opening_moved(opening: Opening, start: EdgeFigures, end: EdgeFigures, series_id: int, finest_step: int) -> float:
