@@ -91,10 +91,16 @@ def pod_stats_at(rng: random.Random, t: float, workloads: int, gpu_nodes: list[s
     ]
 
 
+def fresh_build() -> Any:
+    """A new row builder's `build` (the stateless `build_rows` in older code, which the bench also measures)."""
+    builder = getattr(rows_module, "RowBuilder", None)
+    return builder().build if builder is not None else rows_module.build_rows
+
+
 def fill_head(store: EmbeddedStore, at: float, samples: list[GpuSample], workloads: list[Any],
               projects: list[Any], cluster: Any, stats: list[PodStatsSample]) -> None:
     """Head rows for every interval of the chunk span `at` is in, before `at` (the same figures each time)."""
-    rows = rows_module.build_rows(samples, workloads, projects, cluster, stats, known=store._series_ids)
+    rows = fresh_build()(samples, workloads, projects, cluster, stats, known=store._series_ids)
     step = int(store.tiers[0].step_seconds)
     span = store.spans[0].span_seconds
     with store._write_lock:
@@ -152,9 +158,8 @@ def main() -> None:
     traced: list[float] = []  # MiB: record's peak of allocations above what was alive when it began
     with tempfile.TemporaryDirectory() as directory:
         store = EmbeddedStore(Path(directory) / "bench.db", latest_rows_per_interval=args.latest_rows_per_interval or None)
-        # rows alone: a builder of its own fed the same intervals (or the stateless function of older code)
-        builder = getattr(rows_module, "RowBuilder", None)
-        build_alone = builder().build if builder is not None else rows_module.build_rows
+        # rows alone: a builder of its own fed the same intervals
+        build_alone = fresh_build()
         t = args.start - args.interval
         for interval in range(args.intervals):
             end = args.start + interval * args.interval

@@ -126,8 +126,6 @@ PodParam = Annotated[
         "(with by=gpu, one per GPU of those pods). A name the workload never had is refused (400)."
     ),
 ]
-NamespaceParam = Annotated[str | None, Query(description="Only this namespace.")]
-ProjectParam = Annotated[str | None, Query(description="Only this project.")]
 #: a list's next page (`continue` is a Python keyword, hence the alias)
 ContinueParam = Annotated[
     str | None,

@@ -17,12 +17,12 @@ them.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from gpuwm.accounting import energy_cost, gpu_seconds_cost
 from gpuwm.config import PricingSettings
-from gpuwm.store import GpuHourPrice, WorkloadPeriod
+from gpuwm.store import Additive, GpuHourPrice, WorkloadPeriod
 
 SECONDS_PER_HOUR = 3600.0
 
@@ -45,7 +45,7 @@ class PeriodPricing:
 
 
 @dataclass(frozen=True)
-class PeriodCost:
+class PeriodCost(Additive):
     """One run's (or a row's summed) cost over a period; every field adds up over runs and periods."""
 
     gpu_cost: float = 0.0
@@ -54,9 +54,6 @@ class PeriodCost:
     #: the part of `gpu_cost` on GPU-seconds apportioned by time
     apportioned_cost: float = 0.0
     unpriced_gpu_seconds: float = 0.0
-
-    def plus(self, other: PeriodCost) -> PeriodCost:
-        return PeriodCost(**{each.name: getattr(self, each.name) + getattr(other, each.name) for each in fields(self)})
 
     @property
     def cost(self) -> float:

@@ -16,6 +16,7 @@ from gpuwm.store.base import (
     METRIC_NAMES,
     METRICS,
     TIME_AGGREGATIONS,
+    Additive,
     Breakdown,
     GpuHourPrice,
     PeriodSums,
@@ -60,7 +61,7 @@ def open_store(
 
 __all__ = [
     "DEFAULT_METRICS", "EXTREMES_METRIC_NAMES", "MAX_POINTS_PER_SERIES", "METRICS", "METRIC_INDEX", "METRIC_NAMES", "TIME_AGGREGATIONS",
-    "Breakdown", "GpuHourPrice", "PeriodSums", "QueryError", "RangeQuery", "ReadOnlyStoreError", "Scope", "Series",
+    "Additive", "Breakdown", "GpuHourPrice", "PeriodSums", "QueryError", "RangeQuery", "ReadOnlyStoreError", "Scope", "Series",
     "Store", "StoreError", "Stretch", "TimeAggregation", "WorkloadGroup", "WorkloadPeriod", "check_aggregation",
     "open_store", "utilized_gpu_seconds",
 ]

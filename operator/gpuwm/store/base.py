@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
-from typing import Literal
+from dataclasses import dataclass, field, fields, replace
+from typing import Literal, Self
 
 from gpuwm.model import (
     STORED,
@@ -113,7 +113,15 @@ class RangeQuery:
 
 
 @dataclass(frozen=True)
-class PeriodSums:
+class Additive:
+    """Figures that add up field by field, over runs and over periods (a period's sums, what they cost)."""
+
+    def plus(self, other: Self) -> Self:
+        return replace(self, **{each.name: getattr(self, each.name) + getattr(other, each.name) for each in fields(self)})
+
+
+@dataclass(frozen=True)
+class PeriodSums(Additive):
     """The engine's additive figures over a period: the differences of its cumulative figures (the names of
     the catalogue's `Source.FIGURES` metrics)."""
 
@@ -124,9 +132,6 @@ class PeriodSums:
     #: active + idle GPU-seconds weighted by SM utilisation: / (active + idle) is the period's mean utilisation
     utilized_gpu_seconds: float = 0.0
     energy_joules: float = 0.0
-
-    def plus(self, other: PeriodSums) -> PeriodSums:
-        return PeriodSums(**{each.name: getattr(self, each.name) + getattr(other, each.name) for each in fields(self)})
 
 
 @dataclass(frozen=True)

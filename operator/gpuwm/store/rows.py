@@ -57,7 +57,7 @@ from gpuwm.store.layout import (
     assemble,
 )
 
-__all__ = ["POD_SUMMED", "RowBuilder", "Rows", "SeriesKey", "build_rows", "pod_host_row"]
+__all__ = ["POD_SUMMED", "RowBuilder", "Rows", "SeriesKey", "pod_host_row"]
 
 #: the series kinds of every device alike (utilisation not weighted by units held)
 _PER_DEVICE_KINDS = frozenset({"node", "cluster"})
@@ -158,12 +158,12 @@ def _latest_of(items: Iterable[Any], key: Callable[[Any], str]) -> dict[str, Any
 
 
 class RowBuilder:
-    """`build_rows` interval after interval, keeping each workload's series and pairs between calls.
+    """One interval's rows after another, keeping each workload's series and pairs between calls.
 
     A workload whose structure (namespace, name, project, pods, and each GPU's uuid, pod and node)
     is the one of the previous call reuses its entry; only the figures are read again. Series get
     a *slot* that lasts between calls (the table is rebuilt once it holds twice the series in use).
-    The rows are those `build_rows` gives, the same bits: the same additions in the same order.
+    The rows are those a new builder gives, the same bits: the same additions in the same order.
     Labels come for series not in `known` when a workload's entry is built or while they stay unknown;
     a caller that makes `known` forget series (a rolled-back write) calls `clear`.
     """
@@ -259,8 +259,8 @@ class RowBuilder:
         known: Container[SeriesKey] = frozenset(),
         workload_figures: FloatArray | None = None,
     ) -> Rows:
-        """One row per series for this interval (see `build_rows`); `workload_figures`: the workloads'
-        `figure_values` where the caller has them already."""
+        """One row per series for this interval; labels are built only for series not in `known`.
+        `workload_figures`: the workloads' `figure_values` where the caller has them already."""
         if len(self._keys) > 2 * self._in_use + self.SLACK:
             self.clear()  # slots of series gone long ago: start a fresh table
         latest: dict[str, GpuSample] = _latest_of(samples, attrgetter("uuid"))
@@ -361,15 +361,3 @@ def _pending_labels(entries: list[Entry], known: Container[SeriesKey]) -> dict[S
 def _resources_by_pod(pod_lists: Iterable[Any]) -> dict[str, PodResources]:
     """The requests and limits of each pod that has them."""
     return {pod.uid: pod.resources for pods in pod_lists for pod in pods if pod.resources is not None}
-
-
-def build_rows(
-    samples: Sequence[GpuSample],
-    workloads: Sequence[WorkloadFigures],
-    projects: Sequence[ProjectFigures],
-    cluster: ClusterFigures,
-    pod_stats: Sequence[PodStatsSample] = (),
-    known: Container[SeriesKey] = frozenset(),
-) -> Rows:
-    """One row per series for this interval; labels are built only for series not in `known`."""
-    return RowBuilder().build(samples, workloads, projects, cluster, pod_stats, known)

@@ -23,7 +23,7 @@ from gpuwm.store.base import METRIC_NAMES, METRICS
 from gpuwm.store.codec import METRIC_COUNT, RESOLUTION, ROLLUP_QUANTUM
 from gpuwm.store.embedded import EmbeddedStore
 from gpuwm.store.promql import promql
-from gpuwm.store.rows import build_rows
+from gpuwm.store.rows import RowBuilder
 from tests.integration.store.openmetrics_backfill import OpenMetricsBackfill
 
 from ..store.store_data import cluster, project, sample, workload
@@ -71,7 +71,7 @@ def test_the_store_keeps_the_stored_entries_in_the_files_column_order() -> None:
 @pytest.mark.parametrize("kind", ["workload", "pod", "node", "cluster"])
 def test_rows_give_every_stored_metric_a_value(kind: str) -> None:
     figures = _full_workload()
-    rows = build_rows([_full_sample()], [figures], [project("alpha", [figures])], cluster(1), [_full_stats()])
+    rows = RowBuilder().build([_full_sample()], [figures], [project("alpha", [figures])], cluster(1), [_full_stats()])
     row = rows.values[[key[0] for key in rows.keys].index(kind)]
     missing = [name for name, value in zip(METRIC_NAMES, row, strict=True) if np.isnan(value)]
     # energy is the workload's and project's own figure, or the devices' counters: a pod has none; the engine's

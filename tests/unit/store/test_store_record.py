@@ -26,7 +26,7 @@ from gpuwm.sim.scenario import default_faults
 from gpuwm.sim.simulator import SimConfig, Simulator
 from gpuwm.store.codec import MISSING, decode_head, quantize
 from gpuwm.store.embedded import EmbeddedStore
-from gpuwm.store.rows import build_rows
+from gpuwm.store.rows import RowBuilder
 
 from .pagecache import page_cache_mib
 from .store_data import cluster, project, sample, workload
@@ -54,7 +54,7 @@ class _OldPathStore(EmbeddedStore):
         *,
         compact: bool = True,
     ) -> None:
-        rows = build_rows(samples, workloads, projects, cluster, pod_stats, known=self._series_ids)
+        rows = RowBuilder().build(samples, workloads, projects, cluster, pod_stats, known=self._series_ids)
         connection = self._writer
         connection.execute("BEGIN IMMEDIATE")
         step = self.tiers[0].step_seconds

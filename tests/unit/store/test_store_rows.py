@@ -7,14 +7,14 @@ import pytest
 
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.sim.simulator import SimConfig, Simulator
-from gpuwm.store.rows import build_rows
+from gpuwm.store.rows import RowBuilder
 
 from .reference_rows import build_rows as reference_rows
 from .store_data import cluster, project, sample, workload
 
 
 def _compare(*args: object) -> None:
-    new = build_rows(*args)  # type: ignore[arg-type]
+    new = RowBuilder().build(*args)  # type: ignore[arg-type]
     old = reference_rows(*args)  # type: ignore[arg-type]
     assert set(new.keys) == set(old)
     expected = np.array([old[key].values for key in new.keys], dtype=np.float64).reshape(new.values.shape)
@@ -40,7 +40,7 @@ def test_simulated_fleet_rows_are_identical(seed: int) -> None:
             workloads, projects, figures = engine.report(step.t)
             assert workloads and step.pod_stats
             _compare(step.samples, workloads, projects, figures, step.pod_stats)
-            kinds.update(kind for kind, _ in build_rows(step.samples, workloads, projects, figures).keys)
+            kinds.update(kind for kind, _ in RowBuilder().build(step.samples, workloads, projects, figures).keys)
     assert kinds == {"gpu", "pod", "workload", "workload_node", "project", "project_node", "node", "cluster"}
 
 
@@ -57,7 +57,7 @@ def test_hand_made_edge_cases_are_identical() -> None:
 
 def test_known_series_get_no_labels() -> None:
     job = workload("train", [("gpu-0", 1.0, 50.0)])
-    first = build_rows([sample(1.0, "gpu-0")], [job], [project("alpha", [job])], cluster(1))
-    again = build_rows([sample(2.0, "gpu-0")], [job], [project("alpha", [job])], cluster(1), known=set(first.keys))
+    first = RowBuilder().build([sample(1.0, "gpu-0")], [job], [project("alpha", [job])], cluster(1))
+    again = RowBuilder().build([sample(2.0, "gpu-0")], [job], [project("alpha", [job])], cluster(1), known=set(first.keys))
     assert again.keys == first.keys and again.labels == {}
     assert first.labels[("workload", "uid-train")]["workload"] == "train"

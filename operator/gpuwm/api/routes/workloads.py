@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
+from pydantic import BaseModel, Field
 
 from gpuwm.api.auth import User
 from gpuwm.api.http import (
@@ -14,9 +15,7 @@ from gpuwm.api.http import (
     ERRORS,
     NOT_FOUND,
     ContinueParam,
-    NamespaceParam,
     NotFound,
-    ProjectParam,
     check_parameters,
     is_idle,
 )
@@ -43,13 +42,33 @@ _ONE_WORKLOAD: dict[str, Any] = {"response_model": WorkloadFigures, "responses":
                                  "tags": ["workloads"]}
 
 
+class Selection(BaseModel):
+    """Which workloads a list is of (query parameters): one namespace's, one project's, both, or all."""
+
+    namespace: str | None = Field(default=None, description="Only this namespace.")
+    project: str | None = Field(default=None, description="Only this project.")
+
+    async def admit(self, caller: Caller) -> User:
+        """The caller, refused (403) a namespace it named and may not read."""
+        return await (caller.require([self.namespace]) if self.namespace is not None else caller.authenticate())
+
+    async def readable(self, caller: Caller, user: User, workloads: list[WorkloadFigures]) -> list[WorkloadFigures]:
+        """Those of `workloads` in the namespace and project where given, and in namespaces `user` may read (a
+        namespace given is one `admit` already required)."""
+        chosen = [
+            w for w in workloads
+            if (self.namespace is None or w.namespace == self.namespace)
+            and (self.project is None or w.project == self.project)
+        ]
+        return chosen if self.namespace is not None else await caller.readable(user, chosen)
+
+
 @router.get("/api/v1/workloads", response_model=WorkloadList, responses=ERRORS, tags=["workloads"])
 async def list_workloads(
     request: Request,
     context: Context,
     caller: CallerOf,
-    namespace: NamespaceParam = None,
-    project: ProjectParam = None,
+    selection: Annotated[Selection, Query()],
     idle: Annotated[
         str | None,
         Query(description="true: only workloads holding GPUs and idle now; false: the others.", pattern=BOOL_PATTERN),
@@ -78,29 +97,17 @@ async def list_workloads(
     idle_only = parse_bool("idle", idle) if idle is not None else None
     ended_runs = parse_bool("ended", ended) if ended is not None else None
     page_size = limit if limit is not None else (DEFAULT_PAGE_RUNS if ended_runs else None)
-    user = await (caller.require([namespace]) if namespace is not None else caller.authenticate())
+    user = await selection.admit(caller)
     workloads = await context.blocking(context.store.runs if ended_runs else context.store.workloads)
     if ended_runs is False:
         workloads = [w for w in workloads if w.end_time is None]
     if idle_only is not None:
         workloads = [w for w in workloads if is_idle(w) == idle_only]
-    chosen = await readable_of(caller, user, workloads, namespace, project)
+    chosen = await selection.readable(caller, user, workloads)
     if page_size is None and continue_ is None:
         return WorkloadList(workloads=chosen)
     page, following = page_of_runs(chosen, page_size, continue_)
     return WorkloadList(workloads=page, continue_=following)
-
-
-async def readable_of(
-    caller: Caller, user: User, workloads: list[WorkloadFigures], namespace: str | None, project: str | None
-) -> list[WorkloadFigures]:
-    """Those of `workloads` in `namespace` and `project` where given, and in namespaces `user` may read (a
-    namespace given is one the caller was already required to read)."""
-    chosen = [
-        w for w in workloads
-        if (namespace is None or w.namespace == namespace) and (project is None or w.project == project)
-    ]
-    return chosen if namespace is not None else await caller.readable(user, chosen)
 
 
 async def find_workload(context: ApiContext, namespace: str, name: str) -> WorkloadFigures:
@@ -175,11 +182,7 @@ queue_router = APIRouter()
 
 @queue_router.get("/api/v1/queue", response_model=QueueView, responses=ERRORS, tags=["workloads"])
 async def queue(
-    request: Request,
-    context: Context,
-    caller: CallerOf,
-    namespace: NamespaceParam = None,
-    project: ProjectParam = None,
+    request: Request, context: Context, caller: CallerOf, selection: Annotated[Selection, Query()]
 ) -> QueueView:
     """Queued and pending workloads you may read, longest wait first.
 
@@ -188,10 +191,8 @@ async def queue(
     queuedSeconds, waitSeconds (both count on after a preemption) and its Kueue queues.
     """
     check_parameters(request, {"namespace", "project"}, multi=())
-    user = await (caller.require([namespace]) if namespace is not None else caller.authenticate())
+    user = await selection.admit(caller)
     workloads = await context.blocking(context.store.workloads)
-    return queue_view(
-        await readable_of(caller, user, [w for w in workloads if w.phase in WAITING_PHASES], namespace, project)
-    )
+    return queue_view(await selection.readable(caller, user, [w for w in workloads if w.phase in WAITING_PHASES]))
 
 
