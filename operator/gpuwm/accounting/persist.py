@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import binascii
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, overload
 
 from gpuwm.accounting.rawcolumns import RawJson
@@ -206,7 +206,7 @@ def restore_state(core: Any, state: dict[str, Any], consume: bool = False) -> No
         raise StateError(f"engine state is malformed: {type(error).__name__}: {error}") from None
 
 
-def saved_entries(entries: Sequence[Any], consume: bool) -> Iterator[Any]:
+def saved_entries(entries: Iterable[Any], consume: bool) -> Iterator[Any]:
     """The entries of a saved list in order; with `consume`, each is let go once read (see `restore_state`;
     the controller's own saved lists are read so too): taken out of a list, or a section of the
     controller's state file read once (anything with a `consume()`, `persistence.SavedLines`)."""

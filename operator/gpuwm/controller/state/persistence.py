@@ -16,9 +16,9 @@ import os
 import struct
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, overload
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -355,7 +355,7 @@ class _StateFile:
             os.close(self.descriptor)
 
 
-class SavedLines(Sequence[Any]):
+class SavedLines:
     """A section of a state file: its entries, each parsed when read (see `encode_state_chunks`).
 
     A whole parsed document holds all its small objects until the end; the engine's objects are
@@ -365,7 +365,7 @@ class SavedLines(Sequence[Any]):
     repeated in many entries, is kept once, as the live controller keeps it.
     """
 
-    __slots__ = ("_count", "_data", "_file", "_length", "_offset", "_starts")
+    __slots__ = ("_count", "_data", "_file", "_length", "_offset")
 
     def __init__(self, file: _StateFile, offset: int, length: int, count: int) -> None:
         self._file: _StateFile | None = file
@@ -373,54 +373,23 @@ class SavedLines(Sequence[Any]):
         self._length = length
         self._count = count
         self._data: bytes | None = None
-        self._starts: list[int] | None = None
 
     def __len__(self) -> int:
         return self._count
 
-    def _bytes(self) -> bytes:
+    def __iter__(self) -> Iterator[Any]:
         if self._data is None:
             if self._file is None:
                 raise ValueError("a consumed section of the state file is read again")
             self._data = self._file.read(self._offset, self._length)
             if self._data.count(b"\n") != self._count or (self._data and not self._data.endswith(b"\n")):
                 raise ValueError(f"a section of the state file holds not {self._count} lines")
-        return self._data
-
-    def _entry(self, data: bytes, start: int, end: int) -> Any:
-        entry = json.loads(data[start:end])
-        file = self._file
+        data, file = self._data, self._file
         assert file is not None
-        return _resolved(entry, file)
-
-    @overload
-    def __getitem__(self, index: int) -> Any: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[Any]: ...
-
-    def __getitem__(self, index: int | slice) -> Any:
-        data = self._bytes()
-        if self._starts is None:
-            starts, position = [0], data.find(b"\n")
-            while position >= 0:
-                starts.append(position + 1)
-                position = data.find(b"\n", position + 1)
-            self._starts = starts
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self._count))]
-        if index < 0:
-            index += self._count
-        if not 0 <= index < self._count:
-            raise IndexError(index)
-        return self._entry(data, self._starts[index], self._starts[index + 1] - 1)
-
-    def __iter__(self) -> Iterator[Any]:
-        data = self._bytes()
         start = 0
         for _ in range(self._count):
             end = data.index(b"\n", start)
-            yield self._entry(data, start, end)
+            yield _resolved(json.loads(data[start:end]), file)
             start = end + 1
 
     def consume(self) -> Iterator[Any]:
@@ -428,7 +397,7 @@ class SavedLines(Sequence[Any]):
         try:
             yield from self
         finally:
-            self._data = self._starts = None
+            self._data = None
             self._file = None
 
 
