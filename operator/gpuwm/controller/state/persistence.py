@@ -80,11 +80,8 @@ LINES_KEY = "$lines"
 
 
 def encode_state(state: dict[str, Any]) -> bytes:
-    """The state as JSON bytes, in one piece (small states and tests; saving streams instead).
-
-    orjson, not `json.dumps`, for its speed; non-string keys become strings as `json.dumps`
-    makes them, so `load_state` reads back what it always did. Raw columns (`RawDoubles`) go in as base64 text.
-    """
+    """The state as JSON bytes, in one piece (small states and tests; saving streams instead), raw
+    columns (`RawDoubles`) as base64 text. Non-string keys become strings as `json.dumps` makes them."""
     return orjson.dumps({"version": STATE_VERSION, **state}, default=_entries, option=_OPTIONS)
 
 
@@ -206,7 +203,6 @@ def encode_state_chunks(state: dict[str, Any]) -> Iterator[bytes | memoryview]:
 
 
 def write_state(path: Path, payload: bytes | Iterable[bytes | memoryview]) -> None:
-    """Write encoded state (bytes or chunks) atomically (safe in a thread when the chunks are)."""
     commit_state(stage_state(path, payload), path)
 
 
@@ -217,14 +213,11 @@ def previous_path(path: Path) -> Path:
 
 def stage_state(path: Path, payload: bytes | Iterable[bytes | memoryview]) -> Path:
     """Write the state over the state file before last (`previous_path`), not yet synced nor in place
-    (see `commit_state`); returns that file's path.
+    (`commit_state`, the slow part, can run in a thread once the engine-referencing chunks are written).
 
-    Overwritten in place, not a new temp file: its pages are in the page cache already, where a
-    new file takes a state's worth of fresh pages each save and the replaced one gives them back,
-    which costs kernel CPU on every save. The file being
-    written is never the one `load_state` reads, so a save cut short leaves the state as it was.
-    Writing to the page cache is quick; the fsync, the slow part, is `commit_state`'s, which can
-    run in a thread once the (engine-referencing) chunks are all written.
+    Overwritten in place, not a new temp file: its pages are in the page cache already, where a new
+    file takes a state's worth of fresh pages each save, which costs kernel CPU. It is never the file
+    `load_state` reads, so a save cut short leaves the state as it was.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     spare = previous_path(path)
@@ -247,11 +240,10 @@ def stage_state(path: Path, payload: bytes | Iterable[bytes | memoryview]) -> Pa
 
 
 def commit_state(staged: Path, path: Path) -> None:
-    """fsync a staged state file and rename it over `path` (atomic: the old state or the new, never half);
-    the old state stays as the state before last (`previous_path`), to be overwritten by the next save.
+    """fsync a staged state file and rename it over `path` (atomic: the old state or the new, never half).
 
-    The old file keeps its pages by a second name (a hard link) while the new one takes its place;
-    where links are not possible the old file is simply replaced.
+    The old state stays as the state before last (`previous_path`) through a hard link, where links
+    are possible; else it is simply replaced.
     """
     try:
         _fsync(staged)
@@ -281,7 +273,6 @@ def _fsync(path: Path, flags: int = 0) -> None:
 
 
 def save_state(path: Path, state: dict[str, Any]) -> None:
-    """Write `state` atomically, streaming its JSON to the file."""
     write_state(path, encode_state_chunks(state))
 
 
@@ -346,7 +337,7 @@ class _StateFile:
         return data
 
     def column(self, reference: Any) -> bytes:
-        """The bytes a `{"$raw": [offset, length]}` names, read from the file (not all columns in memory at once)."""
+        """The bytes a `{"$raw": [offset, length]}` names (read from the file: not all columns in memory)."""
         offset, length = _raw_range(reference, self.columns_end - self.columns_start)
         return self.read(self.columns_start + offset, length)
 
@@ -358,11 +349,10 @@ class _StateFile:
 class SavedLines:
     """A section of a state file: its entries, each parsed when read (see `encode_state_chunks`).
 
-    A whole parsed document holds all its small objects until the end; the engine's objects are
-    then spread among them, and the memory they leave cannot go back. Read an
-    entry at a time, an entry's objects reuse the last one's memory. `consume()` reads each entry once and lets the section's bytes go after the last.
-    Strings are the interpreter's one copy (`sys.intern`): the same node, namespace or UUID,
-    repeated in many entries, is kept once, as the live controller keeps it.
+    A whole parsed document holds all its small objects until the end, and the engine's objects spread
+    among them keep the memory they leave from going back. Read an entry at a time (`consume()`: once,
+    the bytes let go after the last), an entry's objects reuse the last one's memory. Strings are
+    interned: a node, namespace or UUID repeated in many entries is kept once, as the live controller does.
     """
 
     __slots__ = ("_count", "_data", "_file", "_length", "_offset")
