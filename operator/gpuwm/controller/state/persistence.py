@@ -62,10 +62,6 @@ STREAM_DEPTH = 4
 _OPTIONS = orjson.OPT_NON_STR_KEYS
 
 
-#: the last bytes of a state file that carries raw columns after its JSON: then, before them, the
-#: offset (uint64, little-endian) where the raw bytes begin
-RAW_MAGIC = b"GPUWMRAW"
-_TRAILER = struct.Struct("<Q8s")
 #: how the JSON names a raw column: {"$raw": [offset from the raw bytes' start, length in bytes]}
 RAW_KEY = "$raw"
 
@@ -282,8 +278,7 @@ def load_state(path: Path) -> dict[str, Any] | None:
     Raw columns come back as bytes where the JSON names them, which the engine's restore reads as
     it reads base64 text. A sectioned file's big lists come back as `SavedLines`, read from the
     file an entry at a time, which must be read before the state file is saved over twice (the
-    controller restores right after loading). Files written before sections (JSON alone, or JSON
-    and raw columns) are read whole, as they always were.
+    controller restores right after loading). A file of JSON alone is read whole.
     """
     try:
         with path.open("rb") as file:
@@ -301,12 +296,7 @@ def load_state(path: Path) -> dict[str, Any] | None:
         logger.warning("cannot read engine state %s (%s); rebuilding from CR status", path, error)
         return None
     try:
-        document, raw = _split_raw(data)
-        # json, not orjson: orjson.loads peaks far higher in memory on a large state, and the
-        # files json.dumps wrote before orjson may hold NaN/Infinity, which orjson rejects
-        state = json.loads(document)
-        if raw is not None:
-            _resolve_raw(state, raw)
+        state = json.loads(data)  # json, not orjson: orjson.loads peaks far higher in memory on a large state
     except ValueError as error:
         logger.warning("engine state %s is not valid JSON (%s); rebuilding from CR status", path, error)
         return None
@@ -451,29 +441,6 @@ def _replace_references(document: Any, references: dict[str, Callable[[Any], Any
                     pending.append(value)
             elif kind is list:
                 pending.append(value)
-
-
-def _split_raw(data: bytes) -> tuple[bytes, memoryview | None]:
-    """(the JSON, the raw columns after it or None) of a state file's bytes; ValueError when the trailer is wrong."""
-    if not data.endswith(RAW_MAGIC):
-        return data, None  # JSON alone, as every state before raw columns
-    if len(data) < _TRAILER.size:
-        raise ValueError("the raw columns' trailer is cut short")
-    start, _ = _TRAILER.unpack_from(data, len(data) - _TRAILER.size)
-    end = len(data) - _TRAILER.size
-    if not 0 < start <= end:
-        raise ValueError(f"the raw columns' offset {start} is outside the file ({len(data)} bytes)")
-    return data[: start - 1], memoryview(data)[start:end]
-
-
-def _resolve_raw(document: Any, raw: memoryview) -> None:
-    """Replace each `{"$raw": [offset, length]}` in the loaded JSON with those bytes of `raw` (a view, no copy)."""
-
-    def column(reference: Any) -> memoryview:
-        offset, length = _raw_range(reference, len(raw))
-        return raw[offset: offset + length]
-
-    _replace_references(document, {RAW_KEY: column})
 
 
 def _raw_range(reference: Any, size: int) -> tuple[int, int]:
