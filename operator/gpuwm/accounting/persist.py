@@ -18,9 +18,6 @@ from gpuwm.accounting.windows import WindowSums, fold_after_of
 from gpuwm.model import GpuSample, NamespaceEvent, PodEvent, WorkloadEvent
 
 STATE_VERSION = 2
-#: versions `restore_state` reads: 1 saved each GPU's history as rows ("points") and window segments as
-#: a list of floats; 2 saves them as base64 columns ("history") and a base64 string (no Python float each)
-READABLE_VERSIONS = (1, 2)
 
 
 class StateError(ValueError):
@@ -197,8 +194,8 @@ def restore_state(core: Any, state: dict[str, Any], consume: bool = False) -> No
     memory arenas and the restored engine keeps a few of them: freed only at the end, the JSON would
     leave arenas mostly empty but held; dropped as it goes, its memory is reused by the engine's own.
     """
-    if state.get("version") not in READABLE_VERSIONS:
-        raise StateError(f"engine state version {state.get('version')!r} is not one of {READABLE_VERSIONS}; "
+    if state.get("version") != STATE_VERSION:
+        raise StateError(f"engine state version {state.get('version')!r} is not {STATE_VERSION}; "
                          "start afresh")
     try:
         _restore(core, state, consume)
@@ -257,10 +254,7 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
             core.pods[pod_key] = pod
     for raw in saved_entries(state["gpus"], consume):
         gpu = Gpu(raw["uuid"], raw["node"])
-        if "history" in raw:
-            gpu.load_columns(raw["history"])
-        else:
-            gpu.load_rows(raw["points"])
+        gpu.load_columns(raw["history"])
         gpu.pruned = bool(raw["pruned"])
         gpu.latest = None if raw["latest"] is None else GpuSample.model_validate(raw["latest"])
         gpu.stretches = [stretches[index] for index in raw["stretches"]]
@@ -291,11 +285,7 @@ def _workload(raw: dict[str, Any], saved_pods: dict[str, _SavedPod]) -> Workload
     workload.unattributed_gpu_seconds = raw.get("unattributedSeconds", 0.0)  # absent in states saved before it was counted
     workload.energy_joules = raw["energyJoules"]
     workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem = raw["life"]
-    windows = raw["windows"]  # version 1: a list of floats; 2: base64 of the doubles, or their raw bytes
-    fold_after = fold_after_of(workload.uid)
-    capacity = raw.get("windowsCapacity")  # absent in states saved before it was kept
-    workload.windows = (WindowSums.from_list(windows, fold_after, capacity) if isinstance(windows, list)
-                        else WindowSums.from_base64(windows, fold_after, capacity))
+    workload.windows = WindowSums.from_base64(raw["windows"], fold_after_of(workload.uid), raw.get("windowsCapacity"))
     workload.first_run_start = raw["firstRunStart"]
     workload.retired_runs = [(run[0], run[1]) for run in raw["retiredRuns"]]
     retired = raw["retiredLastActive"]

@@ -352,10 +352,6 @@ class Gpu:
             )
         ]
 
-    def load_rows(self, rows: list[list[Any]]) -> None:
-        for t, sm, memory, energy, pod_sm, units, *merged in rows:  # rows saved before merged polls have 6 members
-            self.append((t, _nan(sm), _nan(memory), _nan(energy), pod_sm, units, float(merged[0]) if merged else 0.0))
-
     def columns(self, raw: bool = False) -> dict[str, Any]:
         """The history as JSON-able columns: each float column base64 of its little-endian doubles (NaN kept).
 
@@ -434,10 +430,6 @@ _decode = doubles_from_saved  # base64 text, or raw bytes from the controller's 
 
 def _none(value: float) -> float | None:
     return None if value != value else value
-
-
-def _nan(value: float | None) -> float:
-    return NOTHING if value is None else float(value)
 
 
 class Pod:

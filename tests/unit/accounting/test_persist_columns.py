@@ -1,4 +1,4 @@
-"""Saved GPU history and window segments as base64 (state version 2): exact round trip, version 1 still read."""
+"""Saved GPU history and window segments as base64 (state version 2): exact round trip."""
 
 from __future__ import annotations
 
@@ -60,19 +60,6 @@ def test_columns_round_trip_keeps_every_value_and_nan() -> None:
     for later in (restored, engine):
         later.observe(sample(8.0, "GPU-a", sm=50.0, energy_joules=900.0))
     assert _figures(restored, 8.0) == _figures(engine, 8.0)
-
-
-def test_version_one_rows_are_still_restored() -> None:
-    engine = _engine()
-    state = engine.save()
-    state["version"] = 1
-    for raw in state["gpus"]:
-        del raw["history"]
-        raw["points"] = engine.gpu_records[raw["uuid"]].rows()
-    for raw in state["workloads"]:
-        raw["windows"] = engine.workload_records[raw["uid"]].windows.to_list()
-    restored = Engine.restore(json.loads(json.dumps(state)), CONFIG)
-    assert _figures(restored, 7.0) == _figures(engine, 7.0)
 
 
 @pytest.mark.parametrize("damage", ["short column", "not base64", "part of a segment", "unknown version"])
