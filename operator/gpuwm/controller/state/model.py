@@ -69,7 +69,7 @@ class ControllerState:
             "saved_at": now,
             "engine": self.engine.save(lazy, raw),
             "agents": agents,
-            # a node's holders an entry (lazy: a section of the state file); states saved before were {node: holders}
+            # a node's holders an entry (lazy: a section of the state file)
             "holders": (LazyEntries(list(self.holders_by_node.items()), _node_holders_to_json) if lazy
                         else [_node_holders_to_json(item) for item in self.holders_by_node.items()]),
             "pods": (LazyEntries(list(self.pods.values()), _pod_to_json) if lazy
@@ -95,7 +95,7 @@ class ControllerState:
         """
         engine = Engine.restore(saved["engine"], config, consume=True)
         holders_by_node = {node: [share_fields_set(DeviceHolder.model_validate(h)) for h in holders]
-                           for node, holders in _saved_holders(saved.get("holders") or {})}
+                           for node, holders in _saved_holders(saved.get("holders") or [])}
         pods = {pod.uid: pod for pod in map(_pod_from_json, saved_entries(saved.get("pods") or [], consume=True))}
         cr_names = dict(adopted.cr_names) if adopted is not None else {}
         cr_names.update({str(k): str(v) for k, v in (saved.get("cr_names") or {}).items()})
@@ -147,11 +147,6 @@ def _node_holders_to_json(item: tuple[str, list[DeviceHolder]]) -> dict[str, Any
 
 
 def _saved_holders(saved: Any) -> Iterator[tuple[str, list[Any]]]:
-    """(node, its holders) of a saved state: {"node", "holders"} entries (a list or a section), or {node: holders}
-    as states saved before them hold; consumed as read, as the engine's lists are."""
-    if isinstance(saved, dict):
-        for node in list(saved):
-            yield node, saved.pop(node)
-        return
+    """(node, its holders) of a saved state's {"node", "holders"} entries (a list or a section), consumed as read."""
     for entry in saved_entries(saved, consume=True):
         yield entry["node"], entry["holders"]
