@@ -259,10 +259,6 @@ def _float_column(values: Iterable[float]) -> array[float]:
     return array("d", values)
 
 
-def _dict_column(values: Iterable[dict[str, float] | None]) -> list[dict[str, float] | None]:
-    return list(values)
-
-
 class Gpu:
     """One physical GPU or MIG instance: its recent sample history and the stretches on it.
 
@@ -282,7 +278,7 @@ class Gpu:
         self.memory = array("d")
         self.energy = array("d")
         self.device_units: UniformColumn[float] = UniformColumn(1.0, _float_column, adopt=True)
-        self.pod_sm: UniformColumn[dict[str, float] | None] = UniformColumn(None, _dict_column, adopt=False)
+        self.pod_sm: UniformColumn[dict[str, float] | None] = UniformColumn(None, list, adopt=False)
         #: how much of each interval merged polls cover (gpuwm.feed.merge): 0 for a single poll
         self.merged: UniformColumn[float] = UniformColumn(0.0, _float_column, adopt=False)
         self.latest: GpuSample | None = None
