@@ -109,13 +109,13 @@ class _RawSection:
         return _entries(value)
 
 
-def _chunks(value: Any, depth: int, default: Callable[[Any], Any] = _entries, lines: bool = False) -> Iterator[bytes]:
-    """`value` as JSON in pieces of at most a batch of children, never the whole document at once;
-    with `lines`, a lazy list is `default`'s (a section, see `encode_state_chunks`), not spelt out."""
-    if lines and isinstance(value, LazyEntries):
+def _chunks(value: Any, depth: int, default: Callable[[Any], Any]) -> Iterator[bytes]:
+    """`value` as JSON in pieces of at most a batch of children, never the whole document at once; a lazy
+    list is what `default` makes of it (a section, see `encode_state_chunks`), not spelt out."""
+    if isinstance(value, LazyEntries):
         yield orjson.dumps(default(value), option=_OPTIONS)
         return
-    if depth <= 0 or not isinstance(value, dict | list | LazyEntries) or not value:
+    if depth <= 0 or not isinstance(value, dict | list) or not value:
         yield orjson.dumps(value, default=default, option=_OPTIONS)
         return
     if isinstance(value, dict):
@@ -129,20 +129,19 @@ def _chunks(value: Any, depth: int, default: Callable[[Any], Any] = _entries, li
         else:
             for index, (key, child) in enumerate(items):
                 yield (b"," if index else b"") + orjson.dumps({key: None}, option=_OPTIONS)[1:-5]  # `"key":`
-                yield from _chunks(child, depth - 1, default, lines)
+                yield from _chunks(child, depth - 1, default)
         yield b"}"
         return
     yield b"["
     if len(value) > STREAM_SPLIT:
         for start in range(0, len(value), STREAM_BATCH):
-            # a LazyEntries slice builds just these entries: only a batch of them is ever alive
             yield (b"," if start else b"") + orjson.dumps(
                 value[start:start + STREAM_BATCH], default=default, option=_OPTIONS)[1:-1]
     else:
         for index, child in enumerate(value):
             if index:
                 yield b","
-            yield from _chunks(child, depth - 1, default, lines)
+            yield from _chunks(child, depth - 1, default)
     yield b"]"
 
 
@@ -171,7 +170,7 @@ def encode_state_chunks(state: dict[str, Any]) -> Iterator[bytes | memoryview]:
         return raw.default(value)
 
     written = 0
-    for chunk in _chunks({"version": STATE_VERSION, **state}, STREAM_DEPTH, section, lines=True):
+    for chunk in _chunks({"version": STATE_VERSION, **state}, STREAM_DEPTH, section):
         written += len(chunk)
         yield chunk
     if not raw.columns and not sections:
