@@ -61,13 +61,10 @@ class LazyEntries(Sequence[dict[str, Any]]):
 
 
 def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, Any]:
-    """The engine's state; with `lazy`, its workloads, pods and GPUs are `LazyEntries`.
-
-    A lazy state must be read (encoded) before the engine changes again: its entries are
-    built from the engine's records when read. `raw`: window segments and GPU histories are
-    `RawDoubles` (the same columns themselves, not copies; for the controller's state file,
-    which writes them as bytes), not base64 text; such a state must be encoded before the
-    engine changes again too.
+    """The engine's state; with `lazy`, its workloads, pods and GPUs are `LazyEntries`, built from the
+    engine's records when read; with `raw`, window segments and GPU histories are `RawDoubles` (the columns
+    themselves, for the controller's state file, which writes them as bytes), not base64 text. Either must
+    be encoded before the engine changes again.
     """
     entries = _Entries(core, raw)
 

@@ -349,12 +349,9 @@ class Gpu:
         ]
 
     def columns(self, raw: bool = False) -> dict[str, Any]:
-        """The history as JSON-able columns: each float column base64 of its little-endian doubles (NaN kept).
-
-        What the engine state saves: rows would be a Python list per sample; columns are a few
-        strings per GPU.
-        `podSm` is null when no sample carried per-process data; `units` (a device's size, which
-        does not change) is a plain number when every sample has the same.
+        """The history as JSON-able columns (a few strings per GPU, not a list per sample): each float
+        column base64 of its little-endian doubles (NaN kept). `podSm` is null when no sample carried
+        per-process data; `units` (a device's size) is a plain number when every sample has the same.
 
         `raw` (the controller's state file, see gpuwm.accounting.rawcolumns): t, sm, memory,
         energy (and merged, where any point is) as one `RawDoubles` of the columns one after the

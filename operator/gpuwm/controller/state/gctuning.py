@@ -53,8 +53,7 @@ def release_free_memory() -> bool:
 
     A cycle builds many short-lived objects (every workload's figures, the store's rows, the
     saved state); once freed, glibc keeps most of those pages, so RSS stays at the cycle's peak
-    between cycles. `malloc_trim(0)` returns them for little CPU. The peak
-    within a cycle is unchanged.
+    between cycles. `malloc_trim(0)` returns them for little CPU. The peak within a cycle is unchanged.
     """
     trim = _libc_function("malloc_trim")
     if trim is None:

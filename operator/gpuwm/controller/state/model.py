@@ -60,10 +60,8 @@ class ControllerState:
         """Everything a restarted controller needs to carry on exactly (JSON-serialisable).
 
         `agents`: the puller's positions; `cluster`: which cluster this is (see `recovery.cluster_identity`).
-        `lazy`: the engine's big lists are built as they are encoded (`persistence.encode_state_chunks`
-        in batches), which must happen before the engine changes again. `raw`: its float columns are
-        `RawDoubles`, which `persistence.encode_state_chunks` writes as bytes after the JSON (so must
-        the state be encoded before the engine changes again).
+        `lazy`, `raw`: as `Engine.save` takes them; `persistence.encode_state_chunks` must encode the state
+        before the engine changes again.
         """
         return {
             "saved_at": now,
