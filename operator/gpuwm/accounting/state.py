@@ -339,15 +339,6 @@ class Gpu:
             del column[:index]
         self.pruned = True
 
-    def rows(self) -> list[list[Any]]:
-        """The history as JSON-able rows [t, sm, memory, energy, pod_sm, device_units, merged] (None where NaN)."""
-        return [
-            [t, _none(sm), _none(memory), _none(energy), pod_sm, units, merged]
-            for t, sm, memory, energy, pod_sm, units, merged in zip(
-                self.times, self.sm, self.memory, self.energy, self.pod_sm, self.device_units, self.merged, strict=True
-            )
-        ]
-
     def columns(self, raw: bool = False) -> dict[str, Any]:
         """The history as JSON-able columns (a few strings per GPU, not a list per sample): each float
         column base64 of its little-endian doubles (NaN kept). `podSm` is null when no sample carried
@@ -419,10 +410,6 @@ def _encode(column: array[float]) -> str:
 
 
 _decode = doubles_from_saved  # base64 text, or raw bytes from the controller's state file
-
-
-def _none(value: float) -> float | None:
-    return None if value != value else value
 
 
 class Pod:
