@@ -225,7 +225,7 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
     last = state["lastMaintenance"]
     core._last_maintenance = -INFINITY if last is None else float(last)
     core.late_samples_dropped = int(state["lateSamplesDropped"])
-    core.unattributed_samples = int(state.get("unattributedSamples", 0))  # absent in states saved before it was counted
+    core.unattributed_samples = int(state["unattributedSamples"])
     core.mig_children = {parent: list(children) for parent, children in state["migChildren"].items()}
     for raw in state["namespaces"]:
         event = NamespaceEvent.model_validate(raw)
@@ -279,10 +279,10 @@ def _workload(raw: dict[str, Any], saved_pods: dict[str, _SavedPod]) -> Workload
     workload.active_gpu_seconds = raw["activeSeconds"]
     workload.idle_gpu_seconds = raw["idleSeconds"]
     workload.unmonitored_gpu_seconds = raw["unmonitoredSeconds"]
-    workload.unattributed_gpu_seconds = raw.get("unattributedSeconds", 0.0)  # absent in states saved before it was counted
+    workload.unattributed_gpu_seconds = raw["unattributedSeconds"]
     workload.energy_joules = raw["energyJoules"]
     workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem = raw["life"]
-    workload.windows = WindowSums.from_base64(raw["windows"], fold_after_of(workload.uid), raw.get("windowsCapacity"))
+    workload.windows = WindowSums.from_base64(raw["windows"], fold_after_of(workload.uid), raw["windowsCapacity"])
     workload.first_run_start = raw["firstRunStart"]
     workload.retired_runs = [(run[0], run[1]) for run in raw["retiredRuns"]]
     retired = raw["retiredLastActive"]

@@ -222,31 +222,23 @@ class WindowSums:
         return self._capacity
 
     @classmethod
-    def from_base64(cls, text: str | bytes | bytearray | memoryview, fold_after: int = _FOLD_AFTER_SEGMENTS,
-                    capacity: int | None = None) -> WindowSums:
-        """Inverse of `to_base64` (or raw bytes, of `to_raw`); raises ValueError when it is not whole segments.
-
-        `capacity`: the saved `capacity`; without it (an older state) the next fold is due `fold_after`
-        segments from now.
-        """
+    def from_base64(cls, text: str | bytes | bytearray | memoryview, fold_after: int, capacity: int) -> WindowSums:
+        """Inverse of `to_base64` (or raw bytes, of `to_raw`), with the saved `capacity`; raises ValueError
+        when it is not whole segments or the capacity is not a number of segments."""
         values = doubles_from_saved(text)
         if len(values) % _STRIDE:
             raise ValueError(f"saved window segments hold {len(values)} numbers, not a multiple of {_STRIDE}")
-        return cls._restored(values, fold_after, capacity)
-
-    @classmethod
-    def from_list(cls, values: list[float], fold_after: int = _FOLD_AFTER_SEGMENTS,
-                  capacity: int | None = None) -> WindowSums:
-        return cls._restored(array("d", values), fold_after, capacity)
-
-    @classmethod
-    def _restored(cls, values: array[float], fold_after: int, capacity: int | None) -> WindowSums:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
+            raise ValueError(f"saved windows capacity {capacity!r} is not a positive number of segments")
         sums = cls(fold_after)
-        sums._data = values
-        if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0:
-            sums._capacity = capacity
-        else:
-            sums._capacity = _capacity_after(len(sums), fold_after)
+        sums._data, sums._capacity = values, capacity
+        return sums
+
+    @classmethod
+    def from_list(cls, values: list[float]) -> WindowSums:
+        sums = cls()
+        sums._data = array("d", values)
+        sums._capacity = _capacity_after(len(sums))
         return sums
 
 

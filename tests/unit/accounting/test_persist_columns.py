@@ -62,7 +62,7 @@ def test_columns_round_trip_keeps_every_value_and_nan() -> None:
     assert _figures(restored, 8.0) == _figures(engine, 8.0)
 
 
-@pytest.mark.parametrize("damage", ["short column", "not base64", "part of a segment", "unknown version"])
+@pytest.mark.parametrize("damage", ["short column", "not base64", "part of a segment", "no capacity", "unknown version"])
 def test_damaged_history_is_a_state_error(damage: str) -> None:
     state = json.loads(json.dumps(_engine().save()))
     history = state["gpus"][0]["history"]
@@ -72,6 +72,8 @@ def test_damaged_history_is_a_state_error(damage: str) -> None:
         history["t"] = "!!"
     elif damage == "part of a segment":
         state["workloads"][0]["windows"] = base64.b64encode(struct.pack("<5d", 1, 2, 3, 4, 5)).decode()
+    elif damage == "no capacity":
+        state["workloads"][0]["windowsCapacity"] = 0
     else:
         state["version"] = 99
     with pytest.raises(StateError):
