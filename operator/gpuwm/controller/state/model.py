@@ -105,7 +105,6 @@ class ControllerState:
             holders_by_pod=index_holders(holders_by_node),
             cr_names=cr_names,
             cr_owner=dict(adopted.cr_owner) if adopted is not None else {},
-            # states saved before the memos hold whole conditions: their type, status and time are read alike
             conditions={uid: tuple(memo_from_json(c) for c in conditions)
                         for uid, conditions in (saved.get("conditions") or {}).items()},
             idle_announced=set(saved.get("idle_announced") or []),
