@@ -1,24 +1,22 @@
 """NVML sampler: one reading per GPU and MIG instance per poll, through the real pynvml binding.
 
-A reading holds exactly the fields of `GpuSample` as plain values; the agent validates it once,
-after attribution has filled in the processes' pods, so a poll builds each model only once.
+A reading holds exactly the fields of `GpuSample` as plain values; the agent validates it once, after
+attribution has filled in the processes' pods, so a poll builds each model only once.
 
-Each poll makes the driver's instant calls that definitions rest on (memory, power, utilisation
-rates, the process list: microseconds each); temperature, clocks, the power limit and PCIe are
-read every `GAUGES_EVERY_SECONDS`. The buffered and cumulative figures
-(`nvmlDeviceGetSamples` for SM activity, the energy counter) cost milliseconds of CPU a call on a
-real driver, and they need not be read every poll: the driver keeps timestamped utilisation
-samples, and the energy counter only grows. So the samples are read at most every
-`buffer_read_seconds` (and at once when a device's holders, processes or health change, on a new
-device, or when the caller asks), and split into the polls held since by their own timestamps
-(`interval_means`): a poll's reading leaves the sampler up to `buffer_read_seconds` late, still
-covering exactly its own interval. An interval no utilisation sample covers falls back to that
-poll's `nvmlDeviceGetUtilizationRates`. The energy counter: see `ENERGY_COUNTER_EVERY_SECONDS`.
+Each poll makes the driver's instant calls that definitions rest on (memory, power, utilisation rates,
+the process list: microseconds each); temperature, clocks, the power limit and PCIe are read every
+`GAUGES_EVERY_SECONDS`. The buffered and cumulative figures (`nvmlDeviceGetSamples` for SM activity, the
+energy counter) cost milliseconds of CPU a call on a real driver, and need not be read every poll: the
+driver keeps timestamped utilisation samples, and the energy counter only grows. So the samples are read
+at most every `buffer_read_seconds` (and at once when a device's holders, processes or health change, on
+a new device, or when the caller asks), and split into the polls held since by their own timestamps
+(`interval_means`): a poll's reading leaves the sampler up to `buffer_read_seconds` late, still covering
+exactly its own interval. An interval no utilisation sample covers falls back to that poll's
+`nvmlDeviceGetUtilizationRates`. The energy counter: see `ENERGY_COUNTER_EVERY_SECONDS`.
 
-Memory activity (`memory_activity_percent`, the memory controller's busy time) is that instant
-call's figure, the driver's latest sample period at the poll: no definition rests on it (DESIGN
-§3's memory utilisation is memory used over total), and reading its own sample buffer costs the
-driver as much CPU as the SM one.
+Memory activity (`memory_activity_percent`, the memory controller's busy time) is that instant call's
+figure: no definition rests on it (DESIGN §3's memory utilisation is memory used over total), and its
+own sample buffer costs the driver as much CPU to read as the SM one.
 
 Per-process utilisation is read only where it decides something (DESIGN §3): on a device held
 by more than one pod, every poll (the driver answers one figure per process since the cursor,
