@@ -223,9 +223,7 @@ class KubernetesAuthorizer:
                 "run in a pod, set KUBECONFIG, or use --auth=none for local use",
             ) from None
         keys = configuration.api_key or {}
-        bearer = str(
-            keys.get("BearerToken") or keys.get("authorization") or ""
-        )  # the key name varies by version
+        bearer = str(keys.get("BearerToken") or keys.get("authorization") or "")  # its key varies by version
         cert_file, key_file = configuration.cert_file, configuration.key_file
         cert = (str(cert_file), str(key_file)) if cert_file and key_file else None
         return cls(

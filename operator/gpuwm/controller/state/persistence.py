@@ -151,12 +151,9 @@ def encode_state_chunks(state: dict[str, Any]) -> Iterator[bytes | memoryview]:
     Without lazy lists (`LazyEntries`) nor raw columns the pieces are exactly `encode_state`'s JSON.
     Otherwise, after the JSON and a newline (see `SECTIONS_MAGIC`):
     - each lazy list is a section of JSON lines, one entry a line, which the JSON names by
-      `{"$lines": index}`. `load_state` reads such a section an entry at a time (`SavedLines`):
-      restoring the state then never holds more than an entry's parsed objects besides what it
-      builds;
+      `{"$lines": index}`: `load_state` reads it an entry at a time (`SavedLines`);
     - raw columns (`RawDoubles`, from `Engine.save(raw=True)`) are bytes named by offset and length
-      (`{"$raw": [offset, length]}`) from the columns' start, written from the engine's own arrays,
-      not copied;
+      (`{"$raw": [offset, length]}`) from the columns' start, written from the engine's own arrays;
     - the sections' table and the trailer.
     Like a lazy state, this must be consumed before the engine changes again.
     """
