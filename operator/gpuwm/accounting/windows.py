@@ -290,11 +290,7 @@ def _windows_pass(many: Sequence[WindowSums], now: float) -> list[tuple[list[flo
 
 def maintain_all(many: Sequence[WindowSums], now: float) -> None:
     """Drop what is older than the longest window from each of many workloads' sums; those that hold too
-    many segments are folded in a few numpy passes.
-
-    A maintenance of a busy engine folds many workloads at once: a pass over the segments of
-    `_WORKLOADS_PER_FOLD` of them, not a small numpy call each.
-    """
+    many segments are folded a pass over `_WORKLOADS_PER_FOLD` of them at a time, not a numpy call each."""
     due = []
     for sums in many:
         sums._trim(now)
