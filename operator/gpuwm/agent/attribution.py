@@ -132,10 +132,8 @@ def attribute(
     device_cache: dict[tuple[Any, ...], list[AgentDevice]] | None = None,
 ) -> Attributed:
     """Attribute each reading's processes to pods, build its `GpuSample`, and list every device's holder.
-
-    `known_uids` maps (namespace, pod) to UID (from the kubelet stats summary); it is updated here
-    with what process cgroups reveal about pods that pod-resources names.
-    """
+    `known_uids` ((namespace, pod) -> UID, from the kubelet stats summary) learns here what process
+    cgroups reveal about pods that pod-resources names."""
     readings = list(readings)
     held = _held_by_uuid(readings, assignments)
     payloads: list[dict[str, Any]] = []
@@ -268,10 +266,8 @@ def _states(
     known_uids: dict[tuple[str, str], str],
     idle_threshold_percent: float,
 ) -> tuple[tuple[DeviceState, ...], bool]:
-    """The state of each entry `_device_entries` lists for the sample, and whether the processes fell short.
-
-    Holders are pods: a pod's assignments on the device (two containers, two replicas) are one holder.
-    """
+    """The state of each entry `_device_entries` lists for the sample, and whether the processes fell short;
+    a pod's assignments on the device (two containers, two replicas) are one holder."""
     processes = None if sample.processes is None else [(p.pod_uid, p.sm_percent) for p in sample.processes]
     if holders:
         pods: dict[tuple[str, str], float] = {}

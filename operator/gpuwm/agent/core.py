@@ -223,9 +223,7 @@ class Agent:
 
     def run(self, stop: threading.Event, after_first_poll: Callable[[], None] | None = None) -> None:
         """Poll at a fixed rate until `stop` is set; a poll that fails is logged and the loop goes on.
-
-        `after_first_poll` runs once, when everything a poll loads lazily has been loaded.
-        """
+        `after_first_poll` runs once, when everything a poll loads lazily has been loaded."""
         interval = self.settings.interval
         next_t = time.monotonic()
         while not stop.is_set():
