@@ -61,11 +61,8 @@ SampleValues = tuple[float, float, float, float, dict[str, float] | None, float,
 
 
 def sample_values(sample: GpuSample) -> SampleValues:
-    """A sample's `SampleValues`; NaN where not reported.
-
-    The per-pod SM map is None without per-process data; `processes: []` is per-process
-    data saying "no processes" (an empty map); a list whose processes carry no SM is none.
-    """
+    """A sample's `SampleValues`; NaN where not reported. The per-pod SM map is None without per-process
+    data; `processes: []` says "no processes" (an empty map); a list whose processes carry no SM is none."""
     pod_sm: dict[str, float] | None = None
     processes = sample.processes
     if processes is not None:
@@ -295,11 +292,8 @@ class Gpu:
                 self.device_units[index], self.merged[index])
 
     def append(self, values: SampleValues) -> None:
-        """Add a point after the last.
-
-        The engine appends once per sample, and a uniform column's value almost always repeats:
-        that case is one length increment here (`UniformColumn.append` would take two calls).
-        """
+        """Add a point after the last. A uniform column's value almost always repeats: that case, once per
+        sample, is one length increment here (`UniformColumn.append` would take two calls)."""
         t, sm, memory, energy, pod_sm, device_units, merged = values
         self.times.append(t)
         self.sm.append(sm)

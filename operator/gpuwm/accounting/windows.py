@@ -75,11 +75,8 @@ class WindowSums:
         return len(self._data) // _STRIDE
 
     def add(self, start: float, end: float, units: float, util_units: float, mem_units: float, mem_mem_units: float) -> None:
-        """Add rates (per second) over (start, end]; negative rates remove.
-
-        Adding to the last segment (the same interval on another device) may make it equal to the one
-        before in rates, and then the two become one.
-        """
+        """Add rates (per second) over (start, end]; negative rates remove. Adding to the last segment (the
+        same interval on another device) may make its rates the one's before, and then the two become one."""
         if end <= start:
             return
         data = self._data

@@ -232,11 +232,8 @@ def stage_state(path: Path, payload: bytes | Iterable[bytes | memoryview]) -> Pa
 
 
 def commit_state(staged: Path, path: Path) -> None:
-    """fsync a staged state file and rename it over `path` (atomic: the old state or the new, never half).
-
-    The old state stays as the state before last (`previous_path`) through a hard link, where links
-    are possible; else it is simply replaced.
-    """
+    """fsync a staged state file and rename it over `path` (atomic: the old state or the new, never half);
+    the old state stays as the state before last (`previous_path`) through a hard link, where possible."""
     try:
         _fsync(staged)
         swap = path.with_name(path.name + ".swap")
