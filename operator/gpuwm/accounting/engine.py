@@ -180,10 +180,8 @@ class Engine(EngineCore):
         super().forget_workload(uid)
 
     def settled_figures(self, uid: str) -> WorkloadFigures | None:
-        """The figures a report reuses for a settled workload (the same object each time), else None.
-
-        Lets a caller skip what it did with them last time: nothing in them has changed.
-        """
+        """The figures a report reuses for a settled workload (the same object each time, so a caller may
+        skip what it did with them last time), else None."""
         cached = self._settled.get(uid)
         return None if cached is None else cached[1]
 

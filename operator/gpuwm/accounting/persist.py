@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import binascii
 import math
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, overload
 
 from gpuwm.accounting.rawcolumns import RawJson
@@ -18,9 +18,6 @@ from gpuwm.accounting.windows import WindowSums, fold_after_of
 from gpuwm.model import GpuSample, NamespaceEvent, PodEvent, WorkloadEvent
 
 STATE_VERSION = 2
-#: versions `restore_state` reads: 1 saved each GPU's history as rows ("points") and window segments as
-#: a list of floats; 2 saves them as base64 columns ("history") and a base64 string (no Python float each)
-READABLE_VERSIONS = (1, 2)
 
 
 class StateError(ValueError):
@@ -64,13 +61,10 @@ class LazyEntries(Sequence[dict[str, Any]]):
 
 
 def save_state(core: Any, lazy: bool = False, raw: bool = False) -> dict[str, Any]:
-    """The engine's state; with `lazy`, its workloads, pods and GPUs are `LazyEntries`.
-
-    A lazy state must be read (encoded) before the engine changes again: its entries are
-    built from the engine's records when read. `raw`: window segments and GPU histories are
-    `RawDoubles` (the same columns themselves, not copies; for the controller's state file,
-    which writes them as bytes), not base64 text; such a state must be encoded before the
-    engine changes again too.
+    """The engine's state; with `lazy`, its workloads, pods and GPUs are `LazyEntries`, built from the
+    engine's records when read; with `raw`, window segments and GPU histories are `RawDoubles` (the columns
+    themselves, for the controller's state file, which writes them as bytes), not base64 text. Either must
+    be encoded before the engine changes again.
     """
     entries = _Entries(core, raw)
 
@@ -197,8 +191,8 @@ def restore_state(core: Any, state: dict[str, Any], consume: bool = False) -> No
     memory arenas and the restored engine keeps a few of them: freed only at the end, the JSON would
     leave arenas mostly empty but held; dropped as it goes, its memory is reused by the engine's own.
     """
-    if state.get("version") not in READABLE_VERSIONS:
-        raise StateError(f"engine state version {state.get('version')!r} is not one of {READABLE_VERSIONS}; "
+    if state.get("version") != STATE_VERSION:
+        raise StateError(f"engine state version {state.get('version')!r} is not {STATE_VERSION}; "
                          "start afresh")
     try:
         _restore(core, state, consume)
@@ -206,7 +200,7 @@ def restore_state(core: Any, state: dict[str, Any], consume: bool = False) -> No
         raise StateError(f"engine state is malformed: {type(error).__name__}: {error}") from None
 
 
-def saved_entries(entries: Sequence[Any], consume: bool) -> Iterator[Any]:
+def saved_entries(entries: Iterable[Any], consume: bool) -> Iterator[Any]:
     """The entries of a saved list in order; with `consume`, each is let go once read (see `restore_state`;
     the controller's own saved lists are read so too): taken out of a list, or a section of the
     controller's state file read once (anything with a `consume()`, `persistence.SavedLines`)."""
@@ -231,7 +225,7 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
     last = state["lastMaintenance"]
     core._last_maintenance = -INFINITY if last is None else float(last)
     core.late_samples_dropped = int(state["lateSamplesDropped"])
-    core.unattributed_samples = int(state.get("unattributedSamples", 0))  # absent in states saved before it was counted
+    core.unattributed_samples = int(state["unattributedSamples"])
     core.mig_children = {parent: list(children) for parent, children in state["migChildren"].items()}
     for raw in state["namespaces"]:
         event = NamespaceEvent.model_validate(raw)
@@ -257,10 +251,7 @@ def _restore(core: Any, state: dict[str, Any], consume: bool) -> None:
             core.pods[pod_key] = pod
     for raw in saved_entries(state["gpus"], consume):
         gpu = Gpu(raw["uuid"], raw["node"])
-        if "history" in raw:
-            gpu.load_columns(raw["history"])
-        else:
-            gpu.load_rows(raw["points"])
+        gpu.load_columns(raw["history"])
         gpu.pruned = bool(raw["pruned"])
         gpu.latest = None if raw["latest"] is None else GpuSample.model_validate(raw["latest"])
         gpu.stretches = [stretches[index] for index in raw["stretches"]]
@@ -288,14 +279,10 @@ def _workload(raw: dict[str, Any], saved_pods: dict[str, _SavedPod]) -> Workload
     workload.active_gpu_seconds = raw["activeSeconds"]
     workload.idle_gpu_seconds = raw["idleSeconds"]
     workload.unmonitored_gpu_seconds = raw["unmonitoredSeconds"]
-    workload.unattributed_gpu_seconds = raw.get("unattributedSeconds", 0.0)  # absent in states saved before it was counted
+    workload.unattributed_gpu_seconds = raw["unattributedSeconds"]
     workload.energy_joules = raw["energyJoules"]
     workload.life_units, workload.life_util, workload.life_mem_units, workload.life_mem = raw["life"]
-    windows = raw["windows"]  # version 1: a list of floats; 2: base64 of the doubles, or their raw bytes
-    fold_after = fold_after_of(workload.uid)
-    capacity = raw.get("windowsCapacity")  # absent in states saved before it was kept
-    workload.windows = (WindowSums.from_list(windows, fold_after, capacity) if isinstance(windows, list)
-                        else WindowSums.from_base64(windows, fold_after, capacity))
+    workload.windows = WindowSums.from_base64(raw["windows"], fold_after_of(workload.uid), raw["windowsCapacity"])
     workload.first_run_start = raw["firstRunStart"]
     workload.retired_runs = [(run[0], run[1]) for run in raw["retiredRuns"]]
     retired = raw["retiredLastActive"]

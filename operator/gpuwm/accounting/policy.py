@@ -273,11 +273,8 @@ Result = Literal["Succeeded", "Failed", "Skipped", "DryRun"]
 
 class PolicyEvaluator:
     """The policies' memory of each workload (observed idleness, each episode's steps) and their decisions.
-
-    `evaluate` once per status interval (or replay step) with every workload; each step it returns is
-    done or tried by the caller, who reports the result through `record`. Deterministic: the same
-    figures, results and times give the same steps.
-    """
+    `evaluate` once per status interval (or replay step) with every workload; the caller does or tries each
+    step it returns and reports through `record`. The same figures, results and times give the same steps."""
 
     def __init__(self) -> None:
         self.watches: dict[str, Watch] = {}

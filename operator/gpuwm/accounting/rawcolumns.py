@@ -15,12 +15,9 @@ from array import array
 
 
 class RawDoubles:
-    """Doubles to be saved as their little-endian bytes (see the module docstring): a column, or
-    the bytes of several one after the other.
-
-    Holds an array itself, not a copy: it must be written before the engine changes again, as
-    the lazily built state that holds it must be.
-    """
+    """Doubles to be saved as their little-endian bytes (see the module docstring): a column, or the bytes
+    of several one after the other. It holds the array itself, not a copy: write it before the engine
+    changes again, as the lazily built state that holds it."""
 
     __slots__ = ("data", "nbytes")
 

@@ -32,11 +32,8 @@ TraceEvents = list[NamespaceEvent | PodEvent | WorkloadEvent | SampleEvent]
 
 
 def read_trace(path: Path, quota_annotation: str) -> TraceEvents:
-    """All events of a trace file, in file order; raises TraceLineError on the first bad line.
-
-    A namespace's quota annotation must be a finite number: the engine would take "NaN" or
-    "inf" for one and print the project's quota as such (not JSON).
-    """
+    """All events of a trace file, in file order; raises TraceLineError on the first bad line, a namespace
+    quota annotation that is not a finite number included (the engine would print "NaN" or "inf": not JSON)."""
     events: TraceEvents = []
     with path.open(encoding="utf-8") as trace:
         for line_number, line in enumerate(trace, start=1):

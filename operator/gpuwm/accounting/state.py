@@ -61,11 +61,8 @@ SampleValues = tuple[float, float, float, float, dict[str, float] | None, float,
 
 
 def sample_values(sample: GpuSample) -> SampleValues:
-    """A sample's `SampleValues`; NaN where not reported.
-
-    The per-pod SM map is None without per-process data; `processes: []` is per-process
-    data saying "no processes" (an empty map); a list whose processes carry no SM is none.
-    """
+    """A sample's `SampleValues`; NaN where not reported. The per-pod SM map is None without per-process
+    data; `processes: []` says "no processes" (an empty map); a list whose processes carry no SM is none."""
     pod_sm: dict[str, float] | None = None
     processes = sample.processes
     if processes is not None:
@@ -259,10 +256,6 @@ def _float_column(values: Iterable[float]) -> array[float]:
     return array("d", values)
 
 
-def _dict_column(values: Iterable[dict[str, float] | None]) -> list[dict[str, float] | None]:
-    return list(values)
-
-
 class Gpu:
     """One physical GPU or MIG instance: its recent sample history and the stretches on it.
 
@@ -282,7 +275,7 @@ class Gpu:
         self.memory = array("d")
         self.energy = array("d")
         self.device_units: UniformColumn[float] = UniformColumn(1.0, _float_column, adopt=True)
-        self.pod_sm: UniformColumn[dict[str, float] | None] = UniformColumn(None, _dict_column, adopt=False)
+        self.pod_sm: UniformColumn[dict[str, float] | None] = UniformColumn(None, list, adopt=False)
         #: how much of each interval merged polls cover (gpuwm.feed.merge): 0 for a single poll
         self.merged: UniformColumn[float] = UniformColumn(0.0, _float_column, adopt=False)
         self.latest: GpuSample | None = None
@@ -299,11 +292,8 @@ class Gpu:
                 self.device_units[index], self.merged[index])
 
     def append(self, values: SampleValues) -> None:
-        """Add a point after the last.
-
-        The engine appends once per sample, and a uniform column's value almost always repeats:
-        that case is one length increment here (`UniformColumn.append` would take two calls).
-        """
+        """Add a point after the last. A uniform column's value almost always repeats: that case, once per
+        sample, is one length increment here (`UniformColumn.append` would take two calls)."""
         t, sm, memory, energy, pod_sm, device_units, merged = values
         self.times.append(t)
         self.sm.append(sm)
@@ -343,26 +333,10 @@ class Gpu:
             del column[:index]
         self.pruned = True
 
-    def rows(self) -> list[list[Any]]:
-        """The history as JSON-able rows [t, sm, memory, energy, pod_sm, device_units, merged] (None where NaN)."""
-        return [
-            [t, _none(sm), _none(memory), _none(energy), pod_sm, units, merged]
-            for t, sm, memory, energy, pod_sm, units, merged in zip(
-                self.times, self.sm, self.memory, self.energy, self.pod_sm, self.device_units, self.merged, strict=True
-            )
-        ]
-
-    def load_rows(self, rows: list[list[Any]]) -> None:
-        for t, sm, memory, energy, pod_sm, units, *merged in rows:  # rows saved before merged polls have 6 members
-            self.append((t, _nan(sm), _nan(memory), _nan(energy), pod_sm, units, float(merged[0]) if merged else 0.0))
-
     def columns(self, raw: bool = False) -> dict[str, Any]:
-        """The history as JSON-able columns: each float column base64 of its little-endian doubles (NaN kept).
-
-        What the engine state saves: rows would be a Python list per sample; columns are a few
-        strings per GPU.
-        `podSm` is null when no sample carried per-process data; `units` (a device's size, which
-        does not change) is a plain number when every sample has the same.
+        """The history as JSON-able columns (a few strings per GPU, not a list per sample): each float
+        column base64 of its little-endian doubles (NaN kept). `podSm` is null when no sample carried
+        per-process data; `units` (a device's size) is a plain number when every sample has the same.
 
         `raw` (the controller's state file, see gpuwm.accounting.rawcolumns): t, sm, memory,
         energy (and merged, where any point is) as one `RawDoubles` of the columns one after the
@@ -430,14 +404,6 @@ def _encode(column: array[float]) -> str:
 
 
 _decode = doubles_from_saved  # base64 text, or raw bytes from the controller's state file
-
-
-def _none(value: float) -> float | None:
-    return None if value != value else value
-
-
-def _nan(value: float | None) -> float:
-    return NOTHING if value is None else float(value)
 
 
 class Pod:

@@ -75,11 +75,8 @@ class WindowSums:
         return len(self._data) // _STRIDE
 
     def add(self, start: float, end: float, units: float, util_units: float, mem_units: float, mem_mem_units: float) -> None:
-        """Add rates (per second) over (start, end]; negative rates remove.
-
-        Adding to the last segment (the same interval on another device) may make it equal to the one
-        before in rates, and then the two become one.
-        """
+        """Add rates (per second) over (start, end]; negative rates remove. Adding to the last segment (the
+        same interval on another device) may make its rates the one's before, and then the two become one."""
         if end <= start:
             return
         data = self._data
@@ -222,31 +219,23 @@ class WindowSums:
         return self._capacity
 
     @classmethod
-    def from_base64(cls, text: str | bytes | bytearray | memoryview, fold_after: int = _FOLD_AFTER_SEGMENTS,
-                    capacity: int | None = None) -> WindowSums:
-        """Inverse of `to_base64` (or raw bytes, of `to_raw`); raises ValueError when it is not whole segments.
-
-        `capacity`: the saved `capacity`; without it (an older state) the next fold is due `fold_after`
-        segments from now.
-        """
+    def from_base64(cls, text: str | bytes | bytearray | memoryview, fold_after: int, capacity: int) -> WindowSums:
+        """Inverse of `to_base64` (or raw bytes, of `to_raw`), with the saved `capacity`; raises ValueError
+        when it is not whole segments or the capacity is not a number of segments."""
         values = doubles_from_saved(text)
         if len(values) % _STRIDE:
             raise ValueError(f"saved window segments hold {len(values)} numbers, not a multiple of {_STRIDE}")
-        return cls._restored(values, fold_after, capacity)
-
-    @classmethod
-    def from_list(cls, values: list[float], fold_after: int = _FOLD_AFTER_SEGMENTS,
-                  capacity: int | None = None) -> WindowSums:
-        return cls._restored(array("d", values), fold_after, capacity)
-
-    @classmethod
-    def _restored(cls, values: array[float], fold_after: int, capacity: int | None) -> WindowSums:
+        if not isinstance(capacity, int) or isinstance(capacity, bool) or capacity <= 0:
+            raise ValueError(f"saved windows capacity {capacity!r} is not a positive number of segments")
         sums = cls(fold_after)
-        sums._data = values
-        if isinstance(capacity, int) and not isinstance(capacity, bool) and capacity > 0:
-            sums._capacity = capacity
-        else:
-            sums._capacity = _capacity_after(len(sums), fold_after)
+        sums._data, sums._capacity = values, capacity
+        return sums
+
+    @classmethod
+    def from_list(cls, values: list[float]) -> WindowSums:
+        sums = cls()
+        sums._data = array("d", values)
+        sums._capacity = _capacity_after(len(sums))
         return sums
 
 
@@ -298,11 +287,7 @@ def _windows_pass(many: Sequence[WindowSums], now: float) -> list[tuple[list[flo
 
 def maintain_all(many: Sequence[WindowSums], now: float) -> None:
     """Drop what is older than the longest window from each of many workloads' sums; those that hold too
-    many segments are folded in a few numpy passes.
-
-    A maintenance of a busy engine folds many workloads at once: a pass over the segments of
-    `_WORKLOADS_PER_FOLD` of them, not a small numpy call each.
-    """
+    many segments are folded a pass over `_WORKLOADS_PER_FOLD` of them at a time, not a numpy call each."""
     due = []
     for sums in many:
         sums._trim(now)

@@ -1,9 +1,7 @@
 """Pure attribution: NVML readings + pod-resources assignments + process cgroups -> who holds what.
 
 No I/O here, so the decisions (replica units, which container a process belongs to, the GPU
-state) are tested directly.
-
-The state of each holder follows DESIGN §3's attribution rule (`utilization_by_holder`): activity
+state) are tested directly. The state of each holder follows DESIGN §3's attribution rule (`utilization_by_holder`): activity
 is never lost to attribution. NVML's process list can be empty while a GPU computes (the processes
 run in another PID namespace, a MIG instance hides them, a cgroup cannot be read), so a busy device
 is never `allocated-empty` or `unallocated` for want of processes. The samples still carry the
@@ -134,10 +132,8 @@ def attribute(
     device_cache: dict[tuple[Any, ...], list[AgentDevice]] | None = None,
 ) -> Attributed:
     """Attribute each reading's processes to pods, build its `GpuSample`, and list every device's holder.
-
-    `known_uids` maps (namespace, pod) to UID (from the kubelet stats summary); it is updated here
-    with what process cgroups reveal about pods that pod-resources names.
-    """
+    `known_uids` ((namespace, pod) -> UID, from the kubelet stats summary) learns here what process
+    cgroups reveal about pods that pod-resources names."""
     readings = list(readings)
     held = _held_by_uuid(readings, assignments)
     payloads: list[dict[str, Any]] = []
@@ -270,10 +266,8 @@ def _states(
     known_uids: dict[tuple[str, str], str],
     idle_threshold_percent: float,
 ) -> tuple[tuple[DeviceState, ...], bool]:
-    """The state of each entry `_device_entries` lists for the sample, and whether the processes fell short.
-
-    Holders are pods: a pod's assignments on the device (two containers, two replicas) are one holder.
-    """
+    """The state of each entry `_device_entries` lists for the sample, and whether the processes fell short;
+    a pod's assignments on the device (two containers, two replicas) are one holder."""
     processes = None if sample.processes is None else [(p.pod_uid, p.sm_percent) for p in sample.processes]
     if holders:
         pods: dict[tuple[str, str], float] = {}

@@ -1,10 +1,9 @@
 """The bounded record buffer behind `/v1/snapshot?since=SEQ`, kept compressed.
 
 Each record (GPU sample, pod stats) is serialised once to JSON; every `block_records` records are
-zlib-compressed as one block: successive samples of a GPU differ little, so a record takes a small
-part of its JSON's size there, and far less than the Python object would. zlib level 3 rather than 6:
-a little larger for much less CPU, and the agent's CPU is the scarcer. A pull decompresses only the
-blocks after `since` and splices their JSON into the response.
+zlib-compressed as one block (level 3: a little larger than 6 for much less of the agent's scarce CPU),
+where successive samples of a GPU differ little. A pull decompresses only the blocks after `since` and
+splices their JSON into the response.
 """
 
 from __future__ import annotations

@@ -77,11 +77,8 @@ def _once(agent: Agent) -> int:
 
 
 def _freeze_startup_objects() -> None:
-    """Keep what exists after the first poll (modules, schemas, clients) out of the collector's passes.
-
-    Those objects live as long as the process; a full collection would otherwise walk all of them
-    now and then for nothing.
-    """
+    """Keep what exists after the first poll (modules, schemas, clients), which lives as long as the
+    process, out of the collector's full passes: they would walk all of it now and then for nothing."""
     gc.collect()
     gc.freeze()
 

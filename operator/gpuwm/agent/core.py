@@ -119,10 +119,8 @@ class Agent:
     def poll_once(self, read_buffers: bool = False) -> None:
         """One poll: NVML, attribution (pod-resources, cgroups), kubelet stats when due.
 
-        The sampler hands over a poll's readings when it reads the driver's buffers (every
-        `nvmlBufferReadSeconds`, and at once when a device's holders, processes or health change):
-        then every poll since is attributed, one poll at a time, and recorded. `read_buffers`
-        (`--once`) reads them now.
+        The polls the sampler hands over at a read of the driver's buffers (`NvmlSampler.poll`) are
+        attributed one at a time and recorded; `read_buffers` (`--once`) reads the buffers now.
         """
         retry_due = time.monotonic() - self._nvml_tried_at >= NVML_RETRY_SECONDS
         if not self.nvml_ready and not (retry_due and self.start_nvml()):
@@ -225,9 +223,7 @@ class Agent:
 
     def run(self, stop: threading.Event, after_first_poll: Callable[[], None] | None = None) -> None:
         """Poll at a fixed rate until `stop` is set; a poll that fails is logged and the loop goes on.
-
-        `after_first_poll` runs once, when everything a poll loads lazily has been loaded.
-        """
+        `after_first_poll` runs once, when everything a poll loads lazily has been loaded."""
         interval = self.settings.interval
         next_t = time.monotonic()
         while not stop.is_set():

@@ -1,28 +1,22 @@
 """NVML sampler: one reading per GPU and MIG instance per poll, through the real pynvml binding.
 
-A reading holds exactly the fields of `GpuSample` as plain values; the agent validates it once,
-after attribution has filled in the processes' pods, so a poll builds each model only once.
+A reading holds exactly the fields of `GpuSample` as plain values; the agent validates it once, after
+attribution has filled in the processes' pods, so a poll builds each model only once.
 
-Each poll makes the driver's instant calls that definitions rest on (memory, power, utilisation
-rates, the process list: microseconds each); temperature, clocks, the power limit and PCIe are
-read every `GAUGES_EVERY_SECONDS`. The buffered and cumulative figures
-(`nvmlDeviceGetSamples` for SM activity, the energy counter) cost milliseconds of CPU a call on a
-real driver, and they need not be read every poll: the driver keeps timestamped utilisation
-samples, and the energy counter only grows. So the samples are read at most every
-`buffer_read_seconds` (and at once when a device's holders, processes or health change, on a new
-device, or when the caller asks), and what they return is split into the polls held since by the
-samples' own timestamps (`interval_means`). A poll's reading therefore leaves the sampler when
-that read happens, up to `buffer_read_seconds` after the poll, still covering exactly its own
-interval. An interval no utilisation sample covers falls back to that poll's
-`nvmlDeviceGetUtilizationRates`. The energy counter is read with those reads at most every
-`ENERGY_COUNTER_EVERY_SECONDS`, and always on a change: its growth is spread over the polls by their
-power readings (`spread_energy`); polls handed over between its readings carry it forward by power
-(`carry_energy`), and the next reading sets it right, so the counter's own growth is what adds up.
+Each poll makes the driver's instant calls that definitions rest on (memory, power, utilisation rates,
+the process list: microseconds each); temperature, clocks, the power limit and PCIe are read every
+`GAUGES_EVERY_SECONDS`. The buffered and cumulative figures (`nvmlDeviceGetSamples` for SM activity, the
+energy counter) cost milliseconds of CPU a call on a real driver, and need not be read every poll: the
+driver keeps timestamped utilisation samples, and the energy counter only grows. So the samples are read
+at most every `buffer_read_seconds` (and at once when a device's holders, processes or health change, on
+a new device, or when the caller asks), and split into the polls held since by their own timestamps
+(`interval_means`): a poll's reading leaves the sampler up to `buffer_read_seconds` late, still covering
+exactly its own interval. An interval no utilisation sample covers falls back to that poll's
+`nvmlDeviceGetUtilizationRates`. The energy counter: see `ENERGY_COUNTER_EVERY_SECONDS`.
 
-Memory activity (`memory_activity_percent`, the memory controller's busy time) is that instant
-call's figure, the driver's latest sample period at the poll: no definition rests on it (DESIGN
-§3's memory utilisation is memory used over total), and reading its own sample buffer costs the
-driver as much CPU as the SM one.
+Memory activity (`memory_activity_percent`, the memory controller's busy time) is that instant call's
+figure: no definition rests on it (DESIGN §3's memory utilisation is memory used over total), and its
+own sample buffer costs the driver as much CPU to read as the SM one.
 
 Per-process utilisation is read only where it decides something (DESIGN §3): on a device held
 by more than one pod, every poll (the driver answers one figure per process since the cursor,
@@ -369,7 +363,6 @@ class NvmlSampler:
             return []
         if energy_by_chip is not None:
             device.settle = False
-        readings: list[Reading] = []
         healthy = [poll for poll in pending if not poll.final]
         if healthy:
             try:
@@ -380,10 +373,8 @@ class NvmlSampler:
             by_time = {poll.t: reading for poll, reading in zip(healthy, finished, strict=True)}
         else:
             by_time = {}
-        for poll in pending:
-            readings.append(Reading(poll.fields) if poll.final else by_time[poll.t])
         device.emitted_t = pending[-1].t
-        return readings
+        return [Reading(poll.fields) if poll.final else by_time[poll.t] for poll in pending]
 
     def _finish(self, device: Device, polls: list[Pending],
                 energy_by_chip: dict[int, float | None] | None) -> list[Reading]:
@@ -495,24 +486,16 @@ class NvmlSampler:
             sm = sm_by_pid.get(pid)
             if sm is None:
                 sm = 0.0 if fill_zero else None  # supported, but the process ran no kernels since the last poll
-            elif sm > 100.0:
-                sm = 100.0
-            elif sm < 0.0:
-                sm = 0.0
-            processes.append(RawProcess(pid, None if used is None else float(used), sm))
+            processes.append(RawProcess(pid, None if used is None else float(used), _percent(sm)))
         listed = {pid for pid, _ in running}
-        for pid, sm in sm_by_pid.items():
-            if pid not in listed:
-                processes.append(RawProcess(pid, None, min(100.0, max(0.0, sm))))
+        processes += [RawProcess(pid, None, _percent(sm)) for pid, sm in sm_by_pid.items() if pid not in listed]
         return processes
 
     def _process_utilization(self, device: Device, since_t: float | None) -> dict[int, float]:
         """Mean SM % per PID since `since_t` (or the cursor) ({} when none ran; unsupported devices are remembered)."""
         if not device.process_utilization_supported:
             return {}
-        cursor = device.process_cursor_us
-        if since_t is not None:
-            cursor = max(cursor, int(since_t * 1e6))
+        cursor = device.process_cursor_us if since_t is None else max(device.process_cursor_us, int(since_t * 1e6))
         try:
             samples = pynvml.nvmlDeviceGetProcessUtilization(device.handle, cursor)
         except pynvml.NVMLError_NotFound:

@@ -5,8 +5,8 @@ long as its route runs; a heavy time-series answer also takes one of the fewer `
 is read and encoded (its points are the memory the process holds). A pool bounds how many slots are
 held at once and how many one identity (the user its token names) holds; a query past either bound
 waits, and waiting ones are served in turn: the user with the fewest running first, of those the one
-served longest ago, then in arrival order, so no user's burst keeps another out. One that has waited `queue_seconds`, or that arrives to
-find its user's queue full, is answered 429 with Retry-After.
+served longest ago, then in arrival order, so no user's burst keeps another out. One that has waited
+`queue_seconds`, or that finds its user's queue full, is answered 429 with Retry-After.
 
 The probes and Prometheus' `/metrics` never come here: they read the store on threads of their own
 (`ApiContext.aside`), so no number of queries can make the kubelet take the API out of its Service.

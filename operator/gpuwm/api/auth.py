@@ -58,11 +58,9 @@ class AuthError(Exception):
 
 
 class TtlLru(Generic[K, V]):
-    """At most `entries` values, each for `ttl_seconds`; the least recently used goes first when full.
-
-    Expired entries are dropped when met and when the cache is full, so neither many distinct keys nor
-    a quiet period grows it past its size.
-    """
+    """At most `entries` values, each for `ttl_seconds`; the least recently used goes first when full. Expired
+    entries are dropped when met and when the cache is full, so neither many distinct keys nor a quiet period
+    grows it past its size."""
 
     def __init__(self, entries: int, ttl_seconds: float) -> None:
         self.entries = max(1, entries)
@@ -223,9 +221,7 @@ class KubernetesAuthorizer:
                 "run in a pod, set KUBECONFIG, or use --auth=none for local use",
             ) from None
         keys = configuration.api_key or {}
-        bearer = str(
-            keys.get("BearerToken") or keys.get("authorization") or ""
-        )  # the key name varies by version
+        bearer = str(keys.get("BearerToken") or keys.get("authorization") or "")  # its key varies by version
         cert_file, key_file = configuration.cert_file, configuration.key_file
         cert = (str(cert_file), str(key_file)) if cert_file and key_file else None
         return cls(
@@ -356,11 +352,8 @@ class KubernetesAuthorizer:
 
 
 def _reviewed_user(status: dict[str, Any], audience: str) -> User | None:
-    """The user a TokenReview's status authenticates for `audience`, or None.
-
-    The API server names the audiences it checked (`status.audiences`); an authenticator that does not
-    know audiences leaves ours out, and such an answer is not taken as valid for this API.
-    """
+    """The user a TokenReview's status authenticates for `audience`, or None: an authenticator that does not
+    know audiences leaves ours out of `status.audiences`, and such an answer is not valid for this API."""
     if not status.get("authenticated") or audience not in (status.get("audiences") or []):
         return None
     info = status.get("user") or {}

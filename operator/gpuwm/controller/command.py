@@ -139,11 +139,8 @@ def missing_credentials(operator_settings: Any) -> str | None:
 
 
 def event_loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop's loop where it is installed (as `kopf run` picks it), else asyncio's (None).
-
-    Its pull phase's CPU per cycle is steadier than on asyncio's loop, the other phases the same
-    (`bench/controller.py --loop` compares the two).
-    """
+    """uvloop's loop where it is installed (as `kopf run` picks it), else asyncio's (None): its pull phase's
+    CPU per cycle is steadier, the other phases the same (`bench/controller.py --loop` compares the two)."""
     try:
         import uvloop
     except ImportError:

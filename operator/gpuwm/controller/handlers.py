@@ -356,14 +356,13 @@ async def look_for_absent_kinds(
 ) -> None:
     """While a configured workload kind is not watched, look for its group in discovery every `interval`.
 
-    kopf reads a group's discovery again on each event of one of its CRDs, and on nothing else. The API
-    server may list a new CRD's group in discovery a moment after the CRD's last event (Established), and
-    without list/watch on CRDs (a narrower role than the chart's) kopf sees no event at all: either way a
-    kind installed while the controller runs (the Kubeflow training operator, KubeRay) would never be
-    watched until a restart. Each round reads the served groups once (`/apis`) and, for a served group of
-    a kind kopf does not watch, asks kopf's own rescan (the one its CRD events run, so its watchers start
-    as they do for those); a round with every kind watched reads nothing. kopf has no public name for that
-    rescan or for `insights` (a `kopf.run` argument): kopf is pinned below 2.
+    kopf reads a group's discovery again only on an event of one of its CRDs: a group listed a moment
+    after its CRD's last event (Established), or no CRD events at all (a role without list/watch on CRDs),
+    would leave a kind installed while the controller runs (Kubeflow's training operator, KubeRay)
+    unwatched until a restart. Each round reads the served groups once (`/apis`) and, for a served group of
+    a kind kopf does not watch, runs kopf's own rescan (the one its CRD events run); a round with every
+    kind watched reads nothing. kopf has no public name for that rescan or for `insights` (a `kopf.run`
+    argument): kopf is pinned below 2.
     """
     from kopf._core.reactor.observation import process_discovered_resource_event
 

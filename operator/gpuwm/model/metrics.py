@@ -4,10 +4,9 @@ Each entry says what a metric is (name, unit, help), where its value comes from 
 pod spec, or the agent's own counting), how a scope's value is made from its devices or pods, how it
 rolls up over time, whether the embedded store keeps it, how the agent's `/metrics` exposes it and its
 Run:ai counterpart. The agent's exposition (`agent/metrics.py`), the store's columns and rows
-(`store/base.py`, `store/aggregate.py`), the PromQL translation (`store/promql.py`) and the OpenMetrics
-backfill of the real-Prometheus tests (`tests/integration/store/openmetrics_backfill.py`) derive their lists from here, and tests/unit/model/test_metric_catalogue.py
-checks that each of them covers every entry, so adding a metric is one entry here plus the code that
-measures it.
+(`store/base.py`, `store/aggregate.py`), the PromQL translation (`store/promql.py`) and the real-Prometheus
+tests' OpenMetrics backfill derive their lists from here, and tests/unit/model/test_metric_catalogue.py
+checks that each covers every entry: adding a metric is one entry here plus the code that measures it.
 
 The agent's own health series (`gpuwm_agent_nvml_up`, polls, the process figures) are not here: they
 describe the agent, not a GPU or a pod, and only `agent/metrics.py` writes them.

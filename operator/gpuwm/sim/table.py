@@ -70,11 +70,9 @@ def cluster_line(cluster: ClusterFigures | None) -> str:
 
 
 def truth_line(truth: Mapping[str, Any] | None, workloads: list[WorkloadFigures]) -> str:
-    """What gpuwm reports against what the simulator generated, over the workloads both know.
-
-    The simulator knows each workload's exact GPU-seconds (`gpuwm.sim.truth`); the figures shown
-    come from the samples alone. They should agree to rounding.
-    """
+    """What gpuwm reports against what the simulator generated, over the workloads both know: the
+    simulator knows each workload's exact GPU-seconds (`gpuwm.sim.truth`), the figures shown come from the
+    samples alone, and the two should agree to rounding."""
     if not truth:
         return "ground truth: not yet"
     reported = {(figures.namespace, figures.name): figures for figures in workloads}

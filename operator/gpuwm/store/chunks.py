@@ -54,11 +54,9 @@ class TierSpan:
 
 
 def chunk_spans(tiers: Sequence[Tier]) -> list[TierSpan]:
-    """Chunk span per tier: the finest a multiple of the coarsest step, each coarser one a multiple of it.
-
-    About POINTS_PER_CHUNK points each, but at most half the tier's KEEP so retention can drop
-    whole chunks without keeping much more than asked.
-    """
+    """Chunk span per tier: the finest a multiple of the coarsest step, each coarser one a multiple of it;
+    about POINTS_PER_CHUNK points each, at most half the tier's KEEP so that retention, dropping whole
+    chunks, keeps little more than asked."""
     coarsest = tiers[-1].step_seconds
     fine = tiers[0]
     span0 = max(coarsest, (POINTS_PER_CHUNK * fine.step_seconds // coarsest) * coarsest)

@@ -6,11 +6,8 @@ units, 1 ms. That is NVML's own resolution (mW, mJ, MiB, whole percent and degre
 and far below what any figure shows; a value with at most that many decimals (2.1 cores,
 12.345 W, 37.5 %) reads back as exactly the same float, since decoding divides by a power of
 ten. A missing value (None) is kept as missing, never as 0. Roll-ups (the coarser tiers) keep
-their means at a declared, coarser resolution (`ROLLUP_QUANTUM`, `ROLLUP_DIGITS`: 0.1 %, 1 MiB, 0.1 W,
-100 J, 3 significant digits of a rate, ...), and the min and max of the gauges that keep them (`EXTREMES`,
-`Metric.rollup_extremes`) at one ten times coarser (`COLUMN_QUANTUM`, `COLUMN_DIGITS`): lossy only below
-it, each roll-up value within half its quantum of the exact mean (or max, or min).
-Chunks written before at a finer roll-up resolution read back as they are (the same encoding).
+their means, and the gauges' min and max (`EXTREMES`), at declared coarser resolutions
+(`COLUMN_QUANTUM`, `COLUMN_DIGITS`), each value within half its quantum of the exact one.
 
 Two encodings:
 - a head block: one interval, `BLOCK` series slots x all metrics, int64 with `MISSING` for
@@ -58,19 +55,14 @@ _RESOLUTION_BY_UNIT = {
     "GPU-seconds": 1_000.0,
 }
 RESOLUTION: FloatArray = np.array([_RESOLUTION_BY_UNIT[metric.unit] for metric in METRICS], dtype=np.float64)
-#: the declared resolution of the roll-ups (every tier but the finest), in stored units per metric unit:
+#: the declared resolution of the roll-ups' means (every tier but the finest), in stored units:
 #: (absolute quantum, significant digits; 0 digits = the absolute quantum only). A 5-minute mean's
-#: last digits are the simulator's or the GPU's noise, which compresses worst of all; the finest tier
-#: keeps RESOLUTION.
-#: - percents 0.1 %; bytes 1 MiB (NVML's own unit for device memory); watts 0.1 W; degC 0.1; MHz 1;
-#:   GPU units 1/64; seconds 1 s (idle seconds, a max); cores 0.01;
-#: - energy (a counter, the max of each step) 100 J: a third of a watt over 5 minutes, so the energy
-#:   between any two roll-up points is within 100 J of the fine tier's;
-#: - rates (bytes/s) 3 significant digits of each mean (at least 1 byte/s): a rate's noise grows with it.
+#: last digits are the simulator's or the GPU's noise, which compresses worst of all. Energy (a
+#: counter) at 100 J is a third of a watt over 5 minutes; a rate's noise grows with it, hence digits.
 #: A mean is rounded once, to the nearest multiple of its quantum (ties to even, numpy's rint).
 _ROLLUP_RESOLUTION_BY_UNIT: dict[str, tuple[int, int]] = {
     "percent": (100_000, 0),
-    "bytes": (2**20, 0),
+    "bytes": (2**20, 0),  # 1 MiB: NVML's own unit for device memory
     "watts": (100, 0),
     "joules": (100_000, 0),
     "celsius": (100, 0),
@@ -81,11 +73,9 @@ _ROLLUP_RESOLUTION_BY_UNIT: dict[str, tuple[int, int]] = {
     "cores": (10, 0),
     "GPU-seconds": (1, 0),  # the engine's counters: every tier keeps them exactly (`Rollup.LAST`)
 }
-#: the absolute quantum of each metric in the roll-ups (stored units)
 ROLLUP_QUANTUM: IntArray = np.array(
     [_ROLLUP_RESOLUTION_BY_UNIT[metric.unit][0] for metric in METRICS], dtype=np.int64
 )
-#: significant digits each roll-up value keeps (0: the absolute quantum only)
 ROLLUP_DIGITS: IntArray = np.array([_ROLLUP_RESOLUTION_BY_UNIT[metric.unit][1] for metric in METRICS], dtype=np.int64)
 #: zlib level of the roll-up tiers' whole chunks, each written once per coarse span: fewer bytes than 6 on
 #: the 5 min tier (same format); the pieces before them go at FINE_ZLIB_LEVEL (see `ChunkWriter._store`)

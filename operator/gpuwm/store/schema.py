@@ -1,31 +1,24 @@
 """The embedded store's file: what makes a file ours (application id, schema version) and its tables.
 
-Schema 4 (why each table): `series` names every series once; `head` holds one row per interval
-and block of series (what `record` appends); `chunks` one row per tier, series and span
-(compacted points) naming its bytes in `payloads`, one payload per *part* of the metrics
-(codec.PARTS), where identical bytes are kept once, counted by triggers so the bytes go when the
-last chunk naming them does; `latest_*` the latest figures; `meta` the metric layout and watermarks.
+Why each table: `series` names every series once; `head` holds one row per interval and block of
+series (what `record` appends); `chunks` one row per tier, series and span (compacted points) naming
+its bytes in `payloads`, one payload per *part* of the metrics (codec.PARTS), where identical bytes are
+kept once, counted by triggers so the bytes go when the last chunk naming them does; `latest_*` the
+latest figures; `meta` the metric layout and watermarks; `holdings` a row when a workload's units held
+change (or it accrues GPU-seconds while holding none at a status interval), from which reports find who
+held GPUs in a period and the peaks of any group of workloads; `openings` what a workload had accrued
+before the store first saw it, which reports apportion over its life before then.
 
-Schema 5 adds the pods' requests, limits, use of them and disk rates at the end of the layout as a
-fifth part (`host_payload`); a schema 4 file gains the column (NULL: those metrics missing from its
-chunks) and its head rows are read as they are (narrower: the new metrics missing).
-
-Schema 6 adds the engine's cumulative figures (`Rollup.LAST`) as a sixth part (`figures_payload`), and
-`holdings`: a row when a workload's units held change (or it accrues GPU-seconds while holding none at a
-status interval), from which reports find who held GPUs in a period and the peaks of any group of
-workloads; `openings`: what a workload had accrued before the store first saw it (a store migrated from
-schema 5, or a new file beside a running controller), which reports apportion over its life before then.
-A schema 5 file gains the column and the tables the same way as schema 4 gained `host_payload`.
-
-Schema 7 keeps each roll-up bucket's min and max besides its mean for the gauges that keep extremes
-(`Metric.rollup_extremes`, codec.EXTREMES), as more parts of the roll-ups' chunks (codec.EXTREME_PARTS:
-`*_extremes_payload`, one beside each part that holds such gauges: today the device figures'); the finest tier's chunks have none (a point is its own min and max). A schema 6 (or older)
-file gains the columns, NULL in its chunks: a roll-up bucket written before has its mean only, which a
-reader takes as its min and max too (`sqlite_read`).
-
-Older files are migrated in place, in one transaction, when opened: schema 3 named one payload
-of every metric per chunk (kept as it is, in the `payload` column: it reads back the same, and
-the next write of that chunk splits it); schema 2 kept the bytes inline in `chunks`.
+Each schema since 4 adds parts at the end of the layout; a file of an earlier one is migrated in place,
+in one transaction, when opened: it gains the columns (NULL in its chunks: those metrics missing) and
+the tables, and its head rows are read as they are (narrower). Schema 5 added the pods' requests, limits
+and disk rates (`host_payload`); 6 the engine's cumulative figures (`figures_payload`, `Rollup.LAST`),
+`holdings` and `openings`; 7 the roll-ups' min and max of the gauges that keep extremes
+(`*_extremes_payload`, codec.EXTREME_PARTS; the finest tier's chunks have none, a point being its own
+min and max): a roll-up bucket written before has its mean only, which a reader takes as its min and max
+too (`sqlite_read`). A chunk may name one payload of every metric in the `payload` column (codec.WHOLE,
+as schema 3 wrote it): it reads back the same, and the next write of that chunk splits it. Schema 2 kept
+the bytes inline in `chunks`; its migration moves them to `payloads`.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ import uuid
 import pytest
 
 from gpuwm.accounting import Engine, EngineConfig
-from gpuwm.accounting import windows as windows_module
 from gpuwm.accounting.windows import WindowSums, fold_after_of, maintain_all
 
 from .helpers import pod, sample
@@ -90,11 +89,6 @@ def test_a_restored_workload_keeps_its_fold_point(monkeypatch: pytest.MonkeyPatc
     again = restored.workload_records[uid].windows
     assert again._fold_after == fold_after_of(uid)
     assert again.capacity == windows.capacity  # its next fold where it would have been
-    state = engine.save()
-    (entry,) = state["workloads"]
-    del entry["windowsCapacity"]  # a state saved before the capacity was kept: due fold_after from now
-    older = Engine.restore(json.loads(json.dumps(state)), config).workload_records[uid].windows
-    assert older.capacity == windows_module._capacity_after(len(older), fold_after_of(uid))
 
 
 def test_an_engine_restored_between_folds_folds_and_reports_as_one_that_never_stopped() -> None:

@@ -1,4 +1,4 @@
-"""Saved GPU history and window segments as base64 (state version 2): exact round trip, version 1 still read."""
+"""Saved GPU history and window segments as base64 (state version 2): exact round trip."""
 
 from __future__ import annotations
 
@@ -62,20 +62,7 @@ def test_columns_round_trip_keeps_every_value_and_nan() -> None:
     assert _figures(restored, 8.0) == _figures(engine, 8.0)
 
 
-def test_version_one_rows_are_still_restored() -> None:
-    engine = _engine()
-    state = engine.save()
-    state["version"] = 1
-    for raw in state["gpus"]:
-        del raw["history"]
-        raw["points"] = engine.gpu_records[raw["uuid"]].rows()
-    for raw in state["workloads"]:
-        raw["windows"] = engine.workload_records[raw["uid"]].windows.to_list()
-    restored = Engine.restore(json.loads(json.dumps(state)), CONFIG)
-    assert _figures(restored, 7.0) == _figures(engine, 7.0)
-
-
-@pytest.mark.parametrize("damage", ["short column", "not base64", "part of a segment", "unknown version"])
+@pytest.mark.parametrize("damage", ["short column", "not base64", "part of a segment", "no capacity", "unknown version"])
 def test_damaged_history_is_a_state_error(damage: str) -> None:
     state = json.loads(json.dumps(_engine().save()))
     history = state["gpus"][0]["history"]
@@ -85,6 +72,8 @@ def test_damaged_history_is_a_state_error(damage: str) -> None:
         history["t"] = "!!"
     elif damage == "part of a segment":
         state["workloads"][0]["windows"] = base64.b64encode(struct.pack("<5d", 1, 2, 3, 4, 5)).decode()
+    elif damage == "no capacity":
+        state["workloads"][0]["windowsCapacity"] = 0
     else:
         state["version"] = 99
     with pytest.raises(StateError):

@@ -133,7 +133,7 @@ def _state(engine: Engine) -> dict[str, Any]:
         "clock": engine.clock,
         "dropped": engine.late_samples_dropped,
         "mig_children": engine.mig_children,
-        "gpus": {uuid: (gpu.node, gpu.rows(), gpu.latest, gpu.pruned) for uuid, gpu in engine.gpu_records.items()},
+        "gpus": {uuid: (gpu.node, gpu.columns(), gpu.latest, gpu.pruned) for uuid, gpu in engine.gpu_records.items()},
         "gpu_order": list(engine.gpu_records),
         "windows": {uid: workload.windows.to_list() for uid, workload in engine.workload_records.items()},
     }

@@ -195,7 +195,7 @@ def test_a_lazy_engine_state_is_written_in_sections_built_a_batch_at_a_time(
     assert loaded is not None
     assert all(isinstance(loaded["engine"][name], SavedLines) for name in sectioned)
     assert [len(loaded["engine"][name]) for name in sectioned] == [40, 40, 80, 80]
-    assert loaded["engine"]["gpus"][-1] == loaded["engine"]["gpus"][79] == orjson.loads(whole)["engine"]["gpus"][79]
+    assert list(loaded["engine"]["gpus"])[79] == orjson.loads(whole)["engine"]["gpus"][79]
     loaded["engine"] = {key: list(value) if isinstance(value, SavedLines) else value
                         for key, value in loaded["engine"].items()}
     assert loaded == orjson.loads(whole)
@@ -254,29 +254,27 @@ def _busy_engine(merged: bool = False, workloads: int = 30, seconds: int = 39) -
     return engine
 
 
-def _file_before_sections(state: dict[str, Any]) -> bytes:
-    """A state file as controllers wrote it before sections: the JSON, its raw columns, `RAW_MAGIC`'s trailer."""
+def _with_document(data: bytes, document: bytes) -> bytes:
+    """A sectioned state file's bytes with its JSON replaced by `document`, the offsets after it moved along."""
     import struct
 
-    from gpuwm.controller.state import persistence
-    raw = persistence._RawSection()
-    document = b"".join(persistence._chunks({"version": persistence.STATE_VERSION, **state}, 4, raw.default))
-    columns = b"".join(bytes(memoryview(column.data).cast("B")) for column in raw.columns)
-    return document + b"\n" + columns + struct.pack("<Q8s", len(document) + 1, persistence.RAW_MAGIC)
+    from gpuwm.controller.state.persistence import SECTIONS_MAGIC
+
+    sections, columns, table = struct.unpack_from("<QQQ", data, len(data) - 32)
+    shift = len(document) + 1 - sections
+    return (document + data[sections - 1:-32]
+            + struct.pack("<QQQ8s", sections + shift, columns + shift, table + shift, SECTIONS_MAGIC))
 
 
 @pytest.mark.parametrize("merged", [False, True])
-@pytest.mark.parametrize("written", ["in sections", "before sections"])
-def test_raw_columns_go_after_the_json_and_restore_the_same_engine(tmp_path: Path, merged: bool, written: str) -> None:
+def test_raw_columns_go_after_the_json_and_restore_the_same_engine(tmp_path: Path, merged: bool) -> None:
     """`save(raw=True)`, what the controller writes: window segments and GPU histories as bytes after the
-    JSON, named in it by offset; read back, the engine is the one saved (its base64 state, its report).
-    Files written before sections (the JSON whole, then the raw columns) are read as they always were."""
+    JSON, named in it by offset; read back, the engine is the one saved (its base64 state, its report)."""
     import orjson
 
     from gpuwm.accounting import Engine, EngineConfig
     from gpuwm.controller.state.persistence import (
         RAW_KEY,
-        RAW_MAGIC,
         SECTIONS_MAGIC,
         encode_state,
         encode_state_chunks,
@@ -285,13 +283,10 @@ def test_raw_columns_go_after_the_json_and_restore_the_same_engine(tmp_path: Pat
 
     engine = _busy_engine(merged)
     path = tmp_path / "state.json"
-    if written == "in sections":
-        write_state(path, encode_state_chunks({"engine": engine.save(lazy=True, raw=True), "saved_at": 40.0}))
-    else:
-        path.write_bytes(_file_before_sections({"engine": engine.save(raw=True), "saved_at": 40.0}))
+    write_state(path, encode_state_chunks({"engine": engine.save(lazy=True, raw=True), "saved_at": 40.0}))
     data = path.read_bytes()
     base64_size = len(encode_state({"engine": engine.save(), "saved_at": 40.0}))
-    assert data.endswith(SECTIONS_MAGIC if written == "in sections" else RAW_MAGIC) and len(data) < base64_size
+    assert data.endswith(SECTIONS_MAGIC) and len(data) < base64_size
     assert RAW_KEY.encode() in data and b'"floats"' in data
     if merged:  # the merged polls and the changed device size came along
         assert b'"floatColumns":5' in data
@@ -308,11 +303,11 @@ def test_raw_columns_go_after_the_json_and_restore_the_same_engine(tmp_path: Pat
 
 def test_a_state_without_raw_columns_is_plain_json(tmp_path: Path) -> None:
     """Nothing raw to carry (a small state, the tests' states): the file is JSON alone, as before."""
-    from gpuwm.controller.state.persistence import RAW_MAGIC, encode_state, encode_state_chunks
+    from gpuwm.controller.state.persistence import SECTIONS_MAGIC, encode_state, encode_state_chunks
 
     state = {"engine": _busy_engine().save(), "saved_at": 40.0}
     assert b"".join(encode_state_chunks(state)) == encode_state(state)
-    assert not encode_state(state).endswith(RAW_MAGIC)
+    assert not encode_state(state).endswith(SECTIONS_MAGIC)
 
 
 def test_raw_columns_in_one_piece_are_base64(tmp_path: Path) -> None:
@@ -329,34 +324,30 @@ def test_raw_columns_in_one_piece_are_base64(tmp_path: Path) -> None:
     assert restored.report(45.0) == engine.report(45.0)
 
 
-@pytest.mark.parametrize("damage", ["offset past the end", "reference past the raw bytes", "bad reference",
-                                    "cut trailer", "columns of unequal length"])
-def test_a_damaged_raw_state_file_is_none_not_a_crash(tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
-    """A raw state file that does not add up is ignored with a warning (the CRs are the fallback)."""
+@pytest.mark.parametrize("damage", ["reference past the raw bytes", "bad reference", "columns of unequal length"])
+def test_a_damaged_raw_reference_is_none_not_a_crash(tmp_path: Path, damage: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A raw column reference that does not add up is ignored with a warning (the CRs are the fallback)."""
     import struct
 
     from gpuwm.accounting import Engine, EngineConfig
     from gpuwm.accounting.persist import StateError
-    from gpuwm.controller.state.persistence import RAW_MAGIC
+    from gpuwm.controller.state.persistence import encode_state_chunks, write_state
 
     path = tmp_path / "state.json"
-    data = _file_before_sections({"engine": _busy_engine().save(raw=True)})
-    start = struct.unpack_from("<Q", data, len(data) - 16)[0]
-    if damage == "offset past the end":
-        data = data[:-16] + struct.pack("<Q", len(data) + 5) + RAW_MAGIC
-    elif damage == "reference past the raw bytes":
-        data = data.replace(b'{"$raw":[0,', b'{"$raw":[99999999,', 1)
+    write_state(path, encode_state_chunks({"engine": _busy_engine().save(raw=True)}))
+    data = path.read_bytes()
+    document = data[:struct.unpack_from("<Q", data, len(data) - 32)[0] - 1]
+    if damage == "reference past the raw bytes":
+        document = document.replace(b'{"$raw":[0,', b'{"$raw":[99999999,', 1)
     elif damage == "bad reference":
-        data = data.replace(b'{"$raw":[0,', b'{"$raw":[-1,', 1)
-    elif damage == "cut trailer":
-        data = RAW_MAGIC
+        document = document.replace(b'{"$raw":[0,', b'{"$raw":[-1,', 1)
     else:  # a GPU history whose bytes are not four equal columns: read, but not restorable
-        first = data.index(b'"floats":{"$raw":[') + len(b'"floats":{"$raw":[')
-        offset, length = data[first:data.index(b"]", first)].split(b",")
-        data = data.replace(b'"floats":{"$raw":[' + offset + b"," + length + b"]",
-                            b'"floats":{"$raw":[' + offset + b"," + str(int(length) - 8).encode() + b"]", 1)
-        assert start > 0
-    path.write_bytes(data)
+        first = document.index(b'"floats":{"$raw":[') + len(b'"floats":{"$raw":[')
+        offset, length = document[first:document.index(b"]", first)].split(b",")
+        document = document.replace(b'"floats":{"$raw":[' + offset + b"," + length + b"]",
+                                    b'"floats":{"$raw":[' + offset + b"," + str(int(length) - 8).encode() + b"]", 1)
+    assert document != data[:len(document)]
+    path.write_bytes(_with_document(data, document))
     loaded = load_state(path)
     if damage == "columns of unequal length":
         assert loaded is not None

@@ -118,18 +118,14 @@ def test_restore_falls_back_to_the_crs_on_a_damaged_section(
     assert restored.engine.workload_records == {} and restored.state.holders_by_node == {}
 
 
-def test_holders_saved_as_a_list_or_before_it_as_a_dict_restore_alike(tmp_path: Path) -> None:
-    """An eager snapshot holds each node's holders as a {"node", "holders"} entry, as the sections do; states
-    saved before held {node: holders}: both come back the same."""
+def test_holders_saved_as_a_list_restore_alike(tmp_path: Path) -> None:
+    """An eager snapshot holds each node's holders as a {"node", "holders"} entry, as the sections do."""
     import json
 
     saved = _busy_runtime(tmp_path, pods=20)
     state = json.loads(orjson.dumps(saved.snapshot(NOW), option=orjson.OPT_NON_STR_KEYS))
     assert isinstance(state["holders"], list) and {entry["node"] for entry in state["holders"]} == set(
         saved.state.holders_by_node)
-    older = json.loads(json.dumps(state))
-    older["holders"] = {entry["node"]: entry["holders"] for entry in older["holders"]}
-    for saved_state in (state, older):
-        restored = _runtime(tmp_path)
-        restored.restore_saved(saved_state)
-        _same(restored, saved)
+    restored = _runtime(tmp_path)
+    restored.restore_saved(state)
+    _same(restored, saved)

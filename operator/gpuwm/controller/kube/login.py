@@ -1,10 +1,9 @@
 """Kubernetes credentials for the controller: the service account in a pod, else the kubeconfig.
 
-In a pod the service account is read here, as `kubernetes.config.load_incluster_config` reads it
-(the API server at $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT, the mounted token and CA),
-so the controller never imports the official client in the cluster: that import alone is a
-part of the controller's resident memory it has no use for. The token is read again at every login, so a bound
-token the kubelet rotates is picked up when the API server answers 401.
+In a pod the service account is read here, as `kubernetes.config.load_incluster_config` reads it (the
+API server at $KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT, the mounted token and CA), so the
+controller never imports the official client in the cluster, resident memory it has no use for. The
+token is read again at every login: a bound token the kubelet rotates is picked up on a 401.
 
 Outside a cluster the official client reads the kubeconfig (every auth form it knows: exec
 plugins, OIDC, client certificates, tokens), as `kopf run` does; without that client, kopf's own

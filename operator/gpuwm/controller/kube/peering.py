@@ -38,11 +38,8 @@ LEADER_LABEL = "gpuwm.io/leader"
 
 
 def replica_priority(started_at_seconds: float) -> int:
-    """A priority that ranks replicas by their start, the earliest highest: minus the start in microseconds.
-
-    Negative, so a priority given by hand (`--peering-priority 666`, kopf's `--dev`) outranks every
-    replica that derives its own.
-    """
+    """A priority that ranks replicas by their start, the earliest highest: minus the start in microseconds,
+    so a priority given by hand (`--peering-priority 666`, kopf's `--dev`) outranks every derived one."""
     return -int(started_at_seconds * 1_000_000)
 
 

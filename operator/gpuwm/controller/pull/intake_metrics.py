@@ -4,10 +4,8 @@
 (`not-finite`: NaN or ±Infinity in a number), `gpuwm_controller_rejected_snapshots_total{reason}`
 whole snapshots (`wrong-node`: an agent that answered for another node than the one pulled;
 `wrong-format`: one that answered in another form than the columns the controller reads).
-A falling count of samples says nothing; a rising one says an agent sends figures that cannot be
-used, and its GPUs' time goes unmonitored meanwhile.
-
-Read at scrape time from the puller's counters (no state of its own), like the API's
+A rising count says an agent sends figures that cannot be used, and its GPUs' time goes unmonitored
+meanwhile. Read at scrape time from the puller's counters (no state of its own), like the API's
 `WorkloadMetricsCollector`; register it on the registry the controller's `/metrics` serves.
 """
 

@@ -15,13 +15,11 @@ GC_THRESHOLDS = (250_000, 20, 100)
 def tune_garbage_collector() -> None:
     """Make cyclic garbage collection cheap for a process holding a large, long-lived engine state.
 
-    Each cycle creates many objects that live for the cycle (samples, figures, store rows) on top
-    of the engine's long-lived state. With CPython's default thresholds young collections run every
-    700 allocations, promote the cycle's objects and keep triggering full collections that rescan
-    the whole state. Objects alive now (modules, restored state) are moved out of
-    the collector's view (`gc.freeze`), and collections run after `GC_THRESHOLDS[0]` allocations
-    (the controller collects the young generation at each cycle's end: `collect_cycle_garbage`).
-    Almost all garbage here is freed by reference counting anyway; cycles are still collected, later.
+    With CPython's default thresholds young collections run every 700 allocations, promote each cycle's
+    short-lived objects (samples, figures, store rows) and keep triggering full collections that rescan
+    the whole state. So the objects alive now (modules, restored state) leave the collector's view
+    (`gc.freeze`), and collections run after `GC_THRESHOLDS[0]` allocations or at each cycle's end
+    (`collect_cycle_garbage`). Almost all garbage here is freed by reference counting anyway.
     """
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
@@ -30,10 +28,9 @@ def tune_garbage_collector() -> None:
 def collect_cycle_garbage() -> int:
     """Collect the youngest generation once a status cycle's objects are gone; how many objects it freed.
 
-    A cycle's short-lived objects (figures, rows, samples) are freed by reference counting when it
-    ends. The young threshold is above what one cycle holds at once, so no collection scans them
-    while they are alive; this one, at the cycle's end, scans only what outlived it (the next
-    cycle's offers and latest samples). Cyclic garbage lives one cycle.
+    The young threshold is above what one cycle holds at once, so no collection scans its objects while
+    they are alive; this one scans only what outlived the cycle (the next cycle's offers and latest
+    samples). Cyclic garbage lives one cycle.
     """
     return gc.collect(0)
 
@@ -53,8 +50,7 @@ def release_free_memory() -> bool:
 
     A cycle builds many short-lived objects (every workload's figures, the store's rows, the
     saved state); once freed, glibc keeps most of those pages, so RSS stays at the cycle's peak
-    between cycles. `malloc_trim(0)` returns them for little CPU. The peak
-    within a cycle is unchanged.
+    between cycles. `malloc_trim(0)` returns them for little CPU. The peak within a cycle is unchanged.
     """
     trim = _libc_function("malloc_trim")
     if trim is None:

@@ -60,16 +60,14 @@ class ControllerState:
         """Everything a restarted controller needs to carry on exactly (JSON-serialisable).
 
         `agents`: the puller's positions; `cluster`: which cluster this is (see `recovery.cluster_identity`).
-        `lazy`: the engine's big lists are built as they are encoded (`persistence.encode_state_chunks`
-        in batches), which must happen before the engine changes again. `raw`: its float columns are
-        `RawDoubles`, which `persistence.encode_state_chunks` writes as bytes after the JSON (so must
-        the state be encoded before the engine changes again).
+        `lazy`, `raw`: as `Engine.save` takes them; `persistence.encode_state_chunks` must encode the state
+        before the engine changes again.
         """
         return {
             "saved_at": now,
             "engine": self.engine.save(lazy, raw),
             "agents": agents,
-            # a node's holders an entry (lazy: a section of the state file); states saved before were {node: holders}
+            # a node's holders an entry (lazy: a section of the state file)
             "holders": (LazyEntries(list(self.holders_by_node.items()), _node_holders_to_json) if lazy
                         else [_node_holders_to_json(item) for item in self.holders_by_node.items()]),
             "pods": (LazyEntries(list(self.pods.values()), _pod_to_json) if lazy
@@ -95,7 +93,7 @@ class ControllerState:
         """
         engine = Engine.restore(saved["engine"], config, consume=True)
         holders_by_node = {node: [share_fields_set(DeviceHolder.model_validate(h)) for h in holders]
-                           for node, holders in _saved_holders(saved.get("holders") or {})}
+                           for node, holders in _saved_holders(saved.get("holders") or [])}
         pods = {pod.uid: pod for pod in map(_pod_from_json, saved_entries(saved.get("pods") or [], consume=True))}
         cr_names = dict(adopted.cr_names) if adopted is not None else {}
         cr_names.update({str(k): str(v) for k, v in (saved.get("cr_names") or {}).items()})
@@ -107,7 +105,6 @@ class ControllerState:
             holders_by_pod=index_holders(holders_by_node),
             cr_names=cr_names,
             cr_owner=dict(adopted.cr_owner) if adopted is not None else {},
-            # states saved before the memos hold whole conditions: their type, status and time are read alike
             conditions={uid: tuple(memo_from_json(c) for c in conditions)
                         for uid, conditions in (saved.get("conditions") or {}).items()},
             idle_announced=set(saved.get("idle_announced") or []),
@@ -147,11 +144,6 @@ def _node_holders_to_json(item: tuple[str, list[DeviceHolder]]) -> dict[str, Any
 
 
 def _saved_holders(saved: Any) -> Iterator[tuple[str, list[Any]]]:
-    """(node, its holders) of a saved state: {"node", "holders"} entries (a list or a section), or {node: holders}
-    as states saved before them hold; consumed as read, as the engine's lists are."""
-    if isinstance(saved, dict):
-        for node in list(saved):
-            yield node, saved.pop(node)
-        return
+    """(node, its holders) of a saved state's {"node", "holders"} entries (a list or a section), consumed as read."""
     for entry in saved_entries(saved, consume=True):
         yield entry["node"], entry["holders"]

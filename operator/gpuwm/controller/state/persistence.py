@@ -16,9 +16,9 @@ import os
 import struct
 import sys
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, BinaryIO, overload
+from typing import Any, BinaryIO
 
 import orjson
 
@@ -62,10 +62,6 @@ STREAM_DEPTH = 4
 _OPTIONS = orjson.OPT_NON_STR_KEYS
 
 
-#: the last bytes of a state file that carries raw columns after its JSON: then, before them, the
-#: offset (uint64, little-endian) where the raw bytes begin
-RAW_MAGIC = b"GPUWMRAW"
-_TRAILER = struct.Struct("<Q8s")
 #: how the JSON names a raw column: {"$raw": [offset from the raw bytes' start, length in bytes]}
 RAW_KEY = "$raw"
 
@@ -80,11 +76,8 @@ LINES_KEY = "$lines"
 
 
 def encode_state(state: dict[str, Any]) -> bytes:
-    """The state as JSON bytes, in one piece (small states and tests; saving streams instead).
-
-    orjson, not `json.dumps`, for its speed; non-string keys become strings as `json.dumps`
-    makes them, so `load_state` reads back what it always did. Raw columns (`RawDoubles`) go in as base64 text.
-    """
+    """The state as JSON bytes, in one piece (small states and tests; saving streams instead), raw
+    columns (`RawDoubles`) as base64 text. Non-string keys become strings as `json.dumps` makes them."""
     return orjson.dumps({"version": STATE_VERSION, **state}, default=_entries, option=_OPTIONS)
 
 
@@ -116,13 +109,13 @@ class _RawSection:
         return _entries(value)
 
 
-def _chunks(value: Any, depth: int, default: Callable[[Any], Any] = _entries, lines: bool = False) -> Iterator[bytes]:
-    """`value` as JSON in pieces of at most a batch of children, never the whole document at once;
-    with `lines`, a lazy list is `default`'s (a section, see `encode_state_chunks`), not spelt out."""
-    if lines and isinstance(value, LazyEntries):
+def _chunks(value: Any, depth: int, default: Callable[[Any], Any]) -> Iterator[bytes]:
+    """`value` as JSON in pieces of at most a batch of children, never the whole document at once; a lazy
+    list is what `default` makes of it (a section, see `encode_state_chunks`), not spelt out."""
+    if isinstance(value, LazyEntries):
         yield orjson.dumps(default(value), option=_OPTIONS)
         return
-    if depth <= 0 or not isinstance(value, dict | list | LazyEntries) or not value:
+    if depth <= 0 or not isinstance(value, dict | list) or not value:
         yield orjson.dumps(value, default=default, option=_OPTIONS)
         return
     if isinstance(value, dict):
@@ -136,20 +129,19 @@ def _chunks(value: Any, depth: int, default: Callable[[Any], Any] = _entries, li
         else:
             for index, (key, child) in enumerate(items):
                 yield (b"," if index else b"") + orjson.dumps({key: None}, option=_OPTIONS)[1:-5]  # `"key":`
-                yield from _chunks(child, depth - 1, default, lines)
+                yield from _chunks(child, depth - 1, default)
         yield b"}"
         return
     yield b"["
     if len(value) > STREAM_SPLIT:
         for start in range(0, len(value), STREAM_BATCH):
-            # a LazyEntries slice builds just these entries: only a batch of them is ever alive
             yield (b"," if start else b"") + orjson.dumps(
                 value[start:start + STREAM_BATCH], default=default, option=_OPTIONS)[1:-1]
     else:
         for index, child in enumerate(value):
             if index:
                 yield b","
-            yield from _chunks(child, depth - 1, default, lines)
+            yield from _chunks(child, depth - 1, default)
     yield b"]"
 
 
@@ -159,12 +151,9 @@ def encode_state_chunks(state: dict[str, Any]) -> Iterator[bytes | memoryview]:
     Without lazy lists (`LazyEntries`) nor raw columns the pieces are exactly `encode_state`'s JSON.
     Otherwise, after the JSON and a newline (see `SECTIONS_MAGIC`):
     - each lazy list is a section of JSON lines, one entry a line, which the JSON names by
-      `{"$lines": index}`. `load_state` reads such a section an entry at a time (`SavedLines`):
-      restoring the state then never holds more than an entry's parsed objects besides what it
-      builds;
+      `{"$lines": index}`: `load_state` reads it an entry at a time (`SavedLines`);
     - raw columns (`RawDoubles`, from `Engine.save(raw=True)`) are bytes named by offset and length
-      (`{"$raw": [offset, length]}`) from the columns' start, written from the engine's own arrays,
-      not copied;
+      (`{"$raw": [offset, length]}`) from the columns' start, written from the engine's own arrays;
     - the sections' table and the trailer.
     Like a lazy state, this must be consumed before the engine changes again.
     """
@@ -178,7 +167,7 @@ def encode_state_chunks(state: dict[str, Any]) -> Iterator[bytes | memoryview]:
         return raw.default(value)
 
     written = 0
-    for chunk in _chunks({"version": STATE_VERSION, **state}, STREAM_DEPTH, section, lines=True):
+    for chunk in _chunks({"version": STATE_VERSION, **state}, STREAM_DEPTH, section):
         written += len(chunk)
         yield chunk
     if not raw.columns and not sections:
@@ -206,7 +195,6 @@ def encode_state_chunks(state: dict[str, Any]) -> Iterator[bytes | memoryview]:
 
 
 def write_state(path: Path, payload: bytes | Iterable[bytes | memoryview]) -> None:
-    """Write encoded state (bytes or chunks) atomically (safe in a thread when the chunks are)."""
     commit_state(stage_state(path, payload), path)
 
 
@@ -217,14 +205,11 @@ def previous_path(path: Path) -> Path:
 
 def stage_state(path: Path, payload: bytes | Iterable[bytes | memoryview]) -> Path:
     """Write the state over the state file before last (`previous_path`), not yet synced nor in place
-    (see `commit_state`); returns that file's path.
+    (`commit_state`, the slow part, can run in a thread once the engine-referencing chunks are written).
 
-    Overwritten in place, not a new temp file: its pages are in the page cache already, where a
-    new file takes a state's worth of fresh pages each save and the replaced one gives them back,
-    which costs kernel CPU on every save. The file being
-    written is never the one `load_state` reads, so a save cut short leaves the state as it was.
-    Writing to the page cache is quick; the fsync, the slow part, is `commit_state`'s, which can
-    run in a thread once the (engine-referencing) chunks are all written.
+    Overwritten in place, not a new temp file: its pages are in the page cache already, where a new
+    file takes a state's worth of fresh pages each save, which costs kernel CPU. It is never the file
+    `load_state` reads, so a save cut short leaves the state as it was.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     spare = previous_path(path)
@@ -248,11 +233,7 @@ def stage_state(path: Path, payload: bytes | Iterable[bytes | memoryview]) -> Pa
 
 def commit_state(staged: Path, path: Path) -> None:
     """fsync a staged state file and rename it over `path` (atomic: the old state or the new, never half);
-    the old state stays as the state before last (`previous_path`), to be overwritten by the next save.
-
-    The old file keeps its pages by a second name (a hard link) while the new one takes its place;
-    where links are not possible the old file is simply replaced.
-    """
+    the old state stays as the state before last (`previous_path`) through a hard link, where possible."""
     try:
         _fsync(staged)
         swap = path.with_name(path.name + ".swap")
@@ -281,7 +262,6 @@ def _fsync(path: Path, flags: int = 0) -> None:
 
 
 def save_state(path: Path, state: dict[str, Any]) -> None:
-    """Write `state` atomically, streaming its JSON to the file."""
     write_state(path, encode_state_chunks(state))
 
 
@@ -291,8 +271,7 @@ def load_state(path: Path) -> dict[str, Any] | None:
     Raw columns come back as bytes where the JSON names them, which the engine's restore reads as
     it reads base64 text. A sectioned file's big lists come back as `SavedLines`, read from the
     file an entry at a time, which must be read before the state file is saved over twice (the
-    controller restores right after loading). Files written before sections (JSON alone, or JSON
-    and raw columns) are read whole, as they always were.
+    controller restores right after loading). A file of JSON alone is read whole.
     """
     try:
         with path.open("rb") as file:
@@ -310,12 +289,7 @@ def load_state(path: Path) -> dict[str, Any] | None:
         logger.warning("cannot read engine state %s (%s); rebuilding from CR status", path, error)
         return None
     try:
-        document, raw = _split_raw(data)
-        # json, not orjson: orjson.loads peaks far higher in memory on a large state, and the
-        # files json.dumps wrote before orjson may hold NaN/Infinity, which orjson rejects
-        state = json.loads(document)
-        if raw is not None:
-            _resolve_raw(state, raw)
+        state = json.loads(data)  # json, not orjson: orjson.loads peaks far higher in memory on a large state
     except ValueError as error:
         logger.warning("engine state %s is not valid JSON (%s); rebuilding from CR status", path, error)
         return None
@@ -346,7 +320,7 @@ class _StateFile:
         return data
 
     def column(self, reference: Any) -> bytes:
-        """The bytes a `{"$raw": [offset, length]}` names, read from the file (not all columns in memory at once)."""
+        """The bytes a `{"$raw": [offset, length]}` names (read from the file: not all columns in memory)."""
         offset, length = _raw_range(reference, self.columns_end - self.columns_start)
         return self.read(self.columns_start + offset, length)
 
@@ -355,17 +329,16 @@ class _StateFile:
             os.close(self.descriptor)
 
 
-class SavedLines(Sequence[Any]):
+class SavedLines:
     """A section of a state file: its entries, each parsed when read (see `encode_state_chunks`).
 
-    A whole parsed document holds all its small objects until the end; the engine's objects are
-    then spread among them, and the memory they leave cannot go back. Read an
-    entry at a time, an entry's objects reuse the last one's memory. `consume()` reads each entry once and lets the section's bytes go after the last.
-    Strings are the interpreter's one copy (`sys.intern`): the same node, namespace or UUID,
-    repeated in many entries, is kept once, as the live controller keeps it.
+    A whole parsed document holds all its small objects until the end, and the engine's objects spread
+    among them keep the memory they leave from going back. Read an entry at a time (`consume()`: once,
+    the bytes let go after the last), an entry's objects reuse the last one's memory. Strings are
+    interned: a node, namespace or UUID repeated in many entries is kept once, as the live controller does.
     """
 
-    __slots__ = ("_count", "_data", "_file", "_length", "_offset", "_starts")
+    __slots__ = ("_count", "_data", "_file", "_length", "_offset")
 
     def __init__(self, file: _StateFile, offset: int, length: int, count: int) -> None:
         self._file: _StateFile | None = file
@@ -373,54 +346,23 @@ class SavedLines(Sequence[Any]):
         self._length = length
         self._count = count
         self._data: bytes | None = None
-        self._starts: list[int] | None = None
 
     def __len__(self) -> int:
         return self._count
 
-    def _bytes(self) -> bytes:
+    def __iter__(self) -> Iterator[Any]:
         if self._data is None:
             if self._file is None:
                 raise ValueError("a consumed section of the state file is read again")
             self._data = self._file.read(self._offset, self._length)
             if self._data.count(b"\n") != self._count or (self._data and not self._data.endswith(b"\n")):
                 raise ValueError(f"a section of the state file holds not {self._count} lines")
-        return self._data
-
-    def _entry(self, data: bytes, start: int, end: int) -> Any:
-        entry = json.loads(data[start:end])
-        file = self._file
+        data, file = self._data, self._file
         assert file is not None
-        return _resolved(entry, file)
-
-    @overload
-    def __getitem__(self, index: int) -> Any: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[Any]: ...
-
-    def __getitem__(self, index: int | slice) -> Any:
-        data = self._bytes()
-        if self._starts is None:
-            starts, position = [0], data.find(b"\n")
-            while position >= 0:
-                starts.append(position + 1)
-                position = data.find(b"\n", position + 1)
-            self._starts = starts
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self._count))]
-        if index < 0:
-            index += self._count
-        if not 0 <= index < self._count:
-            raise IndexError(index)
-        return self._entry(data, self._starts[index], self._starts[index + 1] - 1)
-
-    def __iter__(self) -> Iterator[Any]:
-        data = self._bytes()
         start = 0
         for _ in range(self._count):
             end = data.index(b"\n", start)
-            yield self._entry(data, start, end)
+            yield _resolved(json.loads(data[start:end]), file)
             start = end + 1
 
     def consume(self) -> Iterator[Any]:
@@ -428,7 +370,7 @@ class SavedLines(Sequence[Any]):
         try:
             yield from self
         finally:
-            self._data = self._starts = None
+            self._data = None
             self._file = None
 
 
@@ -492,29 +434,6 @@ def _replace_references(document: Any, references: dict[str, Callable[[Any], Any
                     pending.append(value)
             elif kind is list:
                 pending.append(value)
-
-
-def _split_raw(data: bytes) -> tuple[bytes, memoryview | None]:
-    """(the JSON, the raw columns after it or None) of a state file's bytes; ValueError when the trailer is wrong."""
-    if not data.endswith(RAW_MAGIC):
-        return data, None  # JSON alone, as every state before raw columns
-    if len(data) < _TRAILER.size:
-        raise ValueError("the raw columns' trailer is cut short")
-    start, _ = _TRAILER.unpack_from(data, len(data) - _TRAILER.size)
-    end = len(data) - _TRAILER.size
-    if not 0 < start <= end:
-        raise ValueError(f"the raw columns' offset {start} is outside the file ({len(data)} bytes)")
-    return data[: start - 1], memoryview(data)[start:end]
-
-
-def _resolve_raw(document: Any, raw: memoryview) -> None:
-    """Replace each `{"$raw": [offset, length]}` in the loaded JSON with those bytes of `raw` (a view, no copy)."""
-
-    def column(reference: Any) -> memoryview:
-        offset, length = _raw_range(reference, len(raw))
-        return raw[offset: offset + length]
-
-    _replace_references(document, {RAW_KEY: column})
 
 
 def _raw_range(reference: Any, size: int) -> tuple[int, int]:

@@ -67,10 +67,9 @@ class IdleEvents:
     def announce(self, workloads: list[WorkloadFigures], idle: Mapping[str, str]) -> None:
         """Queue an Event for each workload whose Idle condition turned True (`idle`: uid -> its status).
 
-        The Idle condition is the one judge of idleness (`gpuwm.controller.status.idleness.idle_condition`:
-        observed idle time only), so an Event never says more than the CR does. While the
-        condition is Unknown (its agent not reporting) a spell already announced stays announced:
-        an outage inside one idle spell does not make a second Event.
+        The Idle condition (`idleness.idle_condition`: observed idle time only) is the one judge of
+        idleness, so an Event never says more than the CR does. While it is Unknown (its agent not
+        reporting) a spell already announced stays announced: an outage makes no second Event.
         """
         for figures in workloads:
             status = idle.get(figures.uid, "False")

@@ -237,10 +237,9 @@ class StatusWriter:
     async def run(self) -> None:
         """Drain the queues forever at the bucket's rate, a burst of writes per wake-up.
 
-        One write alone goes as soon as there is a token. With a backlog the writer waits for
-        the tokens of a burst (WRITE_BURST_SECONDS, 10 writes at 20/s) and sends them one after
-        the other: the same rate, news first in offer order, each write at most a burst later;
-        per write the event loop wakes once per burst, not once per write.
+        One write alone goes as soon as there is a token. With a backlog the writer waits for the tokens
+        of a burst (WRITE_BURST_SECONDS) and sends them one after the other: the same rate, news first in
+        offer order, each write at most a burst later, and the event loop wakes once per burst.
         """
         while True:
             count = self._burst()
@@ -374,11 +373,10 @@ class StatusWriter:
     async def retire_projects(self, now: float, retention_seconds: float) -> list[str]:
         """Delete the GPUProjectMetrics of projects with no workload left; returns their names.
 
-        A project is offered every cycle while the engine has any workload of it, running or
-        ended; it stops being offered when its last workload was forgotten, `retention` after
-        that workload ended. Its CR goes then. A CR adopted at start whose project was not
-        offered since goes once its own last update is `retention` old (its workloads ended
-        while no controller ran, or were never known to this one).
+        A project is offered every cycle while the engine has any workload of it, so its CR goes once its
+        last workload is forgotten, `retention` after it ended. A CR adopted at start whose project was not
+        offered since goes once its own last update is `retention` old (its workloads ended while no
+        controller ran, or were never known to this one).
         """
         offered, self._offered_projects = self._offered_projects, set()
         retired = []

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Collection, Container, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -252,9 +253,7 @@ def device_allocations(
     unnamed = [] if None in named else unnamed_devices(pod, exclude=named)
     if not mine:
         return unnamed
-    per_container: dict[str | None, int] = {}
-    for holder in mine:
-        per_container[holder.container] = per_container.get(holder.container, 0) + 1
+    per_container = Counter(holder.container for holder in mine)
     total_units = pod.requested_units
     units_by_device: dict[tuple[str, str | None], float] = {}
     for holder in mine:
