@@ -88,10 +88,10 @@ class KubeletStatsClient:
         self._previous_network: dict[str, tuple[float, float, float]] = {}
         self._ssl: ssl.SSLContext | None = None
         if self.url.startswith("https"):
-            if insecure_tls:
-                self._ssl = ssl._create_unverified_context()
-            else:
-                self._ssl = ssl.create_default_context(cafile=_CA_FILE if Path(_CA_FILE).exists() else None)
+            self._ssl = ssl.create_default_context(cafile=_CA_FILE if Path(_CA_FILE).exists() else None)
+            if insecure_tls:  # the kubelet's self-signed serving certificate (kubeadm's default)
+                self._ssl.check_hostname = False
+                self._ssl.verify_mode = ssl.CERT_NONE
 
     def _get(self, url: str, accept: str) -> bytes:
         request = urllib.request.Request(url, headers={"Accept": accept})
