@@ -33,6 +33,7 @@ from gpuwm.store.codec import (
     roll_up,
 )
 from gpuwm.store.schema import PART_COLUMNS, PIECE_CONDITION, store_payloads, sweep_payloads
+from gpuwm.store.sql import batches, marks
 from gpuwm.store.tiers import Tier
 
 #: points per chunk aimed at (15 s x 240 = 1 h; 5 min x 240 = 20 h)
@@ -93,10 +94,9 @@ def read_chunks(
     with the bytes of the `parts` asked for (default: all) that each chunk has."""
     columns = [(part, column) for part, column in PART_COLUMNS.items() if parts is None or part in parts]
     joins = " ".join(f"LEFT JOIN payloads p{part} ON p{part}.id = c.{column}" for part, column in columns)
-    placeholders = ",".join("?" * len(series_ids))
     rows = connection.execute(
         f"SELECT c.series_id, c.start, c.points, {', '.join(f'p{part}.data' for part, _ in columns)} FROM chunks c "
-        f"{joins} WHERE c.tier = ? AND c.series_id IN ({placeholders}) AND c.start > ? AND c.start < ?",
+        f"{joins} WHERE c.tier = ? AND c.series_id IN ({marks(series_ids)}) AND c.start > ? AND c.start < ?",
         (tier, *series_ids, after, before),
     ).fetchall()
     return [
@@ -166,9 +166,8 @@ class ChunkWriter:
 
     def _store_whole(self, span: TierSpan, start: int, series_ids: Sequence[int], values: IntArray) -> None:
         """The whole chunk of a coarse span from `start`, in place of its pieces (the chunks starting inside it)."""
-        placeholders = ",".join("?" * len(series_ids))
         self.connection.execute(
-            f"DELETE FROM chunks WHERE tier = ? AND start > ? AND start < ? AND series_id IN ({placeholders})",
+            f"DELETE FROM chunks WHERE tier = ? AND start > ? AND start < ? AND series_id IN ({marks(series_ids)})",
             (span.step, start, start + span.span_seconds, *series_ids),
         )
         self._store(span, start, series_ids, values)
@@ -280,10 +279,9 @@ class ChunkWriter:
         series_ids = [series_id for (series_id,) in self.connection.execute("SELECT id FROM series ORDER BY id")]
         for span in self.spans:
             cut = int(latest - span.tier.keep_seconds)
-            for offset in range(0, len(series_ids), 500):
-                batch = series_ids[offset : offset + 500]
+            for batch in batches(series_ids):
                 self.connection.execute(
-                    f"DELETE FROM chunks WHERE tier = ? AND series_id IN ({','.join('?' * len(batch))}) "
+                    f"DELETE FROM chunks WHERE tier = ? AND series_id IN ({marks(batch)}) "
                     "AND start < ? AND start + points * ? <= ?",
                     (span.step, *batch, cut, span.step, cut),
                 )

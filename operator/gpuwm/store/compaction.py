@@ -18,6 +18,7 @@ import numpy as np
 
 from gpuwm.store.chunks import ChunkWriter, TierSpan
 from gpuwm.store.codec import IntArray
+from gpuwm.store.sql import batches, marks
 
 #: compaction of a closed span is spread over this share of the next span's intervals: the same CPU an hour
 #: as over half of it, half of it in any one interval; the rest of the span is the margin for a round that
@@ -157,9 +158,8 @@ def series_without_points(connection: sqlite3.Connection, spans: Sequence[TierSp
 
 def delete_series(connection: sqlite3.Connection, series_ids: Sequence[int]) -> None:
     """Delete the series rows of `series_ids`, a bounded statement at a time."""
-    for offset in range(0, len(series_ids), 500):
-        batch = series_ids[offset : offset + 500]
-        connection.execute(f"DELETE FROM series WHERE id IN ({','.join('?' * len(batch))})", batch)
+    for batch in batches(series_ids):
+        connection.execute(f"DELETE FROM series WHERE id IN ({marks(batch)})", batch)
 
 
 class IdMarks:

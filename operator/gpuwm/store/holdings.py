@@ -30,9 +30,8 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuwm.model import WorkloadFigures
+from gpuwm.store.sql import batches, marks
 
-#: rows per statement where a query names series ids (well below SQLite's variable limit)
-_BATCH = 500
 #: below any edge a period can have: "before everything"
 FIRST = -(2**62)
 #: above any edge: "after everything"
@@ -82,15 +81,6 @@ class Steps:
         return max([self.at_start if self.start_held() else 0.0, *(units for _, units in self.changes)])
 
 
-def _batches(ids: Sequence[int]) -> Iterable[list[int]]:
-    for offset in range(0, len(ids), _BATCH):
-        yield list(ids[offset : offset + _BATCH])
-
-
-def _marks(batch: Sequence[object]) -> str:
-    return ",".join("?" * len(batch))
-
-
 class HoldingsWriter:
     """Writes `holdings`, `records` and `openings` rows inside the store's write transactions.
 
@@ -111,9 +101,9 @@ class HoldingsWriter:
 
     def _last_rows(self, series_ids: Sequence[int]) -> dict[int, Held]:
         found: dict[int, Held] = {}
-        for batch in _batches(series_ids):
+        for batch in batches(series_ids):
             rows = self._connection.execute(
-                f"SELECT series_id, units, max(t) FROM holdings WHERE series_id IN ({_marks(batch)}) GROUP BY series_id",
+                f"SELECT series_id, units, max(t) FROM holdings WHERE series_id IN ({marks(batch)}) GROUP BY series_id",
                 batch)
             found.update((series_id, Held(units)) for series_id, units, _ in rows)
         return found
@@ -147,7 +137,7 @@ class HoldingsWriter:
         self._connection.execute("INSERT OR IGNORE INTO records VALUES (?)", (bucket,))
         self._connection.executemany("INSERT OR REPLACE INTO holdings VALUES (?, ?, ?)", rows)
         if openings:
-            self._connection.executemany(f"INSERT OR IGNORE INTO openings VALUES ({_marks(openings[0])})", openings)
+            self._connection.executemany(f"INSERT OR IGNORE INTO openings VALUES ({marks(openings[0])})", openings)
 
     def apply_retention(self, cut: int) -> None:
         """Drop the rows before `cut` that a later row at or before it replaces (each workload's units at
@@ -159,9 +149,9 @@ class HoldingsWriter:
 
     def forget(self, series_ids: Sequence[int]) -> None:
         """Drop the rows of series the store forgets."""
-        for batch in _batches(series_ids):
-            self._connection.execute(f"DELETE FROM holdings WHERE series_id IN ({_marks(batch)})", batch)
-            self._connection.execute(f"DELETE FROM openings WHERE series_id IN ({_marks(batch)})", batch)
+        for batch in batches(series_ids):
+            self._connection.execute(f"DELETE FROM holdings WHERE series_id IN ({marks(batch)})", batch)
+            self._connection.execute(f"DELETE FROM openings WHERE series_id IN ({marks(batch)})", batch)
         for series_id in series_ids:
             self._state.pop(series_id, None)
 
@@ -172,8 +162,8 @@ def _in_force(connection: sqlite3.Connection, before: int, series_ids: Sequence[
         rows = connection.execute("SELECT series_id, units, max(t) FROM holdings WHERE t < ? GROUP BY series_id",
                                   (before,)).fetchall()
     else:
-        rows = [row for batch in _batches(series_ids) for row in connection.execute(
-            f"SELECT series_id, units, max(t) FROM holdings WHERE t < ? AND series_id IN ({_marks(batch)}) "
+        rows = [row for batch in batches(series_ids) for row in connection.execute(
+            f"SELECT series_id, units, max(t) FROM holdings WHERE t < ? AND series_id IN ({marks(batch)}) "
             "GROUP BY series_id", (before, *batch))]
     return {series_id: units for series_id, units, _ in rows}
 
@@ -203,9 +193,9 @@ def unit_weights(
     times = [t for (t,) in connection.execute("SELECT t FROM records WHERE t >= ? AND t < ? ORDER BY t", (low, high))]
     held = _in_force(connection, low, series_ids)
     changes: dict[int, dict[int, float]] = {}
-    for batch in _batches(series_ids):
+    for batch in batches(series_ids):
         for series_id, t, units in connection.execute(
-            f"SELECT series_id, t, units FROM holdings WHERE t >= ? AND t < ? AND series_id IN ({_marks(batch)})",
+            f"SELECT series_id, t, units FROM holdings WHERE t >= ? AND t < ? AND series_id IN ({marks(batch)})",
             (low, high, *batch),
         ):
             changes.setdefault(series_id, {})[t] = units
@@ -253,9 +243,9 @@ def group_peak(members: Iterable[Steps]) -> float:
 
 def read_openings(connection: sqlite3.Connection, series_ids: Sequence[int]) -> dict[int, Opening]:
     found: dict[int, Opening] = {}
-    for batch in _batches(series_ids):
+    for batch in batches(series_ids):
         for series_id, t, since, units, *figures in connection.execute(
-            f"SELECT * FROM openings WHERE series_id IN ({_marks(batch)})", batch
+            f"SELECT * FROM openings WHERE series_id IN ({marks(batch)})", batch
         ):
             found[series_id] = Opening(t=t, since=since, units=units, figures=tuple(figures))
     return found
@@ -264,9 +254,9 @@ def read_openings(connection: sqlite3.Connection, series_ids: Sequence[int]) -> 
 def first_rows(connection: sqlite3.Connection, series_ids: Sequence[int]) -> dict[int, int]:
     """Each workload's first row kept: when the store first saw it (its figures have no point before it)."""
     found: dict[int, int] = {}
-    for batch in _batches(series_ids):
+    for batch in batches(series_ids):
         found.update(connection.execute(
-            f"SELECT series_id, min(t) FROM holdings WHERE series_id IN ({_marks(batch)}) GROUP BY series_id", batch))
+            f"SELECT series_id, min(t) FROM holdings WHERE series_id IN ({marks(batch)}) GROUP BY series_id", batch))
     return found
 
 

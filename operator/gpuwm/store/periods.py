@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -48,6 +48,7 @@ from gpuwm.store.holdings import (
     read_steps,
     unit_weights,
 )
+from gpuwm.store.sql import batches, marks
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -57,7 +58,6 @@ WINDOW_POINTS = 4
 _FIGURES_PART = 6
 _ALLOCATED = FIGURE_NAMES.index("allocated_gpu_seconds")
 _ZERO = np.zeros(len(FIGURE_NAMES), dtype=np.int64)
-_BATCH = 500
 
 
 @dataclass(frozen=True)
@@ -170,11 +170,6 @@ class EdgeFigures:
         return (self.high.get(series_id, low) - low).astype(np.float64)
 
 
-def _batches(ids: Sequence[int]) -> Iterable[list[int]]:
-    for offset in range(0, len(ids), _BATCH):
-        yield list(ids[offset : offset + _BATCH])
-
-
 Points = dict[int, list[tuple[IntArray, IntArray]]]  # series -> [(times, figures [n, F])] as read
 
 
@@ -182,7 +177,7 @@ def _chunk_points(connection: sqlite3.Connection, span: TierSpan, ids: Sequence[
                   points: Points) -> None:
     """The figures of `span`'s chunks that may hold points in [low, high), into `points`."""
     read: list[tuple[int, int, int, bytes]] = []
-    for batch in _batches(ids):
+    for batch in batches(ids):
         read += [(series_id, start, count, parts[0][1]) for series_id, start, count, parts in read_chunks(
             connection, span.step, batch, low - span.span_seconds, high, (_FIGURES_PART,)) if parts]
     decoded = _decode_all([(count, data) for _, _, count, data in read])
@@ -198,8 +193,7 @@ def _decode_all(chunks: Sequence[tuple[int, bytes]]) -> dict[tuple[int, bytes], 
         by_length.setdefault(count, []).append(data)
     decoded: dict[tuple[int, bytes], IntArray] = {}
     for count, payloads in by_length.items():
-        for offset in range(0, len(payloads), _BATCH):
-            batch = payloads[offset : offset + _BATCH]
+        for batch in batches(payloads):
             for data, values in zip(batch, decode_chunks(batch, count, _FIGURES_PART), strict=True):
                 decoded[(count, data)] = values.T
     return decoded
@@ -211,9 +205,9 @@ def _head_points(connection: sqlite3.Connection, ids: Sequence[int], low: int, h
     for series_id in ids:
         by_block.setdefault(series_id // BLOCK, []).append(series_id)
     blocks = list(by_block)
-    for batch in _batches(blocks):
+    for batch in batches(blocks):
         rows = connection.execute(
-            f"SELECT block, t, data FROM head WHERE block IN ({','.join('?' * len(batch))}) AND t >= ? AND t < ?",
+            f"SELECT block, t, data FROM head WHERE block IN ({marks(batch)}) AND t >= ? AND t < ?",
             (*batch, low, high),
         ).fetchall()
         for block, t, data in rows:
@@ -280,9 +274,9 @@ def _newest_chunks(
     tier's first where two end together)."""
     newest: dict[int, list[_Chunk]] = {}
     for span in spans:  # finest first: the stable sort below keeps it first among equals
-        for batch in _batches(ids):
+        for batch in batches(ids):
             for series_id, start, count in connection.execute(
-                f"SELECT series_id, max(start), points FROM chunks WHERE tier = ? AND series_id IN ({','.join('?' * len(batch))}) "
+                f"SELECT series_id, max(start), points FROM chunks WHERE tier = ? AND series_id IN ({marks(batch)}) "
                 "AND start < ? AND figures_payload IS NOT NULL GROUP BY series_id", (span.step, *batch, bound),
             ):
                 newest.setdefault(series_id, []).append(_Chunk(span, start, count))
@@ -395,9 +389,9 @@ def _apportioned(start: EdgeFigures, end: EdgeFigures, series_id: int) -> float:
 
 def _workload_labels(connection: sqlite3.Connection, ids: Sequence[int]) -> dict[int, dict[str, str]]:
     labels: dict[int, dict[str, str]] = {}
-    for batch in _batches(ids):
+    for batch in batches(ids):
         rows = connection.execute(
-            f"SELECT id, labels FROM series WHERE kind = 'workload' AND id IN ({','.join('?' * len(batch))})", batch)
+            f"SELECT id, labels FROM series WHERE kind = 'workload' AND id IN ({marks(batch)})", batch)
         labels.update((series_id, json.loads(text)) for series_id, text in rows)
     return labels
 
@@ -405,10 +399,9 @@ def _workload_labels(connection: sqlite3.Connection, ids: Sequence[int]) -> dict
 def _kinds(connection: sqlite3.Connection, uids: Sequence[str]) -> dict[str, str | None]:
     """Each workload's kind where its latest figures are still kept."""
     kinds: dict[str, str | None] = {}
-    for offset in range(0, len(uids), _BATCH):
-        batch = list(uids[offset : offset + _BATCH])
+    for batch in batches(uids):
         rows = connection.execute(
-            f"SELECT uid, json_extract(figures, '$.kind') FROM latest_workloads WHERE uid IN ({','.join('?' * len(batch))})",
+            f"SELECT uid, json_extract(figures, '$.kind') FROM latest_workloads WHERE uid IN ({marks(batch)})",
             batch)
         kinds.update((uid, kind or None) for uid, kind in rows)
     return kinds

@@ -11,17 +11,10 @@ asked while it holds, so the cost of periods adds up as their GPU-seconds do.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from gpuwm.store.base import GpuHourPrice
-
-#: uids per statement (well below SQLite's variable limit)
-_BATCH = 500
-
-
-def _batches(uids: Sequence[str]) -> Iterable[list[str]]:
-    for offset in range(0, len(uids), _BATCH):
-        yield list(uids[offset : offset + _BATCH])
+from gpuwm.store.sql import batches, marks
 
 
 class PriceWriter:
@@ -57,8 +50,8 @@ class PriceWriter:
 
     def forget(self, uids: Sequence[str]) -> None:
         """Drop the prices of runs the store no longer keeps a point of."""
-        for batch in _batches(uids):
-            self._connection.execute(f"DELETE FROM workload_prices WHERE uid IN ({','.join('?' * len(batch))})", batch)
+        for batch in batches(uids):
+            self._connection.execute(f"DELETE FROM workload_prices WHERE uid IN ({marks(batch)})", batch)
         if self._last is not None:
             for uid in uids:
                 self._last.pop(uid, None)
@@ -68,9 +61,9 @@ def read_prices(connection: sqlite3.Connection, uids: Sequence[str], end: float)
     """Each run's price recorded last at or before `end`, else its first; runs never priced left out."""
     found: dict[str, GpuHourPrice] = {}
     settled: set[str] = set()
-    for batch in _batches(sorted(set(uids))):
+    for batch in batches(sorted(set(uids))):
         rows = connection.execute(
-            f"SELECT uid, t, price_per_gpu_hour, currency FROM workload_prices WHERE uid IN ({','.join('?' * len(batch))}) "
+            f"SELECT uid, t, price_per_gpu_hour, currency FROM workload_prices WHERE uid IN ({marks(batch)}) "
             "ORDER BY uid, t", batch)
         for uid, t, price, currency in rows:
             if uid in settled:

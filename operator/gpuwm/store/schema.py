@@ -33,6 +33,7 @@ from pathlib import Path
 from gpuwm.store.base import METRIC_NAMES, StoreError
 from gpuwm.store.codec import EXTREME_PARTS, WHOLE
 from gpuwm.store.figures import FIGURE_NAMES
+from gpuwm.store.sql import batches, marks
 
 log = logging.getLogger(__name__)
 
@@ -154,10 +155,9 @@ def store_payloads(connection: sqlite3.Connection, payloads: Sequence[bytes], tr
     # transient bytes are shared with transient bytes only, lasting with lasting: every part of a piece
     # has an id below zero, every part of a whole chunk one above (what PIECE_CONDITION relies on)
     sign = "id < 0" if transient else "id > 0"
-    for offset in range(0, len(unique), 500):
-        batch = unique[offset : offset + 500]
+    for batch in batches(unique):
         for payload_id, data in connection.execute(
-            f"SELECT id, data FROM payloads WHERE hash IN ({','.join('?' * len(batch))}) AND {sign}", batch
+            f"SELECT id, data FROM payloads WHERE hash IN ({marks(batch)}) AND {sign}", batch
         ):
             if data in hashes:
                 found.setdefault(data, payload_id)

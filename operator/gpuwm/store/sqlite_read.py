@@ -43,6 +43,7 @@ from gpuwm.store.codec import (
     maximum_column,
     minimum_column,
 )
+from gpuwm.store.sql import marks
 from gpuwm.store.tiers import Tier
 
 #: (scope, by) -> (series kind, label column that selects it; None = all of that kind)
@@ -272,9 +273,8 @@ def _head_contributions(
     by_block: dict[int, list[int]] = {}
     for series_id in ids:
         by_block.setdefault(series_id // BLOCK, []).append(series_id)
-    block_list = ",".join("?" * len(by_block))
     head_rows = connection.execute(
-        f"SELECT block, t, data FROM head WHERE block IN ({block_list}) AND t >= ? AND t < ? ORDER BY block, t",
+        f"SELECT block, t, data FROM head WHERE block IN ({marks(by_block)}) AND t >= ? AND t < ? ORDER BY block, t",
         (*by_block, *window),
     ).fetchall()
     for block, members in itertools.groupby(head_rows, key=lambda row: int(row[0])):
