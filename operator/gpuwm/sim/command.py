@@ -98,9 +98,7 @@ def run(arguments: argparse.Namespace) -> int:
     )
     try:
         return asyncio.run(run_demo(options))
-    except StoreError as error:
-        raise ConfigError(str(error)) from None
-    except ValueError as error:  # --listen
+    except (StoreError, ValueError) as error:  # a store file it cannot use, a bad --listen
         raise ConfigError(str(error)) from None
     except OSError as error:  # the port is taken
         raise ConfigError(f"--listen {arguments.listen}: cannot listen there ({error.strerror or error}); "

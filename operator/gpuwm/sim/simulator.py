@@ -106,8 +106,7 @@ class Simulator:
         for serial in range(draws):
             workload = new_workload(side, "u", ["p", "p"], serial, 0.0, pick_kind(side), self.kinds_available,
                                     self.config.gpus_per_node)
-            units = self._units_of(workload)
-            total += units * min(workload.duration_seconds, _HORIZON_SECONDS)
+            total += self._units_of(workload) * min(workload.duration_seconds, _HORIZON_SECONDS)
         return total / draws
 
     def _units_of(self, workload: SimWorkload) -> float:
@@ -254,13 +253,12 @@ class Simulator:
         self.pending.append(workload)
         self._placement_due = min(self._placement_due, t)
 
-    def _namespace_events(self, t: float) -> list[NamespaceEvent | PodEvent]:
-        events: list[NamespaceEvent | PodEvent] = []
-        for name, project in ALL_NAMESPACES:
-            labels = {"gpuwm.io/project": project} if project else {}
-            annotations = {"gpuwm.io/gpu-quota": str(max(1, int(self.capacity_units // 4)))} if project == "research" else {}
-            events.append(NamespaceEvent(t=t, event="namespace", name=name, labels=labels, annotations=annotations))
-        return events
+    def _namespace_events(self, t: float) -> list[NamespaceEvent]:
+        quota = {"gpuwm.io/gpu-quota": str(max(1, int(self.capacity_units // 4)))}
+        return [NamespaceEvent(t=t, event="namespace", name=name,
+                               labels={"gpuwm.io/project": project} if project else {},
+                               annotations=quota if project == "research" else {})
+                for name, project in ALL_NAMESPACES]
 
     def _lifecycle(self, t: float, step: Step) -> None:
         if self._steps == 0:
@@ -371,8 +369,11 @@ class Simulator:
         if not readable:
             return
         identity: dict[str, Any] = {"t": t, "node": gpu.node.name, "index": gpu.index, "model": product.model}
-        if gpu.lost:
-            for uuid, parent_uuid, profile, units in self._sampled_devices(gpu):
+        if gpu.lost:  # the GPU and, on a MIG GPU, each of its instances
+            sampled: list[tuple[str, str | None, str | None, float]] = [(gpu.uuid, None, None, 1.0)]
+            if gpu.kind == "mig":
+                sampled += [(d.uuid, gpu.uuid, d.mig_profile, d.units) for d in gpu.devices]
+            for uuid, parent_uuid, profile, units in sampled:
                 step.samples.append(_sample({
                     **identity, "uuid": uuid, "parent_uuid": parent_uuid, "mig_profile": profile,
                     "device_units": units, "healthy": False, "error": "GPU is lost"}))
@@ -444,14 +445,6 @@ class Simulator:
                 "memory_used_bytes": float(int(device.memory_total_bytes * self._memory_fraction[pod] * device.units)),
             })
         return processes
-
-    @staticmethod
-    def _sampled_devices(gpu: Gpu) -> list[tuple[str, str | None, str | None, float]]:
-        """(uuid, parent uuid, MIG profile, device units) of every device the agent samples on `gpu`."""
-        devices: list[tuple[str, str | None, str | None, float]] = [(gpu.uuid, None, None, 1.0)]
-        if gpu.kind == "mig":
-            devices.extend((device.uuid, gpu.uuid, device.mig_profile, device.units) for device in gpu.devices)
-        return devices
 
     def _pod_stats(self, t: float, step: Step) -> None:
         rng = self.rng

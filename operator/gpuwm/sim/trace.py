@@ -25,8 +25,7 @@ def write_trace(simulator: Simulator, until: float, out: TextIO) -> int:
     lines = 0
     for step in simulator.run(until):
         for line in step_lines(step):
-            out.write(line)
-            out.write("\n")
+            out.write(line + "\n")
             lines += 1
     return lines
 
