@@ -24,6 +24,8 @@ from gpuwm.store import Breakdown, RangeQuery, Series
 #: runs a page of `?ended=true` holds unless `limit` says otherwise, and the most it may hold
 DEFAULT_PAGE_RUNS = 500
 MAX_PAGE_RUNS = 5000
+#: the fields of a run's identity not copied from its figures as they are
+_DERIVED = ("failure_reason", "pods")
 
 
 def failure_reason(workload: WorkloadFigures) -> str | None:
@@ -48,15 +50,7 @@ def workload_identity(workload: WorkloadFigures) -> WorkloadIdentity:
                               {pod.name: pod.labels for pod in workload.pods})
     }
     return WorkloadIdentity(
-        namespace=workload.namespace,
-        name=workload.name,
-        uid=workload.uid,
-        kind=workload.kind,
-        project=workload.project,
-        phase=workload.phase,
-        created_time=workload.created_time,
-        start_time=workload.start_time,
-        end_time=workload.end_time,
+        **{name: getattr(workload, name) for name in WorkloadIdentity.model_fields if name not in _DERIVED},
         failure_reason=failure_reason(workload),
         pods=[
             PodIdentity(name=pod.name, uid=pod.uid, node=pod.node, phase=pod.phase, rank=ranks[pod.name].rank,
