@@ -19,9 +19,7 @@ async def list_projects(request: Request, context: Context, caller: CallerOf) ->
     check_parameters(request, set())
     user = await caller.authenticate()
     projects = await context.blocking(context.store.projects)
-    if not await context.authorizer.allowed(user, None):
-        projects = [p for p in projects if all([await context.authorizer.allowed(user, ns) for ns in p.namespaces])]
-    return ProjectList(projects=projects)
+    return ProjectList(projects=[p for p in projects if await caller.may_read(user, p.namespaces)])
 
 
 @router.get("/api/v1/projects/{project}/metrics", **SERIES_ROUTE)
