@@ -137,8 +137,7 @@ class StoreClock:
     @property
     def snapped_earliest(self) -> int:
         """The first data's bucket: nothing before it was ever kept, so nothing before it was dropped."""
-        step = self.finest_step
-        return FIRST if self.earliest is None else int(math.floor(self.earliest / step) * step)
+        return FIRST if self.earliest is None else self.finest_time(self.earliest)
 
     def _rolled_up(self, step: int) -> float:
         until = self.rolled_up.get(step)
@@ -249,11 +248,6 @@ def _head_before(connection: sqlite3.Connection, ids: Sequence[int], bound: int,
     return found
 
 
-def _decode_figures(data: bytes, count: int) -> IntArray:
-    """A chunk's figures part back to [points, FIGURE_NAMES] (MISSING where absent)."""
-    return decode_chunk(data, count, part=_FIGURES_PART).T
-
-
 @dataclass(frozen=True)
 class _Chunk:
     """A chunk of a series' figures: its tier, start and points, and where it ends."""
@@ -295,7 +289,8 @@ def _chunks_before(
                 "SELECT p.data FROM chunks c JOIN payloads p ON p.id = c.figures_payload "
                 "WHERE c.tier = ? AND c.series_id = ? AND c.start = ?", (chunk.span.step, series_id, chunk.start)).fetchone()
             times = chunk.start + chunk.span.step * np.arange(chunk.points, dtype=np.int64)
-            last = _last_before([(times, _decode_figures(data, chunk.points))], bound, chunk.span.step)
+            figures = decode_chunk(data, chunk.points, part=_FIGURES_PART).T  # [points, FIGURE_NAMES]
+            last = _last_before([(times, figures)], bound, chunk.span.step)
             if last is not None:
                 found[series_id] = last
                 break
