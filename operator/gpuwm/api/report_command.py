@@ -77,11 +77,8 @@ def report_url(server: str, start: str | None, end: str | None, by: str, wire_fo
     parsed = urllib.parse.urlsplit(server)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise ConfigError(f"--server {server!r} is not an http:// or https:// URL (e.g. https://127.0.0.1:8080)")
-    query = {"by": by, "format": wire_format}
-    if start is not None:
-        query["start"] = start
-    if end is not None:
-        query["end"] = end
+    query = [(name, value) for name, value in (("by", by), ("format", wire_format), ("start", start), ("end", end))
+             if value is not None]
     return server.rstrip("/") + "/api/v1/report?" + urllib.parse.urlencode(query)
 
 
