@@ -2,18 +2,13 @@
 namespace or workload over start..end, from the engine's stored counters, as JSON or CSV.
 
 Chargeback and capacity reviews ask "what did each project hold and waste last month". Every additive
-column is a difference of the engine's own cumulative figures (allocated, active, idle, unmonitored and
-utilisation-weighted GPU-seconds, energy) between the period's edges (`Store.period`), summed over a row's
-workloads: so periods add up (report[a,c) = report[a,b) + report[b,c)), a finished run's row is its CR's
-figures in every period that holds its life, and a period that starts before the first data is the one
-that starts at it. A status interval counts in the period that holds the time it was recorded at (snapped
-down to the store's finest step, `stepSeconds`); a period ending at or after the latest data holds all of it.
-Where an edge falls in a stretch only a coarse tier still holds, the bucket it cuts is apportioned by time,
-and the row says so: `exact` false and `apportionedGpuHours`. Peaks are the most units held at one status
-interval (`Store.peak_allocated`), the same whatever the period's length. Wasted GPU-hours are the idle ones
-(held, monitored, unused), as in the CRs' "Wasted GPU-h" column. With `pricing` set, each row also says what
-it cost: its runs' GPU-seconds of the period at their prices, plus energy (api/report_cost.py), and the cost
-of GPUs held and not used (`idleCost`) apart.
+column is a difference of the engine's own cumulative figures between the period's edges, summed over a
+row's workloads (`Store.period`; where an edge falls and why periods add up: store/periods.py). Where an
+edge cut a bucket only a coarse tier still holds, the row says so: `exact` false and `apportionedGpuHours`.
+Peaks are the most units held at one status interval (`Store.peak_allocated`), the same whatever the
+period's length. Wasted GPU-hours are the idle ones (held, monitored, unused), as in the CRs' "Wasted
+GPU-h" column. With `pricing` set, each row also says what it cost: its runs' GPU-seconds of the period at
+their prices, plus energy (api/report_cost.py), and the cost of GPUs held and not used (`idleCost`) apart.
 """
 
 from __future__ import annotations
