@@ -226,9 +226,8 @@ class PrometheusStore(Store):
             for item in self._instant(f"max by (workload_uid, reason) (gpuwm_workload_failure_info{selector})")
         }
         pods = self._workload_pods(selector)
-        result = [_workload_figures(item["metric"], gauges, pods, reasons) for item in infos]
-        result.sort(key=lambda w: (w.namespace, w.name))
-        return result
+        return sorted((_workload_figures(item["metric"], gauges, pods, reasons) for item in infos),
+                      key=lambda w: (w.namespace, w.name))
 
     def _workload_pods(self, selector: str) -> dict[str, list[PodFigures]]:
         """Each workload's running pods by its UID, from gpuwm_workload_pod_info, with their spec resources."""
