@@ -297,18 +297,12 @@ def encode_chunks(values: IntArray, level: int = FINE_ZLIB_LEVEL, part: int | No
     needed_bits = np.packbits(needed.reshape(series, -1), axis=1)
     bitmap = np.packbits(present.reshape(series, -1), axis=1)
     header = divisor.astype("<i8")
-    result: list[bytes] = []
-    for position in range(series):
-        payload = b"".join(
-            (
-                bitmap[position].tobytes(),
-                header[position].tobytes(),
-                needed_bits[position].tobytes(),
-                np.ascontiguousarray(planes[position][needed[position]]).tobytes(),
-            )
-        )
-        result.append(zlib.compress(payload, level))
-    return result
+    return [
+        zlib.compress(b"".join((bitmap[position].tobytes(), header[position].tobytes(),
+                                needed_bits[position].tobytes(),
+                                np.ascontiguousarray(planes[position][needed[position]]).tobytes())), level)
+        for position in range(series)
+    ]
 
 
 def decode_chunk(
@@ -387,10 +381,8 @@ def encode_parts(values: IntArray, level: int = FINE_ZLIB_LEVEL) -> list[list[by
     """Series x columns x points -> for each series, one chunk per part of `parts_of` its columns (None
     where the series has no point of that part's columns)."""
     if values.shape[0] > ENCODE_SERIES_PER_PASS:
-        passes: list[list[bytes | None]] = []
-        for low in range(0, values.shape[0], ENCODE_SERIES_PER_PASS):
-            passes += encode_parts(values[low : low + ENCODE_SERIES_PER_PASS], level)
-        return passes
+        return [chunks for low in range(0, values.shape[0], ENCODE_SERIES_PER_PASS)
+                for chunks in encode_parts(values[low : low + ENCODE_SERIES_PER_PASS], level)]
     result: list[list[bytes | None]] = [[] for _ in range(values.shape[0])]
     for part in parts_of(values.shape[1]):
         columns = np.ascontiguousarray(values[:, PARTS[part], :])
