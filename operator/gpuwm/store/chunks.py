@@ -239,9 +239,7 @@ class ChunkWriter:
             for series_id, start in rows:
                 by_span.setdefault(start // span.span_seconds * span.span_seconds, set()).add(series_id)
             for coarse_start, members in sorted(by_span.items()):
-                ordered = sorted(members)
-                for offset in range(0, len(ordered), BLOCK):
-                    series_ids = ordered[offset : offset + BLOCK]
+                for series_ids in batches(sorted(members), BLOCK):
                     target, _ = self._gather(span, series_ids, coarse_start, span.points)
                     if target is not None:
                         self._store_whole(span, coarse_start, series_ids, target)

@@ -11,9 +11,9 @@ _Item = TypeVar("_Item")
 BATCH = 500
 
 
-def batches(items: Sequence[_Item]) -> Iterator[list[_Item]]:
-    for offset in range(0, len(items), BATCH):
-        yield list(items[offset : offset + BATCH])
+def batches(items: Sequence[_Item], size: int = BATCH) -> Iterator[list[_Item]]:
+    for offset in range(0, len(items), size):
+        yield list(items[offset : offset + size])
 
 
 def marks(batch: Collection[object]) -> str:
