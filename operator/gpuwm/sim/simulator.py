@@ -253,13 +253,6 @@ class Simulator:
         self.pending.append(workload)
         self._placement_due = min(self._placement_due, t)
 
-    def _namespace_events(self, t: float) -> list[NamespaceEvent]:
-        quota = {"gpuwm.io/gpu-quota": str(max(1, int(self.capacity_units // 4)))}
-        return [NamespaceEvent(t=t, event="namespace", name=name,
-                               labels={"gpuwm.io/project": project} if project else {},
-                               annotations=quota if project == "research" else {})
-                for name, project in ALL_NAMESPACES]
-
     def _lifecycle(self, t: float, step: Step) -> None:
         if self._steps == 0:
             self._fill(t, step)
@@ -280,7 +273,11 @@ class Simulator:
 
     def _fill(self, t: float, step: Step) -> None:
         """The first step: the namespaces, and workloads running (or queued) since before the run, up to the occupancy."""
-        step.events.extend(self._namespace_events(t))
+        quota = {"gpuwm.io/gpu-quota": str(max(1, int(self.capacity_units // 4)))}
+        step.events.extend(NamespaceEvent(t=t, event="namespace", name=name,
+                                          labels={"gpuwm.io/project": project} if project else {},
+                                          annotations=quota if project == "research" else {})
+                           for name, project in ALL_NAMESPACES)
         held, misses = 0.0, 0
         while held < self.config.occupancy * self.capacity_units and misses < 20:
             workload = self._new_workload(t - self.rng.uniform(5.0, 300.0))

@@ -173,7 +173,6 @@ class GroundTruth:
         ledger.last_sample = t
         monitored = device_percent is not None and t - start <= self.gap_seconds
         covering = [holding for holding in ledger.holdings if min(t, holding.end) > max(start, holding.start)]
-        kept: list[_Holding] = []
         for holding in ledger.holdings:
             seconds = min(t, holding.end) - max(start, holding.start)
             if seconds > 0:
@@ -189,9 +188,7 @@ class GroundTruth:
                         sums.idle += unit_seconds
                 else:
                     sums.unmonitored += unit_seconds
-            if holding.end > t:
-                kept.append(holding)
-        ledger.holdings = kept
+        ledger.holdings = [holding for holding in ledger.holdings if holding.end > t]
 
     def _attributed(
         self, holding: _Holding, covering: list[_Holding], device_percent: float, device_units: float,
