@@ -100,13 +100,10 @@ class HoldingsWriter:
         self._state = {series_id: Held(units) for series_id, units, _ in rows}
 
     def _last_rows(self, series_ids: Sequence[int]) -> dict[int, Held]:
-        found: dict[int, Held] = {}
-        for batch in batches(series_ids):
-            rows = self._connection.execute(
-                f"SELECT series_id, units, max(t) FROM holdings WHERE series_id IN ({marks(batch)}) GROUP BY series_id",
-                batch)
-            found.update((series_id, Held(units)) for series_id, units, _ in rows)
-        return found
+        rows = (row for batch in batches(series_ids) for row in self._connection.execute(
+            f"SELECT series_id, units, max(t) FROM holdings WHERE series_id IN ({marks(batch)}) GROUP BY series_id",
+            batch))
+        return {series_id: Held(units) for series_id, units, _ in rows}
 
     def record(
         self, bucket: int, workloads: Sequence[tuple[int, WorkloadFigures]], stored: npt.NDArray[np.int64],
@@ -242,22 +239,16 @@ def group_peak(members: Iterable[Steps]) -> float:
 
 
 def read_openings(connection: sqlite3.Connection, series_ids: Sequence[int]) -> dict[int, Opening]:
-    found: dict[int, Opening] = {}
-    for batch in batches(series_ids):
-        for series_id, t, since, units, *figures in connection.execute(
-            f"SELECT * FROM openings WHERE series_id IN ({marks(batch)})", batch
-        ):
-            found[series_id] = Opening(t=t, since=since, units=units, figures=tuple(figures))
-    return found
+    rows = (row for batch in batches(series_ids) for row in connection.execute(
+        f"SELECT * FROM openings WHERE series_id IN ({marks(batch)})", batch))
+    return {series_id: Opening(t=t, since=since, units=units, figures=tuple(figures))
+            for series_id, t, since, units, *figures in rows}
 
 
 def first_rows(connection: sqlite3.Connection, series_ids: Sequence[int]) -> dict[int, int]:
     """Each workload's first row kept: when the store first saw it (its figures have no point before it)."""
-    found: dict[int, int] = {}
-    for batch in batches(series_ids):
-        found.update(connection.execute(
-            f"SELECT series_id, min(t) FROM holdings WHERE series_id IN ({marks(batch)}) GROUP BY series_id", batch))
-    return found
+    return {series_id: t for batch in batches(series_ids) for series_id, t in connection.execute(
+        f"SELECT series_id, min(t) FROM holdings WHERE series_id IN ({marks(batch)}) GROUP BY series_id", batch)}
 
 
 def openings_within(connection: sqlite3.Connection, start: float, end: float, finest_step: int) -> list[int]:

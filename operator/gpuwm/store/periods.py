@@ -383,23 +383,15 @@ def _apportioned(start: EdgeFigures, end: EdgeFigures, series_id: int) -> float:
 
 
 def _workload_labels(connection: sqlite3.Connection, ids: Sequence[int]) -> dict[int, dict[str, str]]:
-    labels: dict[int, dict[str, str]] = {}
-    for batch in batches(ids):
-        rows = connection.execute(
-            f"SELECT id, labels FROM series WHERE kind = 'workload' AND id IN ({marks(batch)})", batch)
-        labels.update((series_id, json.loads(text)) for series_id, text in rows)
-    return labels
+    return {series_id: json.loads(text) for batch in batches(ids) for series_id, text in connection.execute(
+        f"SELECT id, labels FROM series WHERE kind = 'workload' AND id IN ({marks(batch)})", batch)}
 
 
 def _kinds(connection: sqlite3.Connection, uids: Sequence[str]) -> dict[str, str | None]:
     """Each workload's kind where its latest figures are still kept."""
-    kinds: dict[str, str | None] = {}
-    for batch in batches(uids):
-        rows = connection.execute(
-            f"SELECT uid, json_extract(figures, '$.kind') FROM latest_workloads WHERE uid IN ({marks(batch)})",
-            batch)
-        kinds.update((uid, kind or None) for uid, kind in rows)
-    return kinds
+    return {uid: kind or None for batch in batches(uids) for uid, kind in connection.execute(
+        f"SELECT uid, json_extract(figures, '$.kind') FROM latest_workloads WHERE uid IN ({marks(batch)})",
+        batch)}
 
 
 def _sums(stored: FloatArray) -> PeriodSums:
