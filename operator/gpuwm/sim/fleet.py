@@ -145,11 +145,9 @@ def build_fleet(rng: random.Random, nodes: int, gpus_per_node: int) -> list[Node
                                memory_total_bytes=memory_gib * GIB)
                     )
             else:
-                for replica in range(SHARED_REPLICAS):
-                    gpu.devices.append(
-                        Device(f"{gpu.uuid}::{replica}", gpu.uuid, 1.0 / SHARED_REPLICAS, gpu,
-                               memory_total_bytes=product.memory_total_bytes)
-                    )
+                gpu.devices += [Device(f"{gpu.uuid}::{replica}", gpu.uuid, 1.0 / SHARED_REPLICAS, gpu,
+                                       memory_total_bytes=product.memory_total_bytes)
+                                for replica in range(SHARED_REPLICAS)]
             node.gpus.append(gpu)
         fleet.append(node)
     return fleet

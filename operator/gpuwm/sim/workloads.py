@@ -154,8 +154,7 @@ class SimWorkload:
 
 
 def pick_kind(rng: random.Random) -> WorkloadKind:
-    kinds: list[WorkloadKind] = list(_WEIGHTS)
-    return rng.choices(kinds, weights=[_WEIGHTS[kind] for kind in kinds])[0]
+    return rng.choices(list(_WEIGHTS), weights=list(_WEIGHTS.values()))[0]
 
 
 def _request(kind: WorkloadKind, rng: random.Random, available: set[NodeKind], gpus_per_node: int) -> Request:
