@@ -147,9 +147,8 @@ class LatestWriter:
 
     def _keep(self, prefix: str, kept: dict[str, object], reported: set[str]) -> None:
         """Of one table's rows, the objects of this interval alone, and digests of the rows still reported."""
-        for cache_key in [cache_key for cache_key in self.objects if cache_key.startswith(prefix)]:
-            del self.objects[cache_key]
-        self.objects.update(kept)
+        self.objects = {key: value for key, value in self.objects.items()
+                        if not key.startswith(prefix)} | kept
         for cache_key in [key for key in self.digests if key.startswith(prefix) and key not in reported]:
             del self.digests[cache_key]
             self.refreshed.pop(cache_key, None)

@@ -199,11 +199,8 @@ class PrometheusStore(Store):
         return result
 
     def _values(self, query: str, key_label: str) -> dict[str, float]:
-        values: dict[str, float] = {}
-        for item in self._instant(query):
-            if (value := _finite(item)) is not None:
-                values[item["metric"].get(key_label, "")] = value
-        return values
+        return {item["metric"].get(key_label, ""): value
+                for item in self._instant(query) if (value := _finite(item)) is not None}
 
     # -- latest state -------------------------------------------------------------------------
 
