@@ -62,11 +62,7 @@ def runai_user(workload: WorkloadFigures, user_label: str) -> str:
     launcher such as Run:ai's sets it), else empty."""
     if not user_label:
         return ""
-    for pod in workload.pods:
-        value = (pod.labels or {}).get(user_label)
-        if value:
-            return value
-    return ""
+    return next((pod.labels[user_label] for pod in workload.pods if pod.labels and pod.labels.get(user_label)), "")
 
 
 #: Run:ai's workload_type values: training, interactive or inference
@@ -89,15 +85,9 @@ def runai_workload_type(kind: str) -> str:
 
 def _memory_used_mebibytes(workload: WorkloadFigures) -> float | None:
     """Memory of the devices it holds, each weighted by the share it holds (as the store's per-unit rule)."""
-    total = 0.0
-    seen = False
-    for gpu in workload.gpus:
-        if gpu.memory_used_bytes is None or gpu.units <= 0:
-            continue
-        share = min(1.0, gpu.units / gpu.device_units) if gpu.device_units > 0 else 1.0
-        total += gpu.memory_used_bytes * share
-        seen = True
-    return total / 2**20 if seen else None
+    used = [gpu.memory_used_bytes * (min(1.0, gpu.units / gpu.device_units) if gpu.device_units > 0 else 1.0)
+            for gpu in workload.gpus if gpu.memory_used_bytes is not None and gpu.units > 0]
+    return _mib(sum(used)) if used else None
 
 
 def _pods_resources(workload: WorkloadFigures, field: str, limit: bool) -> float | None:
