@@ -190,12 +190,8 @@ def _decode_all(chunks: Sequence[tuple[int, bytes]]) -> dict[tuple[int, bytes], 
     by_length: dict[int, list[bytes]] = {}
     for count, data in dict.fromkeys(chunks):
         by_length.setdefault(count, []).append(data)
-    decoded: dict[tuple[int, bytes], IntArray] = {}
-    for count, payloads in by_length.items():
-        for batch in batches(payloads):
-            for data, values in zip(batch, decode_chunks(batch, count, _FIGURES_PART), strict=True):
-                decoded[(count, data)] = values.T
-    return decoded
+    return {(count, data): values.T for count, payloads in by_length.items() for batch in batches(payloads)
+            for data, values in zip(batch, decode_chunks(batch, count, _FIGURES_PART), strict=True)}
 
 
 def _head_points(connection: sqlite3.Connection, ids: Sequence[int], low: int, high: int, points: Points) -> None:
