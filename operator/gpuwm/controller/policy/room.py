@@ -78,6 +78,13 @@ class ObjectMetadata(NamedTuple):
     read_at: float
 
 
+def _object_metadata(obj: Mapping[str, Any], read_at: float) -> ObjectMetadata:
+    """`obj`'s labels and annotations, as strings."""
+    metadata = obj.get("metadata") or {}
+    return ObjectMetadata({str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
+                          {str(k): str(v) for k, v in (metadata.get("annotations") or {}).items()}, read_at)
+
+
 class NodeLabels(NamedTuple):
     """A node's labels, and when they were read."""
 
@@ -323,12 +330,9 @@ class PolicyRoom:
             await self._announce_failure(step, message, now)
 
     def _still_applies(self, step: Step, figures: WorkloadFigures, obj: Mapping[str, Any], now: float) -> bool:
-        metadata = obj.get("metadata") or {}
-        labels = {str(k): str(v) for k, v in (metadata.get("labels") or {}).items()}
-        annotations = {str(k): str(v) for k, v in (metadata.get("annotations") or {}).items()}
-        self.metadata[step.uid] = ObjectMetadata(labels, annotations, now)
+        known = self.metadata[step.uid] = _object_metadata(obj, now)
         policy = next((p for p in self.active_policies() if p.key == step.policy), None)
-        subject = Subject(figures=figures, reporting=True, labels=labels, annotations=annotations)
+        subject = Subject(figures=figures, reporting=True, labels=known.labels, annotations=known.annotations)
         return policy is not None and selects(policy, subject) and not exempt(policy, subject, now)
 
     async def _act(self, step: Step, obj: Mapping[str, Any], now: float) -> tuple[Result, str]:
@@ -433,10 +437,7 @@ class PolicyRoom:
             except KubeApiError as error:
                 logger.debug("cannot read %s %s/%s: %s", kind, namespace, name, error)
                 continue
-            metadata = (found or {}).get("metadata") or {}
-            self.metadata[uid] = ObjectMetadata({str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
-                                                {str(k): str(v) for k, v in (metadata.get("annotations") or {}).items()},
-                                                self.clock())
+            self.metadata[uid] = _object_metadata(found or {}, self.clock())
         while self._wanted_nodes:
             node = self._wanted_nodes.pop()
             await self.bucket.acquire()

@@ -70,9 +70,7 @@ class TrackedPod:
 
 def _first_time(times: Iterable[float | None], latest: bool = False) -> float | None:
     known = [t for t in times if t is not None]
-    if not known:
-        return None
-    return max(known) if latest else min(known)
+    return max(known, default=None) if latest else min(known, default=None)
 
 
 def phase_start_time(pod: Mapping[str, Any], phase: str) -> float | None:
