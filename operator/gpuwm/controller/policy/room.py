@@ -49,13 +49,12 @@ from gpuwm.controller.policy.report import (
     PolicyState,
     action_record,
     cost_fields,
-    event_body,
     idle_policy_condition,
     newest_first,
     policy_status,
     trail,
 )
-from gpuwm.controller.status import API_VERSION, Seen
+from gpuwm.controller.status import API_VERSION, Seen, event_body
 from gpuwm.model import MAX_POLICY_LISTED, ProjectFigures, WorkloadFigures
 from gpuwm.store import GpuHourPrice
 
@@ -408,7 +407,7 @@ class PolicyRoom:
                              "namespace": step.namespace})
         text = f"idle policy {step.policy}: {message}"
         for target in involved:
-            await self._post_event(event_body(target, EVENT_REASONS[step.action], text, now, warning=True))
+            await self._post_event(event_body(target, EVENT_REASONS[step.action], text, now, "IdlePolicy"))
 
     async def _announce_failure(self, step: Step, message: str, now: float) -> None:
         """An Event on the policy: its status says the same, with the failures before it."""
@@ -419,7 +418,7 @@ class PolicyRoom:
         if state.namespace:
             involved["namespace"] = state.namespace
         text = f"{step.action} on {step.kind} {step.namespace}/{step.name}: {message}"
-        await self._post_event(event_body(involved, FAILED_REASON, text, now, warning=True))
+        await self._post_event(event_body(involved, FAILED_REASON, text, now, "IdlePolicy"))
 
     async def _post_event(self, body: dict[str, Any]) -> None:
         try:
