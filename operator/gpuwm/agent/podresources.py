@@ -146,4 +146,5 @@ class PodResourcesClient:
             return
         device_ids = [device_id for devices in response.devices if self._is_gpu(devices.resource_name)
                       for device_id in devices.device_ids]
-        self.replicas = dict(Counter(uuid for uuid, replica in map(split_device_id, device_ids) if replica is not None))
+        split = [split_device_id(device_id) for device_id in device_ids]
+        self.replicas = dict(Counter(uuid for uuid, replica in split if replica is not None))
