@@ -121,9 +121,7 @@ def pod_resources(spec: Mapping[str, Any]) -> PodResources | None:
             given = [parse_quantity(v) for v in values if v is not None]
             unknown = not given or (kind == "limits" and len(given) < len(values))
             figures[f"{name}_{kind[:-1]}_{unit}"] = None if unknown else sum(given)
-    if all(value is None for value in figures.values()):
-        return None
-    return PodResources.model_validate(figures)
+    return None if all(value is None for value in figures.values()) else PodResources.model_validate(figures)
 
 
 def failure_reason(pod: Mapping[str, Any]) -> str | None:
