@@ -477,13 +477,10 @@ class NvmlSampler:
             return [RawProcess(pid, None if used is None else float(used), None) for pid, used in running]
         # no per-process sample while the device itself was busy: the driver gave none, it is not 0 %
         missing = not sm_by_pid and bool(device_sm_percent)
-        processes = []
-        fill_zero = device.process_utilization_supported and not missing
-        for pid, used in running:
-            sm = sm_by_pid.get(pid)
-            if sm is None:
-                sm = 0.0 if fill_zero else None  # supported, but the process ran no kernels since the last poll
-            processes.append(RawProcess(pid, None if used is None else float(used), _percent(sm)))
+        # supported, and a process without a sample ran no kernels since the last poll
+        absent = 0.0 if device.process_utilization_supported and not missing else None
+        processes = [RawProcess(pid, None if used is None else float(used),
+                                _percent(sm_by_pid.get(pid, absent))) for pid, used in running]
         listed = {pid for pid, _ in running}
         processes += [RawProcess(pid, None, _percent(sm)) for pid, sm in sm_by_pid.items() if pid not in listed]
         return processes
