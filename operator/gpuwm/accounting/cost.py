@@ -32,9 +32,7 @@ def _no_labels(_node: str) -> Mapping[str, str] | None:
 
 def _label_matches(rule: str, labels: Mapping[str, str]) -> bool:
     key, separator, value = rule.partition("=")
-    if not separator:
-        return key.strip() in labels
-    return labels.get(key.strip()) == value.strip()
+    return labels.get(key.strip()) == value.strip() if separator else key.strip() in labels
 
 
 class PriceBook:

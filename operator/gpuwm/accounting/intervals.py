@@ -46,12 +46,8 @@ class IntervalAccounting:
                 self._apply_parent_energy(parent, -INFINITY, INFINITY, list(child.stretches), 1.0)
 
     def _child_stretches(self, parent_uuid: str) -> list[Stretch]:
-        stretches: list[Stretch] = []
-        for child_uuid in self.mig_children.get(parent_uuid, ()):
-            child = self.gpu_records.get(child_uuid)
-            if child is not None:
-                stretches.extend(child.stretches)
-        return stretches
+        children = (self.gpu_records.get(child_uuid) for child_uuid in self.mig_children.get(parent_uuid, ()))
+        return [stretch for child in children if child is not None for stretch in child.stretches]
 
     def _energy_parent(self, gpu: Gpu) -> Gpu | None:
         """The MIG parent whose energy this instance's holders share, if its own samples carry none."""
@@ -166,9 +162,7 @@ class IntervalAccounting:
             return min(100.0, sm / share), not explained
         if pod_sm is None:
             return sm, busy
-        used = 0.0
-        for uid in own:
-            used += pod_sm.get(uid, 0.0)
+        used = sum((pod_sm.get(uid, 0.0) for uid in own), 0.0)
         if busy and used + sum(pod_sm.get(uid, 0.0) for uid in others) < threshold:
             return sm, True
         return min(100.0, used / share), False

@@ -285,16 +285,13 @@ class PolicyEvaluator:
         """The steps due now, and per policy what it covers and plans."""
         outlooks = {policy.key: PolicyOutlook() for policy in policies}
         steps: list[Step] = []
-        seen_workloads: set[str] = set()
+        watches: dict[str, Watch] = {}  # only the workloads seen now: the others are gone
         seen_pairs: set[tuple[str, str]] = set()
         for subject in subjects:
             uid = subject.figures.uid
-            seen_workloads.add(uid)
             watch = observe_idle(self.watches.get(uid), subject, now)
-            if watch is None:
-                self.watches.pop(uid, None)
-            else:
-                self.watches[uid] = watch
+            if watch is not None:
+                watches[uid] = watch
             for policy in governing(policies, subject):
                 if exempt(policy, subject, now):
                     continue
@@ -304,8 +301,7 @@ class PolicyEvaluator:
                 step = self._advance(policy, subject, watch, now, outlook)
                 if step is not None:
                     steps.append(step)
-        for uid in set(self.watches) - seen_workloads:
-            del self.watches[uid]
+        self.watches = watches
         for pair in set(self.progress) - seen_pairs:  # gone, no longer selected, or exempt now
             del self.progress[pair]
         for outlook in outlooks.values():

@@ -15,20 +15,16 @@ from pathlib import Path
 from typing import Any
 
 from gpuwm.accounting.engine import Engine
-from gpuwm.accounting.replay_steps import ReplayInputError, read_policies, read_pricing, replay_in_steps
+from gpuwm.accounting.replay_steps import (
+    ReplayInputError,
+    TraceEvents,
+    read_policies,
+    read_pricing,
+    replay_in_steps,
+)
 from gpuwm.accounting.state import EngineConfig
 from gpuwm.config import ConfigError, Settings, add_command, parse_duration_seconds
-from gpuwm.model import (
-    NamespaceEvent,
-    PodEvent,
-    SampleEvent,
-    TraceLineError,
-    WorkloadEvent,
-    gpu_quota,
-    parse_trace_line,
-)
-
-TraceEvents = list[NamespaceEvent | PodEvent | WorkloadEvent | SampleEvent]
+from gpuwm.model import NamespaceEvent, TraceLineError, gpu_quota, parse_trace_line
 
 
 def read_trace(path: Path, quota_annotation: str) -> TraceEvents:

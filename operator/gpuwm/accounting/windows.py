@@ -158,7 +158,7 @@ class WindowSums:
         """The 1m, 5m and 1h windows ending at `now` (what a report needs); see `windows_of`."""
         data = self._data
         if len(data) >= _NUMPY_FROM_SEGMENTS * _STRIDE:
-            return self._windows_numpy(now)
+            return windows_of([self], now)[0]
         minute = [0.0, 0.0, 0.0, 0.0]
         five = [0.0, 0.0, 0.0, 0.0]
         hour = [0.0, 0.0, 0.0, 0.0]
@@ -183,9 +183,6 @@ class WindowSums:
                     for index in range(4):
                         minute[index] += rates[index] * overlap
         return minute, five, hour
-
-    def _windows_numpy(self, now: float) -> tuple[list[float], list[float], list[float]]:
-        return windows_of([self], now)[0]
 
     def _trim(self, now: float) -> None:
         """Drop the segments past the hour, once a few at the front have passed it (one 60 s bucket does

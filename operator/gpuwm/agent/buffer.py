@@ -56,9 +56,7 @@ class RecordBuffer:
 
     @property
     def oldest_seq(self) -> int:
-        if self._blocks:
-            return self._blocks[0].first_seq
-        return self.latest_seq - len(self._open) + 1
+        return self._blocks[0].first_seq if self._blocks else self.latest_seq - len(self._open) + 1
 
     @property
     def compressed_bytes(self) -> int:

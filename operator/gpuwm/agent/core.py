@@ -6,6 +6,7 @@ calls NVML, the kubelet or gRPC.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -276,10 +277,4 @@ class Agent:
 
 def _polls(readings: list[Reading]) -> list[list[Reading]]:
     """Readings in time order, grouped by poll (the same `t`)."""
-    polls: list[list[Reading]] = []
-    for reading in readings:
-        if polls and polls[-1][0].fields["t"] == reading.fields["t"]:
-            polls[-1].append(reading)
-        else:
-            polls.append([reading])
-    return polls
+    return [list(poll) for _, poll in itertools.groupby(readings, key=lambda reading: reading.fields["t"])]

@@ -263,14 +263,13 @@ class NvmlSampler:
         if (monotonic - self._discovered_at >= self.rediscover_seconds or monotonic >= self._reopen_at
                 or (due and self._count_changed())):
             self.discover()
-        errors: dict[str, str] = {}
         now = time.time()
         device_set = frozenset(device.uuid for device in self.devices)
         due = due or device_set != self._device_set
         self._device_set = device_set
         pids: set[int] = set()
         for device in self.devices:
-            pending = self._instant(device, now, holders, errors)
+            pending = self._instant(device, now, holders)
             device.pending.append(pending)
             device_pids = frozenset(pid for pid, _ in pending.running or ())
             pids.update(device_pids)
@@ -291,10 +290,10 @@ class NvmlSampler:
             for device in self.devices:
                 counter_due = (device.settle or device.parent_uuid is not None or device.uuid in mig_parents
                                or monotonic - device.energy_counter_at >= ENERGY_COUNTER_EVERY_SECONDS)
-                samples.extend(self._read_buffers(device, errors, energy_by_chip if counter_due else None))
+                samples.extend(self._read_buffers(device, energy_by_chip if counter_due else None))
             # in time order, each poll's devices together in device order (the caller attributes a poll as one)
             samples.sort(key=lambda reading: float(reading.fields["t"]))
-        return PollResult(samples, time.perf_counter() - started, errors, frozenset(pids), due)
+        return PollResult(samples, time.perf_counter() - started, frozenset(pids), due)
 
     def _count_changed(self) -> bool:
         try:
@@ -311,19 +310,18 @@ class NvmlSampler:
     def _unhealthy(self, device: Device, now: float, error: str) -> Reading:
         return Reading({**self._identity(device, now), "healthy": False, "error": error})
 
-    def _instant(self, device: Device, now: float, holders: HoldersOf, errors: dict[str, str]) -> Pending:
+    def _instant(self, device: Device, now: float, holders: HoldersOf) -> Pending:
         """This poll's instant figures of `device`, or its unhealthy reading (`final`)."""
-        if device.open_error is not None:
-            errors[device.uuid] = device.open_error
-            return Pending(now, self._unhealthy(device, now, device.open_error).fields, final=True)
-        try:
-            return self._read(device, now, holders)
-        except pynvml.NVMLError as error:
-            errors[device.uuid] = f"{type(error).__name__}: {error}"
-        except Exception as error:  # a binding surprise on one GPU must not stop the others
-            errors[device.uuid] = f"{type(error).__name__}: {error}"
-            log.exception("GPU %s: unexpected error while sampling", device.uuid)
-        return Pending(now, self._unhealthy(device, now, errors[device.uuid]).fields, final=True)
+        message = device.open_error
+        if message is None:
+            try:
+                return self._read(device, now, holders)
+            except pynvml.NVMLError as error:
+                message = f"{type(error).__name__}: {error}"
+            except Exception as error:  # a binding surprise on one GPU must not stop the others
+                message = f"{type(error).__name__}: {error}"
+                log.exception("GPU %s: unexpected error while sampling", device.uuid)
+        return Pending(now, self._unhealthy(device, now, message).fields, final=True)
 
     def _read(self, device: Device, now: float, holders_of: HoldersOf) -> Pending:
         handle = device.handle
@@ -352,8 +350,7 @@ class NvmlSampler:
         instant_sm = None if rates is None else float(rates.gpu)
         return Pending(now, fields, running, sm_by_pid, power_mw, instant_sm, holders=holders)
 
-    def _read_buffers(self, device: Device, errors: dict[str, str],
-                      energy_by_chip: dict[int, float | None] | None) -> list[Reading]:
+    def _read_buffers(self, device: Device, energy_by_chip: dict[int, float | None] | None) -> list[Reading]:
         """Every poll of `device` since the last read, finished with the buffers' figures split among them.
 
         `energy_by_chip`: the counter readings of this read, by chip; None: the counter is not read this time.
@@ -368,8 +365,8 @@ class NvmlSampler:
             try:
                 finished = self._finish(device, healthy, energy_by_chip)
             except pynvml.NVMLError as error:  # the device failed between its instant calls and this read
-                errors[device.uuid] = f"{type(error).__name__}: {error}"
-                finished = [self._unhealthy(device, poll.t, errors[device.uuid]) for poll in healthy]
+                message = f"{type(error).__name__}: {error}"
+                finished = [self._unhealthy(device, poll.t, message) for poll in healthy]
             by_time = {poll.t: reading for poll, reading in zip(healthy, finished, strict=True)}
         else:
             by_time = {}
@@ -480,13 +477,10 @@ class NvmlSampler:
             return [RawProcess(pid, None if used is None else float(used), None) for pid, used in running]
         # no per-process sample while the device itself was busy: the driver gave none, it is not 0 %
         missing = not sm_by_pid and bool(device_sm_percent)
-        processes = []
-        fill_zero = device.process_utilization_supported and not missing
-        for pid, used in running:
-            sm = sm_by_pid.get(pid)
-            if sm is None:
-                sm = 0.0 if fill_zero else None  # supported, but the process ran no kernels since the last poll
-            processes.append(RawProcess(pid, None if used is None else float(used), _percent(sm)))
+        # supported, and a process without a sample ran no kernels since the last poll
+        absent = 0.0 if device.process_utilization_supported and not missing else None
+        processes = [RawProcess(pid, None if used is None else float(used),
+                                _percent(sm_by_pid.get(pid, absent))) for pid, used in running]
         listed = {pid for pid, _ in running}
         processes += [RawProcess(pid, None, _percent(sm)) for pid, sm in sm_by_pid.items() if pid not in listed]
         return processes

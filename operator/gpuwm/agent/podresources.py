@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import time
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,18 +126,14 @@ class PodResourcesClient:
         self.healthy, self.error, self.assignments = False, message, []
 
     def _assignments(self, response: api_pb2.ListPodResourcesResponse) -> list[Assignment]:
-        found = []
-        for pod in response.pod_resources:
-            for container in pod.containers:
-                for devices in container.devices:
-                    if not self._is_gpu(devices.resource_name):
-                        continue
-                    for device_id in devices.device_ids:
-                        uuid, replica = split_device_id(device_id)
-                        found.append(
-                            Assignment(device_id, uuid, replica, devices.resource_name, pod.namespace, pod.name, container.name)
-                        )
-        return found
+        return [
+            Assignment(device_id, *split_device_id(device_id), devices.resource_name, pod.namespace, pod.name,
+                       container.name)
+            for pod in response.pod_resources
+            for container in pod.containers
+            for devices in container.devices if self._is_gpu(devices.resource_name)
+            for device_id in devices.device_ids
+        ]
 
     def _refresh_replicas(self) -> None:
         """Replicas per GPU from the allocatable device IDs (`GPU-x::0` ... `GPU-x::N-1`)."""
@@ -147,12 +144,7 @@ class PodResourcesClient:
         except (GrpcError, DecodeError) as error:
             log.debug("pod-resources GetAllocatableResources unavailable: %s", error)
             return
-        replicas: dict[str, int] = {}
-        for devices in response.devices:
-            if not self._is_gpu(devices.resource_name):
-                continue
-            for device_id in devices.device_ids:
-                uuid, replica = split_device_id(device_id)
-                if replica is not None:
-                    replicas[uuid] = replicas.get(uuid, 0) + 1
-        self.replicas = replicas
+        device_ids = [device_id for devices in response.devices if self._is_gpu(devices.resource_name)
+                      for device_id in devices.device_ids]
+        split = [split_device_id(device_id) for device_id in device_ids]
+        self.replicas = dict(Counter(uuid for uuid, replica in split if replica is not None))

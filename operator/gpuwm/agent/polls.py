@@ -9,7 +9,7 @@ them here, by the samples' own timestamps (`interval_means`) or by each poll's p
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import pairwise
+from itertools import accumulate, pairwise
 
 
 def interval_means(
@@ -65,11 +65,8 @@ def spread_energy(
                for length, power in zip(lengths, power_mw, strict=True)]
     if sum(weights) <= 0:
         weights = lengths if sum(lengths) > 0 else [1.0] * count
-    total, growth, running = sum(weights), now_mj - previous_mj, 0.0
-    spread: list[float | None] = []
-    for weight in weights:
-        running += weight
-        spread.append(previous_mj + growth * running / total)
+    total, growth = sum(weights), now_mj - previous_mj
+    spread: list[float | None] = [previous_mj + growth * running / total for running in accumulate(weights)]
     spread[-1] = now_mj
     return spread
 

@@ -112,7 +112,6 @@ class PollResult:
 
     samples: list[Reading]
     nvml_seconds: float
-    errors: dict[str, str] = field(default_factory=dict)
     #: the PIDs this poll's process lists name (the readings may be of earlier polls)
     pids: frozenset[int] = frozenset()
     #: whether this poll read the buffers (then `samples` holds every poll since the last read)

@@ -266,7 +266,8 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, memo: ko
     tune_garbage_collector()
     workloads = WorkloadObjects(lambda: runtime.engine, runtime.clock, gpuwm_settings.resource_names,
                                 gpuwm_settings.time_sliced_replicas)
-    await end_vanished_workloads(runtime, parse_workload_kinds(gpuwm_settings.workload_kinds))
+    kinds = parse_workload_kinds(gpuwm_settings.workload_kinds)
+    await end_vanished_workloads(runtime, kinds)
     room = _policy_room(runtime)
     memo.runtime = runtime
     memo.workloads = workloads
@@ -278,7 +279,6 @@ async def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, memo: ko
         tasks.append(asyncio.create_task(room.run(gpuwm_settings.status_interval), name="gpuwm idle policies"))
     insights = memo.get("insights")
     if insights is not None:
-        kinds = parse_workload_kinds(gpuwm_settings.workload_kinds)
         looking = look_for_absent_kinds(kinds, insights, settings, runtime.client)
         tasks.append(asyncio.create_task(looking, name="gpuwm workload kinds"))
     if memo.peering is not None:

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from gpuwm.accounting.windows import WindowSums, maintain_all
+from gpuwm.accounting.windows import WindowSums, maintain_all, windows_of
 
 
 def _random_sums(seed: int) -> WindowSums:
@@ -47,7 +47,7 @@ def test_folding_keeps_the_hour_total_and_bounds_segments() -> None:
 def test_numpy_and_loop_windows_agree(seed: int) -> None:
     sums = _random_sums(seed)
     now = 1800.0  # some segments end after now: they are clipped
-    by_numpy = sums._windows_numpy(now)
+    by_numpy = windows_of([sums], now)[0]
     for got, seconds in zip(by_numpy, (60.0, 300.0, 3600.0), strict=True):
         assert got == pytest.approx(list(sums.window(now - seconds, now)), rel=1e-9, abs=1e-6)
 

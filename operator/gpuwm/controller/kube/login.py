@@ -62,7 +62,5 @@ def kube_login(settings: kopf.OperatorSettings, logger: kopf.Logger) -> kopf.Con
     if info is not None:
         logger.debug("logged in with the pod's service account")
         return info
-    info = kopf.login_via_client(logger=logger, settings=settings)  # None when the official client is missing
-    if info is None:
-        info = kopf.login_with_kubeconfig(settings=settings)
-    return info
+    return (kopf.login_via_client(logger=logger, settings=settings)  # None when the official client is missing
+            or kopf.login_with_kubeconfig(settings=settings))

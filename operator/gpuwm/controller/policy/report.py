@@ -1,15 +1,14 @@
 """Pure builders of what the idle-policy room writes: a policy's status, the workload CR's trail and condition,
-the cost fields, and the Events that say what was done."""
+and the cost fields."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from gpuwm.accounting import Planned, Policy, PolicyOutlook, ProjectCost, WorkloadCost
-from gpuwm.controller.status import COMPONENT, micro_time, rfc3339
+from gpuwm.controller.status import rfc3339
 from gpuwm.model import MAX_POLICY_LISTED, MAX_WORKLOAD_ACTIONS, ActionResult, ActionType
 
 #: Event reasons of each step done, and of a step that failed
@@ -124,20 +123,6 @@ def idle_policy_condition(records: Sequence[Mapping[str, Any]], in_episode: bool
     return {"type": "IdlePolicy", "status": "False", "reason": "NotIdle",
             "message": "no idle policy step holds: the workload was active again, or resumed",
             "lastTransitionTime": rfc3339(since) if since is not None else latest["time"]}
-
-
-def event_body(involved: Mapping[str, Any], reason: str, message: str, now: float, warning: bool) -> dict[str, Any]:
-    """A core/v1 Event with eventTime (see `gpuwm.controller.status.events`), about `involved`; one about a
-    cluster-scoped object (a ClusterGPUIdlePolicy) goes to the namespace `default`, where kubectl looks for it."""
-    stamp = rfc3339(now)
-    name = str(involved.get("name") or "gpuwm")
-    return {
-        "metadata": {"generateName": f"{name[:57]}.", "namespace": involved.get("namespace") or "default"},
-        "involvedObject": dict(involved), "reason": reason, "message": message[:MAX_MESSAGE],
-        "type": "Warning" if warning else "Normal", "action": "IdlePolicy", "eventTime": micro_time(now),
-        "count": 1, "firstTimestamp": stamp, "lastTimestamp": stamp, "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT, "reportingInstance": (socket.gethostname() or COMPONENT)[:128],
-    }
 
 
 def trail(records: Sequence[dict[str, Any]], record: dict[str, Any]) -> list[dict[str, Any]]:

@@ -49,13 +49,12 @@ from gpuwm.controller.policy.report import (
     PolicyState,
     action_record,
     cost_fields,
-    event_body,
     idle_policy_condition,
     newest_first,
     policy_status,
     trail,
 )
-from gpuwm.controller.status import API_VERSION, Seen
+from gpuwm.controller.status import API_VERSION, Seen, event_body
 from gpuwm.model import MAX_POLICY_LISTED, ProjectFigures, WorkloadFigures
 from gpuwm.store import GpuHourPrice
 
@@ -76,6 +75,13 @@ class ObjectMetadata(NamedTuple):
     labels: dict[str, str]
     annotations: dict[str, str]
     read_at: float
+
+
+def _object_metadata(obj: Mapping[str, Any], read_at: float) -> ObjectMetadata:
+    """`obj`'s labels and annotations, as strings."""
+    metadata = obj.get("metadata") or {}
+    return ObjectMetadata({str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
+                          {str(k): str(v) for k, v in (metadata.get("annotations") or {}).items()}, read_at)
 
 
 class NodeLabels(NamedTuple):
@@ -323,12 +329,9 @@ class PolicyRoom:
             await self._announce_failure(step, message, now)
 
     def _still_applies(self, step: Step, figures: WorkloadFigures, obj: Mapping[str, Any], now: float) -> bool:
-        metadata = obj.get("metadata") or {}
-        labels = {str(k): str(v) for k, v in (metadata.get("labels") or {}).items()}
-        annotations = {str(k): str(v) for k, v in (metadata.get("annotations") or {}).items()}
-        self.metadata[step.uid] = ObjectMetadata(labels, annotations, now)
+        known = self.metadata[step.uid] = _object_metadata(obj, now)
         policy = next((p for p in self.active_policies() if p.key == step.policy), None)
-        subject = Subject(figures=figures, reporting=True, labels=labels, annotations=annotations)
+        subject = Subject(figures=figures, reporting=True, labels=known.labels, annotations=known.annotations)
         return policy is not None and selects(policy, subject) and not exempt(policy, subject, now)
 
     async def _act(self, step: Step, obj: Mapping[str, Any], now: float) -> tuple[Result, str]:
@@ -404,7 +407,7 @@ class PolicyRoom:
                              "namespace": step.namespace})
         text = f"idle policy {step.policy}: {message}"
         for target in involved:
-            await self._post_event(event_body(target, EVENT_REASONS[step.action], text, now, warning=True))
+            await self._post_event(event_body(target, EVENT_REASONS[step.action], text, now, "IdlePolicy"))
 
     async def _announce_failure(self, step: Step, message: str, now: float) -> None:
         """An Event on the policy: its status says the same, with the failures before it."""
@@ -415,7 +418,7 @@ class PolicyRoom:
         if state.namespace:
             involved["namespace"] = state.namespace
         text = f"{step.action} on {step.kind} {step.namespace}/{step.name}: {message}"
-        await self._post_event(event_body(involved, FAILED_REASON, text, now, warning=True))
+        await self._post_event(event_body(involved, FAILED_REASON, text, now, "IdlePolicy"))
 
     async def _post_event(self, body: dict[str, Any]) -> None:
         try:
@@ -433,10 +436,7 @@ class PolicyRoom:
             except KubeApiError as error:
                 logger.debug("cannot read %s %s/%s: %s", kind, namespace, name, error)
                 continue
-            metadata = (found or {}).get("metadata") or {}
-            self.metadata[uid] = ObjectMetadata({str(k): str(v) for k, v in (metadata.get("labels") or {}).items()},
-                                                {str(k): str(v) for k, v in (metadata.get("annotations") or {}).items()},
-                                                self.clock())
+            self.metadata[uid] = _object_metadata(found or {}, self.clock())
         while self._wanted_nodes:
             node = self._wanted_nodes.pop()
             await self.bucket.acquire()

@@ -148,8 +148,7 @@ async def _adopt_project_crs(client: KubeClient, writer: StatusWriter, clock: Ca
             continue
         key = (PROJECT_PLURAL, None, name)
         writer.existing.add(key)
-        if isinstance(metadata.get("generation"), int):
-            writer.generations[key] = metadata["generation"]
+        writer.remember_generation(key, item)
         updated = parse_time(status.get("lastUpdateTime")) or parse_time(
             metadata.get("creationTimestamp"))
         writer.adopted_project_updates[name] = updated if updated is not None else clock()
@@ -166,9 +165,9 @@ async def _adopt_existing_crs(state: ControllerState, client: KubeClient, writer
         uid, cr_namespace, name = ref.get("uid"), metadata.get("namespace"), metadata.get("name")
         if not uid or not cr_namespace or not name:
             continue
-        writer.existing.add((WORKLOAD_PLURAL, str(cr_namespace), str(name)))
-        if isinstance(metadata.get("generation"), int):
-            writer.generations[(WORKLOAD_PLURAL, str(cr_namespace), str(name))] = metadata["generation"]
+        key = (WORKLOAD_PLURAL, str(cr_namespace), str(name))
+        writer.existing.add(key)
+        writer.remember_generation(key, item)
         state.cr_names[str(uid)] = str(name)
         state.cr_owner[(str(cr_namespace), str(name))] = CrOwner(str(uid), str(ref.get("kind")), None)
     return items

@@ -25,7 +25,7 @@ from gpuwm.controller.status.build import (
     workload_labels,
     workload_signature,
 )
-from gpuwm.controller.status.events import COMPONENT, IdleEvents, micro_time
+from gpuwm.controller.status.events import COMPONENT, IdleEvents, event_body
 from gpuwm.controller.status.idleness import ConditionStatus, IdleWatch, Seen, idle_condition, seen_now
 from gpuwm.controller.status.writer import API_VERSION, PROJECT_PLURAL, WORKLOAD_PLURAL, Desired, StatusWriter
 
@@ -33,7 +33,7 @@ __all__ = [
     "API_VERSION", "COMPONENT", "MANAGED_BY", "MANAGED_BY_LABEL", "PROJECT_PLURAL", "WORKLOAD_PLURAL",
     "ConditionMemo", "ConditionStatus", "CrOwner", "Desired", "IdleEvents", "IdleWatch", "Seen",
     "StatusWriter", "build_project_status", "build_workload_status", "claim_cr_name", "dns_name",
-    "idle_condition", "label_value", "memo_from_json", "memo_to_json", "micro_time", "project_counters",
+    "event_body", "idle_condition", "label_value", "memo_from_json", "memo_to_json", "project_counters",
     "project_signature", "remembered", "rfc3339", "seen_now", "workload_counters", "workload_labels",
     "workload_signature",
 ]

@@ -56,9 +56,7 @@ WriteReason = Literal["material", "due", "none"]
 
 def rfc3339(epoch_seconds: float | None) -> str | None:
     """`2026-11-22T00:28:35Z` (whole seconds, UTC), or None."""
-    if epoch_seconds is None:
-        return None
-    return _rfc3339_second(round(epoch_seconds))
+    return None if epoch_seconds is None else _rfc3339_second(round(epoch_seconds))
 
 
 @functools.lru_cache(maxsize=4096)

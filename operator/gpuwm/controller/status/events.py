@@ -12,6 +12,7 @@ import logging
 import socket
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 from gpuwm.controller.kube import KubeApiError, KubeClient, TokenBucket, resource_path
 from gpuwm.controller.status.build import rfc3339
@@ -31,8 +32,10 @@ def micro_time(epoch_seconds: float) -> str:
     return datetime.fromtimestamp(epoch_seconds, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def idle_event_body(figures: WorkloadFigures, message: str, now: float) -> dict[str, object]:
-    """A core/v1 Event on the workload, in the form with eventTime.
+def event_body(involved: Mapping[str, Any], reason: str, message: str, now: float,
+               action: str) -> dict[str, Any]:
+    """A core/v1 Warning Event about `involved`, in the form with eventTime; one about a cluster-scoped
+    object (a ClusterGPUIdlePolicy) goes to the namespace `default`, where kubectl looks for it.
 
     With eventTime set the API server requires reportingComponent (a qualified name),
     reportingInstance and action (<= 128 characters) and a message of at most 1 KiB; the
@@ -40,15 +43,22 @@ def idle_event_body(figures: WorkloadFigures, message: str, now: float) -> dict[
     legacy first/lastTimestamp and count stay for older tools (`kubectl get events`).
     """
     stamp = rfc3339(now)
+    name = str(involved.get("name") or "gpuwm")
     return {
-        "metadata": {"generateName": f"{figures.name[:MAX_NAME_PREFIX]}.", "namespace": figures.namespace},
-        "involvedObject": {"apiVersion": figures.api_version, "kind": figures.kind, "name": figures.name,
-                           "namespace": figures.namespace, "uid": figures.uid},
-        "reason": "GpuIdle", "message": message[:MAX_MESSAGE], "type": "Warning", "action": "Observe",
-        "eventTime": micro_time(now), "count": 1, "firstTimestamp": stamp, "lastTimestamp": stamp,
-        "source": {"component": COMPONENT},
+        "metadata": {"generateName": f"{name[:MAX_NAME_PREFIX]}.",
+                     "namespace": involved.get("namespace") or "default"},
+        "involvedObject": dict(involved), "reason": reason, "message": message[:MAX_MESSAGE],
+        "type": "Warning", "action": action, "eventTime": micro_time(now),
+        "count": 1, "firstTimestamp": stamp, "lastTimestamp": stamp, "source": {"component": COMPONENT},
         "reportingComponent": COMPONENT, "reportingInstance": (socket.gethostname() or COMPONENT)[:128],
     }
+
+
+def idle_event_body(figures: WorkloadFigures, message: str, now: float) -> dict[str, Any]:
+    """The GpuIdle Event on the workload."""
+    involved = {"apiVersion": figures.api_version, "kind": figures.kind, "name": figures.name,
+                "namespace": figures.namespace, "uid": figures.uid}
+    return event_body(involved, "GpuIdle", message, now, "Observe")
 
 
 class IdleEvents:

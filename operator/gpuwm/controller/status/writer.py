@@ -214,7 +214,8 @@ class StatusWriter:
         """The namespace exists and is active again (a namespace watch event): write there at once."""
         self.closed_namespaces.pop(namespace, None)
 
-    def _remember_generation(self, key: Key, obj: Mapping[str, Any] | None) -> int | None:
+    def remember_generation(self, key: Key, obj: Mapping[str, Any] | None) -> int | None:
+        """Keep `obj`'s metadata.generation as the CR's (adopted, created or patched); returns it, if any."""
         generation = ((obj or {}).get("metadata") or {}).get("generation")
         if isinstance(generation, int):
             self.generations[key] = generation
@@ -300,7 +301,7 @@ class StatusWriter:
             await self._create(desired, path)
             status["observedGeneration"] = self.generations.get(key)
             answer = await self._client.merge_patch(path + "/status", {"status": status}, nan_as_null=True)
-        generation = self._remember_generation(key, answer)
+        generation = self.remember_generation(key, answer)
         if generation is not None and generation != status["observedGeneration"]:
             # someone changed the spec since we last heard: say which generation this status is for
             await self._client.merge_patch(path + "/status", {"status": {"observedGeneration": generation}})
@@ -319,7 +320,7 @@ class StatusWriter:
         if known == labels_hash or (known is None and not _LATER_LABELS.intersection(labels)):
             self.labels_hash[key] = labels_hash
             return
-        self._remember_generation(key, await self._client.merge_patch(path, {"metadata": {"labels": labels}}))
+        self.remember_generation(key, await self._client.merge_patch(path, {"metadata": {"labels": labels}}))
         self.labels_hash[key] = labels_hash
 
     async def _create(self, desired: Desired, path: str) -> None:
@@ -334,7 +335,7 @@ class StatusWriter:
         }
         collection = resource_path(API_VERSION, desired.plural, desired.namespace)
         try:
-            self._remember_generation(key, await self._client.create(collection, body))
+            self.remember_generation(key, await self._client.create(collection, body))
         except KubeApiError as error:
             if error.status != 409:
                 raise
@@ -346,7 +347,7 @@ class StatusWriter:
                 raise ForeignObjectError(desired.name) from None
             # ours (a restart, or a race): keep its spec in line with ours
             adopted = await self._client.merge_patch(path, {"metadata": {"labels": labels}, "spec": desired.spec})
-            self._remember_generation(key, adopted)
+            self.remember_generation(key, adopted)
         self.labels_hash[key] = hash(frozenset(labels.items()))
         self.existing.add(key)
 

@@ -97,8 +97,10 @@ class OwnerResolver:
             if uid in visited:  # a reference cycle: stop at the repeated owner
                 break
             visited.append(uid)
-            try:
-                owner = await self._get(str(ref["apiVersion"]), str(ref["kind"]), namespace, str(ref["name"]))
+            self.fetches += 1
+            try:  # None when the owner is gone or RBAC forbids reading it: both final
+                owner = await self._fetch(str(ref["apiVersion"]), str(ref["kind"]), namespace,
+                                          str(ref["name"]))
             except Exception as error:  # network or API trouble: use the reference now, walk again next time
                 logger.warning(
                     "cannot read owner %s %s/%s (%s); using it as the workload for now",
@@ -118,8 +120,3 @@ class OwnerResolver:
             for uid in visited:
                 self._remember(uid, workload)
         return workload
-
-    async def _get(self, api_version: str, kind: str, namespace: str, name: str) -> Mapping[str, Any] | None:
-        """The owner object; None when it is gone or RBAC forbids reading it (both final)."""
-        self.fetches += 1
-        return await self._fetch(api_version, kind, namespace, name)

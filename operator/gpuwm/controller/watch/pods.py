@@ -70,9 +70,7 @@ class TrackedPod:
 
 def _first_time(times: Iterable[float | None], latest: bool = False) -> float | None:
     known = [t for t in times if t is not None]
-    if not known:
-        return None
-    return max(known) if latest else min(known)
+    return max(known, default=None) if latest else min(known, default=None)
 
 
 def phase_start_time(pod: Mapping[str, Any], phase: str) -> float | None:
@@ -123,9 +121,7 @@ def pod_resources(spec: Mapping[str, Any]) -> PodResources | None:
             given = [parse_quantity(v) for v in values if v is not None]
             unknown = not given or (kind == "limits" and len(given) < len(values))
             figures[f"{name}_{kind[:-1]}_{unit}"] = None if unknown else sum(given)
-    if all(value is None for value in figures.values()):
-        return None
-    return PodResources.model_validate(figures)
+    return None if all(value is None for value in figures.values()) else PodResources.model_validate(figures)
 
 
 def failure_reason(pod: Mapping[str, Any]) -> str | None:

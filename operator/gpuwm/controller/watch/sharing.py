@@ -187,10 +187,8 @@ class SharingSource:
         replicas = node_replicas_label(cached.labels)
         if replicas is not None:
             return replicas > 1
-        if self._config_ref is None:
-            return False
-        return self._config_read_at is None or any(count > 1 for config in self._config.values()
-                                                   for count in config.values())
+        return self._config_ref is not None and (self._config_read_at is None or any(
+            count > 1 for config in self._config.values() for count in config.values()))
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

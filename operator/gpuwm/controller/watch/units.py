@@ -163,9 +163,7 @@ def units_per_request(resource_name: str, replicas: int) -> float:
 def _container_requests(container: Mapping[str, Any]) -> Mapping[str, Any]:
     resources = container.get("resources") or {}
     # extended resources must have limits == requests; limits alone imply requests
-    limits = resources.get("limits") or {}
-    requests = resources.get("requests") or {}
-    return {**requests, **limits}
+    return {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
 
 
 def _quantity(value: Any) -> float:

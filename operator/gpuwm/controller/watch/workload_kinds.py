@@ -81,12 +81,7 @@ def parse_workload_kind(text: str) -> WorkloadKind:
 
 def parse_workload_kinds(texts: Iterable[str]) -> list[WorkloadKind]:
     """Every configured kind, in order, each once."""
-    kinds: list[WorkloadKind] = []
-    for text in texts:
-        kind = parse_workload_kind(text)
-        if kind not in kinds:
-            kinds.append(kind)
-    return kinds
+    return list(dict.fromkeys(parse_workload_kind(text) for text in texts))
 
 
 # ---------------------------------------------------------------------------------------------- small readers
@@ -110,11 +105,9 @@ def _pod_spec(template: Any) -> Mapping[str, Any]:
 
 def _conditions(obj: Mapping[str, Any]) -> dict[str, str]:
     """type -> status of `status.conditions`."""
-    found: dict[str, str] = {}
-    for condition in _mapping(obj.get("status")).get("conditions") or []:
-        if isinstance(condition, Mapping) and condition.get("type"):
-            found[str(condition["type"])] = str(condition.get("status"))
-    return found
+    return {str(condition["type"]): str(condition.get("status"))
+            for condition in _mapping(obj.get("status")).get("conditions") or []
+            if isinstance(condition, Mapping) and condition.get("type")}
 
 
 def failure_message(obj: Mapping[str, Any]) -> str | None:
@@ -314,13 +307,8 @@ def requested_gpus(obj: Mapping[str, Any], kind: str, resource_patterns: Iterabl
     its real sharing, is not known before it is scheduled. Raises ValueError for a quantity that is not a number.
     """
     patterns = list(resource_patterns)
-    total = 0.0
-    for pods, pod_spec in reader_of(kind).templates(obj):
-        if pods <= 0 or not pod_spec:
-            continue
-        per_pod = sum(requested_units(pod_spec, patterns, 1, shared_replicas).values())
-        total += pods * per_pod
-    return total
+    return sum((pods * sum(requested_units(pod_spec, patterns, 1, shared_replicas).values())
+                for pods, pod_spec in reader_of(kind).templates(obj) if pods > 0 and pod_spec), 0.0)
 
 
 def asks_for_gpus(obj: Mapping[str, Any], kind: str, resource_patterns: Iterable[str]) -> bool:
