@@ -14,6 +14,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from operator import attrgetter
 from typing import Any
 
@@ -130,6 +131,9 @@ class ControllerRuntime:
         self._committing: asyncio.Future[None] | None = None  # the latest background save's fsync and rename
         self.cycle_cpu_seconds: dict[str, float] = {}
         self.store_cpu_seconds = 0.0  # CPU of the latest store write, in its worker thread
+        #: the store's writes and compaction slices, one after the other on one thread: a slice starts only once
+        #: the thread has let go of the write before it, and of the report's figures that write held
+        self._store_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuwm-store")
         self.idle_events = IdleEvents(client, self.writer.bucket, settings.idle_condition_after, clock)
         self.idle_events.announced = self._state.idle_announced
         #: idle policies and cost (`gpuwm.controller.policy`), where enabled: set by the startup handler
@@ -459,7 +463,7 @@ class ControllerRuntime:
         self.store_cpu_seconds = 0.0
         try:
             # the phase timer sees this thread only: the store's own CPU is reported beside it
-            self.store_cpu_seconds = await asyncio.to_thread(_thread_cpu_seconds, record)
+            self.store_cpu_seconds = await self._in_store_thread(functools.partial(_thread_cpu_seconds, record))
         except Exception as error:  # the store is an extra: CR status goes on without it
             logger.warning("store write failed: %s", error)
 
@@ -469,10 +473,13 @@ class ControllerRuntime:
         if not _slices(store):
             return
         try:
-            self.store_cpu_seconds += await asyncio.to_thread(_thread_cpu_seconds,
-                                                              functools.partial(store.compact_slice, now))
+            self.store_cpu_seconds += await self._in_store_thread(
+                functools.partial(_thread_cpu_seconds, functools.partial(store.compact_slice, now)))
         except Exception as error:  # the next slice tries again (the store starts the round again from its file)
             logger.warning("store compaction failed: %s", error)
+
+    async def _in_store_thread(self, work: Callable[[], float]) -> float:
+        return await asyncio.get_running_loop().run_in_executor(self._store_thread, work)
 
     async def run_cycles(self) -> None:
         """The status loop; one failing cycle is logged and the next one tries again."""
