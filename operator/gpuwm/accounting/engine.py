@@ -25,7 +25,7 @@ from gpuwm.model import (
     ENDED_POD_PHASES,
     ClusterFigures,
     GpuFigures,
-    GpuSample,
+    LatestSample,
     ProjectFigures,
     Windows,
     WorkloadFigures,
@@ -41,7 +41,7 @@ def _gpu_order(item: GpuFigures) -> tuple[str, str, str, str]:
     return item.node, item.uuid, item.pod or "", item.container or ""
 
 
-def _device_fields(latest: GpuSample) -> dict[str, Any]:
+def _device_fields(latest: LatestSample) -> dict[str, Any]:
     """What a device's latest sample says about the device itself, as GpuFigures' fields."""
     return {
         "index": latest.index, "model": latest.model, "mig_profile": latest.mig_profile,

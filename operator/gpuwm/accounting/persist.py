@@ -12,15 +12,19 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
+from pydantic import TypeAdapter
+
 from gpuwm.accounting.rawcolumns import RawJson
 from gpuwm.accounting.state import INFINITY, Gpu, Pod, Stretch, Workload
 from gpuwm.accounting.windows import WindowSums, fold_after_of
-from gpuwm.model import GpuSample, NamespaceEvent, PodEvent, WorkloadEvent
+from gpuwm.model import DeviceReading, GpuSample, LatestSample, NamespaceEvent, PodEvent, WorkloadEvent
 
 STATE_VERSION = 2
 #: versions `restore_state` reads: 1 saved each GPU's history as rows ("points") and window segments as
 #: a list of floats; 2 saves them as base64 columns ("history") and a base64 string (no Python float each)
 READABLE_VERSIONS = (1, 2)
+#: a device's latest reading as JSON: GpuSample's fields in its order, as a validated sample saves
+_READING = TypeAdapter(DeviceReading)
 
 
 class StateError(ValueError):
@@ -179,7 +183,9 @@ class _Entries:
             "stretches": self._ids(gpu.stretches),
         }
 
-    def _json(self, model: PodEvent | GpuSample, by_alias: bool) -> Any:
+    def _json(self, model: PodEvent | LatestSample, by_alias: bool) -> Any:
+        if isinstance(model, DeviceReading):
+            return RawJson(_READING.dump_json(model)) if self.raw else _READING.dump_python(model, mode="json")
         if self.raw:  # serialised at once, not as a dict (see RawJson)
             return RawJson(model.model_dump_json(by_alias=by_alias).encode())
         return model.model_dump(by_alias=by_alias, mode="json")
