@@ -25,9 +25,8 @@ from gpuwm.model import (
     ENDED_POD_PHASES,
     ClusterFigures,
     GpuFigures,
-    GpuSample,
+    LatestSample,
     ProjectFigures,
-    Windows,
     WorkloadFigures,
     gpu_quota,
 )
@@ -37,11 +36,11 @@ from gpuwm.model import (
 RecentWindows = tuple[list[float], list[float], list[float]]
 
 
-def _gpu_order(item: GpuFigures) -> tuple[str, str, str, str]:
-    return item.node, item.uuid, item.pod or "", item.container or ""
+def _gpu_order(item: dict[str, Any]) -> tuple[str, str, str, str]:
+    return item["node"], item["uuid"], item["pod"] or "", item["container"] or ""
 
 
-def _device_fields(latest: GpuSample) -> dict[str, Any]:
+def _device_fields(latest: LatestSample) -> dict[str, Any]:
     """What a device's latest sample says about the device itself, as GpuFigures' fields."""
     return {
         "index": latest.index, "model": latest.model, "mig_profile": latest.mig_profile,
@@ -101,12 +100,12 @@ class _Sums(NamedTuple):
         return cls(*(Weighted(*(reduce(add, column, 0.0) for column in zip(*window, strict=True)))
                      for window in windows))
 
-    def windows(self) -> tuple[Windows, Windows]:
-        """The utilisation and the memory means of each window."""
+    def windows(self) -> tuple[dict[str, float | None], dict[str, float | None]]:
+        """The utilisation and the memory means of each window, as Windows' fields."""
         means = [weighted.means() for weighted in self]
         utilization, memory = ({"current": means[0][kind], "avg1m": means[1][kind], "avg5m": means[2][kind],
                                 "avg1h": means[3][kind], "lifetime": means[4][kind]} for kind in (0, 1))
-        return Windows(**utilization), Windows(**memory)
+        return utilization, memory
 
 
 _NO_SUMS = _Sums(Weighted(), Weighted(), Weighted(), Weighted(), Weighted())
@@ -136,7 +135,7 @@ class _Holdings(NamedTuple):
     active_now: bool
     sampling: bool
     current: Weighted
-    gpus: list[GpuFigures]
+    gpus: list[dict[str, Any]]  # GpuFigures' fields, validated with the workload's
     nodes: set[str]
     models: set[str]
 
@@ -248,14 +247,14 @@ class Engine(EngineCore):
         spans.extend((stretch.start, min(stretch.end, now)) for stretch in workload.stretches if stretch.start < now)
         return merged_runs(spans)
 
-    def _holder_figures(self, gpu: Gpu, stretch: Stretch, utilization: float | None, monitored: bool) -> GpuFigures:
-        """A device as held by one stretch: the device's figures with its holder and the holder's utilisation."""
+    def _holder_fields(self, gpu: Gpu, stretch: Stretch, utilization: float | None, monitored: bool) -> dict[str, Any]:
+        """A device as held by one stretch, as GpuFigures' fields: the device's, its holder, the holder's utilisation."""
         workload = stretch.workload
         pod = workload.pods.get(stretch.pod_uid)
         latest = gpu.latest
         device = _NO_DEVICE_FIELDS if latest is None else _device_fields(latest)
         node = stretch.node or (gpu.node or "" if latest is None else latest.node)
-        return GpuFigures(
+        return dict(
             node=node, uuid=gpu.uuid, **device, namespace=workload.namespace, workload=workload.name,
             workload_uid=workload.uid, pod=pod.name if pod else stretch.pod_uid, pod_uid=stretch.pod_uid,
             container=stretch.container, units=stretch.units, utilization_percent=utilization,
@@ -313,7 +312,8 @@ class Engine(EngineCore):
         phase, end_time = phase_and_end(workload, pods, state, running, now)
         created, wait_seconds, queued_seconds = wait_and_queued(workload, runs, end_time, now)
         utilization, memory = sums.windows()
-        figures = WorkloadFigures(
+        # one validation builds the workload's devices and windows with it, from their fields
+        figures = WorkloadFigures.model_validate(dict(
             uid=workload.uid, namespace=workload.namespace, name=workload.name, kind=workload.kind,
             api_version=workload.api_version, project=self.project_of(workload), phase=phase,
             allocated_gpus=holdings.allocated_gpus,
@@ -333,7 +333,7 @@ class Engine(EngineCore):
             created_time=created, start_time=workload.first_run_start, end_time=end_time,
             sampling=running and holdings.sampling, gpu_model=min(holdings.models) if holdings.models else None,
             nodes=sorted(holdings.nodes), pods=pods.figures, gpus=sorted(holdings.gpus, key=_gpu_order),
-        )
+        ))
         return figures, sums
 
     def _holdings(self, workload: Workload, now: float) -> _Holdings:
@@ -343,7 +343,7 @@ class Engine(EngineCore):
         last_active = workload.retired_last_active
         active_now, sampling = False, True
         units = utilization_weight = memory_units = memory_weight = 0.0
-        gpus: list[GpuFigures] = []
+        gpus: list[dict[str, Any]] = []
         nodes: set[str] = set()
         models: set[str] = set()
         for stretch in workload.stretches:
@@ -376,7 +376,7 @@ class Engine(EngineCore):
                 memory_weight += stretch.units * memory
             if gpu.latest is not None and gpu.latest.model:
                 models.add(gpu.latest.model)
-            gpus.append(self._holder_figures(gpu, stretch, utilization, monitored))
+            gpus.append(self._holder_fields(gpu, stretch, utilization, monitored))
         current = Weighted(units, utilization_weight, memory_units, memory_weight)
         return _Holdings(allocated_gpus, idle_gpus, unmonitored, last_active, active_now, sampling, current, gpus,
                          nodes, models)
@@ -505,6 +505,6 @@ class Engine(EngineCore):
                                          monitored=monitored))
             for stretch in holders:
                 utilization, _memory, monitored = self._stretch_current(gpu, stretch, at)
-                result.append(self._holder_figures(gpu, stretch, utilization, monitored))
+                result.append(GpuFigures.model_validate(self._holder_fields(gpu, stretch, utilization, monitored)))
         return result
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass
+from typing import Any
 
 from gpuwm.accounting.state import Workload
-from gpuwm.model import ENDED_POD_PHASES, PodFigures, WorkloadEvent
+from gpuwm.model import ENDED_POD_PHASES, WorkloadEvent
 
 #: the phases of a workload that has not got its GPUs: its requested units are unmet demand
 WAITING_PHASES = frozenset({"Queued", "Pending"})
@@ -20,7 +21,7 @@ WAITING_PHASES = frozenset({"Queued", "Pending"})
 class PodsAtNow:
     """What a workload's pods say at `now`: their figures, and whether (and when, how) they all ended."""
 
-    figures: list[PodFigures]
+    figures: list[dict[str, Any]]  # PodFigures' fields, validated with the workload's figures
     ended: bool
     end_time: float | None
     end_phase: str
@@ -29,7 +30,7 @@ class PodsAtNow:
 
 def pods_at(workload: Workload, now: float) -> PodsAtNow:
     """Each pod's figures (by name, then uid), and the end of the workload's pods if every one has ended."""
-    figures: list[PodFigures] = []
+    figures: list[dict[str, Any]] = []
     ended = bool(workload.pods)
     end_time: float | None = None
     end_phase = "Ended"
@@ -41,9 +42,8 @@ def pods_at(workload: Workload, now: float) -> PodsAtNow:
         for stretch in pod.stretches:
             if stretch.start <= now < stretch.end:
                 units += stretch.units
-        figures.append(PodFigures(name=pod.name, uid=pod.uid, node=current.node, phase=current.phase,
-                                  allocated_gpus=units, labels=current.labels, resources=current.resources,
-                                  failure_reason=current.failure_reason))
+        figures.append(dict(name=pod.name, uid=pod.uid, node=current.node, phase=current.phase, allocated_gpus=units,
+                            labels=current.labels, resources=current.resources, failure_reason=current.failure_reason))
         if current.phase in ENDED_POD_PHASES:
             terminal_time = pod.timeline[-1][0]
             if end_time is None or terminal_time >= end_time:

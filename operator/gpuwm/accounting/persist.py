@@ -12,12 +12,16 @@ import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, overload
 
+from pydantic import TypeAdapter
+
 from gpuwm.accounting.rawcolumns import RawJson
 from gpuwm.accounting.state import INFINITY, Gpu, Pod, Stretch, Workload
 from gpuwm.accounting.windows import WindowSums, fold_after_of
-from gpuwm.model import GpuSample, NamespaceEvent, PodEvent, WorkloadEvent
+from gpuwm.model import DeviceReading, GpuSample, LatestSample, NamespaceEvent, PodEvent, WorkloadEvent
 
 STATE_VERSION = 2
+#: a device's latest reading as JSON: GpuSample's fields in its order, as a validated sample saves
+_READING = TypeAdapter(DeviceReading)
 
 
 class StateError(ValueError):
@@ -173,7 +177,9 @@ class _Entries:
             "stretches": self._ids(gpu.stretches),
         }
 
-    def _json(self, model: PodEvent | GpuSample, by_alias: bool) -> Any:
+    def _json(self, model: PodEvent | LatestSample, by_alias: bool) -> Any:
+        if isinstance(model, DeviceReading):
+            return RawJson(_READING.dump_json(model)) if self.raw else _READING.dump_python(model, mode="json")
         if self.raw:  # serialised at once, not as a dict (see RawJson)
             return RawJson(model.model_dump_json(by_alias=by_alias).encode())
         return model.model_dump(by_alias=by_alias, mode="json")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from gpuwm.accounting.rawcolumns import RawDoubles, doubles_from_saved
 from gpuwm.accounting.windows import WindowSums, fold_after_of
 from gpuwm.config import DEFAULT_IDLE_THRESHOLD_PERCENT, Settings
-from gpuwm.model import GpuSample, PodEvent, WorkloadEvent
+from gpuwm.model import GpuSample, LatestSample, PodEvent, WorkloadEvent
 
 if TYPE_CHECKING:
     import numpy.typing as npt
@@ -95,7 +95,7 @@ class SampleBatch:
     A row is one sample; its device-constant fields live once per device entry (`device[row]`
     indexes `uuids`, `nodes`, `parent_uuids`, `device_units`). The float columns hold what
     `sample_values` derives: NaN where not reported, `sm` NaN also for an unhealthy device,
-    `memory` already a percent. `sample(row)` builds the row's GpuSample; the engine asks only
+    `memory` already a percent. `sample(row)` builds the row's sample; the engine asks only
     for the rows that end up as a device's latest (the reports read those).
     """
 
@@ -109,7 +109,7 @@ class SampleBatch:
     memory: Sequence[float] | npt.NDArray[Any]
     energy: Sequence[float] | npt.NDArray[Any]
     pod_sm: Sequence[dict[str, float] | None]
-    sample: Callable[[int], GpuSample]
+    sample: Callable[[int], LatestSample]
     #: each row's `merged_seconds` (0 for a single poll); None: every row is a single poll
     merged: Sequence[float] | npt.NDArray[Any] | None = None
 
@@ -278,7 +278,7 @@ class Gpu:
         self.pod_sm: UniformColumn[dict[str, float] | None] = UniformColumn(None, list, adopt=False)
         #: how much of each interval merged polls cover (gpuwm.feed.merge): 0 for a single poll
         self.merged: UniformColumn[float] = UniformColumn(0.0, _float_column, adopt=False)
-        self.latest: GpuSample | None = None
+        self.latest: LatestSample | None = None
         self.stretches: list[Stretch] = []
         self.pruned = False  # whether older samples were forgotten (the first kept is then not the first sample)
 

@@ -69,7 +69,14 @@ from gpuwm.controller.watch import (
     workload_uid_of,
 )
 from gpuwm.feed import MergeRequest
-from gpuwm.model import ClusterFigures, GpuSample, NamespaceEvent, ProjectFigures, WorkloadFigures, gpu_quota
+from gpuwm.model import (
+    ClusterFigures,
+    DeviceReading,
+    NamespaceEvent,
+    ProjectFigures,
+    WorkloadFigures,
+    gpu_quota,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -443,7 +450,7 @@ class ControllerRuntime:
             except OSError as error:
                 logger.warning("cannot save engine state to %s: %s", self.state_path, error)
 
-    async def _record(self, now: float, samples: list[GpuSample], workloads: list[WorkloadFigures],
+    async def _record(self, now: float, samples: list[DeviceReading], workloads: list[WorkloadFigures],
                       projects: list[ProjectFigures], cluster: ClusterFigures, pulled: PullResult) -> None:
         """The interval's figures (and the runs' prices) into the store, in a thread of its own."""
         if self.store is None:

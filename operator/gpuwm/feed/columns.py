@@ -2,7 +2,7 @@
 
 What `gpuwm.feed.arrays` reads a columnar answer into (`SampleColumns`); what the engine takes of it
 (`SampleColumns.batch`, a `SampleBatch`); and the few samples the rest of the cycle keeps (each device's
-latest) as GpuSample objects (`SampleColumns.samples`).
+latest) as DeviceReading records (`SampleColumns.samples`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import numpy.typing as npt
 
 from gpuwm.accounting import SampleBatch
 from gpuwm.feed.schema import NUMBER_COLUMNS
-from gpuwm.model import GpuSample, ProcessSample, complete
+from gpuwm.model import DeviceReading, ProcessSample
 
 Floats = npt.NDArray[numpy.float64]
 Ints = npt.NDArray[numpy.int64]
@@ -139,11 +139,11 @@ class SampleColumns:
             processes=processes, rejected_rows=self.rejected_rows + len(self.t) - len(kept),
         )
 
-    def sample(self, row: int) -> GpuSample:
-        """Row `row` as the GpuSample the agent took (the values are validated already)."""
+    def sample(self, row: int) -> DeviceReading:
+        """Row `row` as the sample the agent took (the values are validated already)."""
         return self.samples([row])[0]
 
-    def samples(self, rows: list[int]) -> list[GpuSample]:
+    def samples(self, rows: list[int]) -> list[DeviceReading]:
         """`sample` of each row, the columns read once for all of them."""
         index = numpy.asarray(rows, dtype=numpy.int64)
         gpus, times, healthy = self.gpu[index].tolist(), self.t[index].tolist(), self.healthy[index].tolist()
@@ -157,9 +157,8 @@ class SampleColumns:
             device = devices[gpu]
             seq, sm, used, activity, power, energy, temperature, sm_clock, memory_clock, rx, tx, merged = numbers
             listed = None if processes is None else self._processes_of(row)
-            # checked already, column by column, and kept between cycles: built without validating again
-            built.append(complete(
-                GpuSample, t=t, node=device.node, uuid=device.uuid, seq=None if seq is None else int(seq), index=device.index,
+            built.append(DeviceReading(
+                t=t, node=device.node, uuid=device.uuid, seq=None if seq is None else int(seq), index=device.index,
                 model=device.model, parent_uuid=device.parent_uuid, mig_profile=device.mig_profile,
                 device_units=device.device_units, healthy=ok, error=errors.get(row), sm_percent=sm,
                 memory_used_bytes=used, memory_total_bytes=device.memory_total_bytes,

@@ -34,7 +34,6 @@ from gpuwm.model.figures import (
     ProjectFigures,
     Windows,
     WorkloadFigures,
-    complete,
     trusted,
 )
 from gpuwm.model.jsonfast import model_json
@@ -66,7 +65,7 @@ from gpuwm.model.policy import (
     UtilizationWindow,
     WorkloadSelector,
 )
-from gpuwm.model.sample import GpuSample, ProcessSample
+from gpuwm.model.sample import DeviceReading, GpuSample, LatestSample, ProcessSample
 from gpuwm.model.trace import (
     ENDED_POD_PHASES,
     DeviceAllocation,
@@ -86,13 +85,13 @@ __all__ = [
     "BY_NAME", "CATALOGUE", "DURATION_PATTERN", "ENDED_POD_PHASES", "EXEMPT_ANNOTATION",
     "EXEMPT_UNTIL_ANNOTATION", "EXEMPT_VALUE", "EXPORTED", "GROUP", "MAX_LISTED", "MAX_POLICY_LISTED",
     "MAX_WORKLOAD_ACTIONS", "RUNAI_NAMES", "STORED", "VERSION", "ActionResult", "ActionType", "Aggregation",
-    "ClusterFigures", "Condition", "ConditionType", "DeviceAllocation", "ExemptWorkload", "GpuFigures",
-    "GpuHolding", "GpuIdentity", "GpuSample", "GpuStatus", "IdlePolicySpec", "IdlePolicyStatus", "Metric",
-    "NamespaceEvent", "PlannedAction", "PodEvent", "PodFigures", "PodPhase", "PodResources", "PodStatsSample",
-    "PodStatus", "PolicyAction", "PolicyActionRecord", "PolicyCondition", "ProcessSample", "ProjectFigures",
-    "ProjectMetricsSpec", "ProjectMetricsStatus", "Rollup", "SampleEvent", "SecretKeyRef", "Source",
-    "TraceEvent", "TraceLineError", "TraceWorkload", "UtilizationWindow", "UtilizationWindows", "Windows",
-    "WorkloadEvent", "WorkloadFigures", "WorkloadMetricsSpec", "WorkloadMetricsStatus", "WorkloadPhase",
-    "WorkloadRef", "WorkloadSelector", "complete", "gpu_quota", "intern_strings", "model_json",
-    "parse_trace_line", "share_fields_set", "trusted",
+    "ClusterFigures", "Condition", "ConditionType", "DeviceAllocation", "DeviceReading", "ExemptWorkload",
+    "GpuFigures", "GpuHolding", "GpuIdentity", "GpuSample", "GpuStatus", "IdlePolicySpec", "IdlePolicyStatus",
+    "LatestSample", "Metric", "NamespaceEvent", "PlannedAction", "PodEvent", "PodFigures", "PodPhase",
+    "PodResources", "PodStatsSample", "PodStatus", "PolicyAction", "PolicyActionRecord", "PolicyCondition",
+    "ProcessSample", "ProjectFigures", "ProjectMetricsSpec", "ProjectMetricsStatus", "Rollup", "SampleEvent",
+    "SecretKeyRef", "Source", "TraceEvent", "TraceLineError", "TraceWorkload", "UtilizationWindow",
+    "UtilizationWindows", "Windows", "WorkloadEvent", "WorkloadFigures", "WorkloadMetricsSpec",
+    "WorkloadMetricsStatus", "WorkloadPhase", "WorkloadRef", "WorkloadSelector", "gpu_quota",
+    "intern_strings", "model_json", "parse_trace_line", "share_fields_set", "trusted",
 ]

@@ -181,23 +181,3 @@ def trusted(cls: type[_Model], values: dict[str, Any]) -> _Model:
     """A `cls` of `values` its caller computed itself, without validation (pydantic's `model_construct`)."""
     return cls.model_construct(**values)
 
-
-#: per model class, the set of all its field names, which `complete` instances share
-_EVERY_FIELD: dict[type[BaseModel], set[str]] = {}
-
-
-def complete(cls: type[_Model], **values: Any) -> _Model:
-    """A `cls` of every one of its fields, values its caller computed or checked itself: not validated again.
-
-    For what the controller keeps of every device between cycles (its latest sample). A validated model
-    carries a set of the names of the fields it was given, about a third of its memory; given every field,
-    instances of a class can share one (`model_construct`'s `_fields_set`), which pydantic never changes:
-    assignment adds a name it holds already, `model_copy` copies it first. `model_construct` costs more CPU
-    than validation: it pays only for what stays alive.
-    """
-    every = _EVERY_FIELD.get(cls)
-    if every is None:
-        every = _EVERY_FIELD[cls] = set(cls.model_fields)
-    if values.keys() != every:
-        raise TypeError(f"{cls.__name__} takes every field and no other: {sorted(every ^ values.keys())}")
-    return cls.model_construct(every, **values)

@@ -6,6 +6,9 @@ records (which add `seq`), so the two can never drift apart.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
+from typing import TypeAlias
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -76,6 +79,60 @@ class GpuSample(BaseModel):
     @property
     def memory_percent(self) -> float | None:
         """Memory used as a percent of total, or None when either is unknown."""
-        if self.memory_used_bytes is None or not self.memory_total_bytes:
-            return None
-        return min(100.0, 100.0 * self.memory_used_bytes / self.memory_total_bytes)
+        return _memory_percent(self.memory_used_bytes, self.memory_total_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceReading:
+    """A device's latest sample as the controller keeps it: GpuSample's fields, in its order, not validated again.
+
+    Built from the pulled columns, which the feed validated column by column, for every device each cycle and
+    kept until the next: a plain record costs a fraction of a pydantic model's construction and memory.
+    """
+
+    t: float
+    node: str
+    uuid: str
+    seq: int | None
+    index: int | None
+    model: str | None
+    parent_uuid: str | None
+    mig_profile: str | None
+    device_units: float
+    healthy: bool
+    error: str | None
+    sm_percent: float | None
+    memory_used_bytes: float | None
+    memory_total_bytes: float | None
+    memory_activity_percent: float | None
+    power_watts: float | None
+    power_limit_watts: float | None
+    energy_joules: float | None
+    temperature_celsius: float | None
+    sm_clock_mhz: float | None
+    memory_clock_mhz: float | None
+    pcie_rx_bytes_per_second: float | None
+    pcie_tx_bytes_per_second: float | None
+    processes: list[ProcessSample] | None
+    merged_seconds: float | None
+
+    @classmethod
+    def of(cls, sample: LatestSample) -> DeviceReading:
+        """The same figures as a reading."""
+        return cls(**{field.name: getattr(sample, field.name) for field in fields(cls)})
+
+    @property
+    def memory_percent(self) -> float | None:
+        """Memory used as a percent of total, or None when either is unknown."""
+        return _memory_percent(self.memory_used_bytes, self.memory_total_bytes)
+
+
+#: a device's latest sample as the engine and the store read it: validated (one sample at a time, a restored
+#: state) or read from the pulled columns
+LatestSample: TypeAlias = GpuSample | DeviceReading
+
+
+def _memory_percent(used_bytes: float | None, total_bytes: float | None) -> float | None:
+    if used_bytes is None or not total_bytes:
+        return None
+    return min(100.0, 100.0 * used_bytes / total_bytes)

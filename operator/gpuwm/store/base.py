@@ -14,7 +14,7 @@ from typing import Literal, Self
 from gpuwm.model import (
     STORED,
     ClusterFigures,
-    GpuSample,
+    LatestSample,
     Metric,
     PodStatsSample,
     ProjectFigures,
@@ -255,7 +255,7 @@ class Store(abc.ABC):
     def record(
         self,
         at: float,
-        samples: Sequence[GpuSample],
+        samples: Sequence[LatestSample],
         workloads: Sequence[WorkloadFigures],
         projects: Sequence[ProjectFigures],
         cluster: ClusterFigures,

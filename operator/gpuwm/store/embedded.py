@@ -28,7 +28,7 @@ from typing import cast
 
 import numpy as np
 
-from gpuwm.model import ClusterFigures, GpuSample, PodStatsSample, ProjectFigures, WorkloadFigures
+from gpuwm.model import ClusterFigures, LatestSample, PodStatsSample, ProjectFigures, WorkloadFigures
 from gpuwm.store.base import (
     GpuHourPrice,
     RangeQuery,
@@ -145,7 +145,7 @@ class EmbeddedStore(Store):
     def record(
         self,
         at: float,
-        samples: Sequence[GpuSample],
+        samples: Sequence[LatestSample],
         workloads: Sequence[WorkloadFigures],
         projects: Sequence[ProjectFigures],
         cluster: ClusterFigures,

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import numpy.typing as npt
 
-from gpuwm.model import GpuSample, PodResources, PodStatsSample
+from gpuwm.model import LatestSample, PodResources, PodStatsSample
 from gpuwm.store.aggregate import (
     ENERGY,
     SM,
@@ -161,7 +161,7 @@ class Layout:
         """The interval's series."""
         return self.pairs.count
 
-    def fill(self, latest: dict[str, GpuSample], figures: FloatArray, interval: IntervalFigures,
+    def fill(self, latest: dict[str, LatestSample], figures: FloatArray, interval: IntervalFigures,
              labels: dict[SeriesKey, dict[str, str]]) -> Rows:
         """This interval's rows from its samples (`latest`, by device; `figures`: theirs, see `RowBuilder.build`)
         and its workloads' and projects' figures."""
@@ -176,7 +176,7 @@ class Layout:
                           values)
         return Rows(keys=self.keys, values=values, labels=labels)
 
-    def _sample_order(self, latest: dict[str, GpuSample]) -> _SampleOrder:
+    def _sample_order(self, latest: dict[str, LatestSample]) -> _SampleOrder:
         """Each GPU's sample row and each sample's physical GPU: the last interval's while the samples'
         devices come in the same order."""
         uuids, parents = list(latest), list(map(_parents, latest.values()))

@@ -38,7 +38,7 @@ import numpy as np
 
 from gpuwm.model import (
     ClusterFigures,
-    GpuSample,
+    LatestSample,
     PodResources,
     PodStatsSample,
     ProjectFigures,
@@ -64,7 +64,7 @@ _PER_DEVICE_KINDS = frozenset({"node", "cluster"})
 _WIDTH = len(SAMPLE_FIELDS)
 
 
-def _index_label(index: int | None, sample: GpuSample | None) -> str:
+def _index_label(index: int | None, sample: LatestSample | None) -> str:
     """The `gpu` label as the agent writes it: the NVML index on the node."""
     if index is None and sample is not None:
         index = sample.index
@@ -207,7 +207,7 @@ class RowBuilder:
         return get
 
     def _entry(
-        self, workload: WorkloadFigures, structure: int, latest: dict[str, GpuSample], known: Container[SeriesKey],
+        self, workload: WorkloadFigures, structure: int, latest: dict[str, LatestSample], known: Container[SeriesKey],
     ) -> Entry:
         """The series and pairs of one workload, as the part-by-part loop finds them."""
         labels: dict[SeriesKey, dict[str, str]] = {}
@@ -251,7 +251,7 @@ class RowBuilder:
 
     def build(
         self,
-        samples: Sequence[GpuSample],
+        samples: Sequence[LatestSample],
         workloads: Sequence[WorkloadFigures],
         projects: Sequence[ProjectFigures],
         cluster: ClusterFigures,
@@ -263,7 +263,7 @@ class RowBuilder:
         `workload_figures`: the workloads' `figure_values` where the caller has them already."""
         if len(self._keys) > 2 * self._in_use + self.SLACK:
             self.clear()  # slots of series gone long ago: start a fresh table
-        latest: dict[str, GpuSample] = _latest_of(samples, attrgetter("uuid"))
+        latest: dict[str, LatestSample] = _latest_of(samples, attrgetter("uuid"))
         sample_list = list(latest.values())
         # per sample (column): its `SAMPLE_FIELDS`; a last column of NaN for "no sample" (row -1)
         figures = np.full((_WIDTH, len(sample_list) + 1), np.nan)
@@ -288,7 +288,7 @@ class RowBuilder:
         layout.fill_figures(rows.values, workload_figures, figure_values(projects), figure_values([cluster]))
         return rows
 
-    def _entries_of(self, workloads: Sequence[WorkloadFigures], columns: _Columns, latest: dict[str, GpuSample],
+    def _entries_of(self, workloads: Sequence[WorkloadFigures], columns: _Columns, latest: dict[str, LatestSample],
                     known: Container[SeriesKey]) -> list[Entry]:
         """Each workload's entry, in order: the one kept while its structure holds, else built again."""
         structure = columns.structure()
@@ -307,7 +307,7 @@ class RowBuilder:
         self._entries, self._in_order, self._structure = entries, in_order, structure
         return self._in_order
 
-    def _others(self, projects: Sequence[ProjectFigures], latest: dict[str, GpuSample], samples: list[GpuSample],
+    def _others(self, projects: Sequence[ProjectFigures], latest: dict[str, LatestSample], samples: list[LatestSample],
                 in_order: list[Entry], get: LabelledSlot) -> tuple[list[int], Others]:
         """The projects' slots, and the unallocated devices (their rows in `samples`, each device's latest, a gpu
         series each with no pod, and their node's series); the cluster's slot where there is any device."""

@@ -14,7 +14,7 @@ from typing import TextIO
 from prometheus_client.registry import Collector
 
 from gpuwm.api.prom_metrics import WorkloadMetricsCollector
-from gpuwm.model import GpuSample, PodStatsSample
+from gpuwm.model import LatestSample, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
 from gpuwm.model.metrics import EXPORTED, Source
 from gpuwm.store import RangeQuery, Series, Store
@@ -42,7 +42,7 @@ class _Snapshot(Store):
     def record(
         self,
         at: float,
-        samples: Sequence[GpuSample],
+        samples: Sequence[LatestSample],
         workloads: Sequence[WorkloadFigures],
         projects: Sequence[ProjectFigures],
         cluster: ClusterFigures,
@@ -92,7 +92,7 @@ class OpenMetricsBackfill:
     def add(
         self,
         at: float,
-        samples: Sequence[GpuSample],
+        samples: Sequence[LatestSample],
         workloads: Sequence[WorkloadFigures],
         projects: Sequence[ProjectFigures],
         pod_stats: Sequence[PodStatsSample] = (),

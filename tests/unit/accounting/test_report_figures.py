@@ -123,7 +123,7 @@ def test_flat_sums_equal_the_nested_sums_to_the_bit(workloads: list[tuple[list[f
             utilization, memory = left.windows()
             want_utilization, want_memory = right.windows()
             for name in ("current", "avg1m", "avg5m", "avg1h", "lifetime"):
-                assert _bits(getattr(utilization, name)) == _bits(want_utilization[name]), name
-                assert _bits(getattr(memory, name)) == _bits(want_memory[name]), name
+                assert _bits(utilization[name]) == _bits(want_utilization[name]), name
+                assert _bits(memory[name]) == _bits(want_memory[name]), name
 
 

@@ -21,7 +21,7 @@ from gpuwm.agent.server import AgentHTTPServer, serve_in_thread
 from gpuwm.config import Settings
 from gpuwm.feed import AgentDevice, MergeRequest
 from gpuwm.feed.decode import FormatError, KnownDevices, parse_snapshot
-from gpuwm.model import GpuSample
+from gpuwm.model import DeviceReading, GpuSample
 from tests.snapshot_rows import AgentSnapshot
 
 
@@ -62,7 +62,8 @@ def test_columns_and_rows_carry_the_same_samples() -> None:
         assert status == 200 and orjson.loads(columns)["format"] == "columns"
         from_rows, from_columns = AgentSnapshot.model_validate_json(rows), parse_snapshot(columns, "node-1")
         assert from_columns.columns is not None and from_columns.seq == from_rows.seq == 6
-        assert [from_columns.columns.sample(row) for row in range(4)] == from_rows.samples == samples[2:]
+        assert [from_columns.columns.sample(row) for row in range(4)] == [DeviceReading.of(s) for s in from_rows.samples]
+        assert from_rows.samples == samples[2:]
         with pytest.raises(FormatError, match=r"^agent for node 'node-1' answered format=rows; the controller reads "
                                               r"format=columns$"):
             parse_snapshot(rows, "node-1")
@@ -89,7 +90,7 @@ def test_merged_rows_and_columns_carry_the_same_samples() -> None:
         assert status == 200
         from_rows, from_columns = AgentSnapshot.model_validate_json(rows), parse_snapshot(columns, "node-1")
         assert from_columns.columns is not None
-        assert [from_columns.columns.sample(row) for row in range(3)] == from_rows.samples
+        assert [from_columns.columns.sample(row) for row in range(3)] == [DeviceReading.of(s) for s in from_rows.samples]
         first, run, last = from_rows.samples
         assert (first, last) == (samples[0], samples[-1])
         assert run.seq == 7 and run.merged_seconds == 5.0 and run.energy_joules == 600.0

@@ -13,15 +13,19 @@ from typing import Any
 import orjson
 import pytest
 from aiohttp import web
+from pydantic import TypeAdapter
 
 from gpuwm.accounting import Engine, EngineConfig
 from gpuwm.controller.pull import AgentPuller, SampleIntake
 from gpuwm.feed import sample_columns
 from gpuwm.feed.decode import FormatError, parse_snapshot
-from gpuwm.model import GpuSample
+from gpuwm.model import DeviceReading, GpuSample
 from tests.unit.accounting.helpers import pod
 
 from .loopback import serving
+
+#: a reading's JSON, as the engine's state saves it
+_READING = TypeAdapter(DeviceReading)
 
 
 def _random_sample(rng: random.Random, t: float, seq: int, uuid: str) -> GpuSample:
@@ -67,8 +71,9 @@ def test_every_field_of_every_sample_survives_the_round_trip(seed: int) -> None:
     snapshot = parse_snapshot(_snapshot_bytes(samples), "n1")
     assert snapshot.columns is not None
     rebuilt = snapshot.columns.samples(list(range(len(samples))))
-    assert rebuilt == samples
-    assert [s.model_dump_json() for s in rebuilt] == [s.model_dump_json() for s in samples]  # types too (5 != 5.0)
+    assert rebuilt == [DeviceReading.of(sample) for sample in samples]
+    # types too (5 != 5.0), as a restored state reads them
+    assert [_READING.dump_json(s) for s in rebuilt] == [s.model_dump_json().encode() for s in samples]
     assert snapshot.max_seq == max(s.seq or 0 for s in samples)
 
 
@@ -80,7 +85,7 @@ def test_a_device_field_that_changes_within_a_snapshot_gets_its_own_entry() -> N
     assert body["columns"]["gpu"] == [0, 1] and "healthy" not in body["columns"] and "processes" not in body
     snapshot = parse_snapshot(orjson.dumps(body), "n1")
     assert snapshot.columns is not None
-    assert [snapshot.columns.sample(row) for row in range(2)] == samples
+    assert [snapshot.columns.sample(row) for row in range(2)] == [DeviceReading.of(sample) for sample in samples]
 
 
 @pytest.mark.parametrize(("change", "says"), [
@@ -119,7 +124,7 @@ def test_rows_are_refused_and_pages_of_columns_join() -> None:
         parse_snapshot(orjson.dumps({**orjson.loads(_snapshot_bytes(first)), "format": "parquet"}), "n1")
     joined = parse_snapshot(_snapshot_bytes(first, more=True), "n1").extend(parse_snapshot(_snapshot_bytes(second), "n1"))
     assert joined.columns is not None and joined.sample_count == 2 and joined.max_seq == 2
-    assert [joined.columns.sample(row) for row in range(2)] == first + second
+    assert [joined.columns.sample(row) for row in range(2)] == [DeviceReading.of(s) for s in first + second]
     assert joined.columns.time_order().tolist() == [1, 0]
 
 
@@ -165,10 +170,10 @@ def test_intake_from_columns_equals_the_engine_fed_sample_by_sample() -> None:
         intake.flush()
     assert engines[1].report(70.0) == engines[0].report(70.0)
     assert engines[1].gpus(70.0) == engines[0].gpus(70.0)
-    assert intake.latest == latest and len(intake.latest) == 8
+    assert intake.latest == {uuid: DeviceReading.of(sample) for uuid, sample in latest.items()} and len(latest) == 8
     assert (intake.samples, intake.latest_time) == (fed, max(sample.t for sample in latest.values()))
     assert {uuid: gpu.latest for uuid, gpu in engines[1].gpu_records.items()} == {
-        uuid: gpu.latest for uuid, gpu in engines[0].gpu_records.items()}
+        uuid: None if gpu.latest is None else DeviceReading.of(gpu.latest) for uuid, gpu in engines[0].gpu_records.items()}
 
 
 async def test_the_puller_asks_for_columns_pages_them_and_tracks_since(caplog: pytest.LogCaptureFixture) -> None:

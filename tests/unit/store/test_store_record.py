@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from gpuwm.accounting import Engine, EngineConfig
-from gpuwm.model import GpuSample, PodStatsSample
+from gpuwm.model import LatestSample, PodStatsSample
 from gpuwm.model.figures import ClusterFigures, ProjectFigures, WorkloadFigures
 from gpuwm.sim.scenario import default_faults
 from gpuwm.sim.simulator import SimConfig, Simulator
@@ -46,7 +46,7 @@ class _OldPathStore(EmbeddedStore):
     def record(
         self,
         at: float,
-        samples: Sequence[GpuSample],
+        samples: Sequence[LatestSample],
         workloads: Sequence[WorkloadFigures],
         projects: Sequence[ProjectFigures],
         cluster: ClusterFigures,

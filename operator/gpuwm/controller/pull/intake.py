@@ -14,7 +14,7 @@ import numpy
 
 from gpuwm.accounting import Engine
 from gpuwm.feed.decode import DeviceHolder, SampleColumns, Snapshot, join
-from gpuwm.model import GpuSample
+from gpuwm.model import DeviceReading
 
 __all__ = ["SampleIntake"]
 
@@ -27,7 +27,7 @@ class SampleIntake:
     device holders changed. Samples of one agent go in time order; the engine places
     samples of different agents exactly whatever their order (within its late window).
 
-    Snapshots' columns wait (as arrays, a fraction of a GpuSample each) until `flush()` or until
+    Snapshots' columns wait (as arrays, a fraction of a DeviceReading each) until `flush()` or until
     `FLUSH_ROWS` are waiting, and go to the engine as one batch: its vectorised path pays
     for its fixed cost over many agents, not per agent. The engine sees the same samples in
     the same order as one snapshot at a time. Call `flush()` once the pull is done.
@@ -40,7 +40,7 @@ class SampleIntake:
     def __init__(self, engine: Engine, holders_by_node: dict[str, list[DeviceHolder]] | None = None) -> None:
         self.engine = engine
         self.holders_by_node = {} if holders_by_node is None else holders_by_node
-        self.latest: dict[str, GpuSample] = {}
+        self.latest: dict[str, DeviceReading] = {}
         self.latest_time: float | None = None
         self.changed_nodes: set[str] = set()
         self.samples = 0
@@ -79,9 +79,9 @@ class SampleIntake:
             return
         columns = join(self._waiting)
         self._waiting, self._waiting_rows = [], 0
-        built: dict[int, GpuSample] = {}
+        built: dict[int, DeviceReading] = {}
 
-        def sample(row: int) -> GpuSample:  # the engine and `latest` share one object per row
+        def sample(row: int) -> DeviceReading:  # the engine and `latest` share one object per row
             found = built.get(row)
             if found is None:
                 found = built[row] = columns.sample(row)
