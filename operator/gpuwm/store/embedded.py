@@ -69,6 +69,7 @@ from gpuwm.store.rows import RowBuilder, Rows, SeriesKey
 from gpuwm.store.schema import APPLICATION_ID as APPLICATION_ID  # re-exported: the file's identity
 from gpuwm.store.schema import SCHEMA_VERSION as SCHEMA_VERSION
 from gpuwm.store.schema import check_file
+from gpuwm.store.sql import marks
 from gpuwm.store.sqlite_read import plan_stretches, read_range, select_series
 from gpuwm.store.tiers import Tier, parse_tiers
 
@@ -294,9 +295,9 @@ class EmbeddedStore(Store):
             del given
             if again:
                 # a second write into an interval: series written before and absent now keep their row
-                placeholders = ",".join("?" * len(group_blocks))
                 for block, data in self._writer.execute(
-                    f"SELECT block, data FROM head WHERE t = ? AND block IN ({placeholders})", (bucket, *group_blocks)
+                    f"SELECT block, data FROM head WHERE t = ? AND block IN ({marks(group_blocks)})",
+                    (bucket, *group_blocks),
                 ).fetchall():
                     index = group_blocks.index(block)
                     fresh = (grid[index] != MISSING).any(axis=1)
