@@ -247,8 +247,11 @@ class Engine(EngineCore):
         spans.extend((stretch.start, min(stretch.end, now)) for stretch in workload.stretches if stretch.start < now)
         return merged_runs(spans)
 
-    def _holder_fields(self, gpu: Gpu, stretch: Stretch, utilization: float | None, monitored: bool) -> dict[str, Any]:
-        """A device as held by one stretch, as GpuFigures' fields: the device's, its holder, the holder's utilisation."""
+    def _holder_fields(
+        self, gpu: Gpu, stretch: Stretch, utilization: float | None, monitored: bool
+    ) -> dict[str, Any]:
+        """A device as held by one stretch, as GpuFigures' fields: the device's, its holder and the holder's
+        utilisation."""
         workload = stretch.workload
         pod = workload.pods.get(stretch.pod_uid)
         latest = gpu.latest

@@ -42,8 +42,9 @@ def pods_at(workload: Workload, now: float) -> PodsAtNow:
         for stretch in pod.stretches:
             if stretch.start <= now < stretch.end:
                 units += stretch.units
-        figures.append(dict(name=pod.name, uid=pod.uid, node=current.node, phase=current.phase, allocated_gpus=units,
-                            labels=current.labels, resources=current.resources, failure_reason=current.failure_reason))
+        figures.append(dict(name=pod.name, uid=pod.uid, node=current.node, phase=current.phase,
+                            allocated_gpus=units, labels=current.labels, resources=current.resources,
+                            failure_reason=current.failure_reason))
         if current.phase in ENDED_POD_PHASES:
             terminal_time = pod.timeline[-1][0]
             if end_time is None or terminal_time >= end_time:

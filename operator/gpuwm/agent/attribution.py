@@ -1,8 +1,8 @@
 """Pure attribution: NVML readings + pod-resources assignments + process cgroups -> who holds what.
 
 No I/O here, so the decisions (replica units, which container a process belongs to, the GPU
-state) are tested directly. The state of each holder follows DESIGN §3's attribution rule (`utilization_by_holder`): activity
-is never lost to attribution. NVML's process list can be empty while a GPU computes (the processes
+state) are tested directly. The state of each holder follows DESIGN §3's attribution rule
+(`utilization_by_holder`): activity is never lost to attribution. NVML's process list can be empty while a GPU computes (the processes
 run in another PID namespace, a MIG instance hides them, a cgroup cannot be read), so a busy device
 is never `allocated-empty` or `unallocated` for want of processes. The samples still carry the
 process list as NVML gave it: the controller's engine applies the same rule to them.

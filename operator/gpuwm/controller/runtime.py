@@ -138,8 +138,8 @@ class ControllerRuntime:
         self._committing: asyncio.Future[None] | None = None  # the latest background save's fsync and rename
         self.cycle_cpu_seconds: dict[str, float] = {}
         self.store_cpu_seconds = 0.0  # CPU of the latest store write, in its worker thread
-        #: the store's writes and compaction slices, one after the other on one thread: a slice starts only once
-        #: the thread has let go of the write before it, and of the report's figures that write held
+        #: the store's writes and compaction slices, one after the other on one thread: a slice starts only
+        #: once the thread has let go of the write before it, and of the report's figures that write held
         self._store_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="gpuwm-store")
         self.idle_events = IdleEvents(client, self.writer.bucket, settings.idle_condition_after, clock)
         self.idle_events.announced = self._state.idle_announced

@@ -60,8 +60,8 @@ def open_store(
 
 
 __all__ = [
-    "DEFAULT_METRICS", "EXTREMES_METRIC_NAMES", "MAX_POINTS_PER_SERIES", "METRICS", "METRIC_INDEX", "METRIC_NAMES", "TIME_AGGREGATIONS",
-    "Additive", "Breakdown", "GpuHourPrice", "PeriodSums", "QueryError", "RangeQuery", "ReadOnlyStoreError", "Scope", "Series",
-    "Store", "StoreError", "Stretch", "TimeAggregation", "WorkloadGroup", "WorkloadPeriod", "check_aggregation",
-    "open_store", "utilized_gpu_seconds",
+    "DEFAULT_METRICS", "EXTREMES_METRIC_NAMES", "MAX_POINTS_PER_SERIES", "METRICS", "METRIC_INDEX", "METRIC_NAMES",
+    "TIME_AGGREGATIONS", "Additive", "Breakdown", "GpuHourPrice", "PeriodSums", "QueryError", "RangeQuery",
+    "ReadOnlyStoreError", "Scope", "Series", "Store", "StoreError", "Stretch", "TimeAggregation", "WorkloadGroup",
+    "WorkloadPeriod", "check_aggregation", "open_store", "utilized_gpu_seconds",
 ]

@@ -117,7 +117,8 @@ class Additive:
     """Figures that add up field by field, over runs and over periods (a period's sums, what they cost)."""
 
     def plus(self, other: Self) -> Self:
-        return replace(self, **{each.name: getattr(self, each.name) + getattr(other, each.name) for each in fields(self)})
+        sums = {each.name: getattr(self, each.name) + getattr(other, each.name) for each in fields(self)}
+        return replace(self, **sums)
 
 
 @dataclass(frozen=True)
