@@ -19,7 +19,8 @@ async def list_projects(request: Request, context: Context, caller: CallerOf) ->
     check_parameters(request, set())
     user = await caller.authenticate()
     projects = await context.blocking(context.store.projects)
-    return ProjectList(projects=[p for p in projects if await caller.may_read(user, p.namespaces)])
+    readable = await caller.readable_namespaces(user, {ns for project in projects for ns in project.namespaces})
+    return ProjectList(projects=[project for project in projects if readable.issuperset(project.namespaces)])
 
 
 @router.get("/api/v1/projects/{project}/metrics", **SERIES_ROUTE)
