@@ -138,3 +138,38 @@ def test_disk_rates_from_cadvisor_and_the_summary_without_them(kubelet: str, tmp
     _Kubelet.cadvisor = _cadvisor(read=10, written=0)
     assert {s.pod: s for s in client.read(now=130.0)}["train-0"].disk_read_bytes_per_second is None
     _Kubelet.cadvisor = None
+
+
+@pytest.fixture
+def kubelet_tls() -> Iterator[str]:
+    """The same kubelet over HTTPS with a self-signed certificate, as kubeadm's kubelets serve by default."""
+    import ssl
+
+    from gpuwm.api.tls import self_signed
+
+    files = self_signed("127.0.0.1")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(files.cert_file, files.key_file)
+    server = HTTPServer(("127.0.0.1", 0), _Kubelet)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"https://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize("insecure", [False, True])
+def test_a_self_signed_kubelet_is_read_only_when_told_to_skip_verification(
+    kubelet_tls: str, tmp_path: Path, insecure: bool
+) -> None:
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    _Kubelet.summary = _summary(rx=10_000, tx=5_000)
+    client = KubeletStatsClient(kubelet_tls, "n1", str(token), insecure_tls=insecure)
+    pods = {sample.pod for sample in client.read(now=1.0)}
+    assert client.healthy is insecure
+    if insecure:
+        assert pods == {"train-0", "bare"}
+    else:
+        assert pods == set() and "CERTIFICATE_VERIFY_FAILED" in (client.error or "")
