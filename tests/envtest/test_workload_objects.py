@@ -138,8 +138,11 @@ def test_suspended_job_and_pytorchjob_queue_then_run(control_plane: ControlPlane
         pod = job_pod(control_plane, NS, "train")
         node.hold(pod)
         run_pod(control_plane, pod, float(int(time.time())))
-        running = wait_until("train Running", lambda: (s := phase("train", "Running")) and
-                             s["allocatedGpus"] == 1 and s, log=log, timeout=60)
+        # the pod's request shows at once; which device it holds, once a pull of the agent names it (an
+        # unnamed device until then)
+        running = wait_until("train Running on its GPU", lambda: (s := phase("train", "Running")) and
+                             s["allocatedGpus"] == 1 and s["gpus"] and s["gpus"][0]["uuid"] == "GPU-e0e0" and s,
+                             log=log, timeout=60)
         assert running["requestedGpus"] == 1
         assert queued_for <= running["queuedSeconds"] <= admitted - created + 2
         # creation -> its container's start, which the kubelet writes in whole seconds (up to 1 s before the unsuspend
